@@ -1,0 +1,223 @@
+//! The traits a backend implements: sessions and the queue primitives every
+//! recipe is written over.
+//!
+//! A backend knows how to store entries (their keys or paths, the layout other
+//! clients expect) and how to wait for one entry to disappear. It knows nothing
+//! of recipes: which entry a contender waits for is decided once, in the core,
+//! by the wait rule.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::{FencingToken, Result, SessionOptions, SessionState};
+
+/// The kind of contender an entry stands for.
+///
+/// Backends choose each kind's layout (etcd key shape, ZooKeeper node name) so
+/// that other clients of the same server recognise it. Entries written by foreign
+/// clients are reported with the kind that matches their meaning (an exclusive
+/// lock as [`EntryKind::Mutex`], a shared one as [`EntryKind::Read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EntryKind {
+    /// An exclusive lock.
+    Mutex,
+    /// A shared (read) lock.
+    Read,
+    /// An exclusive (write) lock of a read/write lock.
+    Write,
+    /// A semaphore permit.
+    Semaphore,
+    /// A leader-election candidate.
+    Election,
+}
+
+impl EntryKind {
+    /// Whether entries of this kind share the lock with each other (readers).
+    pub fn is_shared(self) -> bool {
+        matches!(self, EntryKind::Read)
+    }
+
+    /// A short lowercase label (`mutex`, `read`, `write`, `semaphore`, `election`).
+    pub fn label(self) -> &'static str {
+        match self {
+            EntryKind::Mutex => "mutex",
+            EntryKind::Read => "read",
+            EntryKind::Write => "write",
+            EntryKind::Semaphore => "semaphore",
+            EntryKind::Election => "election",
+        }
+    }
+}
+
+/// One contender's record in a lock's queue, as the server stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The full key (etcd) or path (ZooKeeper) of the entry.
+    pub key: String,
+    /// What the entry stands for.
+    pub kind: EntryKind,
+    /// The server's creation order: etcd create revision, ZooKeeper sequence
+    /// number. Smaller is earlier.
+    pub order: i64,
+    /// The fencing token a holder of this entry presents.
+    pub token: FencingToken,
+    /// The id of the session that owns the entry, when the backend can tell.
+    pub owner: Option<String>,
+}
+
+/// Which earlier entries can block a contender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Conflicts {
+    /// Every entry (a mutex, a write lock, a semaphore permit, a candidate).
+    All,
+    /// Only entries that are not shared (what blocks a read lock).
+    Exclusive,
+}
+
+impl Conflicts {
+    /// Whether an entry of this kind can block.
+    pub fn includes(self, kind: EntryKind) -> bool {
+        match self {
+            Conflicts::All => true,
+            Conflicts::Exclusive => !kind.is_shared(),
+        }
+    }
+}
+
+/// What to append, and what to read back in the same round trip.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendRequest<'a> {
+    /// The lock's name (already validated), under which entries are kept.
+    pub dir: &'a str,
+    /// The kind of the new entry.
+    pub kind: EntryKind,
+    /// A unique id of this acquire attempt. A backend that cannot tell from a
+    /// lost response whether the entry was created puts it into the entry (the
+    /// ZooKeeper node name) so that [`BackendSession::abandon`] and retries can
+    /// find it.
+    pub attempt: &'a str,
+    /// The entry's value (an election candidate's proclaimed value; empty for locks).
+    pub value: &'a [u8],
+    /// Which entries the head read should consider.
+    pub conflicts: Conflicts,
+    /// How many entries, first-created first, the backend should read back with
+    /// the append (the "head" of the queue). The core needs exactly this many to
+    /// decide whether an uncontended contender holds at once.
+    pub head: usize,
+}
+
+/// The result of an append.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    /// The new entry.
+    pub entry: Entry,
+    /// Up to `head` entries matching the request's conflicts, first-created
+    /// first, read after the append (the new entry may be among them).
+    pub head: Vec<Entry>,
+}
+
+/// The entries created before a given one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Earlier {
+    /// The given entry itself no longer exists.
+    Gone,
+    /// The nearest earlier entries, nearest first (at most the count asked for).
+    Entries(Vec<Entry>),
+}
+
+/// A backend: opens sessions against one cluster.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// The backend's name, used in errors and logs (`etcd`, `zookeeper`, `memory`).
+    fn name(&self) -> &'static str;
+
+    /// Refuses names this backend cannot store beyond the core's own checks.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`](crate::Error::InvalidName) when the name cannot be stored.
+    fn validate_name(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Ok(())
+    }
+
+    /// Opens a session: an etcd lease with its keepalive, a ZooKeeper session.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the call leaves no session behind that would keep itself alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`](crate::Error::Unavailable) when the cluster cannot
+    /// be reached within the options' connect timeout.
+    async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>>;
+}
+
+/// A live session and the queue primitives (see the module docs).
+///
+/// Every method that takes an [`Entry`] applies to that very entry: a newer
+/// entry under the same key (a later acquire by the same session) is another
+/// entry, told apart by its `order`/`token`.
+#[async_trait]
+pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
+    /// The session's id (etcd lease id in lowercase hex, ZooKeeper session id in hex).
+    fn id(&self) -> &str;
+
+    /// The session's state, kept current by the backend.
+    fn state(&self) -> watch::Receiver<SessionState>;
+
+    /// Appends an entry under `request.dir` owned by this session, and reads the
+    /// head of the queue.
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, the entry may or may not exist; [`abandon`](Self::abandon)
+    /// with the same attempt removes it.
+    async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended>;
+
+    /// The entries created before `entry` whose kind `conflicts` includes,
+    /// nearest first, at most `count` of them; or [`Earlier::Gone`] when `entry`
+    /// itself no longer exists. One read.
+    async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier>;
+
+    /// Every entry under `dir`, first-created first (foreign clients' included).
+    async fn list(&self, dir: &str) -> Result<Vec<Entry>>;
+
+    /// Resolves once `entry` no longer exists (at once if it is already gone).
+    /// Never polls: one server-side watch.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling drops the watch.
+    async fn wait_gone(&self, entry: &Entry) -> Result<()>;
+
+    /// Deletes `entry` if it still exists and is still the same entry (fenced on
+    /// its creation order and owner). Returns whether it deleted it.
+    async fn remove(&self, entry: &Entry) -> Result<bool>;
+
+    /// Deletes the entry that the append with this `attempt` created, if any.
+    async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()>;
+
+    /// Replaces `entry`'s value, only if it is still the same entry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`](crate::Error::LockLost) when the entry is gone.
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()>;
+
+    /// `entry`'s current value, or `None` when it is gone.
+    async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>>;
+
+    /// Waits until `entry`'s value differs from `seen` (returns the new value) or
+    /// the entry is gone (returns `None`).
+    async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Ends the session on the server: every entry it owns is deleted.
+    async fn close(&self) -> Result<()>;
+}

@@ -1,0 +1,141 @@
+use std::fmt;
+use std::sync::Arc;
+
+use crate::stats::Counters;
+use crate::{Backend, ClientStats, Error, MemoryBackend, Result, Session, SessionOptions};
+
+/// The entry point: a handle on one cluster through one backend.
+///
+/// Cheap to clone (an `Arc`); clones share the backend and the counters. Open a
+/// [`Session`] to take locks.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockline::Result<()> {
+/// let client = lockline::Client::memory();
+/// let session = client.session().await?;
+/// let guard = session.mutex("jobs/nightly")?.lock().await?;
+/// println!("holding with fencing token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    backend: Arc<dyn Backend>,
+    counters: Arc<Counters>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").field("backend", &self.backend).finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client over any backend.
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A client over a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Client {
+            backend,
+            counters: Arc::default(),
+        }
+    }
+
+    /// A client over a new, empty in-process [`MemoryBackend`]. Sessions of
+    /// clones of this client see each other's locks; another `Client::memory()`
+    /// is another, separate store.
+    pub fn memory() -> Self {
+        Self::new(MemoryBackend::new())
+    }
+
+    /// The backend's name (`memory`, `etcd`, `zookeeper`).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// What this client's sessions have done so far.
+    pub fn stats(&self) -> ClientStats {
+        self.counters.snapshot()
+    }
+
+    /// Waits until this client's counters satisfy `predicate`, and returns them.
+    ///
+    /// Lets a test or a demo await an event ("the third contender has queued",
+    /// "two waiters were woken") instead of sleeping.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockline::Result<()> {
+    /// let client = lockline::Client::memory();
+    /// let session = client.session().await?;
+    /// let holder = session.mutex("q")?.lock().await?;
+    /// let other = client.session().await?;
+    /// let waiter = tokio::spawn(async move { other.mutex("q")?.lock().await });
+    /// client.wait_for_stats(|s| s.appends == 2).await; // the waiter is queued
+    /// holder.release().await?;
+    /// waiter.await.expect("task")?.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn wait_for_stats(&self, predicate: impl FnMut(&ClientStats) -> bool) -> ClientStats {
+        self.counters.wait_for(predicate).await
+    }
+
+    /// Opens a session with the default [`SessionOptions`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the call leaves no session behind that keeps itself alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the cluster cannot be reached within the
+    /// connect timeout.
+    pub async fn session(&self) -> Result<Session> {
+        self.session_with(SessionOptions::default()).await
+    }
+
+    /// Opens a session with the given options.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the call leaves no session behind that keeps itself alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for options that do not validate,
+    /// [`Error::Unavailable`] when the cluster cannot be reached within the
+    /// connect timeout.
+    pub async fn session_with(&self, options: SessionOptions) -> Result<Session> {
+        options.validate()?;
+        let opening = self.backend.open_session(&options);
+        let backend_session = match tokio::time::timeout(options.connect_timeout(), opening).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    backend: self.backend.name(),
+                    source: Some(format!("no session within {:?}", options.connect_timeout()).into()),
+                })
+            }
+        };
+        self.counters.bump(|c| &c.sessions);
+        Ok(Session::new(
+            Arc::clone(&self.backend),
+            backend_session,
+            options,
+            Arc::clone(&self.counters),
+        ))
+    }
+}

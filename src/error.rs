@@ -1,0 +1,105 @@
+use std::time::Duration;
+
+/// A boxed error from a backend's client library, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The result type of every fallible lockline call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, named by what happened rather than by the transport.
+///
+/// Backends map their clients' errors onto these variants by meaning: an expired
+/// ZooKeeper session or a revoked etcd lease becomes [`Error::SessionLost`], a
+/// cluster that cannot be reached within the deadline becomes
+/// [`Error::Unavailable`]. Anything else keeps its cause in [`Error::Backend`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name cannot be used: empty, too long, or holding characters a
+    /// backend cannot store.
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as the caller gave it.
+        name: String,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// Session or recipe options out of range (a zero or absurd TTL, a safety
+    /// margin larger than the TTL, zero semaphore permits, ...).
+    #[error("invalid options: {reason}")]
+    InvalidOptions {
+        /// Why they were refused.
+        reason: String,
+    },
+
+    /// A bounded wait ran out before the lock was granted. The contender has
+    /// left the queue.
+    #[error("timed out after {waited:?} waiting for {name:?}")]
+    Timeout {
+        /// The lock name.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The session expired (or was revoked) on the server: everything it held
+    /// may now be held by someone else.
+    #[error("session {session} lost")]
+    SessionLost {
+        /// The session's id.
+        session: String,
+    },
+
+    /// The lock's entry was deleted by someone else while it was held: the lock
+    /// may now be held by another contender.
+    #[error("lock entry {key:?} was deleted by someone else")]
+    LockLost {
+        /// The entry's key or path.
+        key: String,
+    },
+
+    /// The session was closed by its owner; it cannot be used any more.
+    #[error("session {session} is closed")]
+    Closed {
+        /// The session's id.
+        session: String,
+    },
+
+    /// The cluster could not be reached within the connect or request deadline.
+    #[error("{backend} cluster unavailable")]
+    Unavailable {
+        /// The backend's name (`etcd`, `zookeeper`, `memory`).
+        backend: &'static str,
+        /// The last error seen while trying, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// Any other error reported by a backend.
+    #[error("{backend} backend error")]
+    Backend {
+        /// The backend's name (`etcd`, `zookeeper`, `memory`).
+        backend: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Wraps a client library's error as [`Error::Backend`].
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Whether a retry of the same call may succeed (the cluster was unreachable
+    /// or a request failed in transit), as opposed to a caller's mistake or a
+    /// final state such as a lost session.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Backend { .. })
+    }
+}

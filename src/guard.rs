@@ -1,0 +1,231 @@
+//! What every held lock, permit and leadership has in common.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::task::AbortHandle;
+
+use crate::{Entry, Error, FencingToken, Result, Session, SessionState};
+
+/// Why a held entry may no longer be held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    Session(SessionState),
+    EntryDeleted,
+}
+
+/// A held entry: the shared body of every guard.
+///
+/// A monitor task watches the session and the entry; whichever ends first marks
+/// the hold lost. Dropped without `release`, it releases in the background.
+pub(crate) struct Hold {
+    session: Session,
+    entry: Entry,
+    loss: watch::Receiver<Option<Loss>>,
+    monitor: AbortHandle,
+    local: Option<OwnedMutexGuard<()>>,
+    released: bool,
+}
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("key", &self.entry.key)
+            .field("token", &self.entry.token)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl Hold {
+    pub(crate) fn new(session: Session, entry: Entry, local: Option<OwnedMutexGuard<()>>) -> Self {
+        let (tx, loss) = watch::channel(None);
+        let inner = session.inner.clone();
+        let watched = entry.clone();
+        let monitor = tokio::spawn(async move {
+            let loss = loop {
+                tokio::select! {
+                    biased;
+                    state = inner.over() => break Loss::Session(state),
+                    gone = inner.remote.wait_gone(&watched) => match gone {
+                        Ok(()) => {
+                            let state = inner.state();
+                            break if state.is_over() { Loss::Session(state) } else { Loss::EntryDeleted };
+                        }
+                        Err(error) => {
+                            // A failed watch is not a loss; the session's own
+                            // liveness tracking decides that. Watch again shortly.
+                            tracing::debug!(key = %watched.key, %error, "watch on a held entry failed; re-watching");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    },
+                }
+            };
+            tracing::debug!(key = %watched.key, ?loss, "lock lost");
+            tx.send_replace(Some(loss));
+        })
+        .abort_handle();
+        Hold {
+            session,
+            entry,
+            loss,
+            monitor,
+            local,
+            released: false,
+        }
+    }
+
+    pub(crate) fn entry(&self) -> &Entry {
+        &self.entry
+    }
+
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub(crate) fn token(&self) -> FencingToken {
+        self.entry.token
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.entry.key
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.loss.borrow().is_none() && !self.session.state().is_over()
+    }
+
+    pub(crate) async fn lost(&self) {
+        let mut loss = self.loss.clone();
+        if loss.wait_for(Option::is_some).await.is_err() {
+            // The monitor is gone (the runtime is shutting down): fall back to
+            // the session alone.
+            self.session.lost().await;
+        }
+    }
+
+    fn loss_error(&self, loss: Loss) -> Error {
+        match loss {
+            Loss::Session(state) => self.session.inner.over_error(state),
+            Loss::EntryDeleted => Error::LockLost {
+                key: self.entry.key.clone(),
+            },
+        }
+    }
+
+    pub(crate) async fn release(mut self) -> Result<()> {
+        self.monitor.abort();
+        let inner = self.session.inner.clone();
+        if let Some(loss) = *self.loss.borrow() {
+            self.released = true;
+            return Err(self.loss_error(loss));
+        }
+        let state = inner.state();
+        if state.is_over() {
+            self.released = true;
+            return Err(inner.over_error(state));
+        }
+        // Until the removal has finished, a cancelled `release` leaves the work
+        // to `Drop` (fenced, so a second attempt is harmless).
+        let removed = inner.call(inner.remote.remove(&self.entry)).await;
+        self.released = true;
+        match removed {
+            Ok(true) => {
+                inner.counters.bump(|c| &c.releases);
+                Ok(())
+            }
+            Ok(false) => {
+                let state = inner.state();
+                Err(if state.is_over() {
+                    inner.over_error(state)
+                } else {
+                    Error::LockLost {
+                        key: self.entry.key.clone(),
+                    }
+                })
+            }
+            Err(error) => {
+                // Keep trying in the background; the caller hears of the failure.
+                inner.spawn_remove(self.entry.clone(), "release", self.local.take());
+                Err(error)
+            }
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.monitor.abort();
+        if !self.released {
+            self.session
+                .inner
+                .spawn_remove(self.entry.clone(), "release", self.local.take());
+        }
+    }
+}
+
+/// Declares the guard surface shared by every recipe's guard type.
+macro_rules! guard_surface {
+    ($guard:ident, $what:literal) => {
+        impl $guard {
+            #[doc = concat!("The fencing token of this ", $what, ": higher than every earlier holder's.")]
+            ///
+            /// Pass it with every write to the protected resource, which should
+            /// reject tokens lower than the highest it has seen (see
+            /// [`FencingToken`](crate::FencingToken)).
+            pub fn token(&self) -> $crate::FencingToken {
+                self.hold.token()
+            }
+
+            /// The key (etcd) or path (ZooKeeper) of the entry that holds it.
+            pub fn key(&self) -> &str {
+                self.hold.key()
+            }
+
+            /// Whether it is still held as far as this client knows: turns
+            /// `false` once [`lost`](Self::lost) would resolve.
+            pub fn is_held(&self) -> bool {
+                self.hold.is_held()
+            }
+
+            /// The session it was taken on.
+            pub fn session(&self) -> &$crate::Session {
+                self.hold.session()
+            }
+
+            /// Resolves when it may no longer be held: the session expired or was
+            /// closed, the session went unconfirmed past its loss deadline
+            /// (`ttl - safety margin`), or the entry was deleted by someone else.
+            /// Stop using the protected resource when it does.
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: it only observes.
+            pub async fn lost(&self) {
+                self.hold.lost().await
+            }
+
+            /// Releases it: deletes its entry, fenced on the entry's own creation
+            /// revision / znode, so a stale guard can never delete a newer
+            /// holder's entry. Wakes at most one waiter.
+            ///
+            /// # Cancel safety
+            ///
+            /// If cancelled, the release finishes in the background, as on drop.
+            ///
+            /// # Errors
+            ///
+            /// [`Error::SessionLost`](crate::Error::SessionLost) or
+            /// [`Error::LockLost`](crate::Error::LockLost) when it had already
+            /// been lost (others may have held it since),
+            /// [`Error::Closed`](crate::Error::Closed) when the session was
+            /// closed, or a backend error (the removal is then retried in the
+            /// background).
+            pub async fn release(self) -> $crate::Result<()> {
+                self.hold.release().await
+            }
+        }
+    };
+}
+pub(crate) use guard_surface;

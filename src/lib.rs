@@ -1,0 +1,33 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod backend;
+mod client;
+mod error;
+mod guard;
+mod memory;
+mod mutex;
+mod name;
+mod options;
+mod session;
+mod stats;
+mod token;
+mod wait;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+pub use client::Client;
+pub use error::{BoxError, Error, Result};
+pub use memory::MemoryBackend;
+pub use mutex::{Mutex, MutexGuard};
+pub use name::MAX_NAME_LEN;
+pub use options::{SessionOptions, SessionState, MAX_TTL, MIN_TTL};
+pub use session::Session;
+pub use stats::ClientStats;
+pub use token::FencingToken;
+
+/// Re-exported so backends and users name the same `async_trait`.
+pub use async_trait::async_trait;

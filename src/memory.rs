@@ -1,0 +1,359 @@
+//! The in-process backend.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::{
+    AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
+    Result, SessionOptions, SessionState,
+};
+
+const NAME: &str = "memory";
+
+/// An in-process backend with the semantics of the real ones.
+///
+/// Entries are ordered by a store-wide revision (which is also the fencing
+/// token), a session's entries are deleted when it ends, waiting is on one entry
+/// at a time. Use it to test code that takes locks without running a server, and
+/// in demos. Clones share one store; sessions of every [`Client`](crate::Client)
+/// built on clones of one `MemoryBackend` contend with each other, like
+/// processes sharing a cluster.
+///
+/// A session whose every handle is dropped without [`Session::close`](crate::Session::close)
+/// expires one TTL later, as a crashed process's would on a server.
+/// [`expire`](Self::expire) ends a session at once, as a server would expire it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockline::Result<()> {
+/// use lockline::{Client, MemoryBackend};
+///
+/// let store = MemoryBackend::new();
+/// let session = Client::new(store.clone()).session().await?;
+/// let guard = session.mutex("a")?.lock().await?;
+/// assert!(store.expire(session.id()));
+/// guard.lost().await; // the holder hears of it
+/// assert!(!guard.is_held());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    store: Arc<Store>,
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.store.lock();
+        f.debug_struct("MemoryBackend")
+            .field("revision", &state.revision)
+            .field("sessions", &state.sessions.len())
+            .field("entries", &state.entries.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Store {
+    state: std::sync::Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    revision: i64,
+    next_session: u64,
+    /// Every entry by key.
+    entries: HashMap<String, Record>,
+    /// Each directory's entries by creation order.
+    dirs: HashMap<String, BTreeMap<i64, String>>,
+    sessions: HashMap<String, watch::Sender<SessionState>>,
+}
+
+struct Record {
+    entry: Entry,
+    dir: String,
+    attempt: String,
+    /// The current value; `None` is sent when the entry is deleted.
+    value: watch::Sender<Option<Vec<u8>>>,
+}
+
+impl Store {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Nothing panics while holding the lock; recover the data regardless.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends a session: deletes its entries and sets its final state.
+    fn end(&self, id: &str, final_state: SessionState) -> bool {
+        let mut state = self.lock();
+        let Some(sender) = state.sessions.remove(id) else {
+            return false;
+        };
+        let owned: Vec<String> = state
+            .entries
+            .values()
+            .filter(|r| r.entry.owner.as_deref() == Some(id))
+            .map(|r| r.entry.key.clone())
+            .collect();
+        for key in owned {
+            state.delete(&key);
+        }
+        sender.send_replace(final_state);
+        true
+    }
+}
+
+impl State {
+    fn delete(&mut self, key: &str) -> Option<Entry> {
+        let record = self.entries.remove(key)?;
+        if let Some(dir) = self.dirs.get_mut(&record.dir) {
+            dir.remove(&record.entry.order);
+            if dir.is_empty() {
+                self.dirs.remove(&record.dir);
+            }
+        }
+        record.value.send_replace(None);
+        Some(record.entry)
+    }
+
+    /// The record of this very entry (same key, same creation order).
+    fn record(&self, entry: &Entry) -> Option<&Record> {
+        self.entries.get(&entry.key).filter(|r| r.entry.order == entry.order)
+    }
+}
+
+impl MemoryBackend {
+    /// A new, empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Expires the session with this id at once, as a server whose TTL ran out
+    /// would: its entries are deleted and it becomes
+    /// [`SessionState::Lost`]. Returns whether such a live session existed.
+    pub fn expire(&self, session_id: &str) -> bool {
+        self.store.end(session_id, SessionState::Lost)
+    }
+
+    /// The keys of every entry under `dir`, first-created first.
+    pub fn keys(&self, dir: &str) -> Vec<String> {
+        let state = self.store.lock();
+        state
+            .dirs
+            .get(dir)
+            .map(|entries| entries.values().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
+        let mut state = self.store.lock();
+        state.next_session += 1;
+        let id = format!("{:x}", state.next_session);
+        let (sender, receiver) = watch::channel(SessionState::Live);
+        state.sessions.insert(id.clone(), sender);
+        Ok(Arc::new(MemorySession {
+            id,
+            store: Arc::clone(&self.store),
+            state: receiver,
+            ttl: options.ttl(),
+        }))
+    }
+}
+
+/// A session of the [`MemoryBackend`].
+pub(crate) struct MemorySession {
+    id: String,
+    store: Arc<Store>,
+    state: watch::Receiver<SessionState>,
+    ttl: Duration,
+}
+
+impl fmt::Debug for MemorySession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySession").field("id", &self.id).finish()
+    }
+}
+
+impl MemorySession {
+    fn check_live(&self) -> Result<()> {
+        match *self.state.borrow() {
+            SessionState::Live | SessionState::Suspended => Ok(()),
+            SessionState::Closed => Err(Error::Closed { session: self.id.clone() }),
+            SessionState::Lost => Err(Error::SessionLost { session: self.id.clone() }),
+        }
+    }
+}
+
+impl Drop for MemorySession {
+    /// Every handle is gone, as if the process died: the store expires the
+    /// session once its TTL has passed.
+    fn drop(&mut self) {
+        let store = Arc::clone(&self.store);
+        let id = std::mem::take(&mut self.id);
+        let ttl = self.ttl;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(ttl).await;
+                    store.end(&id, SessionState::Lost);
+                });
+            }
+            Err(_) => {
+                store.end(&id, SessionState::Lost);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackendSession for MemorySession {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn state(&self) -> watch::Receiver<SessionState> {
+        self.state.clone()
+    }
+
+    async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
+        self.check_live()?;
+        let mut state = self.store.lock();
+        state.revision += 1;
+        let order = state.revision;
+        let key = format!("{}/{}-{}-{:08}", request.dir, request.kind.label(), self.id, order);
+        let entry = Entry {
+            key: key.clone(),
+            kind: request.kind,
+            order,
+            token: FencingToken::new(order.unsigned_abs()),
+            owner: Some(self.id.clone()),
+        };
+        state.entries.insert(
+            key.clone(),
+            Record {
+                entry: entry.clone(),
+                dir: request.dir.to_owned(),
+                attempt: request.attempt.to_owned(),
+                value: watch::Sender::new(Some(request.value.to_vec())),
+            },
+        );
+        state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
+        let head = state.dirs.get(request.dir).map_or_else(Vec::new, |dir| {
+            dir.values()
+                .filter_map(|key| state.entries.get(key))
+                .filter(|r| request.conflicts.includes(r.entry.kind))
+                .take(request.head)
+                .map(|r| r.entry.clone())
+                .collect()
+        });
+        Ok(Appended { entry, head })
+    }
+
+    async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {
+        let state = self.store.lock();
+        let Some(record) = state.record(entry) else {
+            return Ok(Earlier::Gone);
+        };
+        let nearest = state.dirs.get(&record.dir).map_or_else(Vec::new, |dir| {
+            dir.range(..entry.order)
+                .rev()
+                .filter_map(|(_, key)| state.entries.get(key))
+                .filter(|r| conflicts.includes(r.entry.kind))
+                .take(count)
+                .map(|r| r.entry.clone())
+                .collect()
+        });
+        Ok(Earlier::Entries(nearest))
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let state = self.store.lock();
+        Ok(state.dirs.get(dir).map_or_else(Vec::new, |dir| {
+            dir.values()
+                .filter_map(|key| state.entries.get(key))
+                .map(|r| r.entry.clone())
+                .collect()
+        }))
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let mut value = {
+            let state = self.store.lock();
+            match state.record(entry) {
+                Some(record) => record.value.subscribe(),
+                None => return Ok(()),
+            }
+        };
+        // Ends when the entry is deleted (None sent, or the sender dropped).
+        let _ = value.wait_for(Option::is_none).await;
+        Ok(())
+    }
+
+    async fn remove(&self, entry: &Entry) -> Result<bool> {
+        let mut state = self.store.lock();
+        if state.record(entry).is_none() {
+            return Ok(false);
+        }
+        Ok(state.delete(&entry.key).is_some())
+    }
+
+    async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
+        let mut state = self.store.lock();
+        let key = state
+            .dirs
+            .get(dir)
+            .into_iter()
+            .flat_map(|dir| dir.values())
+            .filter_map(|key| state.entries.get(key))
+            .find(|r| r.attempt == attempt && r.entry.kind == kind && r.entry.owner.as_deref() == Some(&self.id))
+            .map(|r| r.entry.key.clone());
+        if let Some(key) = key {
+            state.delete(&key);
+        }
+        Ok(())
+    }
+
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
+        let state = self.store.lock();
+        match state.record(entry) {
+            Some(record) => {
+                record.value.send_replace(Some(value.to_vec()));
+                Ok(())
+            }
+            None => Err(Error::LockLost { key: entry.key.clone() }),
+        }
+    }
+
+    async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
+        let state = self.store.lock();
+        Ok(state.record(entry).and_then(|r| r.value.borrow().clone()))
+    }
+
+    async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut value = {
+            let state = self.store.lock();
+            match state.record(entry) {
+                Some(record) => record.value.subscribe(),
+                None => return Ok(None),
+            }
+        };
+        let changed = value.wait_for(|v| v.as_deref() != Some(seen)).await;
+        Ok(changed.ok().and_then(|v| v.clone()))
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.store.end(&self.id, SessionState::Closed);
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::guard::{guard_surface, Hold};
+use crate::wait::{Acquire, Patience, Rule};
+use crate::{Entry, EntryKind, Error, Result, Session};
+
+/// A distributed mutual-exclusion lock.
+///
+/// Contenders line up in a queue kept by the server, in the order their entries
+/// were created; each waits on the one entry just before its own, so a release
+/// wakes exactly one waiter. Grants are FIFO across sessions. Contenders of one
+/// session for one name queue in-process first (the etcd layout gives a session
+/// one key per name), so they also exclude each other.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockline::Result<()> {
+/// let session = lockline::Client::memory().session().await?;
+/// let mutex = session.mutex("billing/run")?;
+/// let guard = mutex.lock().await?;
+/// assert!(mutex.try_lock().await?.is_none()); // taken
+/// // ... write to the resource with guard.token() ...
+/// guard.release().await?;
+/// assert!(mutex.try_lock().await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Mutex {
+    session: Session,
+    name: Arc<str>,
+}
+
+impl fmt::Debug for Mutex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mutex")
+            .field("name", &self.name)
+            .field("session", &self.session.id())
+            .finish()
+    }
+}
+
+impl Mutex {
+    pub(crate) fn new(session: Session, name: &str) -> Self {
+        Mutex {
+            session,
+            name: name.into(),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn acquire(&self, patience: Patience) -> Acquire<'_> {
+        Acquire {
+            session: &self.session,
+            name: &self.name,
+            kind: EntryKind::Mutex,
+            rule: Rule::Exclusive,
+            value: b"",
+            local: true,
+            patience,
+        }
+    }
+
+    /// Waits in line for the lock and returns a guard once it is held.
+    ///
+    /// Never polls: the contender waits on its predecessor's entry alone.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling a call to `lock` removes this contender from the queue; no
+    /// entry is left behind (the removal runs in the session's background and is
+    /// retried; [`Session::flush`] waits for it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SessionLost`] as soon as the session is lost while waiting (also
+    /// when the session expired and its entry vanished: never a false grant),
+    /// [`Error::Closed`] after [`Session::close`], [`Error::Unavailable`] when a
+    /// request times out.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        match self.acquire(Patience::Forever).run().await? {
+            Some(hold) => Ok(MutexGuard { hold }),
+            None => Err(Error::Timeout {
+                name: self.name.to_string(),
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Takes the lock if nobody holds it or waits for it, without waiting.
+    /// Returns `None` when it is taken; its entry is then removed before this
+    /// returns.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling leaves no entry behind (removed in the background).
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        Ok(self
+            .acquire(Patience::Never)
+            .run()
+            .await?
+            .map(|hold| MutexGuard { hold }))
+    }
+
+    /// Waits for the lock at most `timeout`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock): cancelled, it leaves no entry behind.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the time runs out; the contender has then left the
+    /// queue. Otherwise as [`lock`](Self::lock).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        match self.acquire(Patience::Until(deadline, timeout)).run().await? {
+            Some(hold) => Ok(MutexGuard { hold }),
+            None => Err(Error::Timeout {
+                name: self.name.to_string(),
+                waited: timeout,
+            }),
+        }
+    }
+
+    /// Every contender queued on this lock (the holder first), from every
+    /// client, as the server stores them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] or a backend error when the read fails.
+    pub async fn contenders(&self) -> Result<Vec<Entry>> {
+        let inner = &self.session.inner;
+        inner.check_usable()?;
+        inner.call(inner.remote.list(&self.name)).await
+    }
+}
+
+/// A held [`Mutex`].
+///
+/// `'static` and `Send`: move it into a task. Dropping it releases the lock in
+/// the background; [`release`](Self::release) does it now and reports failure.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+#[clippy::has_significant_drop]
+#[derive(Debug)]
+pub struct MutexGuard {
+    hold: Hold,
+}
+
+guard_surface!(MutexGuard, "lock");
+
+impl MutexGuard {
+    /// The entry that holds the lock.
+    pub fn entry(&self) -> &Entry {
+        self.hold.entry()
+    }
+}

@@ -1,0 +1,335 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::stats::Counters;
+
+use crate::{name, Backend, BackendSession, Entry, EntryKind, Error, Mutex, Result, SessionOptions, SessionState};
+
+/// How many times a background removal is tried before it is logged as failed.
+const CLEANUP_ATTEMPTS: u32 = 5;
+
+/// A liveness scope on the server: an etcd lease kept alive by this process, or
+/// a ZooKeeper session.
+///
+/// Everything a session creates is ephemeral: if the process dies, the server
+/// deletes it once the TTL passes. One session serves any number of locks.
+/// Cheap to clone; clones are the same session.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockline::Result<()> {
+/// use lockline::{Client, SessionState};
+///
+/// let session = Client::memory().session().await?;
+/// assert_eq!(session.state(), SessionState::Live);
+/// let _held = session.mutex("a")?.lock().await?;
+/// session.close().await?; // releases everything the session held
+/// assert_eq!(session.state(), SessionState::Closed);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) inner: Arc<SessionInner>,
+}
+
+pub(crate) struct SessionInner {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) remote: Arc<dyn BackendSession>,
+    pub(crate) options: SessionOptions,
+    pub(crate) counters: Arc<Counters>,
+    runtime: Handle,
+    closed: AtomicBool,
+    closed_tx: watch::Sender<bool>,
+    background: watch::Sender<usize>,
+    local_queues: std::sync::Mutex<HashMap<(String, EntryKind), Weak<tokio::sync::Mutex<()>>>>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id())
+            .field("backend", &self.inner.backend.name())
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Session {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        remote: Arc<dyn BackendSession>,
+        options: SessionOptions,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Session {
+            inner: Arc::new(SessionInner {
+                backend,
+                remote,
+                options,
+                counters,
+                runtime: Handle::current(),
+                closed: AtomicBool::new(false),
+                closed_tx: watch::Sender::new(false),
+                background: watch::Sender::new(0),
+                local_queues: std::sync::Mutex::default(),
+            }),
+        }
+    }
+
+    /// The session's id: the etcd lease id in lowercase hex, the ZooKeeper
+    /// session id in hex, a counter on the memory backend.
+    pub fn id(&self) -> &str {
+        self.inner.remote.id()
+    }
+
+    /// The options the session was opened with.
+    pub fn options(&self) -> &SessionOptions {
+        &self.inner.options
+    }
+
+    /// Where the session stands now.
+    pub fn state(&self) -> SessionState {
+        self.inner.state()
+    }
+
+    /// Resolves when the session is over: `Lost` (expired, revoked, or not
+    /// confirmed past the loss deadline) or `Closed`. Returns that state.
+    ///
+    /// Every lock the session held must then be assumed held by others.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes the state.
+    pub async fn lost(&self) -> SessionState {
+        self.inner.over().await
+    }
+
+    /// A mutex named `name` (see [`Mutex`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] when the name cannot be stored, [`Error::Closed`] or
+    /// [`Error::SessionLost`] when the session is over.
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(Mutex::new(self.clone(), name))
+    }
+
+    /// Waits until every background release and cleanup this session started
+    /// (guards dropped without `release()`, cancelled acquires) has finished.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes; the background work goes on.
+    pub async fn flush(&self) {
+        let mut rx = self.inner.background.subscribe();
+        // The sender lives in `inner`, which `self` keeps alive: no error here.
+        let _ = rx.wait_for(|pending| *pending == 0).await;
+    }
+
+    /// Closes the session on the server (revokes the lease, closes the ZooKeeper
+    /// session): every lock it held is released at once and every call on it
+    /// afterwards fails with [`Error::Closed`]. Closing twice is fine.
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, the session is marked closed locally and the server ends it
+    /// when its TTL passes.
+    ///
+    /// # Errors
+    ///
+    /// A backend error when the server could not be told; the session is closed
+    /// locally all the same.
+    pub async fn close(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.closed_tx.send_replace(true);
+        let timeout = self.inner.options.request_timeout();
+        match tokio::time::timeout(timeout, self.inner.remote.close()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Unavailable {
+                backend: self.inner.backend.name(),
+                source: Some(format!("closing the session took longer than {timeout:?}").into()),
+            }),
+        }
+    }
+
+    /// The backend session underneath, for backend-specific inspection.
+    pub fn backend_session(&self) -> &Arc<dyn BackendSession> {
+        &self.inner.remote
+    }
+}
+
+impl SessionInner {
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub(crate) fn state(&self) -> SessionState {
+        if self.closed.load(Ordering::SeqCst) {
+            return SessionState::Closed;
+        }
+        *self.remote.state().borrow()
+    }
+
+    pub(crate) async fn over(&self) -> SessionState {
+        let mut remote = self.remote.state();
+        let mut closed = self.closed_tx.subscribe();
+        loop {
+            let state = self.state();
+            if state.is_over() {
+                return state;
+            }
+            tokio::select! {
+                changed = remote.changed() => {
+                    if changed.is_err() {
+                        // The backend dropped its state sender: it can no longer
+                        // confirm the session, so it must be taken as lost.
+                        return SessionState::Lost;
+                    }
+                }
+                _ = closed.changed() => {}
+            }
+        }
+    }
+
+    /// The error a call on an over session gets.
+    pub(crate) fn over_error(&self, state: SessionState) -> Error {
+        let session = self.remote.id().to_owned();
+        match state {
+            SessionState::Closed => Error::Closed { session },
+            _ => Error::SessionLost { session },
+        }
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        let state = self.state();
+        if state.is_over() {
+            return Err(self.over_error(state));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_name(&self, name: &str) -> Result<()> {
+        name::validate(name)?;
+        self.backend.validate_name(name)
+    }
+
+    /// The in-process FIFO queue that same-session contenders for one name pass
+    /// through before the session's entry is written (DESIGN §5).
+    pub(crate) fn local_queue(&self, name: &str, kind: EntryKind) -> Arc<tokio::sync::Mutex<()>> {
+        let mut queues = self.local_queues.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (name.to_owned(), kind);
+        if let Some(queue) = queues.get(&key).and_then(Weak::upgrade) {
+            return queue;
+        }
+        let queue = Arc::new(tokio::sync::Mutex::new(()));
+        queues.retain(|_, weak| weak.strong_count() > 0);
+        queues.insert(key, Arc::downgrade(&queue));
+        queue
+    }
+
+    /// Runs `work` in the background on the session's runtime, counted for
+    /// [`Session::flush`]. Works from `Drop`, outside the runtime.
+    pub(crate) fn spawn_background<F>(&self, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        struct Pending(watch::Sender<usize>);
+        impl Drop for Pending {
+            fn drop(&mut self) {
+                self.0.send_modify(|n| *n = n.saturating_sub(1));
+            }
+        }
+        self.background.send_modify(|n| *n += 1);
+        let pending = Pending(self.background.clone());
+        self.runtime.spawn(async move {
+            let _pending = pending;
+            work.await;
+        });
+    }
+
+    /// Removes an entry in the background, fenced, with a bounded timeout and
+    /// retries; a final failure is logged and counted, never swallowed silently.
+    pub(crate) fn spawn_remove(self: &Arc<Self>, entry: Entry, why: &'static str, then: Option<tokio::sync::OwnedMutexGuard<()>>) {
+        let session = Arc::clone(self);
+        self.spawn_background(async move {
+            let removed = session
+                .retry(why, &entry.key, || session.remote.remove(&entry))
+                .await;
+            if removed.is_some() {
+                if why == "release" {
+                    session.counters.bump(|c| &c.releases);
+                } else {
+                    session.counters.bump(|c| &c.cleanups);
+                }
+            }
+            drop(then);
+        });
+    }
+
+    /// Removes whatever entry an interrupted append created, in the background.
+    pub(crate) fn spawn_abandon(
+        self: &Arc<Self>,
+        dir: String,
+        kind: EntryKind,
+        attempt: String,
+        then: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) {
+        let session = Arc::clone(self);
+        self.spawn_background(async move {
+            let done = session
+                .retry("cancelled acquire", &dir, || session.remote.abandon(&dir, kind, &attempt))
+                .await;
+            if done.is_some() {
+                session.counters.bump(|c| &c.cleanups);
+            }
+            drop(then);
+        });
+    }
+
+    async fn retry<T, F, Fut>(&self, why: &'static str, key: &str, mut call: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let timeout = self.options.request_timeout();
+        let mut backoff = Duration::from_millis(50);
+        for attempt in 1..=CLEANUP_ATTEMPTS {
+            let state = self.remote.state().borrow().to_owned();
+            if state.is_over() {
+                // The server deletes an over session's entries itself.
+                tracing::debug!(key, why, ?state, "session over; the server removes its entries");
+                return None;
+            }
+            match tokio::time::timeout(timeout, call()).await {
+                Ok(Ok(value)) => return Some(value),
+                Ok(Err(error)) => {
+                    tracing::debug!(key, why, attempt, %error, "background removal failed; retrying")
+                }
+                Err(_) => tracing::debug!(key, why, attempt, ?timeout, "background removal timed out; retrying"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        self.counters.bump(|c| &c.cleanup_failures);
+        tracing::warn!(
+            key,
+            why,
+            attempts = CLEANUP_ATTEMPTS,
+            "could not remove a lock entry; it stays until its session ends"
+        );
+        None
+    }
+}

@@ -1,0 +1,81 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of what one [`Client`](crate::Client) and its sessions did.
+///
+/// `wakeups` is what the herd-free promise is measured by: it counts the times a
+/// queued contender was woken because the one entry it waited on went away. With
+/// the wait rule every release wakes at most one contender, so over a run of
+/// handoffs `wakeups / releases` stays at 1 however long the queue is.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockline::Result<()> {
+/// let client = lockline::Client::memory();
+/// let session = client.session().await?;
+/// session.mutex("stats-demo")?.lock().await?.release().await?;
+/// let stats = client.stats();
+/// assert_eq!((stats.grants, stats.releases, stats.wakeups), (1, 1, 0));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Sessions opened.
+    pub sessions: u64,
+    /// Entries appended to a queue (acquire attempts that reached the server).
+    pub appends: u64,
+    /// Locks, permits and leaderships granted.
+    pub grants: u64,
+    /// Queued contenders woken because the entry they waited on went away.
+    pub wakeups: u64,
+    /// Held entries released (explicitly or on drop).
+    pub releases: u64,
+    /// Entries of cancelled or failed acquires removed in the background.
+    pub cleanups: u64,
+    /// Background removals that failed after every retry (each is logged).
+    pub cleanup_failures: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    changed: tokio::sync::watch::Sender<()>,
+    pub(crate) sessions: AtomicU64,
+    pub(crate) appends: AtomicU64,
+    pub(crate) grants: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
+    pub(crate) releases: AtomicU64,
+    pub(crate) cleanups: AtomicU64,
+    pub(crate) cleanup_failures: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn bump(&self, counter: impl FnOnce(&Counters) -> &AtomicU64) {
+        counter(self).fetch_add(1, Ordering::Relaxed);
+        self.changed.send_replace(());
+    }
+
+    pub(crate) async fn wait_for(&self, mut predicate: impl FnMut(&ClientStats) -> bool) -> ClientStats {
+        let mut changed = self.changed.subscribe();
+        loop {
+            let stats = self.snapshot();
+            if predicate(&stats) {
+                return stats;
+            }
+            // `self` owns the sender, so this cannot fail while we borrow it.
+            let _ = changed.changed().await;
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> ClientStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ClientStats {
+            sessions: get(&self.sessions),
+            appends: get(&self.appends),
+            grants: get(&self.grants),
+            wakeups: get(&self.wakeups),
+            releases: get(&self.releases),
+            cleanups: get(&self.cleanups),
+            cleanup_failures: get(&self.cleanup_failures),
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The one wait rule (DESIGN §4), for every recipe.
+//!
+//! A contender waits on exactly one other entry: the nearest earlier entry that
+//! conflicts with it (for a semaphore of `n` permits, the conflicting entry `n`
+//! places earlier). When that entry is gone it looks once more (one read) and
+//! applies the rule again. It never watches the whole queue, never polls and
+//! never sleeps, so a release wakes one waiter however long the queue is.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+
+use crate::guard::Hold;
+use crate::session::SessionInner;
+use crate::{AppendRequest, Conflicts, Earlier, Entry, EntryKind, Error, Result, Session};
+
+/// Which earlier entries block a contender, and how many of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // `Shared` and `Permits` serve the read/write lock and semaphore recipes.
+pub(crate) enum Rule {
+    /// Mutex, write lock, election: any earlier entry blocks.
+    Exclusive,
+    /// Read lock: any earlier non-shared entry blocks.
+    Shared,
+    /// Semaphore: `n` earlier entries block.
+    Permits(usize),
+}
+
+impl Rule {
+    pub(crate) fn conflicts(self) -> Conflicts {
+        match self {
+            Rule::Shared => Conflicts::Exclusive,
+            Rule::Exclusive | Rule::Permits(_) => Conflicts::All,
+        }
+    }
+
+    /// How many earlier conflicting entries it takes to block.
+    pub(crate) fn depth(self) -> usize {
+        match self {
+            Rule::Permits(n) => n.max(1),
+            Rule::Exclusive | Rule::Shared => 1,
+        }
+    }
+
+    /// Decides from the head of the queue read with the append (the first
+    /// `depth` conflicting entries, first-created first): `true` when that alone
+    /// proves the contender holds.
+    pub(crate) fn holds_from_head(self, mine: &Entry, head: &[Entry]) -> bool {
+        let earlier = head.iter().filter(|e| e.order < mine.order).count();
+        earlier < self.depth()
+    }
+
+    /// Decides from the nearest earlier conflicting entries (nearest first):
+    /// `None` to hold, or the one entry to wait on.
+    pub(crate) fn blocker(self, nearest: &[Entry]) -> Option<&Entry> {
+        nearest.get(self.depth() - 1)
+    }
+}
+
+/// How long an acquire may wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// Until granted (or the session is over).
+    Forever,
+    /// Not at all: `try_*` calls.
+    Never,
+    /// Until the deadline; `Timeout` reports the duration asked for.
+    Until(Instant, Duration),
+}
+
+/// One acquire: what to append and how to wait.
+#[derive(Debug)]
+pub(crate) struct Acquire<'a> {
+    pub(crate) session: &'a Session,
+    pub(crate) name: &'a str,
+    pub(crate) kind: EntryKind,
+    pub(crate) rule: Rule,
+    pub(crate) value: &'a [u8],
+    /// Queue same-session contenders in-process first (the session has one
+    /// entry per name in this kind's layout).
+    pub(crate) local: bool,
+    pub(crate) patience: Patience,
+}
+
+impl Acquire<'_> {
+    /// Runs the acquire. `Ok(None)` only for [`Patience::Never`] when the lock is
+    /// taken.
+    pub(crate) async fn run(self) -> Result<Option<Hold>> {
+        let inner = &self.session.inner;
+        inner.check_usable()?;
+        let local = if self.local {
+            match self.local_permit().await? {
+                Some(permit) => Some(permit),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        let attempt = uuid::Uuid::new_v4().simple().to_string();
+        let mut pending = PendingEntry {
+            session: inner,
+            dir: self.name,
+            kind: self.kind,
+            attempt: Some(attempt.clone()),
+            entry: None,
+            local,
+        };
+        let request = AppendRequest {
+            dir: self.name,
+            kind: self.kind,
+            attempt: &attempt,
+            value: self.value,
+            conflicts: self.rule.conflicts(),
+            head: self.rule.depth(),
+        };
+        let appended = self.bounded(inner.call(inner.remote.append(&request))).await?;
+        inner.counters.bump(|c| &c.appends);
+        pending.entry = Some(appended.entry.clone());
+        let mine = appended.entry;
+        if !self.rule.holds_from_head(&mine, &appended.head) {
+            if !self.wait_turn(&mine, &mut pending).await? {
+                return Ok(None);
+            }
+        }
+        let local = pending.local.take();
+        pending.disarm();
+        inner.counters.bump(|c| &c.grants);
+        Ok(Some(Hold::new(self.session.clone(), mine, local)))
+    }
+
+    /// Waits until the rule lets `mine` hold. `Ok(false)`: not held and the entry
+    /// removed (a `try_*` call that found the lock taken).
+    async fn wait_turn(&self, mine: &Entry, pending: &mut PendingEntry<'_>) -> Result<bool> {
+        let inner = &self.session.inner;
+        loop {
+            let nearest = self
+                .bounded(inner.call(inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth())))
+                .await?;
+            let nearest = match nearest {
+                Earlier::Entries(entries) => entries,
+                Earlier::Gone => {
+                    // DESIGN §6.2: my own entry vanished while I waited; never a
+                    // false grant.
+                    pending.disarm();
+                    let state = inner.state();
+                    return Err(if state.is_over() {
+                        inner.over_error(state)
+                    } else {
+                        Error::LockLost { key: mine.key.clone() }
+                    });
+                }
+            };
+            let Some(blocker) = self.rule.blocker(&nearest) else {
+                return Ok(true);
+            };
+            if let Patience::Never = self.patience {
+                pending.remove_now().await;
+                return Ok(false);
+            }
+            let deadline = async {
+                match self.patience {
+                    Patience::Until(at, _) => tokio::time::sleep_until(at).await,
+                    Patience::Forever | Patience::Never => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                state = inner.over() => return Err(inner.over_error(state)),
+                gone = inner.remote.wait_gone(blocker) => {
+                    gone?;
+                    inner.counters.bump(|c| &c.wakeups);
+                    tracing::trace!(key = %mine.key, after = %blocker.key, "woken");
+                }
+                () = deadline => {
+                    pending.remove_now().await;
+                    return Err(self.timeout_error());
+                }
+            }
+        }
+    }
+
+    async fn local_permit(&self) -> Result<Option<OwnedMutexGuard<()>>> {
+        let queue = self.session.inner.local_queue(self.name, self.kind);
+        match self.patience {
+            Patience::Never => Ok(queue.try_lock_owned().ok()),
+            Patience::Forever => Ok(Some(queue.lock_owned().await)),
+            Patience::Until(at, _) => match tokio::time::timeout_at(at, queue.lock_owned()).await {
+                Ok(permit) => Ok(Some(permit)),
+                Err(_) => Err(self.timeout_error()),
+            },
+        }
+    }
+
+    /// Bounds a server call by the deadline, if there is one.
+    async fn bounded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.patience {
+            Patience::Until(at, _) => match tokio::time::timeout_at(at, call).await {
+                Ok(result) => result,
+                Err(_) => Err(self.timeout_error()),
+            },
+            Patience::Forever | Patience::Never => call.await,
+        }
+    }
+
+    fn timeout_error(&self) -> Error {
+        let waited = match self.patience {
+            Patience::Until(_, waited) => waited,
+            Patience::Forever | Patience::Never => Duration::ZERO,
+        };
+        Error::Timeout {
+            name: self.name.to_owned(),
+            waited,
+        }
+    }
+}
+
+/// An entry (or an append in flight) that is not yet a grant. Dropped armed, it
+/// removes the entry through the session's background cleanup: that is what
+/// makes every acquire cancel-safe (DESIGN §6.4).
+struct PendingEntry<'a> {
+    session: &'a Arc<SessionInner>,
+    dir: &'a str,
+    kind: EntryKind,
+    attempt: Option<String>,
+    entry: Option<Entry>,
+    /// The same-session queue permit: let go only once the entry is gone, so the
+    /// next same-session contender never finds this entry still there.
+    local: Option<OwnedMutexGuard<()>>,
+}
+
+impl PendingEntry<'_> {
+    fn disarm(&mut self) {
+        self.attempt = None;
+        self.entry = None;
+    }
+
+    /// Removes the entry now (a `try_*` that lost, a deadline that passed); if
+    /// that fails it is left to the background cleanup.
+    async fn remove_now(&mut self) {
+        let Some(entry) = self.entry.clone() else { return };
+        if let Ok(Ok(_)) = tokio::time::timeout(
+            self.session.options.request_timeout(),
+            self.session.remote.remove(&entry),
+        )
+        .await
+        {
+            self.disarm();
+        }
+    }
+}
+
+impl Drop for PendingEntry<'_> {
+    fn drop(&mut self) {
+        let local = self.local.take();
+        if let Some(entry) = self.entry.take() {
+            self.session.spawn_remove(entry, "cancelled acquire", local);
+        } else if let Some(attempt) = self.attempt.take() {
+            self.session.spawn_abandon(self.dir.to_owned(), self.kind, attempt, local);
+        }
+    }
+}
+
+impl SessionInner {
+    /// Bounds one server call by the request timeout.
+    pub(crate) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let timeout = self.options.request_timeout();
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Unavailable {
+                backend: self.backend_name(),
+                source: Some(format!("no answer within the request timeout of {timeout:?}").into()),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rule;
+    use crate::{Entry, EntryKind, FencingToken};
+
+    fn entry(order: i64, kind: EntryKind) -> Entry {
+        Entry {
+            key: format!("q/{order}"),
+            kind,
+            order,
+            token: FencingToken::new(order as u64),
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn exclusive_holds_only_when_first() {
+        let mine = entry(5, EntryKind::Mutex);
+        assert!(Rule::Exclusive.holds_from_head(&mine, &[mine.clone()]));
+        assert!(!Rule::Exclusive.holds_from_head(&mine, &[entry(3, EntryKind::Mutex)]));
+        let nearest = [entry(4, EntryKind::Mutex), entry(3, EntryKind::Mutex)];
+        assert_eq!(Rule::Exclusive.blocker(&nearest).map(|e| e.order), Some(4));
+        assert_eq!(Rule::Exclusive.blocker(&[]), None);
+    }
+
+    #[test]
+    fn readers_ignore_earlier_readers() {
+        let mine = entry(9, EntryKind::Read);
+        // The head holds only conflicting (exclusive) entries: none earlier.
+        assert!(Rule::Shared.holds_from_head(&mine, &[entry(12, EntryKind::Write)]));
+        assert!(Rule::Shared.holds_from_head(&mine, &[]));
+        assert!(!Rule::Shared.holds_from_head(&mine, &[entry(2, EntryKind::Write)]));
+    }
+
+    #[test]
+    fn semaphore_waits_on_the_entry_n_places_earlier() {
+        let mine = entry(10, EntryKind::Semaphore);
+        let rule = Rule::Permits(3);
+        let head = [entry(1, EntryKind::Semaphore), entry(4, EntryKind::Semaphore), mine.clone()];
+        assert!(rule.holds_from_head(&mine, &head));
+        let full = [entry(1, EntryKind::Semaphore), entry(4, EntryKind::Semaphore), entry(7, EntryKind::Semaphore)];
+        assert!(!rule.holds_from_head(&mine, &full));
+        let nearest = [entry(7, EntryKind::Semaphore), entry(4, EntryKind::Semaphore), entry(1, EntryKind::Semaphore)];
+        assert_eq!(rule.blocker(&nearest).map(|e| e.order), Some(1));
+        assert_eq!(rule.blocker(&nearest[..2]), None);
+    }
+}
