@@ -1,6 +1,7 @@
 //! What every held lock, permit and leadership has in common.
 
 use std::fmt;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{watch, OwnedMutexGuard};
@@ -24,8 +25,16 @@ pub(crate) struct Hold {
     entry: Entry,
     loss: watch::Receiver<Option<Loss>>,
     monitor: AbortHandle,
-    local: Option<OwnedMutexGuard<()>>,
+    /// The same-session queue permit, shared with the monitor: it lets go once
+    /// the entry is gone (released, or lost), never before.
+    local: LocalPermit,
     released: bool,
+}
+
+type LocalPermit = Arc<std::sync::Mutex<Option<OwnedMutexGuard<()>>>>;
+
+fn take_permit(permit: &LocalPermit) -> Option<OwnedMutexGuard<()>> {
+    permit.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 impl fmt::Debug for Hold {
@@ -43,6 +52,8 @@ impl Hold {
         let (tx, loss) = watch::channel(None);
         let inner = session.inner.clone();
         let watched = entry.clone();
+        let local: LocalPermit = Arc::new(std::sync::Mutex::new(local));
+        let monitor_permit = Arc::clone(&local);
         let monitor = tokio::spawn(async move {
             let loss = loop {
                 tokio::select! {
@@ -64,6 +75,8 @@ impl Hold {
             };
             tracing::debug!(key = %watched.key, ?loss, "lock lost");
             tx.send_replace(Some(loss));
+            // The entry is gone: a same-session contender may queue again.
+            drop(take_permit(&monitor_permit));
         })
         .abort_handle();
         Hold {
@@ -147,7 +160,7 @@ impl Hold {
             }
             Err(error) => {
                 // Keep trying in the background; the caller hears of the failure.
-                inner.spawn_remove(self.entry.clone(), "release", self.local.take());
+                inner.spawn_remove(self.entry.clone(), "release", take_permit(&self.local));
                 Err(error)
             }
         }
@@ -157,10 +170,11 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         self.monitor.abort();
-        if !self.released {
-            self.session
-                .inner
-                .spawn_remove(self.entry.clone(), "release", self.local.take());
+        let permit = take_permit(&self.local);
+        if self.released {
+            drop(permit);
+        } else {
+            self.session.inner.spawn_remove(self.entry.clone(), "release", permit);
         }
     }
 }

@@ -1,0 +1,479 @@
+//! The conformance suite: one set of behavioural cases that every backend must
+//! pass (DESIGN §7), generic over a [`Fixture`].
+//!
+//! A backend's tests implement [`Fixture`] and expand [`conformance_tests!`],
+//! which declares one `#[tokio::test]` per case so that a failure names its case:
+//!
+//! ```ignore
+//! lockline::conformance_tests!(MyFixture::start().await);
+//! ```
+//!
+//! Every case panics (fails) on a wrong behaviour; none waits by sleeping. Where
+//! a case must wait for something to happen elsewhere ("the waiter has queued")
+//! it awaits the event through [`Client::wait_for_stats`]; every wait is bounded
+//! by [`BOUND`] so that a broken backend fails instead of hanging.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Client, Error, Mutex, MutexGuard, Session, SessionOptions};
+
+/// The longest any single step of a case may take before the case fails.
+pub const BOUND: Duration = Duration::from_secs(20);
+
+/// Opens clients of one backend and can end a session from outside.
+#[async_trait]
+pub trait Fixture: Send + Sync + 'static {
+    /// A new client on the cluster under test, as another process would open.
+    async fn client(&self) -> Client;
+
+    /// Session options for the cases (a short TTL keeps them quick).
+    fn options(&self) -> SessionOptions {
+        SessionOptions::new().with_ttl(Duration::from_secs(3))
+    }
+
+    /// Ends `session` on the server from outside, as an expiry would (etcd:
+    /// revoke its lease from another client; ZooKeeper: close it from a second
+    /// connection; memory: [`MemoryBackend::expire`](crate::MemoryBackend::expire)).
+    async fn expire(&self, session: &Session);
+}
+
+/// Bounds a step of a case; a step that takes longer than [`BOUND`] fails the case.
+pub async fn bounded<T>(what: &str, step: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(BOUND, step).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what}: did not happen within {BOUND:?}"),
+    }
+}
+
+async fn session<F: Fixture>(fixture: &F, client: &Client) -> Session {
+    bounded("open a session", client.session_with(fixture.options()))
+        .await
+        .expect("open a session")
+}
+
+async fn lock(mutex: &Mutex) -> MutexGuard {
+    bounded("lock", mutex.lock()).await.expect("lock")
+}
+
+async fn keys(mutex: &Mutex) -> Vec<String> {
+    bounded("list contenders", mutex.contenders())
+        .await
+        .expect("list contenders")
+        .into_iter()
+        .map(|e| e.key)
+        .collect()
+}
+
+fn unique(name: &str) -> String {
+    format!("conformance/{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Spawns `mutex.lock()` on its own task and waits until its entry is queued.
+async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
+    let before = client.stats().appends;
+    let task = tokio::spawn(async move { mutex.lock().await });
+    bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+    task
+}
+
+/// Polls a future once.
+fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    let waker = futures_noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    Pin::new(future).poll(&mut cx)
+}
+
+fn futures_noop_waker() -> std::task::Waker {
+    std::task::Waker::noop().clone()
+}
+
+/// Many tasks on several sessions (and several tasks per session) take one lock
+/// over many rounds; never are two inside at once.
+pub async fn mutual_exclusion<F: Fixture>(fixture: &F) {
+    let name = unique("exclusion");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let client = fixture.client().await;
+        let session = session(fixture, &client).await;
+        for _ in 0..2 {
+            let mutex = session.mutex(&name).expect("mutex");
+            let (inside, entered) = (Arc::clone(&inside), Arc::clone(&entered));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let guard = lock(&mutex).await;
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        bounded("a contender finishes", task).await.expect("contender task");
+    }
+    assert_eq!(entered.load(Ordering::SeqCst), 60);
+}
+
+/// Contenders of different sessions are granted in the order they queued, with
+/// strictly increasing fencing tokens.
+pub async fn fifo_order_and_increasing_tokens<F: Fixture>(fixture: &F) {
+    let name = unique("fifo");
+    let client = fixture.client().await;
+    let holder_session = session(fixture, &client).await;
+    let holder = lock(&holder_session.mutex(&name).expect("mutex")).await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let session = session(fixture, &client).await;
+        let mutex = session.mutex(&name).expect("mutex");
+        let order = Arc::clone(&order);
+        let before = client.stats().appends;
+        tasks.push(tokio::spawn(async move {
+            let guard = lock(&mutex).await;
+            order.lock().expect("order").push((i, guard.token()));
+            guard.release().await.expect("release");
+            drop(session);
+        }));
+        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+    }
+    let first_token = holder.token();
+    holder.release().await.expect("release");
+    for task in tasks {
+        bounded("a waiter finishes", task).await.expect("waiter task");
+    }
+    let order = order.lock().expect("order").clone();
+    let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4, 5], "grants out of queue order");
+    let mut previous = first_token;
+    for (_, token) in order {
+        assert!(token > previous, "token {token} not above {previous}");
+        previous = token;
+    }
+}
+
+/// With 32 waiters queued, every release wakes exactly one of them: 32 wakeups
+/// for 33 releases, however long the queue.
+pub async fn one_wakeup_per_release<F: Fixture>(fixture: &F) {
+    const WAITERS: usize = 32;
+    let name = unique("herd");
+    let client = fixture.client().await;
+    let holder_session = session(fixture, &client).await;
+    let holder = lock(&holder_session.mutex(&name).expect("mutex")).await;
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let session = session(fixture, &client).await;
+        let mutex = session.mutex(&name).expect("mutex");
+        let before = client.stats().appends;
+        tasks.push(tokio::spawn(async move {
+            let guard = lock(&mutex).await;
+            guard.release().await.expect("release");
+            drop(session);
+        }));
+        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+    }
+    let before = client.stats();
+    assert_eq!(before.wakeups, 0, "a waiter was woken before any release");
+    holder.release().await.expect("release");
+    for task in tasks {
+        bounded("a waiter finishes", task).await.expect("waiter task");
+    }
+    let after = client.stats();
+    let releases = after.releases - before.releases;
+    let wakeups = after.wakeups - before.wakeups;
+    assert_eq!(releases, WAITERS as u64 + 1);
+    assert_eq!(wakeups, WAITERS as u64, "{wakeups} wakeups for {releases} releases");
+}
+
+/// `try_lock` on a taken lock returns `None` and leaves no entry; on a free lock
+/// it takes it.
+pub async fn try_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
+    let name = unique("try");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    let other = sb.mutex(&name).expect("mutex");
+    assert!(bounded("try_lock", other.try_lock()).await.expect("try_lock").is_none());
+    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "try_lock left an entry");
+    // Same session, taken by a sibling: also None, nothing written.
+    assert!(bounded("try_lock", sa.mutex(&name).expect("mutex").try_lock())
+        .await
+        .expect("try_lock")
+        .is_none());
+    holder.release().await.expect("release");
+    let guard = bounded("try_lock", other.try_lock()).await.expect("try_lock");
+    let guard = guard.expect("a free lock is taken by try_lock");
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+    assert!(keys(&other).await.is_empty());
+}
+
+/// `lock_timeout` on a taken lock fails with `Timeout` and leaves no entry; on a
+/// free one it takes the lock.
+pub async fn lock_timeout_leaves_no_entry<F: Fixture>(fixture: &F) {
+    let name = unique("timeout");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    let other = sb.mutex(&name).expect("mutex");
+    let waited = Duration::from_millis(200);
+    match bounded("lock_timeout", other.lock_timeout(waited)).await {
+        Err(Error::Timeout { waited: reported, .. }) => assert_eq!(reported, waited),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    sb.flush().await;
+    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "lock_timeout left an entry");
+    holder.release().await.expect("release");
+    let guard = bounded("lock_timeout", other.lock_timeout(waited))
+        .await
+        .expect("a free lock is taken within the timeout");
+    guard.release().await.expect("release");
+}
+
+/// A `lock()` future dropped while queued, or dropped right after it sent its
+/// append, leaves no entry once the session's background cleanup has run, and
+/// does not block later contenders.
+pub async fn cancelled_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
+    let name = unique("cancel");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    let other = sb.mutex(&name).expect("mutex");
+
+    // Queued, then cancelled.
+    let waiter = queue_waiter(&b, other.clone()).await;
+    assert_eq!(keys(&other).await.len(), 2);
+    waiter.abort();
+    assert!(bounded("the aborted waiter ends", waiter).await.is_err());
+    bounded("cleanup", sb.flush()).await;
+    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "a cancelled lock left an entry");
+
+    // Cancelled with its append in flight.
+    for _ in 0..5 {
+        let mut attempt = Box::pin(other.lock());
+        assert!(poll_once(&mut attempt).is_pending());
+        drop(attempt);
+        bounded("cleanup", sb.flush()).await;
+    }
+    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "an interrupted append left an entry");
+
+    // The queue is not blocked by a ghost: a new contender gets the lock next.
+    let third = sb.mutex(&name).expect("mutex");
+    let next = queue_waiter(&b, third).await;
+    holder.release().await.expect("release");
+    let guard = bounded("the next contender", next).await.expect("task").expect("lock");
+    guard.release().await.expect("release");
+    assert!(b.stats().cleanups >= 1, "no cleanup counted");
+}
+
+/// A released guard's entry is fenced: a stale guard whose entry was deleted by
+/// someone else cannot delete the newer holder's entry, and learns of its loss.
+pub async fn fenced_release_spares_newer_holder<F: Fixture>(fixture: &F) {
+    let name = unique("fence");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let stale = lock(&sa.mutex(&name).expect("mutex")).await;
+    // Someone else deletes the holder's entry.
+    let removed = bounded("remove", sb.backend_session().remove(stale.entry()))
+        .await
+        .expect("remove");
+    assert!(removed);
+    bounded("the stale holder learns of the loss", stale.lost()).await;
+    assert!(!stale.is_held());
+    // The same session takes the lock again: on etcd, the same key.
+    let newer = lock(&sa.mutex(&name).expect("mutex")).await;
+    assert!(newer.token() > stale.token());
+    match bounded("stale release", stale.release()).await {
+        Err(Error::LockLost { .. }) => {}
+        other => panic!("a stale release must report the loss, got {other:?}"),
+    }
+    assert!(newer.is_held());
+    assert_eq!(keys(&sb.mutex(&name).expect("mutex")).await, vec![newer.key().to_owned()]);
+    // And a contender of another session still waits for the newer holder.
+    assert!(bounded("try_lock", sb.mutex(&name).expect("mutex").try_lock())
+        .await
+        .expect("try_lock")
+        .is_none());
+    newer.release().await.expect("release");
+}
+
+/// The primitive itself: removing an old entry never removes a newer entry of
+/// the same session under the same name.
+pub async fn fenced_remove_primitive<F: Fixture>(fixture: &F) {
+    let name = unique("fence-primitive");
+    let client = fixture.client().await;
+    let s = session(fixture, &client).await;
+    let first = lock(&s.mutex(&name).expect("mutex")).await;
+    let old = first.entry().clone();
+    first.release().await.expect("release");
+    let second = lock(&s.mutex(&name).expect("mutex")).await;
+    assert!(!bounded("remove", s.backend_session().remove(&old)).await.expect("remove"));
+    assert!(second.is_held());
+    assert_eq!(keys(&s.mutex(&name).expect("mutex")).await, vec![second.key().to_owned()]);
+    second.release().await.expect("release");
+}
+
+/// A lost session resolves its holders' `lost()`, makes `release()` report it,
+/// and fails its queued `lock()` calls at once; the next session gets the lock.
+pub async fn session_loss<F: Fixture>(fixture: &F) {
+    let name = unique("loss");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
+    fixture.expire(&sa).await;
+    bounded("the holder learns of the loss", holder.lost()).await;
+    assert!(!holder.is_held());
+    bounded("the session reports the loss", sa.lost()).await;
+    match holder.release().await {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("release after loss must report it, got {other:?}"),
+    }
+    let next = bounded("the waiter takes over", waiter).await.expect("task").expect("lock");
+    assert!(next.is_held());
+    assert!(matches!(sa.mutex(&name).expect_err("over"), Error::SessionLost { .. }));
+
+    // A queued contender whose own session is lost fails at once.
+    let c = fixture.client().await;
+    let sc = session(fixture, &c).await;
+    let queued = queue_waiter(&c, sc.mutex(&name).expect("mutex")).await;
+    fixture.expire(&sc).await;
+    match bounded("the queued lock fails", queued).await.expect("task") {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("a queued lock on a lost session must fail with SessionLost, got {other:?}"),
+    }
+    assert!(next.is_held(), "the holder was disturbed by another session's loss");
+    next.release().await.expect("release");
+}
+
+/// Several tasks of one session contend for one name: they exclude each other
+/// and all finish.
+pub async fn same_session_contention<F: Fixture>(fixture: &F) {
+    let name = unique("same-session");
+    let client = fixture.client().await;
+    let s = session(fixture, &client).await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mutex = s.mutex(&name).expect("mutex");
+        let inside = Arc::clone(&inside);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let guard = lock(&mutex).await;
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        bounded("a task finishes", task).await.expect("task");
+    }
+    assert!(keys(&s.mutex(&name).expect("mutex")).await.is_empty());
+}
+
+/// A guard dropped without `release` releases in the background: the next
+/// contender gets the lock.
+pub async fn dropped_guard_releases<F: Fixture>(fixture: &F) {
+    let name = unique("drop");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
+    drop(holder);
+    let next = bounded("the waiter takes over", waiter).await.expect("task").expect("lock");
+    bounded("background release", sa.flush()).await;
+    assert_eq!(a.stats().releases, 1);
+    next.release().await.expect("release");
+}
+
+/// Names a backend cannot store and absurd options get typed errors.
+pub async fn invalid_input_is_rejected<F: Fixture>(fixture: &F) {
+    let client = fixture.client().await;
+    let s = session(fixture, &client).await;
+    for name in ["", "/", "a//b", "a/", "a/../b", "nul\0byte", "bell\u{7}"] {
+        match s.mutex(name) {
+            Err(Error::InvalidName { .. }) => {}
+            other => panic!("name {name:?} must be refused, got {other:?}"),
+        }
+    }
+    for ttl in [Duration::ZERO, Duration::from_millis(500), Duration::from_secs(2 * 24 * 3600)] {
+        match client.session_with(SessionOptions::new().with_ttl(ttl)).await {
+            Err(Error::InvalidOptions { .. }) => {}
+            other => panic!("ttl {ttl:?} must be refused, got {other:?}"),
+        }
+    }
+    let margin_too_big = SessionOptions::new()
+        .with_ttl(Duration::from_secs(2))
+        .with_safety_margin(Duration::from_secs(3));
+    assert!(matches!(
+        client.session_with(margin_too_big).await,
+        Err(Error::InvalidOptions { .. })
+    ));
+}
+
+/// After `close()` everything the session held is released, holders learn it,
+/// and every further use fails with `Closed`.
+pub async fn closed_session_rejects_use<F: Fixture>(fixture: &F) {
+    let name = unique("closed");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let mutex = sa.mutex(&name).expect("mutex");
+    let held = lock(&mutex).await;
+    let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
+    bounded("close", sa.close()).await.expect("close");
+    bounded("the holder learns", held.lost()).await;
+    assert!(!held.is_held());
+    let next = bounded("the waiter takes over", waiter).await.expect("task").expect("lock");
+    assert!(matches!(held.release().await, Err(Error::Closed { .. })));
+    assert!(matches!(mutex.lock().await, Err(Error::Closed { .. })));
+    assert!(matches!(mutex.try_lock().await, Err(Error::Closed { .. })));
+    assert!(matches!(sa.mutex(&name), Err(Error::Closed { .. })));
+    assert!(bounded("close again", sa.close()).await.is_ok());
+    next.release().await.expect("release");
+}
+
+/// Declares one `#[tokio::test]` per conformance case, each with a fixture made
+/// by the given expression (which may `.await`).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($fixture:expr) => {
+        $crate::conformance_tests!(@cases $fixture;
+            mutual_exclusion,
+            fifo_order_and_increasing_tokens,
+            one_wakeup_per_release,
+            try_lock_leaves_no_entry,
+            lock_timeout_leaves_no_entry,
+            cancelled_lock_leaves_no_entry,
+            fenced_release_spares_newer_holder,
+            fenced_remove_primitive,
+            session_loss,
+            same_session_contention,
+            dropped_guard_releases,
+            invalid_input_is_rejected,
+            closed_session_rejects_use,
+        );
+    };
+    (@cases $fixture:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let fixture = $fixture;
+                $crate::conformance::$case(&fixture).await;
+            }
+        )*
+    };
+}
