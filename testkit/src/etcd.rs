@@ -1,0 +1,183 @@
+use std::fmt;
+use std::io::Error;
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{exchange, free_port, Member};
+use crate::Result;
+
+pub(crate) const ETCD: &str = "/usr/bin/etcd";
+const ETCDCTL: &str = "/usr/bin/etcdctl";
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An etcd cluster of 1 or 3 members on free loopback ports, in a temporary
+/// directory; stopped and deleted on drop.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    client_ports: Vec<u16>,
+    dir: TempDir,
+}
+
+impl fmt::Debug for EtcdCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCluster")
+            .field("endpoints", &self.endpoints())
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+impl EtcdCluster {
+    /// Starts a one-member cluster and waits until it serves requests.
+    ///
+    /// # Errors
+    ///
+    /// When `etcd` is missing or does not become healthy within 30 s (the
+    /// error carries its log).
+    pub fn start() -> Result<Self> {
+        Self::start_cluster(1)
+    }
+
+    /// Starts a cluster of `size` members (1 or 3, say) and waits until every
+    /// member is healthy. A start that loses a port race is retried with new ports.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_cluster(size: usize) -> Result<Self> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::try_start(size) {
+                Ok(cluster) => return Ok(cluster),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::other("etcd did not start")))
+    }
+
+    fn try_start(size: usize) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::other("a cluster needs at least one member"));
+        }
+        let dir = tempfile::Builder::new().prefix("lockline-etcd-").tempdir()?;
+        let mut ports = Vec::new();
+        for _ in 0..size {
+            ports.push((free_port()?, free_port()?));
+        }
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("n{}=http://127.0.0.1:{peer}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let name = format!("n{}", i + 1);
+            let data = dir.path().join(&name);
+            let args = vec![
+                "--name".into(),
+                name.clone(),
+                "--data-dir".into(),
+                data.display().to_string(),
+                "--listen-client-urls".into(),
+                format!("http://127.0.0.1:{client}"),
+                "--advertise-client-urls".into(),
+                format!("http://127.0.0.1:{client}"),
+                "--listen-peer-urls".into(),
+                format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls".into(),
+                format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster".into(),
+                initial_cluster.clone(),
+                "--initial-cluster-state".into(),
+                "new".into(),
+                "--initial-cluster-token".into(),
+                dir.path().display().to_string(),
+                // Quick elections keep failover tests short.
+                "--heartbeat-interval".into(),
+                "50".into(),
+                "--election-timeout".into(),
+                "500".into(),
+                "--logger".into(),
+                "zap".into(),
+                "--log-level".into(),
+                "warn".into(),
+            ];
+            let log = dir.path().join(format!("{name}.log"));
+            members.push(Member::start(&name, ETCD, &args, log, dir.path())?);
+        }
+        let client_ports: Vec<u16> = ports.iter().map(|(client, _)| *client).collect();
+        let mut cluster = EtcdCluster {
+            members,
+            client_ports,
+            dir,
+        };
+        for i in 0..size {
+            cluster.wait_healthy(i)?;
+        }
+        Ok(cluster)
+    }
+
+    /// Waits until member `i` answers `/health` with a leader.
+    ///
+    /// # Errors
+    ///
+    /// When it does not within 30 s, or exits.
+    pub fn wait_healthy(&mut self, i: usize) -> Result<()> {
+        let port = self.client_ports[i];
+        self.members[i].wait_ready(START_TIMEOUT, || health(port))
+    }
+
+    /// The client URLs of every member, `http://127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.client_ports
+            .iter()
+            .map(|port| format!("http://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// The client URL of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.client_ports[i])
+    }
+
+    /// The client port of member `i`.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.client_ports[i]
+    }
+
+    /// Member `i`, to stop, kill, pause or resume it.
+    pub fn member(&mut self, i: usize) -> &mut Member {
+        &mut self.members[i]
+    }
+
+    /// How many members the cluster has.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Reads `/metrics` of member `i` (Prometheus text).
+    pub fn metrics(&self, i: usize) -> Option<String> {
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n", self.client_ports[i]);
+        exchange(self.client_ports[i], request.as_bytes(), Duration::from_secs(5))
+    }
+
+    /// An `etcdctl` command (API v3) against the given endpoints, ready to run.
+    pub fn etcdctl(&self, endpoints: &[String]) -> Command {
+        let mut command = Command::new(ETCDCTL);
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", endpoints.join(",")))
+            .arg("--dial-timeout=2s")
+            .arg("--command-timeout=5s");
+        command
+    }
+}
+
+fn health(port: u16) -> bool {
+    let request = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    exchange(port, request.as_bytes(), Duration::from_secs(2))
+        .is_some_and(|answer| answer.contains("\"health\":\"true\""))
+}

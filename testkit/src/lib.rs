@@ -1,0 +1,41 @@
+//! Real servers for lockline's tests, benchmarks and demo.
+//!
+//! [`EtcdCluster`] and [`ZkEnsemble`] start Debian's `etcd` and ZooKeeper (run
+//! with `java -cp /usr/share/java/zookeeper.jar`) with 1 or 3 members on free
+//! loopback ports and temporary data directories. A member can be stopped
+//! (SIGTERM), killed (SIGKILL), paused (SIGSTOP) and resumed (SIGCONT).
+//!
+//! Clean-up is unconditional: dropping a cluster (also while a test panics)
+//! kills its processes and deletes its directories, and every server is started
+//! with `PR_SET_PDEATHSIG` from one long-lived thread, so it dies with the test
+//! process even when that process is killed outright.
+//!
+//! Waiting for a server to come up is the one place that polls: there is no
+//! event to await from another process, so readiness is probed every 50 ms up to
+//! a deadline, and a server that exits early is reported with its log.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod etcd;
+mod process;
+mod zookeeper;
+
+pub use etcd::EtcdCluster;
+pub use process::{free_port, Member};
+pub use zookeeper::{ZkEnsemble, ZkOptions};
+
+/// Errors of the harness: what failed and why, with the server's log tail.
+pub type Error = std::io::Error;
+
+/// The harness's result type.
+pub type Result<T> = std::io::Result<T>;
+
+/// Whether Debian's `etcd` binary is installed.
+pub fn etcd_installed() -> bool {
+    std::path::Path::new(etcd::ETCD).exists()
+}
+
+/// Whether Debian's ZooKeeper jar and a `java` are installed.
+pub fn zookeeper_installed() -> bool {
+    std::path::Path::new(zookeeper::ZOOKEEPER_JAR).exists()
+}

@@ -1,0 +1,280 @@
+use std::fmt;
+use std::fs::File;
+use std::io::{Error, ErrorKind, Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::Result;
+
+/// A port on 127.0.0.1 that was free a moment ago.
+///
+/// # Errors
+///
+/// When no port can be bound.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+type SpawnRequest = (Command, mpsc::Sender<Result<Child>>);
+
+/// Every server is forked from this one thread, which lives as long as the
+/// process: `PR_SET_PDEATHSIG` fires when the forking *thread* exits, so a
+/// short-lived thread (a tokio blocking thread, a test thread) must not fork.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        // If the thread cannot start, `rx` is dropped and every spawn reports
+        // "spawner thread is gone".
+        let _ = std::thread::Builder::new()
+            .name("lockline-testkit-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            });
+        Mutex::new(tx)
+    })
+}
+
+fn spawn_tied_to_this_process(mut command: Command) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .map_err(|_| Error::other("spawner lock poisoned"))?
+        .send((command, tx))
+        .map_err(|_| Error::other("spawner thread is gone"))?;
+    rx.recv().map_err(|_| Error::other("spawner thread is gone"))?
+}
+
+/// One server process of a cluster, with its log file.
+pub struct Member {
+    name: String,
+    command: Command,
+    child: Option<Child>,
+    log: PathBuf,
+    paused: bool,
+}
+
+impl fmt::Debug for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Member")
+            .field("name", &self.name)
+            .field("pid", &self.pid())
+            .field("paused", &self.paused)
+            .finish()
+    }
+}
+
+impl Member {
+    pub(crate) fn start(name: &str, program: &str, args: &[String], log: PathBuf, cwd: &Path) -> Result<Self> {
+        let mut command = Command::new(program);
+        command.args(args).current_dir(cwd).stdin(Stdio::null());
+        let mut member = Member {
+            name: name.to_owned(),
+            command,
+            child: None,
+            log,
+            paused: false,
+        };
+        member.spawn()?;
+        Ok(member)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let out = File::options().create(true).append(true).open(&self.log)?;
+        let err = out.try_clone()?;
+        let mut command = Command::new(self.command.get_program());
+        command
+            .args(self.command.get_args())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if let Some(dir) = self.command.get_current_dir() {
+            command.current_dir(dir);
+        }
+        for (key, value) in self.command.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        self.child = Some(spawn_tied_to_this_process(command).map_err(|e| {
+            Error::new(e.kind(), format!("cannot start {} ({:?}): {e}", self.name, self.command.get_program()))
+        })?);
+        self.paused = false;
+        Ok(())
+    }
+
+    /// The member's name (`n1`, `n2`, ...).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is running (it may be paused).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    fn signal(&self, signal: libc::c_int) -> Result<()> {
+        let pid = self.pid().ok_or_else(|| Error::other(format!("{} is not running", self.name)))?;
+        let pid = libc::pid_t::try_from(pid).map_err(Error::other)?;
+        // SAFETY: plain kill(2) on our own child's pid.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            return Err(Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and reaps it.
+    ///
+    /// # Errors
+    ///
+    /// When it is not running.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| Error::other(format!("{} is not running", self.name)))?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Stops the process with SIGTERM and waits for it (SIGKILL after 10 s).
+    ///
+    /// # Errors
+    ///
+    /// When it is not running.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.paused {
+            self.resume()?;
+        }
+        self.signal(libc::SIGTERM)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait()?.is_some() {
+                    self.child = None;
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill()
+    }
+
+    /// Freezes the process with SIGSTOP: it holds its sockets but answers nothing.
+    ///
+    /// # Errors
+    ///
+    /// When it is not running.
+    pub fn pause(&mut self) -> Result<()> {
+        self.signal(libc::SIGSTOP)?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Thaws a paused process with SIGCONT.
+    ///
+    /// # Errors
+    ///
+    /// When it is not running.
+    pub fn resume(&mut self) -> Result<()> {
+        self.signal(libc::SIGCONT)?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Starts the process again with the same command line and data.
+    ///
+    /// # Errors
+    ///
+    /// When it is still running or cannot be started.
+    pub fn restart(&mut self) -> Result<()> {
+        if self.is_running() {
+            return Err(Error::other(format!("{} is still running", self.name)));
+        }
+        self.spawn()
+    }
+
+    /// The last `bytes` of the member's log.
+    pub fn log_tail(&self, bytes: u64) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(&self.log) {
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let _ = file.seek(SeekFrom::Start(len.saturating_sub(bytes)));
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Polls `ready` every 50 ms until it returns true, the process exits, or
+    /// `timeout` passes.
+    pub(crate) fn wait_ready(&mut self, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if !self.is_running() {
+                return Err(Error::new(
+                    ErrorKind::BrokenPipe,
+                    format!("{} exited while starting; log:\n{}", self.name, self.log_tail(4000)),
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!("{} not ready within {timeout:?}; log:\n{}", self.name, self.log_tail(4000)),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sends `request` to 127.0.0.1:`port` and reads the whole answer (one
+/// connection, as ZooKeeper's four-letter words and HTTP/1.0 want).
+pub(crate) fn exchange(port: u16, request: &[u8], timeout: Duration) -> Option<String> {
+    use std::io::Write;
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&address, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    stream.write_all(request).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}

@@ -1,0 +1,227 @@
+use std::fmt;
+use std::fs;
+use std::io::Error;
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{exchange, free_port, Member};
+use crate::Result;
+
+pub(crate) const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+const JAVA: &str = "java";
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a [`ZkEnsemble`] is configured.
+#[derive(Debug, Clone)]
+pub struct ZkOptions {
+    /// ZooKeeper's `tickTime` (default 200 ms; elections and syncs count ticks).
+    pub tick_time: Duration,
+    /// `minSessionTimeout` (default 1 s) and `maxSessionTimeout` (default 60 s).
+    pub session_timeout_range: (Duration, Duration),
+    /// How often the server deletes empty container nodes
+    /// (`znode.container.checkIntervalMs`; default 500 ms, the server's own is 60 s).
+    pub container_check_interval: Duration,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        ZkOptions {
+            tick_time: Duration::from_millis(200),
+            session_timeout_range: (Duration::from_secs(1), Duration::from_secs(60)),
+            container_check_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A ZooKeeper ensemble of 1 (standalone) or 3 members on free loopback ports,
+/// in a temporary directory; stopped and deleted on drop.
+pub struct ZkEnsemble {
+    members: Vec<Member>,
+    client_ports: Vec<u16>,
+    dir: TempDir,
+}
+
+impl fmt::Debug for ZkEnsemble {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkEnsemble")
+            .field("connect_string", &self.connect_string())
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+impl ZkEnsemble {
+    /// Starts a standalone server with the default options.
+    ///
+    /// # Errors
+    ///
+    /// When Java or ZooKeeper is missing, or the server does not serve within
+    /// 60 s (the error carries its log).
+    pub fn start() -> Result<Self> {
+        Self::start_with(1, &ZkOptions::default())
+    }
+
+    /// Starts an ensemble of `size` members and waits until each serves (as
+    /// standalone, leader or follower). A start that loses a port race is
+    /// retried with new ports.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(size: usize, options: &ZkOptions) -> Result<Self> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::try_start(size, options) {
+                Ok(ensemble) => return Ok(ensemble),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::other("ZooKeeper did not start")))
+    }
+
+    fn try_start(size: usize, options: &ZkOptions) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::other("an ensemble needs at least one member"));
+        }
+        let dir = tempfile::Builder::new().prefix("lockline-zk-").tempdir()?;
+        let mut ports = Vec::new();
+        for _ in 0..size {
+            ports.push((free_port()?, free_port()?, free_port()?));
+        }
+        let mut members = Vec::new();
+        for (i, (client, _, _)) in ports.iter().enumerate() {
+            let name = format!("n{}", i + 1);
+            let data = dir.path().join(&name);
+            fs::create_dir_all(&data)?;
+            let mut config = format!(
+                "tickTime={}\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\n\
+                 minSessionTimeout={}\nmaxSessionTimeout={}\nadmin.enableServer=false\n4lw.commands.whitelist=*\n\
+                 maxClientCnxns=0\n",
+                options.tick_time.as_millis(),
+                data.display(),
+                options.session_timeout_range.0.as_millis(),
+                options.session_timeout_range.1.as_millis(),
+            );
+            if size > 1 {
+                fs::write(data.join("myid"), format!("{}\n", i + 1))?;
+                for (j, (_, peer, election)) in ports.iter().enumerate() {
+                    config.push_str(&format!("server.{}=127.0.0.1:{peer}:{election}\n", j + 1));
+                }
+            }
+            let config_path = dir.path().join(format!("{name}.cfg"));
+            fs::write(&config_path, config)?;
+            let args = vec![
+                "-Xmx256m".into(),
+                "-XX:+UseSerialGC".into(),
+                "-XX:TieredStopAtLevel=1".into(),
+                "-Dzookeeper.4lw.commands.whitelist=*".into(),
+                "-Dzookeeper.admin.enableServer=false".into(),
+                format!("-Dznode.container.checkIntervalMs={}", options.container_check_interval.as_millis()),
+                "-cp".into(),
+                ZOOKEEPER_JAR.into(),
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
+                config_path.display().to_string(),
+            ];
+            let log = dir.path().join(format!("{name}.log"));
+            members.push(Member::start(&name, JAVA, &args, log, dir.path())?);
+        }
+        let client_ports = ports.iter().map(|(client, _, _)| *client).collect();
+        let mut ensemble = ZkEnsemble {
+            members,
+            client_ports,
+            dir,
+        };
+        for i in 0..size {
+            ensemble.wait_serving(i)?;
+        }
+        Ok(ensemble)
+    }
+
+    /// Waits until member `i` serves clients (its `srvr` reports a mode).
+    ///
+    /// # Errors
+    ///
+    /// When it does not within 60 s, or exits.
+    pub fn wait_serving(&mut self, i: usize) -> Result<()> {
+        let port = self.client_ports[i];
+        self.members[i].wait_ready(START_TIMEOUT, || mode(port).is_some())
+    }
+
+    /// Waits until a running member reports itself leader (or standalone), and
+    /// returns its index: after a leader is killed, until the rest elect one.
+    ///
+    /// # Errors
+    ///
+    /// When no leader is elected within 60 s.
+    pub fn wait_leader(&mut self) -> Result<usize> {
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        loop {
+            for i in 0..self.members.len() {
+                if self.members[i].is_running()
+                    && matches!(self.mode(i).as_deref(), Some("leader") | Some("standalone"))
+                {
+                    return Ok(i);
+                }
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::new(std::io::ErrorKind::TimedOut, "no ZooKeeper leader elected within 60 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The connect string of every member, `127.0.0.1:P1,127.0.0.1:P2,...`.
+    pub fn connect_string(&self) -> String {
+        self.client_ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The address of member `i`, `127.0.0.1:PORT`.
+    pub fn address(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.client_ports[i])
+    }
+
+    /// Member `i`, to stop, kill, pause or resume it.
+    pub fn member(&mut self, i: usize) -> &mut Member {
+        &mut self.members[i]
+    }
+
+    /// How many members the ensemble has.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Member `i`'s mode (`standalone`, `leader`, `follower`) when it serves.
+    pub fn mode(&self, i: usize) -> Option<String> {
+        mode(self.client_ports[i])
+    }
+
+    /// Sends a four-letter word (`mntr`, `srvr`, `wchc`, ...) to member `i`.
+    pub fn four_letter(&self, i: usize, word: &str) -> Option<String> {
+        exchange(self.client_ports[i], word.as_bytes(), Duration::from_secs(5))
+    }
+
+    /// ZooKeeper's own command-line client against `server`, ready for a
+    /// command's arguments (`create /k v`, `get /k`).
+    pub fn cli(&self, server: &str) -> Command {
+        let mut command = Command::new(JAVA);
+        command
+            .args(["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", ZOOKEEPER_JAR])
+            .arg("org.apache.zookeeper.ZooKeeperMain")
+            .args(["-server", server]);
+        command
+    }
+}
+
+fn mode(port: u16) -> Option<String> {
+    let answer = exchange(port, b"srvr", Duration::from_secs(2))?;
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix("Mode: "))
+        .map(|mode| mode.trim().to_owned())
+}
