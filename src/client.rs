@@ -27,7 +27,9 @@ pub struct Client {
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client").field("backend", &self.backend).finish_non_exhaustive()
+        f.debug_struct("Client")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
     }
 }
 
@@ -126,7 +128,9 @@ impl Client {
             Err(_) => {
                 return Err(Error::Unavailable {
                     backend: self.backend.name(),
-                    source: Some(format!("no session within {:?}", options.connect_timeout()).into()),
+                    source: Some(
+                        format!("no session within {:?}", options.connect_timeout()).into(),
+                    ),
                 })
             }
         };

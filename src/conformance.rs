@@ -4,7 +4,7 @@
 //! A backend's tests implement [`Fixture`] and expand [`conformance_tests!`],
 //! which declares one `#[tokio::test]` per case so that a failure names its case:
 //!
-//! ```ignore
+//! ```text
 //! lockline::conformance_tests!(MyFixture::start().await);
 //! ```
 //!
@@ -76,10 +76,17 @@ fn unique(name: &str) -> String {
 }
 
 /// Spawns `mutex.lock()` on its own task and waits until its entry is queued.
-async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
+async fn queue_waiter(
+    client: &Client,
+    mutex: Mutex,
+) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
     let before = client.stats().appends;
     let task = tokio::spawn(async move { mutex.lock().await });
-    bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+    bounded(
+        "the waiter queues",
+        client.wait_for_stats(|s| s.appends > before),
+    )
+    .await;
     task
 }
 
@@ -110,7 +117,11 @@ pub async fn mutual_exclusion<F: Fixture>(fixture: &F) {
             tasks.push(tokio::spawn(async move {
                 for _ in 0..10 {
                     let guard = lock(&mutex).await;
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
                     entered.fetch_add(1, Ordering::SeqCst);
                     for _ in 0..3 {
                         tokio::task::yield_now().await;
@@ -122,7 +133,9 @@ pub async fn mutual_exclusion<F: Fixture>(fixture: &F) {
         }
     }
     for task in tasks {
-        bounded("a contender finishes", task).await.expect("contender task");
+        bounded("a contender finishes", task)
+            .await
+            .expect("contender task");
     }
     assert_eq!(entered.load(Ordering::SeqCst), 60);
 }
@@ -147,12 +160,18 @@ pub async fn fifo_order_and_increasing_tokens<F: Fixture>(fixture: &F) {
             guard.release().await.expect("release");
             drop(session);
         }));
-        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+        bounded(
+            "the waiter queues",
+            client.wait_for_stats(|s| s.appends > before),
+        )
+        .await;
     }
     let first_token = holder.token();
     holder.release().await.expect("release");
     for task in tasks {
-        bounded("a waiter finishes", task).await.expect("waiter task");
+        bounded("a waiter finishes", task)
+            .await
+            .expect("waiter task");
     }
     let order = order.lock().expect("order").clone();
     let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
@@ -182,19 +201,28 @@ pub async fn one_wakeup_per_release<F: Fixture>(fixture: &F) {
             guard.release().await.expect("release");
             drop(session);
         }));
-        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+        bounded(
+            "the waiter queues",
+            client.wait_for_stats(|s| s.appends > before),
+        )
+        .await;
     }
     let before = client.stats();
     assert_eq!(before.wakeups, 0, "a waiter was woken before any release");
     holder.release().await.expect("release");
     for task in tasks {
-        bounded("a waiter finishes", task).await.expect("waiter task");
+        bounded("a waiter finishes", task)
+            .await
+            .expect("waiter task");
     }
     let after = client.stats();
     let releases = after.releases - before.releases;
     let wakeups = after.wakeups - before.wakeups;
     assert_eq!(releases, WAITERS as u64 + 1);
-    assert_eq!(wakeups, WAITERS as u64, "{wakeups} wakeups for {releases} releases");
+    assert_eq!(
+        wakeups, WAITERS as u64,
+        "{wakeups} wakeups for {releases} releases"
+    );
 }
 
 /// `try_lock` on a taken lock returns `None` and leaves no entry; on a free lock
@@ -205,15 +233,26 @@ pub async fn try_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
     let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
     let holder = lock(&sa.mutex(&name).expect("mutex")).await;
     let other = sb.mutex(&name).expect("mutex");
-    assert!(bounded("try_lock", other.try_lock()).await.expect("try_lock").is_none());
-    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "try_lock left an entry");
-    // Same session, taken by a sibling: also None, nothing written.
-    assert!(bounded("try_lock", sa.mutex(&name).expect("mutex").try_lock())
+    assert!(bounded("try_lock", other.try_lock())
         .await
         .expect("try_lock")
         .is_none());
+    assert_eq!(
+        keys(&other).await,
+        vec![holder.key().to_owned()],
+        "try_lock left an entry"
+    );
+    // Same session, taken by a sibling: also None, nothing written.
+    assert!(
+        bounded("try_lock", sa.mutex(&name).expect("mutex").try_lock())
+            .await
+            .expect("try_lock")
+            .is_none()
+    );
     holder.release().await.expect("release");
-    let guard = bounded("try_lock", other.try_lock()).await.expect("try_lock");
+    let guard = bounded("try_lock", other.try_lock())
+        .await
+        .expect("try_lock");
     let guard = guard.expect("a free lock is taken by try_lock");
     assert!(guard.is_held());
     guard.release().await.expect("release");
@@ -230,11 +269,17 @@ pub async fn lock_timeout_leaves_no_entry<F: Fixture>(fixture: &F) {
     let other = sb.mutex(&name).expect("mutex");
     let waited = Duration::from_millis(200);
     match bounded("lock_timeout", other.lock_timeout(waited)).await {
-        Err(Error::Timeout { waited: reported, .. }) => assert_eq!(reported, waited),
+        Err(Error::Timeout {
+            waited: reported, ..
+        }) => assert_eq!(reported, waited),
         other => panic!("expected a timeout, got {other:?}"),
     }
     sb.flush().await;
-    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "lock_timeout left an entry");
+    assert_eq!(
+        keys(&other).await,
+        vec![holder.key().to_owned()],
+        "lock_timeout left an entry"
+    );
     holder.release().await.expect("release");
     let guard = bounded("lock_timeout", other.lock_timeout(waited))
         .await
@@ -258,7 +303,11 @@ pub async fn cancelled_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
     waiter.abort();
     assert!(bounded("the aborted waiter ends", waiter).await.is_err());
     bounded("cleanup", sb.flush()).await;
-    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "a cancelled lock left an entry");
+    assert_eq!(
+        keys(&other).await,
+        vec![holder.key().to_owned()],
+        "a cancelled lock left an entry"
+    );
 
     // Cancelled with its append in flight.
     for _ in 0..5 {
@@ -267,13 +316,20 @@ pub async fn cancelled_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
         drop(attempt);
         bounded("cleanup", sb.flush()).await;
     }
-    assert_eq!(keys(&other).await, vec![holder.key().to_owned()], "an interrupted append left an entry");
+    assert_eq!(
+        keys(&other).await,
+        vec![holder.key().to_owned()],
+        "an interrupted append left an entry"
+    );
 
     // The queue is not blocked by a ghost: a new contender gets the lock next.
     let third = sb.mutex(&name).expect("mutex");
     let next = queue_waiter(&b, third).await;
     holder.release().await.expect("release");
-    let guard = bounded("the next contender", next).await.expect("task").expect("lock");
+    let guard = bounded("the next contender", next)
+        .await
+        .expect("task")
+        .expect("lock");
     guard.release().await.expect("release");
     assert!(b.stats().cleanups >= 1, "no cleanup counted");
 }
@@ -300,12 +356,17 @@ pub async fn fenced_release_spares_newer_holder<F: Fixture>(fixture: &F) {
         other => panic!("a stale release must report the loss, got {other:?}"),
     }
     assert!(newer.is_held());
-    assert_eq!(keys(&sb.mutex(&name).expect("mutex")).await, vec![newer.key().to_owned()]);
+    assert_eq!(
+        keys(&sb.mutex(&name).expect("mutex")).await,
+        vec![newer.key().to_owned()]
+    );
     // And a contender of another session still waits for the newer holder.
-    assert!(bounded("try_lock", sb.mutex(&name).expect("mutex").try_lock())
-        .await
-        .expect("try_lock")
-        .is_none());
+    assert!(
+        bounded("try_lock", sb.mutex(&name).expect("mutex").try_lock())
+            .await
+            .expect("try_lock")
+            .is_none()
+    );
     newer.release().await.expect("release");
 }
 
@@ -319,9 +380,14 @@ pub async fn fenced_remove_primitive<F: Fixture>(fixture: &F) {
     let old = first.entry().clone();
     first.release().await.expect("release");
     let second = lock(&s.mutex(&name).expect("mutex")).await;
-    assert!(!bounded("remove", s.backend_session().remove(&old)).await.expect("remove"));
+    assert!(!bounded("remove", s.backend_session().remove(&old))
+        .await
+        .expect("remove"));
     assert!(second.is_held());
-    assert_eq!(keys(&s.mutex(&name).expect("mutex")).await, vec![second.key().to_owned()]);
+    assert_eq!(
+        keys(&s.mutex(&name).expect("mutex")).await,
+        vec![second.key().to_owned()]
+    );
     second.release().await.expect("release");
 }
 
@@ -341,20 +407,34 @@ pub async fn session_loss<F: Fixture>(fixture: &F) {
         Err(Error::SessionLost { .. }) => {}
         other => panic!("release after loss must report it, got {other:?}"),
     }
-    let next = bounded("the waiter takes over", waiter).await.expect("task").expect("lock");
+    let next = bounded("the waiter takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
     assert!(next.is_held());
-    assert!(matches!(sa.mutex(&name).expect_err("over"), Error::SessionLost { .. }));
+    assert!(matches!(
+        sa.mutex(&name).expect_err("over"),
+        Error::SessionLost { .. }
+    ));
 
     // A queued contender whose own session is lost fails at once.
     let c = fixture.client().await;
     let sc = session(fixture, &c).await;
     let queued = queue_waiter(&c, sc.mutex(&name).expect("mutex")).await;
     fixture.expire(&sc).await;
-    match bounded("the queued lock fails", queued).await.expect("task") {
+    match bounded("the queued lock fails", queued)
+        .await
+        .expect("task")
+    {
         Err(Error::SessionLost { .. }) => {}
-        other => panic!("a queued lock on a lost session must fail with SessionLost, got {other:?}"),
+        other => {
+            panic!("a queued lock on a lost session must fail with SessionLost, got {other:?}")
+        }
     }
-    assert!(next.is_held(), "the holder was disturbed by another session's loss");
+    assert!(
+        next.is_held(),
+        "the holder was disturbed by another session's loss"
+    );
     next.release().await.expect("release");
 }
 
@@ -372,7 +452,11 @@ pub async fn same_session_contention<F: Fixture>(fixture: &F) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..10 {
                 let guard = lock(&mutex).await;
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
                 guard.release().await.expect("release");
@@ -394,7 +478,10 @@ pub async fn dropped_guard_releases<F: Fixture>(fixture: &F) {
     let holder = lock(&sa.mutex(&name).expect("mutex")).await;
     let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
     drop(holder);
-    let next = bounded("the waiter takes over", waiter).await.expect("task").expect("lock");
+    let next = bounded("the waiter takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
     bounded("background release", sa.flush()).await;
     assert_eq!(a.stats().releases, 1);
     next.release().await.expect("release");
@@ -410,8 +497,15 @@ pub async fn invalid_input_is_rejected<F: Fixture>(fixture: &F) {
             other => panic!("name {name:?} must be refused, got {other:?}"),
         }
     }
-    for ttl in [Duration::ZERO, Duration::from_millis(500), Duration::from_secs(2 * 24 * 3600)] {
-        match client.session_with(SessionOptions::new().with_ttl(ttl)).await {
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(500),
+        Duration::from_secs(2 * 24 * 3600),
+    ] {
+        match client
+            .session_with(SessionOptions::new().with_ttl(ttl))
+            .await
+        {
             Err(Error::InvalidOptions { .. }) => {}
             other => panic!("ttl {ttl:?} must be refused, got {other:?}"),
         }
@@ -437,7 +531,10 @@ pub async fn closed_session_rejects_use<F: Fixture>(fixture: &F) {
     bounded("close", sa.close()).await.expect("close");
     bounded("the holder learns", held.lost()).await;
     assert!(!held.is_held());
-    let next = bounded("the waiter takes over", waiter).await.expect("task").expect("lock");
+    let next = bounded("the waiter takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
     assert!(matches!(held.release().await, Err(Error::Closed { .. })));
     assert!(matches!(mutex.lock().await, Err(Error::Closed { .. })));
     assert!(matches!(mutex.try_lock().await, Err(Error::Closed { .. })));

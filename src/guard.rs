@@ -174,7 +174,9 @@ impl Drop for Hold {
         if self.released {
             drop(permit);
         } else {
-            self.session.inner.spawn_remove(self.entry.clone(), "release", permit);
+            self.session
+                .inner
+                .spawn_remove(self.entry.clone(), "release", permit);
         }
     }
 }

@@ -10,10 +10,16 @@ use tokio::sync::watch;
 
 use crate::stats::Counters;
 
-use crate::{name, Backend, BackendSession, Entry, EntryKind, Error, Mutex, Result, SessionOptions, SessionState};
+use crate::{
+    name, Backend, BackendSession, Entry, EntryKind, Error, Mutex, Result, SessionOptions,
+    SessionState,
+};
 
 /// How many times a background removal is tried before it is logged as failed.
 const CLEANUP_ATTEMPTS: u32 = 5;
+
+/// Same-session FIFO queues by (name, kind); weak, so idle ones go away.
+type LocalQueues = HashMap<(String, EntryKind), Weak<tokio::sync::Mutex<()>>>;
 
 /// A liveness scope on the server: an etcd lease kept alive by this process, or
 /// a ZooKeeper session.
@@ -50,7 +56,7 @@ pub(crate) struct SessionInner {
     closed: AtomicBool,
     closed_tx: watch::Sender<bool>,
     background: watch::Sender<usize>,
-    local_queues: std::sync::Mutex<HashMap<(String, EntryKind), Weak<tokio::sync::Mutex<()>>>>,
+    local_queues: std::sync::Mutex<LocalQueues>,
 }
 
 impl fmt::Debug for Session {
@@ -229,7 +235,10 @@ impl SessionInner {
     /// The in-process FIFO queue that same-session contenders for one name pass
     /// through before the session's entry is written (DESIGN §5).
     pub(crate) fn local_queue(&self, name: &str, kind: EntryKind) -> Arc<tokio::sync::Mutex<()>> {
-        let mut queues = self.local_queues.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut queues = self
+            .local_queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let key = (name.to_owned(), kind);
         if let Some(queue) = queues.get(&key).and_then(Weak::upgrade) {
             return queue;
@@ -262,7 +271,12 @@ impl SessionInner {
 
     /// Removes an entry in the background, fenced, with a bounded timeout and
     /// retries; a final failure is logged and counted, never swallowed silently.
-    pub(crate) fn spawn_remove(self: &Arc<Self>, entry: Entry, why: &'static str, then: Option<tokio::sync::OwnedMutexGuard<()>>) {
+    pub(crate) fn spawn_remove(
+        self: &Arc<Self>,
+        entry: Entry,
+        why: &'static str,
+        then: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) {
         let session = Arc::clone(self);
         self.spawn_background(async move {
             let removed = session
@@ -290,7 +304,9 @@ impl SessionInner {
         let session = Arc::clone(self);
         self.spawn_background(async move {
             let done = session
-                .retry("cancelled acquire", &dir, || session.remote.abandon(&dir, kind, &attempt))
+                .retry("cancelled acquire", &dir, || {
+                    session.remote.abandon(&dir, kind, &attempt)
+                })
                 .await;
             if done.is_some() {
                 session.counters.bump(|c| &c.cleanups);
@@ -310,7 +326,12 @@ impl SessionInner {
             let state = self.remote.state().borrow().to_owned();
             if state.is_over() {
                 // The server deletes an over session's entries itself.
-                tracing::debug!(key, why, ?state, "session over; the server removes its entries");
+                tracing::debug!(
+                    key,
+                    why,
+                    ?state,
+                    "session over; the server removes its entries"
+                );
                 return None;
             }
             match tokio::time::timeout(timeout, call()).await {
@@ -318,7 +339,13 @@ impl SessionInner {
                 Ok(Err(error)) => {
                     tracing::debug!(key, why, attempt, %error, "background removal failed; retrying")
                 }
-                Err(_) => tracing::debug!(key, why, attempt, ?timeout, "background removal timed out; retrying"),
+                Err(_) => tracing::debug!(
+                    key,
+                    why,
+                    attempt,
+                    ?timeout,
+                    "background removal timed out; retrying"
+                ),
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));

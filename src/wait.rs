@@ -116,14 +116,16 @@ impl Acquire<'_> {
             conflicts: self.rule.conflicts(),
             head: self.rule.depth(),
         };
-        let appended = self.bounded(inner.call(inner.remote.append(&request))).await?;
+        let appended = self
+            .bounded(inner.call(inner.remote.append(&request)))
+            .await?;
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
-        if !self.rule.holds_from_head(&mine, &appended.head) {
-            if !self.wait_turn(&mine, &mut pending).await? {
-                return Ok(None);
-            }
+        if !self.rule.holds_from_head(&mine, &appended.head)
+            && !self.wait_turn(&mine, &mut pending).await?
+        {
+            return Ok(None);
         }
         let local = pending.local.take();
         pending.disarm();
@@ -137,7 +139,11 @@ impl Acquire<'_> {
         let inner = &self.session.inner;
         loop {
             let nearest = self
-                .bounded(inner.call(inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth())))
+                .bounded(inner.call(inner.remote.earlier(
+                    mine,
+                    self.rule.conflicts(),
+                    self.rule.depth(),
+                )))
                 .await?;
             let nearest = match nearest {
                 Earlier::Entries(entries) => entries,
@@ -149,7 +155,9 @@ impl Acquire<'_> {
                     return Err(if state.is_over() {
                         inner.over_error(state)
                     } else {
-                        Error::LockLost { key: mine.key.clone() }
+                        Error::LockLost {
+                            key: mine.key.clone(),
+                        }
                     });
                 }
             };
@@ -240,7 +248,9 @@ impl PendingEntry<'_> {
     /// Removes the entry now (a `try_*` that lost, a deadline that passed); if
     /// that fails it is left to the background cleanup.
     async fn remove_now(&mut self) {
-        let Some(entry) = self.entry.clone() else { return };
+        let Some(entry) = self.entry.clone() else {
+            return;
+        };
         if let Ok(Ok(_)) = tokio::time::timeout(
             self.session.options.request_timeout(),
             self.session.remote.remove(&entry),
@@ -258,7 +268,8 @@ impl Drop for PendingEntry<'_> {
         if let Some(entry) = self.entry.take() {
             self.session.spawn_remove(entry, "cancelled acquire", local);
         } else if let Some(attempt) = self.attempt.take() {
-            self.session.spawn_abandon(self.dir.to_owned(), self.kind, attempt, local);
+            self.session
+                .spawn_abandon(self.dir.to_owned(), self.kind, attempt, local);
         }
     }
 }
@@ -295,7 +306,7 @@ mod tests {
     #[test]
     fn exclusive_holds_only_when_first() {
         let mine = entry(5, EntryKind::Mutex);
-        assert!(Rule::Exclusive.holds_from_head(&mine, &[mine.clone()]));
+        assert!(Rule::Exclusive.holds_from_head(&mine, std::slice::from_ref(&mine)));
         assert!(!Rule::Exclusive.holds_from_head(&mine, &[entry(3, EntryKind::Mutex)]));
         let nearest = [entry(4, EntryKind::Mutex), entry(3, EntryKind::Mutex)];
         assert_eq!(Rule::Exclusive.blocker(&nearest).map(|e| e.order), Some(4));
@@ -315,11 +326,23 @@ mod tests {
     fn semaphore_waits_on_the_entry_n_places_earlier() {
         let mine = entry(10, EntryKind::Semaphore);
         let rule = Rule::Permits(3);
-        let head = [entry(1, EntryKind::Semaphore), entry(4, EntryKind::Semaphore), mine.clone()];
+        let head = [
+            entry(1, EntryKind::Semaphore),
+            entry(4, EntryKind::Semaphore),
+            mine.clone(),
+        ];
         assert!(rule.holds_from_head(&mine, &head));
-        let full = [entry(1, EntryKind::Semaphore), entry(4, EntryKind::Semaphore), entry(7, EntryKind::Semaphore)];
+        let full = [
+            entry(1, EntryKind::Semaphore),
+            entry(4, EntryKind::Semaphore),
+            entry(7, EntryKind::Semaphore),
+        ];
         assert!(!rule.holds_from_head(&mine, &full));
-        let nearest = [entry(7, EntryKind::Semaphore), entry(4, EntryKind::Semaphore), entry(1, EntryKind::Semaphore)];
+        let nearest = [
+            entry(7, EntryKind::Semaphore),
+            entry(4, EntryKind::Semaphore),
+            entry(1, EntryKind::Semaphore),
+        ];
         assert_eq!(rule.blocker(&nearest).map(|e| e.order), Some(1));
         assert_eq!(rule.blocker(&nearest[..2]), None);
     }

@@ -15,7 +15,11 @@ impl Fixture for Memory {
     }
 
     async fn expire(&self, session: &Session) {
-        assert!(self.store.expire(session.id()), "no live session {}", session.id());
+        assert!(
+            self.store.expire(session.id()),
+            "no live session {}",
+            session.id()
+        );
     }
 }
 

@@ -58,7 +58,8 @@ fn spawn_tied_to_this_process(mut command: Command) -> Result<Child> {
         .map_err(|_| Error::other("spawner lock poisoned"))?
         .send((command, tx))
         .map_err(|_| Error::other("spawner thread is gone"))?;
-    rx.recv().map_err(|_| Error::other("spawner thread is gone"))?
+    rx.recv()
+        .map_err(|_| Error::other("spawner thread is gone"))?
 }
 
 /// One server process of a cluster, with its log file.
@@ -81,7 +82,13 @@ impl fmt::Debug for Member {
 }
 
 impl Member {
-    pub(crate) fn start(name: &str, program: &str, args: &[String], log: PathBuf, cwd: &Path) -> Result<Self> {
+    pub(crate) fn start(
+        name: &str,
+        program: &str,
+        args: &[String],
+        log: PathBuf,
+        cwd: &Path,
+    ) -> Result<Self> {
         let mut command = Command::new(program);
         command.args(args).current_dir(cwd).stdin(Stdio::null());
         let mut member = Member {
@@ -114,7 +121,14 @@ impl Member {
             };
         }
         self.child = Some(spawn_tied_to_this_process(command).map_err(|e| {
-            Error::new(e.kind(), format!("cannot start {} ({:?}): {e}", self.name, self.command.get_program()))
+            Error::new(
+                e.kind(),
+                format!(
+                    "cannot start {} ({:?}): {e}",
+                    self.name,
+                    self.command.get_program()
+                ),
+            )
         })?);
         self.paused = false;
         Ok(())
@@ -139,7 +153,9 @@ impl Member {
     }
 
     fn signal(&self, signal: libc::c_int) -> Result<()> {
-        let pid = self.pid().ok_or_else(|| Error::other(format!("{} is not running", self.name)))?;
+        let pid = self
+            .pid()
+            .ok_or_else(|| Error::other(format!("{} is not running", self.name)))?;
         let pid = libc::pid_t::try_from(pid).map_err(Error::other)?;
         // SAFETY: plain kill(2) on our own child's pid.
         if unsafe { libc::kill(pid, signal) } != 0 {
@@ -233,7 +249,11 @@ impl Member {
 
     /// Polls `ready` every 50 ms until it returns true, the process exits, or
     /// `timeout` passes.
-    pub(crate) fn wait_ready(&mut self, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    pub(crate) fn wait_ready(
+        &mut self,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if ready() {
@@ -242,13 +262,21 @@ impl Member {
             if !self.is_running() {
                 return Err(Error::new(
                     ErrorKind::BrokenPipe,
-                    format!("{} exited while starting; log:\n{}", self.name, self.log_tail(4000)),
+                    format!(
+                        "{} exited while starting; log:\n{}",
+                        self.name,
+                        self.log_tail(4000)
+                    ),
                 ));
             }
             if Instant::now() > deadline {
                 return Err(Error::new(
                     ErrorKind::TimedOut,
-                    format!("{} not ready within {timeout:?}; log:\n{}", self.name, self.log_tail(4000)),
+                    format!(
+                        "{} not ready within {timeout:?}; log:\n{}",
+                        self.name,
+                        self.log_tail(4000)
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -118,7 +118,10 @@ impl ZkEnsemble {
                 "-XX:TieredStopAtLevel=1".into(),
                 "-Dzookeeper.4lw.commands.whitelist=*".into(),
                 "-Dzookeeper.admin.enableServer=false".into(),
-                format!("-Dznode.container.checkIntervalMs={}", options.container_check_interval.as_millis()),
+                format!(
+                    "-Dznode.container.checkIntervalMs={}",
+                    options.container_check_interval.as_millis()
+                ),
                 "-cp".into(),
                 ZOOKEEPER_JAR.into(),
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
@@ -166,7 +169,10 @@ impl ZkEnsemble {
                 }
             }
             if std::time::Instant::now() > deadline {
-                return Err(Error::new(std::io::ErrorKind::TimedOut, "no ZooKeeper leader elected within 60 s"));
+                return Err(Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no ZooKeeper leader elected within 60 s",
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -203,7 +209,11 @@ impl ZkEnsemble {
 
     /// Sends a four-letter word (`mntr`, `srvr`, `wchc`, ...) to member `i`.
     pub fn four_letter(&self, i: usize, word: &str) -> Option<String> {
-        exchange(self.client_ports[i], word.as_bytes(), Duration::from_secs(5))
+        exchange(
+            self.client_ports[i],
+            word.as_bytes(),
+            Duration::from_secs(5),
+        )
     }
 
     /// ZooKeeper's own command-line client against `server`, ready for a
@@ -211,7 +221,13 @@ impl ZkEnsemble {
     pub fn cli(&self, server: &str) -> Command {
         let mut command = Command::new(JAVA);
         command
-            .args(["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", ZOOKEEPER_JAR])
+            .args([
+                "-Xmx128m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+                ZOOKEEPER_JAR,
+            ])
             .arg("org.apache.zookeeper.ZooKeeperMain")
             .args(["-server", server]);
         command

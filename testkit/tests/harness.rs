@@ -33,7 +33,9 @@ fn etcd_put_get(cluster: &EtcdCluster, endpoints: &[String], key: &str, value: &
 fn etcd_single_member_serves_its_cli() {
     let cluster = EtcdCluster::start().expect("start etcd");
     etcd_put_get(&cluster, &cluster.endpoints(), "harness/one", "v1");
-    assert!(cluster.metrics(0).is_some_and(|m| m.contains("etcd_debugging_mvcc_put_total")));
+    assert!(cluster
+        .metrics(0)
+        .is_some_and(|m| m.contains("etcd_debugging_mvcc_put_total")));
 }
 
 #[test]
@@ -59,7 +61,10 @@ fn etcd_paused_member_resumes() {
     cluster.member(0).pause().expect("pause");
     let mut get = cluster.etcdctl(&cluster.endpoints());
     get.args(["get", "harness/paused"]);
-    assert!(!get.output().expect("run etcdctl").status.success(), "a paused server answered");
+    assert!(
+        !get.output().expect("run etcdctl").status.success(),
+        "a paused server answered"
+    );
     cluster.member(0).resume().expect("resume");
     etcd_put_get(&cluster, &cluster.endpoints(), "harness/paused", "thawed");
 }
@@ -75,7 +80,10 @@ fn zk_get(ensemble: &ZkEnsemble, server: &str, path: &str, value: &str) {
     let mut get = ensemble.cli(server);
     get.args(["get", path]);
     let out = stdout(&run(get));
-    assert!(out.lines().any(|line| line.trim() == value), "get {path} printed {out:?}");
+    assert!(
+        out.lines().any(|line| line.trim() == value),
+        "get {path} printed {out:?}"
+    );
 }
 
 #[test]
@@ -83,23 +91,41 @@ fn zookeeper_standalone_serves_its_cli() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     assert_eq!(ensemble.mode(0).as_deref(), Some("standalone"));
     zk_create_get(&ensemble, &ensemble.address(0), "/harness-one", "v1");
-    assert!(ensemble.four_letter(0, "mntr").is_some_and(|m| m.contains("zk_watch_count")));
+    assert!(ensemble
+        .four_letter(0, "mntr")
+        .is_some_and(|m| m.contains("zk_watch_count")));
 }
 
 #[test]
 fn zookeeper_three_members_survive_a_killed_member() {
     let mut ensemble = ZkEnsemble::start_with(3, &ZkOptions::default()).expect("start ZooKeeper");
     let modes: Vec<_> = (0..3).filter_map(|i| ensemble.mode(i)).collect();
-    assert_eq!(modes.iter().filter(|m| *m == "leader").count(), 1, "modes: {modes:?}");
-    let leader = (0..3).find(|&i| ensemble.mode(i).as_deref() == Some("leader")).expect("a leader");
+    assert_eq!(
+        modes.iter().filter(|m| *m == "leader").count(),
+        1,
+        "modes: {modes:?}"
+    );
+    let leader = (0..3)
+        .find(|&i| ensemble.mode(i).as_deref() == Some("leader"))
+        .expect("a leader");
     let other = (leader + 1) % 3;
-    zk_create_get(&ensemble, &ensemble.address(other), "/harness-three", "before");
+    zk_create_get(
+        &ensemble,
+        &ensemble.address(other),
+        "/harness-three",
+        "before",
+    );
     ensemble.member(leader).kill().expect("kill the leader");
     // The two left elect a new leader among themselves.
     let new_leader = ensemble.wait_leader().expect("a new leader");
     assert_ne!(new_leader, leader);
     ensemble.wait_serving(other).expect("a survivor serves");
-    zk_get(&ensemble, &ensemble.address(other), "/harness-three", "before");
+    zk_get(
+        &ensemble,
+        &ensemble.address(other),
+        "/harness-three",
+        "before",
+    );
 }
 
 #[test]
@@ -108,17 +134,25 @@ fn a_panicking_test_still_stops_its_servers() {
     let outcome = std::thread::spawn(move || {
         let mut cluster = EtcdCluster::start().expect("start etcd");
         let dir = format!("{cluster:?}");
-        pid_tx.send((cluster.member(0).pid().expect("running"), dir)).expect("send");
+        pid_tx
+            .send((cluster.member(0).pid().expect("running"), dir))
+            .expect("send");
         panic!("a test failing while it holds a cluster");
     })
     .join();
     assert!(outcome.is_err(), "the thread was meant to panic");
     let (pid, debug) = pid_rx.recv().expect("pid");
-    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "etcd {pid} outlived the panic");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "etcd {pid} outlived the panic"
+    );
     let dir = debug
         .split("dir: \"")
         .nth(1)
         .and_then(|rest| rest.split('"').next())
         .expect("the cluster's directory in its Debug output");
-    assert!(!std::path::Path::new(dir).exists(), "{dir} outlived the panic");
+    assert!(
+        !std::path::Path::new(dir).exists(),
+        "{dir} outlived the panic"
+    );
 }

@@ -1,0 +1,97 @@
+//! Session options and names are checked before anything reaches a server.
+
+use std::time::Duration;
+
+use lockline::{Client, Error, SessionOptions};
+
+#[test]
+fn ttl_bounds() {
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(999),
+        Duration::from_secs(86_401),
+    ] {
+        assert!(
+            matches!(
+                SessionOptions::new().with_ttl(ttl).validate(),
+                Err(Error::InvalidOptions { .. })
+            ),
+            "{ttl:?}"
+        );
+    }
+    for ttl in [
+        Duration::from_secs(1),
+        Duration::from_secs(10),
+        Duration::from_secs(86_400),
+    ] {
+        assert!(
+            SessionOptions::new().with_ttl(ttl).validate().is_ok(),
+            "{ttl:?}"
+        );
+    }
+}
+
+#[test]
+fn margins_and_timeouts() {
+    let ttl = Duration::from_secs(4);
+    let base = SessionOptions::new().with_ttl(ttl);
+    assert!(base.clone().with_safety_margin(ttl).validate().is_err());
+    assert!(base
+        .clone()
+        .with_keepalive_interval(Duration::ZERO)
+        .validate()
+        .is_err());
+    assert!(base
+        .clone()
+        .with_keepalive_interval(Duration::from_secs(4))
+        .validate()
+        .is_err());
+    assert!(base
+        .clone()
+        .with_connect_timeout(Duration::ZERO)
+        .validate()
+        .is_err());
+    assert!(base
+        .clone()
+        .with_request_timeout(Duration::from_secs(90_000))
+        .validate()
+        .is_err());
+    let tuned = base
+        .with_safety_margin(Duration::from_secs(1))
+        .with_keepalive_interval(Duration::from_millis(500));
+    assert!(tuned.validate().is_ok());
+    assert_eq!(tuned.loss_deadline(), Duration::from_secs(3));
+}
+
+#[test]
+fn defaults() {
+    let options = SessionOptions::default();
+    assert_eq!(options.ttl(), Duration::from_secs(10));
+    assert_eq!(options.safety_margin(), Duration::from_secs(2));
+    assert!(options.keepalive_interval() < options.loss_deadline());
+    assert!(options.validate().is_ok());
+}
+
+#[tokio::test]
+async fn invalid_options_never_open_a_session() {
+    let client = Client::memory();
+    let result = client
+        .session_with(SessionOptions::new().with_ttl(Duration::ZERO))
+        .await;
+    assert!(matches!(result, Err(Error::InvalidOptions { .. })));
+    assert_eq!(client.stats().sessions, 0);
+}
+
+#[tokio::test]
+async fn errors_name_what_happened() {
+    let session = Client::memory().session().await.expect("session");
+    let error = session.mutex("a//b").expect_err("refused");
+    assert!(error.to_string().contains("a//b"), "{error}");
+    assert!(!error.is_transient());
+    let long = "n".repeat(lockline::MAX_NAME_LEN + 1);
+    assert!(matches!(
+        session.mutex(&long),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(session.mutex(&"n".repeat(lockline::MAX_NAME_LEN)).is_ok());
+}
