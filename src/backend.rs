@@ -161,11 +161,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
 /// A live session and the queue primitives (see the module docs).
 ///
+/// `Any` is a supertrait so that a backend's own helpers can downcast
+/// [`Session::backend_session`](crate::Session::backend_session) to their type.
+///
 /// Every method that takes an [`Entry`] applies to that very entry: a newer
 /// entry under the same key (a later acquire by the same session) is another
 /// entry, told apart by its `order`/`token`.
 #[async_trait]
-pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
+pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     /// The session's id (etcd lease id in lowercase hex, ZooKeeper session id in hex).
     fn id(&self) -> &str;
 
@@ -217,6 +220,15 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// Waits until `entry`'s value differs from `seen` (returns the new value) or
     /// the entry is gone (returns `None`).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Asks the server now whether the session still lives (etcd: the lease's
+    /// remaining TTL), updates [`state`](Self::state) and returns it. Called when
+    /// one of the session's own entries vanished, to tell an expired session
+    /// from an entry deleted by someone else. The default returns the current
+    /// state.
+    async fn confirm(&self) -> Result<SessionState> {
+        Ok(*self.state().borrow())
+    }
 
     /// Ends the session on the server: every entry it owns is deleted.
     async fn close(&self) -> Result<()>;

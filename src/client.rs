@@ -128,9 +128,7 @@ impl Client {
             Err(_) => {
                 return Err(Error::Unavailable {
                     backend: self.backend.name(),
-                    source: Some(
-                        format!("no session within {:?}", options.connect_timeout()).into(),
-                    ),
+                    source: Some(format!("no session within {:?}", options.connect_timeout()).into()),
                 })
             }
         };

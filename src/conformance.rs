@@ -76,17 +76,10 @@ fn unique(name: &str) -> String {
 }
 
 /// Spawns `mutex.lock()` on its own task and waits until its entry is queued.
-async fn queue_waiter(
-    client: &Client,
-    mutex: Mutex,
-) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
+async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
     let before = client.stats().appends;
     let task = tokio::spawn(async move { mutex.lock().await });
-    bounded(
-        "the waiter queues",
-        client.wait_for_stats(|s| s.appends > before),
-    )
-    .await;
+    bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
     task
 }
 
@@ -117,11 +110,7 @@ pub async fn mutual_exclusion<F: Fixture>(fixture: &F) {
             tasks.push(tokio::spawn(async move {
                 for _ in 0..10 {
                     let guard = lock(&mutex).await;
-                    assert_eq!(
-                        inside.fetch_add(1, Ordering::SeqCst),
-                        0,
-                        "two holders at once"
-                    );
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
                     entered.fetch_add(1, Ordering::SeqCst);
                     for _ in 0..3 {
                         tokio::task::yield_now().await;
@@ -133,9 +122,7 @@ pub async fn mutual_exclusion<F: Fixture>(fixture: &F) {
         }
     }
     for task in tasks {
-        bounded("a contender finishes", task)
-            .await
-            .expect("contender task");
+        bounded("a contender finishes", task).await.expect("contender task");
     }
     assert_eq!(entered.load(Ordering::SeqCst), 60);
 }
@@ -160,18 +147,12 @@ pub async fn fifo_order_and_increasing_tokens<F: Fixture>(fixture: &F) {
             guard.release().await.expect("release");
             drop(session);
         }));
-        bounded(
-            "the waiter queues",
-            client.wait_for_stats(|s| s.appends > before),
-        )
-        .await;
+        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
     }
     let first_token = holder.token();
     holder.release().await.expect("release");
     for task in tasks {
-        bounded("a waiter finishes", task)
-            .await
-            .expect("waiter task");
+        bounded("a waiter finishes", task).await.expect("waiter task");
     }
     let order = order.lock().expect("order").clone();
     let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
@@ -201,28 +182,19 @@ pub async fn one_wakeup_per_release<F: Fixture>(fixture: &F) {
             guard.release().await.expect("release");
             drop(session);
         }));
-        bounded(
-            "the waiter queues",
-            client.wait_for_stats(|s| s.appends > before),
-        )
-        .await;
+        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
     }
     let before = client.stats();
     assert_eq!(before.wakeups, 0, "a waiter was woken before any release");
     holder.release().await.expect("release");
     for task in tasks {
-        bounded("a waiter finishes", task)
-            .await
-            .expect("waiter task");
+        bounded("a waiter finishes", task).await.expect("waiter task");
     }
     let after = client.stats();
     let releases = after.releases - before.releases;
     let wakeups = after.wakeups - before.wakeups;
     assert_eq!(releases, WAITERS as u64 + 1);
-    assert_eq!(
-        wakeups, WAITERS as u64,
-        "{wakeups} wakeups for {releases} releases"
-    );
+    assert_eq!(wakeups, WAITERS as u64, "{wakeups} wakeups for {releases} releases");
 }
 
 /// `try_lock` on a taken lock returns `None` and leaves no entry; on a free lock
@@ -233,26 +205,19 @@ pub async fn try_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
     let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
     let holder = lock(&sa.mutex(&name).expect("mutex")).await;
     let other = sb.mutex(&name).expect("mutex");
-    assert!(bounded("try_lock", other.try_lock())
-        .await
-        .expect("try_lock")
-        .is_none());
+    assert!(bounded("try_lock", other.try_lock()).await.expect("try_lock").is_none());
     assert_eq!(
         keys(&other).await,
         vec![holder.key().to_owned()],
         "try_lock left an entry"
     );
     // Same session, taken by a sibling: also None, nothing written.
-    assert!(
-        bounded("try_lock", sa.mutex(&name).expect("mutex").try_lock())
-            .await
-            .expect("try_lock")
-            .is_none()
-    );
-    holder.release().await.expect("release");
-    let guard = bounded("try_lock", other.try_lock())
+    assert!(bounded("try_lock", sa.mutex(&name).expect("mutex").try_lock())
         .await
-        .expect("try_lock");
+        .expect("try_lock")
+        .is_none());
+    holder.release().await.expect("release");
+    let guard = bounded("try_lock", other.try_lock()).await.expect("try_lock");
     let guard = guard.expect("a free lock is taken by try_lock");
     assert!(guard.is_held());
     guard.release().await.expect("release");
@@ -269,9 +234,7 @@ pub async fn lock_timeout_leaves_no_entry<F: Fixture>(fixture: &F) {
     let other = sb.mutex(&name).expect("mutex");
     let waited = Duration::from_millis(200);
     match bounded("lock_timeout", other.lock_timeout(waited)).await {
-        Err(Error::Timeout {
-            waited: reported, ..
-        }) => assert_eq!(reported, waited),
+        Err(Error::Timeout { waited: reported, .. }) => assert_eq!(reported, waited),
         other => panic!("expected a timeout, got {other:?}"),
     }
     sb.flush().await;
@@ -326,10 +289,7 @@ pub async fn cancelled_lock_leaves_no_entry<F: Fixture>(fixture: &F) {
     let third = sb.mutex(&name).expect("mutex");
     let next = queue_waiter(&b, third).await;
     holder.release().await.expect("release");
-    let guard = bounded("the next contender", next)
-        .await
-        .expect("task")
-        .expect("lock");
+    let guard = bounded("the next contender", next).await.expect("task").expect("lock");
     guard.release().await.expect("release");
     assert!(b.stats().cleanups >= 1, "no cleanup counted");
 }
@@ -361,12 +321,10 @@ pub async fn fenced_release_spares_newer_holder<F: Fixture>(fixture: &F) {
         vec![newer.key().to_owned()]
     );
     // And a contender of another session still waits for the newer holder.
-    assert!(
-        bounded("try_lock", sb.mutex(&name).expect("mutex").try_lock())
-            .await
-            .expect("try_lock")
-            .is_none()
-    );
+    assert!(bounded("try_lock", sb.mutex(&name).expect("mutex").try_lock())
+        .await
+        .expect("try_lock")
+        .is_none());
     newer.release().await.expect("release");
 }
 
@@ -412,29 +370,20 @@ pub async fn session_loss<F: Fixture>(fixture: &F) {
         .expect("task")
         .expect("lock");
     assert!(next.is_held());
-    assert!(matches!(
-        sa.mutex(&name).expect_err("over"),
-        Error::SessionLost { .. }
-    ));
+    assert!(matches!(sa.mutex(&name).expect_err("over"), Error::SessionLost { .. }));
 
     // A queued contender whose own session is lost fails at once.
     let c = fixture.client().await;
     let sc = session(fixture, &c).await;
     let queued = queue_waiter(&c, sc.mutex(&name).expect("mutex")).await;
     fixture.expire(&sc).await;
-    match bounded("the queued lock fails", queued)
-        .await
-        .expect("task")
-    {
+    match bounded("the queued lock fails", queued).await.expect("task") {
         Err(Error::SessionLost { .. }) => {}
         other => {
             panic!("a queued lock on a lost session must fail with SessionLost, got {other:?}")
         }
     }
-    assert!(
-        next.is_held(),
-        "the holder was disturbed by another session's loss"
-    );
+    assert!(next.is_held(), "the holder was disturbed by another session's loss");
     next.release().await.expect("release");
 }
 
@@ -452,11 +401,7 @@ pub async fn same_session_contention<F: Fixture>(fixture: &F) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..10 {
                 let guard = lock(&mutex).await;
-                assert_eq!(
-                    inside.fetch_add(1, Ordering::SeqCst),
-                    0,
-                    "two holders at once"
-                );
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
                 guard.release().await.expect("release");
@@ -502,10 +447,7 @@ pub async fn invalid_input_is_rejected<F: Fixture>(fixture: &F) {
         Duration::from_millis(500),
         Duration::from_secs(2 * 24 * 3600),
     ] {
-        match client
-            .session_with(SessionOptions::new().with_ttl(ttl))
-            .await
-        {
+        match client.session_with(SessionOptions::new().with_ttl(ttl)).await {
             Err(Error::InvalidOptions { .. }) => {}
             other => panic!("ttl {ttl:?} must be refused, got {other:?}"),
         }

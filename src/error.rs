@@ -100,6 +100,6 @@ impl Error {
     /// or a request failed in transit), as opposed to a caller's mistake or a
     /// final state such as a lost session.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unavailable { .. } | Error::Backend { .. })
+        matches!(self, Error::Unavailable { .. })
     }
 }

@@ -61,8 +61,10 @@ impl Hold {
                     state = inner.over() => break Loss::Session(state),
                     gone = inner.remote.wait_gone(&watched) => match gone {
                         Ok(()) => {
-                            let state = inner.state();
-                            break if state.is_over() { Loss::Session(state) } else { Loss::EntryDeleted };
+                            break match inner.vanished_error(&watched.key).await {
+                                Error::LockLost { .. } => Loss::EntryDeleted,
+                                _ => Loss::Session(inner.state()),
+                            };
                         }
                         Err(error) => {
                             // A failed watch is not a loss; the session's own
@@ -148,16 +150,7 @@ impl Hold {
                 inner.counters.bump(|c| &c.releases);
                 Ok(())
             }
-            Ok(false) => {
-                let state = inner.state();
-                Err(if state.is_over() {
-                    inner.over_error(state)
-                } else {
-                    Error::LockLost {
-                        key: self.entry.key.clone(),
-                    }
-                })
-            }
+            Ok(false) => Err(inner.vanished_error(&self.entry.key).await),
             Err(error) => {
                 // Keep trying in the background; the caller hears of the failure.
                 inner.spawn_remove(self.entry.clone(), "release", take_permit(&self.local));
@@ -174,9 +167,7 @@ impl Drop for Hold {
         if self.released {
             drop(permit);
         } else {
-            self.session
-                .inner
-                .spawn_remove(self.entry.clone(), "release", permit);
+            self.session.inner.spawn_remove(self.entry.clone(), "release", permit);
         }
     }
 }

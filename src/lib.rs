@@ -18,9 +18,7 @@ mod wait;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{
-    AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind,
-};
+pub use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind};
 pub use client::Client;
 pub use error::{BoxError, Error, Result};
 pub use memory::MemoryBackend;

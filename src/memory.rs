@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::{
-    AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error,
-    FencingToken, Result, SessionOptions, SessionState,
+    AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
+    Result, SessionOptions, SessionState,
 };
 
 const NAME: &str = "memory";
@@ -122,9 +122,7 @@ impl State {
 
     /// The record of this very entry (same key, same creation order).
     fn record(&self, entry: &Entry) -> Option<&Record> {
-        self.entries
-            .get(&entry.key)
-            .filter(|r| r.entry.order == entry.order)
+        self.entries.get(&entry.key).filter(|r| r.entry.order == entry.order)
     }
 }
 
@@ -183,9 +181,7 @@ pub(crate) struct MemorySession {
 
 impl fmt::Debug for MemorySession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemorySession")
-            .field("id", &self.id)
-            .finish()
+        f.debug_struct("MemorySession").field("id", &self.id).finish()
     }
 }
 
@@ -239,13 +235,7 @@ impl BackendSession for MemorySession {
         let mut state = self.store.lock();
         state.revision += 1;
         let order = state.revision;
-        let key = format!(
-            "{}/{}-{}-{:08}",
-            request.dir,
-            request.kind.label(),
-            self.id,
-            order
-        );
+        let key = format!("{}/{}-{}-{:08}", request.dir, request.kind.label(), self.id, order);
         let entry = Entry {
             key: key.clone(),
             kind: request.kind,
@@ -262,11 +252,7 @@ impl BackendSession for MemorySession {
                 value: watch::Sender::new(Some(request.value.to_vec())),
             },
         );
-        state
-            .dirs
-            .entry(request.dir.to_owned())
-            .or_default()
-            .insert(order, key);
+        state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
         let head = state.dirs.get(request.dir).map_or_else(Vec::new, |dir| {
             dir.values()
                 .filter_map(|key| state.entries.get(key))
@@ -334,11 +320,7 @@ impl BackendSession for MemorySession {
             .into_iter()
             .flat_map(|dir| dir.values())
             .filter_map(|key| state.entries.get(key))
-            .find(|r| {
-                r.attempt == attempt
-                    && r.entry.kind == kind
-                    && r.entry.owner.as_deref() == Some(&self.id)
-            })
+            .find(|r| r.attempt == attempt && r.entry.kind == kind && r.entry.owner.as_deref() == Some(&self.id))
             .map(|r| r.entry.key.clone());
         if let Some(key) = key {
             state.delete(&key);
@@ -353,9 +335,7 @@ impl BackendSession for MemorySession {
                 record.value.send_replace(Some(value.to_vec()));
                 Ok(())
             }
-            None => Err(Error::LockLost {
-                key: entry.key.clone(),
-            }),
+            None => Err(Error::LockLost { key: entry.key.clone() }),
         }
     }
 

@@ -123,11 +123,7 @@ impl Mutex {
     /// queue. Otherwise as [`lock`](Self::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
         let deadline = tokio::time::Instant::now() + timeout;
-        match self
-            .acquire(Patience::Until(deadline, timeout))
-            .run()
-            .await?
-        {
+        match self.acquire(Patience::Until(deadline, timeout)).run().await? {
             Some(hold) => Ok(MutexGuard { hold }),
             None => Err(Error::Timeout {
                 name: self.name.to_string(),

@@ -28,9 +28,7 @@ pub(crate) fn validate(name: &str) -> Result<()> {
     if let Some(bad) = name.chars().find(|&c| forbidden_char(c)) {
         return Err(Error::InvalidName {
             name: name.to_owned(),
-            reason: format!(
-                "the name contains the character {bad:?}, which ZooKeeper cannot store"
-            ),
+            reason: format!("the name contains the character {bad:?}, which ZooKeeper cannot store"),
         });
     }
     let body = name.strip_prefix('/').unwrap_or(name);
@@ -48,9 +46,7 @@ pub(crate) fn validate(name: &str) -> Result<()> {
 }
 
 fn forbidden_char(c: char) -> bool {
-    c.is_control()
-        || ('\u{e000}'..='\u{f8ff}').contains(&c)
-        || ('\u{fff0}'..='\u{ffff}').contains(&c)
+    c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || ('\u{fff0}'..='\u{ffff}').contains(&c)
 }
 
 #[cfg(test)]
@@ -59,13 +55,7 @@ mod tests {
 
     #[test]
     fn accepts_plain_and_nested_names() {
-        for name in [
-            "a",
-            "jobs/nightly",
-            "/locks/billing",
-            "with space",
-            "ünïcode-ok_1.2",
-        ] {
+        for name in ["a", "jobs/nightly", "/locks/billing", "with space", "ünïcode-ok_1.2"] {
             assert!(validate(name).is_ok(), "{name:?} should be accepted");
         }
     }

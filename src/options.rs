@@ -125,16 +125,10 @@ impl SessionOptions {
     pub fn validate(&self) -> Result<()> {
         let invalid = |reason: String| Err(Error::InvalidOptions { reason });
         if self.ttl < MIN_TTL {
-            return invalid(format!(
-                "ttl {:?} is shorter than the minimum of 1s",
-                self.ttl
-            ));
+            return invalid(format!("ttl {:?} is shorter than the minimum of 1s", self.ttl));
         }
         if self.ttl > MAX_TTL {
-            return invalid(format!(
-                "ttl {:?} is longer than the maximum of one day",
-                self.ttl
-            ));
+            return invalid(format!("ttl {:?} is longer than the maximum of one day", self.ttl));
         }
         let margin = self.safety_margin();
         if margin >= self.ttl {
@@ -158,9 +152,7 @@ impl SessionOptions {
             ("request timeout", self.request_timeout),
         ] {
             if value.is_zero() || value > MAX_TTL {
-                return invalid(format!(
-                    "{what} {value:?} must be above zero and at most one day"
-                ));
+                return invalid(format!("{what} {value:?} must be above zero and at most one day"));
             }
         }
         Ok(())

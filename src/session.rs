@@ -10,10 +10,7 @@ use tokio::sync::watch;
 
 use crate::stats::Counters;
 
-use crate::{
-    name, Backend, BackendSession, Entry, EntryKind, Error, Mutex, Result, SessionOptions,
-    SessionState,
-};
+use crate::{name, Backend, BackendSession, Entry, EntryKind, Error, Mutex, Result, SessionOptions, SessionState};
 
 /// How many times a background removal is tried before it is logged as failed.
 const CLEANUP_ATTEMPTS: u32 = 5;
@@ -219,6 +216,25 @@ impl SessionInner {
         }
     }
 
+    /// The error for an entry of ours that vanished: the session's loss if the
+    /// server confirms it, otherwise someone else deleted the entry.
+    pub(crate) async fn vanished_error(&self, key: &str) -> Error {
+        let state = match self.call(self.remote.confirm()).await {
+            Ok(state) => state,
+            Err(_) => self.state(),
+        };
+        let state = if self.closed.load(Ordering::SeqCst) {
+            SessionState::Closed
+        } else {
+            state
+        };
+        if state.is_over() {
+            self.over_error(state)
+        } else {
+            Error::LockLost { key: key.to_owned() }
+        }
+    }
+
     pub(crate) fn check_usable(&self) -> Result<()> {
         let state = self.state();
         if state.is_over() {
@@ -235,10 +251,7 @@ impl SessionInner {
     /// The in-process FIFO queue that same-session contenders for one name pass
     /// through before the session's entry is written (DESIGN §5).
     pub(crate) fn local_queue(&self, name: &str, kind: EntryKind) -> Arc<tokio::sync::Mutex<()>> {
-        let mut queues = self
-            .local_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut queues = self.local_queues.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (name.to_owned(), kind);
         if let Some(queue) = queues.get(&key).and_then(Weak::upgrade) {
             return queue;
@@ -279,9 +292,7 @@ impl SessionInner {
     ) {
         let session = Arc::clone(self);
         self.spawn_background(async move {
-            let removed = session
-                .retry(why, &entry.key, || session.remote.remove(&entry))
-                .await;
+            let removed = session.retry(why, &entry.key, || session.remote.remove(&entry)).await;
             if removed.is_some() {
                 if why == "release" {
                     session.counters.bump(|c| &c.releases);
@@ -326,12 +337,7 @@ impl SessionInner {
             let state = self.remote.state().borrow().to_owned();
             if state.is_over() {
                 // The server deletes an over session's entries itself.
-                tracing::debug!(
-                    key,
-                    why,
-                    ?state,
-                    "session over; the server removes its entries"
-                );
+                tracing::debug!(key, why, ?state, "session over; the server removes its entries");
                 return None;
             }
             match tokio::time::timeout(timeout, call()).await {
@@ -339,13 +345,7 @@ impl SessionInner {
                 Ok(Err(error)) => {
                     tracing::debug!(key, why, attempt, %error, "background removal failed; retrying")
                 }
-                Err(_) => tracing::debug!(
-                    key,
-                    why,
-                    attempt,
-                    ?timeout,
-                    "background removal timed out; retrying"
-                ),
+                Err(_) => tracing::debug!(key, why, attempt, ?timeout, "background removal timed out; retrying"),
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));

@@ -54,10 +54,7 @@ impl Counters {
         self.changed.send_replace(());
     }
 
-    pub(crate) async fn wait_for(
-        &self,
-        mut predicate: impl FnMut(&ClientStats) -> bool,
-    ) -> ClientStats {
+    pub(crate) async fn wait_for(&self, mut predicate: impl FnMut(&ClientStats) -> bool) -> ClientStats {
         let mut changed = self.changed.subscribe();
         loop {
             let stats = self.snapshot();

@@ -17,6 +17,11 @@ use crate::guard::Hold;
 use crate::session::SessionInner;
 use crate::{AppendRequest, Conflicts, Earlier, Entry, EntryKind, Error, Result, Session};
 
+/// The first pause before retrying a transient failure; it doubles up to
+/// [`MAX_BACKOFF`].
+const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
 /// Which earlier entries block a contender, and how many of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(dead_code)] // `Shared` and `Permits` serve the read/write lock and semaphore recipes.
@@ -116,15 +121,11 @@ impl Acquire<'_> {
             conflicts: self.rule.conflicts(),
             head: self.rule.depth(),
         };
-        let appended = self
-            .bounded(inner.call(inner.remote.append(&request)))
-            .await?;
+        let appended = self.retrying(|| inner.remote.append(&request)).await?;
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
-        if !self.rule.holds_from_head(&mine, &appended.head)
-            && !self.wait_turn(&mine, &mut pending).await?
-        {
+        if !self.rule.holds_from_head(&mine, &appended.head) && !self.wait_turn(&mine, &mut pending).await? {
             return Ok(None);
         }
         let local = pending.local.take();
@@ -137,13 +138,10 @@ impl Acquire<'_> {
     /// removed (a `try_*` call that found the lock taken).
     async fn wait_turn(&self, mine: &Entry, pending: &mut PendingEntry<'_>) -> Result<bool> {
         let inner = &self.session.inner;
+        let mut backoff = INITIAL_BACKOFF;
         loop {
             let nearest = self
-                .bounded(inner.call(inner.remote.earlier(
-                    mine,
-                    self.rule.conflicts(),
-                    self.rule.depth(),
-                )))
+                .retrying(|| inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth()))
                 .await?;
             let nearest = match nearest {
                 Earlier::Entries(entries) => entries,
@@ -151,14 +149,7 @@ impl Acquire<'_> {
                     // DESIGN §6.2: my own entry vanished while I waited; never a
                     // false grant.
                     pending.disarm();
-                    let state = inner.state();
-                    return Err(if state.is_over() {
-                        inner.over_error(state)
-                    } else {
-                        Error::LockLost {
-                            key: mine.key.clone(),
-                        }
-                    });
+                    return Err(inner.vanished_error(&mine.key).await);
                 }
             };
             let Some(blocker) = self.rule.blocker(&nearest) else {
@@ -177,11 +168,17 @@ impl Acquire<'_> {
             tokio::select! {
                 biased;
                 state = inner.over() => return Err(inner.over_error(state)),
-                gone = inner.remote.wait_gone(blocker) => {
-                    gone?;
-                    inner.counters.bump(|c| &c.wakeups);
-                    tracing::trace!(key = %mine.key, after = %blocker.key, "woken");
-                }
+                gone = inner.remote.wait_gone(blocker) => match gone {
+                    Ok(()) => {
+                        inner.counters.bump(|c| &c.wakeups);
+                        tracing::trace!(key = %mine.key, after = %blocker.key, "woken");
+                    }
+                    // The watch broke (a member went down): look again once the
+                    // cluster answers; the session's own tracking ends the wait
+                    // if it is lost meanwhile.
+                    Err(error) if error.is_transient() => self.back_off(&error, &mut backoff).await?,
+                    Err(error) => return Err(error),
+                },
                 () = deadline => {
                     pending.remove_now().await;
                     return Err(self.timeout_error());
@@ -199,6 +196,41 @@ impl Acquire<'_> {
                 Ok(permit) => Ok(Some(permit)),
                 Err(_) => Err(self.timeout_error()),
             },
+        }
+    }
+
+    /// Runs a server call bounded by the request timeout and the deadline; a
+    /// transient failure is retried (the primitives are idempotent: a retried
+    /// append finds its own entry) until the session is over, the deadline
+    /// passes, or, for `try_*` calls, at once.
+    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let inner = &self.session.inner;
+        let mut backoff = INITIAL_BACKOFF;
+        loop {
+            match self.bounded(inner.call(call())).await {
+                Err(error) if error.is_transient() && !matches!(self.patience, Patience::Never) => {
+                    self.back_off(&error, &mut backoff).await?;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Waits out a retry's backoff, unless the session ends or the deadline
+    /// passes first.
+    async fn back_off(&self, error: &Error, backoff: &mut Duration) -> Result<()> {
+        let inner = &self.session.inner;
+        tracing::debug!(name = self.name, %error, ?backoff, "transient failure while acquiring; retrying");
+        let pause = *backoff;
+        *backoff = (*backoff * 2).min(MAX_BACKOFF);
+        tokio::select! {
+            biased;
+            state = inner.over() => Err(inner.over_error(state)),
+            result = self.bounded(async { tokio::time::sleep(pause).await; Ok(()) }) => result,
         }
     }
 

@@ -15,11 +15,7 @@ impl Fixture for Memory {
     }
 
     async fn expire(&self, session: &Session) {
-        assert!(
-            self.store.expire(session.id()),
-            "no live session {}",
-            session.id()
-        );
+        assert!(self.store.expire(session.id()), "no live session {}", session.id());
     }
 }
 

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use lockline::{
-    AppendRequest, Client, Conflicts, EntryKind, MemoryBackend, SessionOptions, SessionState,
-};
+use lockline::{AppendRequest, Client, Conflicts, EntryKind, MemoryBackend, SessionOptions, SessionState};
 
 /// A session whose every handle is gone without `close()` (a crashed process)
 /// expires one TTL later, and its entries go with it.
@@ -24,22 +22,13 @@ async fn an_abandoned_session_expires_after_its_ttl() {
         conflicts: Conflicts::All,
         head: 1,
     };
-    crashed
-        .backend_session()
-        .append(&request)
-        .await
-        .expect("append");
+    crashed.backend_session().append(&request).await.expect("append");
     assert_eq!(store.keys("crash").len(), 1);
     drop(crashed);
 
     let survivor = Client::new(store.clone()).session().await.expect("session");
     let started = tokio::time::Instant::now();
-    let guard = survivor
-        .mutex("crash")
-        .expect("mutex")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = survivor.mutex("crash").expect("mutex").lock().await.expect("lock");
     assert!(
         started.elapsed() >= ttl,
         "granted after {:?}, before the TTL",
@@ -52,12 +41,7 @@ async fn an_abandoned_session_expires_after_its_ttl() {
 async fn expire_ends_a_session_and_its_entries() {
     let store = MemoryBackend::new();
     let session = Client::new(store.clone()).session().await.expect("session");
-    let _guard = session
-        .mutex("x")
-        .expect("mutex")
-        .lock()
-        .await
-        .expect("lock");
+    let _guard = session.mutex("x").expect("mutex").lock().await.expect("lock");
     assert!(store.expire(session.id()));
     assert_eq!(session.state(), SessionState::Lost);
     assert!(store.keys("x").is_empty());
@@ -69,11 +53,5 @@ async fn separate_stores_do_not_contend() {
     let a = Client::memory().session().await.expect("session");
     let b = Client::memory().session().await.expect("session");
     let _held = a.mutex("same").expect("mutex").lock().await.expect("lock");
-    assert!(b
-        .mutex("same")
-        .expect("mutex")
-        .try_lock()
-        .await
-        .expect("try")
-        .is_some());
+    assert!(b.mutex("same").expect("mutex").try_lock().await.expect("try").is_some());
 }

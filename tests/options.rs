@@ -6,11 +6,7 @@ use lockline::{Client, Error, SessionOptions};
 
 #[test]
 fn ttl_bounds() {
-    for ttl in [
-        Duration::ZERO,
-        Duration::from_millis(999),
-        Duration::from_secs(86_401),
-    ] {
+    for ttl in [Duration::ZERO, Duration::from_millis(999), Duration::from_secs(86_401)] {
         assert!(
             matches!(
                 SessionOptions::new().with_ttl(ttl).validate(),
@@ -24,10 +20,7 @@ fn ttl_bounds() {
         Duration::from_secs(10),
         Duration::from_secs(86_400),
     ] {
-        assert!(
-            SessionOptions::new().with_ttl(ttl).validate().is_ok(),
-            "{ttl:?}"
-        );
+        assert!(SessionOptions::new().with_ttl(ttl).validate().is_ok(), "{ttl:?}");
     }
 }
 
@@ -36,21 +29,13 @@ fn margins_and_timeouts() {
     let ttl = Duration::from_secs(4);
     let base = SessionOptions::new().with_ttl(ttl);
     assert!(base.clone().with_safety_margin(ttl).validate().is_err());
-    assert!(base
-        .clone()
-        .with_keepalive_interval(Duration::ZERO)
-        .validate()
-        .is_err());
+    assert!(base.clone().with_keepalive_interval(Duration::ZERO).validate().is_err());
     assert!(base
         .clone()
         .with_keepalive_interval(Duration::from_secs(4))
         .validate()
         .is_err());
-    assert!(base
-        .clone()
-        .with_connect_timeout(Duration::ZERO)
-        .validate()
-        .is_err());
+    assert!(base.clone().with_connect_timeout(Duration::ZERO).validate().is_err());
     assert!(base
         .clone()
         .with_request_timeout(Duration::from_secs(90_000))
@@ -89,9 +74,6 @@ async fn errors_name_what_happened() {
     assert!(error.to_string().contains("a//b"), "{error}");
     assert!(!error.is_transient());
     let long = "n".repeat(lockline::MAX_NAME_LEN + 1);
-    assert!(matches!(
-        session.mutex(&long),
-        Err(Error::InvalidName { .. })
-    ));
+    assert!(matches!(session.mutex(&long), Err(Error::InvalidName { .. })));
     assert!(session.mutex(&"n".repeat(lockline::MAX_NAME_LEN)).is_ok());
 }

@@ -1,8 +1,8 @@
 //! Everything a user holds can move into `tokio::spawn`: `Send + Sync + 'static`.
 
 use lockline::{
-    Client, ClientStats, Entry, Error, FencingToken, MemoryBackend, Mutex, MutexGuard, Session,
-    SessionOptions, SessionState,
+    Client, ClientStats, Entry, Error, FencingToken, MemoryBackend, Mutex, MutexGuard, Session, SessionOptions,
+    SessionState,
 };
 
 fn send_sync_static<T: Send + Sync + 'static>() {}
@@ -48,12 +48,7 @@ fn futures_are_send() {
 #[tokio::test]
 async fn a_guard_moves_into_a_task() {
     let session = Client::memory().session().await.expect("session");
-    let guard = session
-        .mutex("moved")
-        .expect("mutex")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = session.mutex("moved").expect("mutex").lock().await.expect("lock");
     let token = tokio::spawn(async move {
         let token = guard.token();
         guard.release().await.map(|()| token)

@@ -18,28 +18,23 @@ struct Args {
     rounds: usize,
 }
 
-const USAGE: &str =
-    "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)]";
+const USAGE: &str = "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)]";
 
 fn parse_args() -> std::result::Result<Args, String> {
-    let mut args = Args {
-        workers: 5,
-        rounds: 3,
-    };
+    let mut args = Args { workers: 5, rounds: 3 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut number =
-            |range: std::ops::RangeInclusive<usize>| -> std::result::Result<usize, String> {
-                let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-                let n: usize = value
-                    .parse()
-                    .map_err(|_| format!("{flag}: {value:?} is not a number"))?;
-                if range.contains(&n) {
-                    Ok(n)
-                } else {
-                    Err(format!("{flag}: {n} is outside {range:?}"))
-                }
-            };
+        let mut number = |range: std::ops::RangeInclusive<usize>| -> std::result::Result<usize, String> {
+            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            let n: usize = value
+                .parse()
+                .map_err(|_| format!("{flag}: {value:?} is not a number"))?;
+            if range.contains(&n) {
+                Ok(n)
+            } else {
+                Err(format!("{flag}: {n} is outside {range:?}"))
+            }
+        };
         match flag.as_str() {
             "--workers" => args.workers = number(2..=64)?,
             "--rounds" => args.rounds = number(1..=1000)?,

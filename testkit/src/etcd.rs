@@ -61,9 +61,7 @@ impl EtcdCluster {
         if size == 0 {
             return Err(Error::other("a cluster needs at least one member"));
         }
-        let dir = tempfile::Builder::new()
-            .prefix("lockline-etcd-")
-            .tempdir()?;
+        let dir = tempfile::Builder::new().prefix("lockline-etcd-").tempdir()?;
         let mut ports = Vec::new();
         for _ in 0..size {
             ports.push((free_port()?, free_port()?));
@@ -166,11 +164,7 @@ impl EtcdCluster {
             "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
             self.client_ports[i]
         );
-        exchange(
-            self.client_ports[i],
-            request.as_bytes(),
-            Duration::from_secs(5),
-        )
+        exchange(self.client_ports[i], request.as_bytes(), Duration::from_secs(5))
     }
 
     /// An `etcdctl` command (API v3) against the given endpoints, ready to run.

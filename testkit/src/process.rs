@@ -58,8 +58,7 @@ fn spawn_tied_to_this_process(mut command: Command) -> Result<Child> {
         .map_err(|_| Error::other("spawner lock poisoned"))?
         .send((command, tx))
         .map_err(|_| Error::other("spawner thread is gone"))?;
-    rx.recv()
-        .map_err(|_| Error::other("spawner thread is gone"))?
+    rx.recv().map_err(|_| Error::other("spawner thread is gone"))?
 }
 
 /// One server process of a cluster, with its log file.
@@ -82,13 +81,7 @@ impl fmt::Debug for Member {
 }
 
 impl Member {
-    pub(crate) fn start(
-        name: &str,
-        program: &str,
-        args: &[String],
-        log: PathBuf,
-        cwd: &Path,
-    ) -> Result<Self> {
+    pub(crate) fn start(name: &str, program: &str, args: &[String], log: PathBuf, cwd: &Path) -> Result<Self> {
         let mut command = Command::new(program);
         command.args(args).current_dir(cwd).stdin(Stdio::null());
         let mut member = Member {
@@ -123,11 +116,7 @@ impl Member {
         self.child = Some(spawn_tied_to_this_process(command).map_err(|e| {
             Error::new(
                 e.kind(),
-                format!(
-                    "cannot start {} ({:?}): {e}",
-                    self.name,
-                    self.command.get_program()
-                ),
+                format!("cannot start {} ({:?}): {e}", self.name, self.command.get_program()),
             )
         })?);
         self.paused = false;
@@ -249,11 +238,7 @@ impl Member {
 
     /// Polls `ready` every 50 ms until it returns true, the process exits, or
     /// `timeout` passes.
-    pub(crate) fn wait_ready(
-        &mut self,
-        timeout: Duration,
-        mut ready: impl FnMut() -> bool,
-    ) -> Result<()> {
+    pub(crate) fn wait_ready(&mut self, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if ready() {
@@ -262,11 +247,7 @@ impl Member {
             if !self.is_running() {
                 return Err(Error::new(
                     ErrorKind::BrokenPipe,
-                    format!(
-                        "{} exited while starting; log:\n{}",
-                        self.name,
-                        self.log_tail(4000)
-                    ),
+                    format!("{} exited while starting; log:\n{}", self.name, self.log_tail(4000)),
                 ));
             }
             if Instant::now() > deadline {

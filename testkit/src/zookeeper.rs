@@ -209,11 +209,7 @@ impl ZkEnsemble {
 
     /// Sends a four-letter word (`mntr`, `srvr`, `wchc`, ...) to member `i`.
     pub fn four_letter(&self, i: usize, word: &str) -> Option<String> {
-        exchange(
-            self.client_ports[i],
-            word.as_bytes(),
-            Duration::from_secs(5),
-        )
+        exchange(self.client_ports[i], word.as_bytes(), Duration::from_secs(5))
     }
 
     /// ZooKeeper's own command-line client against `server`, ready for a

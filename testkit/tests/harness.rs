@@ -100,32 +100,18 @@ fn zookeeper_standalone_serves_its_cli() {
 fn zookeeper_three_members_survive_a_killed_member() {
     let mut ensemble = ZkEnsemble::start_with(3, &ZkOptions::default()).expect("start ZooKeeper");
     let modes: Vec<_> = (0..3).filter_map(|i| ensemble.mode(i)).collect();
-    assert_eq!(
-        modes.iter().filter(|m| *m == "leader").count(),
-        1,
-        "modes: {modes:?}"
-    );
+    assert_eq!(modes.iter().filter(|m| *m == "leader").count(), 1, "modes: {modes:?}");
     let leader = (0..3)
         .find(|&i| ensemble.mode(i).as_deref() == Some("leader"))
         .expect("a leader");
     let other = (leader + 1) % 3;
-    zk_create_get(
-        &ensemble,
-        &ensemble.address(other),
-        "/harness-three",
-        "before",
-    );
+    zk_create_get(&ensemble, &ensemble.address(other), "/harness-three", "before");
     ensemble.member(leader).kill().expect("kill the leader");
     // The two left elect a new leader among themselves.
     let new_leader = ensemble.wait_leader().expect("a new leader");
     assert_ne!(new_leader, leader);
     ensemble.wait_serving(other).expect("a survivor serves");
-    zk_get(
-        &ensemble,
-        &ensemble.address(other),
-        "/harness-three",
-        "before",
-    );
+    zk_get(&ensemble, &ensemble.address(other), "/harness-three", "before");
 }
 
 #[test]
@@ -151,8 +137,5 @@ fn a_panicking_test_still_stops_its_servers() {
         .nth(1)
         .and_then(|rest| rest.split('"').next())
         .expect("the cluster's directory in its Debug output");
-    assert!(
-        !std::path::Path::new(dir).exists(),
-        "{dir} outlived the panic"
-    );
+    assert!(!std::path::Path::new(dir).exists(), "{dir} outlived the panic");
 }

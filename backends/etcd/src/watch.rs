@@ -1,0 +1,204 @@
+//! One watch stream per session, multiplexing every watch the session opens.
+//!
+//! etcd watch streams carry any number of watches told apart by watch id; the
+//! hub task owns the stream, assigns ids, and routes each response to the one
+//! watch it belongs to. So 10,000 waiters of one session are 10,000 watch ids on
+//! one gRPC stream, not 10,000 streams.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use etcd_client::{EventType, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream};
+use tokio::sync::mpsc;
+
+/// What a watch reports.
+#[derive(Debug)]
+pub(crate) enum Signal {
+    /// The server created the watch; events after `revision` follow.
+    Created,
+    /// The key was written.
+    Put { create_revision: i64, value: Vec<u8> },
+    /// The key was deleted.
+    Delete,
+    /// The watch ended without an event (stream broken, watch canceled by the server).
+    Broken(String),
+}
+
+enum Command {
+    Watch {
+        key: Vec<u8>,
+        puts: bool,
+        signals: mpsc::UnboundedSender<Signal>,
+        id: i64,
+    },
+    Cancel {
+        id: i64,
+    },
+}
+
+/// The handle sessions use to open watches on their shared stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Hub {
+    commands: mpsc::UnboundedSender<Command>,
+    next_id: Arc<AtomicU64>,
+    /// Watch events received (for the benchmark's wakeup count).
+    pub(crate) events: Arc<AtomicU64>,
+}
+
+/// One open watch; dropping it cancels the watch on the server.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    id: i64,
+    signals: mpsc::UnboundedReceiver<Signal>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Watch {
+    /// The next signal; `Broken` when the hub is gone.
+    pub(crate) async fn next(&mut self) -> Signal {
+        self.signals
+            .recv()
+            .await
+            .unwrap_or_else(|| Signal::Broken("the session's watch stream has stopped".into()))
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Cancel { id: self.id });
+    }
+}
+
+impl Hub {
+    /// Starts the hub task; it ends when every `Hub` and `Watch` is dropped.
+    pub(crate) fn start(client: WatchClient) -> Self {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let events = Arc::new(AtomicU64::new(0));
+        tokio::spawn(run(client, receiver, Arc::clone(&events)));
+        Hub {
+            commands,
+            next_id: Arc::new(AtomicU64::new(1)),
+            events,
+        }
+    }
+
+    /// Opens a watch on `key` from the current revision; with `puts` false the
+    /// server filters out PUT events. The first signal is `Created` (or `Broken`).
+    pub(crate) fn watch(&self, key: &str, puts: bool) -> Watch {
+        let (signals, receiver) = mpsc::unbounded_channel();
+        let id = i64::try_from(self.next_id.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
+        let command = Command::Watch {
+            key: key.as_bytes().to_vec(),
+            puts,
+            signals,
+            id,
+        };
+        if let Err(mpsc::error::SendError(Command::Watch { signals, .. })) = self.commands.send(command) {
+            let _ = signals.send(Signal::Broken("the session's watch stream has stopped".into()));
+        }
+        Watch {
+            id,
+            signals: receiver,
+            commands: self.commands.clone(),
+        }
+    }
+}
+
+struct Stream {
+    sender: WatchRequestSender,
+    responses: WatchResponseStream,
+}
+
+async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Command>, events: Arc<AtomicU64>) {
+    let mut stream: Option<Stream> = None;
+    let mut watchers: HashMap<i64, mpsc::UnboundedSender<Signal>> = HashMap::new();
+    loop {
+        let response = async {
+            match stream.as_mut() {
+                Some(stream) => stream.responses.message().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::Cancel { id }) => {
+                    if watchers.remove(&id).is_some() {
+                        if let Some(open) = stream.as_mut() {
+                            if open.sender.cancel(id).await.is_err() {
+                                break_stream(&mut stream, &mut watchers, "watch stream closed");
+                            }
+                        }
+                    }
+                }
+                Some(Command::Watch { key, puts, signals, id }) => {
+                    let mut options = WatchOptions::new().with_watch_id(id);
+                    if !puts {
+                        options = options.with_filters([WatchFilterType::NoPut]);
+                    }
+                    let sent = match stream.as_mut() {
+                        Some(open) => open.sender.watch(key, Some(options)).await.map_err(|e| e.to_string()),
+                        None => match client.watch(key, Some(options)).await {
+                            Ok(opened) => {
+                                let (sender, responses) = opened.split();
+                                stream = Some(Stream { sender, responses });
+                                Ok(())
+                            }
+                            Err(error) => Err(error.to_string()),
+                        },
+                    };
+                    match sent {
+                        Ok(()) => {
+                            watchers.insert(id, signals);
+                        }
+                        Err(reason) => {
+                            let _ = signals.send(Signal::Broken(reason.clone()));
+                            break_stream(&mut stream, &mut watchers, &reason);
+                        }
+                    }
+                }
+            },
+            response = response => match response {
+                Ok(Some(response)) => {
+                    let id = response.watch_id();
+                    let Some(watcher) = watchers.get(&id) else { continue };
+                    let mut alive = true;
+                    if response.created() {
+                        alive &= watcher.send(Signal::Created).is_ok();
+                    }
+                    for event in response.events() {
+                        events.fetch_add(1, Ordering::Relaxed);
+                        let signal = match (event.event_type(), event.kv()) {
+                            (EventType::Put, Some(kv)) => Signal::Put {
+                                create_revision: kv.create_revision(),
+                                value: kv.value().to_vec(),
+                            },
+                            (EventType::Put, None) => continue,
+                            (EventType::Delete, _) => Signal::Delete,
+                        };
+                        alive &= watcher.send(signal).is_ok();
+                    }
+                    if response.canceled() {
+                        let reason = format!("watch canceled by the server: {}", response.cancel_reason());
+                        let _ = watcher.send(Signal::Broken(reason));
+                        watchers.remove(&id);
+                    } else if !alive {
+                        watchers.remove(&id);
+                    }
+                }
+                Ok(None) => break_stream(&mut stream, &mut watchers, "watch stream ended"),
+                Err(error) => break_stream(&mut stream, &mut watchers, &error.to_string()),
+            },
+        }
+    }
+}
+
+/// The stream is gone: every watch on it ends with `Broken`; the next watch
+/// opens a new stream.
+fn break_stream(stream: &mut Option<Stream>, watchers: &mut HashMap<i64, mpsc::UnboundedSender<Signal>>, reason: &str) {
+    *stream = None;
+    for (_, watcher) in watchers.drain() {
+        let _ = watcher.send(Signal::Broken(reason.to_owned()));
+    }
+}
