@@ -75,11 +75,12 @@ fn unique(name: &str) -> String {
     format!("conformance/{name}-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Spawns `mutex.lock()` on its own task and waits until its entry is queued.
+/// Spawns `mutex.lock()` on its own task and waits until it is queued and
+/// waiting on its predecessor.
 async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
-    let before = client.stats().appends;
+    let before = client.stats().waits;
     let task = tokio::spawn(async move { mutex.lock().await });
-    bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+    bounded("the waiter queues", client.wait_for_stats(|s| s.waits > before)).await;
     task
 }
 
@@ -140,14 +141,14 @@ pub async fn fifo_order_and_increasing_tokens<F: Fixture>(fixture: &F) {
         let session = session(fixture, &client).await;
         let mutex = session.mutex(&name).expect("mutex");
         let order = Arc::clone(&order);
-        let before = client.stats().appends;
+        let before = client.stats().waits;
         tasks.push(tokio::spawn(async move {
             let guard = lock(&mutex).await;
             order.lock().expect("order").push((i, guard.token()));
             guard.release().await.expect("release");
             drop(session);
         }));
-        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+        bounded("the waiter waits", client.wait_for_stats(|s| s.waits > before)).await;
     }
     let first_token = holder.token();
     holder.release().await.expect("release");
@@ -176,13 +177,13 @@ pub async fn one_wakeup_per_release<F: Fixture>(fixture: &F) {
     for _ in 0..WAITERS {
         let session = session(fixture, &client).await;
         let mutex = session.mutex(&name).expect("mutex");
-        let before = client.stats().appends;
+        let before = client.stats().waits;
         tasks.push(tokio::spawn(async move {
             let guard = lock(&mutex).await;
             guard.release().await.expect("release");
             drop(session);
         }));
-        bounded("the waiter queues", client.wait_for_stats(|s| s.appends > before)).await;
+        bounded("the waiter waits", client.wait_for_stats(|s| s.waits > before)).await;
     }
     let before = client.stats();
     assert_eq!(before.wakeups, 0, "a waiter was woken before any release");

@@ -93,6 +93,9 @@ impl Store {
         let Some(sender) = state.sessions.remove(id) else {
             return false;
         };
+        // The state first: whoever is woken by the deletions below must already
+        // see the session as over.
+        sender.send_replace(final_state);
         let owned: Vec<String> = state
             .entries
             .values()
@@ -102,7 +105,6 @@ impl Store {
         for key in owned {
             state.delete(&key);
         }
-        sender.send_replace(final_state);
         true
     }
 }

@@ -26,6 +26,8 @@ pub struct ClientStats {
     pub appends: u64,
     /// Locks, permits and leaderships granted.
     pub grants: u64,
+    /// Times a queued contender began waiting on the one entry before it.
+    pub waits: u64,
     /// Queued contenders woken because the entry they waited on went away.
     pub wakeups: u64,
     /// Held entries released (explicitly or on drop).
@@ -42,6 +44,7 @@ pub(crate) struct Counters {
     pub(crate) sessions: AtomicU64,
     pub(crate) appends: AtomicU64,
     pub(crate) grants: AtomicU64,
+    pub(crate) waits: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) releases: AtomicU64,
     pub(crate) cleanups: AtomicU64,
@@ -72,6 +75,7 @@ impl Counters {
             sessions: get(&self.sessions),
             appends: get(&self.appends),
             grants: get(&self.grants),
+            waits: get(&self.waits),
             wakeups: get(&self.wakeups),
             releases: get(&self.releases),
             cleanups: get(&self.cleanups),

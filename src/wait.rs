@@ -7,6 +7,7 @@
 //! never sleeps, so a release wakes one waiter however long the queue is.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,6 +140,10 @@ impl Acquire<'_> {
     async fn wait_turn(&self, mine: &Entry, pending: &mut PendingEntry<'_>) -> Result<bool> {
         let inner = &self.session.inner;
         let mut backoff = INITIAL_BACKOFF;
+        // While queued, also watch my own entry (one watch for the whole wait):
+        // if it vanishes (session expired, someone deleted it) the wait ends at
+        // once instead of when the predecessor leaves (DESIGN §6.2, §6.3).
+        let mut own_watch: Option<Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>> = None;
         loop {
             let nearest = self
                 .retrying(|| inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth()))
@@ -165,10 +170,24 @@ impl Acquire<'_> {
                     Patience::Forever | Patience::Never => std::future::pending().await,
                 }
             };
+            let own = own_watch.get_or_insert_with(|| inner.remote.wait_gone(mine));
+            let blocked = inner.remote.wait_gone(blocker);
+            inner.counters.bump(|c| &c.waits);
             tokio::select! {
                 biased;
                 state = inner.over() => return Err(inner.over_error(state)),
-                gone = inner.remote.wait_gone(blocker) => match gone {
+                gone = own.as_mut() => match gone {
+                    Ok(()) => {
+                        pending.disarm();
+                        return Err(inner.vanished_error(&mine.key).await);
+                    }
+                    Err(error) if error.is_transient() => {
+                        own_watch = None;
+                        self.back_off(&error, &mut backoff).await?;
+                    }
+                    Err(error) => return Err(error),
+                },
+                gone = blocked => match gone {
                     Ok(()) => {
                         inner.counters.bump(|c| &c.wakeups);
                         tracing::trace!(key = %mine.key, after = %blocker.key, "woken");

@@ -105,7 +105,7 @@ async fn run(args: Args) -> Result<bool> {
         let session = client.session_with(options.clone()).await?;
         let mutex = session.mutex(name)?;
         let (resource, grants) = (Arc::clone(&resource), Arc::clone(&grants));
-        let queued_before = client.stats().appends;
+        let queued_before = client.stats().waits;
         let rounds = args.rounds;
         workers.push(tokio::spawn(async move {
             for _ in 0..rounds {
@@ -127,7 +127,7 @@ async fn run(args: Args) -> Result<bool> {
             }
             session.close().await
         }));
-        client.wait_for_stats(|s| s.appends > queued_before).await;
+        client.wait_for_stats(|s| s.waits > queued_before).await;
     }
     println!(
         "  {} workers queued behind the starter (token {}); starter releases",
