@@ -1,0 +1,107 @@
+//! The `lockline` program against a real etcd: a killed holder is replaced
+//! within TTL + 1 s, commands run under the lock with its fencing token, and
+//! timeouts and errors give their exit statuses.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, SessionOptions};
+use lockline_etcd::Etcd;
+use lockline_testkit::{free_port, EtcdCluster};
+
+fn lockline(cluster: &EtcdCluster) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockline"));
+    command.args(["lock", "--etcd", &cluster.endpoints().join(",")]);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_is_replaced_within_ttl_plus_one_second() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let ttl = Duration::from_secs(2);
+    let mut holder = lockline(&cluster)
+        .args(["--ttl", "2", "killed/lock"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the holder");
+    let mut first = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("the holder prints its key");
+    assert!(first.starts_with("killed/lock/"), "{first:?}");
+
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client
+        .session_with(SessionOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .expect("session");
+    let mutex = session.mutex("killed/lock").expect("mutex");
+    let waits = client.stats().waits;
+    let waiter = tokio::spawn(async move { mutex.lock().await });
+    client.wait_for_stats(|s| s.waits > waits).await;
+
+    holder.kill().expect("SIGKILL the holder");
+    let killed_at = Instant::now();
+    holder.wait().expect("reap");
+    let guard = bounded("the waiter takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    let took = killed_at.elapsed();
+    assert!(took <= ttl + Duration::from_secs(1), "took {took:?} after the kill");
+    guard.release().await.expect("release");
+}
+
+#[test]
+fn a_command_runs_under_the_lock_with_its_token() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let output = lockline(&cluster)
+        .args(["cmd/lock", "sh", "-c", "echo token=$LOCKLINE_TOKEN; exit 7"])
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut lines = stdout.lines();
+    assert!(lines.next().is_some_and(|key| key.starts_with("cmd/lock/")), "{stdout}");
+    let token: u64 = lines
+        .next()
+        .and_then(|l| l.strip_prefix("token="))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no token in {stdout:?}"));
+    assert!(token > 0);
+    assert_eq!(output.status.code(), Some(7), "the command's status is passed on");
+    // Released afterwards: a second run gets it at once.
+    let again = lockline(&cluster)
+        .args(["--timeout", "5", "cmd/lock", "true"])
+        .output()
+        .expect("run");
+    assert!(again.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_bad_input_have_their_exit_statuses() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let session = Client::new(Etcd::new(cluster.endpoints()))
+        .session()
+        .await
+        .expect("session");
+    let guard = session.mutex("busy").expect("mutex").lock().await.expect("lock");
+    let timed_out = lockline(&cluster)
+        .args(["--timeout", "0.3", "busy", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(timed_out.status.code(), Some(2));
+    let bad_name = lockline(&cluster).args(["a//b", "true"]).output().expect("run");
+    assert_eq!(bad_name.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad_name.stderr).contains("invalid name"));
+    let port = free_port().expect("port");
+    let unreachable = Command::new(env!("CARGO_BIN_EXE_lockline"))
+        .args(["lock", "--etcd", &format!("http://127.0.0.1:{port}"), "x", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unreachable.stderr).contains("unavailable"));
+    guard.release().await.expect("release");
+}
