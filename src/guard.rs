@@ -1,13 +1,26 @@
 //! What every held lock, permit and leadership has in common.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::task::AbortHandle;
 
+use crate::session::SessionInner;
 use crate::{Entry, Error, FencingToken, Result, Session, SessionState};
+
+/// A watch that resolves once one entry is gone, owning what it needs.
+pub(crate) type EntryWatch = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// Opens a watch on `entry` through the session's backend.
+pub(crate) fn watch_entry(inner: &Arc<SessionInner>, entry: &Entry) -> EntryWatch {
+    let remote = Arc::clone(&inner.remote);
+    let entry = entry.clone();
+    Box::pin(async move { remote.wait_gone(&entry).await })
+}
 
 /// Why a held entry may no longer be held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,18 +61,26 @@ impl fmt::Debug for Hold {
 }
 
 impl Hold {
-    pub(crate) fn new(session: Session, entry: Entry, local: Option<OwnedMutexGuard<()>>) -> Self {
+    /// `watch` is the watch on `entry` the acquire already had open while
+    /// queued, if any: the monitor carries it on instead of opening another.
+    pub(crate) fn new(
+        session: Session,
+        entry: Entry,
+        local: Option<OwnedMutexGuard<()>>,
+        watch: Option<EntryWatch>,
+    ) -> Self {
         let (tx, loss) = watch::channel(None);
         let inner = session.inner.clone();
         let watched = entry.clone();
         let local: LocalPermit = Arc::new(std::sync::Mutex::new(local));
         let monitor_permit = Arc::clone(&local);
         let monitor = tokio::spawn(async move {
+            let mut watch = watch.unwrap_or_else(|| watch_entry(&inner, &watched));
             let loss = loop {
                 tokio::select! {
                     biased;
                     state = inner.over() => break Loss::Session(state),
-                    gone = inner.remote.wait_gone(&watched) => match gone {
+                    gone = watch.as_mut() => match gone {
                         Ok(()) => {
                             break match inner.vanished_error(&watched.key).await {
                                 Error::LockLost { .. } => Loss::EntryDeleted,
@@ -71,6 +92,7 @@ impl Hold {
                             // liveness tracking decides that. Watch again shortly.
                             tracing::debug!(key = %watched.key, %error, "watch on a held entry failed; re-watching");
                             tokio::time::sleep(Duration::from_millis(100)).await;
+                            watch = watch_entry(&inner, &watched);
                         }
                     },
                 }

@@ -54,6 +54,11 @@ impl Mutex {
         &self.name
     }
 
+    /// The session the mutex acquires on.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
     fn acquire(&self, patience: Patience) -> Acquire<'_> {
         Acquire {
             session: &self.session,

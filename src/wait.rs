@@ -7,14 +7,13 @@
 //! never sleeps, so a release wakes one waiter however long the queue is.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::guard::Hold;
+use crate::guard::{watch_entry, EntryWatch, Hold};
 use crate::session::SessionInner;
 use crate::{AppendRequest, Conflicts, Earlier, Entry, EntryKind, Error, Result, Session};
 
@@ -126,24 +125,30 @@ impl Acquire<'_> {
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
-        if !self.rule.holds_from_head(&mine, &appended.head) && !self.wait_turn(&mine, &mut pending).await? {
+        let mut own_watch = None;
+        if !self.rule.holds_from_head(&mine, &appended.head) && !self.wait_turn(&mine, &mut pending, &mut own_watch).await? {
             return Ok(None);
         }
         let local = pending.local.take();
         pending.disarm();
         inner.counters.bump(|c| &c.grants);
-        Ok(Some(Hold::new(self.session.clone(), mine, local)))
+        Ok(Some(Hold::new(self.session.clone(), mine, local, own_watch)))
     }
 
     /// Waits until the rule lets `mine` hold. `Ok(false)`: not held and the entry
     /// removed (a `try_*` call that found the lock taken).
-    async fn wait_turn(&self, mine: &Entry, pending: &mut PendingEntry<'_>) -> Result<bool> {
+    async fn wait_turn(
+        &self,
+        mine: &Entry,
+        pending: &mut PendingEntry<'_>,
+        own_watch: &mut Option<EntryWatch>,
+    ) -> Result<bool> {
         let inner = &self.session.inner;
         let mut backoff = INITIAL_BACKOFF;
-        // While queued, also watch my own entry (one watch for the whole wait):
-        // if it vanishes (session expired, someone deleted it) the wait ends at
-        // once instead of when the predecessor leaves (DESIGN §6.2, §6.3).
-        let mut own_watch: Option<Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>> = None;
+        // While queued, also watch my own entry (one watch for the whole wait,
+        // handed on to the guard once granted): if it vanishes (session
+        // expired, someone deleted it) the wait ends at once instead of when
+        // the predecessor leaves (DESIGN §6.2, §6.3).
         loop {
             let nearest = self
                 .retrying(|| inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth()))
@@ -170,7 +175,7 @@ impl Acquire<'_> {
                     Patience::Forever | Patience::Never => std::future::pending().await,
                 }
             };
-            let own = own_watch.get_or_insert_with(|| inner.remote.wait_gone(mine));
+            let own = own_watch.get_or_insert_with(|| watch_entry(inner, mine));
             let blocked = inner.remote.wait_gone(blocker);
             inner.counters.bump(|c| &c.waits);
             tokio::select! {
@@ -182,7 +187,7 @@ impl Acquire<'_> {
                         return Err(inner.vanished_error(&mine.key).await);
                     }
                     Err(error) if error.is_transient() => {
-                        own_watch = None;
+                        *own_watch = None;
                         self.back_off(&error, &mut backoff).await?;
                     }
                     Err(error) => return Err(error),
