@@ -4,24 +4,42 @@
 //! increasing, and reports wakeups per release.
 //!
 //! ```text
-//! cargo run -p lockline-demo --release -- [--workers N] [--rounds N]
+//! cargo run -p lockline-demo --release -- [--workers N] [--rounds N] [--etcd ENDPOINTS | --etcd-local]
 //! ```
+//!
+//! The memory backend by default; `--etcd http://host:2379[,...]` runs it on an
+//! etcd cluster you have, `--etcd-local` on a throwaway etcd it starts (Debian's
+//! `etcd-server`) on a free loopback port.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use lockline::{Client, FencingToken, Result, SessionOptions};
+use lockline_etcd::Etcd;
+use lockline_testkit::EtcdCluster;
 
 struct Args {
     workers: usize,
     rounds: usize,
+    backend: Backend,
 }
 
-const USAGE: &str = "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)]";
+enum Backend {
+    Memory,
+    Etcd(Vec<String>),
+    EtcdLocal,
+}
+
+const USAGE: &str = "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)] \
+                     [--etcd http://HOST:PORT[,...] | --etcd-local]";
 
 fn parse_args() -> std::result::Result<Args, String> {
-    let mut args = Args { workers: 5, rounds: 3 };
+    let mut args = Args {
+        workers: 5,
+        rounds: 3,
+        backend: Backend::Memory,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut number = |range: std::ops::RangeInclusive<usize>| -> std::result::Result<usize, String> {
@@ -38,6 +56,11 @@ fn parse_args() -> std::result::Result<Args, String> {
         match flag.as_str() {
             "--workers" => args.workers = number(2..=64)?,
             "--rounds" => args.rounds = number(1..=1000)?,
+            "--etcd" => {
+                let list = it.next().ok_or("--etcd needs endpoints")?;
+                args.backend = Backend::Etcd(list.split(',').map(str::to_owned).collect());
+            }
+            "--etcd-local" => args.backend = Backend::EtcdLocal,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -83,7 +106,21 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<bool> {
-    let client = Client::memory();
+    let mut _local = None;
+    let client = match &args.backend {
+        Backend::Memory => Client::memory(),
+        Backend::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
+        Backend::EtcdLocal => {
+            let cluster = EtcdCluster::start().map_err(|e| lockline::Error::Unavailable {
+                backend: "etcd",
+                source: Some(Box::new(e)),
+            })?;
+            println!("started a throwaway etcd at {}", cluster.endpoint(0));
+            let client = Client::new(Etcd::new(cluster.endpoints()));
+            _local = Some(cluster);
+            client
+        }
+    };
     let name = "demo/printer";
     println!(
         "lockline demo: {} workers x {} rounds on one lock {name:?} ({} backend)",
