@@ -126,7 +126,9 @@ impl Acquire<'_> {
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
         let mut own_watch = None;
-        if !self.rule.holds_from_head(&mine, &appended.head) && !self.wait_turn(&mine, &mut pending, &mut own_watch).await? {
+        if !self.rule.holds_from_head(&mine, &appended.head)
+            && !self.wait_turn(&mine, &mut pending, &mut own_watch).await?
+        {
             return Ok(None);
         }
         let local = pending.local.take();

@@ -18,10 +18,12 @@
 
 mod etcd;
 mod process;
+mod proxy;
 mod zookeeper;
 
 pub use etcd::EtcdCluster;
 pub use process::{free_port, Member};
+pub use proxy::TcpProxy;
 pub use zookeeper::{ZkEnsemble, ZkOptions};
 
 /// Errors of the harness: what failed and why, with the server's log tail.

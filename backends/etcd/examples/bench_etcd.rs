@@ -236,9 +236,7 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
                         break;
                     }
                     let (head_key, head_rev) = (head.key().to_vec(), head.create_revision());
-                    let mut watch = client
-                        .watch(head_key.clone(), Some(WatchOptions::new()))
-                        .await?;
+                    let mut watch = client.watch(head_key.clone(), Some(WatchOptions::new())).await?;
                     let still = client
                         .txn(Txn::new().when([Compare::create_revision(head_key, CompareOp::Equal, head_rev)]))
                         .await?;
@@ -252,7 +250,9 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
                     wakeups.fetch_add(1, Ordering::Relaxed);
                 }
                 grants.fetch_add(1, Ordering::Relaxed);
-                client.txn(Txn::new().and_then([TxnOp::delete(key.clone(), None)])).await?;
+                client
+                    .txn(Txn::new().and_then([TxnOp::delete(key.clone(), None)]))
+                    .await?;
                 releases.fetch_add(1, Ordering::Relaxed);
             }
             client.lease_revoke(lease).await?;
@@ -279,7 +279,10 @@ async fn main() -> BoxResult<()> {
     };
     let cluster = EtcdCluster::start()?;
     let seconds = args.seconds;
-    println!("etcd handoff benchmark: single-node etcd on {}, {seconds} s per measurement", cluster.endpoint(0));
+    println!(
+        "etcd handoff benchmark: single-node etcd on {}, {seconds} s per measurement",
+        cluster.endpoint(0)
+    );
     let b_write = b_write(&cluster, seconds).await?;
     println!("B_write (one client's sequential puts/s): {b_write:.0}");
     println!();

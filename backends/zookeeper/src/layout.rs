@@ -1,0 +1,174 @@
+//! The ZooKeeper layout: Apache Curator's, recognising kazoo's and ZooKeeper's
+//! own lock recipe's contenders in the same directory.
+//!
+//! | kind | node under the lock's directory (ephemeral-sequential) |
+//! |---|---|
+//! | mutex | `_c_<attempt>-lock-<10-digit sequence>` (Curator `InterProcessMutex`) |
+//! | read lock | `_c_<attempt>-__READ__<sequence>` (Curator `InterProcessReadWriteLock`) |
+//! | write lock | `_c_<attempt>-__WRIT__<sequence>` |
+//! | semaphore permit | `_c_<attempt>-lease-<sequence>` |
+//! | election candidate | `_c_<attempt>-latch-<sequence>` (Curator `LeaderLatch`), value as data |
+//!
+//! Recognised from other clients: kazoo's `<hex>__lock__<seq>` (exclusive) and
+//! `<hex>__rlock__<seq>` (shared), ZooKeeper's recipe `x-<session>-<seq>`
+//! (exclusive). Anything else in the directory is ignored. Entries are ordered
+//! by their sequence number, parsed from the trailing digits as a signed 32-bit
+//! value (ZooKeeper's counter wraps negative), never by a string sort.
+
+use lockline::{EntryKind, FencingToken};
+
+/// The ZooKeeper path of a lock's directory: the name with one leading `/`.
+pub(crate) fn dir_path(name: &str) -> String {
+    format!("/{}", name.trim_start_matches('/'))
+}
+
+/// The prefix of a new node's path; ZooKeeper appends the sequence number.
+pub(crate) fn node_prefix(dir: &str, kind: EntryKind, attempt: &str) -> String {
+    let marker = match kind {
+        EntryKind::Read => "__READ__",
+        EntryKind::Write => "__WRIT__",
+        EntryKind::Semaphore => "lease-",
+        EntryKind::Election => "latch-",
+        _ => "lock-",
+    };
+    format!("{dir}/_c_{attempt}-{marker}")
+}
+
+/// A child of a lock directory that is a contender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Contender {
+    pub(crate) name: String,
+    pub(crate) kind: EntryKind,
+    pub(crate) sequence: i32,
+    /// The Curator attempt id (`_c_<attempt>-`), when the node has one.
+    pub(crate) attempt: Option<String>,
+}
+
+impl Contender {
+    pub(crate) fn entry(&self, dir: &str) -> lockline::Entry {
+        lockline::Entry {
+            key: format!("{dir}/{}", self.name),
+            kind: self.kind,
+            order: i64::from(self.sequence),
+            token: FencingToken::new(0),
+            owner: None,
+        }
+    }
+}
+
+/// Splits the trailing sequence number off a node name: `(rest, sequence)`.
+fn sequence(name: &str) -> Option<(&str, i32)> {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 {
+        return None;
+    }
+    let (rest, number) = name.split_at(name.len() - digits);
+    // A wrapped (negative) counter reads `...-lock--000000001`: a '-' sign
+    // after the recipe's own separator.
+    let negative = rest
+        .strip_suffix('-')
+        .is_some_and(|before| before.ends_with('-') || before.ends_with('_'));
+    let value: i64 = number.parse().ok()?;
+    let value = if negative { -value } else { value };
+    let rest = if negative { &rest[..rest.len() - 1] } else { rest };
+    Some((rest, i32::try_from(value).ok()?))
+}
+
+/// Recognises a contender node, or `None` for anything else.
+pub(crate) fn parse(name: &str) -> Option<Contender> {
+    let (rest, sequence) = sequence(name)?;
+    let curator = |marker: &str| -> Option<String> {
+        let body = rest.strip_prefix("_c_")?.strip_suffix(marker)?;
+        Some(body.strip_suffix('-')?.to_owned())
+    };
+    let (kind, attempt) = if let Some(attempt) = curator("lock-") {
+        (EntryKind::Mutex, Some(attempt))
+    } else if let Some(attempt) = curator("__READ__") {
+        (EntryKind::Read, Some(attempt))
+    } else if let Some(attempt) = curator("__WRIT__") {
+        (EntryKind::Write, Some(attempt))
+    } else if let Some(attempt) = curator("lease-") {
+        (EntryKind::Semaphore, Some(attempt))
+    } else if let Some(attempt) = curator("latch-") {
+        (EntryKind::Election, Some(attempt))
+    } else if rest.ends_with("__lock__") {
+        (EntryKind::Mutex, None)
+    } else if rest.ends_with("__rlock__") {
+        (EntryKind::Read, None)
+    } else if rest.starts_with("x-") && rest.ends_with('-') {
+        (EntryKind::Mutex, None)
+    } else {
+        return None;
+    };
+    Some(Contender {
+        name: name.to_owned(),
+        kind,
+        sequence,
+        attempt,
+    })
+}
+
+/// The contenders among a directory's children, in queue order.
+pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
+    let mut found: Vec<Contender> = children.iter().filter_map(|c| parse(c)).collect();
+    found.sort_by_key(|c| c.sequence);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curator_names() {
+        let prefix = node_prefix("/locks/a", EntryKind::Mutex, "3f2a");
+        assert_eq!(prefix, "/locks/a/_c_3f2a-lock-");
+        let c = parse("_c_3f2a-lock-0000000042").expect("parsed");
+        assert_eq!(
+            (c.kind, c.sequence, c.attempt.as_deref()),
+            (EntryKind::Mutex, 42, Some("3f2a"))
+        );
+        let uuid = "_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-__WRIT__0000000007";
+        let w = parse(uuid).expect("parsed");
+        assert_eq!(w.kind, EntryKind::Write);
+        assert_eq!(w.attempt.as_deref(), Some("1b4e28ba-2fa1-11d2-883f-0016d3cca427"));
+        assert_eq!(parse("_c_ab-__READ__0000000001").map(|c| c.kind), Some(EntryKind::Read));
+        assert_eq!(
+            parse("_c_ab-latch-0000000001").map(|c| c.kind),
+            Some(EntryKind::Election)
+        );
+    }
+
+    #[test]
+    fn foreign_contenders() {
+        let kazoo = parse("5a1b2c3d4e__lock__0000000003").expect("kazoo lock");
+        assert_eq!((kazoo.kind, kazoo.sequence, kazoo.attempt), (EntryKind::Mutex, 3, None));
+        assert_eq!(parse("5a1b__rlock__0000000004").map(|c| c.kind), Some(EntryKind::Read));
+        let recipe = parse("x-72057594037927936-0000000009").expect("ZooKeeper recipe");
+        assert_eq!((recipe.kind, recipe.sequence), (EntryKind::Mutex, 9));
+        assert_eq!(parse("config"), None);
+        assert_eq!(parse("leases"), None);
+        assert_eq!(parse("something-0000000001"), None);
+    }
+
+    #[test]
+    fn wrapped_sequences_sort_numerically_not_as_strings() {
+        assert_eq!(parse("_c_a-lock--2147483648").map(|c| c.sequence), Some(i32::MIN));
+        assert_eq!(parse("k__lock__-000000001").map(|c| c.sequence), Some(-1));
+        let children = vec![
+            "_c_a-lock-0000000010".to_owned(),
+            "_c_b-lock-0000000009".to_owned(),
+            "x-1-0000000100".to_owned(),
+            "c__lock__0000000002".to_owned(),
+            "_c_d-lock--000000005".to_owned(),
+        ];
+        let order: Vec<i32> = contenders(&children).iter().map(|c| c.sequence).collect();
+        assert_eq!(order, vec![-5, 2, 9, 10, 100]);
+    }
+
+    #[test]
+    fn dir_paths_are_absolute() {
+        assert_eq!(dir_path("jobs/x"), "/jobs/x");
+        assert_eq!(dir_path("/jobs/x"), "/jobs/x");
+    }
+}

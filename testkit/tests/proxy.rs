@@ -1,0 +1,58 @@
+//! The TCP proxy forwards both ways, cuts connections when blocked, and lets
+//! them through again when unblocked.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use lockline_testkit::TcpProxy;
+
+fn echo_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = [0u8; 64];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    address
+}
+
+fn round_trip(stream: &mut TcpStream, text: &[u8]) -> std::io::Result<Vec<u8>> {
+    stream.write_all(text)?;
+    let mut buf = vec![0u8; text.len()];
+    stream.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+#[test]
+fn forwards_blocks_and_unblocks() {
+    let proxy = TcpProxy::start(&echo_server()).expect("proxy");
+    let mut stream = TcpStream::connect(proxy.address()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    assert_eq!(round_trip(&mut stream, b"hello").expect("echo"), b"hello");
+    proxy.block();
+    assert!(
+        round_trip(&mut stream, b"cut").is_err(),
+        "a blocked proxy kept the connection"
+    );
+    if let Ok(mut fresh) = TcpStream::connect(proxy.address()) {
+        fresh.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        assert!(
+            round_trip(&mut fresh, b"refused").is_err(),
+            "a blocked proxy let a connection through"
+        );
+    }
+    proxy.unblock();
+    let mut again = TcpStream::connect(proxy.address()).expect("connect");
+    again.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    assert_eq!(round_trip(&mut again, b"back").expect("echo"), b"back");
+}
