@@ -18,6 +18,7 @@ pub struct TcpProxy {
 struct Shared {
     target: SocketAddr,
     blocked: AtomicBool,
+    drop_responses: AtomicBool,
     stopped: AtomicBool,
     connections: Mutex<Vec<TcpStream>>,
 }
@@ -45,6 +46,7 @@ impl TcpProxy {
         let shared = Arc::new(Shared {
             target,
             blocked: AtomicBool::new(false),
+            drop_responses: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             connections: Mutex::default(),
         });
@@ -69,6 +71,12 @@ impl TcpProxy {
     /// Lets connections through again.
     pub fn unblock(&self) {
         self.shared.blocked.store(false, Ordering::SeqCst);
+    }
+
+    /// While set, the server's answers are read and thrown away: requests
+    /// reach the server, their responses never reach the client.
+    pub fn set_responses_dropped(&self, dropped: bool) {
+        self.shared.drop_responses.store(dropped, Ordering::SeqCst);
     }
 }
 
@@ -121,17 +129,22 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             connections.push(client);
             connections.push(server);
         }
-        thread::spawn(move || pipe(client_read, server_write));
-        thread::spawn(move || pipe(server_read, client_write));
+        thread::spawn(move || pipe(client_read, server_write, None));
+        let drop_flag = Arc::clone(&shared);
+        thread::spawn(move || pipe(server_read, client_write, Some(drop_flag)));
     }
 }
 
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to`; for the server's side, `responses` can say to drop.
+fn pipe(mut from: TcpStream, mut to: TcpStream, responses: Option<Arc<Shared>>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if responses.as_ref().is_some_and(|s| s.drop_responses.load(Ordering::SeqCst)) {
+                    continue;
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }

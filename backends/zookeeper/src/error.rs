@@ -15,7 +15,14 @@ pub(crate) fn map(error: ZkError, session: &str) -> Error {
         ZkError::ClientClosed => Error::Closed {
             session: session.to_owned(),
         },
-        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts | ZkError::Throttled | ZkError::SessionMoved => {
+        // `Custom` is how the client reports trouble on the wire (an I/O error,
+        // a server that stopped answering): the request may succeed elsewhere.
+        ZkError::ConnectionLoss
+        | ZkError::Timeout
+        | ZkError::NoHosts
+        | ZkError::Throttled
+        | ZkError::SessionMoved
+        | ZkError::Custom(_) => {
             Error::Unavailable {
                 backend: BACKEND,
                 source: Some(Box::new(error)),

@@ -54,13 +54,7 @@ impl ZkSession {
             .with_connection_timeout(options.connect_timeout())
             .connect(connect)
             .await
-            .map_err(|e| match e {
-                ZkError::NoHosts | ZkError::Timeout | ZkError::ConnectionLoss => Error::Unavailable {
-                    backend: crate::error::BACKEND,
-                    source: Some(Box::new(e)),
-                },
-                other => Error::backend(crate::error::BACKEND, other),
-            })?;
+            .map_err(|e| map(e, "(connecting)"))?;
         let id = format!("{:x}", client.session_id().0);
         let state = watch::Sender::new(SessionState::Live);
         // Declare the session lost a safety margin before the server could

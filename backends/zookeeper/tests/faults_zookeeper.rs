@@ -1,0 +1,133 @@
+//! ZooKeeper-specific behaviour: failover, container cleanup, unreachable
+//! ensembles, and lost create responses.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, Error, SessionOptions};
+use lockline_testkit::{free_port, TcpProxy, ZkEnsemble, ZkOptions};
+use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
+use lockline_zookeeper::ZooKeeper;
+
+fn options(ttl_secs: u64) -> SessionOptions {
+    SessionOptions::new().with_ttl(Duration::from_secs(ttl_secs))
+}
+
+async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
+    zk::Client::connect(&ensemble.connect_string()).await.expect("side client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_keeps_exclusion_and_drains_the_queue() {
+    let mut ensemble = ZkEnsemble::start_with(3, &ZkOptions::default()).expect("start ZooKeeper");
+    let name = "failover/lock";
+    let inside = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(AtomicUsize::new(0));
+    let (granted_tx, mut granted) = tokio::sync::watch::channel(0usize);
+    let granted_tx = Arc::new(granted_tx);
+    const WORKERS: usize = 5;
+    const ROUNDS: usize = 12;
+    let mut tasks = Vec::new();
+    for _ in 0..WORKERS {
+        let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+        let session = client.session_with(options(8)).await.expect("session");
+        let mutex = session.mutex(name).expect("mutex");
+        let (inside, grants, granted_tx) = (Arc::clone(&inside), Arc::clone(&grants), Arc::clone(&granted_tx));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = mutex.lock().await.expect("lock survives the failover");
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                granted_tx.send_replace(grants.fetch_add(1, Ordering::SeqCst) + 1);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                match guard.release().await {
+                    Ok(()) => {}
+                    Err(error) if error.is_transient() => {}
+                    Err(error) => panic!("release: {error}"),
+                }
+            }
+            session.close().await.ok();
+        }));
+    }
+    bounded("every worker held once", granted.wait_for(|&n| n >= WORKERS))
+        .await
+        .expect("workers alive");
+    let leader = ensemble.wait_leader().expect("a leader");
+    ensemble.member(leader).kill().expect("kill the leader");
+    for task in tasks {
+        bounded("a worker finishes", task).await.expect("worker");
+    }
+    assert_eq!(grants.load(Ordering::SeqCst), WORKERS * ROUNDS);
+    ensemble.wait_leader().expect("a new leader");
+    let side = side_client(&ensemble).await;
+    match side.list_children("/failover/lock").await {
+        Ok(children) => assert!(children.is_empty(), "nodes left behind: {children:?}"),
+        Err(zk::Error::NoNode) => {}
+        Err(error) => panic!("list: {error}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_directories_are_containers_the_server_removes_when_idle() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    let session = client.session_with(options(5)).await.expect("session");
+    let guard = session.mutex("containers/job").expect("mutex").lock().await.expect("lock");
+    let side = side_client(&ensemble).await;
+    let (stat, watcher) = side.check_and_watch_stat("/containers/job").await.expect("stat");
+    assert!(stat.is_some_and(|s| s.ephemeral_owner == 0), "the directory is a persistent (container) node");
+    guard.release().await.expect("release");
+    // The server's container sweep (every 500 ms in the test server) deletes it.
+    let event = bounded("the container is cleaned up", watcher.changed()).await;
+    assert_eq!(event.event_type, EventType::NodeDeleted);
+    // And the lock still works afterwards: the directory is made again.
+    let again = session.mutex("containers/job").expect("mutex").lock().await.expect("lock");
+    again.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn unreachable_ensemble_fails_within_the_connect_timeout() {
+    let port = free_port().expect("port");
+    let client = Client::new(ZooKeeper::new(format!("127.0.0.1:{port}")));
+    let started = Instant::now();
+    let result = client
+        .session_with(options(5).with_connect_timeout(Duration::from_secs(1)))
+        .await;
+    assert!(matches!(result, Err(Error::Unavailable { .. })), "{result:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_response_never_leaves_a_duplicate() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
+    let client = Client::new(ZooKeeper::new(proxy.address()));
+    let session = client
+        .session_with(options(10).with_request_timeout(Duration::from_secs(1)))
+        .await
+        .expect("session");
+    let side = side_client(&ensemble).await;
+    side.mkdir("/dup/lock", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
+        .await
+        .expect("mkdir");
+    let (_, _, created) = side.get_and_watch_children("/dup/lock").await.expect("watch children");
+
+    // The create reaches the server; its answer is lost with the connection.
+    proxy.set_responses_dropped(true);
+    let mutex = session.mutex("dup/lock").expect("mutex");
+    let acquire = tokio::spawn(async move { mutex.lock().await });
+    bounded("the node is created", created.changed()).await;
+    let first = side.list_children("/dup/lock").await.expect("list");
+    assert_eq!(first.len(), 1);
+    proxy.block();
+    proxy.set_responses_dropped(false);
+    proxy.unblock();
+
+    let guard = bounded("the retried acquire", acquire).await.expect("task").expect("lock");
+    let children = side.list_children("/dup/lock").await.expect("list");
+    assert_eq!(children, first, "a retried create left a duplicate");
+    assert_eq!(guard.key(), format!("/dup/lock/{}", first[0]));
+    guard.release().await.expect("release");
+}
