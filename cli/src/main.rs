@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! lockline lock --etcd http://127.0.0.1:2379 [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]
+//! lockline lock --zookeeper 127.0.0.1:2181[/chroot] [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]
 //! ```
 //!
 //! Waits in line for the lock `NAME`, prints its key on standard output, then:
@@ -15,27 +16,36 @@
 //! gets SIGTERM and `lockline` exits with status 3. A `--timeout` that runs out
 //! exits with status 2; bad arguments and unreachable clusters with status 1.
 //!
-//! Uses etcd's Go `concurrency` layout: it excludes and is excluded by
-//! `etcdctl lock NAME` and Go's `concurrency.Mutex` on the same name.
+//! On etcd it uses the Go `concurrency` layout: it excludes and is excluded by
+//! `etcdctl lock NAME` and Go's `concurrency.Mutex` on the same name. On
+//! ZooKeeper it uses Curator's layout under the path `/NAME`, and queues with
+//! Curator's `InterProcessMutex` and kazoo's `Lock` there.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use lockline::{Client, Error, MutexGuard, SessionOptions};
 use lockline_etcd::Etcd;
+use lockline_zookeeper::ZooKeeper;
 use tokio::signal::unix::{signal, SignalKind};
 
-const USAGE: &str =
-    "usage: lockline lock --etcd ENDPOINT[,ENDPOINT...] [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]";
+const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zookeeper HOST:PORT[,...][/CHROOT]) \
+                     [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]";
 
 /// Exit status when the lock was lost while held.
 const LOST: u8 = 3;
 /// Exit status when `--timeout` ran out.
 const TIMED_OUT: u8 = 2;
 
+#[derive(Debug, PartialEq)]
+enum Server {
+    Etcd(Vec<String>),
+    ZooKeeper(String),
+}
+
 #[derive(Debug)]
 struct Args {
-    endpoints: Vec<String>,
+    server: Server,
     ttl: Duration,
     timeout: Option<Duration>,
     name: String,
@@ -56,7 +66,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         Some("-h" | "--help") | None => return Err(USAGE.to_owned()),
         Some(other) => return Err(format!("unknown command {other:?}\n{USAGE}")),
     }
-    let mut endpoints = Vec::new();
+    let mut server = None;
     let mut ttl = Duration::from_secs(10);
     let mut timeout = None;
     let mut rest = Vec::new();
@@ -64,7 +74,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         match arg.as_str() {
             "--etcd" => {
                 let list = args.next().ok_or("--etcd needs endpoints")?;
-                endpoints.extend(list.split(',').filter(|e| !e.is_empty()).map(str::to_owned));
+                let endpoints: Vec<String> = list.split(',').filter(|e| !e.is_empty()).map(str::to_owned).collect();
+                if endpoints.is_empty() {
+                    return Err("--etcd needs endpoints".into());
+                }
+                server = Some(Server::Etcd(endpoints));
+            }
+            "--zookeeper" => {
+                let hosts = args.next().ok_or("--zookeeper needs a connect string")?;
+                server = Some(Server::ZooKeeper(hosts));
             }
             "--ttl" => ttl = seconds("--ttl", args.next())?,
             "--timeout" => timeout = Some(seconds("--timeout", args.next())?),
@@ -72,7 +90,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 rest.extend(args.by_ref());
                 break;
             }
-            _ if arg.starts_with("--") && rest.is_empty() => return Err(format!("unknown option {arg:?}\n{USAGE}")),
+            _ if arg.starts_with("--") => return Err(format!("unknown option {arg:?}\n{USAGE}")),
             _ => {
                 rest.push(arg);
                 rest.extend(args.by_ref());
@@ -80,13 +98,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
         }
     }
-    if endpoints.is_empty() {
-        return Err(format!("--etcd is required\n{USAGE}"));
-    }
+    let server = server.ok_or_else(|| format!("--etcd or --zookeeper is required\n{USAGE}"))?;
     let mut rest = rest.into_iter();
     let name = rest.next().ok_or_else(|| format!("NAME is required\n{USAGE}"))?;
     Ok(Args {
-        endpoints,
+        server,
         ttl,
         timeout,
         name,
@@ -122,7 +138,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> lockline::Result<ExitCode> {
-    let client = Client::new(Etcd::new(args.endpoints.clone()));
+    let client = match &args.server {
+        Server::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
+        Server::ZooKeeper(hosts) => Client::new(ZooKeeper::new(hosts.clone())),
+    };
     let session = client.session_with(SessionOptions::new().with_ttl(args.ttl)).await?;
     let mutex = session.mutex(&args.name)?;
     let guard = match args.timeout {
@@ -208,7 +227,10 @@ mod tests {
     #[test]
     fn parses_options_name_and_command() {
         let parsed = args("lock --etcd http://a:1,http://b:2 --ttl 3 --timeout 0.5 jobs/x echo hi").expect("parse");
-        assert_eq!(parsed.endpoints, ["http://a:1", "http://b:2"]);
+        assert_eq!(
+            parsed.server,
+            super::Server::Etcd(vec!["http://a:1".into(), "http://b:2".into()])
+        );
         assert_eq!(parsed.ttl.as_secs(), 3);
         assert_eq!(parsed.timeout.map(|t| t.as_millis()), Some(500));
         assert_eq!(parsed.name, "jobs/x");
@@ -218,6 +240,9 @@ mod tests {
     #[test]
     fn refuses_bad_arguments() {
         assert!(args("lock jobs/x").is_err(), "no endpoint");
+        assert!(args("lock --etcd , x").is_err(), "empty endpoint list");
+        let zk = args("lock --zookeeper h:1/apps x").expect("parse");
+        assert_eq!(zk.server, super::Server::ZooKeeper("h:1/apps".into()));
         assert!(args("lock --etcd http://a:1").is_err(), "no name");
         assert!(args("lock --etcd http://a:1 --ttl soon x").is_err());
         assert!(args("lock --etcd http://a:1 --ttl -1 x").is_err());

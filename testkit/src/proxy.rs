@@ -142,7 +142,10 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, responses: Option<Arc<Shared>>) 
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if responses.as_ref().is_some_and(|s| s.drop_responses.load(Ordering::SeqCst)) {
+                if responses
+                    .as_ref()
+                    .is_some_and(|s| s.drop_responses.load(Ordering::SeqCst))
+                {
                     continue;
                 }
                 if to.write_all(&buf[..n]).is_err() {

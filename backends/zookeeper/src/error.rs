@@ -22,12 +22,10 @@ pub(crate) fn map(error: ZkError, session: &str) -> Error {
         | ZkError::NoHosts
         | ZkError::Throttled
         | ZkError::SessionMoved
-        | ZkError::Custom(_) => {
-            Error::Unavailable {
-                backend: BACKEND,
-                source: Some(Box::new(error)),
-            }
-        }
+        | ZkError::Custom(_) => Error::Unavailable {
+            backend: BACKEND,
+            source: Some(Box::new(error)),
+        },
         other => Error::backend(BACKEND, other),
     }
 }

@@ -16,7 +16,9 @@ fn options(ttl_secs: u64) -> SessionOptions {
 }
 
 async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
-    zk::Client::connect(&ensemble.connect_string()).await.expect("side client")
+    zk::Client::connect(&ensemble.connect_string())
+        .await
+        .expect("side client")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,16 +76,29 @@ async fn lock_directories_are_containers_the_server_removes_when_idle() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
     let session = client.session_with(options(5)).await.expect("session");
-    let guard = session.mutex("containers/job").expect("mutex").lock().await.expect("lock");
+    let guard = session
+        .mutex("containers/job")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
     let side = side_client(&ensemble).await;
     let (stat, watcher) = side.check_and_watch_stat("/containers/job").await.expect("stat");
-    assert!(stat.is_some_and(|s| s.ephemeral_owner == 0), "the directory is a persistent (container) node");
+    assert!(
+        stat.is_some_and(|s| s.ephemeral_owner == 0),
+        "the directory is a persistent (container) node"
+    );
     guard.release().await.expect("release");
     // The server's container sweep (every 500 ms in the test server) deletes it.
     let event = bounded("the container is cleaned up", watcher.changed()).await;
     assert_eq!(event.event_type, EventType::NodeDeleted);
     // And the lock still works afterwards: the directory is made again.
-    let again = session.mutex("containers/job").expect("mutex").lock().await.expect("lock");
+    let again = session
+        .mutex("containers/job")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
     again.release().await.expect("release");
 }
 
@@ -96,7 +111,11 @@ async fn unreachable_ensemble_fails_within_the_connect_timeout() {
         .session_with(options(5).with_connect_timeout(Duration::from_secs(1)))
         .await;
     assert!(matches!(result, Err(Error::Unavailable { .. })), "{result:?}");
-    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,9 +128,12 @@ async fn a_lost_create_response_never_leaves_a_duplicate() {
         .await
         .expect("session");
     let side = side_client(&ensemble).await;
-    side.mkdir("/dup/lock", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
-        .await
-        .expect("mkdir");
+    side.mkdir(
+        "/dup/lock",
+        &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .expect("mkdir");
     let (_, _, created) = side.get_and_watch_children("/dup/lock").await.expect("watch children");
 
     // The create reaches the server; its answer is lost with the connection.
@@ -125,7 +147,10 @@ async fn a_lost_create_response_never_leaves_a_duplicate() {
     proxy.set_responses_dropped(false);
     proxy.unblock();
 
-    let guard = bounded("the retried acquire", acquire).await.expect("task").expect("lock");
+    let guard = bounded("the retried acquire", acquire)
+        .await
+        .expect("task")
+        .expect("lock");
     let children = side.list_children("/dup/lock").await.expect("list");
     assert_eq!(children, first, "a retried create left a duplicate");
     assert_eq!(guard.key(), format!("/dup/lock/{}", first[0]));
