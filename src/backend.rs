@@ -103,12 +103,13 @@ pub struct AppendRequest<'a> {
     pub attempt: &'a str,
     /// The entry's value (an election candidate's proclaimed value; empty for locks).
     pub value: &'a [u8],
-    /// Which entries the head read should consider.
+    /// Which earlier entries can block the new one.
     pub conflicts: Conflicts,
-    /// How many entries, first-created first, the backend should read back with
-    /// the append (the "head" of the queue). The core needs exactly this many to
-    /// decide whether an uncontended contender holds at once.
-    pub head: usize,
+    /// How many of the nearest earlier conflicting entries the backend should
+    /// read back with the append, where it can do so in the same round trip.
+    /// The core decides from them alone whether the contender holds at once
+    /// and, if not, which entry it waits on.
+    pub nearest: usize,
 }
 
 /// The result of an append.
@@ -116,9 +117,11 @@ pub struct AppendRequest<'a> {
 pub struct Appended {
     /// The new entry.
     pub entry: Entry,
-    /// Up to `head` entries matching the request's conflicts, first-created
-    /// first, read after the append (the new entry may be among them).
-    pub head: Vec<Entry>,
+    /// The nearest earlier entries matching the request's conflicts, nearest
+    /// first, at most `nearest` of them, as [`BackendSession::earlier`] would
+    /// return them; `None` when the backend could not read them with the append
+    /// (the core then calls `earlier`).
+    pub nearest: Option<Vec<Entry>>,
 }
 
 /// The entries created before a given one.
@@ -176,7 +179,7 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     fn state(&self) -> watch::Receiver<SessionState>;
 
     /// Appends an entry under `request.dir` owned by this session, and reads the
-    /// head of the queue.
+    /// nearest earlier conflicting entries.
     ///
     /// # Cancel safety
     ///

@@ -255,15 +255,19 @@ impl BackendSession for MemorySession {
             },
         );
         state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
-        let head = state.dirs.get(request.dir).map_or_else(Vec::new, |dir| {
-            dir.values()
-                .filter_map(|key| state.entries.get(key))
+        let nearest = state.dirs.get(request.dir).map_or_else(Vec::new, |dir| {
+            dir.range(..order)
+                .rev()
+                .filter_map(|(_, key)| state.entries.get(key))
                 .filter(|r| request.conflicts.includes(r.entry.kind))
-                .take(request.head)
+                .take(request.nearest)
                 .map(|r| r.entry.clone())
                 .collect()
         });
-        Ok(Appended { entry, head })
+        Ok(Appended {
+            entry,
+            nearest: Some(nearest),
+        })
     }
 
     async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {

@@ -50,14 +50,6 @@ impl Rule {
         }
     }
 
-    /// Decides from the head of the queue read with the append (the first
-    /// `depth` conflicting entries, first-created first): `true` when that alone
-    /// proves the contender holds.
-    pub(crate) fn holds_from_head(self, mine: &Entry, head: &[Entry]) -> bool {
-        let earlier = head.iter().filter(|e| e.order < mine.order).count();
-        earlier < self.depth()
-    }
-
     /// Decides from the nearest earlier conflicting entries (nearest first):
     /// `None` to hold, or the one entry to wait on.
     pub(crate) fn blocker(self, nearest: &[Entry]) -> Option<&Entry> {
@@ -119,16 +111,14 @@ impl Acquire<'_> {
             attempt: &attempt,
             value: self.value,
             conflicts: self.rule.conflicts(),
-            head: self.rule.depth(),
+            nearest: self.rule.depth(),
         };
         let appended = self.retrying(|| inner.remote.append(&request)).await?;
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
         let mut own_watch = None;
-        if !self.rule.holds_from_head(&mine, &appended.head)
-            && !self.wait_turn(&mine, &mut pending, &mut own_watch).await?
-        {
+        if !self.wait_turn(&mine, appended.nearest, &mut pending, &mut own_watch).await? {
             return Ok(None);
         }
         let local = pending.local.take();
@@ -142,6 +132,7 @@ impl Acquire<'_> {
     async fn wait_turn(
         &self,
         mine: &Entry,
+        mut known: Option<Vec<Entry>>,
         pending: &mut PendingEntry<'_>,
         own_watch: &mut Option<EntryWatch>,
     ) -> Result<bool> {
@@ -152,9 +143,14 @@ impl Acquire<'_> {
         // expired, someone deleted it) the wait ends at once instead of when
         // the predecessor leaves (DESIGN §6.2, §6.3).
         loop {
-            let nearest = self
-                .retrying(|| inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth()))
-                .await?;
+            let nearest = match known.take() {
+                // Read with the append: no second round trip.
+                Some(nearest) => Earlier::Entries(nearest),
+                None => {
+                    self.retrying(|| inner.remote.earlier(mine, self.rule.conflicts(), self.rule.depth()))
+                        .await?
+                }
+            };
             let nearest = match nearest {
                 Earlier::Entries(entries) => entries,
                 Earlier::Gone => {
@@ -362,40 +358,24 @@ mod tests {
     }
 
     #[test]
-    fn exclusive_holds_only_when_first() {
-        let mine = entry(5, EntryKind::Mutex);
-        assert!(Rule::Exclusive.holds_from_head(&mine, std::slice::from_ref(&mine)));
-        assert!(!Rule::Exclusive.holds_from_head(&mine, &[entry(3, EntryKind::Mutex)]));
+    fn exclusive_waits_on_the_entry_just_before() {
         let nearest = [entry(4, EntryKind::Mutex), entry(3, EntryKind::Mutex)];
         assert_eq!(Rule::Exclusive.blocker(&nearest).map(|e| e.order), Some(4));
         assert_eq!(Rule::Exclusive.blocker(&[]), None);
+        assert_eq!(Rule::Exclusive.depth(), 1);
     }
 
     #[test]
-    fn readers_ignore_earlier_readers() {
-        let mine = entry(9, EntryKind::Read);
-        // The head holds only conflicting (exclusive) entries: none earlier.
-        assert!(Rule::Shared.holds_from_head(&mine, &[entry(12, EntryKind::Write)]));
-        assert!(Rule::Shared.holds_from_head(&mine, &[]));
-        assert!(!Rule::Shared.holds_from_head(&mine, &[entry(2, EntryKind::Write)]));
+    fn readers_are_blocked_by_exclusive_entries_only() {
+        assert_eq!(Rule::Shared.conflicts(), crate::Conflicts::Exclusive);
+        assert!(!Rule::Shared.conflicts().includes(EntryKind::Read));
+        assert!(Rule::Shared.conflicts().includes(EntryKind::Write));
+        assert!(Rule::Exclusive.conflicts().includes(EntryKind::Read));
     }
 
     #[test]
     fn semaphore_waits_on_the_entry_n_places_earlier() {
-        let mine = entry(10, EntryKind::Semaphore);
         let rule = Rule::Permits(3);
-        let head = [
-            entry(1, EntryKind::Semaphore),
-            entry(4, EntryKind::Semaphore),
-            mine.clone(),
-        ];
-        assert!(rule.holds_from_head(&mine, &head));
-        let full = [
-            entry(1, EntryKind::Semaphore),
-            entry(4, EntryKind::Semaphore),
-            entry(7, EntryKind::Semaphore),
-        ];
-        assert!(!rule.holds_from_head(&mine, &full));
         let nearest = [
             entry(7, EntryKind::Semaphore),
             entry(4, EntryKind::Semaphore),
@@ -403,5 +383,6 @@ mod tests {
         ];
         assert_eq!(rule.blocker(&nearest).map(|e| e.order), Some(1));
         assert_eq!(rule.blocker(&nearest[..2]), None);
+        assert_eq!(Rule::Permits(0).depth(), 1);
     }
 }

@@ -20,7 +20,7 @@ async fn an_abandoned_session_expires_after_its_ttl() {
         attempt: "a1",
         value: b"",
         conflicts: Conflicts::All,
-        head: 1,
+        nearest: 1,
     };
     crashed.backend_session().append(&request).await.expect("append");
     assert_eq!(store.keys("crash").len(), 1);

@@ -141,8 +141,14 @@ impl BackendSession for EtcdSession {
     /// lost response finds its own key).
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
         let key = layout::key(request.dir, request.kind, &self.id, request.attempt);
-        let head_prefix = layout::conflict_prefix(request.dir, request.conflicts);
-        let head = TxnOp::get(head_prefix, Some(first_created(request.head.max(1))));
+        // Right after my put my key is the newest under the prefix, so the
+        // newest conflicting keys (one more than asked, mine may be among them)
+        // are exactly the nearest earlier ones.
+        let nearest_prefix = layout::conflict_prefix(request.dir, request.conflicts);
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(i64::try_from(request.nearest.saturating_add(1)).unwrap_or(i64::MAX));
         let put = TxnOp::put(
             key.clone(),
             request.value.to_vec(),
@@ -150,14 +156,16 @@ impl BackendSession for EtcdSession {
         );
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([put, TxnOp::get(key.clone(), None), head.clone()])
-            .or_else([TxnOp::get(key.clone(), None), head]);
+            .and_then([put, TxnOp::get(key.clone(), None), TxnOp::get(nearest_prefix, Some(newest))])
+            .or_else([TxnOp::get(key.clone(), None)]);
         let response = self.txn(txn).await?;
         let ops = response.op_responses();
-        let (mine, head) = if response.succeeded() {
-            (get_response(ops.get(1))?, get_response(ops.get(2))?)
+        let (mine, newest) = if response.succeeded() {
+            (get_response(ops.get(1))?, Some(get_response(ops.get(2))?))
         } else {
-            (get_response(ops.first())?, get_response(ops.get(1))?)
+            // My key already existed (a retry after a lost answer): keys newer
+            // than mine may exist too, so the core asks `earlier`.
+            (get_response(ops.first())?, None)
         };
         let entry = mine
             .kvs()
@@ -170,10 +178,15 @@ impl BackendSession for EtcdSession {
                 format!("key {key:?} exists with another lease; refusing to share it"),
             ));
         }
-        Ok(Appended {
-            entry,
-            head: Self::entries(head),
-        })
+        let nearest = newest.map(|newest| {
+            let mut nearest: Vec<Entry> = Self::entries(newest)
+                .into_iter()
+                .filter(|e| e.order < entry.order)
+                .collect();
+            nearest.truncate(request.nearest);
+            nearest
+        });
+        Ok(Appended { entry, nearest })
     }
 
     /// One round trip: confirm my key is still the same entry and read the

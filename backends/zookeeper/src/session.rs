@@ -196,11 +196,16 @@ impl BackendSession for ZkSession {
             owner: Some(self.id.clone()),
         };
         let contenders = self.children(&client, &dir).await?;
-        let head = conflicting(&contenders, request.conflicts)
-            .take(request.head)
+        let mut nearest: Vec<Entry> = conflicting(&contenders, request.conflicts)
+            .filter(|c| i64::from(c.sequence) < entry.order)
             .map(|c| c.entry(&dir))
             .collect();
-        Ok(Appended { entry, head })
+        nearest.reverse();
+        nearest.truncate(request.nearest);
+        // The listing must show my own node, or it raced with its deletion: let
+        // the core look again.
+        let nearest = Self::mine(&contenders, &entry.key, &dir).then_some(nearest);
+        Ok(Appended { entry, nearest })
     }
 
     /// One round trip: list the directory; my node must be among the children.
