@@ -184,7 +184,15 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         let _ = watcher.send(Signal::Broken(reason));
                         watchers.remove(&id);
                     } else if !alive {
+                        // Its `Watch` is gone (its cancel may still be queued
+                        // behind this response): cancel it on the server now,
+                        // or the server keeps sending it events.
                         watchers.remove(&id);
+                        if let Some(open) = stream.as_mut() {
+                            if open.sender.cancel(id).await.is_err() {
+                                break_stream(&mut stream, &mut watchers, "watch stream closed");
+                            }
+                        }
                     }
                 }
                 Ok(None) => break_stream(&mut stream, &mut watchers, "watch stream ended"),
