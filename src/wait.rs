@@ -118,7 +118,10 @@ impl Acquire<'_> {
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
         let mut own_watch = None;
-        if !self.wait_turn(&mine, appended.nearest, &mut pending, &mut own_watch).await? {
+        if !self
+            .wait_turn(&mine, appended.nearest, &mut pending, &mut own_watch)
+            .await?
+        {
             return Ok(None);
         }
         let local = pending.local.take();

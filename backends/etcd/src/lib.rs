@@ -16,7 +16,7 @@
 //!
 //! # How it uses etcd
 //!
-//! - **Session** = one lease (TTL from [`SessionOptions`](lockline::SessionOptions),
+//! - **Session** = one lease (TTL from [`SessionOptions`],
 //!   rounded up to whole seconds) renewed by one keepalive stream, and one watch
 //!   stream that multiplexes every watch of the session. Closing the session
 //!   revokes the lease; dropping every handle stops the renewals, so the lease

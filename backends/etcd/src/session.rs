@@ -156,7 +156,11 @@ impl BackendSession for EtcdSession {
         );
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([put, TxnOp::get(key.clone(), None), TxnOp::get(nearest_prefix, Some(newest))])
+            .and_then([
+                put,
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(nearest_prefix, Some(newest)),
+            ])
             .or_else([TxnOp::get(key.clone(), None)]);
         let response = self.txn(txn).await?;
         let ops = response.op_responses();
@@ -226,20 +230,21 @@ impl BackendSession for EtcdSession {
     /// A watch on the key from the current revision (never a past one: etcd
     /// serves those from its slow unsynced-watcher loop), then one read to
     /// confirm the key still exists, then its DELETE event.
+    ///
+    /// Only a deletion after the entry's creation counts: a member that lags
+    /// can serve the watch from a revision before it, and a key name outlives
+    /// its entries (a session re-acquiring writes the same key again).
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         let mut watch = self.hub.watch(&entry.key, false);
-        match watch.next().await {
-            Signal::Created => {}
-            Signal::Broken(reason) => return Err(unavailable(reason)),
-            Signal::Put { .. } | Signal::Delete => return Ok(()),
-        }
-        if !self.exists(entry).await? {
-            return Ok(());
-        }
         loop {
             match watch.next().await {
-                Signal::Delete => return Ok(()),
-                Signal::Created | Signal::Put { .. } => {}
+                Signal::Created => {
+                    if !self.exists(entry).await? {
+                        return Ok(());
+                    }
+                }
+                Signal::Delete { revision } if revision > entry.order => return Ok(()),
+                Signal::Delete { .. } | Signal::Put { .. } => {}
                 Signal::Broken(reason) => return Err(unavailable(reason)),
             }
         }
@@ -300,29 +305,27 @@ impl BackendSession for EtcdSession {
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
         let mut watch = self.hub.watch(&entry.key, true);
-        match watch.next().await {
-            Signal::Created => {}
-            Signal::Broken(reason) => return Err(unavailable(reason)),
-            Signal::Delete => return Ok(None),
-            Signal::Put { .. } => {}
-        }
-        match self.get_value(entry).await? {
-            None => return Ok(None),
-            Some(value) if value != seen => return Ok(Some(value)),
-            Some(_) => {}
-        }
         loop {
             match watch.next().await {
-                Signal::Delete => return Ok(None),
+                Signal::Created => match self.get_value(entry).await? {
+                    None => return Ok(None),
+                    Some(value) if value != seen => return Ok(Some(value)),
+                    Some(_) => {}
+                },
+                Signal::Delete { revision } if revision > entry.order => return Ok(None),
+                Signal::Delete { .. } => {}
                 Signal::Put { create_revision, value } => {
-                    if create_revision != entry.order {
+                    // An older key under the same name: not this entry.
+                    if create_revision < entry.order {
+                        continue;
+                    }
+                    if create_revision > entry.order {
                         return Ok(None);
                     }
                     if value != seen {
                         return Ok(Some(value));
                     }
                 }
-                Signal::Created => {}
                 Signal::Broken(reason) => return Err(unavailable(reason)),
             }
         }

@@ -19,8 +19,8 @@ pub(crate) enum Signal {
     Created,
     /// The key was written.
     Put { create_revision: i64, value: Vec<u8> },
-    /// The key was deleted.
-    Delete,
+    /// The key was deleted, at this revision.
+    Delete { revision: i64 },
     /// The watch ended without an event (stream broken, watch canceled by the server).
     Broken(String),
 }
@@ -175,7 +175,9 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                                 value: kv.value().to_vec(),
                             },
                             (EventType::Put, None) => continue,
-                            (EventType::Delete, _) => Signal::Delete,
+                            (EventType::Delete, kv) => Signal::Delete {
+                                revision: kv.map_or(i64::MAX, |kv| kv.mod_revision()),
+                            },
                         };
                         alive &= watcher.send(signal).is_ok();
                     }

@@ -71,18 +71,27 @@ fn deleted_watches(ensemble: &ZkEnsemble) -> (f64, f64) {
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
             .unwrap_or(f64::NAN)
     };
-    (get("zk_sum_node_deleted_watch_count"), get("zk_cnt_node_deleted_watch_count"))
+    (
+        get("zk_sum_node_deleted_watch_count"),
+        get("zk_cnt_node_deleted_watch_count"),
+    )
 }
 
 async fn b_write(ensemble: &ZkEnsemble, seconds: f64) -> BoxResult<f64> {
     let client = zk::Client::connect(&ensemble.connect_string()).await?;
     client
-        .create("/bench-b-write", b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
+        .create(
+            "/bench-b-write",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
         .await?;
     let started = Instant::now();
     let mut n = 0u64;
     while started.elapsed().as_secs_f64() < seconds {
-        client.set_data("/bench-b-write", n.to_string().as_bytes(), None).await?;
+        client
+            .set_data("/bench-b-write", n.to_string().as_bytes(), None)
+            .await?;
         n += 1;
     }
     Ok(n as f64 / started.elapsed().as_secs_f64())
@@ -144,7 +153,13 @@ async fn lockline_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, name: &str)
 fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxResult<f64> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_kazoo.py");
     let output = Command::new("/usr/bin/python3")
-        .args([script, &ensemble.connect_string(), path, &n.to_string(), &seconds.to_string()])
+        .args([
+            script,
+            &ensemble.connect_string(),
+            path,
+            &n.to_string(),
+            &seconds.to_string(),
+        ])
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     stdout
