@@ -178,19 +178,35 @@ async fn ten_thousand_locks_on_one_session_share_one_lease_and_one_watch_stream(
     }
     assert_eq!(guards.len(), LOCKS);
     assert!(guards.iter().all(|g| g.is_held()));
-    let metrics = cluster.metrics(0).expect("metrics");
-    let gauge = |name: &str| -> f64 {
+    let gauge = |name: &str| -> usize {
+        let metrics = cluster.metrics(0).expect("metrics");
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or_else(|| panic!("{name} not in /metrics"))
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
+            .unwrap_or_else(|| panic!("{name} not in /metrics")) as usize
     };
+    // Each guard registers its loss watch from a background task: give the
+    // server's gauge time to count them all (a server-side number has no event
+    // to await; bounded at 20 s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gauge("etcd_debugging_mvcc_watcher_total ") < LOCKS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // One lease (ours), one watch stream carrying one watch per held lock.
-    assert_eq!(gauge("etcd_debugging_lease_granted_total") as usize, 1);
-    assert_eq!(gauge("etcd_debugging_mvcc_watch_stream_total") as usize, 1);
-    assert!(gauge("etcd_debugging_mvcc_watcher_total") as usize >= LOCKS);
+    assert_eq!(gauge("etcd_debugging_lease_granted_total "), 1);
+    assert_eq!(gauge("etcd_debugging_mvcc_watch_stream_total "), 1);
+    assert!(gauge("etcd_debugging_mvcc_watcher_total ") >= LOCKS);
+    let mut releases = tokio::task::JoinSet::new();
     for guard in guards {
-        guard.release().await.expect("release");
+        releases.spawn(guard.release());
+        if releases.len() == 256 {
+            while let Some(released) = releases.join_next().await {
+                released.expect("task").expect("release");
+            }
+        }
+    }
+    while let Some(released) = releases.join_next().await {
+        released.expect("task").expect("release");
     }
     let left = session.mutex("scale").expect("mutex").contenders().await.expect("list");
     assert!(left.is_empty());
