@@ -195,6 +195,14 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     /// Every entry under `dir`, first-created first (foreign clients' included).
     async fn list(&self, dir: &str) -> Result<Vec<Entry>>;
 
+    /// Resolves once `dir` holds at least one entry (at once if it does). Used
+    /// by election observers while nobody leads; lock waiters never call it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling drops the watch.
+    async fn wait_for_entry(&self, dir: &str) -> Result<()>;
+
     /// Resolves once `entry` no longer exists (at once if it is already gone).
     /// Never polls: one server-side watch.
     ///

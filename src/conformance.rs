@@ -486,6 +486,297 @@ pub async fn closed_session_rejects_use<F: Fixture>(fixture: &F) {
     next.release().await.expect("release");
 }
 
+/// Readers share a read/write lock; a writer excludes readers and writers.
+pub async fn readers_share_writers_exclude<F: Fixture>(fixture: &F) {
+    let name = unique("rw-share");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let r1 = bounded("read", sa.rwlock(&name).expect("rwlock").read())
+        .await
+        .expect("read");
+    let r2 = bounded("read", sb.rwlock(&name).expect("rwlock").read())
+        .await
+        .expect("read");
+    assert!(r1.is_held() && r2.is_held());
+    let readers_token = r1.token().max(r2.token());
+    let rw = sb.rwlock(&name).expect("rwlock");
+    assert!(bounded("try_write", rw.try_write()).await.expect("try_write").is_none());
+    r1.release().await.expect("release");
+    r2.release().await.expect("release");
+    let w = bounded("write", rw.write()).await.expect("write");
+    assert!(bounded("try_read", sa.rwlock(&name).expect("rwlock").try_read())
+        .await
+        .expect("try_read")
+        .is_none());
+    assert!(bounded("try_write", sa.rwlock(&name).expect("rwlock").try_write())
+        .await
+        .expect("try_write")
+        .is_none());
+    assert!(
+        w.token() > readers_token,
+        "the writer's token is not above the readers'"
+    );
+    w.release().await.expect("release");
+    assert!(bounded("list", rw.contenders()).await.expect("list").is_empty());
+}
+
+/// A waiting writer is not starved: a reader arriving after it waits behind it.
+pub async fn waiting_writer_is_not_starved<F: Fixture>(fixture: &F) {
+    let name = unique("rw-fifo");
+    let client = fixture.client().await;
+    let (s1, s2, s3) = (
+        session(fixture, &client).await,
+        session(fixture, &client).await,
+        session(fixture, &client).await,
+    );
+    let first_reader = bounded("read", s1.rwlock(&name).expect("rwlock").read())
+        .await
+        .expect("read");
+    let waits = client.stats().waits;
+    let writer_lock = s2.rwlock(&name).expect("rwlock");
+    let writer = tokio::spawn(async move { writer_lock.write().await });
+    bounded("the writer waits", client.wait_for_stats(|s| s.waits > waits)).await;
+    let waits = client.stats().waits;
+    let late_lock = s3.rwlock(&name).expect("rwlock");
+    assert!(
+        bounded("try_read", late_lock.try_read())
+            .await
+            .expect("try_read")
+            .is_none(),
+        "a late reader overtook a waiting writer"
+    );
+    let late_reader = tokio::spawn(async move { late_lock.read().await });
+    bounded("the late reader waits", client.wait_for_stats(|s| s.waits > waits)).await;
+    first_reader.release().await.expect("release");
+    let write = bounded("the writer", writer).await.expect("task").expect("write");
+    assert!(!late_reader.is_finished(), "a reader holds beside a writer");
+    write.release().await.expect("release");
+    let read = bounded("the late reader", late_reader)
+        .await
+        .expect("task")
+        .expect("read");
+    read.release().await.expect("release");
+}
+
+/// Readers and writers over many rounds: a writer is always alone.
+pub async fn rwlock_exclusion_under_load<F: Fixture>(fixture: &F) {
+    let name = unique("rw-load");
+    let readers = Arc::new(AtomicUsize::new(0));
+    let writers = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let client = fixture.client().await;
+        let s = session(fixture, &client).await;
+        let rw = s.rwlock(&name).expect("rwlock");
+        let (readers, writers) = (Arc::clone(&readers), Arc::clone(&writers));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..6 {
+                if i % 3 == 0 {
+                    let guard = bounded("write", rw.write()).await.expect("write");
+                    assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0, "two writers");
+                    assert_eq!(readers.load(Ordering::SeqCst), 0, "a reader beside a writer");
+                    tokio::task::yield_now().await;
+                    writers.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                } else {
+                    let guard = bounded("read", rw.read()).await.expect("read");
+                    readers.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(writers.load(Ordering::SeqCst), 0, "a reader beside a writer");
+                    tokio::task::yield_now().await;
+                    readers.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }
+            drop(s);
+        }));
+    }
+    for task in tasks {
+        bounded("a contender finishes", task).await.expect("task");
+    }
+}
+
+/// A semaphore never has more than its permits' worth of holders.
+pub async fn semaphore_bound_is_never_exceeded<F: Fixture>(fixture: &F) {
+    const PERMITS: usize = 3;
+    let name = unique("sem-load");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let client = fixture.client().await;
+        let s = session(fixture, &client).await;
+        for _ in 0..2 {
+            let semaphore = s.semaphore(&name, PERMITS).expect("semaphore");
+            let (inside, most) = (Arc::clone(&inside), Arc::clone(&most));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let permit = bounded("acquire", semaphore.acquire()).await.expect("acquire");
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(now <= PERMITS, "{now} holders of {PERMITS} permits");
+                    most.fetch_max(now, Ordering::SeqCst);
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        bounded("a contender finishes", task).await.expect("task");
+    }
+    assert!(most.load(Ordering::SeqCst) <= PERMITS);
+}
+
+/// A full semaphore refuses `try_acquire`, queues `acquire`, and a release
+/// wakes exactly the one waiter.
+pub async fn semaphore_waits_herd_free<F: Fixture>(fixture: &F) {
+    let name = unique("sem-wait");
+    let client = fixture.client().await;
+    let (s1, s2, s3) = (
+        session(fixture, &client).await,
+        session(fixture, &client).await,
+        session(fixture, &client).await,
+    );
+    assert!(matches!(s1.semaphore(&name, 0), Err(Error::InvalidOptions { .. })));
+    let a = bounded("acquire", s1.semaphore(&name, 2).expect("semaphore").acquire())
+        .await
+        .expect("acquire");
+    let b = bounded("acquire", s2.semaphore(&name, 2).expect("semaphore").acquire())
+        .await
+        .expect("acquire");
+    let third = s3.semaphore(&name, 2).expect("semaphore");
+    assert!(bounded("try_acquire", third.try_acquire())
+        .await
+        .expect("try")
+        .is_none());
+    let waits = client.stats().waits;
+    let waiter = tokio::spawn(async move { third.acquire().await });
+    bounded("the waiter waits", client.wait_for_stats(|s| s.waits > waits)).await;
+    let wakeups = client.stats().wakeups;
+    a.release().await.expect("release");
+    let c = bounded("the waiter", waiter).await.expect("task").expect("acquire");
+    assert_eq!(client.stats().wakeups - wakeups, 1);
+    assert!(b.is_held() && c.is_held());
+    b.release().await.expect("release");
+    c.release().await.expect("release");
+}
+
+/// Cancelled waits of every recipe leave no entry behind.
+pub async fn cancelled_recipes_leave_no_entry<F: Fixture>(fixture: &F) {
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let rw_name = unique("cancel-rw");
+    let held = bounded("write", sa.rwlock(&rw_name).expect("rwlock").write())
+        .await
+        .expect("write");
+    let waits = b.stats().waits;
+    let rw = sb.rwlock(&rw_name).expect("rwlock");
+    let waiting = tokio::spawn(async move { rw.read().await });
+    bounded("the reader waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    waiting.abort();
+    let _ = waiting.await;
+
+    let sem_name = unique("cancel-sem");
+    let permit = bounded("acquire", sa.semaphore(&sem_name, 1).expect("semaphore").acquire())
+        .await
+        .expect("acquire");
+    let waits = b.stats().waits;
+    let sem = sb.semaphore(&sem_name, 1).expect("semaphore");
+    let waiting = tokio::spawn(async move { sem.acquire().await });
+    bounded("the permit waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    waiting.abort();
+    let _ = waiting.await;
+
+    let el_name = unique("cancel-election");
+    let leading = bounded("campaign", sa.election(&el_name).expect("election").campaign(b"a"))
+        .await
+        .expect("campaign");
+    let waits = b.stats().waits;
+    let election = sb.election(&el_name).expect("election");
+    let waiting = tokio::spawn(async move { election.campaign(b"b").await });
+    bounded("the candidate waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    waiting.abort();
+    let _ = waiting.await;
+
+    bounded("cleanup", sb.flush()).await;
+    let rw = sb.rwlock(&rw_name).expect("rwlock");
+    assert_eq!(bounded("list", rw.contenders()).await.expect("list").len(), 1);
+    let sem = sb.semaphore(&sem_name, 1).expect("semaphore");
+    assert_eq!(bounded("list", sem.contenders()).await.expect("list").len(), 1);
+    let leader = bounded("leader", sb.election(&el_name).expect("election").leader())
+        .await
+        .expect("leader");
+    assert_eq!(leader.map(|l| l.value().to_vec()), Some(b"a".to_vec()));
+    held.release().await.expect("release");
+    permit.release().await.expect("release");
+    leading.resign().await.expect("resign");
+    assert!(bounded("list", rw.contenders()).await.expect("list").is_empty());
+    assert!(bounded("list", sem.contenders()).await.expect("list").is_empty());
+}
+
+/// An election: the first candidate leads, observers (candidates or not) see
+/// every change in order, a lost session ends its leadership and the next
+/// candidate takes over.
+pub async fn election_observe_and_session_loss<F: Fixture>(fixture: &F) {
+    use futures::StreamExt;
+    let name = unique("election");
+    let (a, b, o) = (fixture.client().await, fixture.client().await, fixture.client().await);
+    let (sa, sb, so) = (
+        session(fixture, &a).await,
+        session(fixture, &b).await,
+        session(fixture, &o).await,
+    );
+    let mut changes = Box::pin(so.election(&name).expect("election").observe());
+    macro_rules! next {
+        () => {
+            bounded("an observed change", changes.next())
+                .await
+                .expect("the stream goes on")
+                .expect("observe")
+        };
+    }
+    assert_eq!(next!(), None, "nobody leads yet");
+    let leading = bounded("campaign", sa.election(&name).expect("election").campaign(b"alpha"))
+        .await
+        .expect("campaign");
+    let seen = next!().expect("a leader");
+    assert_eq!((seen.value(), seen.token()), (&b"alpha"[..], leading.token()));
+
+    let waits = b.stats().waits;
+    let candidate = sb.election(&name).expect("election");
+    let second = tokio::spawn(async move { candidate.campaign(b"beta").await });
+    bounded("the second candidate waits", b.wait_for_stats(|s| s.waits > waits)).await;
+
+    leading.proclaim(b"alpha-2").await.expect("proclaim");
+    assert_eq!(next!().expect("a leader").value(), b"alpha-2");
+
+    fixture.expire(&sa).await;
+    bounded("the leader learns", leading.lost()).await;
+    assert!(!leading.is_held());
+    assert!(leading.proclaim(b"stale").await.is_err(), "a lost leader proclaimed");
+    let beta = bounded("the second candidate leads", second)
+        .await
+        .expect("task")
+        .expect("campaign");
+    // The observer may or may not catch the instant between the two leaders.
+    let mut seen = next!();
+    if seen.is_none() {
+        seen = next!();
+    }
+    let seen = seen.expect("the new leader");
+    assert_eq!(seen.value(), b"beta");
+    assert_eq!(seen.token(), beta.token());
+    assert!(beta.token() > leading.token());
+    let current = bounded("leader", so.election(&name).expect("election").leader())
+        .await
+        .expect("leader");
+    assert_eq!(current.map(|l| l.value().to_vec()), Some(b"beta".to_vec()));
+    beta.resign().await.expect("resign");
+    assert_eq!(next!(), None);
+}
+
 /// Declares one `#[tokio::test]` per conformance case, each with a fixture made
 /// by the given expression (which may `.await`).
 #[macro_export]
@@ -505,6 +796,13 @@ macro_rules! conformance_tests {
             dropped_guard_releases,
             invalid_input_is_rejected,
             closed_session_rejects_use,
+            readers_share_writers_exclude,
+            waiting_writer_is_not_starved,
+            rwlock_exclusion_under_load,
+            semaphore_bound_is_never_exceeded,
+            semaphore_waits_herd_free,
+            cancelled_recipes_leave_no_entry,
+            election_observe_and_session_loss,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -4,12 +4,15 @@
 
 mod backend;
 mod client;
+mod election;
 mod error;
 mod guard;
 mod memory;
 mod mutex;
 mod name;
 mod options;
+mod rwlock;
+mod semaphore;
 mod session;
 mod stats;
 mod token;
@@ -20,11 +23,14 @@ pub mod conformance;
 
 pub use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind};
 pub use client::Client;
+pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, Error, Result};
 pub use memory::MemoryBackend;
 pub use mutex::{Mutex, MutexGuard};
 pub use name::MAX_NAME_LEN;
 pub use options::{SessionOptions, SessionState, MAX_TTL, MIN_TTL};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use session::Session;
 pub use stats::ClientStats;
 pub use token::FencingToken;

@@ -60,6 +60,8 @@ impl fmt::Debug for MemoryBackend {
 #[derive(Default)]
 struct Store {
     state: std::sync::Mutex<State>,
+    /// Bumped on every append, for `wait_for_entry`.
+    appended: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -255,6 +257,7 @@ impl BackendSession for MemorySession {
             },
         );
         state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
+        self.store.appended.send_modify(|n| *n += 1);
         let nearest = state.dirs.get(request.dir).map_or_else(Vec::new, |dir| {
             dir.range(..order)
                 .rev()
@@ -295,6 +298,17 @@ impl BackendSession for MemorySession {
                 .map(|r| r.entry.clone())
                 .collect()
         }))
+    }
+
+    async fn wait_for_entry(&self, dir: &str) -> Result<()> {
+        let mut appended = self.store.appended.subscribe();
+        loop {
+            if self.store.lock().dirs.get(dir).is_some_and(|d| !d.is_empty()) {
+                return Ok(());
+            }
+            // `self.store` owns the sender: no error while we borrow it.
+            let _ = appended.changed().await;
+        }
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {

@@ -10,7 +10,10 @@ use tokio::sync::watch;
 
 use crate::stats::Counters;
 
-use crate::{name, Backend, BackendSession, Entry, EntryKind, Error, Mutex, Result, SessionOptions, SessionState};
+use crate::{
+    name, Backend, BackendSession, Election, Entry, EntryKind, Error, Mutex, Result, RwLock, Semaphore, SessionOptions,
+    SessionState,
+};
 
 /// How many times a background removal is tried before it is logged as failed.
 const CLEANUP_ATTEMPTS: u32 = 5;
@@ -126,6 +129,40 @@ impl Session {
         self.inner.check_name(name)?;
         self.inner.check_usable()?;
         Ok(Mutex::new(self.clone(), name))
+    }
+
+    /// A read/write lock named `name` (see [`RwLock`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(RwLock::new(self.clone(), name))
+    }
+
+    /// A semaphore named `name` allowing `permits` holders (see [`Semaphore`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex), and [`Error::InvalidOptions`] for 0 permits
+    /// or more than [`MAX_PERMITS`](crate::MAX_PERMITS).
+    pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Semaphore::new(self.clone(), name, permits)
+    }
+
+    /// A leader election named `name` (see [`Election`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(Election::new(self.clone(), name))
     }
 
     /// Waits until every background release and cleanup this session started

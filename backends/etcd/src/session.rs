@@ -227,6 +227,23 @@ impl BackendSession for EtcdSession {
         Ok(Self::entries(&response))
     }
 
+    /// A watch on the prefix from the current revision, then one read.
+    async fn wait_for_entry(&self, dir: &str) -> Result<()> {
+        let mut watch = self.hub.watch_prefix(&layout::prefix(dir));
+        loop {
+            match watch.next().await {
+                Signal::Created => {
+                    if !self.list(dir).await?.is_empty() {
+                        return Ok(());
+                    }
+                }
+                Signal::Put { .. } => return Ok(()),
+                Signal::Delete { .. } => {}
+                Signal::Broken(reason) => return Err(unavailable(reason)),
+            }
+        }
+    }
+
     /// A watch on the key from the current revision (never a past one: etcd
     /// serves those from its slow unsynced-watcher loop), then one read to
     /// confirm the key still exists, then its DELETE event.

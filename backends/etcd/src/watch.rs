@@ -28,6 +28,7 @@ pub(crate) enum Signal {
 enum Command {
     Watch {
         key: Vec<u8>,
+        prefix: bool,
         puts: bool,
         signals: mpsc::UnboundedSender<Signal>,
         id: i64,
@@ -86,10 +87,20 @@ impl Hub {
     /// Opens a watch on `key` from the current revision; with `puts` false the
     /// server filters out PUT events. The first signal is `Created` (or `Broken`).
     pub(crate) fn watch(&self, key: &str, puts: bool) -> Watch {
+        self.open(key, false, puts)
+    }
+
+    /// Opens a watch on every key under `prefix`, PUT events included.
+    pub(crate) fn watch_prefix(&self, prefix: &str) -> Watch {
+        self.open(prefix, true, true)
+    }
+
+    fn open(&self, key: &str, prefix: bool, puts: bool) -> Watch {
         let (signals, receiver) = mpsc::unbounded_channel();
         let id = i64::try_from(self.next_id.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
         let command = Command::Watch {
             key: key.as_bytes().to_vec(),
+            prefix,
             puts,
             signals,
             id,
@@ -132,8 +143,11 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         }
                     }
                 }
-                Some(Command::Watch { key, puts, signals, id }) => {
+                Some(Command::Watch { key, prefix, puts, signals, id }) => {
                     let mut options = WatchOptions::new().with_watch_id(id);
+                    if prefix {
+                        options = options.with_prefix();
+                    }
                     if !puts {
                         options = options.with_filters([WatchFilterType::NoPut]);
                     }

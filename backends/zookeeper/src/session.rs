@@ -244,6 +244,38 @@ impl BackendSession for ZkSession {
         Ok(entries)
     }
 
+    /// A children watch on the directory (or an exists-watch while it is
+    /// missing) until a contender appears.
+    async fn wait_for_entry(&self, dir: &str) -> Result<()> {
+        let client = self.client()?;
+        let dir = layout::dir_path(dir);
+        loop {
+            let watcher = match client.list_and_watch_children(&dir).await {
+                Ok((children, watcher)) => {
+                    if !layout::contenders(&children).is_empty() {
+                        return Ok(());
+                    }
+                    watcher
+                }
+                Err(ZkError::NoNode) => match client.check_and_watch_stat(&dir).await {
+                    Ok((Some(_), _)) => continue,
+                    Ok((None, watcher)) => watcher,
+                    Err(error) => return Err(self.err(error)),
+                },
+                Err(error) => return Err(self.err(error)),
+            };
+            let event = watcher.changed().await;
+            if event.event_type == EventType::Session {
+                return Err(match event.session_state {
+                    ZkState::Closed => Error::Closed {
+                        session: self.id.clone(),
+                    },
+                    _ => self.err(ZkError::SessionExpired),
+                });
+            }
+        }
+    }
+
     /// One round trip: an exists-watch on the node (which also tells whether
     /// it is still there), then its deletion event.
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
