@@ -132,3 +132,104 @@ async fn etcdctl_waits_while_lockline_holds() {
         .expect("etcdctl gets the lock after us");
     assert!(key.starts_with("interop/b/"), "{key}");
 }
+
+/// `etcdctl elect NAME [VALUE]` (or `-l NAME` to observe), stdout lines on a channel.
+fn etcdctl_elect(cluster: &EtcdCluster, args: &[&str]) -> EtcdctlLock {
+    let mut command = cluster.etcdctl(&cluster.endpoints());
+    let mut child = command
+        .arg("elect")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcdctl elect");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    EtcdctlLock { child, lines }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockline_sees_the_leader_etcdctl_elect_made() {
+    use futures::StreamExt;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let mut etcdctl = etcdctl_elect(&cluster, &["interop/election", "from-etcdctl"]);
+    let key = etcdctl.held_key(Duration::from_secs(10)).expect("etcdctl leads");
+    assert!(key.starts_with("interop/election/"), "{key}");
+
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client.session().await.expect("session");
+    let election = session.election("interop/election").expect("election");
+    let leader = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(leader.value(), b"from-etcdctl");
+    assert_eq!(leader.key(), key);
+    let mut changes = Box::pin(election.observe());
+    let seen = bounded("observe", changes.next())
+        .await
+        .expect("item")
+        .expect("observe");
+    assert_eq!(seen.map(|l| l.value().to_vec()), Some(b"from-etcdctl".to_vec()));
+
+    // lockline's candidate waits behind etcdctl's leader, and leads after it.
+    let candidate = election.clone();
+    let campaign = tokio::spawn(async move { candidate.campaign(b"from-lockline").await });
+    etcdctl.interrupt();
+    let leadership = bounded("lockline leads", campaign)
+        .await
+        .expect("task")
+        .expect("campaign");
+    let mut seen = bounded("observe", changes.next())
+        .await
+        .expect("item")
+        .expect("observe");
+    if seen.is_none() {
+        seen = bounded("observe", changes.next())
+            .await
+            .expect("item")
+            .expect("observe");
+    }
+    assert_eq!(seen.map(|l| l.value().to_vec()), Some(b"from-lockline".to_vec()));
+    leadership.resign().await.expect("resign");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_sees_lockline_s_leader() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client.session().await.expect("session");
+    let leadership = session
+        .election("interop/observed")
+        .expect("election")
+        .campaign(b"lockline-leader")
+        .await
+        .expect("campaign");
+    let observer = etcdctl_elect(&cluster, &["-l", "interop/observed"]);
+    let key = observer
+        .held_key(Duration::from_secs(10))
+        .expect("etcdctl prints the leader's key");
+    assert_eq!(key, leadership.key());
+    let value = observer
+        .held_key(Duration::from_secs(10))
+        .expect("etcdctl prints the leader's value");
+    assert_eq!(value, "lockline-leader");
+    leadership.proclaim(b"lockline-leader-2").await.expect("proclaim");
+    let mut lines = Vec::new();
+    while let Some(line) = observer.held_key(Duration::from_secs(10)) {
+        lines.push(line.clone());
+        if line == "lockline-leader-2" {
+            break;
+        }
+    }
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("lockline-leader-2"),
+        "etcdctl saw {lines:?}"
+    );
+    leadership.resign().await.expect("resign");
+}
