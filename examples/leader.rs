@@ -36,7 +36,14 @@ impl FencedStore {
 
 async fn candidate(name: String, session: Session, store: Arc<FencedStore>) -> lockline::Result<()> {
     let election = session.election("demo/scheduler")?;
-    let leadership = election.campaign(name.as_bytes()).await?;
+    let leadership = match election.campaign(name.as_bytes()).await {
+        Ok(leadership) => leadership,
+        Err(lockline::Error::SessionLost { .. }) => {
+            println!("{name}: session lost while waiting to lead");
+            return Ok(());
+        }
+        Err(error) => return Err(error),
+    };
     println!("{name}: elected (token {})", leadership.token());
     for round in 1..=3 {
         tokio::select! {
@@ -87,13 +94,19 @@ async fn main() -> lockline::Result<()> {
     }
 
     // The first leader "dies": its session expires on the server.
-    let first = sessions[0].clone();
-    let election = first.election("demo/scheduler")?;
-    let mut leaders = Box::pin(election.observe());
-    while let Some(Ok(None)) = leaders.next().await {}
+    let mut leaders = Box::pin(observer.election("demo/scheduler")?.observe());
+    let first = loop {
+        match leaders.next().await {
+            Some(Ok(Some(leader))) => break String::from_utf8_lossy(leader.value()).into_owned(),
+            Some(Ok(None)) => continue,
+            Some(Err(error)) => return Err(error),
+            None => return Ok(()),
+        }
+    };
     tokio::time::sleep(Duration::from_millis(30)).await;
-    println!("-- candidate-0's session expires --");
-    backend.expire(first.id());
+    println!("-- {first}'s session expires --");
+    let index: usize = first.trim_start_matches("candidate-").parse().unwrap_or(0);
+    backend.expire(sessions[index].id());
 
     for task in tasks {
         match task.await {
