@@ -9,7 +9,8 @@
 //!
 //! The memory backend by default; `--etcd http://host:2379[,...]` runs it on an
 //! etcd cluster you have, `--etcd-local` on a throwaway etcd it starts (Debian's
-//! `etcd-server`) on a free loopback port.
+//! `etcd-server`) on a free loopback port, `--zookeeper HOST:PORT[,...]` on a
+//! ZooKeeper ensemble.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use lockline::{Client, FencingToken, Result, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::EtcdCluster;
+use lockline_zookeeper::ZooKeeper;
 
 struct Args {
     workers: usize,
@@ -29,10 +31,11 @@ enum Backend {
     Memory,
     Etcd(Vec<String>),
     EtcdLocal,
+    ZooKeeper(String),
 }
 
 const USAGE: &str = "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)] \
-                     [--etcd http://HOST:PORT[,...] | --etcd-local]";
+                     [--etcd http://HOST:PORT[,...] | --etcd-local | --zookeeper HOST:PORT[,...]]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = Args {
@@ -61,6 +64,10 @@ fn parse_args() -> std::result::Result<Args, String> {
                 args.backend = Backend::Etcd(list.split(',').map(str::to_owned).collect());
             }
             "--etcd-local" => args.backend = Backend::EtcdLocal,
+            "--zookeeper" => {
+                let hosts = it.next().ok_or("--zookeeper needs a connect string")?;
+                args.backend = Backend::ZooKeeper(hosts);
+            }
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -110,6 +117,7 @@ async fn run(args: Args) -> Result<bool> {
     let client = match &args.backend {
         Backend::Memory => Client::memory(),
         Backend::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
+        Backend::ZooKeeper(hosts) => Client::new(ZooKeeper::new(hosts.clone())),
         Backend::EtcdLocal => {
             let cluster = EtcdCluster::start().map_err(|e| lockline::Error::Unavailable {
                 backend: "etcd",
