@@ -181,4 +181,27 @@ impl SessionState {
     pub fn is_over(self) -> bool {
         matches!(self, SessionState::Lost | SessionState::Closed)
     }
+
+    /// Whether a session in this state may move to `next`: `Lost` and
+    /// `Closed` are final, `Suspended` is entered only from `Live`, and `Live`
+    /// is re-entered only from `Suspended`.
+    pub fn may_become(self, next: SessionState) -> bool {
+        match next {
+            SessionState::Lost | SessionState::Closed => !self.is_over(),
+            SessionState::Suspended => self == SessionState::Live,
+            SessionState::Live => self == SessionState::Suspended,
+        }
+    }
+
+    /// Moves the state a backend publishes to `next` if [`may_become`](Self::may_become)
+    /// allows it. Returns whether it changed.
+    pub fn advance(state: &tokio::sync::watch::Sender<SessionState>, next: SessionState) -> bool {
+        state.send_if_modified(|current| {
+            let allowed = current.may_become(next);
+            if allowed {
+                *current = next;
+            }
+            allowed
+        })
+    }
 }

@@ -155,9 +155,7 @@ impl RwLock {
     ///
     /// [`Error::Unavailable`] or a backend error when the read fails.
     pub async fn contenders(&self) -> Result<Vec<Entry>> {
-        let inner = &self.session.inner;
-        inner.check_usable()?;
-        inner.call(inner.remote.list(&self.name)).await
+        self.session.inner.contenders(&self.name).await
     }
 }
 

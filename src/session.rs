@@ -272,6 +272,12 @@ impl SessionInner {
         }
     }
 
+    /// Every entry under `name`, for the recipes' `contenders()`.
+    pub(crate) async fn contenders(&self, name: &str) -> Result<Vec<Entry>> {
+        self.check_usable()?;
+        self.call(self.remote.list(name)).await
+    }
+
     pub(crate) fn check_usable(&self) -> Result<()> {
         let state = self.state();
         if state.is_over() {

@@ -77,3 +77,17 @@ async fn errors_name_what_happened() {
     assert!(matches!(session.mutex(&long), Err(Error::InvalidName { .. })));
     assert!(session.mutex(&"n".repeat(lockline::MAX_NAME_LEN)).is_ok());
 }
+
+#[test]
+fn session_states_only_move_forward() {
+    use lockline::SessionState::{Closed, Live, Lost, Suspended};
+    assert!(Live.may_become(Suspended) && Suspended.may_become(Live));
+    assert!(Live.may_become(Lost) && Suspended.may_become(Closed));
+    assert!(!Lost.may_become(Live) && !Closed.may_become(Lost) && !Lost.may_become(Suspended));
+    assert!(!Suspended.may_become(Suspended) && !Live.may_become(Live));
+    let (state, watch) = tokio::sync::watch::channel(Live);
+    assert!(lockline::SessionState::advance(&state, Suspended));
+    assert!(lockline::SessionState::advance(&state, Lost));
+    assert!(!lockline::SessionState::advance(&state, Live));
+    assert_eq!(*watch.borrow(), Lost);
+}

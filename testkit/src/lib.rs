@@ -16,12 +16,16 @@
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod bench;
 mod etcd;
+mod lines;
 mod process;
 mod proxy;
 mod zookeeper;
 
+pub use bench::BenchArgs;
 pub use etcd::EtcdCluster;
+pub use lines::LineChild;
 pub use process::{free_port, Member};
 pub use proxy::TcpProxy;
 pub use zookeeper::{ZkEnsemble, ZkOptions};

@@ -90,14 +90,7 @@ impl EtcdSession {
     }
 
     fn mark_lost(&self, why: &str) {
-        let changed = self.state.send_if_modified(|state| {
-            if state.is_over() {
-                false
-            } else {
-                *state = SessionState::Lost;
-                true
-            }
-        });
+        let changed = SessionState::advance(&self.state, SessionState::Lost);
         if changed {
             tracing::warn!(lease = %self.id, why, "etcd session lost");
         }
@@ -456,22 +449,11 @@ async fn keep_alive(
             Ok(Ok(Ok(Some(response)))) if response.ttl() > 0 => {
                 confirmed = sent;
                 wait = interval;
-                state.send_if_modified(|s| {
-                    let suspended = *s == SessionState::Suspended;
-                    if suspended {
-                        *s = SessionState::Live;
-                    }
-                    suspended
-                });
+                SessionState::advance(&state, SessionState::Live);
             }
             Ok(Ok(Ok(Some(_)))) => {
                 tracing::warn!(lease = format!("{lease:x}"), "etcd lease expired or revoked");
-                state.send_if_modified(|s| {
-                    !s.is_over() && {
-                        *s = SessionState::Lost;
-                        true
-                    }
-                });
+                SessionState::advance(&state, SessionState::Lost);
                 return;
             }
             outcome => {
@@ -483,13 +465,7 @@ async fn keep_alive(
                 tracing::debug!(lease = format!("{lease:x}"), why, "etcd keepalive failed; retrying");
                 stream = None;
                 wait = retry;
-                state.send_if_modified(|s| {
-                    let live = *s == SessionState::Live;
-                    if live {
-                        *s = SessionState::Suspended;
-                    }
-                    live
-                });
+                SessionState::advance(&state, SessionState::Suspended);
             }
         }
     }
@@ -498,10 +474,5 @@ async fn keep_alive(
         deadline = ?options.loss_deadline(),
         "etcd lease not confirmed within ttl - safety margin; session lost"
     );
-    state.send_if_modified(|s| {
-        !s.is_over() && {
-            *s = SessionState::Lost;
-            true
-        }
-    });
+    SessionState::advance(&state, SessionState::Lost);
 }

@@ -22,46 +22,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockline::{Client, SessionOptions};
-use lockline_testkit::ZkEnsemble;
+use lockline_testkit::{BenchArgs, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-struct Args {
-    seconds: f64,
-    contenders: Vec<usize>,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        seconds: 5.0,
-        contenders: vec![1, 2, 4, 16, 64],
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--seconds" => {
-                args.seconds = value.parse().map_err(|_| format!("bad --seconds {value:?}"))?;
-                if !(0.1..=600.0).contains(&args.seconds) {
-                    return Err("--seconds must be within 0.1..=600".into());
-                }
-            }
-            "--contenders" => {
-                args.contenders = value
-                    .split(',')
-                    .map(|n| n.parse().map_err(|_| format!("bad contender count {n:?}")))
-                    .collect::<Result<_, _>>()?;
-                if args.contenders.iter().any(|&n| n == 0 || n > 1024) {
-                    return Err("contender counts must be within 1..=1024".into());
-                }
-            }
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    Ok(args)
-}
 
 /// `zk_sum_node_deleted_watch_count` and `zk_cnt_node_deleted_watch_count`.
 fn deleted_watches(ensemble: &ZkEnsemble) -> (f64, f64) {
@@ -176,7 +141,7 @@ fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxRe
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let args = match parse() {
+    let args = match BenchArgs::from_env() {
         Ok(args) => args,
         Err(message) => {
             eprintln!("{message}\nusage: bench_zookeeper [--seconds S] [--contenders 1,2,4,16,64]");

@@ -87,13 +87,7 @@ impl ZkSession {
     fn err(&self, error: ZkError) -> Error {
         let mapped = map(error, &self.id);
         if let Error::SessionLost { .. } = mapped {
-            self.state.send_if_modified(|s| {
-                let live = !s.is_over();
-                if live {
-                    *s = SessionState::Lost;
-                }
-                live
-            });
+            SessionState::advance(&self.state, SessionState::Lost);
         }
         mapped
     }
@@ -390,13 +384,7 @@ async fn track_state(
     loop {
         let next = match current {
             ZkState::Disconnected => {
-                state.send_if_modified(|s| {
-                    let live = *s == SessionState::Live;
-                    if live {
-                        *s = SessionState::Suspended;
-                    }
-                    live
-                });
+                SessionState::advance(&state, SessionState::Suspended);
                 match tokio::time::timeout(loss_deadline, watcher.changed()).await {
                     Ok(next) => next,
                     Err(_) => {
@@ -404,46 +392,22 @@ async fn track_state(
                             ?loss_deadline,
                             "ZooKeeper session not reconnected in time; declaring it lost"
                         );
-                        state.send_if_modified(|s| {
-                            let over = s.is_over();
-                            if !over {
-                                *s = SessionState::Lost;
-                            }
-                            !over
-                        });
+                        SessionState::advance(&state, SessionState::Lost);
                         return;
                     }
                 }
             }
             ZkState::SyncConnected | ZkState::ConnectedReadOnly => {
-                state.send_if_modified(|s| {
-                    let suspended = *s == SessionState::Suspended;
-                    if suspended {
-                        *s = SessionState::Live;
-                    }
-                    suspended
-                });
+                SessionState::advance(&state, SessionState::Live);
                 watcher.changed().await
             }
             ZkState::Closed => {
-                state.send_if_modified(|s| {
-                    let over = s.is_over();
-                    if !over {
-                        *s = SessionState::Closed;
-                    }
-                    !over
-                });
+                SessionState::advance(&state, SessionState::Closed);
                 return;
             }
             _ => {
                 tracing::warn!(state = ?current, "ZooKeeper session expired");
-                state.send_if_modified(|s| {
-                    let over = s.is_over();
-                    if !over {
-                        *s = SessionState::Lost;
-                    }
-                    !over
-                });
+                SessionState::advance(&state, SessionState::Lost);
                 return;
             }
         };

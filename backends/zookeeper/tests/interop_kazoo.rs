@@ -1,74 +1,37 @@
 //! Interop with kazoo (Debian `python3-kazoo`): a kazoo `Lock` and lockline
 //! exclude each other on the same path, in both directions.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use lockline::conformance::bounded;
 use lockline::Client;
-use lockline_testkit::ZkEnsemble;
+use lockline_testkit::{LineChild, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
 
 /// Debian's interpreter, the one `python3-kazoo` installs into.
 const PYTHON: &str = "/usr/bin/python3";
 
-struct KazooLock {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
+/// The kazoo helper holding a kazoo `Lock` on `path` until its stdin closes.
+fn kazoo_lock(ensemble: &ZkEnsemble, path: &str) -> LineChild {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kazoo/hold_lock.py");
+    let mut command = Command::new(PYTHON);
+    command.args([script, &ensemble.connect_string(), path]);
+    LineChild::spawn(command).expect("start the kazoo helper")
 }
 
-impl KazooLock {
-    fn start(ensemble: &ZkEnsemble, path: &str) -> Self {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kazoo/hold_lock.py");
-        let mut child = Command::new(PYTHON)
-            .args([script, &ensemble.connect_string(), path])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the kazoo helper");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        KazooLock { child, stdin, lines }
-    }
-
-    fn line(&self, within: Duration) -> Option<String> {
-        self.lines.recv_timeout(within).ok()
-    }
-
-    /// Closes kazoo's stdin: it releases the lock and exits.
-    fn release(&mut self) {
-        if let Some(mut stdin) = self.stdin.take() {
-            let _ = stdin.flush();
-        }
-        assert_eq!(self.line(Duration::from_secs(10)).as_deref(), Some("released"));
-        self.child.wait().expect("kazoo exits");
-    }
-}
-
-impl Drop for KazooLock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Closes kazoo's stdin: it releases the lock and exits.
+fn kazoo_release(kazoo: &mut LineChild) {
+    kazoo.close_stdin();
+    assert_eq!(kazoo.line(Duration::from_secs(10)).as_deref(), Some("released"));
+    kazoo.wait().expect("kazoo exits");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockline_waits_while_kazoo_holds() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
-    let mut kazoo = KazooLock::start(&ensemble, "/interop/a");
+    let mut kazoo = kazoo_lock(&ensemble, "/interop/a");
     let held = kazoo.line(Duration::from_secs(20)).expect("kazoo holds the lock");
     assert!(held.starts_with("held ") && held.contains("__lock__"), "{held}");
 
@@ -83,7 +46,7 @@ async fn lockline_waits_while_kazoo_holds() {
     let waiter = tokio::spawn(async move { mutex.lock().await });
     client.wait_for_stats(|s| s.waits > waits).await;
     assert!(!waiter.is_finished());
-    kazoo.release();
+    kazoo_release(&mut kazoo);
     let guard = bounded("lockline takes over", waiter)
         .await
         .expect("task")
@@ -103,7 +66,7 @@ async fn kazoo_waits_while_lockline_holds() {
         .await
         .expect("side client");
     let (_, _, queued) = side.get_and_watch_children("/interop/b").await.expect("watch");
-    let mut kazoo = KazooLock::start(&ensemble, "/interop/b");
+    let mut kazoo = kazoo_lock(&ensemble, "/interop/b");
     bounded("kazoo queues", queued.changed()).await;
     assert_eq!(side.list_children("/interop/b").await.expect("list").len(), 2);
     assert!(
@@ -116,5 +79,5 @@ async fn kazoo_waits_while_lockline_holds() {
         .line(Duration::from_secs(10))
         .expect("kazoo gets the lock after lockline");
     assert!(held.starts_with("held "), "{held}");
-    kazoo.release();
+    kazoo_release(&mut kazoo);
 }
