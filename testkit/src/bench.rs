@@ -68,7 +68,13 @@ mod tests {
         assert_eq!((defaults.seconds, defaults.contenders), (5.0, vec![1, 2, 4, 16, 64]));
         let custom = parse("--seconds 2 --contenders 3,7").expect("custom");
         assert_eq!((custom.seconds, custom.contenders), (2.0, vec![3, 7]));
-        for bad in ["--seconds", "--seconds 0", "--contenders 0", "--contenders x", "--speed 2"] {
+        for bad in [
+            "--seconds",
+            "--seconds 0",
+            "--contenders 0",
+            "--contenders x",
+            "--speed 2",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
     }

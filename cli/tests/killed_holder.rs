@@ -1,0 +1,66 @@
+//! A `lockline` holder killed with SIGKILL is replaced within the session's
+//! TTL + 1 s, on etcd and on ZooKeeper.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, SessionOptions};
+use lockline_etcd::Etcd;
+use lockline_testkit::{EtcdCluster, ZkEnsemble};
+use lockline_zookeeper::ZooKeeper;
+
+/// Starts `lockline lock <server...> --ttl 2 killed/lock`, queues a waiter on
+/// `client`, kills the holder, and checks how soon the waiter holds.
+async fn killed_holder_is_replaced(server: &[&str], client: Client, key_prefix: &str) {
+    let ttl = Duration::from_secs(2);
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_lockline"))
+        .arg("lock")
+        .args(server)
+        .args(["--ttl", "2", "killed/lock"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the holder");
+    let mut first = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("the holder prints its key");
+    assert!(first.starts_with(key_prefix), "{first:?}");
+
+    let session = client
+        .session_with(SessionOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .expect("session");
+    let mutex = session.mutex("killed/lock").expect("mutex");
+    let waits = client.stats().waits;
+    let waiter = tokio::spawn(async move { mutex.lock().await });
+    client.wait_for_stats(|s| s.waits > waits).await;
+
+    holder.kill().expect("SIGKILL the holder");
+    let killed_at = Instant::now();
+    holder.wait().expect("reap");
+    let guard = bounded("the waiter takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    let took = killed_at.elapsed();
+    assert!(took <= ttl + Duration::from_secs(1), "took {took:?} after the kill");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let endpoints = cluster.endpoints().join(",");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    killed_holder_is_replaced(&["--etcd", &endpoints], client, "killed/lock/").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    killed_holder_is_replaced(&["--zookeeper", &ensemble.connect_string()], client, "/killed/lock/_c_").await;
+}
