@@ -107,6 +107,14 @@ impl Session {
         self.inner.state()
     }
 
+    /// Every state the session moves through, as a `watch` receiver (closed
+    /// sessions report `Closed` through [`state`](Self::state), not here).
+    /// Use it to notice `Suspended` (connection trouble, locks maybe still
+    /// held) before `Lost`.
+    pub fn watch_state(&self) -> watch::Receiver<SessionState> {
+        self.inner.remote.state()
+    }
+
     /// Resolves when the session is over: `Lost` (expired, revoked, or not
     /// confirmed past the loss deadline) or `Closed`. Returns that state.
     ///

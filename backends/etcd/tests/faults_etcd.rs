@@ -211,3 +211,36 @@ async fn ten_thousand_locks_on_one_session_share_one_lease_and_one_watch_stream(
     let left = session.mutex("scale").expect("mutex").contenders().await.expect("list");
     assert!(left.is_empty());
 }
+
+/// Keepalives that fail make the session `Suspended` (its locks maybe still
+/// held); a confirmed renewal makes it `Live` again with its locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_keepalives_suspend_and_a_renewal_revives() {
+    use lockline::SessionState;
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let session = client
+        .session_with(options(6).with_request_timeout(Duration::from_millis(500)))
+        .await
+        .expect("session");
+    let guard = session
+        .mutex("suspend/lock")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let mut state = session.watch_state();
+    proxy.block();
+    bounded("suspended", state.wait_for(|s| *s == SessionState::Suspended))
+        .await
+        .expect("state");
+    assert!(guard.is_held(), "a suspended session's lock is not yet lost");
+    proxy.unblock();
+    bounded("live again", state.wait_for(|s| *s == SessionState::Live))
+        .await
+        .expect("state");
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+}

@@ -156,3 +156,46 @@ async fn a_lost_create_response_never_leaves_a_duplicate() {
     assert_eq!(guard.key(), format!("/dup/lock/{}", first[0]));
     guard.release().await.expect("release");
 }
+
+/// A disconnected session is `Suspended` (its locks maybe still held), and
+/// `Live` again with its locks when the same session reconnects in time; one
+/// that stays cut off is `Lost` before the server could expire it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnection_suspends_and_reconnection_revives_or_loses() {
+    use lockline::SessionState;
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
+    let client = Client::new(ZooKeeper::new(proxy.address()));
+    let session = client.session_with(options(6)).await.expect("session");
+    let guard = session
+        .mutex("suspend/lock")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let mut state = session.watch_state();
+
+    proxy.block();
+    bounded("suspended", state.wait_for(|s| *s == SessionState::Suspended))
+        .await
+        .expect("state");
+    assert!(guard.is_held(), "a suspended session's lock is not yet lost");
+    proxy.unblock();
+    bounded("live again", state.wait_for(|s| *s == SessionState::Live))
+        .await
+        .expect("state");
+    assert!(guard.is_held());
+    let side = side_client(&ensemble).await;
+    assert_eq!(side.list_children("/suspend/lock").await.expect("list").len(), 1);
+
+    // Cut off for good: lost a margin before the server's 6 s timeout.
+    proxy.block();
+    let cut = Instant::now();
+    bounded("the holder learns", guard.lost()).await;
+    assert_eq!(session.state(), SessionState::Lost);
+    assert!(
+        cut.elapsed() < Duration::from_secs(6),
+        "declared lost after {:?}",
+        cut.elapsed()
+    );
+}
