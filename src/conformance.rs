@@ -8,7 +8,9 @@
 //! lockline::conformance_tests!(MyFixture::start().await);
 //! ```
 //!
-//! Every case panics (fails) on a wrong behaviour; none waits by sleeping. Where
+//! Every case panics (fails) on a wrong behaviour: this module is a test
+//! suite, compiled only with the `conformance` feature, and its `expect`s and
+//! `panic!`s are its assertions. None waits by sleeping. Where
 //! a case must wait for something to happen elsewhere ("the waiter has queued")
 //! it awaits the event through [`Client::wait_for_stats`]; every wait is bounded
 //! by [`BOUND`] so that a broken backend fails instead of hanging.
@@ -75,13 +77,79 @@ fn unique(name: &str) -> String {
     format!("conformance/{name}-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Spawns `mutex.lock()` on its own task and waits until it is queued and
-/// waiting on its predecessor.
-async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
+/// Spawns `acquire` (a `lock()`, `read()`, `campaign()`, ... on a session of
+/// `client`) on its own task and returns once it is queued and waiting on its
+/// predecessor, as `client`'s `waits` counter tells.
+pub async fn spawn_queued<T, F>(client: &Client, acquire: F) -> tokio::task::JoinHandle<T>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
     let before = client.stats().waits;
-    let task = tokio::spawn(async move { mutex.lock().await });
+    let task = tokio::spawn(acquire);
     bounded("the waiter queues", client.wait_for_stats(|s| s.waits > before)).await;
     task
+}
+
+async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<crate::Result<MutexGuard>> {
+    spawn_queued(client, async move { mutex.lock().await }).await
+}
+
+/// Runs `rounds` lock/release cycles on each mutex (one task each) while the
+/// caller breaks the cluster, asserting that no two tasks ever hold at once.
+/// Releases that fail in transit are tolerated (their removal goes on in the
+/// background and the next contender waits for it).
+#[derive(Debug)]
+pub struct ExclusionWorkload {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    granted: tokio::sync::watch::Receiver<usize>,
+}
+
+impl ExclusionWorkload {
+    /// Starts the tasks.
+    pub fn start(mutexes: Vec<Mutex>, rounds: usize) -> Self {
+        let inside = Arc::new(AtomicUsize::new(0));
+        let (granted_tx, granted) = tokio::sync::watch::channel(0usize);
+        let granted_tx = Arc::new(granted_tx);
+        let tasks = mutexes
+            .into_iter()
+            .map(|mutex| {
+                let (inside, granted_tx) = (Arc::clone(&inside), Arc::clone(&granted_tx));
+                tokio::spawn(async move {
+                    for _ in 0..rounds {
+                        let guard = mutex.lock().await.expect("lock survives the fault");
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                        granted_tx.send_modify(|n| *n += 1);
+                        // Hold across a little time so the fault hits held locks.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        match guard.release().await {
+                            Ok(()) => {}
+                            Err(error) if error.is_transient() => {}
+                            Err(error) => panic!("release: {error}"),
+                        }
+                    }
+                    mutex.session().close().await.ok();
+                })
+            })
+            .collect();
+        ExclusionWorkload { tasks, granted }
+    }
+
+    /// Waits until `grants` locks have been granted in all.
+    pub async fn granted(&mut self, grants: usize) {
+        bounded("grants", self.granted.wait_for(|&n| n >= grants))
+            .await
+            .expect("the workload is running");
+    }
+
+    /// Waits for every task and returns the number of grants.
+    pub async fn finish(self) -> usize {
+        for task in self.tasks {
+            bounded("a worker finishes", task).await.expect("worker");
+        }
+        *self.granted.borrow()
+    }
 }
 
 /// Polls a future once.
@@ -141,14 +209,15 @@ pub async fn fifo_order_and_increasing_tokens<F: Fixture>(fixture: &F) {
         let session = session(fixture, &client).await;
         let mutex = session.mutex(&name).expect("mutex");
         let order = Arc::clone(&order);
-        let before = client.stats().waits;
-        tasks.push(tokio::spawn(async move {
-            let guard = lock(&mutex).await;
-            order.lock().expect("order").push((i, guard.token()));
-            guard.release().await.expect("release");
-            drop(session);
-        }));
-        bounded("the waiter waits", client.wait_for_stats(|s| s.waits > before)).await;
+        tasks.push(
+            spawn_queued(&client, async move {
+                let guard = lock(&mutex).await;
+                order.lock().expect("order").push((i, guard.token()));
+                guard.release().await.expect("release");
+                drop(session);
+            })
+            .await,
+        );
     }
     let first_token = holder.token();
     holder.release().await.expect("release");
@@ -177,13 +246,14 @@ pub async fn one_wakeup_per_release<F: Fixture>(fixture: &F) {
     for _ in 0..WAITERS {
         let session = session(fixture, &client).await;
         let mutex = session.mutex(&name).expect("mutex");
-        let before = client.stats().waits;
-        tasks.push(tokio::spawn(async move {
-            let guard = lock(&mutex).await;
-            guard.release().await.expect("release");
-            drop(session);
-        }));
-        bounded("the waiter waits", client.wait_for_stats(|s| s.waits > before)).await;
+        tasks.push(
+            spawn_queued(&client, async move {
+                let guard = lock(&mutex).await;
+                guard.release().await.expect("release");
+                drop(session);
+            })
+            .await,
+        );
     }
     let before = client.stats();
     assert_eq!(before.wakeups, 0, "a waiter was woken before any release");
@@ -532,11 +602,8 @@ pub async fn waiting_writer_is_not_starved<F: Fixture>(fixture: &F) {
     let first_reader = bounded("read", s1.rwlock(&name).expect("rwlock").read())
         .await
         .expect("read");
-    let waits = client.stats().waits;
     let writer_lock = s2.rwlock(&name).expect("rwlock");
-    let writer = tokio::spawn(async move { writer_lock.write().await });
-    bounded("the writer waits", client.wait_for_stats(|s| s.waits > waits)).await;
-    let waits = client.stats().waits;
+    let writer = spawn_queued(&client, async move { writer_lock.write().await }).await;
     let late_lock = s3.rwlock(&name).expect("rwlock");
     assert!(
         bounded("try_read", late_lock.try_read())
@@ -545,8 +612,7 @@ pub async fn waiting_writer_is_not_starved<F: Fixture>(fixture: &F) {
             .is_none(),
         "a late reader overtook a waiting writer"
     );
-    let late_reader = tokio::spawn(async move { late_lock.read().await });
-    bounded("the late reader waits", client.wait_for_stats(|s| s.waits > waits)).await;
+    let late_reader = spawn_queued(&client, async move { late_lock.read().await }).await;
     first_reader.release().await.expect("release");
     let write = bounded("the writer", writer).await.expect("task").expect("write");
     assert!(!late_reader.is_finished(), "a reader holds beside a writer");
@@ -651,9 +717,7 @@ pub async fn semaphore_waits_herd_free<F: Fixture>(fixture: &F) {
         .await
         .expect("try")
         .is_none());
-    let waits = client.stats().waits;
-    let waiter = tokio::spawn(async move { third.acquire().await });
-    bounded("the waiter waits", client.wait_for_stats(|s| s.waits > waits)).await;
+    let waiter = spawn_queued(&client, async move { third.acquire().await }).await;
     let wakeups = client.stats().wakeups;
     a.release().await.expect("release");
     let c = bounded("the waiter", waiter).await.expect("task").expect("acquire");
@@ -671,10 +735,8 @@ pub async fn cancelled_recipes_leave_no_entry<F: Fixture>(fixture: &F) {
     let held = bounded("write", sa.rwlock(&rw_name).expect("rwlock").write())
         .await
         .expect("write");
-    let waits = b.stats().waits;
     let rw = sb.rwlock(&rw_name).expect("rwlock");
-    let waiting = tokio::spawn(async move { rw.read().await });
-    bounded("the reader waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    let waiting = spawn_queued(&b, async move { rw.read().await }).await;
     waiting.abort();
     let _ = waiting.await;
 
@@ -682,10 +744,8 @@ pub async fn cancelled_recipes_leave_no_entry<F: Fixture>(fixture: &F) {
     let permit = bounded("acquire", sa.semaphore(&sem_name, 1).expect("semaphore").acquire())
         .await
         .expect("acquire");
-    let waits = b.stats().waits;
     let sem = sb.semaphore(&sem_name, 1).expect("semaphore");
-    let waiting = tokio::spawn(async move { sem.acquire().await });
-    bounded("the permit waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    let waiting = spawn_queued(&b, async move { sem.acquire().await }).await;
     waiting.abort();
     let _ = waiting.await;
 
@@ -693,10 +753,8 @@ pub async fn cancelled_recipes_leave_no_entry<F: Fixture>(fixture: &F) {
     let leading = bounded("campaign", sa.election(&el_name).expect("election").campaign(b"a"))
         .await
         .expect("campaign");
-    let waits = b.stats().waits;
     let election = sb.election(&el_name).expect("election");
-    let waiting = tokio::spawn(async move { election.campaign(b"b").await });
-    bounded("the candidate waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    let waiting = spawn_queued(&b, async move { election.campaign(b"b").await }).await;
     waiting.abort();
     let _ = waiting.await;
 
@@ -744,10 +802,8 @@ pub async fn election_observe_and_session_loss<F: Fixture>(fixture: &F) {
     let seen = next!().expect("a leader");
     assert_eq!((seen.value(), seen.token()), (&b"alpha"[..], leading.token()));
 
-    let waits = b.stats().waits;
     let candidate = sb.election(&name).expect("election");
-    let second = tokio::spawn(async move { candidate.campaign(b"beta").await });
-    bounded("the second candidate waits", b.wait_for_stats(|s| s.waits > waits)).await;
+    let second = spawn_queued(&b, async move { candidate.campaign(b"beta").await }).await;
 
     leading.proclaim(b"alpha-2").await.expect("proclaim");
     assert_eq!(next!().expect("a leader").value(), b"alpha-2");

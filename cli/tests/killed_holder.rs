@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, spawn_queued};
 use lockline::{Client, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, ZkEnsemble};
@@ -34,9 +34,7 @@ async fn killed_holder_is_replaced(server: &[&str], client: Client, key_prefix: 
         .await
         .expect("session");
     let mutex = session.mutex("killed/lock").expect("mutex");
-    let waits = client.stats().waits;
-    let waiter = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits > waits).await;
+    let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
 
     holder.kill().expect("SIGKILL the holder");
     let killed_at = Instant::now();

@@ -1,11 +1,9 @@
 //! etcd-specific behaviour: failover, lease revocation, unreachable and
 //! vanishing servers, and scale on one session.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, spawn_queued, ExclusionWorkload};
 use lockline::{Client, Error, SessionOptions, SessionState};
 use lockline_etcd::Etcd;
 use lockline_testkit::{free_port, EtcdCluster};
@@ -36,46 +34,21 @@ fn leader(cluster: &EtcdCluster) -> usize {
 async fn failover_keeps_exclusion_and_drains_the_queue() {
     let mut cluster = EtcdCluster::start_cluster(3).expect("start etcd");
     let name = "failover/lock";
-    let inside = Arc::new(AtomicUsize::new(0));
-    let grants = Arc::new(AtomicUsize::new(0));
-    let (granted_tx, mut granted) = tokio::sync::watch::channel(0usize);
-    let granted_tx = Arc::new(granted_tx);
-    let mut tasks = Vec::new();
     const WORKERS: usize = 5;
     const ROUNDS: usize = 12;
+    let mut mutexes = Vec::new();
     for _ in 0..WORKERS {
         let client = Client::new(Etcd::new(cluster.endpoints()));
         let session = client.session_with(options(5)).await.expect("session");
         let mutex = session.mutex(name).expect("mutex");
-        let (inside, grants, granted_tx) = (Arc::clone(&inside), Arc::clone(&grants), Arc::clone(&granted_tx));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let guard = mutex.lock().await.expect("lock survives the failover");
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
-                granted_tx.send_replace(grants.fetch_add(1, Ordering::SeqCst) + 1);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                match guard.release().await {
-                    Ok(()) => {}
-                    // In flight when the leader died: the removal goes on in the
-                    // background; the next contender waits for it.
-                    Err(error) if error.is_transient() => {}
-                    Err(error) => panic!("release: {error}"),
-                }
-            }
-            session.close().await.ok();
-        }));
+        mutexes.push(mutex);
     }
-    // Kill the leader while locks are held and queued.
-    bounded("every worker held once", granted.wait_for(|&n| n >= WORKERS))
-        .await
-        .expect("workers alive");
+    let mut workload = ExclusionWorkload::start(mutexes, ROUNDS);
+    // Break the cluster while locks are held and queued.
+    workload.granted(WORKERS).await;
     let killed = leader(&cluster);
     cluster.member(killed).kill().expect("kill the leader");
-    for task in tasks {
-        bounded("a worker finishes", task).await.expect("worker");
-    }
-    assert_eq!(grants.load(Ordering::SeqCst), WORKERS * ROUNDS);
+    assert_eq!(workload.finish().await, WORKERS * ROUNDS);
     let survivors: Vec<String> = (0..3).filter(|&i| i != killed).map(|i| cluster.endpoint(i)).collect();
     let check = Client::new(Etcd::new(survivors)).session().await.expect("session");
     let left = check.mutex(name).expect("mutex").contenders().await.expect("list");
@@ -104,10 +77,8 @@ async fn revoked_lease_is_noticed_within_a_second() {
     let other = client.session_with(options(5)).await.expect("session");
     let holder = other.mutex("revoke").expect("mutex").lock().await.expect("lock");
     let waiter_session = client.session_with(options(5)).await.expect("session");
-    let waits = client.stats().waits;
     let mutex = waiter_session.mutex("revoke").expect("mutex");
-    let waiter = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits > waits).await;
+    let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
     revoke(&cluster, &waiter_session).await;
     let result = tokio::time::timeout(Duration::from_secs(1), waiter)
         .await
@@ -142,10 +113,8 @@ async fn a_vanished_server_ends_holders_and_waiters() {
     let a = client.session_with(ttl.clone()).await.expect("session");
     let b = client.session_with(ttl).await.expect("session");
     let guard = a.mutex("vanish").expect("mutex").lock().await.expect("lock");
-    let waits = client.stats().waits;
     let mutex = b.mutex("vanish").expect("mutex");
-    let waiter = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits > waits).await;
+    let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
     cluster.member(0).kill().expect("kill etcd");
     bounded("the holder learns", guard.lost()).await;
     assert!(!guard.is_held());

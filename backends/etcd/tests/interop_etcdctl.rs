@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, spawn_queued};
 use lockline::Client;
 use lockline_etcd::etcd_client::{EventType, WatchOptions};
 use lockline_etcd::Etcd;
@@ -33,9 +33,7 @@ async fn lockline_waits_while_etcdctl_holds() {
     let contenders = mutex.contenders().await.expect("list");
     assert_eq!(contenders.first().map(|e| e.key.as_str()), Some(key.as_str()));
 
-    let waits = client.stats().waits;
-    let waiter = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits > waits).await;
+    let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
     assert!(!waiter.is_finished());
     etcdctl.signal_and_wait(libc::SIGINT).expect("etcdctl exits");
     let guard = bounded("lockline takes over", waiter)

@@ -12,7 +12,9 @@ use lockline::{
 };
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, SessionState as ZkState};
+use zookeeper_client::{
+    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, SessionState as ZkState,
+};
 
 use crate::error::map;
 use crate::layout::{self, Contender};
@@ -219,23 +221,36 @@ impl BackendSession for ZkSession {
         Ok(Earlier::Entries(nearest))
     }
 
+    /// Two round trips whatever the queue length: list the directory, then
+    /// read every contender's stat (token, owner) in one multi-read.
     async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
         let client = self.client()?;
         let dir = layout::dir_path(dir);
-        let mut entries = Vec::new();
-        for contender in self.children(&client, &dir).await? {
-            let mut entry = contender.entry(&dir);
-            match client.check_stat(&entry.key).await {
-                Ok(Some(stat)) => {
+        let contenders = self.children(&client, &dir).await?;
+        if contenders.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut entries: Vec<Entry> = contenders.iter().map(|c| c.entry(&dir)).collect();
+        let mut reader = client.new_multi_reader();
+        for entry in &entries {
+            reader.add_get_data(&entry.key).map_err(|e| self.err(e))?;
+        }
+        let results = reader.commit().await.map_err(|e| self.err(e))?;
+        let mut listed = Vec::with_capacity(entries.len());
+        for (mut entry, result) in entries.drain(..).zip(results) {
+            match result {
+                MultiReadResult::Data { stat, .. } => {
                     entry.token = FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0));
                     entry.owner = (stat.ephemeral_owner != 0).then(|| format!("{:x}", stat.ephemeral_owner));
-                    entries.push(entry);
+                    listed.push(entry);
                 }
-                Ok(None) => {}
-                Err(error) => return Err(self.err(error)),
+                // Gone since the listing: not a contender any more.
+                MultiReadResult::Error { err: ZkError::NoNode } => {}
+                MultiReadResult::Error { err } => return Err(self.err(err)),
+                _ => {}
             }
         }
-        Ok(entries)
+        Ok(listed)
     }
 
     /// A children watch on the directory (or an exists-watch while it is

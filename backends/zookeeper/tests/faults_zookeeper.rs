@@ -1,11 +1,9 @@
 //! ZooKeeper-specific behaviour: failover, container cleanup, unreachable
 //! ensembles, and lost create responses.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, ExclusionWorkload};
 use lockline::{Client, Error, SessionOptions};
 use lockline_testkit::{free_port, TcpProxy, ZkEnsemble, ZkOptions};
 use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
@@ -25,43 +23,21 @@ async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
 async fn failover_keeps_exclusion_and_drains_the_queue() {
     let mut ensemble = ZkEnsemble::start_with(3, &ZkOptions::default()).expect("start ZooKeeper");
     let name = "failover/lock";
-    let inside = Arc::new(AtomicUsize::new(0));
-    let grants = Arc::new(AtomicUsize::new(0));
-    let (granted_tx, mut granted) = tokio::sync::watch::channel(0usize);
-    let granted_tx = Arc::new(granted_tx);
     const WORKERS: usize = 5;
     const ROUNDS: usize = 12;
-    let mut tasks = Vec::new();
+    let mut mutexes = Vec::new();
     for _ in 0..WORKERS {
         let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
         let session = client.session_with(options(8)).await.expect("session");
         let mutex = session.mutex(name).expect("mutex");
-        let (inside, grants, granted_tx) = (Arc::clone(&inside), Arc::clone(&grants), Arc::clone(&granted_tx));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let guard = mutex.lock().await.expect("lock survives the failover");
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
-                granted_tx.send_replace(grants.fetch_add(1, Ordering::SeqCst) + 1);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                match guard.release().await {
-                    Ok(()) => {}
-                    Err(error) if error.is_transient() => {}
-                    Err(error) => panic!("release: {error}"),
-                }
-            }
-            session.close().await.ok();
-        }));
+        mutexes.push(mutex);
     }
-    bounded("every worker held once", granted.wait_for(|&n| n >= WORKERS))
-        .await
-        .expect("workers alive");
+    let mut workload = ExclusionWorkload::start(mutexes, ROUNDS);
+    // Break the cluster while locks are held and queued.
+    workload.granted(WORKERS).await;
     let leader = ensemble.wait_leader().expect("a leader");
     ensemble.member(leader).kill().expect("kill the leader");
-    for task in tasks {
-        bounded("a worker finishes", task).await.expect("worker");
-    }
-    assert_eq!(grants.load(Ordering::SeqCst), WORKERS * ROUNDS);
+    assert_eq!(workload.finish().await, WORKERS * ROUNDS);
     ensemble.wait_leader().expect("a new leader");
     let side = side_client(&ensemble).await;
     match side.list_children("/failover/lock").await {

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, spawn_queued};
 use lockline::Client;
 use lockline_testkit::{LineChild, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client as zk;
@@ -42,9 +42,7 @@ async fn lockline_waits_while_kazoo_holds() {
         mutex.try_lock().await.expect("try_lock").is_none(),
         "kazoo's lock was ignored"
     );
-    let waits = client.stats().waits;
-    let waiter = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits > waits).await;
+    let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
     assert!(!waiter.is_finished());
     kazoo_release(&mut kazoo);
     let guard = bounded("lockline takes over", waiter)
