@@ -95,6 +95,32 @@ async fn queue_waiter(client: &Client, mutex: Mutex) -> tokio::task::JoinHandle<
     spawn_queued(client, async move { mutex.lock().await }).await
 }
 
+/// Takes the lock `name` on `session`, cuts the session off from the server
+/// with `cut`, checks that it turns `Suspended` with the lock still held, then
+/// reconnects it with `restore` and checks that it is `Live` again with the
+/// lock still held. Returns the guard.
+pub async fn suspend_and_revive(
+    session: &Session,
+    name: &str,
+    cut: impl FnOnce(),
+    restore: impl FnOnce(),
+) -> MutexGuard {
+    use crate::SessionState;
+    let guard = lock(&session.mutex(name).expect("mutex")).await;
+    let mut state = session.watch_state();
+    cut();
+    bounded("suspended", state.wait_for(|s| *s == SessionState::Suspended))
+        .await
+        .expect("state");
+    assert!(guard.is_held(), "a suspended session's lock is not yet lost");
+    restore();
+    bounded("live again", state.wait_for(|s| *s == SessionState::Live))
+        .await
+        .expect("state");
+    assert!(guard.is_held());
+    guard
+}
+
 /// Runs `rounds` lock/release cycles on each mutex (one task each) while the
 /// caller breaks the cluster, asserting that no two tasks ever hold at once.
 /// Releases that fail in transit are tolerated (their removal goes on in the

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::{bounded, spawn_queued, ExclusionWorkload};
+use lockline::conformance::{bounded, spawn_queued, suspend_and_revive, ExclusionWorkload};
 use lockline::{Client, Error, SessionOptions, SessionState};
 use lockline_etcd::Etcd;
 use lockline_testkit::{free_port, EtcdCluster};
@@ -185,7 +185,6 @@ async fn ten_thousand_locks_on_one_session_share_one_lease_and_one_watch_stream(
 /// held); a confirmed renewal makes it `Live` again with its locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_keepalives_suspend_and_a_renewal_revives() {
-    use lockline::SessionState;
     use lockline_testkit::TcpProxy;
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
@@ -194,22 +193,6 @@ async fn failing_keepalives_suspend_and_a_renewal_revives() {
         .session_with(options(6).with_request_timeout(Duration::from_millis(500)))
         .await
         .expect("session");
-    let guard = session
-        .mutex("suspend/lock")
-        .expect("mutex")
-        .lock()
-        .await
-        .expect("lock");
-    let mut state = session.watch_state();
-    proxy.block();
-    bounded("suspended", state.wait_for(|s| *s == SessionState::Suspended))
-        .await
-        .expect("state");
-    assert!(guard.is_held(), "a suspended session's lock is not yet lost");
-    proxy.unblock();
-    bounded("live again", state.wait_for(|s| *s == SessionState::Live))
-        .await
-        .expect("state");
-    assert!(guard.is_held());
+    let guard = suspend_and_revive(&session, "suspend/lock", || proxy.block(), || proxy.unblock()).await;
     guard.release().await.expect("release");
 }

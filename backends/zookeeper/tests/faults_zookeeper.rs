@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::{bounded, ExclusionWorkload};
+use lockline::conformance::{bounded, suspend_and_revive, ExclusionWorkload};
 use lockline::{Client, Error, SessionOptions};
 use lockline_testkit::{free_port, TcpProxy, ZkEnsemble, ZkOptions};
 use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
@@ -143,24 +143,7 @@ async fn disconnection_suspends_and_reconnection_revives_or_loses() {
     let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
     let client = Client::new(ZooKeeper::new(proxy.address()));
     let session = client.session_with(options(6)).await.expect("session");
-    let guard = session
-        .mutex("suspend/lock")
-        .expect("mutex")
-        .lock()
-        .await
-        .expect("lock");
-    let mut state = session.watch_state();
-
-    proxy.block();
-    bounded("suspended", state.wait_for(|s| *s == SessionState::Suspended))
-        .await
-        .expect("state");
-    assert!(guard.is_held(), "a suspended session's lock is not yet lost");
-    proxy.unblock();
-    bounded("live again", state.wait_for(|s| *s == SessionState::Live))
-        .await
-        .expect("state");
-    assert!(guard.is_held());
+    let guard = suspend_and_revive(&session, "suspend/lock", || proxy.block(), || proxy.unblock()).await;
     let side = side_client(&ensemble).await;
     assert_eq!(side.list_children("/suspend/lock").await.expect("list").len(), 1);
 
