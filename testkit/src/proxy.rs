@@ -1,15 +1,25 @@
 use std::fmt;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
+use std::time::Duration;
 
 use crate::Result;
 
 /// A TCP proxy on a free loopback port in front of one server, for network
-/// faults without `netem`: [`block`](Self::block) cuts every connection and
-/// refuses new ones until [`unblock`](Self::unblock).
+/// faults without `netem`:
+///
+/// - [`block`](Self::block) cuts every connection and refuses new ones until
+///   [`unblock`](Self::unblock) (a crash or a reset: noticed at once);
+/// - [`blackhole`](Self::blackhole) keeps every connection open but lets no
+///   byte through either way until [`heal`](Self::heal), as a silent network
+///   partition does (packets dropped, no reset). Bytes sent meanwhile are
+///   delivered on `heal`, as TCP's retransmission would; new connections are
+///   accepted but reach the server only after `heal`;
+/// - [`set_requests_held`](Self::set_requests_held) delays the client's bytes
+///   only (a slow path to the server), delivering them in order when released.
 pub struct TcpProxy {
     address: SocketAddr,
     shared: Arc<Shared>,
@@ -19,6 +29,8 @@ struct Shared {
     target: SocketAddr,
     blocked: AtomicBool,
     drop_responses: AtomicBool,
+    blackholed: AtomicBool,
+    requests_held: AtomicBool,
     stopped: AtomicBool,
     connections: Mutex<Vec<TcpStream>>,
 }
@@ -47,6 +59,8 @@ impl TcpProxy {
             target,
             blocked: AtomicBool::new(false),
             drop_responses: AtomicBool::new(false),
+            blackholed: AtomicBool::new(false),
+            requests_held: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             connections: Mutex::default(),
         });
@@ -78,6 +92,31 @@ impl TcpProxy {
     pub fn set_responses_dropped(&self, dropped: bool) {
         self.shared.drop_responses.store(dropped, Ordering::SeqCst);
     }
+
+    /// A silent partition: from now on no byte crosses the proxy in either
+    /// direction, and no connection is closed or reset. Neither side can tell
+    /// until its own timeouts fire.
+    pub fn blackhole(&self) {
+        self.shared.blackholed.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends a [`blackhole`](Self::blackhole): what was sent meanwhile is
+    /// delivered, in order, and traffic flows again.
+    pub fn heal(&self) {
+        self.shared.blackholed.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the proxy is blackholed now.
+    pub fn is_blackholed(&self) -> bool {
+        self.shared.blackholed.load(Ordering::SeqCst)
+    }
+
+    /// While set, the client's bytes are kept back (the server hears nothing
+    /// new); the server's answers still flow. Clearing it delivers what was
+    /// kept, in order.
+    pub fn set_requests_held(&self, held: bool) {
+        self.shared.requests_held.store(held, Ordering::SeqCst);
+    }
 }
 
 impl Drop for TcpProxy {
@@ -108,51 +147,111 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         }
-        let Ok(server) = TcpStream::connect(shared.target) else {
-            let _ = client.shutdown(Shutdown::Both);
-            continue;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = server.set_nodelay(true);
-        let handles = (
-            client.try_clone(),
-            server.try_clone(),
-            server.try_clone(),
-            client.try_clone(),
-        );
-        let (Ok(client_read), Ok(server_write), Ok(server_read), Ok(client_write)) = handles else {
-            continue;
-        };
-        {
-            let mut connections = shared.connections.lock().unwrap_or_else(PoisonError::into_inner);
-            connections.retain(|s| s.peer_addr().is_ok());
-            connections.push(client);
-            connections.push(server);
-        }
-        thread::spawn(move || pipe(client_read, server_write, None));
-        let drop_flag = Arc::clone(&shared);
-        thread::spawn(move || pipe(server_read, client_write, Some(drop_flag)));
+        let shared = Arc::clone(&shared);
+        thread::spawn(move || connect(client, shared));
     }
 }
 
-/// Copies `from` to `to`; for the server's side, `responses` can say to drop.
-fn pipe(mut from: TcpStream, mut to: TcpStream, responses: Option<Arc<Shared>>) {
+/// Joins one client connection to a new server connection, once the proxy is
+/// not blackholed (a partitioned server cannot be reached).
+fn connect(client: TcpStream, shared: Arc<Shared>) {
+    while shared.blackholed.load(Ordering::SeqCst) {
+        if shared.stopped.load(Ordering::SeqCst) || shared.blocked.load(Ordering::SeqCst) {
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
+        thread::sleep(TICK);
+    }
+    let Ok(server) = TcpStream::connect(shared.target) else {
+        let _ = client.shutdown(Shutdown::Both);
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let handles = (
+        client.try_clone(),
+        server.try_clone(),
+        server.try_clone(),
+        client.try_clone(),
+    );
+    let (Ok(client_read), Ok(server_write), Ok(server_read), Ok(client_write)) = handles else {
+        return;
+    };
+    {
+        let mut connections = shared.connections.lock().unwrap_or_else(PoisonError::into_inner);
+        connections.retain(|s| s.peer_addr().is_ok());
+        connections.push(client);
+        connections.push(server);
+    }
+    let requests = Arc::clone(&shared);
+    thread::spawn(move || pipe(client_read, server_write, requests, Direction::Requests));
+    pipe(server_read, client_write, shared, Direction::Responses);
+}
+
+/// How often a pipe looks at the proxy's switches while nothing arrives.
+const TICK: Duration = Duration::from_millis(5);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client to server.
+    Requests,
+    /// Server to client.
+    Responses,
+}
+
+impl Shared {
+    /// Whether bytes going this way must be kept back for now.
+    fn holds(&self, direction: Direction) -> bool {
+        self.blackholed.load(Ordering::SeqCst)
+            || (direction == Direction::Requests && self.requests_held.load(Ordering::SeqCst))
+    }
+}
+
+/// Copies `from` to `to`, keeping bytes back while the proxy holds this
+/// direction and dropping the server's answers while told to.
+fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: Direction) {
+    let _ = from.set_read_timeout(Some(TICK));
     let mut buf = [0u8; 16 * 1024];
+    let mut kept: Vec<u8> = Vec::new();
     loop {
+        if !kept.is_empty() && !shared.holds(direction) {
+            if to.write_all(&kept).is_err() {
+                break;
+            }
+            kept.clear();
+        }
         match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => {
-                if responses
-                    .as_ref()
-                    .is_some_and(|s| s.drop_responses.load(Ordering::SeqCst))
-                {
+                if direction == Direction::Responses && shared.drop_responses.load(Ordering::SeqCst) {
                     continue;
                 }
-                if to.write_all(&buf[..n]).is_err() {
+                if shared.holds(direction) || !kept.is_empty() {
+                    kept.extend_from_slice(&buf[..n]);
+                } else if to.write_all(&buf[..n]).is_err() {
                     break;
                 }
             }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if shared.stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            Err(_) => break,
         }
+    }
+    // A peer that closed while the proxy was blackholed is not heard of
+    // until the partition heals.
+    while shared.blackholed.load(Ordering::SeqCst) && !shared.stopped.load(Ordering::SeqCst) {
+        thread::sleep(TICK);
+    }
+    if !kept.is_empty() {
+        let _ = to.write_all(&kept);
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);

@@ -56,3 +56,46 @@ fn forwards_blocks_and_unblocks() {
     again.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     assert_eq!(round_trip(&mut again, b"back").expect("echo"), b"back");
 }
+
+#[test]
+fn blackhole_is_silent_and_heal_delivers() {
+    let proxy = TcpProxy::start(&echo_server()).expect("proxy");
+    let mut stream = TcpStream::connect(proxy.address()).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    assert_eq!(round_trip(&mut stream, b"hello").expect("echo"), b"hello");
+    proxy.blackhole();
+    assert!(proxy.is_blackholed());
+    stream
+        .write_all(b"lost?")
+        .expect("a blackhole does not reset the connection");
+    let mut buf = [0u8; 5];
+    let silent = stream.read(&mut buf);
+    assert!(
+        matches!(&silent, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "a blackholed proxy answered or closed: {silent:?}"
+    );
+    proxy.heal();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    stream.read_exact(&mut buf).expect("delivered after heal");
+    assert_eq!(&buf, b"lost?");
+}
+
+#[test]
+fn held_requests_are_delivered_in_order_when_released() {
+    let proxy = TcpProxy::start(&echo_server()).expect("proxy");
+    let mut stream = TcpStream::connect(proxy.address()).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    proxy.set_requests_held(true);
+    stream.write_all(b"one").expect("write");
+    stream.write_all(b"two").expect("write");
+    let mut buf = [0u8; 6];
+    assert!(stream.read(&mut buf).is_err(), "a held request reached the server");
+    proxy.set_requests_held(false);
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    stream.read_exact(&mut buf).expect("released");
+    assert_eq!(&buf, b"onetwo");
+}
