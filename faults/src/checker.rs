@@ -6,7 +6,9 @@
 //!   using the lock (`lost()` seen, release or drop started, process killed).
 //!   When a later grant falls inside an earlier section, the overlap is
 //!   *explained* only if every write the earlier holder made after that grant
-//!   was rejected by the register (fenced), or it made none (it was frozen).
+//!   was rejected by the register (fenced), or it made none (it was frozen);
+//!   a frozen holder's write accepted before any newer holder wrote counts as
+//!   fenced too (the resource saw the holders in token order).
 //! - **`lost()` first**: a holder whose process ran (was not SIGSTOPped) must
 //!   have seen `lost()` before anyone else was granted the lock: any overlap
 //!   with a running holder is a violation, whatever its writes; silently
@@ -60,7 +62,7 @@ pub struct Report {
     pub worst_quiet_gap: f64,
     /// `lock_timeout` calls that ran out.
     pub timeouts: usize,
-    /// Errors the contenders reported (acquire, session, release), by first words.
+    /// Errors the contenders reported (acquire, session, release), by their first 90 characters.
     pub errors: BTreeMap<String, usize>,
     /// Sessions opened.
     pub sessions: usize,
@@ -192,7 +194,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             What::Timeout => report.timeouts += 1,
             What::Session { .. } => report.sessions += 1,
             What::Error { message } => {
-                let head: String = message.split(':').next().unwrap_or("").to_owned();
+                let head: String = message.chars().take(90).collect();
                 *report.errors.entry(head).or_default() += 1;
             }
             _ => {}
@@ -240,6 +242,8 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
 
     // Overlaps.
     let blackholes: Vec<&Fault> = faults.iter().filter(|f| f.kind == FaultKind::BlackholeHolder).collect();
+    // One "lost() after the next grant" per stale section: the first grant it overlaps.
+    let mut late_reported: Vec<(Tag, u64)> = Vec::new();
     for (i, a) in sections.iter().enumerate() {
         let end = a.end.unwrap_or(bounds.stop);
         for b in sections[i + 1..].iter().take_while(|b| b.grant < end) {
@@ -251,8 +255,20 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                 .iter()
                 .filter(|w| w.tag == a.tag && w.token == a.token && w.t > b.grant)
                 .collect();
-            let accepted = after.iter().filter(|w| w.accepted).count();
             let frozen = was_paused(a.tag, a.grant, b.grant);
+            // A frozen holder cannot be told; the resource is safe if it saw
+            // the holders in token order: a stale write accepted before any
+            // write of a newer holder is ordered, not overlapping.
+            let newer_wrote = writes
+                .iter()
+                .filter(|w| w.accepted && w.token > a.token)
+                .map(|w| w.t)
+                .min()
+                .unwrap_or(u64::MAX);
+            let accepted = after
+                .iter()
+                .filter(|w| w.accepted && !(frozen && w.t < newer_wrote))
+                .count();
             let when_lost = match a.lost {
                 Some(l) => format!("its lost() fired {:.3}s later", secs(l.saturating_sub(b.grant))),
                 None => "its lost() never fired".to_owned(),
@@ -277,7 +293,8 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             } else {
                 report.overlaps_fenced += 1;
             }
-            if !frozen {
+            if !frozen && !late_reported.contains(&(a.tag, a.token)) {
+                late_reported.push((a.tag, a.token));
                 report.violations.push(format!(
                     "lost() after the next grant: {} (token {}, granted {:.3}s, not frozen) still held when {} (token {}) was granted at {:.3}s; {when_lost}; {} of its writes rejected; {context}",
                     a.tag,

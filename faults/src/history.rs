@@ -9,7 +9,9 @@
 //!   `timeout`, `error <text>`, `idle`, `closed`);
 //! - `W <tag> <token> <seq>`: a write to the fenced register, answered `OK` or
 //!   `REJECT <highest>`. The register accepts a token at least as high as the
-//!   highest it accepted, and stamps the write when it decides.
+//!   highest it accepted, and stamps the write when it decides. An answer
+//!   ending in ` stay` asks the holder to keep holding (the nemesis is about
+//!   to fault it and wants it to be still holding when the fault bites).
 //!
 //! The harness adds its own events (spawn, kill, pause, blackhole, ...) with
 //! the same clock. A condition variable lets the harness await events (a grant,
@@ -169,6 +171,8 @@ pub struct Record {
     pub closed: Vec<Tag>,
     /// Lines that could not be parsed (a harness or contender bug).
     pub garbled: Vec<String>,
+    /// Holders the nemesis wants to keep holding (told so in the register's answers).
+    pub stay: Vec<Tag>,
 }
 
 impl Record {
@@ -325,10 +329,13 @@ impl History {
             seq,
             accepted,
         });
+        let stay = if record.stay.contains(&tag) { " stay" } else { "" };
+        drop(record);
+        self.shared.changed.notify_all();
         Some(if accepted {
-            "OK\n".to_owned()
+            format!("OK{stay}\n")
         } else {
-            format!("REJECT {highest}\n")
+            format!("REJECT {highest}{stay}\n")
         })
     }
 }

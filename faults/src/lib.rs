@@ -140,10 +140,9 @@ pub const LOCK: &str = "jepsen/register";
 /// When the servers, the register or the contenders cannot be started (not
 /// a finding about lockline).
 pub fn run(config: &Config) -> Result<Report, String> {
-    let started = now_ns();
     let say = |line: &str| {
         if config.verbose {
-            eprintln!("[{:7.3}s] {line}", clock::secs(now_ns() - started));
+            eprintln!("[{}] {line}", config.backend);
         }
     };
     let (history, address) = History::start().map_err(|e| format!("register: {e}"))?;
@@ -187,6 +186,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         config.contenders, config.duration
     ));
 
+    let run_start = now_ns();
     let mut nemesis = Nemesis::new(
         config.seed,
         &mut servers,
@@ -194,9 +194,8 @@ pub fn run(config: &Config) -> Result<Report, String> {
         history.clone(),
         config.ttl,
         bound,
-        config.verbose,
+        config.verbose.then_some(run_start),
     );
-    let run_start = now_ns();
     nemesis.run(config.duration);
     let faults = std::mem::take(&mut nemesis.faults);
     let mut problems = std::mem::take(&mut nemesis.problems);

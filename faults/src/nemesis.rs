@@ -1,5 +1,5 @@
 //! The nemesis: one fault at a time, on a seeded schedule. Between faults it
-//! waits a random 1–3 s, and after each fault it waits (on the history, not a
+//! waits a random 0.5–2 s, and after each fault it waits (on the history, not a
 //! timer) for the next grant, so that recoveries are measured one by one.
 
 use std::fmt;
@@ -15,7 +15,7 @@ use crate::servers::Servers;
 /// The kinds of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
-    /// SIGSTOP a holder for TTL + 1–2 s, then SIGCONT.
+    /// SIGSTOP a holder for TTL + 1.5–3 s, then SIGCONT.
     PauseHolder,
     /// SIGKILL a holder; restart it 0.3–1.5 s later.
     KillHolder,
@@ -83,8 +83,8 @@ pub struct Nemesis<'a> {
     pub faults: Vec<Fault>,
     /// Problems of the run itself (crashed contenders, members that did not come back).
     pub problems: Vec<String>,
-    start: u64,
-    log: bool,
+    /// When set, actions are printed with times relative to this instant (ns).
+    log: Option<u64>,
 }
 
 impl<'a> Nemesis<'a> {
@@ -96,7 +96,7 @@ impl<'a> Nemesis<'a> {
         history: History,
         ttl: Duration,
         recovery: Duration,
-        log: bool,
+        log: Option<u64>,
     ) -> Self {
         Nemesis {
             rng: Rng::new(seed, 0xFA17),
@@ -107,7 +107,6 @@ impl<'a> Nemesis<'a> {
             recovery,
             faults: Vec::new(),
             problems: Vec::new(),
-            start: now_ns(),
             log,
         }
     }
@@ -116,7 +115,7 @@ impl<'a> Nemesis<'a> {
     pub fn run(&mut self, duration: Duration) {
         let until = Instant::now() + duration;
         while Instant::now() < until {
-            thread::sleep(self.rng.millis(1000, 3000));
+            thread::sleep(self.rng.millis(500, 2000));
             self.reap();
             let kind = FaultKind::ALL[self.rng.below(FaultKind::ALL.len())];
             let Some(started) = self.inject(kind) else { continue };
@@ -131,8 +130,8 @@ impl<'a> Nemesis<'a> {
     }
 
     fn say(&self, line: &str) {
-        if self.log {
-            eprintln!("[{:7.3}s] nemesis: {line}", secs(now_ns() - self.start));
+        if let Some(start) = self.log {
+            eprintln!("[{:7.3}s] nemesis: {line}", secs(now_ns().saturating_sub(start)));
         }
     }
 
@@ -146,20 +145,34 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    /// A holder's slot, waiting up to 2 s for one to exist.
+    /// A holder's slot, waiting up to 2 s for one to exist. The holder is
+    /// asked (through the register's answers) to keep holding until the fault
+    /// ends, and has heard so: it will still be holding when the fault bites.
     fn pick_holder(&mut self) -> Option<(usize, Tag)> {
-        let live: Vec<Tag> = self.fleet.slots.iter().map(|s| s.tag).collect();
-        self.history
-            .wait_until(Duration::from_secs(2), |r| r.holders.keys().any(|t| live.contains(t)));
-        let holders: Vec<Tag> = {
-            let record = self.history.lock();
-            record.holders.keys().copied().filter(|t| live.contains(t)).collect()
-        };
-        if holders.is_empty() {
-            return None;
+        for _ in 0..3 {
+            let live: Vec<Tag> = self.fleet.slots.iter().map(|s| s.tag).collect();
+            self.history
+                .wait_until(Duration::from_secs(2), |r| r.holders.keys().any(|t| live.contains(t)));
+            let tag = {
+                let mut record = self.history.lock();
+                let holders: Vec<Tag> = record.holders.keys().copied().filter(|t| live.contains(t)).collect();
+                if holders.is_empty() {
+                    return None;
+                }
+                let tag = holders[self.rng.below(holders.len())];
+                record.stay.push(tag);
+                tag
+            };
+            let asked = now_ns();
+            let heard = self.history.wait_until(Duration::from_secs(1), |r| {
+                r.writes.iter().rev().take_while(|w| w.t > asked).any(|w| w.tag == tag)
+            });
+            if heard && self.history.lock().holders.contains_key(&tag) {
+                return Some((tag.slot, tag));
+            }
+            self.history.lock().stay.clear();
         }
-        let tag = holders[self.rng.below(holders.len())];
-        Some((tag.slot, tag))
+        None
     }
 
     fn pick_member(&mut self) -> (usize, String) {
@@ -197,6 +210,7 @@ impl<'a> Nemesis<'a> {
         if let Some(fault) = self.faults.last_mut() {
             fault.end = Some(now_ns());
         }
+        self.history.lock().stay.clear();
     }
 
     /// Injects one fault and heals it; returns its start, or `None` when it had no target.
@@ -205,7 +219,7 @@ impl<'a> Nemesis<'a> {
         match kind {
             FaultKind::PauseHolder => {
                 let (slot, tag) = self.pick_holder()?;
-                let hold = ttl + self.rng.millis(1000, 2000);
+                let hold = ttl + self.rng.millis(1500, 3000);
                 let start = self.begin(kind, tag.to_string(), Some(tag));
                 if self.fleet.signal(slot, libc::SIGSTOP).is_ok() {
                     self.history.note(tag, What::Paused);
