@@ -106,17 +106,15 @@ impl fmt::Display for Report {
             None => writeln!(f, "worst recovery: -")?,
         }
         writeln!(f, "longest quiet gap between grants: {:.2}s", self.worst_quiet_gap)?;
-        let errors: Vec<String> = self.errors.iter().map(|(k, n)| format!("{k} x{n}")).collect();
         writeln!(
             f,
             "lock_timeout expiries: {}   contender errors: {}",
             self.timeouts,
-            if errors.is_empty() {
-                "none".into()
-            } else {
-                errors.join("; ")
-            }
+            self.errors.values().sum::<usize>()
         )?;
+        for (error, n) in &self.errors {
+            writeln!(f, "  {n:4} x {error}")?;
+        }
         writeln!(f, "entries left at the end: {}", self.orphans)?;
         if self.violations.is_empty() {
             writeln!(f, "violations: 0")
@@ -194,8 +192,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             What::Timeout => report.timeouts += 1,
             What::Session { .. } => report.sessions += 1,
             What::Error { message } => {
-                let head: String = message.chars().take(90).collect();
-                *report.errors.entry(head).or_default() += 1;
+                *report.errors.entry(error_kind(message)).or_default() += 1;
             }
             _ => {}
         }
@@ -382,6 +379,32 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     report
+}
+
+/// An error message with its ids and numbers blanked out (`#`), cut to 100
+/// characters, so that alike errors count together.
+fn error_kind(message: &str) -> String {
+    let mut kind = String::new();
+    let mut in_number = false;
+    for word in message.split(' ') {
+        let idish = word.len() >= 6 && word.chars().filter(|c| c.is_ascii_digit()).count() >= 2;
+        if !kind.is_empty() {
+            kind.push(' ');
+        }
+        kind.push_str(if idish { "#" } else { word });
+    }
+    for c in std::mem::take(&mut kind).chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                kind.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            kind.push(c);
+        }
+    }
+    kind.chars().take(100).collect()
 }
 
 /// Appends `lines` to a report's violations as one entry (orphans, garbled lines).
