@@ -109,10 +109,24 @@ pub(crate) fn parse(name: &str) -> Option<Contender> {
 }
 
 /// The contenders among a directory's children, in queue order.
+///
+/// ZooKeeper's per-directory counter is a signed 32-bit value that wraps from
+/// `2147483647` to `-2147483648`; queue order is serial-number order (RFC 1982):
+/// every sequence is placed relative to the first one listed, so a node made
+/// just after the wrap sorts after one made just before it. This holds while
+/// the live contenders of one directory span fewer than 2³¹ creations.
 pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
     let mut found: Vec<Contender> = children.iter().filter_map(|c| parse(c)).collect();
-    found.sort_by_key(|c| c.sequence);
+    if let Some(anchor) = found.first().map(|c| c.sequence) {
+        found.sort_by_key(|c| i64::from(anchor) + i64::from(c.sequence.wrapping_sub(anchor)));
+    }
     found
+}
+
+/// Whether sequence `a` was handed out before `b` (serial-number order, see
+/// [`contenders`]).
+pub(crate) fn before(a: i32, b: i32) -> bool {
+    b.wrapping_sub(a) > 0
 }
 
 #[cfg(test)]
@@ -164,6 +178,21 @@ mod tests {
         ];
         let order: Vec<i32> = contenders(&children).iter().map(|c| c.sequence).collect();
         assert_eq!(order, vec![-5, 2, 9, 10, 100]);
+    }
+
+    #[test]
+    fn order_survives_the_counter_wrap() {
+        let children = vec![
+            "_c_c-lock--2147483648".to_owned(),
+            "_c_a-lock-2147483646".to_owned(),
+            "_c_d-lock--2147483647".to_owned(),
+            "_c_b-lock-2147483647".to_owned(),
+        ];
+        let order: Vec<i32> = contenders(&children).iter().map(|c| c.sequence).collect();
+        assert_eq!(order, vec![2147483646, 2147483647, i32::MIN, i32::MIN + 1]);
+        assert!(before(i32::MAX, i32::MIN));
+        assert!(!before(i32::MIN, i32::MAX));
+        assert!(before(-5, 2) && !before(2, -5) && !before(7, 7));
     }
 
     #[test]
