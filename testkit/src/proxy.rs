@@ -146,6 +146,24 @@ impl TcpProxy {
                 opcodes: opcodes.to_vec(),
                 path_prefix: path_prefix.to_owned(),
                 remaining: count,
+                fail_with: None,
+            });
+    }
+
+    /// Like [`lose_zk_responses`](Self::lose_zk_responses), but the picked
+    /// requests are answered with the error code `error` (ZooKeeper's numbers:
+    /// -4 connection loss, -7 operation timeout, ...) on a connection that stays
+    /// up: the request was applied, the client is told it failed.
+    pub fn fail_zk_responses(&self, opcodes: &[i32], path_prefix: &str, count: usize, error: i32) {
+        self.shared
+            .losses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Loss {
+                opcodes: opcodes.to_vec(),
+                path_prefix: path_prefix.to_owned(),
+                remaining: count,
+                fail_with: Some(error),
             });
     }
 
@@ -251,10 +269,13 @@ struct Loss {
     opcodes: Vec<i32>,
     path_prefix: String,
     remaining: usize,
+    /// Answer with this error code instead of losing the answer.
+    fail_with: Option<i32>,
 }
 
-/// The xids, on one connection, whose responses are to be lost.
-type Doomed = Arc<Mutex<Vec<i32>>>;
+/// The xids, on one connection, whose responses are to be lost (`None`) or
+/// replaced by an error code.
+type Doomed = Arc<Mutex<Vec<(i32, Option<i32>)>>>;
 
 /// Splits ZooKeeper's length-prefixed frames off a byte stream; the first
 /// frame each way is the connect handshake, which has no xid.
@@ -303,13 +324,20 @@ impl Shared {
             .find(|l| l.remaining > 0 && l.opcodes.contains(&opcode) && path.starts_with(&l.path_prefix))
         {
             rule.remaining -= 1;
-            doomed.lock().unwrap_or_else(PoisonError::into_inner).push(xid);
+            doomed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((xid, rule.fail_with));
         }
     }
 
-    /// Whether a server response frame is one to lose.
-    fn is_doomed(frame: &[u8], doomed: &Doomed) -> bool {
-        be_i32(frame, 4).is_some_and(|xid| doomed.lock().unwrap_or_else(PoisonError::into_inner).contains(&xid))
+    /// What to do with a server response frame: `None` to pass it on,
+    /// `Some(None)` to lose it, `Some(Some(code))` to answer with an error.
+    fn doom(frame: &[u8], doomed: &Doomed) -> Option<Option<i32>> {
+        let xid = be_i32(frame, 4)?;
+        let mut doomed = doomed.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = doomed.iter().position(|(x, _)| *x == xid)?;
+        Some(doomed.swap_remove(at).1)
     }
 }
 
@@ -352,16 +380,33 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
                 if direction == Direction::Responses && shared.drop_responses.load(Ordering::SeqCst) {
                     continue;
                 }
-                if shared.zookeeper {
+                if shared.zookeeper && direction == Direction::Requests {
+                    for frame in frames.push(&buf[..n]) {
+                        frames.seen += 1;
+                        if frames.seen > 1 {
+                            // (the first frame is the connect handshake)
+                            shared.inspect_request(&frame, &doomed);
+                        }
+                    }
+                } else if shared.zookeeper {
+                    // Responses are passed on frame by frame, so that one can
+                    // be lost or replaced.
+                    let mut out = Vec::with_capacity(n);
                     let mut lose = false;
                     for frame in frames.push(&buf[..n]) {
                         frames.seen += 1;
-                        if frames.seen == 1 {
-                            continue; // the connect handshake
-                        }
-                        match direction {
-                            Direction::Requests => shared.inspect_request(&frame, &doomed),
-                            Direction::Responses => lose |= Shared::is_doomed(&frame, &doomed),
+                        match (frames.seen > 1).then(|| Shared::doom(&frame, &doomed)).flatten() {
+                            None => out.extend_from_slice(&frame),
+                            Some(Some(code)) => {
+                                // Header only: length 16, xid, zxid, error code.
+                                out.extend_from_slice(&16i32.to_be_bytes());
+                                out.extend_from_slice(&frame[4..16]);
+                                out.extend_from_slice(&code.to_be_bytes());
+                            }
+                            Some(None) => {
+                                lose = true;
+                                break;
+                            }
                         }
                     }
                     if lose {
@@ -369,6 +414,12 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
                         // the connection dies with it.
                         break;
                     }
+                    if shared.holds(direction) || !kept.is_empty() {
+                        kept.extend_from_slice(&out);
+                    } else if to.write_all(&out).is_err() {
+                        break;
+                    }
+                    continue;
                 }
                 if shared.holds(direction) || !kept.is_empty() {
                     kept.extend_from_slice(&buf[..n]);

@@ -15,6 +15,8 @@ use lockline_zookeeper::ZooKeeper;
 const CREATE: &[i32] = &[1, 15, 19, 21];
 const EXISTS: &[i32] = &[3];
 const LIST: &[i32] = &[8, 12];
+/// ZooKeeper's error code for connection loss.
+const CONNECTION_LOSS: i32 = -4;
 
 async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
     zk::Client::connect(&ensemble.connect_string())
@@ -178,16 +180,16 @@ async fn a_lost_listing_after_the_create_never_makes_a_second_node() {
     assert!(children(&side, "/retry/list").await.is_empty());
 }
 
-/// DESIGN §6.10: the create's answer is lost, and so is the answer to the
-/// retry's look-up of the node's owner: a failed look-up is an error to retry,
-/// never "no node yet".
+/// DESIGN §6.10: the create's answer is lost, and the retry's look-up of the
+/// node it may have made fails: a failed look-up is an error to retry, never
+/// "no node yet".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_look_up_after_a_lost_create_never_makes_a_second_node() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let proxy = TcpProxy::start_zookeeper(&ensemble.address(0)).expect("proxy");
     let session = through(&proxy).await;
     proxy.lose_zk_responses(CREATE, "/retry/lookup/", 1);
-    proxy.lose_zk_responses(EXISTS, "/retry/lookup/", 1);
+    proxy.fail_zk_responses(EXISTS, "/retry/lookup/", 1, CONNECTION_LOSS);
     let guard = session
         .mutex("retry/lookup")
         .expect("mutex")
