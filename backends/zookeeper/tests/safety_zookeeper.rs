@@ -15,8 +15,6 @@ use lockline_zookeeper::ZooKeeper;
 const CREATE: &[i32] = &[1, 15, 19, 21];
 const EXISTS: &[i32] = &[3];
 const LIST: &[i32] = &[8, 12];
-/// ZooKeeper's error code for connection loss.
-const CONNECTION_LOSS: i32 = -4;
 
 async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
     zk::Client::connect(&ensemble.connect_string())
@@ -188,16 +186,29 @@ async fn a_failed_look_up_after_a_lost_create_never_makes_a_second_node() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let proxy = TcpProxy::start_zookeeper(&ensemble.address(0)).expect("proxy");
     let session = through(&proxy).await;
+    let side = side_client(&ensemble).await;
+    // The directory exists, so the first create is the one that makes the node.
+    side.mkdir(
+        "/retry/lookup",
+        &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .expect("mkdir");
     proxy.lose_zk_responses(CREATE, "/retry/lookup/", 1);
-    proxy.fail_zk_responses(EXISTS, "/retry/lookup/", 1, CONNECTION_LOSS);
-    let guard = session
+    proxy.lose_zk_responses(EXISTS, "/retry/lookup/", 1);
+    let granted = session
         .mutex("retry/lookup")
         .expect("mutex")
         .lock_timeout(Duration::from_secs(8))
-        .await
-        .expect("a free lock is granted despite the lost answers");
+        .await;
+    let guard = match granted {
+        Ok(guard) => guard,
+        Err(error) => panic!(
+            "a free lock was not granted ({error}); nodes: {:?}",
+            children(&side, "/retry/lookup").await
+        ),
+    };
     assert_eq!(proxy.zk_losses_pending(), 0, "the faults were not injected");
-    let side = side_client(&ensemble).await;
     let nodes = children(&side, "/retry/lookup").await;
     assert_eq!(nodes.len(), 1, "one attempt made several nodes: {nodes:?}");
     guard.release().await.expect("release");
