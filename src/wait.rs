@@ -163,6 +163,11 @@ impl Acquire<'_> {
                     return Err(inner.vanished_error(&mine.key).await);
                 }
             };
+            // Never queue with another recipe's entries under the same name
+            // (a permit holder beside a lock holder): refuse, and leave.
+            if let Some(other) = nearest.iter().find(|e| !self.kind.queues_with(e.kind)) {
+                return Err(Error::mixed_recipes(self.name, self.kind, other));
+            }
             let Some(blocker) = self.rule.blocker(&nearest) else {
                 return Ok(true);
             };

@@ -26,7 +26,9 @@
 //!   create revision. `etcdctl lock n`, Go's `concurrency.Mutex` and etcd's
 //!   server-side lock API exclude lockline's holders and vice versa. As with Go,
 //!   a name that is a path prefix of another (`a` and `a/b`) shares its keys:
-//!   do not nest lock names.
+//!   do not nest lock names. A trailing `/` is kept, as in Go's examples:
+//!   `/my-lock/` is the prefix `/my-lock//`, the keys of
+//!   `concurrency.NewMutex(s, "/my-lock/")`.
 //! - **Acquire** = one transaction: create my key if it does not exist and read
 //!   the first-created key under the prefix (one round trip when uncontended).
 //! - **Wait** = a watch on the key with the greatest create revision below mine,
@@ -35,7 +37,10 @@
 //!   predecessor.
 //! - **Release** = `Txn(If CreateRevision(my key) == my revision, Then Delete)`,
 //!   never a bare delete, so a stale guard cannot delete a newer holder's key.
-//! - **Fencing token** = the holder key's create revision.
+//! - **Fencing token** = the holder key's create revision. A Go holder's
+//!   matching number is the `CreateRevision` of its key (a `Get` of
+//!   `m.Key()`), not `m.Header().Revision` (`etcdctl lock`'s `ETCD_LOCK_REV`),
+//!   which is higher whenever the Go holder had to wait.
 //! - **Loss** = a keepalive answered with TTL ≤ 0, no renewal confirmed for
 //!   `ttl - safety margin`, or the key deleted by someone else.
 
