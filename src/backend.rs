@@ -33,6 +33,12 @@ pub enum EntryKind {
     Semaphore,
     /// A leader-election candidate.
     Election,
+    /// Another client's recipe found under the name that lockline recognises
+    /// but cannot queue with (a Curator or kazoo semaphore's nodes in a
+    /// ZooKeeper lock directory). No lockline contender queues with it:
+    /// acquires under that name fail with
+    /// [`Error::InvalidName`](crate::Error::InvalidName).
+    Foreign,
 }
 
 impl EntryKind {
@@ -41,7 +47,25 @@ impl EntryKind {
         matches!(self, EntryKind::Read)
     }
 
-    /// A short lowercase label (`mutex`, `read`, `write`, `semaphore`, `election`).
+    /// Whether a contender of this kind can queue with an entry of `other` kind
+    /// under one name without breaking either's guarantee.
+    ///
+    /// Mutexes, read and write locks and election candidates all follow the
+    /// exclusive rule (and on etcd a mutex and a candidate are the same Go
+    /// layout), so they exclude each other safely. A semaphore permit holds
+    /// beside up to `n - 1` earlier entries, so a semaphore mixed with any other
+    /// kind would let a permit holder and a lock holder in together: semaphores
+    /// queue only with semaphores.
+    /// [`EntryKind::Foreign`] queues with nothing.
+    pub fn queues_with(self, other: EntryKind) -> bool {
+        if self == EntryKind::Foreign || other == EntryKind::Foreign {
+            return false;
+        }
+        (self == EntryKind::Semaphore) == (other == EntryKind::Semaphore)
+    }
+
+    /// A short lowercase label (`mutex`, `read`, `write`, `semaphore`,
+    /// `election`, `foreign recipe`).
     pub fn label(self) -> &'static str {
         match self {
             EntryKind::Mutex => "mutex",
@@ -49,6 +73,7 @@ impl EntryKind {
             EntryKind::Write => "write",
             EntryKind::Semaphore => "semaphore",
             EntryKind::Election => "election",
+            EntryKind::Foreign => "foreign recipe",
         }
     }
 }

@@ -15,8 +15,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock name cannot be used: empty, too long, or holding characters a
-    /// backend cannot store.
+    /// The lock name cannot be used: empty, too long, holding characters a
+    /// backend cannot store, or already used on the server by a recipe this one
+    /// cannot queue with (a semaphore and a mutex on one name, a Curator or
+    /// kazoo semaphore's directory).
+    ///
+    /// The check against other recipes is made from what a contender reads while
+    /// it queues; a contender refused this way has left the queue.
     #[error("invalid name {name:?}: {reason}")]
     InvalidName {
         /// The name as the caller gave it.
@@ -93,6 +98,20 @@ impl Error {
         Error::Backend {
             backend,
             source: source.into(),
+        }
+    }
+
+    /// Refuses to queue a `kind` contender for `name` behind `other`, an entry
+    /// of a recipe it cannot share a queue with (see [`EntryKind::queues_with`]).
+    pub(crate) fn mixed_recipes(name: &str, kind: crate::EntryKind, other: &crate::Entry) -> Self {
+        Error::InvalidName {
+            name: name.to_owned(),
+            reason: format!(
+                "a {} cannot queue with the {} entry {:?} already under this name; use one recipe kind per name",
+                kind.label(),
+                other.kind.label(),
+                other.key
+            ),
         }
     }
 

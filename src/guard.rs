@@ -22,6 +22,11 @@ pub(crate) fn watch_entry(inner: &Arc<SessionInner>, entry: &Entry) -> EntryWatc
     Box::pin(async move { remote.wait_gone(&entry).await })
 }
 
+/// The first pause before re-watching a held entry after its watch failed,
+/// and its cap (the pause doubles on each failure in a row).
+const REWATCH_BACKOFF: Duration = Duration::from_millis(100);
+const REWATCH_MAX_BACKOFF: Duration = Duration::from_secs(2);
+
 /// Why a held entry may no longer be held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Loss {
@@ -76,6 +81,7 @@ impl Hold {
         let monitor_permit = Arc::clone(&local);
         let monitor = tokio::spawn(async move {
             let mut watch = watch.unwrap_or_else(|| watch_entry(&inner, &watched));
+            let mut backoff = REWATCH_BACKOFF;
             let loss = loop {
                 tokio::select! {
                     biased;
@@ -90,8 +96,15 @@ impl Hold {
                         Err(error) => {
                             // A failed watch is not a loss; the session's own
                             // liveness tracking decides that. Watch again shortly.
-                            tracing::debug!(key = %watched.key, %error, "watch on a held entry failed; re-watching");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            // Back off (capped) so a server that is down is not
+                            // hammered; the session ending stops the wait.
+                            tracing::debug!(key = %watched.key, %error, ?backoff, "watch on a held entry failed; re-watching");
+                            tokio::select! {
+                                biased;
+                                state = inner.over() => break Loss::Session(state),
+                                () = tokio::time::sleep(backoff) => {}
+                            }
+                            backoff = (backoff * 2).min(REWATCH_MAX_BACKOFF);
                             watch = watch_entry(&inner, &watched);
                         }
                     },

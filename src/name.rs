@@ -9,9 +9,11 @@ pub const MAX_NAME_LEN: usize = 512;
 ///
 /// A name is a `/`-separated path such as `jobs/nightly` or `/locks/billing`:
 /// at most [`MAX_NAME_LEN`] bytes, an optional leading `/` (kept: on etcd it is
-/// part of the key prefix, as with `etcdctl lock /locks/billing`), no trailing
-/// `/`, no empty, `.` or `..` segment, and no character ZooKeeper refuses in a
-/// path (control characters, U+E000–U+F8FF, U+FFF0–U+FFFF).
+/// part of the key prefix, as with `etcdctl lock /locks/billing`), an optional
+/// trailing `/` (kept: etcd's Go examples name locks `/my-lock/`, whose keys are
+/// `/my-lock//<lease>`; a backend that cannot store it, ZooKeeper, refuses it in
+/// its own check), no empty, `.` or `..` segment, and no character ZooKeeper
+/// refuses in a path (control characters, U+E000–U+F8FF, U+FFF0–U+FFFF).
 pub(crate) fn validate(name: &str) -> Result<()> {
     let invalid = |reason: &str| {
         Err(Error::InvalidName {
@@ -32,12 +34,13 @@ pub(crate) fn validate(name: &str) -> Result<()> {
         });
     }
     let body = name.strip_prefix('/').unwrap_or(name);
+    let body = body.strip_suffix('/').unwrap_or(body);
     if body.is_empty() {
-        return invalid("the name has no segment after '/'");
+        return invalid("the name has no segment between its '/'s");
     }
     for segment in body.split('/') {
         match segment {
-            "" => return invalid("the name has an empty segment ('//' or a trailing '/')"),
+            "" => return invalid("the name has an empty segment ('//')"),
             "." | ".." => return invalid("the name has a '.' or '..' segment"),
             _ => {}
         }
@@ -55,7 +58,15 @@ mod tests {
 
     #[test]
     fn accepts_plain_and_nested_names() {
-        for name in ["a", "jobs/nightly", "/locks/billing", "with space", "ünïcode-ok_1.2"] {
+        for name in [
+            "a",
+            "jobs/nightly",
+            "/locks/billing",
+            "with space",
+            "ünïcode-ok_1.2",
+            "/my-lock/",
+            "a/",
+        ] {
             assert!(validate(name).is_ok(), "{name:?} should be accepted");
         }
     }
@@ -66,7 +77,9 @@ mod tests {
         for name in [
             "",
             "/",
-            "a/",
+            "//",
+            "a//",
+            "/a//",
             "a//b",
             "a/./b",
             "../a",

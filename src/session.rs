@@ -15,8 +15,39 @@ use crate::{
     SessionState,
 };
 
-/// How many times a background removal is tried before it is logged as failed.
-const CLEANUP_ATTEMPTS: u32 = 5;
+/// After this many failed tries a background removal is logged as a warning
+/// (and counted in [`ClientStats::cleanup_failures`](crate::ClientStats)); it
+/// goes on trying until the entry is gone or the session is over.
+const CLEANUP_WARN_AFTER: u32 = 5;
+
+/// The first pause between tries of a background removal, and its cap.
+const CLEANUP_BACKOFF: Duration = Duration::from_millis(50);
+const CLEANUP_MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// An entry (or an interrupted append's entry) that this session is removing
+/// in the background. A contender of the same session that finds one in its
+/// way removes it itself rather than wait for it (DESIGN §6.13).
+#[derive(Debug, Clone)]
+pub(crate) struct Orphan {
+    id: u64,
+    entry: Option<Entry>,
+    dir: String,
+    kind: EntryKind,
+    attempt: Option<String>,
+}
+
+impl Orphan {
+    /// Whether `entry` is (or was made by) this orphan.
+    fn is(&self, entry: &Entry) -> bool {
+        self.entry
+            .as_ref()
+            .is_some_and(|mine| mine.key == entry.key && mine.order == entry.order)
+            || self
+                .attempt
+                .as_deref()
+                .is_some_and(|attempt| entry.key.contains(attempt))
+    }
+}
 
 /// Same-session FIFO queues by (name, kind); weak, so idle ones go away.
 type LocalQueues = HashMap<(String, EntryKind), Weak<tokio::sync::Mutex<()>>>;
@@ -57,6 +88,8 @@ pub(crate) struct SessionInner {
     closed_tx: watch::Sender<bool>,
     background: watch::Sender<usize>,
     local_queues: std::sync::Mutex<LocalQueues>,
+    orphans: std::sync::Mutex<Vec<Orphan>>,
+    next_orphan: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for Session {
@@ -87,6 +120,8 @@ impl Session {
                 closed_tx: watch::Sender::new(false),
                 background: watch::Sender::new(0),
                 local_queues: std::sync::Mutex::default(),
+                orphans: std::sync::Mutex::default(),
+                next_orphan: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -225,10 +260,16 @@ impl SessionInner {
     }
 
     pub(crate) fn state(&self) -> SessionState {
+        let remote = *self.remote.state().borrow();
+        // A session lost before it was closed stays lost: its locks may have
+        // been held by others since, and `close()` cannot undo that.
+        if remote == SessionState::Lost {
+            return remote;
+        }
         if self.closed.load(Ordering::SeqCst) {
             return SessionState::Closed;
         }
-        *self.remote.state().borrow()
+        remote
     }
 
     pub(crate) async fn over(&self) -> SessionState {
@@ -333,81 +374,156 @@ impl SessionInner {
         });
     }
 
-    /// Removes an entry in the background, fenced, with a bounded timeout and
-    /// retries; a final failure is logged and counted, never swallowed silently.
+    /// Removes an entry in the background, fenced, each try bounded by the
+    /// request timeout, retried with capped backoff until the entry is gone or
+    /// the session is over (the server then deletes it); failures are logged,
+    /// never swallowed silently.
     pub(crate) fn spawn_remove(
         self: &Arc<Self>,
         entry: Entry,
         why: &'static str,
         then: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) {
+        let orphan = self.adopt(Orphan {
+            id: 0,
+            dir: String::new(),
+            kind: entry.kind,
+            entry: Some(entry),
+            attempt: None,
+        });
         let session = Arc::clone(self);
         self.spawn_background(async move {
-            let removed = session.retry(why, &entry.key, || session.remote.remove(&entry)).await;
-            if removed.is_some() {
+            let removed = session.retry(why, &orphan).await;
+            if removed {
                 if why == "release" {
                     session.counters.bump(|c| &c.releases);
                 } else {
                     session.counters.bump(|c| &c.cleanups);
                 }
             }
+            session.disown(orphan.id);
             drop(then);
         });
     }
 
-    /// Removes whatever entry an interrupted append created, in the background.
+    /// Removes whatever an interrupted acquire created, in the background:
+    /// its entry if it is known, and every entry its append may have made
+    /// (DESIGN §6.10).
     pub(crate) fn spawn_abandon(
         self: &Arc<Self>,
         dir: String,
         kind: EntryKind,
         attempt: String,
+        entry: Option<Entry>,
         then: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) {
+        let orphan = self.adopt(Orphan {
+            id: 0,
+            entry,
+            dir,
+            kind,
+            attempt: Some(attempt),
+        });
         let session = Arc::clone(self);
         self.spawn_background(async move {
-            let done = session
-                .retry("cancelled acquire", &dir, || {
-                    session.remote.abandon(&dir, kind, &attempt)
-                })
-                .await;
-            if done.is_some() {
+            if session.retry("cancelled acquire", &orphan).await {
                 session.counters.bump(|c| &c.cleanups);
             }
+            session.disown(orphan.id);
             drop(then);
         });
     }
 
-    async fn retry<T, F, Fut>(&self, why: &'static str, key: &str, mut call: F) -> Option<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        let timeout = self.options.request_timeout();
-        let mut backoff = Duration::from_millis(50);
-        for attempt in 1..=CLEANUP_ATTEMPTS {
-            let state = self.remote.state().borrow().to_owned();
-            if state.is_over() {
-                // The server deletes an over session's entries itself.
-                tracing::debug!(key, why, ?state, "session over; the server removes its entries");
-                return None;
-            }
-            match tokio::time::timeout(timeout, call()).await {
-                Ok(Ok(value)) => return Some(value),
-                Ok(Err(error)) => {
-                    tracing::debug!(key, why, attempt, %error, "background removal failed; retrying")
-                }
-                Err(_) => tracing::debug!(key, why, attempt, ?timeout, "background removal timed out; retrying"),
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+    fn adopt(&self, mut orphan: Orphan) -> Orphan {
+        orphan.id = self.next_orphan.fetch_add(1, Ordering::Relaxed);
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(orphan.clone());
+        orphan
+    }
+
+    fn disown(&self, id: u64) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|o| o.id != id);
+    }
+
+    /// The background removal `entry` belongs to, if it is one of this
+    /// session's own leftovers.
+    pub(crate) fn orphan(&self, entry: &Entry) -> Option<Orphan> {
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|o| o.is(entry))
+            .cloned()
+    }
+
+    /// One try at removing an orphan: its known entry (fenced), then anything
+    /// else its attempt created.
+    pub(crate) async fn clean(&self, orphan: &Orphan) -> Result<()> {
+        if let Some(entry) = &orphan.entry {
+            self.remote.remove(entry).await?;
         }
-        self.counters.bump(|c| &c.cleanup_failures);
-        tracing::warn!(
-            key,
-            why,
-            attempts = CLEANUP_ATTEMPTS,
-            "could not remove a lock entry; it stays until its session ends"
-        );
-        None
+        if let Some(attempt) = &orphan.attempt {
+            self.remote.abandon(&orphan.dir, orphan.kind, attempt).await?;
+        }
+        Ok(())
+    }
+
+    /// Tries [`clean`](Self::clean) until it succeeds (`true`) or the session
+    /// is over (`false`: the server deletes an over session's entries itself).
+    async fn retry(&self, why: &'static str, orphan: &Orphan) -> bool {
+        let key = orphan
+            .entry
+            .as_ref()
+            .map_or(orphan.dir.as_str(), |entry| entry.key.as_str());
+        let timeout = self.options.request_timeout();
+        let mut backoff = CLEANUP_BACKOFF;
+        let mut failures = 0u32;
+        loop {
+            let tried = async {
+                match tokio::time::timeout(timeout, self.clean(orphan)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::Unavailable {
+                        backend: self.backend_name(),
+                        source: Some(format!("no answer within the request timeout of {timeout:?}").into()),
+                    }),
+                }
+            };
+            let outcome = tokio::select! {
+                biased;
+                state = self.over() => {
+                    tracing::debug!(key, why, ?state, "session over; the server removes its entries");
+                    return false;
+                }
+                outcome = tried => outcome,
+            };
+            let error = match outcome {
+                Ok(()) => return true,
+                Err(error) => error,
+            };
+            failures += 1;
+            if failures == CLEANUP_WARN_AFTER {
+                self.counters.bump(|c| &c.cleanup_failures);
+                tracing::warn!(
+                    key,
+                    why,
+                    %error,
+                    failures,
+                    "still cannot remove a lock entry; retrying until the session ends"
+                );
+            } else {
+                tracing::debug!(key, why, failures, %error, "background removal failed; retrying");
+            }
+            tokio::select! {
+                biased;
+                _ = self.over() => return false,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(CLEANUP_MAX_BACKOFF);
+        }
     }
 }

@@ -163,9 +163,22 @@ impl Acquire<'_> {
                     return Err(inner.vanished_error(&mine.key).await);
                 }
             };
+            // Never queue with another recipe's entries under the same name
+            // (a permit holder beside a lock holder): refuse, and leave.
+            if let Some(other) = nearest.iter().find(|e| !self.kind.queues_with(e.kind)) {
+                return Err(Error::mixed_recipes(self.name, self.kind, other));
+            }
             let Some(blocker) = self.rule.blocker(&nearest) else {
                 return Ok(true);
             };
+            if let Some(orphan) = inner.orphan(blocker) {
+                // One of this session's own leftovers (a dropped guard, a
+                // cancelled acquire) whose background removal has not finished:
+                // remove it now rather than wait for it, then look again.
+                tracing::debug!(key = %mine.key, orphan = %blocker.key, "removing own leftover entry");
+                self.retrying(|| inner.clean(&orphan)).await?;
+                continue;
+            }
             if let Patience::Never = self.patience {
                 pending.remove_now().await;
                 return Ok(false);
@@ -322,11 +335,12 @@ impl PendingEntry<'_> {
 impl Drop for PendingEntry<'_> {
     fn drop(&mut self) {
         let local = self.local.take();
-        if let Some(entry) = self.entry.take() {
-            self.session.spawn_remove(entry, "cancelled acquire", local);
-        } else if let Some(attempt) = self.attempt.take() {
+        let entry = self.entry.take();
+        if let Some(attempt) = self.attempt.take() {
             self.session
-                .spawn_abandon(self.dir.to_owned(), self.kind, attempt, local);
+                .spawn_abandon(self.dir.to_owned(), self.kind, attempt, entry, local);
+        } else if let Some(entry) = entry {
+            self.session.spawn_remove(entry, "cancelled acquire", local);
         }
     }
 }

@@ -1,41 +1,96 @@
 //! `lockline`: hold a distributed lock while a command runs.
 //!
 //! ```text
-//! lockline lock --etcd http://127.0.0.1:2379 [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]
-//! lockline lock --zookeeper 127.0.0.1:2181[/chroot] [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]
+//! lockline lock --etcd http://127.0.0.1:2379 [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]
+//! lockline lock --zookeeper 127.0.0.1:2181[/chroot] [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]
 //! ```
 //!
 //! Waits in line for the lock `NAME`, prints its key on standard output, then:
 //!
 //! - with a command: runs it with `LOCKLINE_KEY` and `LOCKLINE_TOKEN` (the
 //!   fencing token) in its environment, releases the lock when it exits and
-//!   exits with its status;
-//! - without: holds the lock until SIGINT or SIGTERM, then releases it.
+//!   exits with its status (128 + N when it was killed by signal N);
+//! - without: holds the lock until SIGINT, SIGTERM or SIGHUP, then releases it
+//!   and exits 0.
 //!
-//! If the lock is lost while held (session expired, key deleted), the command
-//! gets SIGTERM and `lockline` exits with status 3. A `--timeout` that runs out
-//! exits with status 2; bad arguments and unreachable clusters with status 1.
+//! Exit statuses: the command's own; 3 when the lock was lost while held; 2
+//! when `--timeout` ran out; 1 for bad arguments, unreachable clusters and
+//! other errors; 128 + N when `lockline` itself got signal N (SIGINT, SIGTERM,
+//! SIGHUP) while waiting for the lock or while the command ran.
+//!
+//! # The command dies with the lock
+//!
+//! The command is started as the leader of a process group of its own, and
+//! everything it starts stays in that group unless it leaves it. When
+//! `lockline` gets SIGINT, SIGTERM or SIGHUP, or the lock is lost (session
+//! expired or declared lost, key deleted), the whole group gets SIGTERM (and
+//! SIGCONT), then SIGKILL once the `--kill-after` grace has passed (default
+//! 2 s; `0` sends SIGKILL at once; a second signal to `lockline` cuts the grace
+//! short). When the command exits by itself, whatever it left running in its
+//! group is stopped the same way. No external program is run for this.
+//!
+//! - On a signal or a normal exit the lock is released only once no process of
+//!   the group runs any more, so the next holder never overlaps with it; then
+//!   `lockline` exits with the command's status or 128 + its own signal.
+//! - On a lost lock the lock is already gone (someone else may hold it): the
+//!   group is signalled at once, before anything else, and `lockline` exits 3
+//!   once the group is gone.
+//! - The command is started with `PR_SET_PDEATHSIG` = SIGKILL: if `lockline`
+//!   is killed outright (SIGKILL, OOM killer), the command itself is killed by
+//!   the kernel. If `lockline` died before that was set, the command is not
+//!   started.
+//! - While `lockline` waits for the lock, SIGINT, SIGTERM or SIGHUP cancel the
+//!   wait and close the session, which removes its place in the queue on the
+//!   server before `lockline` exits, so later contenders are not held up.
+//!
+//! What is not guaranteed:
+//!
+//! - When `lockline` is killed with SIGKILL only the command's own process
+//!   (the direct child) is killed: processes it started (a shell's children)
+//!   keep running, and the lock is freed by the server only when the session's
+//!   TTL runs out.
+//! - Processes that leave the group (`setsid`, `setpgid`, daemons that detach)
+//!   are never signalled.
+//! - The parent-death signal is cleared when the command execs a set-user-ID
+//!   or set-group-ID program or one with file capabilities.
+//! - A process that cannot die (stuck in uninterruptible sleep) keeps
+//!   `lockline`, and the lock, waiting.
+//! - On a lost lock the command runs on, unprotected, for up to the grace.
 //!
 //! On etcd it uses the Go `concurrency` layout: it excludes and is excluded by
 //! `etcdctl lock NAME` and Go's `concurrency.Mutex` on the same name. On
 //! ZooKeeper it uses Curator's layout under the path `/NAME`, and queues with
 //! Curator's `InterProcessMutex` and kazoo's `Lock` there.
 
+mod group;
+mod signals;
+
+use std::ffi::OsStr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use lockline::{Client, Error, MutexGuard, SessionOptions};
+use lockline::{Client, Error, MutexGuard, Session, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_zookeeper::ZooKeeper;
-use tokio::signal::unix::{signal, SignalKind};
+
+use crate::group::{signal_status, ProcessGroup};
+use crate::signals::StopSignals;
 
 const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zookeeper HOST:PORT[,...][/CHROOT]) \
-                     [--ttl SECS] [--timeout SECS] NAME [COMMAND [ARGS...]]";
+                     [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]";
 
 /// Exit status when the lock was lost while held.
 const LOST: u8 = 3;
 /// Exit status when `--timeout` ran out.
 const TIMED_OUT: u8 = 2;
+/// How long the command's group has between SIGTERM and SIGKILL by default.
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
+/// How long a `lockline` signalled while waiting waits for its entry to be
+/// removed before it closes the session anyway.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest `--kill-after` accepted: a grace is meant to be short, since on
+/// a lost lock the command runs unprotected during it.
+const MAX_KILL_AFTER: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, PartialEq)]
 enum Server {
@@ -48,6 +103,7 @@ struct Args {
     server: Server,
     ttl: Duration,
     timeout: Option<Duration>,
+    kill_after: Duration,
     name: String,
     command: Vec<String>,
 }
@@ -69,6 +125,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut server = None;
     let mut ttl = Duration::from_secs(10);
     let mut timeout = None;
+    let mut kill_after = DEFAULT_KILL_AFTER;
     let mut rest = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -86,6 +143,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--ttl" => ttl = seconds("--ttl", args.next())?,
             "--timeout" => timeout = Some(seconds("--timeout", args.next())?),
+            "--kill-after" => {
+                kill_after = seconds("--kill-after", args.next())?;
+                if kill_after > MAX_KILL_AFTER {
+                    return Err(format!("--kill-after: at most {} seconds", MAX_KILL_AFTER.as_secs()));
+                }
+            }
             "--" => {
                 rest.extend(args.by_ref());
                 break;
@@ -105,6 +168,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         server,
         ttl,
         timeout,
+        kill_after,
         name,
         command: rest.collect(),
     })
@@ -119,8 +183,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match run(args).await {
-        Ok(code) => code,
+    // From here on SIGINT, SIGTERM and SIGHUP no longer kill `lockline` on the
+    // spot: each step below decides what they mean.
+    let mut signals = match StopSignals::listen() {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("lockline: cannot listen for SIGINT, SIGTERM and SIGHUP: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match run(args, &mut signals).await {
+        Ok(code) => ExitCode::from(code),
         Err(Error::Timeout { name, waited }) => {
             eprintln!("lockline: {name:?} not acquired within {waited:?}");
             ExitCode::from(TIMED_OUT)
@@ -137,81 +210,150 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> lockline::Result<ExitCode> {
+async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
     let client = match &args.server {
         Server::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
         Server::ZooKeeper(hosts) => Client::new(ZooKeeper::new(hosts.clone())),
     };
-    let session = client.session_with(SessionOptions::new().with_ttl(args.ttl)).await?;
+    let session = tokio::select! {
+        session = client.session_with(SessionOptions::new().with_ttl(args.ttl)) => session?,
+        // Nothing is queued yet; a session being opened ends with its TTL.
+        signal = signals.recv() => return Ok(signal_status(signal)),
+    };
+    match hold(&args, &session, signals).await {
+        Ok(Held::Released(code)) => {
+            session.close().await?;
+            Ok(code)
+        }
+        Ok(Held::Cancelled(signal)) => {
+            // The acquire was dropped, which removes its entry in the
+            // session's background: wait for that (a second signal cuts it
+            // short), then close the session, which removes whatever is left
+            // on the server now rather than when its TTL runs out.
+            let flushed = tokio::select! {
+                flushed = tokio::time::timeout(CLEANUP_TIMEOUT, session.flush()) => flushed.is_ok(),
+                _ = signals.recv() => false,
+            };
+            let closed = session.close().await;
+            if !flushed || closed.is_err() {
+                let reason = closed.err().map(|e| format!(": {e}")).unwrap_or_default();
+                eprintln!(
+                    "lockline: leaving the queue of {:?} was not confirmed; its entry goes when the session's TTL runs out{reason}",
+                    args.name
+                );
+            }
+            Ok(signal_status(signal))
+        }
+        // The session was closed while the command's group was stopped.
+        Ok(Held::Lost) => Ok(LOST),
+        Err(error) => {
+            let _ = session.close().await;
+            Err(error)
+        }
+    }
+}
+
+/// How holding the lock ended.
+enum Held {
+    /// Released (or never taken); exit with this status.
+    Released(u8),
+    /// A signal came while waiting in line; the acquire was cancelled.
+    Cancelled(libc::c_int),
+    /// The lock was lost while held; the session is closed.
+    Lost,
+}
+
+async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lockline::Result<Held> {
     let mutex = session.mutex(&args.name)?;
-    let guard = match args.timeout {
-        Some(timeout) => mutex.lock_timeout(timeout).await?,
-        None => mutex.lock().await?,
+    let acquire = async {
+        match args.timeout {
+            Some(timeout) => mutex.lock_timeout(timeout).await,
+            None => mutex.lock().await,
+        }
+    };
+    let guard = tokio::select! {
+        guard = acquire => guard?,
+        signal = signals.recv() => return Ok(Held::Cancelled(signal)),
     };
     println!("{}", guard.key());
     eprintln!("lockline: holding {} with fencing token {}", guard.key(), guard.token());
     let code = if args.command.is_empty() {
-        hold_until_signal(&guard).await
-    } else {
-        run_command(&guard, &args.command).await
-    };
-    if code == ExitCode::from(LOST) {
-        let _ = session.close().await;
-        return Ok(code);
-    }
-    guard.release().await?;
-    session.close().await?;
-    Ok(code)
-}
-
-async fn hold_until_signal(guard: &MutexGuard) -> ExitCode {
-    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
-        eprintln!("lockline: cannot listen for signals");
-        return ExitCode::from(1);
-    };
-    tokio::select! {
-        _ = interrupt.recv() => ExitCode::SUCCESS,
-        _ = terminate.recv() => ExitCode::SUCCESS,
-        () = guard.lost() => {
-            eprintln!("lockline: lock lost");
-            ExitCode::from(LOST)
+        tokio::select! {
+            _ = signals.recv() => 0,
+            () = guard.lost() => {
+                eprintln!("lockline: lock lost");
+                let _ = session.close().await;
+                return Ok(Held::Lost);
+            }
         }
-    }
+    } else {
+        match run_command(&guard, session, &args.command, args.kill_after, signals).await {
+            Some(code) => code,
+            None => return Ok(Held::Lost),
+        }
+    };
+    guard.release().await?;
+    Ok(Held::Released(code))
 }
 
-async fn run_command(guard: &MutexGuard, command: &[String]) -> ExitCode {
-    let (program, arguments) = match command.split_first() {
-        Some(split) => split,
-        None => return ExitCode::SUCCESS,
+/// Runs the command in its own process group and returns the status to exit
+/// with once no process of the group runs any more, or `None` when the lock
+/// was lost (the session is then closed).
+async fn run_command(
+    guard: &MutexGuard,
+    session: &Session,
+    command: &[String],
+    kill_after: Duration,
+    signals: &mut StopSignals,
+) -> Option<u8> {
+    let Some((program, arguments)) = command.split_first() else {
+        return Some(0);
     };
-    let mut child = match tokio::process::Command::new(program)
-        .args(arguments)
-        .env("LOCKLINE_KEY", guard.key())
-        .env("LOCKLINE_TOKEN", guard.token().to_string())
-        .spawn()
-    {
-        Ok(child) => child,
+    let token = guard.token().to_string();
+    let env = [
+        ("LOCKLINE_KEY", OsStr::new(guard.key())),
+        ("LOCKLINE_TOKEN", OsStr::new(&token)),
+    ];
+    let mut group = match ProcessGroup::spawn(program, arguments, env) {
+        Ok(group) => group,
         Err(error) => {
             eprintln!("lockline: cannot run {program:?}: {error}");
-            return ExitCode::from(1);
+            return Some(1);
         }
     };
-    tokio::select! {
-        status = child.wait() => match status {
-            Ok(status) => ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)),
-            Err(error) => {
-                eprintln!("lockline: waiting for {program:?} failed: {error}");
-                ExitCode::from(1)
-            }
-        },
-        () = guard.lost() => {
-            eprintln!("lockline: lock lost; stopping {program:?}");
-            if let Some(pid) = child.id() {
-                let _ = tokio::process::Command::new("kill").arg(pid.to_string()).status().await;
-            }
-            let _ = child.wait().await;
-            ExitCode::from(LOST)
+    enum Event {
+        Ended(group::Ended),
+        Signal(libc::c_int),
+        Lost,
+    }
+    let event = tokio::select! {
+        ended = group.wait() => Event::Ended(ended),
+        signal = signals.recv() => Event::Signal(signal),
+        () = guard.lost() => Event::Lost,
+    };
+    // A second signal while the group is being stopped sends SIGKILL at once.
+    let hurry = async {
+        signals.recv().await;
+    };
+    match event {
+        Event::Ended(ended) => {
+            // What the command left running in its group does not outlive
+            // the lock either.
+            group.stop(kill_after, hurry).await;
+            Some(ended.code())
+        }
+        Event::Signal(signal) => {
+            eprintln!("lockline: got signal {signal}; the lock is released once the command is gone");
+            group.stop(kill_after, hurry).await;
+            Some(signal_status(signal))
+        }
+        Event::Lost => {
+            eprintln!("lockline: lock lost; stopping the command");
+            let close = async {
+                let _ = session.close().await;
+            };
+            tokio::join!(group.stop(kill_after, hurry), close);
+            None
         }
     }
 }

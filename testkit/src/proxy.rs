@@ -19,7 +19,12 @@ use crate::Result;
 ///   delivered on `heal`, as TCP's retransmission would; new connections are
 ///   accepted but reach the server only after `heal`;
 /// - [`set_requests_held`](Self::set_requests_held) delays the client's bytes
-///   only (a slow path to the server), delivering them in order when released.
+///   only (a slow path to the server), delivering them in order when released;
+/// - [`lose_zk_responses`](Self::lose_zk_responses) (on a proxy started with
+///   [`start_zookeeper`](Self::start_zookeeper)) lets chosen ZooKeeper
+///   requests reach the server and loses their answers: the response is
+///   thrown away and the connection cut, so the client reconnects not knowing
+///   whether the request was applied — a fault injected at one exact step.
 pub struct TcpProxy {
     address: SocketAddr,
     shared: Arc<Shared>,
@@ -32,6 +37,9 @@ struct Shared {
     blackholed: AtomicBool,
     requests_held: AtomicBool,
     stopped: AtomicBool,
+    /// Parse ZooKeeper's framing (`start_zookeeper`).
+    zookeeper: bool,
+    losses: Mutex<Vec<Loss>>,
     connections: Mutex<Vec<TcpStream>>,
 }
 
@@ -52,6 +60,20 @@ impl TcpProxy {
     ///
     /// When the target is not an address or no port can be bound.
     pub fn start(target: &str) -> Result<Self> {
+        Self::start_with(target, false)
+    }
+
+    /// Starts a proxy to a ZooKeeper server that understands its framing, so
+    /// that [`lose_zk_responses`](Self::lose_zk_responses) can pick requests.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_zookeeper(target: &str) -> Result<Self> {
+        Self::start_with(target, true)
+    }
+
+    fn start_with(target: &str, zookeeper: bool) -> Result<Self> {
         let target: SocketAddr = target.parse().map_err(std::io::Error::other)?;
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let address = listener.local_addr()?;
@@ -62,6 +84,8 @@ impl TcpProxy {
             blackholed: AtomicBool::new(false),
             requests_held: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            zookeeper,
+            losses: Mutex::default(),
             connections: Mutex::default(),
         });
         let acceptor = Arc::clone(&shared);
@@ -104,6 +128,55 @@ impl TcpProxy {
     /// delivered, in order, and traffic flows again.
     pub fn heal(&self) {
         self.shared.blackholed.store(false, Ordering::SeqCst);
+    }
+
+    /// Loses the answers to the next `count` ZooKeeper requests whose opcode
+    /// is one of `opcodes` (ZooKeeper's numbers: 1 create, 3 exists, 8
+    /// getChildren, 12 getChildren2, 15 create2, 19 createContainer, ...) and
+    /// whose path starts with `path_prefix`: each reaches the server, which
+    /// applies it; its response is dropped and the connection cut at once.
+    /// Several calls add separate rules. Needs
+    /// [`start_zookeeper`](Self::start_zookeeper).
+    pub fn lose_zk_responses(&self, opcodes: &[i32], path_prefix: &str, count: usize) {
+        self.shared
+            .losses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Loss {
+                opcodes: opcodes.to_vec(),
+                path_prefix: path_prefix.to_owned(),
+                remaining: count,
+                fail_with: None,
+            });
+    }
+
+    /// Like [`lose_zk_responses`](Self::lose_zk_responses), but the picked
+    /// requests are answered with the error code `error` (ZooKeeper's numbers:
+    /// -4 connection loss, -7 operation timeout, ...) on a connection that stays
+    /// up: the request was applied, the client is told it failed.
+    pub fn fail_zk_responses(&self, opcodes: &[i32], path_prefix: &str, count: usize, error: i32) {
+        self.shared
+            .losses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Loss {
+                opcodes: opcodes.to_vec(),
+                path_prefix: path_prefix.to_owned(),
+                remaining: count,
+                fail_with: Some(error),
+            });
+    }
+
+    /// How many responses chosen by [`lose_zk_responses`](Self::lose_zk_responses)
+    /// are still to be lost.
+    pub fn zk_losses_pending(&self) -> usize {
+        self.shared
+            .losses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|l| l.remaining)
+            .sum()
     }
 
     /// Whether the proxy is blackholed now.
@@ -183,9 +256,89 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
         connections.push(client);
         connections.push(server);
     }
+    let doomed: Doomed = Arc::default();
     let requests = Arc::clone(&shared);
-    thread::spawn(move || pipe(client_read, server_write, requests, Direction::Requests));
-    pipe(server_read, client_write, shared, Direction::Responses);
+    let marked = Arc::clone(&doomed);
+    thread::spawn(move || pipe(client_read, server_write, requests, Direction::Requests, marked));
+    pipe(server_read, client_write, shared, Direction::Responses, doomed);
+}
+
+/// A rule of [`TcpProxy::lose_zk_responses`].
+#[derive(Debug)]
+struct Loss {
+    opcodes: Vec<i32>,
+    path_prefix: String,
+    remaining: usize,
+    /// Answer with this error code instead of losing the answer.
+    fail_with: Option<i32>,
+}
+
+/// The xids, on one connection, whose responses are to be lost (`None`) or
+/// replaced by an error code.
+type Doomed = Arc<Mutex<Vec<(i32, Option<i32>)>>>;
+
+/// Splits ZooKeeper's length-prefixed frames off a byte stream; the first
+/// frame each way is the connect handshake, which has no xid.
+#[derive(Default)]
+struct Frames {
+    buffer: Vec<u8>,
+    seen: usize,
+}
+
+impl Frames {
+    /// Appends bytes; returns the complete frames (length prefix included).
+    fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        self.buffer.extend_from_slice(bytes);
+        let mut frames = Vec::new();
+        while self.buffer.len() >= 4 {
+            let len = i32::from_be_bytes([self.buffer[0], self.buffer[1], self.buffer[2], self.buffer[3]]);
+            let total = 4 + usize::try_from(len).unwrap_or(0);
+            if self.buffer.len() < total {
+                break;
+            }
+            frames.push(self.buffer.drain(..total).collect());
+        }
+        frames
+    }
+}
+
+fn be_i32(bytes: &[u8], at: usize) -> Option<i32> {
+    let b = bytes.get(at..at + 4)?;
+    Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+impl Shared {
+    /// A client request frame: marks its xid doomed when a loss rule picks it.
+    fn inspect_request(&self, frame: &[u8], doomed: &Doomed) {
+        let (Some(xid), Some(opcode), Some(path_len)) = (be_i32(frame, 4), be_i32(frame, 8), be_i32(frame, 12)) else {
+            return;
+        };
+        let path = usize::try_from(path_len)
+            .ok()
+            .and_then(|len| frame.get(16..16 + len))
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default();
+        let mut losses = self.losses.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(rule) = losses
+            .iter_mut()
+            .find(|l| l.remaining > 0 && l.opcodes.contains(&opcode) && path.starts_with(&l.path_prefix))
+        {
+            rule.remaining -= 1;
+            doomed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((xid, rule.fail_with));
+        }
+    }
+
+    /// What to do with a server response frame: `None` to pass it on,
+    /// `Some(None)` to lose it, `Some(Some(code))` to answer with an error.
+    fn doom(frame: &[u8], doomed: &Doomed) -> Option<Option<i32>> {
+        let xid = be_i32(frame, 4)?;
+        let mut doomed = doomed.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = doomed.iter().position(|(x, _)| *x == xid)?;
+        Some(doomed.swap_remove(at).1)
+    }
 }
 
 /// How often a pipe looks at the proxy's switches while nothing arrives.
@@ -209,10 +362,11 @@ impl Shared {
 
 /// Copies `from` to `to`, keeping bytes back while the proxy holds this
 /// direction and dropping the server's answers while told to.
-fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: Direction) {
+fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: Direction, doomed: Doomed) {
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = [0u8; 16 * 1024];
     let mut kept: Vec<u8> = Vec::new();
+    let mut frames = Frames::default();
     loop {
         if !kept.is_empty() && !shared.holds(direction) {
             if to.write_all(&kept).is_err() {
@@ -224,6 +378,47 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
             Ok(0) => break,
             Ok(n) => {
                 if direction == Direction::Responses && shared.drop_responses.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if shared.zookeeper && direction == Direction::Requests {
+                    for frame in frames.push(&buf[..n]) {
+                        frames.seen += 1;
+                        if frames.seen > 1 {
+                            // (the first frame is the connect handshake)
+                            shared.inspect_request(&frame, &doomed);
+                        }
+                    }
+                } else if shared.zookeeper {
+                    // Responses are passed on frame by frame, so that one can
+                    // be lost or replaced.
+                    let mut out = Vec::with_capacity(n);
+                    let mut lose = false;
+                    for frame in frames.push(&buf[..n]) {
+                        frames.seen += 1;
+                        match (frames.seen > 1).then(|| Shared::doom(&frame, &doomed)).flatten() {
+                            None => out.extend_from_slice(&frame),
+                            Some(Some(code)) => {
+                                // Header only: length 16, xid, zxid, error code.
+                                out.extend_from_slice(&16i32.to_be_bytes());
+                                out.extend_from_slice(&frame[4..16]);
+                                out.extend_from_slice(&code.to_be_bytes());
+                            }
+                            Some(None) => {
+                                lose = true;
+                                break;
+                            }
+                        }
+                    }
+                    if lose {
+                        // The request was applied; its answer never arrives and
+                        // the connection dies with it.
+                        break;
+                    }
+                    if shared.holds(direction) || !kept.is_empty() {
+                        kept.extend_from_slice(&out);
+                    } else if to.write_all(&out).is_err() {
+                        break;
+                    }
                     continue;
                 }
                 if shared.holds(direction) || !kept.is_empty() {

@@ -40,19 +40,41 @@ pub(crate) fn key(dir: &str, kind: EntryKind, lease_hex: &str, attempt: &str) ->
     }
 }
 
-/// Reads an entry back from a key-value under `<dir>/`.
-pub(crate) fn entry(kv: &KeyValue) -> Option<Entry> {
+/// The marker an abandoned acquire attempt leaves, bound to the session's
+/// lease: `<name>.lockline-abandoned/<lease hex>-<attempt>`. It is outside the
+/// lock's prefix `<name>/` (Go's and etcdctl's contenders never see it) and is
+/// no entry of any lock; the append transaction of that attempt requires it
+/// absent, so an append that reaches the server after its attempt was given
+/// up creates nothing. One small key per acquire cancelled while its append
+/// was in flight; the server deletes it with the session.
+pub(crate) fn abandoned(dir: &str, lease_hex: &str, attempt: &str) -> String {
+    format!("{dir}.lockline-abandoned/{lease_hex}-{attempt}")
+}
+
+/// Whether `key` is an entry of the lock `dir` (see [`entry`]).
+pub(crate) fn is_entry(dir: &str, key: &[u8]) -> bool {
+    std::str::from_utf8(key).is_ok_and(|key| kind_under(dir, key).is_some())
+}
+
+/// Reads an entry of the lock `dir` back from a key-value found under
+/// `<dir>/`, decoding its kind from its position under that prefix; `None` for
+/// a key that is not an entry of this lock.
+///
+/// Under `db/` the keys of other locks show up too: mutex `db/read`'s key
+/// `db/read/<lease>`, mutex `db/x`'s key `db/x/<lease>`, an rwlock `db/x`'s
+/// `db/x/read/<lease>-<attempt>`. Only these shapes are entries of `db`:
+///
+/// - `db/<lease hex>` (mutex, election, and Go / `etcdctl` / server-side lock
+///   contenders);
+/// - `db/read/<lease hex>-<attempt>`, `db/write/<lease hex>-<attempt>`,
+///   `db/semaphore/<lease hex>-<attempt>`.
+///
+/// A name is never searched for a word: a lock may be called `read`,
+/// `a/write/b` or `semaphore`.
+pub(crate) fn entry(dir: &str, kv: &KeyValue) -> Option<Entry> {
     let key = std::str::from_utf8(kv.key()).ok()?;
+    let kind = kind_under(dir, key)?;
     let order = kv.create_revision();
-    let kind = if key.contains("/read/") {
-        EntryKind::Read
-    } else if key.contains("/write/") {
-        EntryKind::Write
-    } else if key.contains("/semaphore/") {
-        EntryKind::Semaphore
-    } else {
-        EntryKind::Mutex
-    };
     Some(Entry {
         key: key.to_owned(),
         kind,
@@ -60,6 +82,48 @@ pub(crate) fn entry(kv: &KeyValue) -> Option<Entry> {
         token: FencingToken::new(u64::try_from(order).ok()?),
         owner: (kv.lease() != 0).then(|| format!("{:x}", kv.lease())),
     })
+}
+
+/// The kind of the entry `key` of the lock `dir`, or `None` when `key` is not
+/// one of its entries.
+fn kind_under(dir: &str, key: &str) -> Option<EntryKind> {
+    let rest = key.strip_prefix(dir)?.strip_prefix('/')?;
+    match rest.split_once('/') {
+        None if is_lease_hex(rest) => Some(EntryKind::Mutex),
+        None => None,
+        Some((segment, tail)) => {
+            let kind = match segment {
+                "read" => EntryKind::Read,
+                "write" => EntryKind::Write,
+                "semaphore" => EntryKind::Semaphore,
+                _ => return None,
+            };
+            let (lease, attempt) = tail.split_once('-')?;
+            let attempt_ok = !attempt.is_empty()
+                && attempt
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            (is_lease_hex(lease) && attempt_ok).then_some(kind)
+        }
+    }
+}
+
+/// A lease id as Go's `concurrency` package and lockline write it: lowercase
+/// hex of a positive 64-bit number.
+fn is_lease_hex(text: &str) -> bool {
+    !text.is_empty() && text.len() <= 16 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The directory of one of this session's own entries: the key with its
+/// kind's suffix cut off by position (`<dir>/<lease>` or
+/// `<dir>/<kind>/<lease>-<attempt>`).
+pub(crate) fn dir_of(entry: &Entry) -> &str {
+    let key = entry.key.as_str();
+    let cut = match entry.kind {
+        EntryKind::Read | EntryKind::Write | EntryKind::Semaphore => key.rsplitn(3, '/').nth(2).map(str::len),
+        _ => key.rfind('/'),
+    };
+    cut.map_or(key, |at| &key[..at])
 }
 
 #[cfg(test)]
@@ -76,5 +140,53 @@ mod tests {
         assert_eq!(key("rw", EntryKind::Write, "1f", "u1"), "rw/write/1f-u1");
         assert_eq!(conflict_prefix("rw", Conflicts::Exclusive), "rw/write/");
         assert_eq!(conflict_prefix("rw", Conflicts::All), "rw/");
+    }
+
+    #[test]
+    fn kinds_come_from_the_position_under_the_lock_prefix() {
+        let attempt = "0123456789abcdef0123456789abcdef";
+        assert_eq!(kind_under("db", "db/1f"), Some(EntryKind::Mutex));
+        assert_eq!(
+            kind_under("db", &format!("db/read/1f-{attempt}")),
+            Some(EntryKind::Read)
+        );
+        assert_eq!(
+            kind_under("db", &format!("db/write/1f-{attempt}")),
+            Some(EntryKind::Write)
+        );
+        assert_eq!(
+            kind_under("db", &format!("db/semaphore/1f-{attempt}")),
+            Some(EntryKind::Semaphore)
+        );
+        // Other locks' keys under the same prefix.
+        assert_eq!(kind_under("db", "db/read/1f"), None, "mutex db/read");
+        assert_eq!(kind_under("db", "db/x/1f"), None, "mutex db/x");
+        assert_eq!(kind_under("db", &format!("db/x/read/1f-{attempt}")), None);
+        assert_eq!(kind_under("db", "db/lock/1f"), None);
+        assert_eq!(kind_under("db", "dbx/1f"), None);
+        assert_eq!(kind_under("db", "db/1F"), None);
+        // Names made of recipe words decode by position alone.
+        assert_eq!(kind_under("read", "read/1f"), Some(EntryKind::Mutex));
+        assert_eq!(kind_under("a/write/b", "a/write/b/1f"), Some(EntryKind::Mutex));
+        assert_eq!(
+            kind_under("db/read", &format!("db/read/write/1f-{attempt}")),
+            Some(EntryKind::Write)
+        );
+        // An rwlock `db`'s read entry is not an entry of mutex `db/read`.
+        assert_eq!(kind_under("db/read", &format!("db/read/1f-{attempt}")), None);
+    }
+
+    #[test]
+    fn the_directory_is_cut_by_position() {
+        let entry = |key: &str, kind| Entry {
+            key: key.into(),
+            kind,
+            order: 1,
+            token: FencingToken::new(1),
+            owner: None,
+        };
+        assert_eq!(dir_of(&entry("db/read/1f", EntryKind::Mutex)), "db/read");
+        assert_eq!(dir_of(&entry("db/read/read/1f-u", EntryKind::Read)), "db/read");
+        assert_eq!(dir_of(&entry("write/write/1f-u", EntryKind::Write)), "write");
     }
 }

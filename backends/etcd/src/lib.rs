@@ -26,7 +26,9 @@
 //!   create revision. `etcdctl lock n`, Go's `concurrency.Mutex` and etcd's
 //!   server-side lock API exclude lockline's holders and vice versa. As with Go,
 //!   a name that is a path prefix of another (`a` and `a/b`) shares its keys:
-//!   do not nest lock names.
+//!   do not nest lock names. A trailing `/` is kept, as in Go's examples:
+//!   `/my-lock/` is the prefix `/my-lock//`, the keys of
+//!   `concurrency.NewMutex(s, "/my-lock/")`.
 //! - **Acquire** = one transaction: create my key if it does not exist and read
 //!   the first-created key under the prefix (one round trip when uncontended).
 //! - **Wait** = a watch on the key with the greatest create revision below mine,
@@ -35,7 +37,10 @@
 //!   predecessor.
 //! - **Release** = `Txn(If CreateRevision(my key) == my revision, Then Delete)`,
 //!   never a bare delete, so a stale guard cannot delete a newer holder's key.
-//! - **Fencing token** = the holder key's create revision.
+//! - **Fencing token** = the holder key's create revision. A Go holder's
+//!   matching number is the `CreateRevision` of its key (a `Get` of
+//!   `m.Key()`), not `m.Header().Revision` (`etcdctl lock`'s `ETCD_LOCK_REV`),
+//!   which is higher whenever the Go holder had to wait.
 //! - **Loss** = a keepalive answered with TTL ≤ 0, no renewal confirmed for
 //!   `ttl - safety margin`, or the key deleted by someone else.
 
@@ -47,8 +52,10 @@ mod layout;
 mod session;
 mod watch;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lockline::{Backend, BackendSession, Error, Result, SessionOptions};
@@ -64,13 +71,52 @@ use crate::session::EtcdSession;
 ///
 /// Connects lazily, on the first session, to the given endpoints (several for a
 /// cluster: requests go to whichever answers). Connect and request deadlines
-/// come from each session's [`SessionOptions`]: an unreachable cluster gives
-/// [`Error::Unavailable`] within the connect timeout, never a hang.
+/// and HTTP/2 keepalive come from each session's [`SessionOptions`]: sessions
+/// whose options agree share one connection, a session with other timeouts
+/// gets its own. An unreachable cluster gives [`Error::Unavailable`] within the
+/// connect timeout, never a hang.
+///
+/// Every request asks for a member that has a leader (etcd's
+/// `WithRequireLeader`): a member cut off from the rest of the cluster fails
+/// requests and ends watches with "no leader" instead of serving them in
+/// silence, so waiters move to a healthy member.
 #[derive(Clone)]
 pub struct Etcd {
     endpoints: Vec<String>,
     connect: Option<etcd_client::ConnectOptions>,
-    client: Arc<OnceCell<etcd_client::Client>>,
+    /// Clients by the connection settings taken from session options
+    /// (`None`: the caller's own connect options or client, for every session).
+    clients: Arc<Mutex<Clients>>,
+}
+
+/// One lazily connected client per connection setting.
+type Clients = HashMap<Option<Connection>, Arc<OnceCell<etcd_client::Client>>>;
+
+/// The session options a connection is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Connection {
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    keepalive_interval: Duration,
+}
+
+impl Connection {
+    fn of(options: &SessionOptions) -> Self {
+        Connection {
+            connect_timeout: options.connect_timeout(),
+            request_timeout: options.request_timeout(),
+            keepalive_interval: options.keepalive_interval(),
+        }
+    }
+
+    fn options(self) -> etcd_client::ConnectOptions {
+        etcd_client::ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_timeout(self.request_timeout)
+            .with_keep_alive(self.keepalive_interval, self.request_timeout)
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true)
+    }
 }
 
 impl fmt::Debug for Etcd {
@@ -89,42 +135,51 @@ impl Etcd {
         Etcd {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             connect: None,
-            client: Arc::default(),
+            clients: Arc::default(),
         }
     }
 
     /// Uses these connect options (TLS, user and password, HTTP/2 keepalive)
-    /// instead of lockline's defaults.
+    /// for every session instead of lockline's defaults, which follow each
+    /// session's options. Require-leader is turned on in them.
     pub fn with_connect_options(mut self, options: etcd_client::ConnectOptions) -> Self {
-        self.connect = Some(options);
+        self.connect = Some(options.with_require_leader(true));
         self
     }
 
-    /// A backend over a client you already have.
+    /// A backend over a client you already have, for every session. Build it
+    /// with `ConnectOptions::with_require_leader(true)` so that waits on a
+    /// member cut off from its cluster end instead of hanging.
     pub fn from_client(client: etcd_client::Client) -> Self {
+        let clients = HashMap::from([(None, Arc::new(OnceCell::new_with(Some(client))))]);
         Etcd {
             endpoints: Vec::new(),
             connect: None,
-            client: Arc::new(OnceCell::new_with(Some(client))),
+            clients: Arc::new(Mutex::new(clients)),
         }
     }
 
     async fn client(&self, options: &SessionOptions) -> Result<etcd_client::Client> {
-        let client = self
-            .client
+        let cell = {
+            let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = match clients.get(&None) {
+                Some(_) => None,
+                None if self.connect.is_some() => None,
+                None => Some(Connection::of(options)),
+            };
+            Arc::clone(clients.entry(key).or_default())
+        };
+        let client = cell
             .get_or_try_init(|| async {
                 if self.endpoints.is_empty() {
                     return Err(Error::InvalidOptions {
                         reason: "no etcd endpoint given".into(),
                     });
                 }
-                let connect = self.connect.clone().unwrap_or_else(|| {
-                    etcd_client::ConnectOptions::new()
-                        .with_connect_timeout(options.connect_timeout())
-                        .with_timeout(options.request_timeout())
-                        .with_keep_alive(options.keepalive_interval(), options.request_timeout())
-                        .with_keep_alive_while_idle(true)
-                });
+                let connect = self
+                    .connect
+                    .clone()
+                    .unwrap_or_else(|| Connection::of(options).options());
                 etcd_client::Client::connect(&self.endpoints, Some(connect))
                     .await
                     .map_err(|e| error::map(e, None))

@@ -1,7 +1,8 @@
 //! An etcd session: one lease, its keepalive, one watch stream.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +29,18 @@ pub(crate) struct EtcdSession {
     state: watch::Sender<SessionState>,
     hub: Hub,
     keepalive: AbortHandle,
+    /// The keys of this session's mutex and election entries (one key per
+    /// name, `<name>/<lease>`, in both layouts), by the acquire attempt that
+    /// writes or holds each: a mutex and an election of one name must not
+    /// take the same key for one entry.
+    shared_keys: std::sync::Mutex<HashMap<String, KeyClaim>>,
+}
+
+/// Which acquire attempt uses a session's one key of a name.
+#[derive(Debug, Clone)]
+struct KeyClaim {
+    attempt: String,
+    kind: EntryKind,
 }
 
 impl fmt::Debug for EtcdSession {
@@ -73,6 +86,7 @@ impl EtcdSession {
             state,
             hub,
             keepalive,
+            shared_keys: std::sync::Mutex::default(),
         }))
     }
 
@@ -100,8 +114,70 @@ impl EtcdSession {
         self.client.kv_client().txn(txn).await.map_err(|e| self.err(e))
     }
 
-    fn entries(response: &etcd_client::GetResponse) -> Vec<Entry> {
-        response.kvs().iter().filter_map(layout::entry).collect()
+    /// The entries of the lock `dir` in a range read under its prefix (keys
+    /// of other locks nested under it are left out).
+    fn entries(dir: &str, response: &etcd_client::GetResponse) -> Vec<Entry> {
+        response.kvs().iter().filter_map(|kv| layout::entry(dir, kv)).collect()
+    }
+
+    /// Reserves the session's one key of a name for this attempt (mutex and
+    /// election keys only: other kinds' keys carry their attempt id).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] when an entry of the other kind (an election for
+    /// a mutex, a mutex for an election) of this name uses the key now.
+    fn claim(&self, key: &str, request: &AppendRequest<'_>) -> Result<()> {
+        if !shares_key(request.kind) {
+            return Ok(());
+        }
+        let mut claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(claim) = claims.get(key) {
+            if claim.attempt != request.attempt && claim.kind != request.kind {
+                return Err(Error::InvalidName {
+                    name: request.dir.to_owned(),
+                    reason: format!(
+                        "this session already has {} entry {key:?}; on etcd a mutex and an election of \
+                         one name share one key per session, so they cannot be used at once",
+                        article(claim.kind)
+                    ),
+                });
+            }
+        }
+        claims.insert(
+            key.to_owned(),
+            KeyClaim {
+                attempt: request.attempt.to_owned(),
+                kind: request.kind,
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether `key` is claimed by another attempt than `attempt`.
+    fn claimed_by_other(&self, key: &str, attempt: &str) -> bool {
+        let claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
+        claims.get(key).is_some_and(|claim| claim.attempt != attempt)
+    }
+
+    /// Lets go of a key whose entry is gone.
+    fn release_claim(&self, key: &str, attempt: Option<&str>) {
+        let mut claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if attempt.is_none_or(|attempt| claims.get(key).is_some_and(|claim| claim.attempt == attempt)) {
+            claims.remove(key);
+        }
+    }
+}
+
+/// Kinds whose key is the same for every entry of one session and name.
+fn shares_key(kind: EntryKind) -> bool {
+    !matches!(kind, EntryKind::Read | EntryKind::Write | EntryKind::Semaphore)
+}
+
+fn article(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::Election => "an election",
+        _ => "a mutex",
     }
 }
 
@@ -129,14 +205,19 @@ impl BackendSession for EtcdSession {
         self.state.subscribe()
     }
 
-    /// One round trip: if my key does not exist, create it with my lease and
-    /// read it back with the head of the queue; else read both (a retry after a
-    /// lost response finds its own key).
+    /// One round trip: if my key does not exist (and this attempt was not
+    /// abandoned), create it with my lease and read it back with the nearest
+    /// earlier conflicting keys; else read it (a retry after a lost response
+    /// finds its own key).
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
         let key = layout::key(request.dir, request.kind, &self.id, request.attempt);
+        self.claim(&key, request)?;
+        let abandoned = layout::abandoned(request.dir, &self.id, request.attempt);
         // Right after my put my key is the newest under the prefix, so the
         // newest conflicting keys (one more than asked, mine may be among them)
-        // are exactly the nearest earlier ones.
+        // are exactly the nearest earlier ones, unless keys of other locks
+        // nested under the prefix take some of the room (then the core asks
+        // `earlier`, which reads on).
         let nearest_prefix = layout::conflict_prefix(request.dir, request.conflicts);
         let newest = GetOptions::new()
             .with_prefix()
@@ -148,18 +229,35 @@ impl BackendSession for EtcdSession {
             Some(PutOptions::new().with_lease(self.lease)),
         );
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                // An append that reaches the server after its attempt was
+                // abandoned (another path, a slow member) creates nothing.
+                Compare::create_revision(abandoned.clone(), CompareOp::Equal, 0),
+            ])
             .and_then([
                 put,
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(nearest_prefix, Some(newest)),
             ])
-            .or_else([TxnOp::get(key.clone(), None)]);
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(abandoned, Some(GetOptions::new().with_count_only())),
+            ]);
         let response = self.txn(txn).await?;
         let ops = response.op_responses();
         let (mine, newest) = if response.succeeded() {
             (get_response(ops.get(1))?, Some(get_response(ops.get(2))?))
         } else {
+            if get_response(ops.get(1))?.count() > 0 {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!(
+                        "acquire attempt {} on {:?} was already abandoned",
+                        request.attempt, request.dir
+                    ),
+                ));
+            }
             // My key already existed (a retry after a lost answer): keys newer
             // than mine may exist too, so the core asks `earlier`.
             (get_response(ops.first())?, None)
@@ -167,7 +265,7 @@ impl BackendSession for EtcdSession {
         let entry = mine
             .kvs()
             .first()
-            .and_then(layout::entry)
+            .and_then(|kv| layout::entry(request.dir, kv))
             .ok_or_else(|| Error::LockLost { key: key.clone() })?;
         if mine.kvs().first().map(|kv| kv.lease()) != Some(self.lease) {
             return Err(Error::backend(
@@ -175,39 +273,70 @@ impl BackendSession for EtcdSession {
                 format!("key {key:?} exists with another lease; refusing to share it"),
             ));
         }
-        let nearest = newest.map(|newest| {
-            let mut nearest: Vec<Entry> = Self::entries(newest)
+        let nearest = newest.and_then(|newest| {
+            let mut nearest: Vec<Entry> = Self::entries(request.dir, newest)
                 .into_iter()
-                .filter(|e| e.order < entry.order)
+                .filter(|e| e.order < entry.order && request.conflicts.includes(e.kind))
                 .collect();
+            if nearest.len() < request.nearest && newest.more() {
+                // Other locks' keys filled the page: the answer is incomplete.
+                return None;
+            }
             nearest.truncate(request.nearest);
-            nearest
+            Some(nearest)
         });
         Ok(Appended { entry, nearest })
     }
 
     /// One round trip: confirm my key is still the same entry and read the
     /// nearest earlier conflicting keys (greatest create revision below mine).
+    /// When keys of other locks nested under the prefix leave the read short,
+    /// one more read takes every key below mine.
     async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {
-        let prefix = layout::conflict_prefix(dir_of(entry), conflicts);
-        let nearest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(entry.order - 1)
-            .with_limit(i64::try_from(count.max(1)).unwrap_or(i64::MAX));
+        let dir = layout::dir_of(entry);
+        let prefix = layout::conflict_prefix(dir, conflicts);
+        let count = count.max(1);
+        let below_mine = || {
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(entry.order - 1)
+        };
+        let nearest = below_mine().with_limit(i64::try_from(count).unwrap_or(i64::MAX));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),
                 CompareOp::Equal,
                 entry.order,
             )])
-            .and_then([TxnOp::get(prefix, Some(nearest))]);
+            .and_then([TxnOp::get(prefix.clone(), Some(nearest))]);
         let response = self.txn(txn).await?;
         if !response.succeeded() {
             return Ok(Earlier::Gone);
         }
         let ops = response.op_responses();
-        Ok(Earlier::Entries(Self::entries(get_response(ops.first())?)))
+        let first = get_response(ops.first())?;
+        let mut found: Vec<Entry> = Self::entries(dir, first)
+            .into_iter()
+            .filter(|e| conflicts.includes(e.kind))
+            .collect();
+        if found.len() < count && first.more() {
+            // Never take a short page for the whole queue: that would grant
+            // a lock someone else holds. Keys created before mine can only
+            // go away, so a later read is a subset, never a superset.
+            let all = self
+                .client
+                .kv_client()
+                .get(prefix, Some(below_mine().with_keys_only()))
+                .await
+                .map_err(|e| self.err(e))?;
+            found = Self::entries(dir, &all)
+                .into_iter()
+                .filter(|e| conflicts.includes(e.kind))
+                .collect();
+        }
+        found.truncate(count);
+        Ok(Earlier::Entries(found))
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
@@ -217,7 +346,7 @@ impl BackendSession for EtcdSession {
             .get(layout::prefix(dir), Some(first_created(0)))
             .await
             .map_err(|e| self.err(e))?;
-        Ok(Self::entries(&response))
+        Ok(Self::entries(dir, &response))
     }
 
     /// A watch on the prefix from the current revision, then one read.
@@ -230,7 +359,9 @@ impl BackendSession for EtcdSession {
                         return Ok(());
                     }
                 }
-                Signal::Put { .. } => return Ok(()),
+                // Keys of other locks nested under the prefix do not count.
+                Signal::Put { key, .. } if layout::is_entry(dir, &key) => return Ok(()),
+                Signal::Put { .. } => {}
                 Signal::Delete { .. } => {}
                 Signal::Broken(reason) => return Err(unavailable(reason)),
             }
@@ -268,15 +399,36 @@ impl BackendSession for EtcdSession {
                 entry.order,
             )])
             .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        Ok(self.txn(txn).await?.succeeded())
+        let removed = self.txn(txn).await?.succeeded();
+        // Deleted now or gone before: the key is free for the session's next entry.
+        self.release_claim(&entry.key, None);
+        Ok(removed)
     }
 
+    /// One transaction: delete the attempt's key if it holds my lease, and
+    /// leave a marker (bound to my lease) saying the attempt was abandoned, so
+    /// that its append, if it reaches the server only now (another member, a
+    /// slow path), creates nothing.
     async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
         let key = layout::key(dir, kind, &self.id, attempt);
-        let txn = Txn::new()
-            .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease)])
-            .and_then([TxnOp::delete(key, None)]);
-        self.txn(txn).await.map(|_| ())
+        let marker = TxnOp::put(
+            layout::abandoned(dir, &self.id, attempt),
+            Vec::new(),
+            Some(PutOptions::new().with_lease(self.lease)),
+        );
+        let txn = if shares_key(kind) && self.claimed_by_other(&key, attempt) {
+            // The key is another entry's of this session (an election of the
+            // same name while this mutex was refused, say): keep it.
+            Txn::new().and_then([marker])
+        } else {
+            Txn::new()
+                .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease)])
+                .and_then([marker.clone(), TxnOp::delete(key.clone(), None)])
+                .or_else([marker])
+        };
+        self.txn(txn).await?;
+        self.release_claim(&key, Some(attempt));
+        Ok(())
     }
 
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
@@ -324,7 +476,9 @@ impl BackendSession for EtcdSession {
                 },
                 Signal::Delete { revision } if revision > entry.order => return Ok(None),
                 Signal::Delete { .. } => {}
-                Signal::Put { create_revision, value } => {
+                Signal::Put {
+                    create_revision, value, ..
+                } => {
                     // An older key under the same name: not this entry.
                     if create_revision < entry.order {
                         continue;
@@ -362,7 +516,7 @@ impl BackendSession for EtcdSession {
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
         let revoked = self.client.lease_client().revoke(self.lease).await;
-        self.state.send_replace(SessionState::Closed);
+        SessionState::advance(&self.state, SessionState::Closed);
         match revoked {
             Ok(_) => Ok(()),
             Err(error) => match map(error, Some(&self.id)) {
@@ -389,19 +543,6 @@ impl EtcdSession {
     }
 }
 
-/// The lock directory an entry belongs to, from its key and the layout.
-fn dir_of(entry: &Entry) -> &str {
-    let key = entry.key.as_str();
-    let cut = match entry.kind {
-        EntryKind::Read | EntryKind::Write | EntryKind::Semaphore => {
-            // <dir>/<kind>/<lease>-<attempt>
-            key.rsplitn(3, '/').nth(2).map(str::len)
-        }
-        _ => key.rfind('/'),
-    };
-    cut.map_or(key, |at| &key[..at])
-}
-
 fn unavailable(reason: String) -> Error {
     Error::Unavailable {
         backend: BACKEND,
@@ -409,9 +550,26 @@ fn unavailable(reason: String) -> Error {
     }
 }
 
-/// Renews the lease every `keepalive_interval`; declares the session lost on a
-/// TTL ≤ 0 answer or when nothing has been confirmed for `ttl - safety_margin`,
-/// and suspended while renewals fail before that.
+/// Why the keepalive stopped renewing.
+enum Ending {
+    /// No renewal confirmed for `ttl - safety margin`.
+    Unconfirmed,
+    /// The server answered with TTL ≤ 0: the lease is gone already.
+    Expired,
+    /// The session was declared lost elsewhere (a request found the lease gone).
+    DeclaredLost,
+}
+
+/// Renews the lease every `keepalive_interval`; the session is `Suspended` as
+/// soon as a renewal goes unanswered for a keepalive interval (or fails), and
+/// `Lost` on a TTL ≤ 0 answer or when no renewal has been confirmed for
+/// `ttl - safety_margin`, counted from the send time of the last renewal the
+/// server answered.
+///
+/// Once lost the session stops renewing for good and revokes its lease as soon
+/// as the server can be reached (DESIGN §6.11): a renewal sent before the loss
+/// and delivered late could otherwise keep the lease, and the keys of a
+/// session that already told its holders they lost, alive.
 async fn keep_alive(
     client: Client,
     lease: i64,
@@ -424,43 +582,64 @@ async fn keep_alive(
     let mut confirmed = granted_at;
     let mut stream = None;
     let mut wait = interval;
-    loop {
+    let mut watched = state.subscribe();
+    let ending = loop {
         let deadline = confirmed + options.loss_deadline();
-        if tokio::time::timeout_at(deadline, tokio::time::sleep(wait))
-            .await
-            .is_err()
-        {
-            break;
+        tokio::select! {
+            biased;
+            _ = watched.wait_for(|s| s.is_over()) => break Ending::DeclaredLost,
+            () = tokio::time::sleep_until(deadline) => break Ending::Unconfirmed,
+            () = tokio::time::sleep(wait) => {}
         }
         let sent = Instant::now();
-        let renewal = async {
-            if stream.is_none() {
-                stream = Some(client.lease_client().keep_alive(lease).await?);
-            }
-            let Some((keeper, responses)) = stream.as_mut() else {
-                return Ok(None);
+        let outcome = {
+            let renewal = async {
+                if stream.is_none() {
+                    stream = Some(client.lease_client().keep_alive(lease).await?);
+                }
+                let Some((keeper, responses)) = stream.as_mut() else {
+                    return Ok(None);
+                };
+                keeper.keep_alive().await?;
+                responses.message().await
             };
-            keeper.keep_alive().await?;
-            responses.message().await
+            let renewal = tokio::time::timeout(options.request_timeout(), renewal);
+            tokio::pin!(renewal);
+            // A renewal normally answers within milliseconds: one that takes a
+            // whole keepalive interval means the server may be out of reach.
+            let slow = sent + interval.min(options.request_timeout());
+            tokio::select! {
+                biased;
+                outcome = &mut renewal => Some(outcome),
+                () = tokio::time::sleep_until(deadline) => None,
+                () = tokio::time::sleep_until(slow) => {
+                    if SessionState::advance(&state, SessionState::Suspended) {
+                        tracing::debug!(lease = format!("{lease:x}"), "etcd keepalive unanswered; session suspended");
+                    }
+                    tokio::select! {
+                        biased;
+                        outcome = &mut renewal => Some(outcome),
+                        () = tokio::time::sleep_until(deadline) => None,
+                    }
+                }
+            }
         };
-        let bounded = tokio::time::timeout(options.request_timeout(), renewal);
-        match tokio::time::timeout_at(deadline, bounded).await {
-            Err(_) => break,
-            Ok(Ok(Ok(Some(response)))) if response.ttl() > 0 => {
+        match outcome {
+            None => break Ending::Unconfirmed,
+            Some(Ok(Ok(Some(response)))) if response.ttl() > 0 => {
                 confirmed = sent;
                 wait = interval;
                 SessionState::advance(&state, SessionState::Live);
             }
-            Ok(Ok(Ok(Some(_)))) => {
-                tracing::warn!(lease = format!("{lease:x}"), "etcd lease expired or revoked");
-                SessionState::advance(&state, SessionState::Lost);
-                return;
-            }
-            outcome => {
+            Some(Ok(Ok(Some(_)))) => break Ending::Expired,
+            Some(outcome) => {
                 let why = match outcome {
-                    Ok(Ok(Err(error))) => error.to_string(),
-                    Ok(Ok(Ok(None))) => "keepalive stream ended".into(),
-                    _ => "keepalive timed out".into(),
+                    Ok(Err(error)) => error.to_string(),
+                    Ok(Ok(_)) => "keepalive stream ended".into(),
+                    Err(_) => format!(
+                        "no answer within the request timeout of {:?}",
+                        options.request_timeout()
+                    ),
                 };
                 tracing::debug!(lease = format!("{lease:x}"), why, "etcd keepalive failed; retrying");
                 stream = None;
@@ -468,11 +647,61 @@ async fn keep_alive(
                 SessionState::advance(&state, SessionState::Suspended);
             }
         }
+    };
+    // Stop renewing, whatever happens next.
+    drop(stream);
+    match ending {
+        Ending::Expired => {
+            tracing::warn!(
+                lease = format!("{lease:x}"),
+                "etcd lease expired or revoked; session lost"
+            );
+            SessionState::advance(&state, SessionState::Lost);
+            return;
+        }
+        Ending::Unconfirmed => {
+            tracing::warn!(
+                lease = format!("{lease:x}"),
+                deadline = ?options.loss_deadline(),
+                "etcd lease not confirmed within ttl - safety margin; session lost"
+            );
+            SessionState::advance(&state, SessionState::Lost);
+        }
+        Ending::DeclaredLost => {}
     }
-    tracing::warn!(
-        lease = format!("{lease:x}"),
-        deadline = ?options.loss_deadline(),
-        "etcd lease not confirmed within ttl - safety margin; session lost"
-    );
-    SessionState::advance(&state, SessionState::Lost);
+    if *state.borrow() == SessionState::Lost {
+        revoke_lost_lease(&client, lease, &options).await;
+    }
+}
+
+/// Revokes a lost session's lease, retrying with capped backoff until the
+/// server confirms it (revoked now, or not found: expired or revoked before).
+/// Runs as long as the session's keepalive task, i.e. until every handle of
+/// the session is dropped.
+async fn revoke_lost_lease(client: &Client, lease: i64, options: &SessionOptions) {
+    let id = format!("{lease:x}");
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let revoked = tokio::time::timeout(options.request_timeout(), client.lease_client().revoke(lease)).await;
+        match revoked {
+            Ok(Ok(_)) => {
+                tracing::info!(lease = %id, "lost etcd session's lease revoked");
+                return;
+            }
+            Ok(Err(error)) => match map(error, Some(&id)) {
+                Error::SessionLost { .. } => {
+                    tracing::debug!(lease = %id, "lost etcd session's lease already gone");
+                    return;
+                }
+                error => tracing::debug!(lease = %id, %error, ?backoff, "revoking a lost etcd lease failed; retrying"),
+            },
+            Err(_) => tracing::debug!(
+                lease = %id,
+                timeout = ?options.request_timeout(),
+                "revoking a lost etcd lease timed out; retrying"
+            ),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
 }

@@ -17,8 +17,12 @@ use tokio::sync::mpsc;
 pub(crate) enum Signal {
     /// The server created the watch; events after `revision` follow.
     Created,
-    /// The key was written.
-    Put { create_revision: i64, value: Vec<u8> },
+    /// A key was written (the watched key, or one under the watched prefix).
+    Put {
+        key: Vec<u8>,
+        create_revision: i64,
+        value: Vec<u8>,
+    },
     /// The key was deleted, at this revision.
     Delete { revision: i64 },
     /// The watch ended without an event (stream broken, watch canceled by the server).
@@ -185,6 +189,7 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         events.fetch_add(1, Ordering::Relaxed);
                         let signal = match (event.event_type(), event.kv()) {
                             (EventType::Put, Some(kv)) => Signal::Put {
+                                key: kv.key().to_vec(),
                                 create_revision: kv.create_revision(),
                                 value: kv.value().to_vec(),
                             },

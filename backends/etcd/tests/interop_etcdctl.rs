@@ -159,3 +159,108 @@ async fn etcdctl_elect_sees_lockline_s_leader() {
     );
     leadership.resign().await.expect("resign");
 }
+
+/// etcd's server-side lock API (`Lock` RPC, what `etcdctl lock` and Go's
+/// `v3lock` clients call) keeps the Go layout: it and lockline exclude each
+/// other, in both directions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_side_lock_api_and_lockline_exclude_each_other() {
+    use lockline_etcd::etcd_client::LockOptions;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let mut raw = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    let lease = raw.lease_grant(60, None).await.expect("lease").id();
+    let held = raw
+        .lock("interop/api", Some(LockOptions::new().with_lease(lease)))
+        .await
+        .expect("server-side lock");
+    let key = String::from_utf8(held.key().to_vec()).expect("utf-8 key");
+    assert_eq!(key, format!("interop/api/{lease:x}"));
+
+    // The server's holder blocks lockline.
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client.session().await.expect("session");
+    let mutex = session.mutex("interop/api").expect("mutex");
+    assert!(
+        mutex.try_lock().await.expect("try_lock").is_none(),
+        "the server's lock was ignored"
+    );
+    let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
+    raw.unlock(key).await.expect("server-side unlock");
+    let guard = bounded("lockline takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+
+    // lockline's holder blocks the server's lock until it releases.
+    let queued = {
+        let mut watcher = raw.clone();
+        let mut stream = watcher
+            .watch("interop/api/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch");
+        async move {
+            loop {
+                let response = stream.message().await.expect("watch").expect("stream");
+                if response.events().iter().any(|e| e.event_type() == EventType::Put) {
+                    return;
+                }
+            }
+        }
+    };
+    let mut locker = raw.clone();
+    let server = tokio::spawn(async move {
+        locker
+            .lock("interop/api", Some(LockOptions::new().with_lease(lease)))
+            .await
+    });
+    bounded("the server-side lock queues", queued).await;
+    assert!(!server.is_finished(), "the server granted a held lock");
+    guard.release().await.expect("release");
+    let granted = bounded("the server-side lock is granted", server)
+        .await
+        .expect("task")
+        .expect("server-side lock");
+    assert_eq!(granted.key(), format!("interop/api/{lease:x}").as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_campaigns_behind_lockline_s_leader() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client.session().await.expect("session");
+    let leadership = session
+        .election("interop/campaign")
+        .expect("election")
+        .campaign(b"lockline-leader")
+        .await
+        .expect("campaign");
+
+    let mut raw = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    let mut watch = raw
+        .watch("interop/campaign/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    let etcdctl = run_etcdctl(&cluster, &["elect", "interop/campaign", "from-etcdctl"]);
+    bounded("etcdctl campaigns", async {
+        loop {
+            let response = watch.message().await.expect("watch").expect("stream");
+            if response.events().iter().any(|e| e.event_type() == EventType::Put) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        etcdctl.line(Duration::from_millis(300)).is_none(),
+        "etcdctl leads beside lockline"
+    );
+    leadership.resign().await.expect("resign");
+    let key = etcdctl
+        .line(Duration::from_secs(10))
+        .expect("etcdctl leads after lockline");
+    assert!(key.starts_with("interop/campaign/"), "{key}");
+}

@@ -11,9 +11,17 @@
 //!
 //! Recognised from other clients: kazoo's `<hex>__lock__<seq>` (exclusive) and
 //! `<hex>__rlock__<seq>` (shared), ZooKeeper's recipe `x-<session>-<seq>`
-//! (exclusive). Anything else in the directory is ignored. Entries are ordered
-//! by their sequence number, parsed from the trailing digits as a signed 32-bit
-//! value (ZooKeeper's counter wraps negative), never by a string sort.
+//! (exclusive). Entries are ordered by their sequence number, parsed from the
+//! trailing digits as a signed 32-bit value (ZooKeeper's counter wraps
+//! negative), never by a string sort.
+//!
+//! Recognised and refused: the nodes of semaphores lockline cannot queue with,
+//! Curator's `InterProcessSemaphoreV2` (children `leases` and `locks`, its
+//! leases one level down) and kazoo's `Semaphore` (32-hex-digit lease nodes
+//! without a sequence number). They are reported as [`EntryKind::Foreign`]
+//! entries placed first in the queue, so every lockline contender under that
+//! name meets one and fails with `InvalidName` instead of holding beside a
+//! lease it cannot see. Anything else in the directory is ignored.
 
 use lockline::{EntryKind, FencingToken};
 
@@ -74,8 +82,27 @@ fn sequence(name: &str) -> Option<(&str, i32)> {
     Some((rest, i32::try_from(value).ok()?))
 }
 
+/// Curator `InterProcessSemaphoreV2`'s children of its path.
+const CURATOR_SEMAPHORE_CHILDREN: [&str; 2] = ["leases", "locks"];
+
+/// A node of another client's semaphore: Curator's `leases`/`locks`, or a
+/// kazoo `Semaphore` lease (`uuid4().hex`: 32 lowercase hex digits).
+fn foreign_semaphore(name: &str) -> bool {
+    CURATOR_SEMAPHORE_CHILDREN.contains(&name)
+        || (name.len() == 32 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
 /// Recognises a contender node, or `None` for anything else.
 pub(crate) fn parse(name: &str) -> Option<Contender> {
+    if foreign_semaphore(name) {
+        // First in the queue: whoever queues under this name meets it.
+        return Some(Contender {
+            name: name.to_owned(),
+            kind: EntryKind::Foreign,
+            sequence: i32::MIN,
+            attempt: None,
+        });
+    }
     let (rest, sequence) = sequence(name)?;
     let curator = |marker: &str| -> Option<String> {
         let body = rest.strip_prefix("_c_")?.strip_suffix(marker)?;
@@ -109,10 +136,24 @@ pub(crate) fn parse(name: &str) -> Option<Contender> {
 }
 
 /// The contenders among a directory's children, in queue order.
+///
+/// ZooKeeper's per-directory counter is a signed 32-bit value that wraps from
+/// `2147483647` to `-2147483648`; queue order is serial-number order (RFC 1982):
+/// every sequence is placed relative to the first one listed, so a node made
+/// just after the wrap sorts after one made just before it. This holds while
+/// the live contenders of one directory span fewer than 2³¹ creations.
 pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
     let mut found: Vec<Contender> = children.iter().filter_map(|c| parse(c)).collect();
-    found.sort_by_key(|c| c.sequence);
+    if let Some(anchor) = found.first().map(|c| c.sequence) {
+        found.sort_by_key(|c| i64::from(anchor) + i64::from(c.sequence.wrapping_sub(anchor)));
+    }
     found
+}
+
+/// Whether sequence `a` was handed out before `b` (serial-number order, see
+/// [`contenders`]).
+pub(crate) fn before(a: i32, b: i32) -> bool {
+    b.wrapping_sub(a) > 0
 }
 
 #[cfg(test)]
@@ -147,8 +188,22 @@ mod tests {
         let recipe = parse("x-72057594037927936-0000000009").expect("ZooKeeper recipe");
         assert_eq!((recipe.kind, recipe.sequence), (EntryKind::Mutex, 9));
         assert_eq!(parse("config"), None);
-        assert_eq!(parse("leases"), None);
+        assert_eq!(parse("lease"), None);
         assert_eq!(parse("something-0000000001"), None);
+    }
+
+    #[test]
+    fn other_clients_semaphores_are_foreign_and_first() {
+        for name in ["leases", "locks", "0123456789abcdef0123456789abcdef"] {
+            let c = parse(name).expect("recognised");
+            assert_eq!((c.kind, c.sequence), (EntryKind::Foreign, i32::MIN), "{name}");
+        }
+        // Not a kazoo lease: upper case, or one digit short.
+        assert_eq!(parse("0123456789ABCDEF0123456789ABCDEF"), None);
+        assert_eq!(parse("0123456789abcdef0123456789abcde").map(|c| c.kind), None);
+        let children = vec!["_c_a-lock-0000000001".to_owned(), "leases".to_owned()];
+        let order: Vec<EntryKind> = contenders(&children).iter().map(|c| c.kind).collect();
+        assert_eq!(order, vec![EntryKind::Foreign, EntryKind::Mutex]);
     }
 
     #[test]
@@ -164,6 +219,21 @@ mod tests {
         ];
         let order: Vec<i32> = contenders(&children).iter().map(|c| c.sequence).collect();
         assert_eq!(order, vec![-5, 2, 9, 10, 100]);
+    }
+
+    #[test]
+    fn order_survives_the_counter_wrap() {
+        let children = vec![
+            "_c_c-lock--2147483648".to_owned(),
+            "_c_a-lock-2147483646".to_owned(),
+            "_c_d-lock--2147483647".to_owned(),
+            "_c_b-lock-2147483647".to_owned(),
+        ];
+        let order: Vec<i32> = contenders(&children).iter().map(|c| c.sequence).collect();
+        assert_eq!(order, vec![2147483646, 2147483647, i32::MIN, i32::MIN + 1]);
+        assert!(before(i32::MAX, i32::MIN));
+        assert!(!before(i32::MIN, i32::MAX));
+        assert!(before(-5, 2) && !before(2, -5) && !before(7, 7));
     }
 
     #[test]

@@ -81,13 +81,27 @@ impl Backend for ZooKeeper {
         error::BACKEND
     }
 
-    /// ZooKeeper reserves `/zookeeper`.
+    /// ZooKeeper reserves `/zookeeper`, and no ZooKeeper path ends in `/`.
+    ///
+    /// A trailing `/` (etcd's Go examples name locks `/my-lock/`) is refused
+    /// rather than dropped: Curator and kazoo refuse such a path too, and on
+    /// etcd `/my-lock/` and `/my-lock` are two different locks, so quietly
+    /// mapping both to `/my-lock` here would make one program's two locks one.
     fn validate_name(&self, name: &str) -> Result<()> {
         let first = name.trim_start_matches('/').split('/').next().unwrap_or_default();
         if first == "zookeeper" {
             return Err(Error::InvalidName {
                 name: name.to_owned(),
                 reason: "ZooKeeper reserves the /zookeeper subtree".into(),
+            });
+        }
+        if name.ends_with('/') {
+            return Err(Error::InvalidName {
+                name: name.to_owned(),
+                reason: format!(
+                    "a ZooKeeper path cannot end in '/' (Curator and kazoo refuse it too); name the lock {:?}",
+                    name.trim_end_matches('/')
+                ),
             });
         }
         Ok(())

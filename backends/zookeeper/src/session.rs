@@ -12,8 +12,9 @@ use lockline::{
 };
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, SessionState as ZkState,
+    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, SessionState as ZkState, Stat,
 };
 
 use crate::error::map;
@@ -22,12 +23,54 @@ use crate::layout::{self, Contender};
 /// A lockline session on ZooKeeper.
 pub(crate) struct ZkSession {
     id: String,
-    /// `None` once closed; every call clones it (cheap) for its duration.
-    client: StdMutex<Option<Client>>,
+    /// `None` once closed or lost; every call clones it (cheap) for its
+    /// duration. Dropping the last clone ends the ZooKeeper session: the
+    /// client sends `closeSession` as soon as it reaches a server.
+    client: Arc<StdMutex<Option<Client>>>,
     state: watch::Sender<SessionState>,
+    liveness: Arc<Liveness>,
     tracker: AbortHandle,
-    /// Appends whose response was lost: a retry looks for their node first.
+    /// Appends that may have created a node without our knowing it: a retry
+    /// looks for the attempt's node before creating one. An attempt leaves the
+    /// set only once its append has fully succeeded, or it is abandoned.
     uncertain: StdMutex<HashSet<String>>,
+}
+
+/// When the server last confirmed the session, and how long that lasts.
+///
+/// The server expires a session `negotiated timeout` after the last request it
+/// received from the client. A request answered by the server was received
+/// after it was sent, so the *send time* of the last answered request is a
+/// lower bound of the server's own clock for the session, whatever the client
+/// library noticed or when (DESIGN §6.9).
+#[derive(Debug)]
+struct Liveness {
+    confirmed: StdMutex<Instant>,
+    /// `negotiated timeout - safety margin`.
+    loss_deadline: Duration,
+}
+
+impl Liveness {
+    /// Records an answer to a request sent at `sent`.
+    fn confirm(&self, sent: Instant) {
+        let mut confirmed = lock(&self.confirmed);
+        if sent > *confirmed {
+            *confirmed = sent;
+        }
+    }
+
+    /// When the session must be taken as lost unless confirmed again.
+    fn deadline(&self) -> Instant {
+        *lock(&self.confirmed) + self.loss_deadline
+    }
+}
+
+/// Ends a lost session on the server: drops the client, so it sends
+/// `closeSession` as soon as it reaches a server (a partition that heals
+/// before the server's own expiry must not bring the session and its nodes
+/// back), and calls on it fail with `SessionLost`.
+fn end(slot: &StdMutex<Option<Client>>) {
+    drop(lock(slot).take());
 }
 
 impl fmt::Debug for ZkSession {
@@ -51,6 +94,9 @@ fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ZkSession {
     pub(crate) async fn open(connect: &str, options: &SessionOptions) -> Result<Arc<Self>> {
+        // The connect request is the session's first confirmation: the server
+        // starts its expiry clock no earlier than this.
+        let sent = Instant::now();
         let client = Client::connector()
             .with_session_timeout(options.ttl())
             .with_connection_timeout(options.connect_timeout())
@@ -60,16 +106,30 @@ impl ZkSession {
         let id = format!("{:x}", client.session_id().0);
         let state = watch::Sender::new(SessionState::Live);
         // Declare the session lost a safety margin before the server could
-        // expire it: the negotiated timeout less the margin.
+        // expire it: the negotiated timeout less the margin, counted from the
+        // last confirmation.
         let negotiated = client.session_timeout();
         let margin = options.safety_margin().min(negotiated / 2);
-        let loss_deadline = negotiated.saturating_sub(margin);
-        let tracker = tokio::spawn(track_state(client.state_watcher(), state.clone(), loss_deadline)).abort_handle();
+        let liveness = Arc::new(Liveness {
+            confirmed: StdMutex::new(sent),
+            loss_deadline: negotiated.saturating_sub(margin),
+        });
+        let interval = options.keepalive_interval().min(liveness.loss_deadline / 3);
+        let slot = Arc::new(StdMutex::new(Some(client.clone())));
+        let tracker = tokio::spawn(track(
+            client,
+            Arc::clone(&slot),
+            Arc::clone(&liveness),
+            state.clone(),
+            interval,
+        ))
+        .abort_handle();
         tracing::debug!(session = %id, ?negotiated, "ZooKeeper session opened");
         Ok(Arc::new(ZkSession {
             id,
-            client: StdMutex::new(Some(client)),
+            client: slot,
             state,
+            liveness,
             tracker,
             uncertain: StdMutex::default(),
         }))
@@ -89,9 +149,53 @@ impl ZkSession {
     fn err(&self, error: ZkError) -> Error {
         let mapped = map(error, &self.id);
         if let Error::SessionLost { .. } = mapped {
-            SessionState::advance(&self.state, SessionState::Lost);
+            self.mark_lost("the server expired the session");
         }
         mapped
+    }
+
+    fn mark_lost(&self, why: &str) {
+        if SessionState::advance(&self.state, SessionState::Lost) {
+            tracing::warn!(session = %self.id, why, "ZooKeeper session lost");
+        }
+        end(&self.client);
+    }
+
+    /// The node an earlier try of this append created, if any: found by its
+    /// attempt id. Any further node of the attempt (there should be none) is
+    /// deleted, so one attempt never holds two places in the queue. Errors are
+    /// returned, never taken for "no node": the caller would create a second one.
+    async fn find_attempt(&self, client: &Client, dir: &str, attempt: &str) -> Result<Option<(String, i64, i32)>> {
+        let mine: Vec<Contender> = self
+            .children(client, dir)
+            .await?
+            .into_iter()
+            .filter(|c| c.attempt.as_deref() == Some(attempt))
+            .collect();
+        let Some((first, extra)) = mine.split_first() else {
+            return Ok(None);
+        };
+        for node in extra {
+            match client.delete(&format!("{dir}/{}", node.name), None).await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(error) => return Err(self.err(error)),
+            }
+        }
+        let path = format!("{dir}/{}", first.name);
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) => {
+                if format!("{:x}", stat.ephemeral_owner) != self.id {
+                    return Err(Error::backend(
+                        crate::error::BACKEND,
+                        format!("node {path:?} carries this attempt's id but another session owns it"),
+                    ));
+                }
+                Ok(Some((path, stat.czxid, first.sequence)))
+            }
+            // Gone since the listing (deleted by someone else): make a new one.
+            Ok(None) => Ok(None),
+            Err(error) => Err(self.err(error)),
+        }
     }
 
     async fn children(&self, client: &Client, dir: &str) -> Result<Vec<Contender>> {
@@ -152,26 +256,21 @@ impl BackendSession for ZkSession {
     }
 
     /// Two round trips: create the node, list the directory.
+    ///
+    /// Exactly one node per attempt, whatever step fails: the attempt stays
+    /// "uncertain" until the append has fully succeeded, and a retry of an
+    /// uncertain attempt looks for its node (by the attempt id in its name)
+    /// before creating one; a failed look-up fails the retry, never creates.
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
         let client = self.client()?;
         let dir = layout::dir_path(request.dir);
         let prefix = layout::node_prefix(&dir, request.kind, request.attempt);
         let retried = lock(&self.uncertain).contains(request.attempt);
-        let mut found = None;
-        if retried {
-            // A previous try may have created the node before its answer was
-            // lost: find it by its attempt id and our session as its owner.
-            for contender in self.children(&client, &dir).await? {
-                if contender.attempt.as_deref() == Some(request.attempt) {
-                    let path = format!("{dir}/{}", contender.name);
-                    if let Ok(Some(stat)) = client.check_stat(&path).await {
-                        if format!("{:x}", stat.ephemeral_owner) == self.id {
-                            found = Some((path, stat.czxid, contender.sequence));
-                        }
-                    }
-                }
-            }
-        }
+        let found = if retried {
+            self.find_attempt(&client, &dir, request.attempt).await?
+        } else {
+            None
+        };
         let (key, czxid, sequence) = match found {
             Some(found) => found,
             None => {
@@ -183,7 +282,6 @@ impl BackendSession for ZkSession {
                 (key, czxid, sequence)
             }
         };
-        lock(&self.uncertain).remove(request.attempt);
         let entry = Entry {
             key,
             kind: request.kind,
@@ -192,8 +290,9 @@ impl BackendSession for ZkSession {
             owner: Some(self.id.clone()),
         };
         let contenders = self.children(&client, &dir).await?;
+        lock(&self.uncertain).remove(request.attempt);
         let mut nearest: Vec<Entry> = conflicting(&contenders, request.conflicts)
-            .filter(|c| i64::from(c.sequence) < entry.order)
+            .filter(|c| layout::before(c.sequence, sequence))
             .map(|c| c.entry(&dir))
             .collect();
         nearest.reverse();
@@ -212,8 +311,14 @@ impl BackendSession for ZkSession {
         if !Self::mine(&contenders, &entry.key, dir) {
             return Ok(Earlier::Gone);
         }
+        let Ok(order) = i32::try_from(entry.order) else {
+            return Err(Error::backend(
+                crate::error::BACKEND,
+                format!("entry {:?} has no ZooKeeper sequence number", entry.key),
+            ));
+        };
         let mut nearest: Vec<Entry> = conflicting(&contenders, conflicts)
-            .filter(|c| i64::from(c.sequence) < entry.order)
+            .filter(|c| layout::before(c.sequence, order))
             .map(|c| c.entry(dir))
             .collect();
         nearest.reverse();
@@ -376,56 +481,127 @@ impl BackendSession for ZkSession {
         }
     }
 
+    /// Asks the server: one request that needs a live session. Past the loss
+    /// deadline the session is lost whatever the answer would be.
+    async fn confirm(&self) -> Result<SessionState> {
+        let current = *self.state.borrow();
+        if current.is_over() {
+            return Ok(current);
+        }
+        if Instant::now() >= self.liveness.deadline() {
+            self.mark_lost("not confirmed within the loss deadline");
+            return Ok(SessionState::Lost);
+        }
+        let client = self.client()?;
+        let sent = Instant::now();
+        match client.check_stat("/").await {
+            Ok(_) => self.liveness.confirm(sent),
+            Err(error) => return Err(self.err(error)),
+        }
+        Ok(*self.state.borrow())
+    }
+
     async fn close(&self) -> Result<()> {
         // Dropping the last client closes the ZooKeeper session, which deletes
         // its ephemeral nodes.
-        let client = lock(&self.client).take();
-        drop(client);
+        end(&self.client);
         self.tracker.abort();
-        self.state.send_replace(SessionState::Closed);
+        // A session already lost stays lost: closing it does not undo that.
+        SessionState::advance(&self.state, SessionState::Closed);
         Ok(())
     }
 }
 
-/// Follows the client's state: `Disconnected` is `Suspended` until the same
-/// session reconnects, or `Lost` once `loss_deadline` passes without it;
-/// `Expired` (or failed authentication) is `Lost`.
-async fn track_state(
-    mut watcher: zookeeper_client::StateWatcher,
+/// A request in flight that confirms the session: its send time and answer.
+type Ping = std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<Option<Stat>, ZkError>> + Send>>;
+
+/// Keeps the session's state: a confirming request (an `exists` on `/`) every
+/// `interval`, whose answer moves the confirmation to its send time; `Lost`
+/// once the loss deadline passes from the last confirmation (whatever the
+/// client library reports, which under a silent partition comes only after its
+/// own connection timeout); `Suspended` while a confirmation is overdue or the
+/// client is disconnected; `Lost` on expiry or failed authentication. A lost
+/// session is ended on the server as soon as it can be reached.
+async fn track(
+    client: Client,
+    slot: Arc<StdMutex<Option<Client>>>,
+    liveness: Arc<Liveness>,
     state: watch::Sender<SessionState>,
-    loss_deadline: Duration,
+    interval: Duration,
 ) {
-    let mut current = watcher.peek_state();
-    loop {
-        let next = match current {
-            ZkState::Disconnected => {
-                SessionState::advance(&state, SessionState::Suspended);
-                match tokio::time::timeout(loss_deadline, watcher.changed()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        tracing::warn!(
-                            ?loss_deadline,
-                            "ZooKeeper session not reconnected in time; declaring it lost"
-                        );
-                        SessionState::advance(&state, SessionState::Lost);
-                        return;
+    let mut watcher = client.state_watcher();
+    let mut over = state.subscribe();
+    let retry = interval.min(Duration::from_millis(250));
+    let mut next_ping = Instant::now() + interval;
+    let mut ping: Option<(Instant, Ping)> = None;
+    let ended = loop {
+        let deadline = liveness.deadline();
+        let overdue = ping.as_ref().map(|(sent, _)| *sent + interval);
+        let idle = ping.is_none();
+        let answer = async {
+            match ping.as_mut() {
+                Some((_, request)) => request.as_mut().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(deadline) => {
+                if Instant::now() >= liveness.deadline() {
+                    tracing::warn!(
+                        loss_deadline = ?liveness.loss_deadline,
+                        "ZooKeeper session not confirmed within the loss deadline; declaring it lost"
+                    );
+                    break SessionState::Lost;
+                }
+            }
+            _ = over.wait_for(|s| s.is_over()) => break SessionState::Lost,
+            next = watcher.changed() => match next {
+                ZkState::SyncConnected | ZkState::ConnectedReadOnly => {
+                    // Live again once a request confirms it; ask now.
+                    next_ping = Instant::now();
+                }
+                ZkState::Disconnected => {
+                    SessionState::advance(&state, SessionState::Suspended);
+                }
+                ZkState::Closed => break SessionState::Closed,
+                other => {
+                    tracing::warn!(state = ?other, "ZooKeeper session expired");
+                    break SessionState::Lost;
+                }
+            },
+            answer = answer => {
+                let sent = ping.take().map_or(deadline, |(sent, _)| sent);
+                match answer {
+                    Ok(_) => {
+                        liveness.confirm(sent);
+                        SessionState::advance(&state, SessionState::Live);
+                        next_ping = sent + interval;
+                    }
+                    Err(ZkError::SessionExpired | ZkError::AuthFailed) => break SessionState::Lost,
+                    Err(ZkError::ClientClosed) => break SessionState::Closed,
+                    Err(error) => {
+                        tracing::debug!(%error, "ZooKeeper session confirmation failed; retrying");
+                        SessionState::advance(&state, SessionState::Suspended);
+                        next_ping = Instant::now() + retry;
                     }
                 }
             }
-            ZkState::SyncConnected | ZkState::ConnectedReadOnly => {
-                SessionState::advance(&state, SessionState::Live);
-                watcher.changed().await
+            () = async {
+                match overdue {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // Unanswered for a whole interval: maybe lost. Keep waiting for
+                // the answer (a late one still confirms its send time).
+                SessionState::advance(&state, SessionState::Suspended);
             }
-            ZkState::Closed => {
-                SessionState::advance(&state, SessionState::Closed);
-                return;
+            () = tokio::time::sleep_until(next_ping), if idle => {
+                ping = Some((Instant::now(), Box::pin(client.check_stat("/"))));
             }
-            _ => {
-                tracing::warn!(state = ?current, "ZooKeeper session expired");
-                SessionState::advance(&state, SessionState::Lost);
-                return;
-            }
-        };
-        current = next;
-    }
+        }
+    };
+    SessionState::advance(&state, ended);
+    end(&slot);
 }
