@@ -327,7 +327,9 @@ impl Worker {
             let lost = guard.lost();
             tokio::pin!(lost);
             let mut seq = 0u64;
-            'holding: while !self.stopping() && tokio::time::Instant::now() < until {
+            // Write first, then look at the clock: a holder frozen in its
+            // pause between writes wakes up and writes before it looks.
+            'holding: loop {
                 // Write, noticing loss (with its time) while the write is in flight.
                 let write = register.write(token, seq);
                 tokio::pin!(write);
@@ -344,7 +346,7 @@ impl Worker {
                     Ok(false) => {}
                     Err(_) => self.reporter.now("error register connection"),
                 }
-                if lost_at.is_some() {
+                if lost_at.is_some() || self.stopping() || tokio::time::Instant::now() >= until {
                     break 'holding;
                 }
                 let mut stop = self.stop.clone();

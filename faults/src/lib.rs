@@ -34,7 +34,7 @@ pub mod rng;
 pub mod servers;
 
 use std::collections::BTreeMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -107,6 +107,9 @@ pub struct Config {
     pub program: PathBuf,
     /// Print the nemesis's actions as they happen.
     pub verbose: bool,
+    /// Keep the contenders' logs and the history (`history.txt`) even when
+    /// nothing is wrong (they are always kept when something is).
+    pub keep_logs: bool,
 }
 
 impl Config {
@@ -121,6 +124,7 @@ impl Config {
             slack: Duration::from_secs(4),
             program,
             verbose: true,
+            keep_logs: false,
         }
     }
 
@@ -310,12 +314,40 @@ pub fn run(config: &Config) -> Result<Report, String> {
     if !problems.is_empty() {
         add_violation(&mut report, "the run itself went wrong:", &problems);
     }
+    let mut text = String::new();
+    let mut lines: Vec<(u64, String)> = record
+        .events
+        .iter()
+        .map(|e| (e.t, format!("{} {:?}", e.tag, e.what)))
+        .chain(record.writes.iter().map(|w| {
+            let verdict = if w.accepted { "accepted" } else { "REJECTED" };
+            (
+                w.t,
+                format!("{} write token {} seq {} {verdict}", w.tag, w.token, w.seq),
+            )
+        }))
+        .chain(faults.iter().flat_map(|f| {
+            let mut both = vec![(f.start, format!("nemesis {} {} begins", f.kind, f.target))];
+            if let Some(end) = f.end {
+                both.push((end, format!("nemesis {} {} healed", f.kind, f.target)));
+            }
+            both
+        }))
+        .collect();
+    lines.sort_by_key(|(t, _)| *t);
+    for (t, line) in lines {
+        let _ = writeln!(text, "{:10.3} {line}", clock::secs(t.saturating_sub(run_start)));
+    }
+    let _ = std::fs::write(logs.path().join("history.txt"), text);
     drop(record);
-    if !report.violations.is_empty() {
+    if !report.violations.is_empty() || config.keep_logs {
         let kept = logs.keep();
-        report
-            .violations
-            .push(format!("contender logs kept in {}", kept.display()));
+        let line = format!("contender logs and history kept in {}", kept.display());
+        if report.violations.is_empty() {
+            eprintln!("{line}");
+        } else {
+            report.violations.push(line);
+        }
     }
     Ok(report)
 }

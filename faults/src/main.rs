@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N]
-//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--quiet]
+//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--quiet] [--keep-logs]
 //! ```
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
@@ -18,7 +18,7 @@ use lockline_faults::contender::{self, ContenderArgs};
 use lockline_faults::{run, Backend, Config};
 
 const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N] \
-                     [--contenders N] [--ttl SECS] [--slack SECS] [--quiet]";
+                     [--contenders N] [--ttl SECS] [--slack SECS] [--quiet] [--keep-logs]";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
@@ -72,6 +72,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
     while let Some(flag) = args.next() {
         if flag == "--quiet" {
             config.verbose = false;
+            continue;
+        }
+        if flag == "--keep-logs" {
+            config.keep_logs = true;
             continue;
         }
         if flag == "-h" || flag == "--help" {
