@@ -14,8 +14,9 @@
 //!   with a running holder is a violation, whatever its writes; silently
 //!   blackholed holders are the case this is about.
 //! - **Recovery**: after every fault a grant follows within the bound (TTL +
-//!   election time + slack), and no quiet stretch without a fault goes longer
-//!   than the bound without a grant.
+//!   election time + slack), counted from the fault's start (from its end for
+//!   an outage of the whole cluster), and no quiet stretch without a fault
+//!   goes longer than the bound without a grant.
 //! - **Orphans** (checked by the runner at the end): no entry remains.
 
 use std::collections::BTreeMap;
@@ -328,9 +329,15 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
     let mut worst: Option<(u64, String)> = None;
     for fault in faults {
         *report.faults.entry(fault.kind.to_string()).or_default() += 1;
-        match sections.iter().find(|s| s.grant > fault.start) {
+        // After an outage of the whole cluster, recovery counts from its end.
+        let from = if fault.kind.is_outage() {
+            fault.end.unwrap_or(fault.start)
+        } else {
+            fault.start
+        };
+        match sections.iter().find(|s| s.grant > from) {
             Some(next) => {
-                let took = next.grant - fault.start;
+                let took = next.grant - from;
                 if worst.as_ref().is_none_or(|(w, _)| took > *w) {
                     worst = Some((
                         took,

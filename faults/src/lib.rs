@@ -7,14 +7,14 @@
 //! Contenders take one lock over and over with lockline's public API and write
 //! to the register with their fencing token while they hold it (see
 //! [`contender`]). A seeded [`nemesis`] pauses and kills holders, kills
-//! waiters, kills and pauses members (the leader half the time) and silently
-//! blackholes a holder's connections. The [`checker`] then reads the history:
+//! waiters, kills and pauses members (the leader half the time), kills a
+//! quorum for a moment, and silently blackholes a holder's connections. The [`checker`] then reads the history:
 //! tokens never go back, overlapping critical sections only where fencing
 //! caught the stale holder (or it was frozen and wrote nothing), `lost()` seen
 //! by every running holder before the next grant, a grant within the
 //! recovery bound after every fault, and no entry left at the end.
 //!
-//! The short run is an integration test (`tests/randomized.rs`, part of
+//! The short run is an integration test (`tests/faults_randomized.rs`, part of
 //! `cargo test --workspace`); the long one is the binary:
 //!
 //! ```text
@@ -107,6 +107,8 @@ pub struct Config {
     pub program: PathBuf,
     /// Print the nemesis's actions as they happen.
     pub verbose: bool,
+    /// The fault kinds the nemesis chooses from (every kind when empty).
+    pub kinds: Vec<nemesis::FaultKind>,
     /// Keep the contenders' logs and the history (`history.txt`) even when
     /// nothing is wrong (they are always kept when something is).
     pub keep_logs: bool,
@@ -124,6 +126,7 @@ impl Config {
             slack: Duration::from_secs(4),
             program,
             verbose: true,
+            kinds: Vec::new(),
             keep_logs: false,
         }
     }
@@ -198,6 +201,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         history.clone(),
         config.ttl,
         bound,
+        config.kinds.clone(),
         config.verbose.then_some(run_start),
     );
     nemesis.run(config.duration);

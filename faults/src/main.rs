@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N]
-//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--quiet] [--keep-logs]
+//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]
 //! ```
+//!
+//! `--faults` limits the nemesis to some kinds: pause-holder, kill-holder,
+//! kill-waiter, blackhole-holder, kill-member, pause-member, kill-quorum.
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
 //! every violation, and exits with status 1 when there is one. The defaults
@@ -18,7 +21,7 @@ use lockline_faults::contender::{self, ContenderArgs};
 use lockline_faults::{run, Backend, Config};
 
 const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N] \
-                     [--contenders N] [--ttl SECS] [--slack SECS] [--quiet] [--keep-logs]";
+                     [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
@@ -99,6 +102,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
             "--contenders" => config.contenders = usize::try_from(number(&value)?.clamp(2, 64)).unwrap_or(5),
             "--ttl" => config.ttl = Duration::from_secs(number(&value)?.max(1)),
             "--slack" => config.slack = Duration::from_secs(number(&value)?),
+            "--faults" => {
+                config.kinds = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
+            }
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
         }
     }

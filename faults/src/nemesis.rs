@@ -28,18 +28,40 @@ pub enum FaultKind {
     KillMember,
     /// SIGSTOP a member (the leader half the time) for 2–5 s, then SIGCONT.
     PauseMember,
+    /// SIGKILL the leader and one more member (no quorum) for 1.5–2.5 s, then
+    /// restart both: a short outage of the whole cluster, which background
+    /// cleanup must outlast.
+    KillQuorum,
 }
 
 impl FaultKind {
     /// Every kind, in schedule order.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::PauseHolder,
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
         FaultKind::BlackholeHolder,
         FaultKind::KillMember,
         FaultKind::PauseMember,
+        FaultKind::KillQuorum,
     ];
+
+    /// Whether the cluster is unavailable while it lasts (recovery then
+    /// counts from its end).
+    pub fn is_outage(self) -> bool {
+        self == FaultKind::KillQuorum
+    }
+}
+
+impl std::str::FromStr for FaultKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|k| k.to_string() == s)
+            .ok_or_else(|| format!("unknown fault kind {s:?}"))
+    }
 }
 
 impl fmt::Display for FaultKind {
@@ -51,6 +73,7 @@ impl fmt::Display for FaultKind {
             FaultKind::BlackholeHolder => "blackhole-holder",
             FaultKind::KillMember => "kill-member",
             FaultKind::PauseMember => "pause-member",
+            FaultKind::KillQuorum => "kill-quorum",
         })
     }
 }
@@ -79,6 +102,8 @@ pub struct Nemesis<'a> {
     history: History,
     ttl: Duration,
     recovery: Duration,
+    /// The kinds it chooses from.
+    kinds: Vec<FaultKind>,
     /// Every fault injected so far.
     pub faults: Vec<Fault>,
     /// Problems of the run itself (crashed contenders, members that did not come back).
@@ -96,6 +121,7 @@ impl<'a> Nemesis<'a> {
         history: History,
         ttl: Duration,
         recovery: Duration,
+        kinds: Vec<FaultKind>,
         log: Option<u64>,
     ) -> Self {
         Nemesis {
@@ -105,6 +131,11 @@ impl<'a> Nemesis<'a> {
             history,
             ttl,
             recovery,
+            kinds: if kinds.is_empty() {
+                FaultKind::ALL.to_vec()
+            } else {
+                kinds
+            },
             faults: Vec::new(),
             problems: Vec::new(),
             log,
@@ -117,7 +148,7 @@ impl<'a> Nemesis<'a> {
         while Instant::now() < until {
             thread::sleep(self.rng.millis(500, 2000));
             self.reap();
-            let kind = FaultKind::ALL[self.rng.below(FaultKind::ALL.len())];
+            let kind = self.kinds[self.rng.below(self.kinds.len())];
             let Some(started) = self.inject(kind) else { continue };
             // Await the next grant (bounded), so that faults do not pile up.
             let granted = self
@@ -292,6 +323,32 @@ impl<'a> Nemesis<'a> {
                     self.problems
                         .push(format!("member n{} did not come back: {error}", i + 1));
                 }
+                Some(start)
+            }
+            FaultKind::KillQuorum => {
+                let leader = self.servers.leader().unwrap_or(0);
+                let other = (leader + 1 + self.rng.below(self.servers.size() - 1)) % self.servers.size();
+                let down = self.rng.millis(1500, 2500);
+                let start = self.begin(kind, format!("n{} (leader) and n{}", leader + 1, other + 1), None);
+                for i in [leader, other] {
+                    if let Err(error) = self.servers.member(i).kill() {
+                        self.problems.push(format!("killing member n{}: {error}", i + 1));
+                    }
+                }
+                thread::sleep(down);
+                for i in [leader, other] {
+                    if let Err(error) = self.servers.member(i).restart() {
+                        self.problems.push(format!("restarting member n{}: {error}", i + 1));
+                    }
+                }
+                for i in [leader, other] {
+                    if let Err(error) = self.servers.wait_serving(i) {
+                        self.problems
+                            .push(format!("member n{} did not come back: {error}", i + 1));
+                    }
+                }
+                // The outage ends when the cluster serves again.
+                self.end();
                 Some(start)
             }
             FaultKind::PauseMember => {
