@@ -17,6 +17,8 @@
 //!   election time + slack), counted from the fault's start (from its end for
 //!   an outage of the whole cluster), and no quiet stretch without a fault
 //!   goes longer than the bound without a grant.
+//! - **No hangs**: opening a session, `lock_timeout` and `release()` return
+//!   within their deadlines (plus 5 s); the contenders report when they do not.
 //! - **Orphans** (checked by the runner at the end): no entry remains.
 
 use std::collections::BTreeMap;
@@ -192,6 +194,12 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             }
             What::Timeout => report.timeouts += 1,
             What::Session { .. } => report.sessions += 1,
+            What::Error { message } if message.starts_with("hang") => {
+                report
+                    .violations
+                    .push(format!("{} at {:.3}s: {message}", event.tag, rel(event.t)));
+                *report.errors.entry(error_kind(message)).or_default() += 1;
+            }
             What::Error { message } => {
                 *report.errors.entry(error_kind(message)).or_default() += 1;
             }

@@ -29,6 +29,9 @@ use crate::clock::now_ns;
 use crate::rng::Rng;
 use crate::Backend;
 
+/// Beyond a call's own deadline, how long before the contender calls it a hang.
+const HANG_SLACK: Duration = Duration::from_secs(5);
+
 /// What the harness tells a contender on its command line.
 #[derive(Debug, Clone)]
 pub struct ContenderArgs {
@@ -158,6 +161,13 @@ impl Register {
 ///
 /// When the harness cannot be reached.
 pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
+    // First of all, so that a SIGTERM from now on stops it cleanly.
+    let (stop_tx, stop) = watch::channel(false);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        terminate.recv().await;
+        let _ = stop_tx.send(true);
+    });
     let events = TcpStream::connect(&args.report).await?;
     events.set_nodelay(true)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
@@ -175,13 +185,7 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
         lines: tx,
     };
     let mut register = Register::connect(&args.report, &args.tag).await?;
-
-    let (stop_tx, stop) = watch::channel(false);
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::spawn(async move {
-        terminate.recv().await;
-        let _ = stop_tx.send(true);
-    });
+    reporter.now("started");
 
     let client = match args.backend {
         Backend::Etcd => Client::new(Etcd::new(args.endpoints.split(',').map(str::to_owned))),
@@ -252,8 +256,21 @@ impl Worker {
             });
         }
         let mut backoff = Duration::from_millis(100);
+        // The library promises `Unavailable` within the connect timeout.
+        let bound = self.options.connect_timeout() + self.options.request_timeout() + HANG_SLACK;
         while !self.stopping() {
-            match self.client.session_with(self.options.clone()).await {
+            let mut stop = self.stop.clone();
+            let opened = tokio::select! {
+                opened = tokio::time::timeout(bound, self.client.session_with(self.options.clone())) => opened,
+                _ = stop.wait_for(|s| *s) => return None,
+            };
+            let Ok(opened) = opened else {
+                self.reporter.now(&format!(
+                    "error hang: opening a session did not return within {bound:?}"
+                ));
+                continue;
+            };
+            match opened {
                 Ok(session) => {
                     self.reporter.now(&format!("session {}", session.id()));
                     self.session = Some(session.clone());
@@ -290,7 +307,19 @@ impl Worker {
             let acquired = tokio::select! {
                 result = async {
                     match timeout {
-                        Some(timeout) => mutex.lock_timeout(timeout).await,
+                        // `lock_timeout` returns within its timeout (and one request).
+                        Some(timeout) => {
+                            let bound = timeout + self.options.request_timeout() + HANG_SLACK;
+                            match tokio::time::timeout(bound, mutex.lock_timeout(timeout)).await {
+                                Ok(result) => result,
+                                Err(_) => {
+                                    self.reporter.now(&format!(
+                                        "error hang: lock_timeout({timeout:?}) did not return within {bound:?}"
+                                    ));
+                                    Err(Error::Timeout { name: self.name.clone(), waited: bound })
+                                }
+                            }
+                        }
                         None => mutex.lock().await,
                     }
                 } => result,
@@ -374,7 +403,12 @@ impl Worker {
             drop(guard);
         } else {
             self.reporter.now(&format!("release {token} release"));
-            let result = guard.release().await;
+            let bound = self.options.request_timeout() * 2 + HANG_SLACK;
+            let Ok(result) = tokio::time::timeout(bound, guard.release()).await else {
+                self.reporter
+                    .now(&format!("error hang: release() did not return within {bound:?}"));
+                return;
+            };
             let outcome = match &result {
                 Ok(()) => "ok",
                 Err(_) => "error",

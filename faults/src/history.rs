@@ -3,8 +3,8 @@
 //! Contenders connect over loopback TCP and send lines:
 //!
 //! - `E <tag> <time> <kind> [fields...]`: an event the contender saw, stamped
-//!   with its own reading of the shared monotonic clock (`session <id>`,
-//!   `session-over <id>`, `wait <attempt> <lock|timeout>`, `grant <token> <key>`,
+//!   with its own reading of the shared monotonic clock (`started`, `session <id>`,
+//!   `session-over <id>`, `wait <lock|timeout>`, `grant <token> <key>`,
 //!   `lost <token>`, `release <token> <release|drop>`, `released <token> <ok|error>`,
 //!   `timeout`, `error <text>`, `idle`, `closed`);
 //! - `W <tag> <token> <seq>`: a write to the fenced register, answered `OK` or
@@ -65,6 +65,8 @@ pub enum What {
         /// Its process id.
         pid: u32,
     },
+    /// The contender is up and stops cleanly on SIGTERM from now on.
+    Started,
     /// The contender opened a session (etcd lease / ZooKeeper session id, hex).
     Session {
         /// The session id.
@@ -165,6 +167,8 @@ pub struct Record {
     pub highest: u64,
     /// Who holds the lock now, as far as the contenders told: tag → token.
     pub holders: BTreeMap<Tag, u64>,
+    /// Contenders that are up (SIGTERM stops them cleanly).
+    pub started: Vec<Tag>,
     /// Contenders that are idle (after being told to stop).
     pub idle: Vec<Tag>,
     /// Contenders that closed their session.
@@ -242,6 +246,7 @@ impl History {
             What::Lost { .. } | What::Release { .. } | What::Killed | What::Exited => {
                 record.holders.remove(&event.tag);
             }
+            What::Started => record.started.push(event.tag),
             What::Idle => record.idle.push(event.tag),
             What::Closed => record.closed.push(event.tag),
             _ => {}
@@ -349,6 +354,7 @@ fn parse_event(rest: &str) -> Option<Event> {
     let mut words = args.split(' ');
     let mut token = || -> Option<u64> { words.next()?.parse().ok() };
     let what = match kind {
+        "started" => What::Started,
         "session" => What::Session { id: args.to_owned() },
         "session-over" => What::SessionOver { id: args.to_owned() },
         "wait" => What::Waiting,

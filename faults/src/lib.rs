@@ -216,10 +216,12 @@ pub fn run(config: &Config) -> Result<Report, String> {
     let stop = now_ns();
     say("stopping the contenders");
     let running: Vec<usize> = (0..config.contenders).filter(|&s| fleet.is_running(s)).collect();
+    let tags: Vec<_> = running.iter().map(|&s| fleet.slots[s].tag).collect();
+    // A contender just restarted may not be listening for SIGTERM yet.
+    history.wait_until(Duration::from_secs(10), |r| tags.iter().all(|t| r.started.contains(t)));
     for &slot in &running {
         let _ = fleet.signal(slot, libc::SIGTERM);
     }
-    let tags: Vec<_> = running.iter().map(|&s| fleet.slots[s].tag).collect();
     let idle_deadline = config.ttl * 4 + Duration::from_secs(15);
     history.wait_until(idle_deadline, |r| tags.iter().all(|t| r.idle.contains(t)));
     let idle: Vec<_> = history.lock().idle.clone();
