@@ -1,7 +1,7 @@
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
@@ -19,7 +19,11 @@ use crate::Result;
 ///   delivered on `heal`, as TCP's retransmission would; new connections are
 ///   accepted but reach the server only after `heal`;
 /// - [`set_requests_held`](Self::set_requests_held) delays the client's bytes
-///   only (a slow path to the server), delivering them in order when released.
+///   only (a slow path to the server), delivering them in order when released;
+/// - [`orphan_connections`](Self::orphan_connections) closes the client's end
+///   of every connection while what it sent stays on its way to the server,
+///   delivered by [`deliver_orphans`](Self::deliver_orphans): a request that
+///   outlives the connection it was sent on (a slow path to another member).
 pub struct TcpProxy {
     address: SocketAddr,
     shared: Arc<Shared>,
@@ -31,8 +35,18 @@ struct Shared {
     drop_responses: AtomicBool,
     blackholed: AtomicBool,
     requests_held: AtomicBool,
+    orphans_delivered: AtomicBool,
+    orphan_answers: AtomicUsize,
+    held_request_bytes: AtomicUsize,
     stopped: AtomicBool,
     connections: Mutex<Vec<TcpStream>>,
+    links: Mutex<Vec<Arc<Link>>>,
+}
+
+/// One proxied connection, as the switches that act on it alone see it.
+struct Link {
+    client: TcpStream,
+    orphaned: AtomicBool,
 }
 
 impl fmt::Debug for TcpProxy {
@@ -61,8 +75,12 @@ impl TcpProxy {
             drop_responses: AtomicBool::new(false),
             blackholed: AtomicBool::new(false),
             requests_held: AtomicBool::new(false),
+            orphans_delivered: AtomicBool::new(false),
+            orphan_answers: AtomicUsize::new(0),
+            held_request_bytes: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             connections: Mutex::default(),
+            links: Mutex::default(),
         });
         let acceptor = Arc::clone(&shared);
         thread::Builder::new()
@@ -116,6 +134,39 @@ impl TcpProxy {
     /// kept, in order.
     pub fn set_requests_held(&self, held: bool) {
         self.shared.requests_held.store(held, Ordering::SeqCst);
+    }
+
+    /// How many bytes from clients the proxy keeps back for the server now.
+    pub fn held_request_bytes(&self) -> usize {
+        self.shared.held_request_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Closes the client's end of every open connection (the client sees its
+    /// connection end and opens a new one) while keeping the server's end
+    /// open: bytes held for the server (see
+    /// [`set_requests_held`](Self::set_requests_held)) stay held, whatever
+    /// that switch does later, until [`deliver_orphans`](Self::deliver_orphans).
+    /// The server's answers on these connections are counted, never delivered.
+    /// New connections are not affected.
+    pub fn orphan_connections(&self) {
+        let links = self.shared.links.lock().unwrap_or_else(PoisonError::into_inner);
+        for link in links.iter() {
+            link.orphaned.store(true, Ordering::SeqCst);
+            let _ = link.client.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Delivers what orphaned connections held for the server, in order; their
+    /// server ends stay open (so the server does not cancel what it received)
+    /// until the proxy is dropped.
+    pub fn deliver_orphans(&self) {
+        self.shared.orphans_delivered.store(true, Ordering::SeqCst);
+    }
+
+    /// How many bytes the server has answered on orphaned connections since
+    /// they were orphaned.
+    pub fn orphan_answer_bytes(&self) -> usize {
+        self.shared.orphan_answers.load(Ordering::SeqCst)
     }
 }
 
@@ -177,15 +228,25 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
     let (Ok(client_read), Ok(server_write), Ok(server_read), Ok(client_write)) = handles else {
         return;
     };
+    let Ok(link_client) = client.try_clone() else {
+        return;
+    };
+    let link = Arc::new(Link {
+        client: link_client,
+        orphaned: AtomicBool::new(false),
+    });
     {
         let mut connections = shared.connections.lock().unwrap_or_else(PoisonError::into_inner);
         connections.retain(|s| s.peer_addr().is_ok());
         connections.push(client);
         connections.push(server);
+        let mut links = shared.links.lock().unwrap_or_else(PoisonError::into_inner);
+        links.retain(|l| l.orphaned.load(Ordering::SeqCst) || l.client.peer_addr().is_ok());
+        links.push(Arc::clone(&link));
     }
-    let requests = Arc::clone(&shared);
-    thread::spawn(move || pipe(client_read, server_write, requests, Direction::Requests));
-    pipe(server_read, client_write, shared, Direction::Responses);
+    let (requests, request_link) = (Arc::clone(&shared), Arc::clone(&link));
+    thread::spawn(move || pipe(client_read, server_write, requests, request_link, Direction::Requests));
+    pipe(server_read, client_write, shared, link, Direction::Responses);
 }
 
 /// How often a pipe looks at the proxy's switches while nothing arrives.
@@ -200,24 +261,41 @@ enum Direction {
 }
 
 impl Shared {
-    /// Whether bytes going this way must be kept back for now.
-    fn holds(&self, direction: Direction) -> bool {
-        self.blackholed.load(Ordering::SeqCst)
-            || (direction == Direction::Requests && self.requests_held.load(Ordering::SeqCst))
+    /// Counts kept bytes as gone on.
+    fn unkeep(&self, direction: Direction, n: usize) {
+        if direction == Direction::Requests {
+            let _ = self
+                .held_request_bytes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| Some(held.saturating_sub(n)));
+        }
+    }
+
+    /// Whether bytes going this way on `link` must be kept back for now.
+    fn holds(&self, direction: Direction, link: &Link) -> bool {
+        if self.blackholed.load(Ordering::SeqCst) {
+            return true;
+        }
+        direction == Direction::Requests
+            && if link.orphaned.load(Ordering::SeqCst) {
+                !self.orphans_delivered.load(Ordering::SeqCst)
+            } else {
+                self.requests_held.load(Ordering::SeqCst)
+            }
     }
 }
 
 /// Copies `from` to `to`, keeping bytes back while the proxy holds this
 /// direction and dropping the server's answers while told to.
-fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: Direction) {
+fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, link: Arc<Link>, direction: Direction) {
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = [0u8; 16 * 1024];
     let mut kept: Vec<u8> = Vec::new();
     loop {
-        if !kept.is_empty() && !shared.holds(direction) {
+        if !kept.is_empty() && !shared.holds(direction, &link) {
             if to.write_all(&kept).is_err() {
                 break;
             }
+            shared.unkeep(direction, kept.len());
             kept.clear();
         }
         match from.read(&mut buf) {
@@ -226,9 +304,16 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
                 if direction == Direction::Responses && shared.drop_responses.load(Ordering::SeqCst) {
                     continue;
                 }
-                if shared.holds(direction) || !kept.is_empty() {
+                if direction == Direction::Responses && link.orphaned.load(Ordering::SeqCst) {
+                    shared.orphan_answers.fetch_add(n, Ordering::SeqCst);
+                    continue;
+                }
+                if shared.holds(direction, &link) || !kept.is_empty() {
                     kept.extend_from_slice(&buf[..n]);
-                } else if to.write_all(&buf[..n]).is_err() {
+                    if direction == Direction::Requests {
+                        shared.held_request_bytes.fetch_add(n, Ordering::SeqCst);
+                    }
+                } else if to.write_all(&buf[..n]).is_err() && !link.orphaned.load(Ordering::SeqCst) {
                     break;
                 }
             }
@@ -246,12 +331,18 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
         }
     }
     // A peer that closed while the proxy was blackholed is not heard of
-    // until the partition heals.
-    while shared.blackholed.load(Ordering::SeqCst) && !shared.stopped.load(Ordering::SeqCst) {
+    // until the partition heals; what was held for the server still reaches
+    // it when released.
+    while shared.holds(direction, &link) && !shared.stopped.load(Ordering::SeqCst) {
         thread::sleep(TICK);
     }
     if !kept.is_empty() {
         let _ = to.write_all(&kept);
+        shared.unkeep(direction, kept.len());
+    }
+    if direction == Direction::Requests && link.orphaned.load(Ordering::SeqCst) {
+        // The server keeps its end until the proxy is dropped.
+        return;
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
