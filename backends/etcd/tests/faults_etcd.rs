@@ -481,3 +481,97 @@ async fn a_lost_session_revokes_its_lease_when_the_partition_heals() {
     assert_eq!(holder.state(), SessionState::Lost);
     next.release().await.expect("release");
 }
+
+/// A Prometheus gauge or counter of member `i`.
+fn metric(cluster: &EtcdCluster, i: usize, name: &str) -> f64 {
+    let metrics = cluster.metrics(i).expect("metrics");
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|v| v.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("{name} not in /metrics of member {i}"))
+}
+
+/// Waiters whose watch runs on a member that is cut off from the rest of the
+/// cluster (its clients still reach it) move to a healthy member: with
+/// require-leader the isolated member ends their watches, and every waiter is
+/// granted within the request timeout once its lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_an_isolated_member_move_to_a_healthy_one() {
+    const WAITERS: usize = 6;
+    let cluster = EtcdCluster::start_isolatable(3).expect("start etcd");
+    let holders = Client::new(Etcd::new(cluster.endpoints()));
+    let holder = holders.session_with(options(10)).await.expect("session");
+    let mut guards = Vec::new();
+    for i in 0..WAITERS {
+        let guard = holder
+            .mutex(&format!("isolated/{i}"))
+            .expect("mutex")
+            .lock()
+            .await
+            .expect("lock");
+        guards.push(guard);
+    }
+    let streams = |i: usize| metric(&cluster, i, "etcd_debugging_mvcc_watch_stream_total") as usize;
+    let before: Vec<usize> = (0..3).map(streams).collect();
+    // One client (one connection, one watch stream) per waiter: each lands
+    // on a member the client's balancer picks.
+    let mut waiters = Vec::new();
+    let mut sessions = Vec::new();
+    for i in 0..WAITERS {
+        let client = Client::new(Etcd::new(cluster.endpoints()));
+        let session = client.session().await.expect("session");
+        let mutex = session.mutex(&format!("isolated/{i}")).expect("mutex");
+        let waiter = spawn_queued(&client, async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+        .await;
+        waiters.push(waiter);
+        sessions.push(session);
+    }
+    let added = || -> Vec<usize> { (0..3).map(|i| streams(i).saturating_sub(before[i])).collect() };
+    until("every waiter's watch stream is open", || {
+        added().iter().sum::<usize>() >= WAITERS
+    })
+    .await;
+    let added = added();
+    let victim = (0..3).max_by_key(|&i| added[i]).expect("a member");
+    assert!(added[victim] >= 1);
+
+    cluster.isolate(victim).expect("isolate");
+    until("the isolated member has no leader", || {
+        metric(&cluster, victim, "etcd_server_has_leader") == 0.0
+    })
+    .await;
+    // Free every lock at once from the healthy side.
+    let healthy: Vec<String> = (0..3).filter(|&i| i != victim).map(|i| cluster.endpoint(i)).collect();
+    let lease = i64::from_str_radix(holder.id(), 16).expect("hex lease id");
+    let mut side = lockline_etcd::etcd_client::Client::connect(healthy, None)
+        .await
+        .expect("side client");
+    side.lease_revoke(lease).await.expect("revoke");
+    let freed = Instant::now();
+    drop(guards);
+
+    let mut worst = Duration::ZERO;
+    for waiter in waiters {
+        let (granted_at, guard) = bounded("a waiter is granted", waiter).await.expect("task");
+        let guard = guard.expect("lock");
+        worst = worst.max(granted_at - freed);
+        assert!(guard.is_held());
+    }
+    let timeout = SessionOptions::new().request_timeout();
+    println!(
+        "{} of {WAITERS} watch streams on the isolated member {victim}; every waiter granted within {worst:?} of the release",
+        added[victim]
+    );
+    assert!(
+        worst < timeout,
+        "a waiter took {worst:?}, longer than the request timeout {timeout:?}"
+    );
+    cluster.rejoin(victim).expect("rejoin");
+}
