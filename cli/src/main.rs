@@ -391,4 +391,19 @@ mod tests {
         assert!(args("unlock x").is_err());
         assert!(args("lock --etcd http://a:1 --bogus x").is_err());
     }
+
+    #[test]
+    fn kill_after_is_a_grace_of_at_most_an_hour() {
+        let default = args("lock --etcd http://a:1 x sleep 9").expect("parse");
+        assert_eq!(default.kill_after, super::DEFAULT_KILL_AFTER);
+        let given = args("lock --etcd http://a:1 --kill-after 0.25 x sleep 9").expect("parse");
+        assert_eq!(given.kill_after.as_millis(), 250);
+        let at_once = args("lock --etcd http://a:1 --kill-after 0 x sleep 9").expect("parse");
+        assert!(at_once.kill_after.is_zero());
+        for bad in ["-1", "soon", "NaN", "inf", "3601"] {
+            let line = format!("lock --etcd http://a:1 --kill-after {bad} x sleep 9");
+            assert!(args(&line).is_err(), "--kill-after {bad} accepted");
+        }
+        assert!(args("lock --etcd http://a:1 --kill-after").is_err(), "no value");
+    }
 }

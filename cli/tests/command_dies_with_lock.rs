@@ -427,11 +427,23 @@ async fn a_command_killed_by_a_signal_exits_128_plus_its_number() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_stops_an_obedient_command_without_waiting_the_grace() {
     let server = Server::start(Kind::Etcd, false);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("command.pid");
     let mut holder = server
-        .lockline(&["--kill-after", "30", "obedient/lock", "sleep", "600"])
+        .lockline(&[
+            "--kill-after",
+            "30",
+            "obedient/lock",
+            "sh",
+            "-c",
+            "echo $$ > \"$1\"; exec sleep 600",
+            "command",
+            pid_file.to_str().expect("utf-8 path"),
+        ])
         .spawn()
         .expect("start the holder");
     holds(&mut holder).await;
+    let command = pid_in(&pid_file).await;
     send(&holder, libc::SIGINT);
     let signalled = Instant::now();
     let status = exits("lockline exits", &mut holder).await;
@@ -441,6 +453,7 @@ async fn sigint_stops_an_obedient_command_without_waiting_the_grace() {
         took < Duration::from_secs(10),
         "took {took:?}: the grace was waited out"
     );
+    assert!(!running(command), "the command outlived lockline");
     let session = server.session().await;
     let free = session
         .mutex("obedient/lock")
