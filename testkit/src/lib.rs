@@ -27,7 +27,7 @@ mod zookeeper;
 pub use bench::BenchArgs;
 pub use etcd::EtcdCluster;
 pub use lines::LineChild;
-pub use process::{free_port, Member};
+pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::TcpProxy;
 pub use zookeeper::{ZkEnsemble, ZkOptions};
 

@@ -41,7 +41,14 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
     })
 }
 
-fn spawn_tied_to_this_process(mut command: Command) -> Result<Child> {
+/// Starts `command` so that it is killed (SIGKILL) when this process dies, even
+/// when this process is killed outright: `PR_SET_PDEATHSIG`, forked from one
+/// long-lived thread. For helper processes a test starts and must not outlive it.
+///
+/// # Errors
+///
+/// When the program cannot be started.
+pub fn spawn_tied_to_this_process(mut command: Command) -> Result<Child> {
     use std::os::unix::process::CommandExt;
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {

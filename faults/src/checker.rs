@@ -1,0 +1,586 @@
+//! The checker: reads a run's history and says what went wrong.
+//!
+//! - **Register**: the register never accepted a lower token after a higher one,
+//!   and grants (in the order they happened) carry strictly increasing tokens.
+//! - **Overlaps**: a critical section runs from a grant until its holder stops
+//!   using the lock (`lost()` seen, release or drop started, process killed).
+//!   When a later grant falls inside an earlier section, the overlap is
+//!   *explained* only if every write the earlier holder made after that grant
+//!   was rejected by the register (fenced), or it made none (it was frozen);
+//!   a frozen holder's write accepted before any newer holder wrote counts as
+//!   fenced too (the resource saw the holders in token order).
+//! - **`lost()` first**: a holder whose process ran (was not SIGSTOPped) must
+//!   have seen `lost()` before anyone else was granted the lock: any overlap
+//!   with a running holder is a violation, whatever its writes; silently
+//!   blackholed holders are the case this is about.
+//! - **Recovery**: after every fault a grant follows within the bound (TTL +
+//!   election time + slack), and no quiet stretch without a fault goes longer
+//!   than the bound without a grant.
+//! - **Orphans** (checked by the runner at the end): no entry remains.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+
+use crate::clock::secs;
+use crate::history::{Event, Tag, What, Write};
+use crate::nemesis::{Fault, FaultKind};
+
+/// One critical section.
+#[derive(Debug, Clone)]
+struct Section {
+    tag: Tag,
+    token: u64,
+    grant: u64,
+    end: Option<u64>,
+    lost: Option<u64>,
+}
+
+/// What the checker found: the figures and every violation.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Grants (critical sections).
+    pub grants: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, usize>,
+    /// Overlapping pairs of critical sections.
+    pub overlaps_raw: usize,
+    /// Overlaps where every write of the earlier holder was rejected.
+    pub overlaps_fenced: usize,
+    /// Overlaps where the earlier holder (frozen) wrote nothing.
+    pub overlaps_idle: usize,
+    /// Writes accepted by the register.
+    pub writes_accepted: usize,
+    /// Writes the register rejected.
+    pub writes_rejected: usize,
+    /// Holders that saw `lost()`.
+    pub lost: usize,
+    /// Holders silently blackholed, and how many of them saw `lost()` before the next grant.
+    pub blackholed_holders: (usize, usize),
+    /// The longest time from a fault to the next grant (s) and the fault's kind.
+    pub worst_recovery: Option<(f64, String)>,
+    /// The longest gap between grants with no fault active (s).
+    pub worst_quiet_gap: f64,
+    /// `lock_timeout` calls that ran out.
+    pub timeouts: usize,
+    /// Errors the contenders reported (acquire, session, release), by their first 90 characters.
+    pub errors: BTreeMap<String, usize>,
+    /// Sessions opened.
+    pub sessions: usize,
+    /// Entries left at the end (reported by the runner).
+    pub orphans: usize,
+    /// Every violation, in words, with times relative to the run's start.
+    pub violations: Vec<String>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "grants: {}   sessions opened: {}", self.grants, self.sessions)?;
+        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        writeln!(
+            f,
+            "faults: {} ({})",
+            self.faults.values().sum::<usize>(),
+            faults.join(", ")
+        )?;
+        writeln!(
+            f,
+            "overlaps: {} raw, {} explained ({} fenced, {} frozen and idle), {} unexplained",
+            self.overlaps_raw,
+            self.overlaps_fenced + self.overlaps_idle,
+            self.overlaps_fenced,
+            self.overlaps_idle,
+            self.overlaps_raw - self.overlaps_fenced - self.overlaps_idle
+        )?;
+        writeln!(
+            f,
+            "register writes: {} accepted, {} rejected",
+            self.writes_accepted, self.writes_rejected
+        )?;
+        writeln!(
+            f,
+            "lost() seen: {}   blackholed holders: {} ({} saw lost() before the next grant)",
+            self.lost, self.blackholed_holders.0, self.blackholed_holders.1
+        )?;
+        match &self.worst_recovery {
+            Some((s, kind)) => writeln!(f, "worst recovery: {s:.2}s (after {kind})")?,
+            None => writeln!(f, "worst recovery: -")?,
+        }
+        writeln!(f, "longest quiet gap between grants: {:.2}s", self.worst_quiet_gap)?;
+        writeln!(
+            f,
+            "lock_timeout expiries: {}   contender errors: {}",
+            self.timeouts,
+            self.errors.values().sum::<usize>()
+        )?;
+        for (error, n) in &self.errors {
+            writeln!(f, "  {n:4} x {error}")?;
+        }
+        writeln!(f, "entries left at the end: {}", self.orphans)?;
+        if self.violations.is_empty() {
+            writeln!(f, "violations: 0")
+        } else {
+            writeln!(f, "violations: {}", self.violations.len())?;
+            for violation in &self.violations {
+                writeln!(f, "  - {violation}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// What the checker needs besides the history.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// The run's start (ns), for relative times in messages.
+    pub start: u64,
+    /// When the contenders were told to stop (ns): the end of the checked window.
+    pub stop: u64,
+    /// TTL + election time + slack (ns).
+    pub recovery: u64,
+}
+
+/// Checks a history.
+pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bounds) -> Report {
+    let mut report = Report::default();
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    let mut events: Vec<&Event> = events.iter().collect();
+    events.sort_by_key(|e| e.t);
+
+    // Critical sections, freezes and blackholes per process.
+    let mut sections: Vec<Section> = Vec::new();
+    let mut open: BTreeMap<Tag, usize> = BTreeMap::new();
+    let mut paused: BTreeMap<Tag, Vec<(u64, u64)>> = BTreeMap::new();
+    for event in &events {
+        let close = |sections: &mut Vec<Section>, open: &mut BTreeMap<Tag, usize>, t: u64| {
+            if let Some(i) = open.remove(&event.tag) {
+                sections[i].end.get_or_insert(t);
+            }
+        };
+        match &event.what {
+            What::Grant { token, .. } => {
+                close(&mut sections, &mut open, event.t);
+                open.insert(event.tag, sections.len());
+                sections.push(Section {
+                    tag: event.tag,
+                    token: *token,
+                    grant: event.t,
+                    end: None,
+                    lost: None,
+                });
+            }
+            What::Lost { token } => {
+                report.lost += 1;
+                if let Some(section) = sections
+                    .iter_mut()
+                    .rev()
+                    .find(|s| s.tag == event.tag && s.token == *token)
+                {
+                    section.lost.get_or_insert(event.t);
+                    section.end.get_or_insert(event.t);
+                }
+                open.remove(&event.tag);
+            }
+            What::Release { .. } | What::Killed | What::Exited | What::Idle | What::Closed => {
+                close(&mut sections, &mut open, event.t)
+            }
+            What::Paused => paused.entry(event.tag).or_default().push((event.t, u64::MAX)),
+            What::Resumed => {
+                if let Some(last) = paused.entry(event.tag).or_default().last_mut() {
+                    last.1 = event.t;
+                }
+            }
+            What::Timeout => report.timeouts += 1,
+            What::Session { .. } => report.sessions += 1,
+            What::Error { message } => {
+                *report.errors.entry(error_kind(message)).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    sections.sort_by_key(|s| s.grant);
+    report.grants = sections.len();
+    let was_paused = |tag: Tag, from: u64, to: u64| {
+        paused
+            .get(&tag)
+            .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= to && b >= from))
+    };
+
+    // The register and the tokens.
+    let mut highest = 0;
+    for write in writes {
+        if write.accepted {
+            if write.token < highest {
+                report.violations.push(format!(
+                    "register accepted token {} from {} at {:.3}s after token {highest}",
+                    write.token,
+                    write.tag,
+                    rel(write.t)
+                ));
+            }
+            highest = highest.max(write.token);
+            report.writes_accepted += 1;
+        } else {
+            report.writes_rejected += 1;
+        }
+    }
+    for pair in sections.windows(2) {
+        if pair[1].token <= pair[0].token {
+            report.violations.push(format!(
+                "fencing token did not increase: {} granted token {} at {:.3}s after {} was granted token {} at {:.3}s",
+                pair[1].tag,
+                pair[1].token,
+                rel(pair[1].grant),
+                pair[0].tag,
+                pair[0].token,
+                rel(pair[0].grant)
+            ));
+        }
+    }
+
+    // Overlaps.
+    let blackholes: Vec<&Fault> = faults.iter().filter(|f| f.kind == FaultKind::BlackholeHolder).collect();
+    // One "lost() after the next grant" per stale section: the first grant it overlaps.
+    let mut late_reported: Vec<(Tag, u64)> = Vec::new();
+    for (i, a) in sections.iter().enumerate() {
+        let end = a.end.unwrap_or(bounds.stop);
+        for b in sections[i + 1..].iter().take_while(|b| b.grant < end) {
+            if b.tag == a.tag {
+                continue;
+            }
+            report.overlaps_raw += 1;
+            let after: Vec<&Write> = writes
+                .iter()
+                .filter(|w| w.tag == a.tag && w.token == a.token && w.t > b.grant)
+                .collect();
+            let frozen = was_paused(a.tag, a.grant, b.grant);
+            // A frozen holder cannot be told; the resource is safe if it saw
+            // the holders in token order: a stale write accepted before any
+            // write of a newer holder is ordered, not overlapping.
+            let newer_wrote = writes
+                .iter()
+                .filter(|w| w.accepted && w.token > a.token)
+                .map(|w| w.t)
+                .min()
+                .unwrap_or(u64::MAX);
+            let accepted = after
+                .iter()
+                .filter(|w| w.accepted && !(frozen && w.t < newer_wrote))
+                .count();
+            let when_lost = match a.lost {
+                Some(l) => format!("its lost() fired {:.3}s later", secs(l.saturating_sub(b.grant))),
+                None => "its lost() never fired".to_owned(),
+            };
+            let during = faults
+                .iter()
+                .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
+                .map(|f| format!("{} {} at {:.3}s", f.kind, f.target, rel(f.start)))
+                .collect::<Vec<_>>();
+            let context = if during.is_empty() {
+                "no fault active".to_owned()
+            } else {
+                format!("during {}", during.join(", "))
+            };
+            if accepted > 0 {
+                report.violations.push(format!(
+                    "unfenced overlap: {} (token {}) had {accepted} write(s) accepted after {} (token {}) was granted at {:.3}s; {when_lost}; {context}",
+                    a.tag, a.token, b.tag, b.token, rel(b.grant)
+                ));
+            } else if after.is_empty() {
+                report.overlaps_idle += 1;
+            } else {
+                report.overlaps_fenced += 1;
+            }
+            if !frozen && !late_reported.contains(&(a.tag, a.token)) {
+                late_reported.push((a.tag, a.token));
+                report.violations.push(format!(
+                    "lost() after the next grant: {} (token {}, granted {:.3}s, not frozen) still held when {} (token {}) was granted at {:.3}s; {when_lost}; {} of its writes rejected; {context}",
+                    a.tag,
+                    a.token,
+                    rel(a.grant),
+                    b.tag,
+                    b.token,
+                    rel(b.grant),
+                    after.len() - accepted,
+                ));
+            }
+        }
+    }
+
+    // Blackholed holders: lost() before the next grant?
+    for fault in &blackholes {
+        let Some(tag) = fault.holder else { continue };
+        let Some(section) = sections
+            .iter()
+            .find(|s| s.tag == tag && s.grant <= fault.start && s.end.unwrap_or(u64::MAX) >= fault.start)
+        else {
+            continue;
+        };
+        let Some(next) = sections.iter().find(|s| s.grant > fault.start && s.tag != tag) else {
+            continue;
+        };
+        report.blackholed_holders.0 += 1;
+        if section.lost.is_some_and(|l| l < next.grant) || section.end.is_some_and(|e| e < next.grant) {
+            report.blackholed_holders.1 += 1;
+        }
+    }
+
+    // Recovery after each fault, and quiet stretches.
+    let mut worst: Option<(u64, String)> = None;
+    for fault in faults {
+        *report.faults.entry(fault.kind.to_string()).or_default() += 1;
+        match sections.iter().find(|s| s.grant > fault.start) {
+            Some(next) => {
+                let took = next.grant - fault.start;
+                if worst.as_ref().is_none_or(|(w, _)| took > *w) {
+                    worst = Some((
+                        took,
+                        format!("{} {} at {:.3}s", fault.kind, fault.target, rel(fault.start)),
+                    ));
+                }
+                if took > bounds.recovery {
+                    report.violations.push(format!(
+                        "slow recovery: no grant for {:.3}s after {} {} at {:.3}s (bound {:.1}s)",
+                        secs(took),
+                        fault.kind,
+                        fault.target,
+                        rel(fault.start),
+                        secs(bounds.recovery)
+                    ));
+                }
+            }
+            None => report.violations.push(format!(
+                "no grant after {} {} at {:.3}s",
+                fault.kind,
+                fault.target,
+                rel(fault.start)
+            )),
+        }
+    }
+    report.worst_recovery = worst.map(|(t, kind)| (secs(t), kind));
+    let mut grants: Vec<u64> = sections.iter().map(|s| s.grant).collect();
+    grants.push(bounds.stop);
+    for pair in grants.windows(2) {
+        let (from, to) = (pair[0], pair[1]);
+        let faulted = faults
+            .iter()
+            .any(|f| f.start <= to && f.end.unwrap_or(u64::MAX) >= from);
+        if faulted {
+            continue;
+        }
+        let gap = to.saturating_sub(from);
+        report.worst_quiet_gap = report.worst_quiet_gap.max(secs(gap));
+        if gap > bounds.recovery {
+            report.violations.push(format!(
+                "stall: no grant for {:.3}s from {:.3}s with no fault active (bound {:.1}s)",
+                secs(gap),
+                rel(from),
+                secs(bounds.recovery)
+            ));
+        }
+    }
+    report
+}
+
+/// An error message with its ids and numbers blanked out (`#`), cut to 100
+/// characters, so that alike errors count together.
+fn error_kind(message: &str) -> String {
+    let mut kind = String::new();
+    let mut in_number = false;
+    for word in message.split(' ') {
+        let idish = word.len() >= 6 && word.chars().filter(|c| c.is_ascii_digit()).count() >= 2;
+        if !kind.is_empty() {
+            kind.push(' ');
+        }
+        kind.push_str(if idish { "#" } else { word });
+    }
+    for c in std::mem::take(&mut kind).chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                kind.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            kind.push(c);
+        }
+    }
+    kind.chars().take(100).collect()
+}
+
+/// Appends `lines` to a report's violations as one entry (orphans, garbled lines).
+pub fn add_violation(report: &mut Report, head: &str, lines: &[String]) {
+    let mut text = head.to_owned();
+    for line in lines {
+        let _ = write!(text, "\n      {line}");
+    }
+    report.violations.push(text);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn tag(slot: usize) -> Tag {
+        Tag { slot, incarnation: 0 }
+    }
+
+    fn ev(t: u64, slot: usize, what: What) -> Event {
+        Event {
+            t,
+            tag: tag(slot),
+            what,
+        }
+    }
+
+    fn grant(t: u64, slot: usize, token: u64) -> Event {
+        ev(
+            t,
+            slot,
+            What::Grant {
+                token,
+                key: String::new(),
+            },
+        )
+    }
+
+    fn write(t: u64, slot: usize, token: u64, accepted: bool) -> Write {
+        Write {
+            t,
+            tag: tag(slot),
+            token,
+            seq: 0,
+            accepted,
+        }
+    }
+
+    fn bounds(stop: u64) -> Bounds {
+        Bounds {
+            start: 0,
+            stop,
+            recovery: 8 * S,
+        }
+    }
+
+    #[test]
+    fn clean_handoffs_pass() {
+        let events = vec![
+            grant(S, 0, 10),
+            ev(
+                2 * S,
+                0,
+                What::Release {
+                    token: 10,
+                    dropped: false,
+                },
+            ),
+            grant(2 * S + 1, 1, 11),
+            ev(
+                3 * S,
+                1,
+                What::Release {
+                    token: 11,
+                    dropped: true,
+                },
+            ),
+            grant(8 * S, 0, 12),
+            ev(
+                13 * S,
+                0,
+                What::Release {
+                    token: 12,
+                    dropped: false,
+                },
+            ),
+            grant(14 * S, 1, 13),
+        ];
+        let writes = vec![write(S + 5, 0, 10, true), write(2 * S + 5, 1, 11, true)];
+        let report = check(&events, &writes, &[], bounds(20 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!(report.grants, 4);
+        assert_eq!(report.overlaps_raw, 0);
+    }
+
+    #[test]
+    fn a_late_lost_and_an_accepted_stale_write_are_caught() {
+        let events = vec![
+            grant(S, 0, 10),
+            grant(4 * S, 1, 11),
+            ev(4 * S + S / 2, 0, What::Lost { token: 10 }),
+        ];
+        let writes = vec![write(4 * S + 1, 0, 10, true), write(4 * S + 2, 1, 11, true)];
+        let report = check(&events, &writes, &[], bounds(6 * S));
+        assert_eq!(report.overlaps_raw, 1);
+        assert_eq!(report.violations.len(), 2, "{report}");
+        assert!(report.violations[0].starts_with("unfenced overlap"));
+        assert!(report.violations[1].starts_with("lost() after the next grant"));
+    }
+
+    #[test]
+    fn a_frozen_holder_caught_by_fencing_is_explained() {
+        let events = vec![
+            grant(S, 0, 10),
+            ev(S + 1, 0, What::Paused),
+            grant(4 * S, 1, 11),
+            ev(5 * S, 0, What::Resumed),
+            ev(5 * S + 10, 0, What::Lost { token: 10 }),
+            ev(
+                6 * S,
+                1,
+                What::Release {
+                    token: 11,
+                    dropped: false,
+                },
+            ),
+            grant(6 * S + 1, 0, 12),
+        ];
+        let writes = vec![write(4 * S + 1, 1, 11, true), write(5 * S + 5, 0, 10, false)];
+        let faults = vec![Fault {
+            kind: FaultKind::PauseHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: S + 1,
+            end: Some(5 * S),
+        }];
+        let report = check(&events, &writes, &faults, bounds(10 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!((report.overlaps_raw, report.overlaps_fenced), (1, 1));
+        assert_eq!(report.worst_recovery.map(|(s, _)| s.round()), Some(3.0));
+    }
+
+    #[test]
+    fn slow_recovery_stalls_and_backward_tokens_are_caught() {
+        let events = vec![
+            grant(S, 0, 10),
+            ev(S + 1, 0, What::Killed),
+            grant(11 * S, 1, 9),
+            ev(
+                12 * S,
+                1,
+                What::Release {
+                    token: 9,
+                    dropped: false,
+                },
+            ),
+        ];
+        let faults = vec![Fault {
+            kind: FaultKind::KillHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: S,
+            end: Some(S + 1),
+        }];
+        let report = check(&events, &[], &faults, bounds(20 * S));
+        let kinds: Vec<&str> = report
+            .violations
+            .iter()
+            .map(|v| v.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            kinds,
+            ["fencing token did not increase", "slow recovery", "stall"],
+            "{report}"
+        );
+    }
+}

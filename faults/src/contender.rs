@@ -1,0 +1,388 @@
+//! The contender program: one process, one lockline session at a time, taking
+//! one lock over and over through lockline's public API, writing to the fenced
+//! register while it holds, and reporting what it sees.
+//!
+//! Each round it waits for the lock with `lock()` (or, one time in four,
+//! `lock_timeout`, which may run out and cancel the acquire), holds it for
+//! 200–800 ms while writing to the register every 50 ms with its token (longer
+//! while the register's answers say `stay`), and
+//! then releases it (or, one time in five, drops the guard, which releases in
+//! the background). It stops writing when the guard's `lost()` resolves: at
+//! once, or (half of the grants, a "careless" holder) after one more write.
+//! Either way the time `lost()` resolved is reported as it happened.
+//! A session that is over is given up and a new one opened.
+//!
+//! SIGTERM stops it: it releases what it holds, cancels what it waits for,
+//! waits for the session's background cleanup and reports `idle`; when its
+//! standard input closes it closes the session, reports `closed` and exits.
+
+use std::time::Duration;
+
+use lockline::{Client, Error, MutexGuard, Session, SessionOptions, SessionState};
+use lockline_etcd::Etcd;
+use lockline_zookeeper::ZooKeeper;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::now_ns;
+use crate::rng::Rng;
+use crate::Backend;
+
+/// What the harness tells a contender on its command line.
+#[derive(Debug, Clone)]
+pub struct ContenderArgs {
+    /// etcd or ZooKeeper.
+    pub backend: Backend,
+    /// etcd endpoints (comma-separated URLs) or a ZooKeeper connect string.
+    pub endpoints: String,
+    /// The lock's name.
+    pub name: String,
+    /// The session TTL.
+    pub ttl: Duration,
+    /// The harness's history and register address.
+    pub report: String,
+    /// `c<slot>.<incarnation>`.
+    pub tag: String,
+    /// Seeds this process's choices.
+    pub seed: u64,
+}
+
+impl ContenderArgs {
+    /// The arguments after the `contender` subcommand.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "--backend".into(),
+            self.backend.to_string(),
+            "--endpoints".into(),
+            self.endpoints.clone(),
+            "--name".into(),
+            self.name.clone(),
+            "--ttl-ms".into(),
+            self.ttl.as_millis().to_string(),
+            "--report".into(),
+            self.report.clone(),
+            "--tag".into(),
+            self.tag.clone(),
+            "--seed".into(),
+            self.seed.to_string(),
+        ]
+    }
+
+    /// Parses what [`to_args`](Self::to_args) wrote.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the missing or bad argument.
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Self, String> {
+        let (mut backend, mut endpoints, mut name, mut ttl, mut report, mut tag, mut seed) =
+            (None, None, None, None, None, None, None);
+        while let Some(flag) = args.next() {
+            let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            match flag.as_str() {
+                "--backend" => backend = Some(value.parse()?),
+                "--endpoints" => endpoints = Some(value),
+                "--name" => name = Some(value),
+                "--ttl-ms" => ttl = Some(Duration::from_millis(value.parse().map_err(|_| "bad --ttl-ms")?)),
+                "--report" => report = Some(value),
+                "--tag" => tag = Some(value),
+                "--seed" => seed = Some(value.parse().map_err(|_| "bad --seed")?),
+                other => return Err(format!("unknown contender argument {other:?}")),
+            }
+        }
+        Ok(ContenderArgs {
+            backend: backend.ok_or("--backend is required")?,
+            endpoints: endpoints.ok_or("--endpoints is required")?,
+            name: name.ok_or("--name is required")?,
+            ttl: ttl.ok_or("--ttl-ms is required")?,
+            report: report.ok_or("--report is required")?,
+            tag: tag.ok_or("--tag is required")?,
+            seed: seed.ok_or("--seed is required")?,
+        })
+    }
+}
+
+/// Sends events to the harness, in order, from any task.
+#[derive(Clone)]
+struct Reporter {
+    tag: String,
+    lines: mpsc::UnboundedSender<String>,
+}
+
+impl Reporter {
+    fn at(&self, t: u64, event: &str) {
+        let _ = self.lines.send(format!("E {} {t} {event}\n", self.tag));
+    }
+
+    fn now(&self, event: &str) {
+        self.at(now_ns(), event);
+    }
+}
+
+/// The contender's connection to the fenced register.
+struct Register {
+    tag: String,
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    line: String,
+}
+
+impl Register {
+    async fn connect(address: &str, tag: &str) -> std::io::Result<Self> {
+        let stream = TcpStream::connect(address).await?;
+        stream.set_nodelay(true)?;
+        let (reader, writer) = stream.into_split();
+        Ok(Register {
+            tag: tag.to_owned(),
+            reader: BufReader::new(reader),
+            writer,
+            line: String::new(),
+        })
+    }
+
+    /// Writes with `token`; whether the register asks the holder to stay.
+    async fn write(&mut self, token: u64, seq: u64) -> std::io::Result<bool> {
+        let request = format!("W {} {token} {seq}\n", self.tag);
+        self.writer.write_all(request.as_bytes()).await?;
+        self.line.clear();
+        if self.reader.read_line(&mut self.line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(self.line.trim_end().ends_with(" stay"))
+    }
+}
+
+/// Runs a contender until it is told to stop and its input closes.
+///
+/// # Errors
+///
+/// When the harness cannot be reached.
+pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
+    let events = TcpStream::connect(&args.report).await?;
+    events.set_nodelay(true)?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(async move {
+        let mut events = events;
+        while let Some(line) = rx.recv().await {
+            if events.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+        let _ = events.flush().await;
+    });
+    let reporter = Reporter {
+        tag: args.tag.clone(),
+        lines: tx,
+    };
+    let mut register = Register::connect(&args.report, &args.tag).await?;
+
+    let (stop_tx, stop) = watch::channel(false);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        terminate.recv().await;
+        let _ = stop_tx.send(true);
+    });
+
+    let client = match args.backend {
+        Backend::Etcd => Client::new(Etcd::new(args.endpoints.split(',').map(str::to_owned))),
+        Backend::ZooKeeper => Client::new(ZooKeeper::new(args.endpoints.clone())),
+    };
+    let options = SessionOptions::new().with_ttl(args.ttl);
+    let mut rng = Rng::new(args.seed, 0);
+    let mut worker = Worker {
+        client,
+        options,
+        name: args.name.clone(),
+        reporter: reporter.clone(),
+        stop,
+        session: None,
+    };
+    worker.contend(&mut rng, &mut register).await;
+
+    // Stopped: nothing held, nothing queued; wait for the background cleanup.
+    if let Some(session) = &worker.session {
+        let flush = tokio::time::timeout(args.ttl * 4, session.flush()).await;
+        if flush.is_err() {
+            reporter.now("error background cleanup still running after 4 TTLs");
+        }
+    }
+    reporter.now("idle");
+    // Wait for the harness to close our input, then close the session.
+    let mut input = tokio::io::stdin();
+    let mut sink = [0u8; 64];
+    while matches!(input.read(&mut sink).await, Ok(n) if n > 0) {}
+    if let Some(session) = worker.session.take() {
+        if let Err(error) = session.close().await {
+            reporter.now(&format!("error close: {error}"));
+        }
+    }
+    reporter.now("closed");
+    drop(worker);
+    drop(reporter);
+    let _ = writer.await;
+    Ok(())
+}
+
+struct Worker {
+    client: Client,
+    options: SessionOptions,
+    name: String,
+    reporter: Reporter,
+    stop: watch::Receiver<bool>,
+    session: Option<Session>,
+}
+
+impl Worker {
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// A live session: the current one, or a new one once it is over.
+    async fn session(&mut self) -> Option<Session> {
+        if let Some(session) = &self.session {
+            if !matches!(session.state(), SessionState::Lost | SessionState::Closed) {
+                return Some(session.clone());
+            }
+            self.reporter.now(&format!("session-over {}", session.id()));
+            let over = session.clone();
+            self.session = None;
+            // Ends it on the server too if the library has not (best effort).
+            tokio::spawn(async move {
+                let _ = over.close().await;
+            });
+        }
+        let mut backoff = Duration::from_millis(100);
+        while !self.stopping() {
+            match self.client.session_with(self.options.clone()).await {
+                Ok(session) => {
+                    self.reporter.now(&format!("session {}", session.id()));
+                    self.session = Some(session.clone());
+                    return Some(session);
+                }
+                Err(error) => {
+                    self.reporter.now(&format!("error session: {error}"));
+                    let mut stop = self.stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+        None
+    }
+
+    async fn contend(&mut self, rng: &mut Rng, register: &mut Register) {
+        while !self.stopping() {
+            let Some(session) = self.session().await else { return };
+            let mutex = match session.mutex(&self.name) {
+                Ok(mutex) => mutex,
+                Err(error) => {
+                    self.reporter.now(&format!("error mutex: {error}"));
+                    continue;
+                }
+            };
+            let timeout = rng.chance(0.25).then(|| rng.millis(300, 2000));
+            self.reporter
+                .now(if timeout.is_some() { "wait timeout" } else { "wait lock" });
+            let mut stop = self.stop.clone();
+            let acquired = tokio::select! {
+                result = async {
+                    match timeout {
+                        Some(timeout) => mutex.lock_timeout(timeout).await,
+                        None => mutex.lock().await,
+                    }
+                } => result,
+                // Cancelling the acquire: lockline removes its entry.
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match acquired {
+                Ok(guard) => {
+                    let granted = now_ns();
+                    self.reporter
+                        .at(granted, &format!("grant {} {}", guard.token().get(), guard.key()));
+                    self.hold(guard, rng, register).await;
+                }
+                Err(Error::Timeout { .. }) => self.reporter.now("timeout"),
+                Err(error) => {
+                    self.reporter.now(&format!("error lock: {error}"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            tokio::time::sleep(rng.millis(0, 150)).await;
+        }
+    }
+
+    async fn hold(&mut self, guard: MutexGuard, rng: &mut Rng, register: &mut Register) {
+        let token = guard.token().get();
+        let mut until = tokio::time::Instant::now() + rng.millis(200, 800);
+        let drop_it = rng.chance(0.2);
+        // A careless holder looks at `lost()` only after each write, as code
+        // that checks and then writes does: after a pause it writes once with
+        // its stale token, and only fencing stops that write.
+        let careless = rng.chance(0.5);
+        let mut lost_at = None;
+        {
+            let lost = guard.lost();
+            tokio::pin!(lost);
+            let mut seq = 0u64;
+            // Write first, then look at the clock: a holder frozen in its
+            // pause between writes wakes up and writes before it looks.
+            'holding: loop {
+                // Write, noticing loss (with its time) while the write is in flight.
+                let write = register.write(token, seq);
+                tokio::pin!(write);
+                let written = loop {
+                    tokio::select! {
+                        biased;
+                        _ = &mut lost, if lost_at.is_none() => lost_at = Some(now_ns()),
+                        written = &mut write => break written,
+                    }
+                };
+                seq += 1;
+                match written {
+                    Ok(true) => until = until.max(tokio::time::Instant::now() + Duration::from_millis(200)),
+                    Ok(false) => {}
+                    Err(_) => self.reporter.now("error register connection"),
+                }
+                if lost_at.is_some() || self.stopping() || tokio::time::Instant::now() >= until {
+                    break 'holding;
+                }
+                let mut stop = self.stop.clone();
+                tokio::select! {
+                    biased;
+                    _ = &mut lost, if lost_at.is_none() => {
+                        lost_at = Some(now_ns());
+                        if !careless {
+                            break 'holding;
+                        }
+                    }
+                    _ = stop.wait_for(|s| *s) => break 'holding,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        }
+        if let Some(t) = lost_at {
+            self.reporter.at(t, &format!("lost {token}"));
+            // Fenced: it cannot remove a newer holder's entry.
+            drop(guard);
+            return;
+        }
+        if drop_it {
+            self.reporter.now(&format!("release {token} drop"));
+            drop(guard);
+        } else {
+            self.reporter.now(&format!("release {token} release"));
+            let result = guard.release().await;
+            let outcome = match &result {
+                Ok(()) => "ok",
+                Err(_) => "error",
+            };
+            self.reporter.now(&format!("released {token} {outcome}"));
+            if let Err(error) = result {
+                self.reporter.now(&format!("error release: {error}"));
+            }
+        }
+    }
+}

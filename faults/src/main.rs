@@ -1,0 +1,134 @@
+//! `lockline-faults`: lockline's randomized fault test, long mode.
+//!
+//! ```text
+//! lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N]
+//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--quiet] [--keep-logs]
+//! ```
+//!
+//! Starts the servers, the contenders and the nemesis, prints the figures and
+//! every violation, and exits with status 1 when there is one. The defaults
+//! are the test suite's short run (both backends, 60 s, seed 1, 5 contenders,
+//! TTL 3 s). `lockline-faults contender ...` is the contender program the run
+//! starts; it is not meant to be run by hand.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use lockline_faults::contender::{self, ContenderArgs};
+use lockline_faults::{run, Backend, Config};
+
+const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N] \
+                     [--contenders N] [--ttl SECS] [--slack SECS] [--quiet] [--keep-logs]";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("contender") {
+        args.next();
+        return contend(args);
+    }
+    let (backends, config) = match parse(args) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut failed = false;
+    for backend in backends {
+        let config = Config {
+            backend,
+            ..config.clone()
+        };
+        println!(
+            "== {backend}: {:?} of faults, seed {}, {} contenders, TTL {:?}, recovery bound {:?}",
+            config.duration,
+            config.seed,
+            config.contenders,
+            config.ttl,
+            config.recovery_bound()
+        );
+        match run(&config) {
+            Ok(report) => {
+                print!("{report}");
+                failed |= !report.violations.is_empty();
+            }
+            Err(error) => {
+                println!("could not run: {error}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config), String> {
+    let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut config = Config::short(Backend::Etcd, program);
+    let mut backends = vec![Backend::Etcd, Backend::ZooKeeper];
+    while let Some(flag) = args.next() {
+        if flag == "--quiet" {
+            config.verbose = false;
+            continue;
+        }
+        if flag == "--keep-logs" {
+            config.keep_logs = true;
+            continue;
+        }
+        if flag == "-h" || flag == "--help" {
+            return Err(USAGE.to_owned());
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = |value: &str| -> Result<u64, String> {
+            value
+                .parse()
+                .map_err(|_| format!("{flag}: {value:?} is not a whole number"))
+        };
+        match flag.as_str() {
+            "--backend" => {
+                backends = match value.as_str() {
+                    "both" => vec![Backend::Etcd, Backend::ZooKeeper],
+                    one => vec![one.parse()?],
+                }
+            }
+            "--seconds" => config.duration = Duration::from_secs(number(&value)?),
+            "--seed" => config.seed = number(&value)?,
+            "--contenders" => config.contenders = usize::try_from(number(&value)?.clamp(2, 64)).unwrap_or(5),
+            "--ttl" => config.ttl = Duration::from_secs(number(&value)?.max(1)),
+            "--slack" => config.slack = Duration::from_secs(number(&value)?),
+            other => return Err(format!("unknown option {other:?}\n{USAGE}")),
+        }
+    }
+    Ok((backends, config))
+}
+
+fn contend(args: impl Iterator<Item = String>) -> ExitCode {
+    let args = match ContenderArgs::parse(args) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("contender: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("contender: no runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(contender::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("contender: {error}");
+            ExitCode::from(1)
+        }
+    }
+}

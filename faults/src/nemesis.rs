@@ -1,0 +1,317 @@
+//! The nemesis: one fault at a time, on a seeded schedule. Between faults it
+//! waits a random 0.5–2 s, and after each fault it waits (on the history, not a
+//! timer) for the next grant, so that recoveries are measured one by one.
+
+use std::fmt;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::clock::{now_ns, secs};
+use crate::fleet::Fleet;
+use crate::history::{History, Tag, What};
+use crate::rng::Rng;
+use crate::servers::Servers;
+
+/// The kinds of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// SIGSTOP a holder for TTL + 1.5–3 s, then SIGCONT.
+    PauseHolder,
+    /// SIGKILL a holder; restart it 0.3–1.5 s later.
+    KillHolder,
+    /// SIGKILL a waiting contender; restart it 0.3–1.5 s later.
+    KillWaiter,
+    /// Silently cut a holder's connections (no byte either way, no reset) for
+    /// TTL + 1–2.5 s, then heal.
+    BlackholeHolder,
+    /// SIGKILL a member (the leader half the time); restart it 2–4 s later.
+    KillMember,
+    /// SIGSTOP a member (the leader half the time) for 2–5 s, then SIGCONT.
+    PauseMember,
+}
+
+impl FaultKind {
+    /// Every kind, in schedule order.
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::PauseHolder,
+        FaultKind::KillHolder,
+        FaultKind::KillWaiter,
+        FaultKind::BlackholeHolder,
+        FaultKind::KillMember,
+        FaultKind::PauseMember,
+    ];
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FaultKind::PauseHolder => "pause-holder",
+            FaultKind::KillHolder => "kill-holder",
+            FaultKind::KillWaiter => "kill-waiter",
+            FaultKind::BlackholeHolder => "blackhole-holder",
+            FaultKind::KillMember => "kill-member",
+            FaultKind::PauseMember => "pause-member",
+        })
+    }
+}
+
+/// A fault the nemesis injected.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// Its kind.
+    pub kind: FaultKind,
+    /// What it hit: a contender tag or a member name (with `(leader)`).
+    pub target: String,
+    /// The holder it hit, for holder faults.
+    pub holder: Option<Tag>,
+    /// When it started (ns).
+    pub start: u64,
+    /// When it was healed (ns); `None` while it lasts.
+    pub end: Option<u64>,
+}
+
+/// The nemesis of one run.
+#[derive(Debug)]
+pub struct Nemesis<'a> {
+    rng: Rng,
+    servers: &'a mut Servers,
+    fleet: &'a mut Fleet,
+    history: History,
+    ttl: Duration,
+    recovery: Duration,
+    /// Every fault injected so far.
+    pub faults: Vec<Fault>,
+    /// Problems of the run itself (crashed contenders, members that did not come back).
+    pub problems: Vec<String>,
+    /// When set, actions are printed with times relative to this instant (ns).
+    log: Option<u64>,
+}
+
+impl<'a> Nemesis<'a> {
+    /// A nemesis with its own stream of the run's seed.
+    pub fn new(
+        seed: u64,
+        servers: &'a mut Servers,
+        fleet: &'a mut Fleet,
+        history: History,
+        ttl: Duration,
+        recovery: Duration,
+        log: Option<u64>,
+    ) -> Self {
+        Nemesis {
+            rng: Rng::new(seed, 0xFA17),
+            servers,
+            fleet,
+            history,
+            ttl,
+            recovery,
+            faults: Vec::new(),
+            problems: Vec::new(),
+            log,
+        }
+    }
+
+    /// Injects faults until `duration` has passed, then leaves everything healed.
+    pub fn run(&mut self, duration: Duration) {
+        let until = Instant::now() + duration;
+        while Instant::now() < until {
+            thread::sleep(self.rng.millis(500, 2000));
+            self.reap();
+            let kind = FaultKind::ALL[self.rng.below(FaultKind::ALL.len())];
+            let Some(started) = self.inject(kind) else { continue };
+            // Await the next grant (bounded), so that faults do not pile up.
+            let granted = self
+                .history
+                .wait_until(self.recovery * 2, |r| r.last_grant().is_some_and(|t| t > started));
+            if !granted {
+                self.say(&format!("no grant within {:?} of the fault", self.recovery * 2));
+            }
+        }
+    }
+
+    fn say(&self, line: &str) {
+        if let Some(start) = self.log {
+            eprintln!("[{:7.3}s] nemesis: {line}", secs(now_ns().saturating_sub(start)));
+        }
+    }
+
+    fn reap(&mut self) {
+        for (slot, why) in self.fleet.reap_crashed() {
+            self.problems.push(format!("contender {slot} exited on its own: {why}"));
+            if let Err(error) = self.fleet.respawn(slot) {
+                self.problems
+                    .push(format!("contender {slot} could not be restarted: {error}"));
+            }
+        }
+    }
+
+    /// A holder's slot, waiting up to 2 s for one to exist. The holder is
+    /// asked (through the register's answers) to keep holding until the fault
+    /// ends, and has heard so: it will still be holding when the fault bites.
+    fn pick_holder(&mut self) -> Option<(usize, Tag)> {
+        for _ in 0..3 {
+            let live: Vec<Tag> = self.fleet.slots.iter().map(|s| s.tag).collect();
+            self.history
+                .wait_until(Duration::from_secs(2), |r| r.holders.keys().any(|t| live.contains(t)));
+            let tag = {
+                let mut record = self.history.lock();
+                let holders: Vec<Tag> = record.holders.keys().copied().filter(|t| live.contains(t)).collect();
+                if holders.is_empty() {
+                    return None;
+                }
+                let tag = holders[self.rng.below(holders.len())];
+                record.stay.push(tag);
+                tag
+            };
+            let asked = now_ns();
+            let heard = self.history.wait_until(Duration::from_secs(1), |r| {
+                r.writes.iter().rev().take_while(|w| w.t > asked).any(|w| w.tag == tag)
+            });
+            if heard && self.history.lock().holders.contains_key(&tag) {
+                return Some((tag.slot, tag));
+            }
+            self.history.lock().stay.clear();
+        }
+        None
+    }
+
+    fn pick_member(&mut self) -> (usize, String) {
+        let want_leader = self.rng.chance(0.5);
+        let other = self.rng.below(self.servers.size());
+        let leader = self.servers.leader();
+        match leader {
+            Some(leader) if want_leader => (leader, format!("n{} (leader)", leader + 1)),
+            Some(leader) => {
+                let i = if other == leader {
+                    (other + 1) % self.servers.size()
+                } else {
+                    other
+                };
+                (i, format!("n{}", i + 1))
+            }
+            None => (other, format!("n{}", other + 1)),
+        }
+    }
+
+    fn begin(&mut self, kind: FaultKind, target: String, holder: Option<Tag>) -> u64 {
+        let start = now_ns();
+        self.say(&format!("{kind} {target}"));
+        self.faults.push(Fault {
+            kind,
+            target,
+            holder,
+            start,
+            end: None,
+        });
+        start
+    }
+
+    fn end(&mut self) {
+        if let Some(fault) = self.faults.last_mut() {
+            fault.end = Some(now_ns());
+        }
+        self.history.lock().stay.clear();
+    }
+
+    /// Injects one fault and heals it; returns its start, or `None` when it had no target.
+    fn inject(&mut self, kind: FaultKind) -> Option<u64> {
+        let ttl = self.ttl;
+        match kind {
+            FaultKind::PauseHolder => {
+                let (slot, tag) = self.pick_holder()?;
+                let hold = ttl + self.rng.millis(1500, 3000);
+                let start = self.begin(kind, tag.to_string(), Some(tag));
+                if self.fleet.signal(slot, libc::SIGSTOP).is_ok() {
+                    self.history.note(tag, What::Paused);
+                    thread::sleep(hold);
+                    let _ = self.fleet.signal(slot, libc::SIGCONT);
+                    self.history.note(tag, What::Resumed);
+                }
+                self.end();
+                Some(start)
+            }
+            FaultKind::KillHolder | FaultKind::KillWaiter => {
+                let (slot, tag) = if kind == FaultKind::KillHolder {
+                    self.pick_holder()?
+                } else {
+                    let holders: Vec<Tag> = self.history.lock().holders.keys().copied().collect();
+                    let waiters: Vec<Tag> = self
+                        .fleet
+                        .slots
+                        .iter()
+                        .map(|s| s.tag)
+                        .filter(|t| !holders.contains(t) && self.fleet.is_running(t.slot))
+                        .collect();
+                    if waiters.is_empty() {
+                        return None;
+                    }
+                    let tag = waiters[self.rng.below(waiters.len())];
+                    (tag.slot, tag)
+                };
+                let down = self.rng.millis(300, 1500);
+                let start = self.begin(kind, tag.to_string(), (kind == FaultKind::KillHolder).then_some(tag));
+                if let Err(error) = self.fleet.kill(slot) {
+                    self.problems.push(format!("killing {tag}: {error}"));
+                }
+                thread::sleep(down);
+                if let Err(error) = self.fleet.respawn(slot) {
+                    self.problems.push(format!("restarting contender {slot}: {error}"));
+                }
+                self.end();
+                Some(start)
+            }
+            FaultKind::BlackholeHolder => {
+                let (slot, tag) = self.pick_holder()?;
+                let hold = ttl + self.rng.millis(1000, 2500);
+                let start = self.begin(kind, tag.to_string(), Some(tag));
+                for proxy in &self.fleet.slots[slot].proxies {
+                    proxy.blackhole();
+                }
+                self.history.note(tag, What::Blackholed);
+                thread::sleep(hold);
+                for proxy in &self.fleet.slots[slot].proxies {
+                    proxy.heal();
+                }
+                self.history.note(tag, What::Healed);
+                self.end();
+                Some(start)
+            }
+            FaultKind::KillMember => {
+                let (i, target) = self.pick_member();
+                let down = self.rng.millis(2000, 4000);
+                let start = self.begin(kind, target, None);
+                if let Err(error) = self.servers.member(i).kill() {
+                    self.problems.push(format!("killing member n{}: {error}", i + 1));
+                }
+                thread::sleep(down);
+                if let Err(error) = self.servers.member(i).restart() {
+                    self.problems.push(format!("restarting member n{}: {error}", i + 1));
+                }
+                self.end();
+                if let Err(error) = self.servers.wait_serving(i) {
+                    self.problems
+                        .push(format!("member n{} did not come back: {error}", i + 1));
+                }
+                Some(start)
+            }
+            FaultKind::PauseMember => {
+                let (i, target) = self.pick_member();
+                let hold = self.rng.millis(2000, 5000);
+                let start = self.begin(kind, target, None);
+                if let Err(error) = self.servers.member(i).pause() {
+                    self.problems.push(format!("pausing member n{}: {error}", i + 1));
+                }
+                thread::sleep(hold);
+                if let Err(error) = self.servers.member(i).resume() {
+                    self.problems.push(format!("resuming member n{}: {error}", i + 1));
+                }
+                self.end();
+                if let Err(error) = self.servers.wait_serving(i) {
+                    self.problems
+                        .push(format!("member n{} did not come back: {error}", i + 1));
+                }
+                Some(start)
+            }
+        }
+    }
+}
