@@ -188,6 +188,28 @@ impl ProcessGroup {
         }
     }
 
+    /// Pauses the group (SIGSTOP) and `lockline` itself, as Ctrl-Z would
+    /// pause a job; once `lockline` is continued (SIGCONT, `fg`), continues
+    /// the group.
+    ///
+    /// While paused `lockline` renews nothing, so the lock may be lost; the
+    /// command, paused too, does no unprotected work meanwhile, and is stopped
+    /// as on any lost lock once `lockline` runs again.
+    pub(crate) fn pause_with_lockline(&mut self) {
+        self.reap();
+        let alive = self.alive(false);
+        if alive {
+            self.signal(libc::SIGSTOP);
+        }
+        // SAFETY: raise(3) has no preconditions; SIGSTOP stops every thread of
+        // the process, and the call returns once the process is continued.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        self.reap();
+        if alive && self.alive(false) {
+            self.signal(libc::SIGCONT);
+        }
+    }
+
     /// Collects every child that has ended (the command and orphans of its
     /// group re-parented to `lockline`), keeping the command's status.
     fn reap(&mut self) {

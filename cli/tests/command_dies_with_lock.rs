@@ -464,3 +464,63 @@ async fn sigint_stops_an_obedient_command_without_waiting_the_grace() {
     assert!(free.is_some(), "the lock was not released");
     session.close().await.expect("close");
 }
+
+/// The state letter of `pid` in `/proc` (`S`, `R`, `T` for stopped, ...).
+fn state(pid: libc::pid_t) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next().map(str::to_owned)
+}
+
+/// Waits until `pid` is (or is no longer) stopped; the kernel's job-control
+/// stops are not events a test can await, so this polls with a deadline.
+async fn stopped(pid: libc::pid_t, what: &str, want: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (state(pid).as_deref() == Some("T")) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) is in state {:?}, wanted stopped = {want}",
+            state(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ctrl-Z (SIGTSTP) to `lockline` pauses the command with it, rather than
+/// leaving the command running while nothing supervises it; SIGCONT resumes
+/// both, and SIGTERM afterwards still stops the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigtstp_pauses_the_command_along_with_lockline() {
+    let server = Server::start(Kind::Etcd, false);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("command.pid");
+    let mut holder = server
+        .lockline(&[
+            "--ttl",
+            "30",
+            "paused/lock",
+            "sh",
+            "-c",
+            "echo $$ > \"$1\"; exec sleep 600",
+            "command",
+            pid_file.to_str().expect("utf-8 path"),
+        ])
+        .spawn()
+        .expect("start the holder");
+    holds(&mut holder).await;
+    let command = pid_in(&pid_file).await;
+    let lockline = libc::pid_t::try_from(holder.id().expect("runs")).expect("pid");
+
+    send(&holder, libc::SIGTSTP);
+    stopped(lockline, "lockline", true).await;
+    stopped(command, "the command", true).await;
+
+    send(&holder, libc::SIGCONT);
+    stopped(lockline, "lockline", false).await;
+    stopped(command, "the command", false).await;
+
+    send(&holder, libc::SIGTERM);
+    let status = exits("lockline exits", &mut holder).await;
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert!(!running(command), "the command outlived lockline");
+}
