@@ -36,10 +36,10 @@
 //! - On a lost lock the lock is already gone (someone else may hold it): the
 //!   group is signalled at once, before anything else, and `lockline` exits 3
 //!   once the group is gone.
-//! - The command is started with `PR_SET_PDEATHSIG` = SIGKILL: if `lockline`
-//!   is killed outright (SIGKILL, OOM killer), the command itself is killed by
-//!   the kernel. If `lockline` died before that was set, the command is not
-//!   started.
+//! - On Linux the command is started with `PR_SET_PDEATHSIG` = SIGKILL: if
+//!   `lockline` is killed outright (SIGKILL, OOM killer), the command itself
+//!   is killed by the kernel. If `lockline` died before that was set, the
+//!   command is not started.
 //! - SIGTSTP (Ctrl-Z) pauses the group (SIGSTOP) together with `lockline`;
 //!   SIGCONT (`fg`) resumes both. Nothing renews the session meanwhile, so a
 //!   long pause loses the lock, and the command is then stopped as above.
