@@ -189,7 +189,7 @@ while :; do echo child >> "$1/log"; sleep 0.01; done
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        for name in ["child.pid", "grandchild.pid", "command.pid"] {
+        for name in ["child.pid", "grandchild.pid", "command.pid", "background.pid"] {
             if let Some(pid) = std::fs::read_to_string(self.path(name))
                 .ok()
                 .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
@@ -538,4 +538,27 @@ async fn sigtstp_pauses_the_command_along_with_lockline() {
     let status = exits("lockline exits", &mut holder).await;
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
     assert!(!running(command), "the command outlived lockline");
+}
+
+/// A command that exits leaving a background job in its group: the job is
+/// gone by the time `lockline` exits, and the command's status is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_jobs_of_the_command_do_not_outlive_the_lock() {
+    let server = Server::start(Kind::Etcd, false);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("background.pid");
+    let output = server
+        .lockline(&[
+            "background/lock",
+            "sh",
+            "-c",
+            "sleep 600 >/dev/null 2>&1 & echo $! > \"$1\"; exit 5",
+            "command",
+            pid_file.to_str().expect("utf-8 path"),
+        ])
+        .output();
+    let output = bounded("lockline exits", output).await.expect("run");
+    assert_eq!(output.status.code(), Some(5), "{:?}", output.status);
+    let background = pid_in(&pid_file).await;
+    assert!(!running(background), "the background job outlived the lock");
 }
