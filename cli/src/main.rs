@@ -83,7 +83,7 @@ use lockline_etcd::Etcd;
 use lockline_zookeeper::ZooKeeper;
 
 use crate::group::{signal_status, ProcessGroup};
-use crate::signals::{StopSignals, SuspendSignal};
+use crate::signals::{signal_name, StopSignals, SuspendSignal};
 
 const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zookeeper HOST:PORT[,...][/CHROOT]) \
                      [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]";
@@ -284,7 +284,10 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
     };
     let guard = tokio::select! {
         guard = acquire => guard?,
-        signal = signals.recv() => return Ok(Held::Cancelled(signal)),
+        signal = signals.recv() => {
+            eprintln!("lockline: got {} while waiting for {:?}; leaving the queue", signal_name(signal), args.name);
+            return Ok(Held::Cancelled(signal));
+        }
     };
     println!("{}", guard.key());
     eprintln!("lockline: holding {} with fencing token {}", guard.key(), guard.token());
@@ -372,7 +375,10 @@ async fn run_command(
             Some(ended.code())
         }
         Event::Signal(signal) => {
-            eprintln!("lockline: got signal {signal}; the lock is released once the command is gone");
+            eprintln!(
+                "lockline: got {}; the lock is released once the command is gone",
+                signal_name(signal)
+            );
             group.stop(kill_after, hurry).await;
             Some(signal_status(signal))
         }

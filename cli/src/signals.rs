@@ -65,3 +65,14 @@ impl SuspendSignal {
         }
     }
 }
+
+/// The usual name of a signal `lockline` handles, for messages.
+pub(crate) fn signal_name(signal: libc::c_int) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        other => format!("signal {other}"),
+    }
+}
