@@ -336,6 +336,15 @@ async fn run_command(
         ("LOCKLINE_KEY", OsStr::new(guard.key())),
         ("LOCKLINE_TOKEN", OsStr::new(&token)),
     ];
+    // Listen before the command exists, so that a Ctrl-Z right after it
+    // starts is not lockline's default stop, which would leave it running.
+    let mut suspend = match SuspendSignal::listen() {
+        Ok(suspend) => Some(suspend),
+        Err(error) => {
+            eprintln!("lockline: cannot listen for SIGTSTP; Ctrl-Z will not pause the command: {error}");
+            None
+        }
+    };
     let mut group = match ProcessGroup::spawn(program, arguments, env) {
         Ok(group) => group,
         Err(error) => {
@@ -348,13 +357,6 @@ async fn run_command(
         Signal(libc::c_int),
         Lost,
     }
-    let mut suspend = match SuspendSignal::listen() {
-        Ok(suspend) => Some(suspend),
-        Err(error) => {
-            eprintln!("lockline: cannot listen for SIGTSTP; Ctrl-Z will not pause the command: {error}");
-            None
-        }
-    };
     let event = loop {
         tokio::select! {
             ended = group.wait() => break Event::Ended(ended),
