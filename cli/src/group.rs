@@ -268,10 +268,8 @@ fn become_subreaper() {}
 
 /// In the child, between fork and exec: SIGKILL when `parent` dies
 /// (`PR_SET_PDEATHSIG`), and refuse to start when it already has.
-///
-/// # Safety
-///
-/// Async-signal-safe: system calls only, no allocation.
+/// Async-signal-safe, as code between fork and exec must be: system calls
+/// only, no allocation.
 #[cfg(target_os = "linux")]
 fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
     // SAFETY: prctl and getppid with integer arguments only.
