@@ -542,7 +542,8 @@ impl BackendSession for EtcdSession {
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
         let revoked = self.client.lease_client().revoke(self.lease).await;
-        self.state.send_replace(SessionState::Closed);
+        // A session already lost stays lost: closing it does not undo that.
+        SessionState::advance(&self.state, SessionState::Closed);
         match revoked {
             Ok(_) => Ok(()),
             Err(error) => match map(error, Some(&self.id)) {
