@@ -542,6 +542,7 @@ impl BackendSession for EtcdSession {
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
         let revoked = self.client.lease_client().revoke(self.lease).await;
+        // A session already lost stays lost: closing it does not undo that.
         SessionState::advance(&self.state, SessionState::Closed);
         match revoked {
             Ok(_) => Ok(()),
