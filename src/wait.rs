@@ -335,12 +335,16 @@ impl PendingEntry<'_> {
 impl Drop for PendingEntry<'_> {
     fn drop(&mut self) {
         let local = self.local.take();
-        let entry = self.entry.take();
-        if let Some(attempt) = self.attempt.take() {
-            self.session
-                .spawn_abandon(self.dir.to_owned(), self.kind, attempt, entry, local);
-        } else if let Some(entry) = entry {
+        let attempt = self.attempt.take();
+        // Once the append has returned its entry, the attempt has exactly that
+        // one entry (backends reuse an attempt's entry on retry): removing it
+        // removes everything the attempt made. Before, whatever the append
+        // may have made is abandoned by its attempt id.
+        if let Some(entry) = self.entry.take() {
             self.session.spawn_remove(entry, "cancelled acquire", local);
+        } else if let Some(attempt) = attempt {
+            self.session
+                .spawn_abandon(self.dir.to_owned(), self.kind, attempt, None, local);
         }
     }
 }

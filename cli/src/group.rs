@@ -68,7 +68,7 @@ pub(crate) struct ProcessGroup {
 impl ProcessGroup {
     /// Starts `program` with `args` and `env` added to `lockline`'s
     /// environment, as the leader of a new process group, with
-    /// `PR_SET_PDEATHSIG` = SIGKILL so that it dies with `lockline`.
+    /// `PR_SET_PDEATHSIG` = SIGKILL (on Linux) so that it dies with `lockline`.
     ///
     /// Must be called from the thread that runs `main` (the runtime's
     /// `block_on`), never from a spawned task: the parent-death signal fires
@@ -80,13 +80,7 @@ impl ProcessGroup {
     ) -> io::Result<Self> {
         // Listen before the child exists so that no SIGCHLD is missed.
         let child_exited = signal(SignalKind::child())?;
-        // Orphaned members of the group come to us, not to init (which may not
-        // reap them in a container): best effort, the liveness check below does
-        // not depend on it.
-        // SAFETY: prctl with integer arguments only.
-        unsafe {
-            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
-        }
+        become_subreaper();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         let mut command = Command::new(program);
@@ -94,17 +88,7 @@ impl ProcessGroup {
         // SAFETY: the closure runs between fork and exec and calls only
         // async-signal-safe functions (prctl, getppid); it allocates nothing.
         unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // `lockline` may have died before prctl took effect: then no
-                // signal will come, and the child must not run unsupervised.
-                if libc::getppid() != parent {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
+            command.pre_exec(move || die_with_parent(parent));
         }
         // `spawn` returns once the child has exec'd, so its group exists.
         let child = command.spawn()?;
@@ -188,6 +172,28 @@ impl ProcessGroup {
         }
     }
 
+    /// Pauses the group (SIGSTOP) and `lockline` itself, as Ctrl-Z would
+    /// pause a job; once `lockline` is continued (SIGCONT, `fg`), continues
+    /// the group.
+    ///
+    /// While paused `lockline` renews nothing, so the lock may be lost; the
+    /// command, paused too, does no unprotected work meanwhile, and is stopped
+    /// as on any lost lock once `lockline` runs again.
+    pub(crate) fn pause_with_lockline(&mut self) {
+        self.reap();
+        let alive = self.alive(false);
+        if alive {
+            self.signal(libc::SIGSTOP);
+        }
+        // SAFETY: raise(3) has no preconditions; SIGSTOP stops every thread of
+        // the process, and the call returns once the process is continued.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        self.reap();
+        if alive && self.alive(false) {
+            self.signal(libc::SIGCONT);
+        }
+    }
+
     /// Collects every child that has ended (the command and orphans of its
     /// group re-parented to `lockline`), keeping the command's status.
     fn reap(&mut self) {
@@ -244,6 +250,47 @@ impl ProcessGroup {
         }
         true
     }
+}
+
+/// Makes orphaned members of the group come to `lockline` rather than to
+/// init (which may not reap them in a container). Best effort: the liveness
+/// check does not depend on it.
+#[cfg(target_os = "linux")]
+fn become_subreaper() {
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn become_subreaper() {}
+
+/// In the child, between fork and exec: SIGKILL when `parent` dies
+/// (`PR_SET_PDEATHSIG`), and refuse to start when it already has.
+/// Async-signal-safe, as code between fork and exec must be: system calls
+/// only, no allocation.
+#[cfg(target_os = "linux")]
+fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
+    // SAFETY: prctl and getppid with integer arguments only.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // `lockline` may have died before prctl took effect: then no signal
+        // will come, and the command must not run unsupervised.
+        if libc::getppid() != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+    }
+    Ok(())
+}
+
+/// Without `PR_SET_PDEATHSIG` (not Linux) the command does not die with a
+/// SIGKILLed `lockline`.
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_parent: libc::pid_t) -> io::Result<()> {
+    Ok(())
 }
 
 /// Whether `/proc` shows a process of group `group` that is not a zombie;

@@ -10,24 +10,25 @@
 //! - with a command: runs it with `LOCKLINE_KEY` and `LOCKLINE_TOKEN` (the
 //!   fencing token) in its environment, releases the lock when it exits and
 //!   exits with its status (128 + N when it was killed by signal N);
-//! - without: holds the lock until SIGINT, SIGTERM or SIGHUP, then releases it
-//!   and exits 0.
+//! - without: holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT, then
+//!   releases it and exits 0.
 //!
 //! Exit statuses: the command's own; 3 when the lock was lost while held; 2
 //! when `--timeout` ran out; 1 for bad arguments, unreachable clusters and
 //! other errors; 128 + N when `lockline` itself got signal N (SIGINT, SIGTERM,
-//! SIGHUP) while waiting for the lock or while the command ran.
+//! SIGHUP, SIGQUIT) while waiting for the lock or while the command ran.
 //!
 //! # The command dies with the lock
 //!
 //! The command is started as the leader of a process group of its own, and
 //! everything it starts stays in that group unless it leaves it. When
-//! `lockline` gets SIGINT, SIGTERM or SIGHUP, or the lock is lost (session
-//! expired or declared lost, key deleted), the whole group gets SIGTERM (and
-//! SIGCONT), then SIGKILL once the `--kill-after` grace has passed (default
-//! 2 s; `0` sends SIGKILL at once; a second signal to `lockline` cuts the grace
-//! short). When the command exits by itself, whatever it left running in its
-//! group is stopped the same way. No external program is run for this.
+//! `lockline` gets SIGINT, SIGTERM, SIGHUP or SIGQUIT, or the lock is lost
+//! (session expired or declared lost, key deleted), the whole group gets
+//! SIGTERM (and SIGCONT), then SIGKILL once the `--kill-after` grace has passed
+//! (default 2 s; `0` sends SIGKILL at once; a second signal to `lockline` cuts
+//! the grace short). When the command exits by itself, whatever it left
+//! running in its group is stopped the same way. No external program is run
+//! for this.
 //!
 //! - On a signal or a normal exit the lock is released only once no process of
 //!   the group runs any more, so the next holder never overlaps with it; then
@@ -35,13 +36,16 @@
 //! - On a lost lock the lock is already gone (someone else may hold it): the
 //!   group is signalled at once, before anything else, and `lockline` exits 3
 //!   once the group is gone.
-//! - The command is started with `PR_SET_PDEATHSIG` = SIGKILL: if `lockline`
-//!   is killed outright (SIGKILL, OOM killer), the command itself is killed by
-//!   the kernel. If `lockline` died before that was set, the command is not
-//!   started.
-//! - While `lockline` waits for the lock, SIGINT, SIGTERM or SIGHUP cancel the
-//!   wait and close the session, which removes its place in the queue on the
-//!   server before `lockline` exits, so later contenders are not held up.
+//! - On Linux the command is started with `PR_SET_PDEATHSIG` = SIGKILL: if
+//!   `lockline` is killed outright (SIGKILL, OOM killer), the command itself
+//!   is killed by the kernel. If `lockline` died before that was set, the
+//!   command is not started.
+//! - SIGTSTP (Ctrl-Z) pauses the group (SIGSTOP) together with `lockline`;
+//!   SIGCONT (`fg`) resumes both. Nothing renews the session meanwhile, so a
+//!   long pause loses the lock, and the command is then stopped as above.
+//! - While `lockline` waits for the lock, SIGINT, SIGTERM, SIGHUP or SIGQUIT
+//!   cancel the wait, remove its entry and close the session before `lockline`
+//!   exits, so later contenders are not held up until its TTL runs out.
 //!
 //! What is not guaranteed:
 //!
@@ -49,6 +53,8 @@
 //!   (the direct child) is killed: processes it started (a shell's children)
 //!   keep running, and the lock is freed by the server only when the session's
 //!   TTL runs out.
+//! - SIGSTOP sent to `lockline` itself cannot be caught: the command runs on
+//!   while `lockline` is stopped.
 //! - Processes that leave the group (`setsid`, `setpgid`, daemons that detach)
 //!   are never signalled.
 //! - The parent-death signal is cleared when the command execs a set-user-ID
@@ -56,6 +62,9 @@
 //! - A process that cannot die (stuck in uninterruptible sleep) keeps
 //!   `lockline`, and the lock, waiting.
 //! - On a lost lock the command runs on, unprotected, for up to the grace.
+//! - The command's group is not the terminal's foreground job: a command that
+//!   reads from the terminal is stopped by SIGTTIN. `lockline` is meant for
+//!   scripts, not interactive programs.
 //!
 //! On etcd it uses the Go `concurrency` layout: it excludes and is excluded by
 //! `etcdctl lock NAME` and Go's `concurrency.Mutex` on the same name. On
@@ -74,7 +83,7 @@ use lockline_etcd::Etcd;
 use lockline_zookeeper::ZooKeeper;
 
 use crate::group::{signal_status, ProcessGroup};
-use crate::signals::StopSignals;
+use crate::signals::{signal_name, StopSignals, SuspendSignal};
 
 const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zookeeper HOST:PORT[,...][/CHROOT]) \
                      [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]";
@@ -88,6 +97,8 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 /// How long a `lockline` signalled while waiting waits for its entry to be
 /// removed before it closes the session anyway.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `lockline` tries to close the session of a lost lock.
+const LOST_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest `--kill-after` accepted: a grace is meant to be short, since on
 /// a lost lock the command runs unprotected during it.
 const MAX_KILL_AFTER: Duration = Duration::from_secs(3600);
@@ -183,12 +194,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // From here on SIGINT, SIGTERM and SIGHUP no longer kill `lockline` on the
-    // spot: each step below decides what they mean.
+    // From here on SIGINT, SIGTERM, SIGHUP and SIGQUIT no longer kill
+    // `lockline` on the spot: each step below decides what they mean.
     let mut signals = match StopSignals::listen() {
         Ok(signals) => signals,
         Err(error) => {
-            eprintln!("lockline: cannot listen for SIGINT, SIGTERM and SIGHUP: {error}");
+            eprintln!("lockline: cannot listen for SIGINT, SIGTERM, SIGHUP and SIGQUIT: {error}");
             return ExitCode::from(1);
         }
     };
@@ -273,7 +284,10 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
     };
     let guard = tokio::select! {
         guard = acquire => guard?,
-        signal = signals.recv() => return Ok(Held::Cancelled(signal)),
+        signal = signals.recv() => {
+            eprintln!("lockline: got {} while waiting for {:?}; leaving the queue", signal_name(signal), args.name);
+            return Ok(Held::Cancelled(signal));
+        }
     };
     println!("{}", guard.key());
     eprintln!("lockline: holding {} with fencing token {}", guard.key(), guard.token());
@@ -282,7 +296,7 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
             _ = signals.recv() => 0,
             () = guard.lost() => {
                 eprintln!("lockline: lock lost");
-                let _ = session.close().await;
+                let _ = tokio::time::timeout(LOST_CLOSE_TIMEOUT, session.close()).await;
                 return Ok(Held::Lost);
             }
         }
@@ -294,6 +308,14 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
     };
     guard.release().await?;
     Ok(Held::Released(code))
+}
+
+/// The next SIGTSTP, when `lockline` listens for it.
+async fn suspended(suspend: &mut Option<SuspendSignal>) {
+    match suspend {
+        Some(suspend) => suspend.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Runs the command in its own process group and returns the status to exit
@@ -314,6 +336,15 @@ async fn run_command(
         ("LOCKLINE_KEY", OsStr::new(guard.key())),
         ("LOCKLINE_TOKEN", OsStr::new(&token)),
     ];
+    // Listen before the command exists, so that a Ctrl-Z right after it
+    // starts is not lockline's default stop, which would leave it running.
+    let mut suspend = match SuspendSignal::listen() {
+        Ok(suspend) => Some(suspend),
+        Err(error) => {
+            eprintln!("lockline: cannot listen for SIGTSTP; Ctrl-Z will not pause the command: {error}");
+            None
+        }
+    };
     let mut group = match ProcessGroup::spawn(program, arguments, env) {
         Ok(group) => group,
         Err(error) => {
@@ -326,10 +357,13 @@ async fn run_command(
         Signal(libc::c_int),
         Lost,
     }
-    let event = tokio::select! {
-        ended = group.wait() => Event::Ended(ended),
-        signal = signals.recv() => Event::Signal(signal),
-        () = guard.lost() => Event::Lost,
+    let event = loop {
+        tokio::select! {
+            ended = group.wait() => break Event::Ended(ended),
+            signal = signals.recv() => break Event::Signal(signal),
+            () = guard.lost() => break Event::Lost,
+            () = suspended(&mut suspend) => group.pause_with_lockline(),
+        }
     };
     // A second signal while the group is being stopped sends SIGKILL at once.
     let hurry = async {
@@ -343,14 +377,19 @@ async fn run_command(
             Some(ended.code())
         }
         Event::Signal(signal) => {
-            eprintln!("lockline: got signal {signal}; the lock is released once the command is gone");
+            eprintln!(
+                "lockline: got {}; the lock is released once the command is gone",
+                signal_name(signal)
+            );
             group.stop(kill_after, hurry).await;
             Some(signal_status(signal))
         }
         Event::Lost => {
             eprintln!("lockline: lock lost; stopping the command");
+            // The server may be out of reach: closing is a courtesy here, it
+            // must not hold up the exit.
             let close = async {
-                let _ = session.close().await;
+                let _ = tokio::time::timeout(LOST_CLOSE_TIMEOUT, session.close()).await;
             };
             tokio::join!(group.stop(kill_after, hurry), close);
             None
@@ -390,5 +429,20 @@ mod tests {
         assert!(args("lock --etcd http://a:1 --ttl -1 x").is_err());
         assert!(args("unlock x").is_err());
         assert!(args("lock --etcd http://a:1 --bogus x").is_err());
+    }
+
+    #[test]
+    fn kill_after_is_a_grace_of_at_most_an_hour() {
+        let default = args("lock --etcd http://a:1 x sleep 9").expect("parse");
+        assert_eq!(default.kill_after, super::DEFAULT_KILL_AFTER);
+        let given = args("lock --etcd http://a:1 --kill-after 0.25 x sleep 9").expect("parse");
+        assert_eq!(given.kill_after.as_millis(), 250);
+        let at_once = args("lock --etcd http://a:1 --kill-after 0 x sleep 9").expect("parse");
+        assert!(at_once.kill_after.is_zero());
+        for bad in ["-1", "soon", "NaN", "inf", "3601"] {
+            let line = format!("lock --etcd http://a:1 --kill-after {bad} x sleep 9");
+            assert!(args(&line).is_err(), "--kill-after {bad} accepted");
+        }
+        assert!(args("lock --etcd http://a:1 --kill-after").is_err(), "no value");
     }
 }

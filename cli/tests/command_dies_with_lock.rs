@@ -189,7 +189,7 @@ while :; do echo child >> "$1/log"; sleep 0.01; done
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        for name in ["child.pid", "grandchild.pid", "command.pid"] {
+        for name in ["child.pid", "grandchild.pid", "command.pid", "background.pid"] {
             if let Some(pid) = std::fs::read_to_string(self.path(name))
                 .ok()
                 .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
@@ -358,7 +358,7 @@ async fn sigint_while_waiting_leaves_the_queue(kind: Kind) {
         .expect("lock");
     let waited = released.elapsed();
     assert!(
-        waited < Duration::from_secs(3),
+        waited < Duration::from_secs(5),
         "granted {waited:?} after the release: the signalled waiter's entry stayed"
     );
     guard.release().await.expect("release");
@@ -422,25 +422,38 @@ async fn a_command_killed_by_a_signal_exits_128_plus_its_number() {
     assert_eq!(status.status.code(), Some(128 + libc::SIGKILL), "{:?}", status.status);
 }
 
-/// A command that obeys SIGTERM ends the stop at once (no waiting out the
-/// grace), and the lock is free right after `lockline` exits 130.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigint_stops_an_obedient_command_without_waiting_the_grace() {
+/// A signal to `lockline` (SIGINT, SIGHUP, SIGQUIT) stops a command that
+/// obeys SIGTERM at once (no waiting out the grace); `lockline` exits 128 +
+/// the signal and the lock is free right after.
+async fn a_signal_stops_an_obedient_command(signal: libc::c_int) {
     let server = Server::start(Kind::Etcd, false);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("command.pid");
     let mut holder = server
-        .lockline(&["--kill-after", "30", "obedient/lock", "sleep", "600"])
+        .lockline(&[
+            "--kill-after",
+            "30",
+            "obedient/lock",
+            "sh",
+            "-c",
+            "echo $$ > \"$1\"; exec sleep 600",
+            "command",
+            pid_file.to_str().expect("utf-8 path"),
+        ])
         .spawn()
         .expect("start the holder");
     holds(&mut holder).await;
-    send(&holder, libc::SIGINT);
+    let command = pid_in(&pid_file).await;
+    send(&holder, signal);
     let signalled = Instant::now();
     let status = exits("lockline exits", &mut holder).await;
-    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{status}");
+    assert_eq!(status.code(), Some(128 + signal), "{status}");
     let took = signalled.elapsed();
     assert!(
         took < Duration::from_secs(10),
         "took {took:?}: the grace was waited out"
     );
+    assert!(!running(command), "the command outlived lockline");
     let session = server.session().await;
     let free = session
         .mutex("obedient/lock")
@@ -450,4 +463,102 @@ async fn sigint_stops_an_obedient_command_without_waiting_the_grace() {
         .expect("try_lock");
     assert!(free.is_some(), "the lock was not released");
     session.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_stops_an_obedient_command_without_waiting_the_grace() {
+    a_signal_stops_an_obedient_command(libc::SIGINT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_stops_an_obedient_command_without_waiting_the_grace() {
+    a_signal_stops_an_obedient_command(libc::SIGHUP).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigquit_stops_an_obedient_command_without_waiting_the_grace() {
+    a_signal_stops_an_obedient_command(libc::SIGQUIT).await;
+}
+
+/// The state letter of `pid` in `/proc` (`S`, `R`, `T` for stopped, ...).
+fn state(pid: libc::pid_t) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next().map(str::to_owned)
+}
+
+/// Waits until `pid` is (or is no longer) stopped; the kernel's job-control
+/// stops are not events a test can await, so this polls with a deadline.
+async fn stopped(pid: libc::pid_t, what: &str, want: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (state(pid).as_deref() == Some("T")) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) is in state {:?}, wanted stopped = {want}",
+            state(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ctrl-Z (SIGTSTP) to `lockline` pauses the command with it, rather than
+/// leaving the command running while nothing supervises it; SIGCONT resumes
+/// both, and SIGTERM afterwards still stops the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigtstp_pauses_the_command_along_with_lockline() {
+    let server = Server::start(Kind::Etcd, false);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("command.pid");
+    let mut holder = server
+        .lockline(&[
+            "--ttl",
+            "30",
+            "paused/lock",
+            "sh",
+            "-c",
+            "echo $$ > \"$1\"; exec sleep 600",
+            "command",
+            pid_file.to_str().expect("utf-8 path"),
+        ])
+        .spawn()
+        .expect("start the holder");
+    holds(&mut holder).await;
+    let command = pid_in(&pid_file).await;
+    let lockline = libc::pid_t::try_from(holder.id().expect("runs")).expect("pid");
+
+    send(&holder, libc::SIGTSTP);
+    stopped(lockline, "lockline", true).await;
+    stopped(command, "the command", true).await;
+
+    send(&holder, libc::SIGCONT);
+    stopped(lockline, "lockline", false).await;
+    stopped(command, "the command", false).await;
+
+    send(&holder, libc::SIGTERM);
+    let status = exits("lockline exits", &mut holder).await;
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert!(!running(command), "the command outlived lockline");
+}
+
+/// A command that exits leaving a background job in its group: the job is
+/// gone by the time `lockline` exits, and the command's status is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_jobs_of_the_command_do_not_outlive_the_lock() {
+    let server = Server::start(Kind::Etcd, false);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("background.pid");
+    let output = server
+        .lockline(&[
+            "background/lock",
+            "sh",
+            "-c",
+            "sleep 600 >/dev/null 2>&1 & echo $! > \"$1\"; exit 5",
+            "command",
+            pid_file.to_str().expect("utf-8 path"),
+        ])
+        .output();
+    let output = bounded("lockline exits", output).await.expect("run");
+    assert_eq!(output.status.code(), Some(5), "{:?}", output.status);
+    let background = pid_in(&pid_file).await;
+    assert!(!running(background), "the background job outlived the lock");
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::peers::{member_ids, PeerNet};
 use crate::process::{exchange, free_port, Member};
 use crate::Result;
 
@@ -17,6 +18,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct EtcdCluster {
     members: Vec<Member>,
     client_ports: Vec<u16>,
+    peers: Option<PeerNet>,
     dir: TempDir,
 }
 
@@ -47,9 +49,52 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start).
     pub fn start_cluster(size: usize) -> Result<Self> {
+        Self::start_with(size, false)
+    }
+
+    /// Starts a cluster of `size` members whose peer traffic passes through
+    /// one proxy per member, so that [`isolate`](Self::isolate) can cut a
+    /// member off from the others while its clients still reach it.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), or when the members' ids cannot be read.
+    pub fn start_isolatable(size: usize) -> Result<Self> {
+        Self::start_with(size, true)
+    }
+
+    /// Cuts member `i` off from the other members (a network partition
+    /// between peers; its clients still reach it). Only on a cluster from
+    /// [`start_isolatable`](Self::start_isolatable).
+    ///
+    /// # Errors
+    ///
+    /// When the cluster was not started isolatable.
+    pub fn isolate(&self, i: usize) -> Result<()> {
+        self.peer_net()?.isolate(i);
+        Ok(())
+    }
+
+    /// Ends [`isolate`](Self::isolate) for member `i`.
+    ///
+    /// # Errors
+    ///
+    /// When the cluster was not started isolatable.
+    pub fn rejoin(&self, i: usize) -> Result<()> {
+        self.peer_net()?.rejoin(i);
+        Ok(())
+    }
+
+    fn peer_net(&self) -> Result<&PeerNet> {
+        self.peers
+            .as_ref()
+            .ok_or_else(|| Error::other("the cluster was not started with peer proxies"))
+    }
+
+    fn start_with(size: usize, isolatable: bool) -> Result<Self> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start(size) {
+            match Self::try_start(size, isolatable) {
                 Ok(cluster) => return Ok(cluster),
                 Err(error) => last = Some(error),
             }
@@ -57,7 +102,7 @@ impl EtcdCluster {
         Err(last.unwrap_or_else(|| Error::other("etcd did not start")))
     }
 
-    fn try_start(size: usize) -> Result<Self> {
+    fn try_start(size: usize, isolatable: bool) -> Result<Self> {
         if size == 0 {
             return Err(Error::other("a cluster needs at least one member"));
         }
@@ -66,10 +111,21 @@ impl EtcdCluster {
         for _ in 0..size {
             ports.push((free_port()?, free_port()?));
         }
-        let initial_cluster = ports
+        let peers = if isolatable {
+            let real: Vec<u16> = ports.iter().map(|(_, peer)| *peer).collect();
+            Some(PeerNet::start(&real)?)
+        } else {
+            None
+        };
+        // The port other members reach member i on: its proxy's, if any.
+        let advertised: Vec<u16> = match &peers {
+            Some(net) => net.ports().to_vec(),
+            None => ports.iter().map(|(_, peer)| *peer).collect(),
+        };
+        let initial_cluster = advertised
             .iter()
             .enumerate()
-            .map(|(i, (_, peer))| format!("n{}=http://127.0.0.1:{peer}", i + 1))
+            .map(|(i, peer)| format!("n{}=http://127.0.0.1:{peer}", i + 1))
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Vec::new();
@@ -88,7 +144,7 @@ impl EtcdCluster {
                 "--listen-peer-urls".into(),
                 format!("http://127.0.0.1:{peer}"),
                 "--initial-advertise-peer-urls".into(),
-                format!("http://127.0.0.1:{peer}"),
+                format!("http://127.0.0.1:{}", advertised[i]),
                 "--initial-cluster".into(),
                 initial_cluster.clone(),
                 "--initial-cluster-state".into(),
@@ -112,10 +168,19 @@ impl EtcdCluster {
         let mut cluster = EtcdCluster {
             members,
             client_ports,
+            peers,
             dir,
         };
         for i in 0..size {
             cluster.wait_healthy(i)?;
+        }
+        if let Some(net) = &cluster.peers {
+            let request = b"GET /members HTTP/1.0\r\n\r\n";
+            let names: Vec<String> = (1..=size).map(|i| format!("n{i}")).collect();
+            let ids = exchange(ports[0].1, request, Duration::from_secs(5))
+                .and_then(|answer| member_ids(&answer, &names))
+                .ok_or_else(|| Error::other("could not read the members' ids from /members"))?;
+            net.set_ids(ids);
         }
         Ok(cluster)
     }

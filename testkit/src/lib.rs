@@ -19,6 +19,7 @@
 mod bench;
 mod etcd;
 mod lines;
+mod peers;
 mod process;
 mod proxy;
 mod zookeeper;

@@ -40,6 +40,25 @@ impl LineChild {
         self.lines.recv_timeout(within).ok()
     }
 
+    /// The program's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`libc::SIGSTOP`, `libc::SIGCONT`, ...) without waiting.
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn signal(&self, signal: libc::c_int) -> Result<()> {
+        let pid = libc::pid_t::try_from(self.child.id()).map_err(std::io::Error::other)?;
+        // SAFETY: kill(2) on our own child.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Closes the program's standard input.
     pub fn close_stdin(&mut self) {
         self.stdin = None;

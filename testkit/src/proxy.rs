@@ -1,7 +1,7 @@
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
@@ -24,7 +24,11 @@ use crate::Result;
 ///   [`start_zookeeper`](Self::start_zookeeper)) lets chosen ZooKeeper
 ///   requests reach the server and loses their answers: the response is
 ///   thrown away and the connection cut, so the client reconnects not knowing
-///   whether the request was applied — a fault injected at one exact step.
+///   whether the request was applied — a fault injected at one exact step;
+/// - [`orphan_connections`](Self::orphan_connections) closes the client's end
+///   of every connection while what it sent stays on its way to the server,
+///   delivered by [`deliver_orphans`](Self::deliver_orphans): a request that
+///   outlives the connection it was sent on (a slow path to another member).
 pub struct TcpProxy {
     address: SocketAddr,
     shared: Arc<Shared>,
@@ -36,11 +40,21 @@ struct Shared {
     drop_responses: AtomicBool,
     blackholed: AtomicBool,
     requests_held: AtomicBool,
+    orphans_delivered: AtomicBool,
+    orphan_answers: AtomicUsize,
+    held_request_bytes: AtomicUsize,
     stopped: AtomicBool,
     /// Parse ZooKeeper's framing (`start_zookeeper`).
     zookeeper: bool,
     losses: Mutex<Vec<Loss>>,
     connections: Mutex<Vec<TcpStream>>,
+    links: Mutex<Vec<Arc<Link>>>,
+}
+
+/// One proxied connection, as the switches that act on it alone see it.
+struct Link {
+    client: TcpStream,
+    orphaned: AtomicBool,
 }
 
 impl fmt::Debug for TcpProxy {
@@ -83,10 +97,14 @@ impl TcpProxy {
             drop_responses: AtomicBool::new(false),
             blackholed: AtomicBool::new(false),
             requests_held: AtomicBool::new(false),
+            orphans_delivered: AtomicBool::new(false),
+            orphan_answers: AtomicUsize::new(0),
+            held_request_bytes: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             zookeeper,
             losses: Mutex::default(),
             connections: Mutex::default(),
+            links: Mutex::default(),
         });
         let acceptor = Arc::clone(&shared);
         thread::Builder::new()
@@ -190,6 +208,39 @@ impl TcpProxy {
     pub fn set_requests_held(&self, held: bool) {
         self.shared.requests_held.store(held, Ordering::SeqCst);
     }
+
+    /// How many bytes from clients the proxy keeps back for the server now.
+    pub fn held_request_bytes(&self) -> usize {
+        self.shared.held_request_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Closes the client's end of every open connection (the client sees its
+    /// connection end and opens a new one) while keeping the server's end
+    /// open: bytes held for the server (see
+    /// [`set_requests_held`](Self::set_requests_held)) stay held, whatever
+    /// that switch does later, until [`deliver_orphans`](Self::deliver_orphans).
+    /// The server's answers on these connections are counted, never delivered.
+    /// New connections are not affected.
+    pub fn orphan_connections(&self) {
+        let links = self.shared.links.lock().unwrap_or_else(PoisonError::into_inner);
+        for link in links.iter() {
+            link.orphaned.store(true, Ordering::SeqCst);
+            let _ = link.client.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Delivers what orphaned connections held for the server, in order; their
+    /// server ends stay open (so the server does not cancel what it received)
+    /// until the proxy is dropped.
+    pub fn deliver_orphans(&self) {
+        self.shared.orphans_delivered.store(true, Ordering::SeqCst);
+    }
+
+    /// How many bytes the server has answered on orphaned connections since
+    /// they were orphaned.
+    pub fn orphan_answer_bytes(&self) -> usize {
+        self.shared.orphan_answers.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for TcpProxy {
@@ -250,19 +301,37 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
     let (Ok(client_read), Ok(server_write), Ok(server_read), Ok(client_write)) = handles else {
         return;
     };
+    let Ok(link_client) = client.try_clone() else {
+        return;
+    };
+    let link = Arc::new(Link {
+        client: link_client,
+        orphaned: AtomicBool::new(false),
+    });
     {
         let mut connections = shared.connections.lock().unwrap_or_else(PoisonError::into_inner);
         connections.retain(|s| s.peer_addr().is_ok());
         connections.push(client);
         connections.push(server);
+        let mut links = shared.links.lock().unwrap_or_else(PoisonError::into_inner);
+        links.retain(|l| l.orphaned.load(Ordering::SeqCst) || l.client.peer_addr().is_ok());
+        links.push(Arc::clone(&link));
     }
+    let (requests, request_link) = (Arc::clone(&shared), Arc::clone(&link));
     let doomed: Doomed = Arc::default();
-    let requests = Arc::clone(&shared);
     let marked = Arc::clone(&doomed);
-    thread::spawn(move || pipe(client_read, server_write, requests, Direction::Requests, marked));
-    pipe(server_read, client_write, shared, Direction::Responses, doomed);
+    thread::spawn(move || {
+        pipe(
+            client_read,
+            server_write,
+            requests,
+            request_link,
+            Direction::Requests,
+            marked,
+        )
+    });
+    pipe(server_read, client_write, shared, link, Direction::Responses, doomed);
 }
-
 /// A rule of [`TcpProxy::lose_zk_responses`].
 #[derive(Debug)]
 struct Loss {
@@ -353,25 +422,49 @@ enum Direction {
 }
 
 impl Shared {
-    /// Whether bytes going this way must be kept back for now.
-    fn holds(&self, direction: Direction) -> bool {
-        self.blackholed.load(Ordering::SeqCst)
-            || (direction == Direction::Requests && self.requests_held.load(Ordering::SeqCst))
+    /// Counts kept bytes as gone on.
+    fn unkeep(&self, direction: Direction, n: usize) {
+        if direction == Direction::Requests {
+            let _ = self
+                .held_request_bytes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| Some(held.saturating_sub(n)));
+        }
+    }
+
+    /// Whether bytes going this way on `link` must be kept back for now.
+    fn holds(&self, direction: Direction, link: &Link) -> bool {
+        if self.blackholed.load(Ordering::SeqCst) {
+            return true;
+        }
+        direction == Direction::Requests
+            && if link.orphaned.load(Ordering::SeqCst) {
+                !self.orphans_delivered.load(Ordering::SeqCst)
+            } else {
+                self.requests_held.load(Ordering::SeqCst)
+            }
     }
 }
 
 /// Copies `from` to `to`, keeping bytes back while the proxy holds this
 /// direction and dropping the server's answers while told to.
-fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: Direction, doomed: Doomed) {
+fn pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    shared: Arc<Shared>,
+    link: Arc<Link>,
+    direction: Direction,
+    doomed: Doomed,
+) {
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = [0u8; 16 * 1024];
     let mut kept: Vec<u8> = Vec::new();
     let mut frames = Frames::default();
     loop {
-        if !kept.is_empty() && !shared.holds(direction) {
+        if !kept.is_empty() && !shared.holds(direction, &link) {
             if to.write_all(&kept).is_err() {
                 break;
             }
+            shared.unkeep(direction, kept.len());
             kept.clear();
         }
         match from.read(&mut buf) {
@@ -380,50 +473,29 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
                 if direction == Direction::Responses && shared.drop_responses.load(Ordering::SeqCst) {
                     continue;
                 }
-                if shared.zookeeper && direction == Direction::Requests {
-                    for frame in frames.push(&buf[..n]) {
-                        frames.seen += 1;
-                        if frames.seen > 1 {
-                            // (the first frame is the connect handshake)
-                            shared.inspect_request(&frame, &doomed);
-                        }
-                    }
-                } else if shared.zookeeper {
-                    // Responses are passed on frame by frame, so that one can
-                    // be lost or replaced.
-                    let mut out = Vec::with_capacity(n);
-                    let mut lose = false;
-                    for frame in frames.push(&buf[..n]) {
-                        frames.seen += 1;
-                        match (frames.seen > 1).then(|| Shared::doom(&frame, &doomed)).flatten() {
-                            None => out.extend_from_slice(&frame),
-                            Some(Some(code)) => {
-                                // Header only: length 16, xid, zxid, error code.
-                                out.extend_from_slice(&16i32.to_be_bytes());
-                                out.extend_from_slice(&frame[4..16]);
-                                out.extend_from_slice(&code.to_be_bytes());
-                            }
-                            Some(None) => {
-                                lose = true;
-                                break;
-                            }
-                        }
-                    }
-                    if lose {
-                        // The request was applied; its answer never arrives and
-                        // the connection dies with it.
-                        break;
-                    }
-                    if shared.holds(direction) || !kept.is_empty() {
-                        kept.extend_from_slice(&out);
-                    } else if to.write_all(&out).is_err() {
-                        break;
-                    }
+                if direction == Direction::Responses && link.orphaned.load(Ordering::SeqCst) {
+                    shared.orphan_answers.fetch_add(n, Ordering::SeqCst);
                     continue;
                 }
-                if shared.holds(direction) || !kept.is_empty() {
-                    kept.extend_from_slice(&buf[..n]);
-                } else if to.write_all(&buf[..n]).is_err() {
+                let mut chunk = &buf[..n];
+                let replaced;
+                if shared.zookeeper {
+                    match zk_frames(&shared, &mut frames, chunk, direction, &doomed) {
+                        Some(out) => {
+                            replaced = out;
+                            chunk = &replaced;
+                        }
+                        // The request was applied; its answer never arrives
+                        // and the connection dies with it.
+                        None => break,
+                    }
+                }
+                if shared.holds(direction, &link) || !kept.is_empty() {
+                    kept.extend_from_slice(chunk);
+                    if direction == Direction::Requests {
+                        shared.held_request_bytes.fetch_add(chunk.len(), Ordering::SeqCst);
+                    }
+                } else if to.write_all(chunk).is_err() && !link.orphaned.load(Ordering::SeqCst) {
                     break;
                 }
             }
@@ -441,13 +513,56 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, direction: 
         }
     }
     // A peer that closed while the proxy was blackholed is not heard of
-    // until the partition heals.
-    while shared.blackholed.load(Ordering::SeqCst) && !shared.stopped.load(Ordering::SeqCst) {
+    // until the partition heals; what was held for the server still reaches
+    // it when released.
+    while shared.holds(direction, &link) && !shared.stopped.load(Ordering::SeqCst) {
         thread::sleep(TICK);
     }
     if !kept.is_empty() {
         let _ = to.write_all(&kept);
+        shared.unkeep(direction, kept.len());
+    }
+    if direction == Direction::Requests && link.orphaned.load(Ordering::SeqCst) {
+        // The server keeps its end until the proxy is dropped.
+        return;
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+/// Follows ZooKeeper's framing through one chunk: requests are inspected for
+/// the loss rules; responses are passed on frame by frame, one to lose making
+/// it `None`, one to fail replaced by an error header.
+fn zk_frames(
+    shared: &Shared,
+    frames: &mut Frames,
+    chunk: &[u8],
+    direction: Direction,
+    doomed: &Doomed,
+) -> Option<Vec<u8>> {
+    if direction == Direction::Requests {
+        for frame in frames.push(chunk) {
+            frames.seen += 1;
+            if frames.seen > 1 {
+                // (the first frame is the connect handshake)
+                shared.inspect_request(&frame, doomed);
+            }
+        }
+        return Some(chunk.to_vec());
+    }
+    let mut out = Vec::with_capacity(chunk.len());
+    for frame in frames.push(chunk) {
+        frames.seen += 1;
+        match (frames.seen > 1).then(|| Shared::doom(&frame, doomed)).flatten() {
+            None => out.extend_from_slice(&frame),
+            Some(Some(code)) => {
+                // Header only: length 16, xid, zxid, error code.
+                out.extend_from_slice(&16i32.to_be_bytes());
+                out.extend_from_slice(&frame[4..16]);
+                out.extend_from_slice(&code.to_be_bytes());
+            }
+            Some(None) => return None,
+        }
+    }
+    Some(out)
 }

@@ -99,3 +99,45 @@ fn held_requests_are_delivered_in_order_when_released() {
     stream.read_exact(&mut buf).expect("released");
     assert_eq!(&buf, b"onetwo");
 }
+
+/// Waits (bounded) until `condition` holds; the proxy's threads give no event.
+fn until(condition: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+#[test]
+fn orphaned_requests_reach_the_server_after_their_connection_died() {
+    let proxy = TcpProxy::start(&echo_server()).expect("proxy");
+    let mut stream = TcpStream::connect(proxy.address()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    assert_eq!(round_trip(&mut stream, b"hello").expect("echo"), b"hello");
+    proxy.set_requests_held(true);
+    stream.write_all(b"late").expect("write");
+    assert!(until(|| proxy.held_request_bytes() == 4), "the request was not held");
+    proxy.orphan_connections();
+    let mut buf = [0u8; 8];
+    assert!(
+        matches!(stream.read(&mut buf), Ok(0) | Err(_)),
+        "the client's end of an orphaned connection stayed open"
+    );
+    // New connections are not held by the orphans' switch.
+    proxy.set_requests_held(false);
+    let mut fresh = TcpStream::connect(proxy.address()).expect("connect");
+    fresh.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    assert_eq!(round_trip(&mut fresh, b"fresh").expect("echo"), b"fresh");
+    assert_eq!(proxy.orphan_answer_bytes(), 0, "an orphan's request went through early");
+    assert_eq!(proxy.held_request_bytes(), 4);
+    proxy.deliver_orphans();
+    assert!(
+        until(|| proxy.orphan_answer_bytes() == 4),
+        "the server did not answer the delivered request"
+    );
+    assert_eq!(proxy.held_request_bytes(), 0);
+}

@@ -24,11 +24,13 @@
 //! - **Layout** = Go's `concurrency` package: a mutex named `n` is the prefix
 //!   `n/` and a session's entry is `n/<lease id in lowercase hex>`, ordered by
 //!   create revision. `etcdctl lock n`, Go's `concurrency.Mutex` and etcd's
-//!   server-side lock API exclude lockline's holders and vice versa. As with Go,
-//!   a name that is a path prefix of another (`a` and `a/b`) shares its keys:
-//!   do not nest lock names. A trailing `/` is kept, as in Go's examples:
-//!   `/my-lock/` is the prefix `/my-lock//`, the keys of
-//!   `concurrency.NewMutex(s, "/my-lock/")`.
+//!   server-side lock API exclude lockline's holders and vice versa. A key is
+//!   an entry of `n` only as `n/<lease hex>` or `n/{read,write,semaphore}/<lease
+//!   hex>-<attempt>`: the keys of nested locks (`n/read`, `n/x`) are ignored,
+//!   so lockline names may nest and contain any recipe word (Go's mutex `n`
+//!   still counts every key under `n/`).
+//!   A trailing `/` is kept, as in Go's examples: `/my-lock/` is the prefix
+//!   `/my-lock//`, the keys of `concurrency.NewMutex(s, "/my-lock/")`.
 //! - **Acquire** = one transaction: create my key if it does not exist and read
 //!   the first-created key under the prefix (one round trip when uncontended).
 //! - **Wait** = a watch on the key with the greatest create revision below mine,
@@ -42,7 +44,15 @@
 //!   `m.Key()`), not `m.Header().Revision` (`etcdctl lock`'s `ETCD_LOCK_REV`),
 //!   which is higher whenever the Go holder had to wait.
 //! - **Loss** = a keepalive answered with TTL ≤ 0, no renewal confirmed for
-//!   `ttl - safety margin`, or the key deleted by someone else.
+//!   `ttl - safety margin` (counted from the send time of the last renewal the
+//!   server answered), or the key deleted by someone else. A renewal
+//!   unanswered for a keepalive interval makes the session `Suspended` first.
+//!   A lost session stops renewing and revokes its lease as soon as the server
+//!   answers.
+//! - **Cancellation** = an acquire cancelled with its append in flight leaves
+//!   a marker `n.lockline-abandoned/<lease hex>-<attempt>` bound to the lease;
+//!   the append's transaction requires it absent, so an append that reaches
+//!   the server late creates nothing.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]

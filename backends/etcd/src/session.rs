@@ -41,6 +41,8 @@ pub(crate) struct EtcdSession {
 struct KeyClaim {
     attempt: String,
     kind: EntryKind,
+    /// The entry's create revision, once appended.
+    order: Option<i64>,
 }
 
 impl fmt::Debug for EtcdSession {
@@ -144,14 +146,25 @@ impl EtcdSession {
                 });
             }
         }
-        claims.insert(
-            key.to_owned(),
-            KeyClaim {
-                attempt: request.attempt.to_owned(),
-                kind: request.kind,
-            },
-        );
+        if claims.get(key).is_none_or(|claim| claim.attempt != request.attempt) {
+            claims.insert(
+                key.to_owned(),
+                KeyClaim {
+                    attempt: request.attempt.to_owned(),
+                    kind: request.kind,
+                    order: None,
+                },
+            );
+        }
         Ok(())
+    }
+
+    /// Records the entry an attempt's claim stands for.
+    fn claimed_entry(&self, attempt: &str, entry: &Entry) {
+        let mut claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(claim) = claims.get_mut(&entry.key).filter(|claim| claim.attempt == attempt) {
+            claim.order = Some(entry.order);
+        }
     }
 
     /// Whether `key` is claimed by another attempt than `attempt`.
@@ -160,13 +173,25 @@ impl EtcdSession {
         claims.get(key).is_some_and(|claim| claim.attempt != attempt)
     }
 
-    /// Lets go of a key whose entry is gone.
-    fn release_claim(&self, key: &str, attempt: Option<&str>) {
+    /// Lets go of a key whose entry is gone: the entry of this attempt, or
+    /// this entry (not a newer one under the same key).
+    fn release_claim(&self, key: &str, owner: Owner<'_>) {
         let mut claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if attempt.is_none_or(|attempt| claims.get(key).is_some_and(|claim| claim.attempt == attempt)) {
+        let mine = claims.get(key).is_some_and(|claim| match owner {
+            Owner::Attempt(attempt) => claim.attempt == attempt,
+            Owner::Entry(order) => claim.order == Some(order),
+        });
+        if mine {
             claims.remove(key);
         }
     }
+}
+
+/// What a released claim must match.
+#[derive(Debug, Clone, Copy)]
+enum Owner<'a> {
+    Attempt(&'a str),
+    Entry(i64),
 }
 
 /// Kinds whose key is the same for every entry of one session and name.
@@ -273,6 +298,7 @@ impl BackendSession for EtcdSession {
                 format!("key {key:?} exists with another lease; refusing to share it"),
             ));
         }
+        self.claimed_entry(request.attempt, &entry);
         let nearest = newest.and_then(|newest| {
             let mut nearest: Vec<Entry> = Self::entries(request.dir, newest)
                 .into_iter()
@@ -401,7 +427,7 @@ impl BackendSession for EtcdSession {
             .and_then([TxnOp::delete(entry.key.clone(), None)]);
         let removed = self.txn(txn).await?.succeeded();
         // Deleted now or gone before: the key is free for the session's next entry.
-        self.release_claim(&entry.key, None);
+        self.release_claim(&entry.key, Owner::Entry(entry.order));
         Ok(removed)
     }
 
@@ -427,7 +453,7 @@ impl BackendSession for EtcdSession {
                 .or_else([marker])
         };
         self.txn(txn).await?;
-        self.release_claim(&key, Some(attempt));
+        self.release_claim(&key, Owner::Attempt(attempt));
         Ok(())
     }
 
@@ -516,6 +542,7 @@ impl BackendSession for EtcdSession {
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
         let revoked = self.client.lease_client().revoke(self.lease).await;
+        // A session already lost stays lost: closing it does not undo that.
         SessionState::advance(&self.state, SessionState::Closed);
         match revoked {
             Ok(_) => Ok(()),
@@ -670,14 +697,15 @@ async fn keep_alive(
         Ending::DeclaredLost => {}
     }
     if *state.borrow() == SessionState::Lost {
-        revoke_lost_lease(&client, lease, &options).await;
+        // Detached: dropping the session's last handle must not stop it.
+        tokio::spawn(async move { revoke_lost_lease(&client, lease, &options).await });
     }
 }
 
 /// Revokes a lost session's lease, retrying with capped backoff until the
-/// server confirms it (revoked now, or not found: expired or revoked before).
-/// Runs as long as the session's keepalive task, i.e. until every handle of
-/// the session is dropped.
+/// server confirms it (revoked now, or not found: expired or revoked before),
+/// also after every handle of the session is dropped (a renewal sent before
+/// the loss and delivered late would otherwise keep the lease a TTL longer).
 async fn revoke_lost_lease(client: &Client, lease: i64, options: &SessionOptions) {
     let id = format!("{lease:x}");
     let mut backoff = Duration::from_millis(100);
@@ -702,6 +730,6 @@ async fn revoke_lost_lease(client: &Client, lease: i64, options: &SessionOptions
             ),
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }

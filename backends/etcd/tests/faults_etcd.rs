@@ -196,3 +196,407 @@ async fn failing_keepalives_suspend_and_a_renewal_revives() {
     let guard = suspend_and_revive(&session, "suspend/lock", || proxy.block(), || proxy.unblock()).await;
     guard.release().await.expect("release");
 }
+
+/// Awaits a condition that only another thread (the proxy's) can change,
+/// probing every 5 ms up to [`lockline::conformance::BOUND`].
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    bounded(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// An acquire cancelled while its append is on its way leaves no key, even
+/// when that append reaches the server only after the cancellation's cleanup
+/// has run (it travelled another path: here a connection that died with the
+/// request still in the network).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_arriving_after_its_cancellation_creates_no_key() {
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    // A long TTL: no renewal or HTTP/2 ping rides the connection meanwhile.
+    let session = client
+        .session_with(options(30).with_request_timeout(Duration::from_secs(2)))
+        .await
+        .expect("session");
+    let checker = Client::new(Etcd::new(cluster.endpoints()))
+        .session()
+        .await
+        .expect("session");
+    let name = "late-append/lock";
+
+    proxy.set_requests_held(true);
+    let mutex = session.mutex(name).expect("mutex");
+    let acquire = tokio::spawn(async move { mutex.lock().await });
+    until("the append is sent", || proxy.held_request_bytes() > 0).await;
+    // The connection dies with the append still on its way to the server.
+    proxy.orphan_connections();
+    acquire.abort();
+    assert!(
+        bounded("the acquire ends", acquire).await.is_err(),
+        "the acquire was granted"
+    );
+    // The cleanup reaches the server first...
+    proxy.set_requests_held(false);
+    bounded("cleanup", session.flush()).await;
+    assert!(
+        checker
+            .mutex(name)
+            .expect("mutex")
+            .contenders()
+            .await
+            .expect("list")
+            .is_empty(),
+        "the cleanup left a key"
+    );
+    // ... then the append does.
+    proxy.deliver_orphans();
+    until("the server answers the late append", || proxy.orphan_answer_bytes() > 0).await;
+    let left = checker.mutex(name).expect("mutex").contenders().await.expect("list");
+    assert!(left.is_empty(), "the late append created {left:?}");
+
+    // The session can still take the lock (the marker fences one attempt only).
+    let guard = bounded("lock", session.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock");
+    guard.release().await.expect("release");
+}
+
+/// A mutex and an election of one name on one session would share the one
+/// key `<name>/<lease>`: the second is refused with a typed error naming the
+/// name (never granted on the first's key), the first keeps its key, and once
+/// the first is gone the other can be used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_and_an_election_of_one_name_do_not_share_a_key() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client.session_with(options(5)).await.expect("session");
+    let name = "shared/name";
+    let guard = session.mutex(name).expect("mutex").lock().await.expect("lock");
+    let campaign = bounded("campaign", session.election(name).expect("election").campaign(b"v")).await;
+    match campaign {
+        Err(Error::InvalidName { name: refused, .. }) => assert_eq!(refused, name),
+        other => panic!("an election beside a held mutex of one name: {other:?}"),
+    }
+    bounded("cleanup", session.flush()).await;
+    assert!(guard.is_held());
+    let keys = session.mutex(name).expect("mutex").contenders().await.expect("list");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(keys[0].key, guard.key());
+    guard.release().await.expect("release");
+
+    let leading = bounded("campaign", session.election(name).expect("election").campaign(b"v"))
+        .await
+        .expect("campaign once the mutex is released");
+    match bounded("lock", session.mutex(name).expect("mutex").lock()).await {
+        Err(Error::InvalidName { name: refused, .. }) => assert_eq!(refused, name),
+        other => panic!("a mutex beside a leading candidate of one name: {other:?}"),
+    }
+    bounded("cleanup", session.flush()).await;
+    assert!(leading.is_held());
+    leading.resign().await.expect("resign");
+    let guard = bounded("lock", session.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock once the election resigned");
+    guard.release().await.expect("release");
+}
+
+/// Connection settings follow each session's options: a session opened after
+/// one with a 300 ms request timeout still gets its own 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_session_gets_its_own_request_timeout() {
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let _quick = client
+        .session_with(options(3).with_request_timeout(Duration::from_millis(300)))
+        .await
+        .expect("session");
+    let patient = client.session_with(SessionOptions::new()).await.expect("session");
+    assert_eq!(patient.options().request_timeout(), Duration::from_secs(5));
+    let mutex = patient.mutex("timeouts/lock").expect("mutex");
+    proxy.set_requests_held(true);
+    let attempt = tokio::spawn(async move { mutex.try_lock().await });
+    // A slow path: longer than the first session's request timeout, well
+    // within this one's.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.set_requests_held(false);
+    let got = bounded("try_lock", attempt).await.expect("task");
+    match got {
+        Ok(Some(guard)) => guard.release().await.expect("release"),
+        other => panic!("a 1.5 s delay failed a session whose request timeout is 5 s: {other:?}"),
+    }
+}
+
+/// Under a silent partition (no byte either way, no reset) the holder's
+/// session goes Live → Suspended → Lost, and `lost()` fires before the server
+/// could expire the lease: a waiter on another connection is granted only
+/// after it. After the partition heals, the lost session stays lost.
+async fn silent_partition_is_suspended_then_lost_before_expiry(options: SessionOptions) {
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let holder = client.session_with(options.clone()).await.expect("session");
+    let name = "partition/lock";
+    let guard = holder.mutex(name).expect("mutex").lock().await.expect("lock");
+    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let waiter_session = waiters.session().await.expect("session");
+    let mutex = waiter_session.mutex(name).expect("mutex");
+    let waiter = spawn_queued(&waiters, async move {
+        let guard = mutex.lock().await;
+        (Instant::now(), guard)
+    })
+    .await;
+
+    let mut states = holder.watch_state();
+    let mut seen = vec![*states.borrow_and_update()];
+    proxy.blackhole();
+    let cut = Instant::now();
+    let mut suspended_at = None;
+    while *seen.last().expect("a state") != SessionState::Lost {
+        bounded("a state change", states.changed()).await.expect("state");
+        let state = *states.borrow_and_update();
+        if state == SessionState::Suspended && suspended_at.is_none() {
+            suspended_at = Some(cut.elapsed());
+        }
+        if seen.last() != Some(&state) {
+            seen.push(state);
+        }
+    }
+    let lost_at = Instant::now();
+    bounded("lost()", guard.lost()).await;
+    assert!(!guard.is_held());
+    assert_eq!(
+        seen,
+        [SessionState::Live, SessionState::Suspended, SessionState::Lost],
+        "states under a silent partition"
+    );
+    let (granted_at, next) = bounded("the waiter is granted", waiter).await.expect("task");
+    let next = next.expect("lock");
+    assert!(granted_at > lost_at, "granted before the holder's lost()");
+    println!(
+        "ttl {:?}: suspended at +{:?}, lost at +{:?}, waiter granted at +{:?} (lost() {:?} before the grant)",
+        options.ttl(),
+        suspended_at.expect("suspended"),
+        lost_at - cut,
+        granted_at - cut,
+        granted_at - lost_at
+    );
+
+    proxy.heal();
+    assert!(matches!(holder.mutex(name), Err(Error::SessionLost { .. })));
+    assert!(matches!(guard.release().await, Err(Error::SessionLost { .. })));
+    assert_eq!(holder.state(), SessionState::Lost);
+    assert!(next.is_held());
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_partition_with_default_options() {
+    silent_partition_is_suspended_then_lost_before_expiry(SessionOptions::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_partition_with_a_3s_ttl() {
+    silent_partition_is_suspended_then_lost_before_expiry(options(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_partition_with_a_2s_ttl() {
+    silent_partition_is_suspended_then_lost_before_expiry(options(2)).await;
+}
+
+/// A session declared lost stops renewing and revokes its lease as soon as
+/// the server is reachable again: after a partition long enough to declare
+/// the loss but shorter than the TTL, its keys go at once on heal, not when
+/// the lease would have expired (nor later, renewed by a renewal that was
+/// stuck in the partition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_revokes_its_lease_when_the_partition_heals() {
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    // Lost 3 s after the last confirmed renewal, long before the 10 s TTL.
+    let ttl = Duration::from_secs(10);
+    let holder = client
+        .session_with(
+            SessionOptions::new()
+                .with_ttl(ttl)
+                .with_safety_margin(Duration::from_secs(7))
+                .with_keepalive_interval(Duration::from_secs(1))
+                .with_request_timeout(Duration::from_secs(1)),
+        )
+        .await
+        .expect("session");
+    let lease = i64::from_str_radix(holder.id(), 16).expect("hex lease id");
+    let name = "revoke-on-heal/lock";
+    let guard = holder.mutex(name).expect("mutex").lock().await.expect("lock");
+    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let waiter_session = waiters.session().await.expect("session");
+    let mutex = waiter_session.mutex(name).expect("mutex");
+    let waiter = spawn_queued(&waiters, async move {
+        let guard = mutex.lock().await;
+        (Instant::now(), guard)
+    })
+    .await;
+
+    proxy.blackhole();
+    let cut = Instant::now();
+    bounded("lost()", guard.lost()).await;
+    let lost_after = cut.elapsed();
+    assert!(lost_after < Duration::from_secs(4), "lost after {lost_after:?}");
+    proxy.heal();
+    let healed = Instant::now();
+    let (granted_at, next) = bounded("the waiter is granted", waiter).await.expect("task");
+    let next = next.expect("lock");
+    // The server last heard a renewal at most a keepalive interval before
+    // the cut: left alone the lease would live until at least cut + 9 s.
+    let natural_expiry = Duration::from_secs(9);
+    println!(
+        "lost at +{lost_after:?}, healed at +{:?}, waiter granted at +{:?} (the lease could not expire before +{natural_expiry:?})",
+        healed - cut,
+        granted_at - cut
+    );
+    assert!(
+        granted_at - cut < natural_expiry - Duration::from_secs(1),
+        "the lost session's key stayed until +{:?}",
+        granted_at - cut
+    );
+    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    let left = side.lease_time_to_live(lease, None).await.expect("time to live");
+    assert!(
+        left.ttl() <= 0,
+        "the lost session's lease is still alive: {}s left",
+        left.ttl()
+    );
+    assert_eq!(holder.state(), SessionState::Lost);
+    // Closing a lost session does not turn its loss into a clean close.
+    holder.close().await.expect("close");
+    assert_eq!(*holder.watch_state().borrow(), SessionState::Lost);
+    next.release().await.expect("release");
+}
+
+/// A Prometheus gauge or counter of member `i`.
+fn metric(cluster: &EtcdCluster, i: usize, name: &str) -> f64 {
+    let metrics = cluster.metrics(i).expect("metrics");
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|v| v.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("{name} not in /metrics of member {i}"))
+}
+
+/// Waiters whose watch runs on a member that is cut off from the rest of the
+/// cluster (its clients still reach it) move to a healthy member: with
+/// require-leader the isolated member ends their watches, and every waiter is
+/// granted within the request timeout once its lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_an_isolated_member_move_to_a_healthy_one() {
+    const WAITERS: usize = 6;
+    let cluster = EtcdCluster::start_isolatable(3).expect("start etcd");
+    let holders = Client::new(Etcd::new(cluster.endpoints()));
+    let holder = holders.session_with(options(10)).await.expect("session");
+    let mut guards = Vec::new();
+    for i in 0..WAITERS {
+        let guard = holder
+            .mutex(&format!("isolated/{i}"))
+            .expect("mutex")
+            .lock()
+            .await
+            .expect("lock");
+        guards.push(guard);
+    }
+    let streams = |i: usize| metric(&cluster, i, "etcd_debugging_mvcc_watch_stream_total") as usize;
+    let before: Vec<usize> = (0..3).map(streams).collect();
+    // One client (one connection, one watch stream) per waiter: each lands
+    // on a member the client's balancer picks.
+    let mut waiters = Vec::new();
+    let mut sessions = Vec::new();
+    for i in 0..WAITERS {
+        let client = Client::new(Etcd::new(cluster.endpoints()));
+        let session = client.session().await.expect("session");
+        let mutex = session.mutex(&format!("isolated/{i}")).expect("mutex");
+        let waiter = spawn_queued(&client, async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+        .await;
+        waiters.push(waiter);
+        sessions.push(session);
+    }
+    let added = || -> Vec<usize> { (0..3).map(|i| streams(i).saturating_sub(before[i])).collect() };
+    until("every waiter's watch stream is open", || {
+        added().iter().sum::<usize>() >= WAITERS
+    })
+    .await;
+    let added = added();
+    let victim = (0..3).max_by_key(|&i| added[i]).expect("a member");
+    assert!(added[victim] >= 1);
+
+    cluster.isolate(victim).expect("isolate");
+    until("the isolated member has no leader", || {
+        metric(&cluster, victim, "etcd_server_has_leader") == 0.0
+    })
+    .await;
+    // The others have a leader (a new one if the victim led).
+    let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    until("the healthy members have a leader", || {
+        others
+            .iter()
+            .all(|&i| metric(&cluster, i, "etcd_server_has_leader") == 1.0)
+    })
+    .await;
+    // Free every lock at once from the healthy side.
+    let healthy: Vec<String> = others.iter().map(|&i| cluster.endpoint(i)).collect();
+    let lease = i64::from_str_radix(holder.id(), 16).expect("hex lease id");
+    let mut side = lockline_etcd::etcd_client::Client::connect(healthy, None)
+        .await
+        .expect("side client");
+    // A loaded machine can make the new leader's first proposals time out:
+    // try again until the lease is gone.
+    bounded("revoke the holder's lease", async {
+        loop {
+            match side.lease_revoke(lease).await {
+                Ok(_) => break,
+                Err(error) if error.to_string().contains("lease not found") => break,
+                Err(error) => {
+                    println!("revoke: {error}; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+    .await;
+    let freed = Instant::now();
+    drop(guards);
+
+    let mut worst = Duration::ZERO;
+    for waiter in waiters {
+        let (granted_at, guard) = bounded("a waiter is granted", waiter).await.expect("task");
+        let guard = guard.expect("lock");
+        worst = worst.max(granted_at - freed);
+        assert!(guard.is_held());
+    }
+    let timeout = SessionOptions::new().request_timeout();
+    println!(
+        "{} of {WAITERS} watch streams on the isolated member {victim}; every waiter granted within {worst:?} of the release",
+        added[victim]
+    );
+    assert!(
+        worst < timeout,
+        "a waiter took {worst:?}, longer than the request timeout {timeout:?}"
+    );
+    cluster.rejoin(victim).expect("rejoin");
+}

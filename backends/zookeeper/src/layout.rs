@@ -144,8 +144,13 @@ pub(crate) fn parse(name: &str) -> Option<Contender> {
 /// the live contenders of one directory span fewer than 2³¹ creations.
 pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
     let mut found: Vec<Contender> = children.iter().filter_map(|c| parse(c)).collect();
-    if let Some(anchor) = found.first().map(|c| c.sequence) {
-        found.sort_by_key(|c| i64::from(anchor) + i64::from(c.sequence.wrapping_sub(anchor)));
+    // Other clients' semaphores come first, whatever their numbers.
+    let anchor = found.iter().find(|c| c.kind != EntryKind::Foreign).map(|c| c.sequence);
+    if let Some(anchor) = anchor {
+        found.sort_by_key(|c| {
+            let ours = c.kind != EntryKind::Foreign;
+            (ours, i64::from(anchor) + i64::from(c.sequence.wrapping_sub(anchor)))
+        });
     }
     found
 }
@@ -154,6 +159,12 @@ pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
 /// [`contenders`]).
 pub(crate) fn before(a: i32, b: i32) -> bool {
     b.wrapping_sub(a) > 0
+}
+
+/// Whether `contender` is queued before the node with sequence `sequence`
+/// (another client's semaphore always is).
+pub(crate) fn precedes(contender: &Contender, sequence: i32) -> bool {
+    contender.kind == EntryKind::Foreign || before(contender.sequence, sequence)
 }
 
 #[cfg(test)]

@@ -292,7 +292,7 @@ impl BackendSession for ZkSession {
         let contenders = self.children(&client, &dir).await?;
         lock(&self.uncertain).remove(request.attempt);
         let mut nearest: Vec<Entry> = conflicting(&contenders, request.conflicts)
-            .filter(|c| layout::before(c.sequence, sequence))
+            .filter(|c| layout::precedes(c, sequence))
             .map(|c| c.entry(&dir))
             .collect();
         nearest.reverse();
@@ -318,7 +318,7 @@ impl BackendSession for ZkSession {
             ));
         };
         let mut nearest: Vec<Entry> = conflicting(&contenders, conflicts)
-            .filter(|c| layout::before(c.sequence, order))
+            .filter(|c| layout::precedes(c, order))
             .map(|c| c.entry(dir))
             .collect();
         nearest.reverse();

@@ -46,6 +46,20 @@ async fn silent_partition(ensemble: &ZkEnsemble, name: &str, options: SessionOpt
     let queued = tokio::spawn(async move { mutex.lock().await.map(|g| (Instant::now(), g)) });
     waiter.wait_for_stats(|s| s.waits == 1).await;
 
+    let mut states = holder.watch_state();
+    let seen = tokio::spawn(async move {
+        let mut seen = vec![*states.borrow_and_update()];
+        while *seen.last().unwrap_or(&SessionState::Lost) != SessionState::Lost {
+            if states.changed().await.is_err() {
+                break;
+            }
+            let state = *states.borrow_and_update();
+            if seen.last() != Some(&state) {
+                seen.push(state);
+            }
+        }
+        seen
+    });
     proxy.blackhole();
     let cut = Instant::now();
     let lost = async {
@@ -61,6 +75,12 @@ async fn silent_partition(ensemble: &ZkEnsemble, name: &str, options: SessionOpt
         .expect("granted once the server expired the holder");
     assert!(!guard.is_held());
     assert_eq!(holder.state(), SessionState::Lost);
+    let seen = bounded("the state history", seen).await.expect("task");
+    assert_eq!(
+        seen,
+        [SessionState::Live, SessionState::Suspended, SessionState::Lost],
+        "{name}: states under a silent partition"
+    );
     next.release().await.expect("release");
     drop(proxy);
     (lost_at - cut, granted_at - cut)
