@@ -195,13 +195,10 @@ pub fn run(config: &Config) -> Result<Report, String> {
 
     let run_start = now_ns();
     let mut nemesis = Nemesis::new(
-        config.seed,
+        config,
         &mut servers,
         &mut fleet,
         history.clone(),
-        config.ttl,
-        bound,
-        config.kinds.clone(),
         config.verbose.then_some(run_start),
     );
     nemesis.run(config.duration);

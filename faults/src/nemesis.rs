@@ -11,6 +11,7 @@ use crate::fleet::Fleet;
 use crate::history::{History, Tag, What};
 use crate::rng::Rng;
 use crate::servers::Servers;
+use crate::Config;
 
 /// The kinds of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -113,28 +114,26 @@ pub struct Nemesis<'a> {
 }
 
 impl<'a> Nemesis<'a> {
-    /// A nemesis with its own stream of the run's seed.
+    /// A nemesis for `config` (its own stream of the run's seed, its TTL,
+    /// recovery bound and fault kinds).
     pub fn new(
-        seed: u64,
+        config: &Config,
         servers: &'a mut Servers,
         fleet: &'a mut Fleet,
         history: History,
-        ttl: Duration,
-        recovery: Duration,
-        kinds: Vec<FaultKind>,
         log: Option<u64>,
     ) -> Self {
         Nemesis {
-            rng: Rng::new(seed, 0xFA17),
+            rng: Rng::new(config.seed, 0xFA17),
             servers,
             fleet,
             history,
-            ttl,
-            recovery,
-            kinds: if kinds.is_empty() {
+            ttl: config.ttl,
+            recovery: config.recovery_bound(),
+            kinds: if config.kinds.is_empty() {
                 FaultKind::ALL.to_vec()
             } else {
-                kinds
+                config.kinds.clone()
             },
             faults: Vec::new(),
             problems: Vec::new(),
