@@ -233,7 +233,19 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     for pair in sections.windows(2) {
-        if pair[1].token <= pair[0].token {
+        if pair[1].token == pair[0].token && pair[1].tag == pair[0].tag {
+            let released = events
+                .iter()
+                .find(|e| e.tag == pair[0].tag && e.t >= pair[0].grant && matches!(e.what, What::Release { .. }))
+                .map_or("never released".to_owned(), |e| format!("released at {:.3}s", rel(e.t)));
+            report.violations.push(format!(
+                "fencing token did not increase: {} was granted token {} again at {:.3}s (first granted at {:.3}s, {released}; nobody held it between)",
+                pair[1].tag,
+                pair[1].token,
+                rel(pair[1].grant),
+                rel(pair[0].grant)
+            ));
+        } else if pair[1].token <= pair[0].token {
             report.violations.push(format!(
                 "fencing token did not increase: {} granted token {} at {:.3}s after {} was granted token {} at {:.3}s",
                 pair[1].tag,
