@@ -1,4 +1,4 @@
-//! The randomized fault test's short run, one per backend (about 1.5 minutes
+//! The randomized fault test's short run, one per backend (a little over a minute
 //! each): contender processes, a fenced register, a seeded nemesis, a checker.
 //! The long run is the `lockline-faults` binary (see the README).
 
@@ -23,7 +23,7 @@ fn short_run(backend: Backend) {
         report.violations.len()
     );
     assert!(report.grants > 20, "too few grants to mean anything:\n{report}");
-    assert!(report.faults.values().sum::<usize>() >= 10, "too few faults:\n{report}");
+    assert!(report.faults.values().sum::<usize>() >= 6, "too few faults:\n{report}");
 }
 
 #[test]
