@@ -103,6 +103,7 @@ impl Acquire<'_> {
             kind: self.kind,
             attempt: Some(attempt.clone()),
             entry: None,
+            retried: false,
             local,
         };
         let request = AppendRequest {
@@ -113,7 +114,18 @@ impl Acquire<'_> {
             conflicts: self.rule.conflicts(),
             nearest: self.rule.depth(),
         };
-        let appended = self.retrying(|| inner.remote.append(&request)).await?;
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let appended = self
+            .retrying(|| {
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                inner.remote.append(&request)
+            })
+            .await;
+        // An append tried more than once may still have an earlier try in
+        // flight, which can reach the server after this acquire is given up:
+        // its cleanup must then fence the whole attempt, not just the entry.
+        pending.retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
+        let appended = appended?;
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
@@ -304,6 +316,9 @@ struct PendingEntry<'a> {
     kind: EntryKind,
     attempt: Option<String>,
     entry: Option<Entry>,
+    /// Whether the append was tried more than once (an earlier try may still
+    /// be on its way to the server).
+    retried: bool,
     /// The same-session queue permit: let go only once the entry is gone, so the
     /// next same-session contender never finds this entry still there.
     local: Option<OwnedMutexGuard<()>>,
@@ -327,7 +342,13 @@ impl PendingEntry<'_> {
         )
         .await
         {
-            self.disarm();
+            if self.retried {
+                // Gone now; what an earlier try may still bring is fenced by
+                // the attempt's abandonment, on drop.
+                self.entry = None;
+            } else {
+                self.disarm();
+            }
         }
     }
 }
@@ -336,15 +357,19 @@ impl Drop for PendingEntry<'_> {
     fn drop(&mut self) {
         let local = self.local.take();
         let attempt = self.attempt.take();
-        // Once the append has returned its entry, the attempt has exactly that
-        // one entry (backends reuse an attempt's entry on retry): removing it
-        // removes everything the attempt made. Before, whatever the append
-        // may have made is abandoned by its attempt id.
-        if let Some(entry) = self.entry.take() {
-            self.session.spawn_remove(entry, "cancelled acquire", local);
-        } else if let Some(attempt) = attempt {
-            self.session
-                .spawn_abandon(self.dir.to_owned(), self.kind, attempt, None, local);
+        let entry = self.entry.take();
+        // An append tried once that returned its entry made exactly that
+        // entry: removing it removes everything the attempt made. Otherwise
+        // (the append was cancelled in flight, or retried) the attempt is
+        // abandoned as a whole: its entry if known, whatever else it made, and
+        // whatever a try still on its way may make (DESIGN §6.10).
+        match (attempt, entry) {
+            (Some(attempt), entry) if self.retried || entry.is_none() => {
+                self.session
+                    .spawn_abandon(self.dir.to_owned(), self.kind, attempt, entry, local);
+            }
+            (_, Some(entry)) => self.session.spawn_remove(entry, "cancelled acquire", local),
+            (_, None) => drop(local),
         }
     }
 }

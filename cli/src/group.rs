@@ -55,6 +55,15 @@ pub(crate) fn signal_status(signal: libc::c_int) -> u8 {
     u8::try_from(128 + signal).unwrap_or(u8::MAX)
 }
 
+/// A stop begun by [`ProcessGroup::start_stop`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stopping {
+    /// When SIGKILL follows SIGTERM.
+    deadline: Instant,
+    /// Whether SIGKILL was already sent.
+    killed: bool,
+}
+
 /// The running command: the leader of its own process group.
 #[derive(Debug)]
 pub(crate) struct ProcessGroup {
@@ -121,45 +130,67 @@ impl ProcessGroup {
         }
     }
 
-    /// Stops every process of the group: SIGTERM (and SIGCONT, so that a
-    /// stopped member sees it), then SIGKILL once `grace` has passed or
-    /// `hurry` resolves (a second signal to `lockline`), and returns once no
-    /// member of the group runs.
+    /// Starts stopping every process of the group, at once and before
+    /// anything else: SIGKILL when `grace` is zero, otherwise SIGTERM (and
+    /// SIGCONT, so that a stopped member sees it). Finish with
+    /// [`finish_stop`](Self::finish_stop).
+    pub(crate) fn start_stop(&mut self, grace: Duration) -> Stopping {
+        let deadline = Instant::now() + grace;
+        self.reap();
+        if !self.alive(false) {
+            return Stopping {
+                deadline,
+                killed: false,
+            };
+        }
+        if grace.is_zero() {
+            // No SIGTERM first: with no grace, a handler of the command must
+            // not get to run (the lock may already be lost).
+            self.signal(libc::SIGKILL);
+            note!("lockline: sent SIGKILL to process group {}", self.leader);
+            return Stopping { deadline, killed: true };
+        }
+        self.signal(libc::SIGTERM);
+        self.signal(libc::SIGCONT);
+        note!("lockline: sent SIGTERM to process group {}", self.leader);
+        Stopping {
+            deadline,
+            killed: false,
+        }
+    }
+
+    /// Finishes what [`start_stop`](Self::start_stop) began: SIGKILL to the
+    /// group once its grace has passed or `hurry` resolves (a second signal
+    /// to `lockline`), and returns once no member of the group runs.
     ///
     /// # Cancel safety
     ///
     /// Not meant to be cancelled: the group may then still run.
-    pub(crate) async fn stop(&mut self, grace: Duration, hurry: impl std::future::Future<Output = ()>) {
-        self.reap();
-        if !self.alive(false) {
-            return;
-        }
-        eprintln!("lockline: sending SIGTERM to process group {}", self.leader);
-        self.signal(libc::SIGTERM);
-        self.signal(libc::SIGCONT);
-        let deadline = Instant::now() + grace;
-        tokio::pin!(hurry);
-        loop {
+    pub(crate) async fn finish_stop(&mut self, stopping: Stopping, hurry: impl std::future::Future<Output = ()>) {
+        if !stopping.killed {
+            tokio::pin!(hurry);
+            loop {
+                self.reap();
+                if !self.alive(false) {
+                    return;
+                }
+                tokio::select! {
+                    _ = self.child_exited.recv() => {}
+                    () = tokio::time::sleep(RECHECK) => {}
+                    () = tokio::time::sleep_until(stopping.deadline) => break,
+                    () = &mut hurry => break,
+                }
+            }
             self.reap();
             if !self.alive(false) {
                 return;
             }
-            tokio::select! {
-                _ = self.child_exited.recv() => {}
-                () = tokio::time::sleep(RECHECK) => {}
-                () = tokio::time::sleep_until(deadline) => break,
-                () = &mut hurry => break,
-            }
+            self.signal(libc::SIGKILL);
+            note!(
+                "lockline: process group {} still ran after SIGTERM; sent SIGKILL",
+                self.leader
+            );
         }
-        self.reap();
-        if !self.alive(false) {
-            return;
-        }
-        eprintln!(
-            "lockline: process group {} still runs after SIGTERM; sending SIGKILL",
-            self.leader
-        );
-        self.signal(libc::SIGKILL);
         loop {
             self.reap();
             if !self.alive(true) {
@@ -224,7 +255,7 @@ impl ProcessGroup {
         if unsafe { libc::kill(-self.leader, signal) } != 0 {
             let error = io::Error::last_os_error();
             if error.raw_os_error() != Some(libc::ESRCH) {
-                eprintln!(
+                note!(
                     "lockline: cannot send signal {signal} to process group {}: {error}",
                     self.leader
                 );

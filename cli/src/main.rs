@@ -13,10 +13,43 @@
 //! - without: holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT, then
 //!   releases it and exits 0.
 //!
-//! Exit statuses: the command's own; 3 when the lock was lost while held; 2
-//! when `--timeout` ran out; 1 for bad arguments, unreachable clusters and
-//! other errors; 128 + N when `lockline` itself got signal N (SIGINT, SIGTERM,
-//! SIGHUP, SIGQUIT) while waiting for the lock or while the command ran.
+//! # Exit statuses
+//!
+//! - The command's own status, or 128 + N when it was killed by signal N,
+//!   when it exits by itself.
+//! - 128 + N when `lockline` itself got signal N (SIGINT, SIGTERM, SIGHUP,
+//!   SIGQUIT) while waiting for the lock or while the command ran. Without a
+//!   command, such a signal is the normal way out: 0.
+//! - 3 when the lock was lost while held: without a command, before a
+//!   signal came; with one, while any process of its group still ran, whatever
+//!   started the stop. A loss while the group is being stopped after a
+//!   signal or after the command's exit therefore gives 3, not 128 + N nor
+//!   the command's status: some of its processes ran without the lock. A
+//!   loss `lockline` notices only once the group is gone (when releasing)
+//!   changes nothing: nothing ran without the lock, and it is only reported
+//!   on standard error. When a loss and another event are seen at the same
+//!   moment, the loss counts as first (`lockline` then cannot tell whether
+//!   the command still ran without the lock).
+//! - 2 when `--timeout` ran out.
+//! - 1 for bad arguments, unreachable clusters and other errors, a release
+//!   that fails for another reason than a loss among them (the key then goes
+//!   when the session's TTL runs out).
+//!
+//! A second signal while the group is being stopped only cuts the grace
+//! short; it does not change the status. A signal and a grant seen at the
+//! same moment count as a signal while waiting: the wait is cancelled and the
+//! entry removed.
+//!
+//! # Output
+//!
+//! The held key goes to standard output, diagnostics to standard error. Both
+//! are written by a thread of their own, so that stopping the command's
+//! group, releasing the lock and removing a waiter's entry never wait on or
+//! depend on a write: a closed pipe, a full device or a reader that stopped
+//! reading loses lines, never changes what happens to the lock, the command
+//! or the exit status, and never makes `lockline` panic. A key that cannot
+//! be printed is reported on standard error and the command runs all the
+//! same. On its way out `lockline` waits at most a second for its last lines.
 //!
 //! # The command dies with the lock
 //!
@@ -25,17 +58,21 @@
 //! `lockline` gets SIGINT, SIGTERM, SIGHUP or SIGQUIT, or the lock is lost
 //! (session expired or declared lost, key deleted), the whole group gets
 //! SIGTERM (and SIGCONT), then SIGKILL once the `--kill-after` grace has passed
-//! (default 2 s; `0` sends SIGKILL at once; a second signal to `lockline` cuts
-//! the grace short). When the command exits by itself, whatever it left
-//! running in its group is stopped the same way. No external program is run
-//! for this.
+//! (default 2 s; a second signal to `lockline` cuts the grace short). With
+//! `--kill-after 0` the group gets SIGKILL at once and no SIGTERM at all, so
+//! no handler of the command runs. When the command exits by itself, whatever
+//! it left running in its group is stopped the same way. No external program
+//! is run for this.
 //!
 //! - On a signal or a normal exit the lock is released only once no process of
 //!   the group runs any more, so the next holder never overlaps with it; then
-//!   `lockline` exits with the command's status or 128 + its own signal.
+//!   `lockline` exits with the command's status or 128 + its own signal (or 3,
+//!   see above, if the lock was lost meanwhile).
 //! - On a lost lock the lock is already gone (someone else may hold it): the
-//!   group is signalled at once, before anything else, and `lockline` exits 3
-//!   once the group is gone.
+//!   group is signalled at once, before anything else (any diagnostic, the
+//!   session's close), and `lockline` exits 3 once the group is gone. The
+//!   same holds when the loss comes while the group is already being stopped;
+//!   its SIGKILL then comes when the grace that began with its SIGTERM ends.
 //! - On Linux the command is started with `PR_SET_PDEATHSIG` = SIGKILL: if
 //!   `lockline` is killed outright (SIGKILL, OOM killer), the command itself
 //!   is killed by the kernel. If `lockline` died before that was set, the
@@ -71,6 +108,8 @@
 //! ZooKeeper it uses Curator's layout under the path `/NAME`, and queues with
 //! Curator's `InterProcessMutex` and kazoo's `Lock` there.
 
+#[macro_use]
+mod output;
 mod group;
 mod signals;
 
@@ -185,40 +224,59 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     })
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(args) => args,
+/// How long `lockline` waits, on its way out, for its last lines to be
+/// written; a stuck standard output or error cannot hold it up for longer.
+const OUTPUT_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn main() -> ExitCode {
+    let code = match parse(std::env::args().skip(1)) {
+        Ok(args) => start(args),
         Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(1);
+            note!("{message}");
+            1
         }
     };
-    // From here on SIGINT, SIGTERM, SIGHUP and SIGQUIT no longer kill
-    // `lockline` on the spot: each step below decides what they mean.
-    let mut signals = match StopSignals::listen() {
-        Ok(signals) => signals,
+    output::finish(OUTPUT_TIMEOUT);
+    ExitCode::from(code)
+}
+
+/// Starts the runtime on this thread (the command must be spawned from the
+/// thread that runs `main`, see [`ProcessGroup::spawn`]) and runs.
+fn start(args: Args) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("lockline: cannot listen for SIGINT, SIGTERM, SIGHUP and SIGQUIT: {error}");
-            return ExitCode::from(1);
+            note!("lockline: cannot start the async runtime: {error}");
+            return 1;
         }
     };
-    match run(args, &mut signals).await {
-        Ok(code) => ExitCode::from(code),
-        Err(Error::Timeout { name, waited }) => {
-            eprintln!("lockline: {name:?} not acquired within {waited:?}");
-            ExitCode::from(TIMED_OUT)
-        }
-        Err(error) => {
-            eprintln!("lockline: {error}");
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
-                source = cause.source();
+    runtime.block_on(async {
+        // From here on SIGINT, SIGTERM, SIGHUP and SIGQUIT no longer kill
+        // `lockline` on the spot: each step below decides what they mean.
+        let mut signals = match StopSignals::listen() {
+            Ok(signals) => signals,
+            Err(error) => {
+                note!("lockline: cannot listen for SIGINT, SIGTERM, SIGHUP and SIGQUIT: {error}");
+                return 1;
             }
-            ExitCode::from(1)
+        };
+        match run(args, &mut signals).await {
+            Ok(code) => code,
+            Err(Error::Timeout { name, waited }) => {
+                note!("lockline: {name:?} not acquired within {waited:?}");
+                TIMED_OUT
+            }
+            Err(error) => {
+                note!("lockline: {error}");
+                let mut source = std::error::Error::source(&error);
+                while let Some(cause) = source {
+                    note!("  caused by: {cause}");
+                    source = cause.source();
+                }
+                1
+            }
         }
-    }
+    })
 }
 
 async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
@@ -227,13 +285,19 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
         Server::ZooKeeper(hosts) => Client::new(ZooKeeper::new(hosts.clone())),
     };
     let session = tokio::select! {
-        session = client.session_with(SessionOptions::new().with_ttl(args.ttl)) => session?,
+        biased;
         // Nothing is queued yet; a session being opened ends with its TTL.
         signal = signals.recv() => return Ok(signal_status(signal)),
+        session = client.session_with(SessionOptions::new().with_ttl(args.ttl)) => session?,
     };
     match hold(&args, &session, signals).await {
         Ok(Held::Released(code)) => {
-            session.close().await?;
+            // The lock is released (or was lost only once nothing of the
+            // command ran): a session that cannot be closed cleanly ends with
+            // its TTL and holds nothing, so it does not change the status.
+            if let Err(error) = session.close().await {
+                note!("lockline: closing the session was not confirmed; it ends when its TTL runs out: {error}");
+            }
             Ok(code)
         }
         Ok(Held::Cancelled(signal)) => {
@@ -242,13 +306,14 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
             // short), then close the session, which removes whatever is left
             // on the server now rather than when its TTL runs out.
             let flushed = tokio::select! {
-                flushed = tokio::time::timeout(CLEANUP_TIMEOUT, session.flush()) => flushed.is_ok(),
+                biased;
                 _ = signals.recv() => false,
+                flushed = tokio::time::timeout(CLEANUP_TIMEOUT, session.flush()) => flushed.is_ok(),
             };
             let closed = session.close().await;
             if !flushed || closed.is_err() {
                 let reason = closed.err().map(|e| format!(": {e}")).unwrap_or_default();
-                eprintln!(
+                note!(
                     "lockline: leaving the queue of {:?} was not confirmed; its entry goes when the session's TTL runs out{reason}",
                     args.name
                 );
@@ -270,7 +335,8 @@ enum Held {
     Released(u8),
     /// A signal came while waiting in line; the acquire was cancelled.
     Cancelled(libc::c_int),
-    /// The lock was lost while held; the session is closed.
+    /// The lock was lost while held (while a process of the command's group
+    /// still ran, when there was a command); the session is closed.
     Lost,
 }
 
@@ -283,22 +349,27 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
         }
     };
     let guard = tokio::select! {
-        guard = acquire => guard?,
+        // A signal that is pending when the lock is granted still cancels the
+        // wait: dropping the acquire removes the entry, granted or not.
+        biased;
         signal = signals.recv() => {
-            eprintln!("lockline: got {} while waiting for {:?}; leaving the queue", signal_name(signal), args.name);
+            note!("lockline: got {} while waiting for {:?}; leaving the queue", signal_name(signal), args.name);
             return Ok(Held::Cancelled(signal));
         }
+        guard = acquire => guard?,
     };
-    println!("{}", guard.key());
-    eprintln!("lockline: holding {} with fencing token {}", guard.key(), guard.token());
+    output::key(guard.key());
+    note!("lockline: holding {} with fencing token {}", guard.key(), guard.token());
     let code = if args.command.is_empty() {
         tokio::select! {
-            _ = signals.recv() => 0,
+            // A loss ready together with a signal counts as a loss.
+            biased;
             () = guard.lost() => {
-                eprintln!("lockline: lock lost");
-                let _ = tokio::time::timeout(LOST_CLOSE_TIMEOUT, session.close()).await;
+                note!("lockline: lock lost");
+                close_lost(session).await;
                 return Ok(Held::Lost);
             }
+            _ = signals.recv() => 0,
         }
     } else {
         match run_command(&guard, session, &args.command, args.kill_after, signals).await {
@@ -306,8 +377,23 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
             None => return Ok(Held::Lost),
         }
     };
-    guard.release().await?;
+    match guard.release().await {
+        Ok(()) => {}
+        // Lost after the command's group was gone (or, without a command,
+        // after the signal): nothing ran without the lock, and there is
+        // nothing left to release.
+        Err(error @ (Error::SessionLost { .. } | Error::LockLost { .. })) => {
+            note!("lockline: the lock was lost once the command was gone; nothing to release: {error}");
+        }
+        Err(error) => return Err(error),
+    }
     Ok(Held::Released(code))
+}
+
+/// Closes the session of a lost lock. The server may be out of reach:
+/// closing is a courtesy here and must not hold up the exit.
+async fn close_lost(session: &Session) {
+    let _ = tokio::time::timeout(LOST_CLOSE_TIMEOUT, session.close()).await;
 }
 
 /// The next SIGTSTP, when `lockline` listens for it.
@@ -320,7 +406,7 @@ async fn suspended(suspend: &mut Option<SuspendSignal>) {
 
 /// Runs the command in its own process group and returns the status to exit
 /// with once no process of the group runs any more, or `None` when the lock
-/// was lost (the session is then closed).
+/// was lost before that (the session is then closed).
 async fn run_command(
     guard: &MutexGuard,
     session: &Session,
@@ -341,59 +427,79 @@ async fn run_command(
     let mut suspend = match SuspendSignal::listen() {
         Ok(suspend) => Some(suspend),
         Err(error) => {
-            eprintln!("lockline: cannot listen for SIGTSTP; Ctrl-Z will not pause the command: {error}");
+            note!("lockline: cannot listen for SIGTSTP; Ctrl-Z will not pause the command: {error}");
             None
         }
     };
+    if !guard.is_held() {
+        note!("lockline: lock lost before the command started; not running it");
+        close_lost(session).await;
+        return None;
+    }
     let mut group = match ProcessGroup::spawn(program, arguments, env) {
         Ok(group) => group,
         Err(error) => {
-            eprintln!("lockline: cannot run {program:?}: {error}");
+            note!("lockline: cannot run {program:?}: {error}");
             return Some(1);
         }
     };
-    enum Event {
+    /// Why the command's group is stopped.
+    enum Cause {
         Ended(group::Ended),
         Signal(libc::c_int),
         Lost,
     }
-    let event = loop {
+    let cause = loop {
         tokio::select! {
-            ended = group.wait() => break Event::Ended(ended),
-            signal = signals.recv() => break Event::Signal(signal),
-            () = guard.lost() => break Event::Lost,
+            // When several are ready at once, the loss wins (lockline cannot
+            // tell whether the command still ran without the lock), then a
+            // signal to lockline, then the command's exit.
+            biased;
+            () = guard.lost() => break Cause::Lost,
+            signal = signals.recv() => break Cause::Signal(signal),
+            ended = group.wait() => break Cause::Ended(ended),
             () = suspended(&mut suspend) => group.pause_with_lockline(),
         }
     };
+    // The group is signalled first, before anything else: on a lost lock
+    // someone else may hold it already.
+    let stopping = group.start_stop(kill_after);
     // A second signal while the group is being stopped sends SIGKILL at once.
     let hurry = async {
         signals.recv().await;
     };
-    match event {
-        Event::Ended(ended) => {
-            // What the command left running in its group does not outlive
-            // the lock either.
-            group.stop(kill_after, hurry).await;
-            Some(ended.code())
+    let code = match cause {
+        Cause::Lost => {
+            note!("lockline: lock lost; stopping the command");
+            tokio::join!(group.finish_stop(stopping, hurry), close_lost(session));
+            return None;
         }
-        Event::Signal(signal) => {
-            eprintln!(
+        Cause::Signal(signal) => {
+            note!(
                 "lockline: got {}; the lock is released once the command is gone",
                 signal_name(signal)
             );
-            group.stop(kill_after, hurry).await;
-            Some(signal_status(signal))
+            signal_status(signal)
         }
-        Event::Lost => {
-            eprintln!("lockline: lock lost; stopping the command");
-            // The server may be out of reach: closing is a courtesy here, it
-            // must not hold up the exit.
-            let close = async {
-                let _ = tokio::time::timeout(LOST_CLOSE_TIMEOUT, session.close()).await;
-            };
-            tokio::join!(group.stop(kill_after, hurry), close);
+        // What the command left running in its group does not outlive the
+        // lock either.
+        Cause::Ended(ended) => ended.code(),
+    };
+    // The lock may still be lost while the group is being stopped: a process
+    // of the command then runs without it, and that is what `lockline`
+    // reports (3), whatever started the stop. The group's SIGTERM was sent
+    // already; its SIGKILL comes when the grace ends, as on any lost lock.
+    let finishing = group.finish_stop(stopping, hurry);
+    tokio::pin!(finishing);
+    tokio::select! {
+        // Both ready: the loss wins, as above.
+        biased;
+        () = guard.lost() => {
+            note!("lockline: lock lost while the command's group was being stopped");
+            tokio::join!(finishing, close_lost(session));
             None
         }
+        () = &mut finishing => Some(code),
     }
 }
 

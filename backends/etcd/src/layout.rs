@@ -21,11 +21,22 @@ pub(crate) fn prefix(dir: &str) -> String {
     format!("{dir}/")
 }
 
-/// The prefix of the entries that can block a contender.
-pub(crate) fn conflict_prefix(dir: &str, conflicts: Conflicts) -> String {
+/// The prefix of the entries that can block a contender: the whole lock, for
+/// every kind. A reader is blocked by writers, but also by a mutex or an
+/// election of the same name (`<name>/<lease hex>`, Go's layout) and must see
+/// other kinds' entries to refuse an unsafe mix, so it reads every entry and
+/// filters by kind.
+pub(crate) fn conflict_prefix(dir: &str, _conflicts: Conflicts) -> String {
+    prefix(dir)
+}
+
+/// How many keys to read at once when looking for the nearest `count`
+/// conflicting entries: more than `count` for readers, which skip the other
+/// readers in front of them.
+pub(crate) fn page(conflicts: Conflicts, count: usize) -> usize {
     match conflicts {
-        Conflicts::Exclusive => format!("{dir}/write/"),
-        _ => prefix(dir),
+        Conflicts::Exclusive => count.max(32),
+        _ => count,
     }
 }
 
@@ -41,15 +52,20 @@ pub(crate) fn key(dir: &str, kind: EntryKind, lease_hex: &str, attempt: &str) ->
 }
 
 /// The marker an abandoned acquire attempt leaves, bound to the session's
-/// lease: `<name>.lockline-abandoned/<lease hex>-<attempt>`. It is outside the
-/// lock's prefix `<name>/` (Go's and etcdctl's contenders never see it) and is
-/// no entry of any lock; the append transaction of that attempt requires it
+/// lease: `__lockline_abandoned__/<lease hex>-<attempt>`. It is under no lock
+/// name's prefix (Go's and etcdctl's contenders never see it, whatever the
+/// nesting of names) and is no entry of any lock; the append transaction of that attempt requires it
 /// absent, so an append that reaches the server after its attempt was given
 /// up creates nothing. One small key per acquire cancelled while its append
 /// was in flight; the server deletes it with the session.
-pub(crate) fn abandoned(dir: &str, lease_hex: &str, attempt: &str) -> String {
-    format!("{dir}.lockline-abandoned/{lease_hex}-{attempt}")
+pub(crate) fn abandoned(lease_hex: &str, attempt: &str) -> String {
+    format!("{ABANDONED}{lease_hex}-{attempt}")
 }
+
+/// Where abandoned-attempt markers live: one namespace of their own, under no
+/// lock's prefix (a marker under a parent name's prefix would count as a
+/// contender for Go's and `etcdctl`'s mutex of that parent).
+pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
 
 /// Whether `key` is an entry of the lock `dir` (see [`entry`]).
 pub(crate) fn is_entry(dir: &str, key: &[u8]) -> bool {
@@ -138,7 +154,7 @@ mod tests {
         );
         assert_eq!(key("/x", EntryKind::Election, "1f", "u1"), "/x/1f");
         assert_eq!(key("rw", EntryKind::Write, "1f", "u1"), "rw/write/1f-u1");
-        assert_eq!(conflict_prefix("rw", Conflicts::Exclusive), "rw/write/");
+        assert_eq!(conflict_prefix("rw", Conflicts::Exclusive), "rw/");
         assert_eq!(conflict_prefix("rw", Conflicts::All), "rw/");
     }
 

@@ -49,8 +49,8 @@
 //!   unanswered for a keepalive interval makes the session `Suspended` first.
 //!   A lost session stops renewing and revokes its lease as soon as the server
 //!   answers.
-//! - **Cancellation** = an acquire cancelled with its append in flight leaves
-//!   a marker `n.lockline-abandoned/<lease hex>-<attempt>` bound to the lease;
+//! - **Cancellation** = an acquire cancelled with an append in flight leaves
+//!   a marker `__lockline_abandoned__/<lease hex>-<attempt>` bound to the lease;
 //!   the append's transaction requires it absent, so an append that reaches
 //!   the server late creates nothing.
 

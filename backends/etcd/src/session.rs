@@ -237,7 +237,7 @@ impl BackendSession for EtcdSession {
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
         let key = layout::key(request.dir, request.kind, &self.id, request.attempt);
         self.claim(&key, request)?;
-        let abandoned = layout::abandoned(request.dir, &self.id, request.attempt);
+        let abandoned = layout::abandoned(&self.id, request.attempt);
         // Right after my put my key is the newest under the prefix, so the
         // newest conflicting keys (one more than asked, mine may be among them)
         // are exactly the nearest earlier ones, unless keys of other locks
@@ -247,7 +247,9 @@ impl BackendSession for EtcdSession {
         let newest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(i64::try_from(request.nearest.saturating_add(1)).unwrap_or(i64::MAX));
+            .with_limit(
+                i64::try_from(layout::page(request.conflicts, request.nearest).saturating_add(1)).unwrap_or(i64::MAX),
+            );
         let put = TxnOp::put(
             key.clone(),
             request.value.to_vec(),
@@ -328,7 +330,7 @@ impl BackendSession for EtcdSession {
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_max_create_revision(entry.order - 1)
         };
-        let nearest = below_mine().with_limit(i64::try_from(count).unwrap_or(i64::MAX));
+        let nearest = below_mine().with_limit(i64::try_from(layout::page(conflicts, count)).unwrap_or(i64::MAX));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),
@@ -438,7 +440,7 @@ impl BackendSession for EtcdSession {
     async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
         let key = layout::key(dir, kind, &self.id, attempt);
         let marker = TxnOp::put(
-            layout::abandoned(dir, &self.id, attempt),
+            layout::abandoned(&self.id, attempt),
             Vec::new(),
             Some(PutOptions::new().with_lease(self.lease)),
         );

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, SessionState as ZkState, Stat,
+    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, SessionState as ZkState,
 };
 
 use crate::error::map;
@@ -38,30 +38,71 @@ pub(crate) struct ZkSession {
 
 /// When the server last confirmed the session, and how long that lasts.
 ///
-/// The server expires a session `negotiated timeout` after the last request it
-/// received from the client. A request answered by the server was received
-/// after it was sent, so the *send time* of the last answered request is a
-/// lower bound of the server's own clock for the session, whatever the client
-/// library noticed or when (DESIGN §6.9).
+/// The leader expires a session `negotiated timeout` after the last activity
+/// it heard of. A follower hears of the client's requests first and reports
+/// them to the leader in its answers to the leader's pings, sent every half
+/// `tickTime` (at most a quarter of the negotiated timeout, which is at least
+/// two ticks). So lockline confirms with `sync`, which the server the client
+/// is connected to can answer only through the leader (a follower cut off from
+/// the leader answers no `sync`, while it would still answer reads), and takes
+/// an answered `sync` sent at `t` as proof that the leader had heard of the
+/// session's activity from a quarter timeout before `t`: the deadline counts
+/// from the send time of the latest answered confirmation sent at least that
+/// much earlier (DESIGN §6.9). The session's creation is the first
+/// confirmation: the leader itself made it.
 #[derive(Debug)]
 struct Liveness {
-    confirmed: StdMutex<Instant>,
+    confirmed: StdMutex<Confirmations>,
     /// `negotiated timeout - safety margin`.
     loss_deadline: Duration,
+    /// How long the leader may take to hear of the session's activity at a
+    /// follower: a quarter of the negotiated timeout.
+    report_lag: Duration,
+}
+
+#[derive(Debug)]
+struct Confirmations {
+    /// What the deadline counts from.
+    confirmed: Instant,
+    /// Send times of answered confirmations not yet old enough to count,
+    /// oldest first.
+    recent: std::collections::VecDeque<Instant>,
 }
 
 impl Liveness {
-    /// Records an answer to a request sent at `sent`.
+    fn new(opened: Instant, loss_deadline: Duration, report_lag: Duration) -> Self {
+        Liveness {
+            confirmed: StdMutex::new(Confirmations {
+                confirmed: opened,
+                recent: std::collections::VecDeque::new(),
+            }),
+            loss_deadline,
+            report_lag,
+        }
+    }
+
+    /// Records an answered `sync` sent at `sent`.
     fn confirm(&self, sent: Instant) {
-        let mut confirmed = lock(&self.confirmed);
-        if sent > *confirmed {
-            *confirmed = sent;
+        let mut c = lock(&self.confirmed);
+        if c.recent.back().is_none_or(|last| sent > *last) {
+            c.recent.push_back(sent);
+        }
+        // Everything sent a report lag before this answer now counts.
+        let Some(horizon) = sent.checked_sub(self.report_lag) else {
+            return;
+        };
+        while c.recent.front().is_some_and(|t| *t <= horizon) {
+            if let Some(t) = c.recent.pop_front() {
+                if t > c.confirmed {
+                    c.confirmed = t;
+                }
+            }
         }
     }
 
     /// When the session must be taken as lost unless confirmed again.
     fn deadline(&self) -> Instant {
-        *lock(&self.confirmed) + self.loss_deadline
+        lock(&self.confirmed).confirmed + self.loss_deadline
     }
 }
 
@@ -110,11 +151,10 @@ impl ZkSession {
         // last confirmation.
         let negotiated = client.session_timeout();
         let margin = options.safety_margin().min(negotiated / 2);
-        let liveness = Arc::new(Liveness {
-            confirmed: StdMutex::new(sent),
-            loss_deadline: negotiated.saturating_sub(margin),
-        });
-        let interval = options.keepalive_interval().min(liveness.loss_deadline / 3);
+        let liveness = Arc::new(Liveness::new(sent, negotiated.saturating_sub(margin), negotiated / 4));
+        // Often enough that, counted a report lag back, a confirmation stays
+        // well inside the deadline.
+        let interval = options.keepalive_interval().min(negotiated / 6);
         let slot = Arc::new(StdMutex::new(Some(client.clone())));
         let tracker = tokio::spawn(track(
             client,
@@ -141,8 +181,12 @@ impl ZkSession {
     }
 
     fn client(&self) -> Result<Client> {
-        lock(&self.client).clone().ok_or_else(|| Error::Closed {
-            session: self.id.clone(),
+        lock(&self.client).clone().ok_or_else(|| {
+            let session = self.id.clone();
+            match *self.state.borrow() {
+                SessionState::Lost => Error::SessionLost { session },
+                _ => Error::Closed { session },
+            }
         })
     }
 
@@ -166,6 +210,12 @@ impl ZkSession {
     /// deleted, so one attempt never holds two places in the queue. Errors are
     /// returned, never taken for "no node": the caller would create a second one.
     async fn find_attempt(&self, client: &Client, dir: &str, attempt: &str) -> Result<Option<(String, i64, i32)>> {
+        // After a lost answer the client may have reconnected to a member that
+        // has not applied the create yet: catch it up with the leader first.
+        match client.sync(dir).await {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(error) => return Err(self.err(error)),
+        }
         let mine: Vec<Contender> = self
             .children(client, dir)
             .await?
@@ -494,8 +544,8 @@ impl BackendSession for ZkSession {
         }
         let client = self.client()?;
         let sent = Instant::now();
-        match client.check_stat("/").await {
-            Ok(_) => self.liveness.confirm(sent),
+        match client.sync("/").await {
+            Ok(()) => self.liveness.confirm(sent),
             Err(error) => return Err(self.err(error)),
         }
         Ok(*self.state.borrow())
@@ -513,10 +563,11 @@ impl BackendSession for ZkSession {
 }
 
 /// A request in flight that confirms the session: its send time and answer.
-type Ping = std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<Option<Stat>, ZkError>> + Send>>;
+type Ping = std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<(), ZkError>> + Send>>;
 
-/// Keeps the session's state: a confirming request (an `exists` on `/`) every
-/// `interval`, whose answer moves the confirmation to its send time; `Lost`
+/// Keeps the session's state: a confirming request (a `sync`, which goes
+/// through the leader) every `interval`, whose answer moves the confirmation
+/// forward (see [`Liveness`]); `Lost`
 /// once the loss deadline passes from the last confirmation (whatever the
 /// client library reports, which under a silent partition comes only after its
 /// own connection timeout); `Suspended` while a confirmation is overdue or the
@@ -598,7 +649,8 @@ async fn track(
                 SessionState::advance(&state, SessionState::Suspended);
             }
             () = tokio::time::sleep_until(next_ping), if idle => {
-                ping = Some((Instant::now(), Box::pin(client.check_stat("/"))));
+                let confirming = client.clone();
+                ping = Some((Instant::now(), Box::pin(async move { confirming.sync("/").await })));
             }
         }
     };

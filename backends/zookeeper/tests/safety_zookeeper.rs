@@ -273,7 +273,7 @@ async fn a_dropped_guard_is_removed_after_an_outage() {
     let session = client
         .session_with(
             SessionOptions::new()
-                .with_ttl(Duration::from_secs(20))
+                .with_ttl(Duration::from_secs(30))
                 .with_request_timeout(Duration::from_secs(1)),
         )
         .await

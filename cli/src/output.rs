@@ -1,0 +1,106 @@
+//! What `lockline` writes: the held key on standard output and diagnostics on
+//! standard error.
+//!
+//! Both are written by a thread of their own, fed through a bounded queue, so
+//! that nothing `lockline` does for the lock or the command ever waits on, or
+//! depends on, its output: a closed pipe, a full disk (`/dev/full`) or a
+//! reader that stopped reading costs at most the lines that could not be
+//! written. Write errors are ignored (a failure to print the key is reported
+//! on standard error); lines that find the queue full are dropped.
+
+use std::fmt;
+use std::io::{self, Write};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// How many lines may wait for the writer before new ones are dropped.
+const QUEUE: usize = 64;
+
+enum Line {
+    /// The held key, for standard output.
+    Key(String),
+    /// A diagnostic, for standard error.
+    Diagnostic(String),
+    /// Answers once every line queued before it has been written (or failed).
+    Flush(SyncSender<()>),
+}
+
+/// The queue to the writer thread; `None` when the thread could not start,
+/// and output is then dropped.
+static WRITER: OnceLock<Option<SyncSender<Line>>> = OnceLock::new();
+
+fn writer() -> Option<&'static SyncSender<Line>> {
+    WRITER
+        .get_or_init(|| {
+            let (lines, queue) = mpsc::sync_channel(QUEUE);
+            std::thread::Builder::new()
+                .name("lockline-output".into())
+                .spawn(move || write_lines(&queue))
+                .ok()?;
+            Some(lines)
+        })
+        .as_ref()
+}
+
+fn send(line: Line) {
+    if let Some(writer) = writer() {
+        // Full (the writer is stuck) or gone: the line is dropped.
+        let _ = writer.try_send(line);
+    }
+}
+
+/// Queues `key` for standard output, never waiting.
+pub(crate) fn key(key: &str) {
+    send(Line::Key(key.to_owned()));
+}
+
+/// Queues a diagnostic line for standard error, never waiting; `note!` calls
+/// it.
+pub(crate) fn diagnostic(text: fmt::Arguments<'_>) {
+    send(Line::Diagnostic(text.to_string()));
+}
+
+/// Waits at most `within` for the lines queued so far to be written, so that
+/// they are not cut off by the exit.
+pub(crate) fn finish(within: Duration) {
+    // Nothing was ever written: there is no writer to wait for.
+    let Some(Some(writer)) = WRITER.get() else {
+        return;
+    };
+    let (done, flushed) = mpsc::sync_channel(1);
+    if writer.try_send(Line::Flush(done)).is_ok() {
+        let _ = flushed.recv_timeout(within);
+    }
+}
+
+/// The writer thread: writes each line, ignoring failures.
+fn write_lines(queue: &Receiver<Line>) {
+    for line in queue {
+        match line {
+            Line::Key(key) => {
+                let mut stdout = io::stdout().lock();
+                if let Err(error) = writeln!(stdout, "{key}").and_then(|()| stdout.flush()) {
+                    let _ = writeln!(
+                        io::stderr().lock(),
+                        "lockline: cannot print the held key {key} on standard output: {error}"
+                    );
+                }
+            }
+            Line::Diagnostic(text) => {
+                let _ = writeln!(io::stderr().lock(), "{text}");
+            }
+            Line::Flush(done) => {
+                let _ = done.try_send(());
+            }
+        }
+    }
+}
+
+/// Writes a diagnostic line on standard error through the output thread;
+/// never waits, never fails, never panics.
+macro_rules! note {
+    ($($arg:tt)*) => {
+        $crate::output::diagnostic(format_args!($($arg)*))
+    };
+}
