@@ -1,4 +1,5 @@
-//! The nemesis: one fault at a time, on a seeded schedule. Between faults it
+//! The nemesis: one fault at a time, on a seeded schedule that deals every
+//! kind once per round, in a shuffled order. Between faults it
 //! waits a random 0.5–2 s, and after each fault it waits (on the history, not a
 //! timer) for the next grant, so that recoveries are measured one by one.
 
@@ -144,10 +145,18 @@ impl<'a> Nemesis<'a> {
     /// Injects faults until `duration` has passed, then leaves everything healed.
     pub fn run(&mut self, duration: Duration) {
         let until = Instant::now() + duration;
+        let mut deck: Vec<FaultKind> = Vec::new();
         while Instant::now() < until {
             thread::sleep(self.rng.millis(500, 2000));
             self.reap();
-            let kind = self.kinds[self.rng.below(self.kinds.len())];
+            // Kinds are dealt from a shuffled deck: every kind once per round.
+            if deck.is_empty() {
+                deck = self.kinds.clone();
+                for i in (1..deck.len()).rev() {
+                    deck.swap(i, self.rng.below(i + 1));
+                }
+            }
+            let Some(kind) = deck.pop() else { return };
             let Some(started) = self.inject(kind) else { continue };
             // Await the next grant (bounded), so that faults do not pile up.
             let granted = self
