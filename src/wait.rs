@@ -96,6 +96,9 @@ impl Acquire<'_> {
         } else {
             None
         };
+        // The session may have ended while this task waited for its turn in
+        // the same-session queue.
+        inner.check_usable()?;
         let attempt = uuid::Uuid::new_v4().simple().to_string();
         let mut pending = PendingEntry {
             session: inner,
@@ -181,6 +184,12 @@ impl Acquire<'_> {
                 return Err(Error::mixed_recipes(self.name, self.kind, other));
             }
             let Some(blocker) = self.rule.blocker(&nearest) else {
+                // Never a grant on a session that is over: the server may
+                // already have handed its entries' places to others.
+                let state = inner.state();
+                if state.is_over() {
+                    return Err(inner.over_error(state));
+                }
                 return Ok(true);
             };
             if let Some(orphan) = inner.orphan(blocker) {

@@ -159,6 +159,16 @@ impl EtcdSession {
         Ok(())
     }
 
+    /// The create revision of an entry of this session under `key` made by
+    /// another attempt of the same kind (a leftover whose removal is pending).
+    fn stale_entry(&self, key: &str, attempt: &str) -> Option<i64> {
+        let claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
+        claims
+            .get(key)
+            .filter(|claim| claim.attempt != attempt)
+            .and_then(|claim| claim.order)
+    }
+
     /// Records the entry an attempt's claim stands for.
     fn claimed_entry(&self, attempt: &str, entry: &Entry) {
         let mut claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
@@ -236,84 +246,28 @@ impl BackendSession for EtcdSession {
     /// finds its own key).
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
         let key = layout::key(request.dir, request.kind, &self.id, request.attempt);
-        self.claim(&key, request)?;
-        let abandoned = layout::abandoned(&self.id, request.attempt);
-        // Right after my put my key is the newest under the prefix, so the
-        // newest conflicting keys (one more than asked, mine may be among them)
-        // are exactly the nearest earlier ones, unless keys of other locks
-        // nested under the prefix take some of the room (then the core asks
-        // `earlier`, which reads on).
-        let nearest_prefix = layout::conflict_prefix(request.dir, request.conflicts);
-        let newest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(
-                i64::try_from(layout::page(request.conflicts, request.nearest).saturating_add(1)).unwrap_or(i64::MAX),
+        // An earlier entry of this session under the same key whose removal has
+        // not finished (a guard dropped while the server was unreachable) is
+        // no retry of this attempt and must never be taken for its entry:
+        // remove it first (fenced on its revision). A failure leaves the old
+        // claim in place, so a retry of this append does the same.
+        if let Some(order) = self.stale_entry(&key, request.attempt) {
+            let stale = Entry {
+                key: key.clone(),
+                kind: request.kind,
+                order,
+                token: lockline::FencingToken::new(u64::try_from(order).unwrap_or(0)),
+                owner: Some(self.id.clone()),
+            };
+            tracing::debug!(
+                key,
+                order,
+                "removing this session's own leftover entry before appending"
             );
-        let put = TxnOp::put(
-            key.clone(),
-            request.value.to_vec(),
-            Some(PutOptions::new().with_lease(self.lease)),
-        );
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                // An append that reaches the server after its attempt was
-                // abandoned (another path, a slow member) creates nothing.
-                Compare::create_revision(abandoned.clone(), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                put,
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(nearest_prefix, Some(newest)),
-            ])
-            .or_else([
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(abandoned, Some(GetOptions::new().with_count_only())),
-            ]);
-        let response = self.txn(txn).await?;
-        let ops = response.op_responses();
-        let (mine, newest) = if response.succeeded() {
-            (get_response(ops.get(1))?, Some(get_response(ops.get(2))?))
-        } else {
-            if get_response(ops.get(1))?.count() > 0 {
-                return Err(Error::backend(
-                    BACKEND,
-                    format!(
-                        "acquire attempt {} on {:?} was already abandoned",
-                        request.attempt, request.dir
-                    ),
-                ));
-            }
-            // My key already existed (a retry after a lost answer): keys newer
-            // than mine may exist too, so the core asks `earlier`.
-            (get_response(ops.first())?, None)
-        };
-        let entry = mine
-            .kvs()
-            .first()
-            .and_then(|kv| layout::entry(request.dir, kv))
-            .ok_or_else(|| Error::LockLost { key: key.clone() })?;
-        if mine.kvs().first().map(|kv| kv.lease()) != Some(self.lease) {
-            return Err(Error::backend(
-                BACKEND,
-                format!("key {key:?} exists with another lease; refusing to share it"),
-            ));
+            self.remove(&stale).await?;
         }
-        self.claimed_entry(request.attempt, &entry);
-        let nearest = newest.and_then(|newest| {
-            let mut nearest: Vec<Entry> = Self::entries(request.dir, newest)
-                .into_iter()
-                .filter(|e| e.order < entry.order && request.conflicts.includes(e.kind))
-                .collect();
-            if nearest.len() < request.nearest && newest.more() {
-                // Other locks' keys filled the page: the answer is incomplete.
-                return None;
-            }
-            nearest.truncate(request.nearest);
-            Some(nearest)
-        });
-        Ok(Appended { entry, nearest })
+        self.claim(&key, request)?;
+        self.append_once(request, &key).await
     }
 
     /// One round trip: confirm my key is still the same entry and read the
@@ -558,6 +512,91 @@ impl BackendSession for EtcdSession {
 }
 
 impl EtcdSession {
+    /// One round trip: if my key does not exist (and this attempt was not
+    /// abandoned), create it with my lease and read it back with the nearest
+    /// earlier conflicting keys; else read it (a retry after a lost response
+    /// finds its own key).
+    async fn append_once(&self, request: &AppendRequest<'_>, key: &str) -> Result<Appended> {
+        let key = key.to_owned();
+        let abandoned = layout::abandoned(&self.id, request.attempt);
+        // Right after my put my key is the newest under the prefix, so the
+        // newest conflicting keys (one more than asked, mine may be among them)
+        // are exactly the nearest earlier ones, unless keys of other locks
+        // nested under the prefix take some of the room (then the core asks
+        // `earlier`, which reads on).
+        let nearest_prefix = layout::conflict_prefix(request.dir, request.conflicts);
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(
+                i64::try_from(layout::page(request.conflicts, request.nearest).saturating_add(1)).unwrap_or(i64::MAX),
+            );
+        let put = TxnOp::put(
+            key.clone(),
+            request.value.to_vec(),
+            Some(PutOptions::new().with_lease(self.lease)),
+        );
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                // An append that reaches the server after its attempt was
+                // abandoned (another path, a slow member) creates nothing.
+                Compare::create_revision(abandoned.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                put,
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(nearest_prefix, Some(newest)),
+            ])
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(abandoned, Some(GetOptions::new().with_count_only())),
+            ]);
+        let response = self.txn(txn).await?;
+        let ops = response.op_responses();
+        let (mine, newest) = if response.succeeded() {
+            (get_response(ops.get(1))?, Some(get_response(ops.get(2))?))
+        } else {
+            if get_response(ops.get(1))?.count() > 0 {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!(
+                        "acquire attempt {} on {:?} was already abandoned",
+                        request.attempt, request.dir
+                    ),
+                ));
+            }
+            // My key already existed (a retry after a lost answer): keys newer
+            // than mine may exist too, so the core asks `earlier`.
+            (get_response(ops.first())?, None)
+        };
+        let entry = mine
+            .kvs()
+            .first()
+            .and_then(|kv| layout::entry(request.dir, kv))
+            .ok_or_else(|| Error::LockLost { key: key.clone() })?;
+        if mine.kvs().first().map(|kv| kv.lease()) != Some(self.lease) {
+            return Err(Error::backend(
+                BACKEND,
+                format!("key {key:?} exists with another lease; refusing to share it"),
+            ));
+        }
+        self.claimed_entry(request.attempt, &entry);
+        let nearest = newest.and_then(|newest| {
+            let mut nearest: Vec<Entry> = Self::entries(request.dir, newest)
+                .into_iter()
+                .filter(|e| e.order < entry.order && request.conflicts.includes(e.kind))
+                .collect();
+            if nearest.len() < request.nearest && newest.more() {
+                // Other locks' keys filled the page: the answer is incomplete.
+                return None;
+            }
+            nearest.truncate(request.nearest);
+            Some(nearest)
+        });
+        Ok(Appended { entry, nearest })
+    }
+
     async fn exists(&self, entry: &Entry) -> Result<bool> {
         let response = self
             .client

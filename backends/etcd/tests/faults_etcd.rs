@@ -600,3 +600,45 @@ async fn waiters_on_an_isolated_member_move_to_a_healthy_one() {
     );
     cluster.rejoin(victim).expect("rejoin");
 }
+
+/// A session declared lost while one of its tasks waits in the same-session
+/// queue behind a dropped guard (whose removal could not reach the server):
+/// when the partition heals, before the server expires the lease, the waiting
+/// task must fail with `SessionLost`, never be granted the dropped guard's
+/// leftover key (its old token) as if it were its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_never_regrants_its_own_leftover() {
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let session = client
+        .session_with(options(6).with_request_timeout(Duration::from_secs(1)))
+        .await
+        .expect("session");
+    let mutex = session.mutex("regrant/lock").expect("mutex");
+    let first = mutex.lock().await.expect("lock");
+    let token = first.token();
+    proxy.blackhole();
+    // Queued in-process behind `first`, whose slot is handed on only once
+    // its entry is gone (or the session over).
+    let second = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.lock().await }
+    });
+    drop(first);
+    let state = bounded("the session is declared lost", session.lost()).await;
+    assert_eq!(state, SessionState::Lost);
+    // The server still has the lease (6 s TTL): let the requests through.
+    proxy.heal();
+    let outcome = bounded("the queued acquire ends", second).await.expect("task");
+    match outcome {
+        Err(Error::SessionLost { .. }) => {}
+        Ok(guard) => panic!(
+            "a lost session was granted {} with token {} (the dropped guard's was {token})",
+            guard.key(),
+            guard.token()
+        ),
+        Err(other) => panic!("expected SessionLost, got {other}"),
+    }
+}
