@@ -105,6 +105,7 @@ impl Hold {
                                 () = tokio::time::sleep(backoff) => {}
                             }
                             backoff = (backoff * 2).min(REWATCH_MAX_BACKOFF);
+                            inner.counters.bump(|c| &c.rewatches);
                             watch = watch_entry(&inner, &watched);
                         }
                     },

@@ -34,8 +34,13 @@ pub struct ClientStats {
     pub releases: u64,
     /// Entries of cancelled or failed acquires removed in the background.
     pub cleanups: u64,
-    /// Background removals that failed after every retry (each is logged).
+    /// Background removals that failed five times in a row (each is logged
+    /// as a warning); they go on being retried until the entry is gone or the
+    /// session is over.
     pub cleanup_failures: u64,
+    /// Watches on held entries re-opened after they failed (a server down or
+    /// unreachable). Re-watching backs off, from 100 ms doubling to 2 s.
+    pub rewatches: u64,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +54,7 @@ pub(crate) struct Counters {
     pub(crate) releases: AtomicU64,
     pub(crate) cleanups: AtomicU64,
     pub(crate) cleanup_failures: AtomicU64,
+    pub(crate) rewatches: AtomicU64,
 }
 
 impl Counters {
@@ -80,6 +86,7 @@ impl Counters {
             releases: get(&self.releases),
             cleanups: get(&self.cleanups),
             cleanup_failures: get(&self.cleanup_failures),
+            rewatches: get(&self.rewatches),
         }
     }
 }

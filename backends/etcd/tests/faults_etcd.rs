@@ -642,3 +642,35 @@ async fn a_lost_session_never_regrants_its_own_leftover() {
         Err(other) => panic!("expected SessionLost, got {other}"),
     }
 }
+
+/// A holder whose server is down re-watches its entry with capped backoff
+/// (100 ms doubling to 2 s), not every 100 ms: over 4 s of outage that is at
+/// most 6 re-watches (it was 40 before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_re_watches_with_backoff_while_the_server_is_down() {
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let session = client.session_with(options(30)).await.expect("session");
+    let guard = session
+        .mutex("rewatch/lock")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    proxy.block();
+    client.wait_for_stats(|s| s.rewatches >= 1).await;
+    let outage = Instant::now();
+    // The outage itself: a span of time, not an event to await.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let rewatches = client.stats().rewatches;
+    assert!(
+        rewatches <= 7,
+        "{rewatches} re-watches in {:?} of outage",
+        outage.elapsed()
+    );
+    proxy.unblock();
+    assert!(guard.is_held(), "a 4 s outage of a 30 s session lost the lock");
+    bounded("release", guard.release()).await.expect("release");
+}
