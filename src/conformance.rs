@@ -54,6 +54,18 @@ pub async fn bounded<T>(what: &str, step: impl Future<Output = T>) -> T {
     }
 }
 
+/// Waits until `condition` holds, probing every 5 ms, for at most [`BOUND`]:
+/// for state that has no event to await (a test proxy's byte counters,
+/// another process's files).
+pub async fn until(what: &str, condition: impl Fn() -> bool) {
+    bounded(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 async fn session<F: Fixture>(fixture: &F, client: &Client) -> Session {
     bounded("open a session", client.session_with(fixture.options()))
         .await

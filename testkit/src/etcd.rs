@@ -242,6 +242,30 @@ impl EtcdCluster {
             .arg("--command-timeout=5s");
         command
     }
+
+    /// Every key under `prefix` (`""` for the whole keyspace), read with
+    /// `etcdctl` from all members' endpoints.
+    ///
+    /// # Errors
+    ///
+    /// When `etcdctl` cannot be run or fails.
+    pub fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let out = self
+            .etcdctl(&self.endpoints())
+            .args(["get", "--prefix", "--keys-only", prefix])
+            .output()?;
+        if !out.status.success() {
+            return Err(Error::other(format!(
+                "etcdctl get --prefix {prefix:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
 }
 
 fn health(port: u16) -> bool {

@@ -160,12 +160,15 @@ impl EtcdSession {
     }
 
     /// The create revision of an entry of this session under `key` made by
-    /// another attempt of the same kind (a leftover whose removal is pending).
-    fn stale_entry(&self, key: &str, attempt: &str) -> Option<i64> {
+    /// another attempt of the same kind: a leftover whose removal is pending
+    /// (the core's same-session queue lets a new attempt of one name and kind
+    /// start only once the previous entry is gone or being removed). Another
+    /// kind's entry under the key is refused by [`claim`](Self::claim).
+    fn stale_entry(&self, key: &str, request: &AppendRequest<'_>) -> Option<i64> {
         let claims = self.shared_keys.lock().unwrap_or_else(PoisonError::into_inner);
         claims
             .get(key)
-            .filter(|claim| claim.attempt != attempt)
+            .filter(|claim| claim.attempt != request.attempt && claim.kind == request.kind)
             .and_then(|claim| claim.order)
     }
 
@@ -251,7 +254,7 @@ impl BackendSession for EtcdSession {
         // no retry of this attempt and must never be taken for its entry:
         // remove it first (fenced on its revision). A failure leaves the old
         // claim in place, so a retry of this append does the same.
-        if let Some(order) = self.stale_entry(&key, request.attempt) {
+        if let Some(order) = self.stale_entry(&key, request) {
             let stale = Entry {
                 key: key.clone(),
                 kind: request.kind,

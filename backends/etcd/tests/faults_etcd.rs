@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::{bounded, spawn_queued, suspend_and_revive, ExclusionWorkload};
+use lockline::conformance::{bounded, spawn_queued, suspend_and_revive, until, ExclusionWorkload};
 use lockline::{Client, Error, SessionOptions, SessionState};
 use lockline_etcd::Etcd;
 use lockline_testkit::{free_port, EtcdCluster};
@@ -195,17 +195,6 @@ async fn failing_keepalives_suspend_and_a_renewal_revives() {
         .expect("session");
     let guard = suspend_and_revive(&session, "suspend/lock", || proxy.block(), || proxy.unblock()).await;
     guard.release().await.expect("release");
-}
-
-/// Awaits a condition that only another thread (the proxy's) can change,
-/// probing every 5 ms up to [`lockline::conformance::BOUND`].
-async fn until(what: &str, condition: impl Fn() -> bool) {
-    bounded(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }
 
 /// An acquire cancelled while its append is on its way leaves no key, even

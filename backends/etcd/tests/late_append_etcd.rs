@@ -7,19 +7,10 @@
 
 use std::time::Duration;
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, until};
 use lockline::{Client, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
-
-async fn until(what: &str, condition: impl Fn() -> bool) {
-    bounded(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-}
 
 #[derive(Clone, Copy, Debug)]
 enum How {
@@ -129,7 +120,7 @@ async fn late_first_append(how: How, kind: &str) {
         HeldBy::Leader(g) => g.resign().await.expect("resign"),
     }
     holder.close().await.expect("close");
-    let left: Vec<String> = cluster_keys(&cluster, &name);
+    let left = cluster.keys(&name).expect("keys");
     assert_eq!(
         count().await,
         0,
@@ -142,19 +133,6 @@ enum HeldBy {
     Write(lockline::WriteGuard),
     Permit(lockline::Permit),
     Leader(lockline::Leadership),
-}
-
-fn cluster_keys(cluster: &EtcdCluster, name: &str) -> Vec<String> {
-    let out = cluster
-        .etcdctl(&cluster.endpoints())
-        .args(["get", "--prefix", "--keys-only", name])
-        .output()
-        .expect("etcdctl");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

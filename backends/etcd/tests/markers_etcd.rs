@@ -1,25 +1,10 @@
 //! Markers of cancelled acquires stay out of every lock's way, and a reader
 //! is refused beside a semaphore permit of its name.
 
-use std::time::Duration;
-
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, until};
 use lockline::{Client, Error};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
-
-fn all_keys(cluster: &EtcdCluster) -> Vec<String> {
-    let out = cluster
-        .etcdctl(&cluster.endpoints())
-        .args(["get", "--prefix", "--keys-only", ""])
-        .output()
-        .expect("etcdctl");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
 
 /// An acquire of the nested lock `app/jobs` cancelled while its append is in
 /// flight leaves a marker that fences the late append; the marker lives in a
@@ -35,17 +20,12 @@ async fn abandoned_markers_never_block_etcdctl_lock_on_a_parent_name() {
     // The append is sent but held on its way: cancel the acquire meanwhile.
     proxy.set_requests_held(true);
     let acquire = tokio::spawn(async move { mutex.lock().await });
-    bounded("the append is on its way", async {
-        while proxy.held_request_bytes() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    until("the append is on its way", || proxy.held_request_bytes() > 0).await;
     acquire.abort();
     let _ = acquire.await;
     proxy.set_requests_held(false);
     bounded("background cleanup", session.flush()).await;
-    let keys = all_keys(&cluster);
+    let keys = cluster.keys("").expect("keys");
     let marker = keys
         .iter()
         .find(|k| k.starts_with("__lockline_abandoned__/"))

@@ -55,16 +55,7 @@ async fn outage(silent: bool) {
         "the outage was shorter than the loss deadline"
     );
     blocker.release().await.expect("release");
-    let out = cluster
-        .etcdctl(&cluster.endpoints())
-        .args(["get", "--prefix", "--keys-only", "outage"])
-        .output()
-        .expect("etcdctl");
-    let left: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let left = cluster.keys("outage").expect("keys");
     assert!(left.is_empty(), "left after a {}s outage: {left:?}", 4);
 }
 

@@ -9,14 +9,11 @@ use lockline_testkit::{free_port, TcpProxy, ZkEnsemble, ZkOptions};
 use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
 use lockline_zookeeper::ZooKeeper;
 
+mod support;
+use support::side_client;
+
 fn options(ttl_secs: u64) -> SessionOptions {
     SessionOptions::new().with_ttl(Duration::from_secs(ttl_secs))
-}
-
-async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
-    zk::Client::connect(&ensemble.connect_string())
-        .await
-        .expect("side client")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,24 +11,8 @@ use lockline_testkit::{TcpProxy, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
 use lockline_zookeeper::ZooKeeper;
 
-/// ZooKeeper opcodes, for losing the answers to chosen requests.
-const CREATE: &[i32] = &[1, 15, 19, 21];
-const EXISTS: &[i32] = &[3];
-const LIST: &[i32] = &[8, 12];
-
-async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
-    zk::Client::connect(&ensemble.connect_string())
-        .await
-        .expect("side client")
-}
-
-async fn children(side: &zk::Client, dir: &str) -> Vec<String> {
-    match side.list_children(dir).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(error) => panic!("list {dir}: {error}"),
-    }
-}
+mod support;
+use support::{children, side_client, CREATE, EXISTS, LIST};
 
 /// One holder behind a proxy that goes silent, one waiter on a direct
 /// connection: returns (holder's `lost()` after the cut, waiter's grant after

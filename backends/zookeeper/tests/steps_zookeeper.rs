@@ -11,31 +11,13 @@ use lockline_testkit::{TcpProxy, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
 
-const CREATE: &[i32] = &[1, 15, 19, 21];
-const DELETE: &[i32] = &[2];
-const EXISTS: &[i32] = &[3];
-const LIST: &[i32] = &[8, 12];
+mod support;
+use support::{children, side_client, CREATE, DELETE, EXISTS, LIST};
+
 /// ZooKeeper's "operation timeout" error code: the request was applied, the
 /// client is told it failed.
 const OPERATION_TIMEOUT: i32 = -7;
 const CONNECTION_LOSS: i32 = -4;
-
-async fn side_client(ensemble: &ZkEnsemble) -> zk::Client {
-    zk::Client::connect(&ensemble.connect_string())
-        .await
-        .expect("side client")
-}
-
-async fn children(side: &zk::Client, dir: &str) -> Vec<String> {
-    match side.list_children(dir).await {
-        Ok(mut children) => {
-            children.sort();
-            children
-        }
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(error) => panic!("list {dir}: {error}"),
-    }
-}
 
 fn options() -> SessionOptions {
     SessionOptions::new()
