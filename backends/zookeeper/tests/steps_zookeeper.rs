@@ -1,5 +1,5 @@
 //! A fault injected at each step of acquire / wait / release / cancel
-//! on ZooKeeper. After everything settles, no node of the attacked session may
+//! on ZooKeeper. After everything settles, no node of the faulted session may
 //! be left in the lock directory, one attempt never holds two nodes, and the
 //! lock is not wedged.
 
@@ -48,7 +48,7 @@ async fn mkdir(side: &zk::Client, dir: &str) {
     }
 }
 
-/// Asserts that, once the attacked session's background work is done, the
+/// Asserts that, once the faulted session's background work is done, the
 /// directory holds nothing but `allowed`.
 async fn settled(session: &lockline::Session, side: &zk::Client, dir: &str, allowed: &[String]) {
     bounded("background work", session.flush()).await;
