@@ -68,3 +68,38 @@ async fn dropped_guards_and_cancelled_acquires_during_a_reset_outage() {
 async fn dropped_guards_and_cancelled_acquires_during_a_silent_outage() {
     outage(true).await;
 }
+
+/// A guard dropped while the server is unreachable for longer than five
+/// failed tries of its removal is still removed when the server comes back,
+/// before the session's own end (background cleanup has no attempt limit),
+/// and the same session takes the lock again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_guard_is_removed_after_an_outage_longer_than_five_tries() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let session = client
+        .session_with(
+            SessionOptions::new()
+                .with_ttl(Duration::from_secs(30))
+                .with_request_timeout(Duration::from_secs(1)),
+        )
+        .await
+        .expect("session");
+    let guard = session.mutex("outage/long").unwrap().lock().await.unwrap();
+    proxy.block();
+    drop(guard);
+    // Five removals have failed by now.
+    client.wait_for_stats(|s| s.cleanup_failures >= 1).await;
+    // The outage goes on a little longer, far short of the 24 s loss deadline.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.unblock();
+    bounded("background cleanup", session.flush()).await;
+    assert_ne!(session.state(), SessionState::Lost);
+    let left = cluster.keys("outage/long").expect("keys");
+    assert!(left.is_empty(), "the dropped guard's key outlived the outage: {left:?}");
+    let again = bounded("the same session again", session.mutex("outage/long").unwrap().lock())
+        .await
+        .expect("lock");
+    again.release().await.expect("release");
+}
