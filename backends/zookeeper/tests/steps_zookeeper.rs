@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, until};
 use lockline::{Client, Error, SessionOptions};
 use lockline_testkit::{TcpProxy, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client as zk;
@@ -52,7 +52,6 @@ async fn mkdir(side: &zk::Client, dir: &str) {
 /// directory holds nothing but `allowed`.
 async fn settled(session: &lockline::Session, side: &zk::Client, dir: &str, allowed: &[String]) {
     bounded("background work", session.flush()).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let left: Vec<String> = children(side, dir)
         .await
         .into_iter()
@@ -75,7 +74,7 @@ async fn lost_exists_watch_while_waiting() {
     let mutex = session.mutex("atk/exists").unwrap();
     let waiting = tokio::spawn(async move { mutex.lock().await });
     client.wait_for_stats(|s| s.waits >= 1).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until("the three answers are lost", || proxy.zk_losses_pending() == 0).await;
     let nodes = children(&side, "/atk/exists").await;
     assert_eq!(nodes.len(), 2, "{nodes:?}");
     guard.release().await.unwrap();
@@ -265,7 +264,7 @@ async fn rwlock_and_semaphore_lost_steps() {
     // A writer on the proxied session: its create answer lost, then cancelled.
     let rw = session.rwlock("atk/rw").unwrap();
     let write = tokio::spawn(async move { rw.write().await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until("the writer's create answer is lost", || proxy.zk_losses_pending() == 0).await;
     write.abort();
     let _ = write.await;
     drop(read);
@@ -293,15 +292,17 @@ async fn reacquire_after_drop_during_outage() {
     let side = side_client(&ensemble).await;
     let client = Client::new(ZooKeeper::new(proxy.address()));
     let session = client.session_with(options()).await.expect("session");
-    let other = direct(&ensemble).await;
+    let other_client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    let other = other_client.session_with(options()).await.expect("session");
     let guard = session.mutex("atk/again").unwrap().lock().await.unwrap();
     let mutex = other.mutex("atk/again").unwrap();
     let waiter = tokio::spawn(async move { mutex.lock().await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    other_client.wait_for_stats(|s| s.waits >= 1).await;
     proxy.blackhole();
     drop(guard);
     let m = session.mutex("atk/again").unwrap();
     let again = tokio::spawn(async move { m.lock().await });
+    // The outage: a span of time (3 s, short of the loss deadline).
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.heal();
     let started = Instant::now();
