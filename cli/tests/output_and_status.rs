@@ -161,28 +161,28 @@ fn an_unwritable_stdout_still_runs_the_command_and_releases() {
 #[test]
 fn a_lock_lost_while_stopping_after_sigterm_exits_3() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let mut child = lockline(
-        &cluster,
-        &[
-            "--kill-after",
-            "3",
-            "out/stop-lost",
-            "sh",
-            "-c",
-            "trap '' TERM; sleep 300",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit())
-    .spawn()
-    .expect("spawn");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (started, termed) = (dir.path().join("started"), dir.path().join("termed"));
+    // The shell notes SIGTERM and runs on (its `sleep`s die of it); only
+    // SIGKILL, after the 3 s grace, ends it.
+    let script = format!(
+        "trap 'echo $$ > {}' TERM; echo $$ > {}; while :; do sleep 1; done",
+        termed.display(),
+        started.display()
+    );
+    let mut child = lockline(&cluster, &["--kill-after", "3", "out/stop-lost", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn");
     let mut key = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut key)
         .expect("key");
-    std::thread::sleep(Duration::from_millis(300));
+    read_pid(&started);
     send(&child, libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(500));
+    // lockline is stopping the group: the command has had its SIGTERM.
+    read_pid(&termed);
     revoke(&cluster, key.trim());
     let status = wait(&mut child, Duration::from_secs(15));
     assert_eq!(
@@ -198,26 +198,24 @@ fn a_lock_lost_while_stopping_after_sigterm_exits_3() {
 #[test]
 fn a_lock_lost_while_stopping_leftovers_exits_3() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let mut child = lockline(
-        &cluster,
-        &[
-            "--kill-after",
-            "3",
-            "out/left-lost",
-            "sh",
-            "-c",
-            "(trap '' TERM; sleep 300) & sleep 0.5; exit 7",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit())
-    .spawn()
-    .expect("spawn");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let termed = dir.path().join("termed");
+    // The background job notes SIGTERM and runs on until SIGKILL.
+    let script = format!(
+        "(trap 'echo $$ > {}' TERM; while :; do sleep 1; done) & sleep 0.5; exit 7",
+        termed.display()
+    );
+    let mut child = lockline(&cluster, &["--kill-after", "3", "out/left-lost", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn");
     let mut key = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut key)
         .expect("key");
-    std::thread::sleep(Duration::from_millis(1500));
+    // The command has exited and lockline is stopping what it left behind.
+    read_pid(&termed);
     revoke(&cluster, key.trim());
     let status = wait(&mut child, Duration::from_secs(15));
     assert_eq!(
@@ -251,7 +249,7 @@ fn a_lost_lock_with_a_closed_stderr_stops_the_group_and_exits_3() {
     let bg = read_pid(&bg);
     revoke(&cluster, key.trim());
     let status = wait(&mut child, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(500));
+    // lockline returns only once no member of the group still runs.
     let survived = running(bg);
     // SAFETY: kill(2) of a process this test started.
     unsafe { libc::kill(bg, libc::SIGKILL) };
