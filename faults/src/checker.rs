@@ -375,6 +375,9 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                     ));
                 }
             }
+            // A fault whose recovery window outlasts the run cannot be
+            // judged: the contenders were stopped before the bound ran out.
+            None if from.saturating_add(bounds.recovery) > bounds.stop => {}
             None => report.violations.push(format!(
                 "no grant after {} {} at {:.3}s",
                 fault.kind,
@@ -574,6 +577,34 @@ mod tests {
         assert_eq!(report.violations, Vec::<String>::new(), "{report}");
         assert_eq!((report.overlaps_raw, report.overlaps_fenced), (1, 1));
         assert_eq!(report.worst_recovery.map(|(s, _)| s.round()), Some(3.0));
+    }
+
+    #[test]
+    fn a_fault_whose_recovery_window_outlasts_the_run_is_not_judged() {
+        let events = vec![
+            grant(S, 0, 10),
+            ev(
+                2 * S,
+                0,
+                What::Release {
+                    token: 10,
+                    dropped: false,
+                },
+            ),
+        ];
+        let fault = |start| Fault {
+            kind: FaultKind::KillMember,
+            target: "n1".into(),
+            holder: None,
+            start,
+            end: Some(start + 1),
+        };
+        // Three seconds before the end, with an 8 s bound: not judged.
+        let late = check(&events, &[], &[fault(3 * S)], bounds(6 * S));
+        assert!(!late.violations.iter().any(|v| v.starts_with("no grant")), "{late}");
+        // Long enough before the end: judged.
+        let early = check(&events, &[], &[fault(3 * S)], bounds(20 * S));
+        assert!(early.violations.iter().any(|v| v.starts_with("no grant")), "{early}");
     }
 
     #[test]
