@@ -81,6 +81,39 @@ pub enum Error {
         source: Option<BoxError>,
     },
 
+    /// The server refused the credentials the backend was configured with: a
+    /// wrong etcd user name or password, a ZooKeeper SASL login or `addauth`
+    /// the server rejected. Returned at once and never retried: the same
+    /// credentials will be refused again. The message never holds a password.
+    ///
+    /// A TLS handshake failure (wrong CA, missing or expired client
+    /// certificate, plain text against a TLS port) is not this error but
+    /// [`Error::Unavailable`], whose message says TLS: on the wire it cannot be
+    /// told apart from a server that is not there.
+    #[error("{backend} authentication failed: {reason}")]
+    AuthenticationFailed {
+        /// The backend's name (`etcd`, `zookeeper`).
+        backend: &'static str,
+        /// What the server said, with the user name when there is one.
+        reason: String,
+    },
+
+    /// The server refused an operation because the session's identity has no
+    /// right to it: an etcd role without read-write on the key's prefix, a
+    /// ZooKeeper node whose ACL does not grant this identity. Returned at once
+    /// and never retried; an acquire refused this way leaves no entry behind.
+    #[error("{backend} permission denied: cannot {operation} {key:?}: {reason}")]
+    PermissionDenied {
+        /// The backend's name (`etcd`, `zookeeper`).
+        backend: &'static str,
+        /// What was refused, as a verb phrase (`queue on`, `read`, `delete`).
+        operation: &'static str,
+        /// The key, path or prefix the operation was on.
+        key: String,
+        /// What the server said.
+        reason: String,
+    },
+
     /// Any other error reported by a backend.
     #[error("{backend} backend error")]
     Backend {

@@ -15,6 +15,7 @@ mod rwlock;
 mod semaphore;
 mod session;
 mod stats;
+mod tls;
 mod token;
 mod wait;
 
@@ -33,6 +34,7 @@ pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use session::Session;
 pub use stats::ClientStats;
+pub use tls::Tls;
 pub use token::FencingToken;
 
 /// Re-exported so backends and users name the same `async_trait`.

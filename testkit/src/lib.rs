@@ -22,6 +22,7 @@ mod lines;
 mod peers;
 mod process;
 mod proxy;
+mod tls;
 mod zookeeper;
 
 pub use bench::BenchArgs;
@@ -29,6 +30,7 @@ pub use etcd::EtcdCluster;
 pub use lines::LineChild;
 pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::TcpProxy;
+pub use tls::{openssl_installed, Issued, TestCa};
 pub use zookeeper::{ZkEnsemble, ZkOptions};
 
 /// Errors of the harness: what failed and why, with the server's log tail.
