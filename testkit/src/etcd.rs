@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use std::path::PathBuf;
+
 use crate::peers::{member_ids, PeerNet};
 use crate::process::{exchange, free_port, Member};
+use crate::tls::{Issued, TestCa};
 use crate::Result;
 
 pub(crate) const ETCD: &str = "/usr/bin/etcd";
@@ -18,8 +21,20 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct EtcdCluster {
     members: Vec<Member>,
     client_ports: Vec<u16>,
+    /// Where `/health` is served: the client ports, or plain-text metrics
+    /// ports when the client ports speak TLS only.
+    health_ports: Vec<u16>,
     peers: Option<PeerNet>,
+    tls: Option<TlsFiles>,
     dir: TempDir,
+}
+
+/// The certificates of a cluster started with [`EtcdCluster::start_tls`].
+#[derive(Debug, Clone)]
+struct TlsFiles {
+    ca: PathBuf,
+    /// A client certificate for `etcdctl` (common name `root`).
+    ctl: Issued,
 }
 
 impl fmt::Debug for EtcdCluster {
@@ -49,9 +64,26 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start).
     pub fn start_cluster(size: usize) -> Result<Self> {
-        Self::start_with(size, false)
+        Self::start_with(size, false, None)
     }
 
+    /// Starts a one-member cluster whose client port speaks TLS only
+    /// (`https://`), with a server certificate issued by `ca`. With
+    /// `client_cert_auth` the server also demands a client certificate signed
+    /// by `ca` (`--client-cert-auth --trusted-ca-file`), as Kubernetes' etcd
+    /// does. Health is probed on a plain-text metrics port.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), or when the certificates cannot be made.
+    pub fn start_tls(ca: &TestCa, client_cert_auth: bool) -> Result<Self> {
+        let server = ca.server("etcd")?;
+        let files = TlsFiles {
+            ca: ca.cert().to_owned(),
+            ctl: ca.client("root")?,
+        };
+        Self::start_with(1, false, Some((server, files, client_cert_auth)))
+    }
     /// Starts a cluster of `size` members whose peer traffic passes through
     /// one proxy per member, so that [`isolate`](Self::isolate) can cut a
     /// member off from the others while its clients still reach it.
@@ -60,7 +92,7 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start), or when the members' ids cannot be read.
     pub fn start_isolatable(size: usize) -> Result<Self> {
-        Self::start_with(size, true)
+        Self::start_with(size, true, None)
     }
 
     /// Cuts member `i` off from the other members (a network partition
@@ -91,10 +123,10 @@ impl EtcdCluster {
             .ok_or_else(|| Error::other("the cluster was not started with peer proxies"))
     }
 
-    fn start_with(size: usize, isolatable: bool) -> Result<Self> {
+    fn start_with(size: usize, isolatable: bool, tls: Option<(Issued, TlsFiles, bool)>) -> Result<Self> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start(size, isolatable) {
+            match Self::try_start(size, isolatable, tls.clone()) {
                 Ok(cluster) => return Ok(cluster),
                 Err(error) => last = Some(error),
             }
@@ -102,7 +134,7 @@ impl EtcdCluster {
         Err(last.unwrap_or_else(|| Error::other("etcd did not start")))
     }
 
-    fn try_start(size: usize, isolatable: bool) -> Result<Self> {
+    fn try_start(size: usize, isolatable: bool, tls: Option<(Issued, TlsFiles, bool)>) -> Result<Self> {
         if size == 0 {
             return Err(Error::other("a cluster needs at least one member"));
         }
@@ -111,6 +143,8 @@ impl EtcdCluster {
         for _ in 0..size {
             ports.push((free_port()?, free_port()?));
         }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut health_ports = Vec::new();
         let peers = if isolatable {
             let real: Vec<u16> = ports.iter().map(|(_, peer)| *peer).collect();
             Some(PeerNet::start(&real)?)
@@ -132,15 +166,15 @@ impl EtcdCluster {
         for (i, (client, peer)) in ports.iter().enumerate() {
             let name = format!("n{}", i + 1);
             let data = dir.path().join(&name);
-            let args = vec![
+            let mut args: Vec<String> = vec![
                 "--name".into(),
                 name.clone(),
                 "--data-dir".into(),
                 data.display().to_string(),
                 "--listen-client-urls".into(),
-                format!("http://127.0.0.1:{client}"),
+                format!("{scheme}://127.0.0.1:{client}"),
                 "--advertise-client-urls".into(),
-                format!("http://127.0.0.1:{client}"),
+                format!("{scheme}://127.0.0.1:{client}"),
                 "--listen-peer-urls".into(),
                 format!("http://127.0.0.1:{peer}"),
                 "--initial-advertise-peer-urls".into(),
@@ -161,6 +195,28 @@ impl EtcdCluster {
                 "--log-level".into(),
                 "warn".into(),
             ];
+            match &tls {
+                Some((server, files, client_cert_auth)) => {
+                    let metrics = free_port()?;
+                    health_ports.push(metrics);
+                    args.extend([
+                        "--cert-file".into(),
+                        server.cert.display().to_string(),
+                        "--key-file".into(),
+                        server.key.display().to_string(),
+                        "--listen-metrics-urls".into(),
+                        format!("http://127.0.0.1:{metrics}"),
+                    ]);
+                    if *client_cert_auth {
+                        args.extend([
+                            "--client-cert-auth".into(),
+                            "--trusted-ca-file".into(),
+                            files.ca.display().to_string(),
+                        ]);
+                    }
+                }
+                None => health_ports.push(*client),
+            }
             let log = dir.path().join(format!("{name}.log"));
             members.push(Member::start(&name, ETCD, &args, log, dir.path())?);
         }
@@ -168,7 +224,9 @@ impl EtcdCluster {
         let mut cluster = EtcdCluster {
             members,
             client_ports,
+            health_ports,
             peers,
+            tls: tls.map(|(_, files, _)| files),
             dir,
         };
         for i in 0..size {
@@ -191,21 +249,26 @@ impl EtcdCluster {
     ///
     /// When it does not within 30 s, or exits.
     pub fn wait_healthy(&mut self, i: usize) -> Result<()> {
-        let port = self.client_ports[i];
+        let port = self.health_ports[i];
         self.members[i].wait_ready(START_TIMEOUT, || health(port))
     }
 
-    /// The client URLs of every member, `http://127.0.0.1:PORT`.
+    /// The client URLs of every member, `http://127.0.0.1:PORT` (`https://`
+    /// for a cluster from [`start_tls`](Self::start_tls)).
     pub fn endpoints(&self) -> Vec<String> {
-        self.client_ports
-            .iter()
-            .map(|port| format!("http://127.0.0.1:{port}"))
-            .collect()
+        (0..self.client_ports.len()).map(|i| self.endpoint(i)).collect()
     }
 
     /// The client URL of member `i`.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.client_ports[i])
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_ports[i])
+    }
+
+    /// The client certificate `etcdctl` uses on a cluster from
+    /// [`start_tls`](Self::start_tls) (common name `root`).
+    pub fn ctl_certificate(&self) -> Option<&Issued> {
+        self.tls.as_ref().map(|files| &files.ctl)
     }
 
     /// The client port of member `i`.
@@ -227,9 +290,9 @@ impl EtcdCluster {
     pub fn metrics(&self, i: usize) -> Option<String> {
         let request = format!(
             "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
-            self.client_ports[i]
+            self.health_ports[i]
         );
-        exchange(self.client_ports[i], request.as_bytes(), Duration::from_secs(5))
+        exchange(self.health_ports[i], request.as_bytes(), Duration::from_secs(5))
     }
 
     /// An `etcdctl` command (API v3) against the given endpoints, ready to run.
@@ -240,6 +303,12 @@ impl EtcdCluster {
             .arg(format!("--endpoints={}", endpoints.join(",")))
             .arg("--dial-timeout=2s")
             .arg("--command-timeout=5s");
+        if let Some(files) = &self.tls {
+            command
+                .arg(format!("--cacert={}", files.ca.display()))
+                .arg(format!("--cert={}", files.ctl.cert.display()))
+                .arg(format!("--key={}", files.ctl.key.display()));
+        }
         command
     }
 

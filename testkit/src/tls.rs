@@ -61,7 +61,7 @@ impl Issued {
 pub struct TestCa {
     dir: TempDir,
     ca: Issued,
-    serial: std::cell::Cell<u32>,
+    serial: std::sync::atomic::AtomicU32,
 }
 
 impl fmt::Debug for TestCa {
@@ -111,7 +111,7 @@ impl TestCa {
         Ok(TestCa {
             dir,
             ca,
-            serial: std::cell::Cell::new(1),
+            serial: std::sync::atomic::AtomicU32::new(1),
         })
     }
 
@@ -158,8 +158,7 @@ impl TestCa {
     }
 
     fn issue(&self, name: &str, extensions: &str) -> Result<Issued> {
-        let serial = self.serial.get();
-        self.serial.set(serial + 1);
+        let serial = self.serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stem = format!("{serial}-{}", name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
         let issued = Issued {
             cert: self.dir.path().join(format!("{stem}.pem")),

@@ -6,13 +6,32 @@ use lockline::Error;
 pub(crate) const BACKEND: &str = "etcd";
 
 /// Maps an etcd client error: unreachable or overloaded cluster → `Unavailable`,
-/// a lease the server no longer has → `SessionLost`, anything else → `Backend`.
+/// a lease the server no longer has → `SessionLost`, refused credentials →
+/// `AuthenticationFailed`, anything else → `Backend`. An error about a
+/// specific key goes through [`map_on`] instead, which names it.
 pub(crate) fn map(error: EtcdError, session: Option<&str>) -> Error {
+    map_on(error, session, "call", "")
+}
+
+/// As [`map`], for a request that did `operation` on `key`: a permission the
+/// user's roles do not grant becomes `PermissionDenied` naming both.
+pub(crate) fn map_on(error: EtcdError, session: Option<&str>, operation: &'static str, key: &str) -> Error {
     let text = error.to_string();
     if let Some(session) = session {
         if text.contains("requested lease not found") {
             return Error::SessionLost {
                 session: session.to_owned(),
+            };
+        }
+    }
+    if let EtcdError::GRpcStatus(status) = &error {
+        if status.code() as i32 == PERMISSION_DENIED || status.message().contains("permission denied") {
+            return denied(operation, key, status.message());
+        }
+        if let Some(reason) = refused_credentials(status.code() as i32, status.message()) {
+            return Error::AuthenticationFailed {
+                backend: BACKEND,
+                reason,
             };
         }
     }
@@ -28,12 +47,146 @@ pub(crate) fn map(error: EtcdError, session: Option<&str>) -> Error {
     if transient {
         Error::Unavailable {
             backend: BACKEND,
-            source: Some(Box::new(error)),
+            source: Some(explain_tls(error).into()),
         }
     } else {
         Error::backend(BACKEND, error)
     }
 }
+
+/// `PermissionDenied` for `operation` on `key`, with the server's words.
+pub(crate) fn denied(operation: &'static str, key: &str, message: &str) -> Error {
+    let needs = match operation {
+        // An append reads, and a cancelled one writes, the attempt's marker.
+        "queue on" | "leave the queue of" => format!(
+            "read-write on this key's prefix and on the markers' prefix ({} unless Etcd::with_marker_prefix moved it)",
+            crate::MARKER_PREFIX
+        ),
+        "read" | "watch" => "read on this key's prefix".to_owned(),
+        _ => "read-write on this key's prefix".to_owned(),
+    };
+    Error::PermissionDenied {
+        backend: BACKEND,
+        operation,
+        key: key.to_owned(),
+        reason: format!("{}; the user's roles need {needs}", message.trim()),
+    }
+}
+
+/// What a watch cancelled by the server means: a permission the user lacks
+/// is final, anything else may pass.
+pub(crate) fn watch_broken(reason: String, key: &str) -> Error {
+    if reason.contains("permission denied") {
+        denied("watch", key, &reason)
+    } else {
+        Error::Unavailable {
+            backend: BACKEND,
+            source: Some(reason.into()),
+        }
+    }
+}
+
+/// Maps an error of connecting (which authenticates when a user is set).
+pub(crate) fn map_connect(error: EtcdError, tls: Option<&lockline::Tls>, user: Option<&str>) -> Error {
+    match map(error, None) {
+        Error::AuthenticationFailed { reason, .. } => Error::AuthenticationFailed {
+            backend: BACKEND,
+            reason: match user {
+                Some(user) => format!("as user {user:?}: {reason}"),
+                None => reason,
+            },
+        },
+        other => first_request(other, tls),
+    }
+}
+
+/// Explains a connection dropped at the first request of a connection: that
+/// is how a TLS mismatch shows when the handshake itself seemed to succeed
+/// (TLS 1.3 servers refuse a missing client certificate only after it) or
+/// never started (a plain-text client on a TLS port is answered with a reset).
+pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>) -> Error {
+    let Error::Unavailable { source: Some(source), .. } = &error else {
+        return error;
+    };
+    let text = source.to_string();
+    let dropped = ["connection closed", "ConnectionReset", "connection reset", "BrokenPipe", "broken pipe"]
+        .iter()
+        .any(|w| text.contains(w));
+    if !dropped || text.contains("TLS") {
+        return error;
+    }
+    let hint = match tls {
+        None => "the server dropped the connection at the first request: if it requires TLS, use https:// endpoints and a CA (Etcd::with_tls, --cacert)",
+        Some(tls) if tls.client_pem().is_none() => {
+            "the server dropped the connection right after the TLS handshake: it may require a client certificate (Tls::with_client_files, --cert and --key)"
+        }
+        Some(_) => "the server dropped the connection right after the TLS handshake: it may not accept this client certificate (signed by a CA it does not trust, or expired)",
+    };
+    Error::Unavailable {
+        backend: BACKEND,
+        source: Some(format!("{hint}: {text}").into()),
+    }
+}
+
+/// `Unavailable` for a connect that did not finish in time.
+pub(crate) fn unreachable(endpoints: &[String], tls: bool) -> Error {
+    let how = if tls { " (TLS handshake or authentication)" } else { "" };
+    Error::Unavailable {
+        backend: BACKEND,
+        source: Some(format!("no answer from {} within the connect timeout{how}", endpoints.join(", ")).into()),
+    }
+}
+
+/// The server's words when it refused the credentials themselves (not one
+/// operation): a wrong password, an unknown user, auth not enabled, no user
+/// given where one is required.
+fn refused_credentials(code: i32, message: &str) -> Option<String> {
+    const REFUSALS: [&str; 6] = [
+        "authentication failed",
+        "invalid user ID or password",
+        "authentication is not enabled",
+        "user name is empty",
+        "user name not found",
+        "invalid auth token",
+    ];
+    let refused = code == UNAUTHENTICATED || REFUSALS.iter().any(|r| message.contains(r));
+    refused.then(|| message.trim().to_owned())
+}
+
+/// The message of a transport error, with the TLS cause spelled out: tonic
+/// reports a failed handshake as "transport error" and keeps the reason
+/// (unknown issuer, a certificate required, ...) in its source chain.
+fn explain_tls(error: EtcdError) -> String {
+    let mut chain = vec![error.to_string()];
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        chain.push(cause.to_string());
+        source = cause.source();
+    }
+    chain.dedup();
+    let text = chain.join(": ");
+    let tls_words = [
+        "certificate",
+        "Certificate",
+        "tls",
+        "TLS",
+        "handshake",
+        "InvalidContentType",
+        "CorruptMessage",
+        "peer sent no certificates",
+        "alert",
+    ];
+    if tls_words.iter().any(|w| text.contains(w)) && !text.contains("TLS") {
+        format!("TLS handshake failed: {text}")
+    } else {
+        text
+    }
+}
+
+/// gRPC's PermissionDenied.
+const PERMISSION_DENIED: i32 = 7;
+/// gRPC's Unauthenticated.
+const UNAUTHENTICATED: i32 = 16;
 
 /// gRPC codes after which the same request may succeed: Cancelled (1), Unknown
 /// (2, what a dropped connection often surfaces as), DeadlineExceeded (4),

@@ -52,14 +52,15 @@ pub(crate) fn key(dir: &str, kind: EntryKind, lease_hex: &str, attempt: &str) ->
 }
 
 /// The marker an abandoned acquire attempt leaves, bound to the session's
-/// lease: `__lockline_abandoned__/<lease hex>-<attempt>`. It is under no lock
+/// lease: `<markers>/<lease hex>-<attempt>`, by default
+/// `__lockline_abandoned__/<lease hex>-<attempt>`. By default it is under no lock
 /// name's prefix (Go's and etcdctl's contenders never see it, whatever the
 /// nesting of names) and is no entry of any lock; the append transaction of that attempt requires it
 /// absent, so an append that reaches the server after its attempt was given
 /// up creates nothing. One small key per acquire cancelled while its append
 /// was in flight; the server deletes it with the session.
-pub(crate) fn abandoned(lease_hex: &str, attempt: &str) -> String {
-    format!("{ABANDONED}{lease_hex}-{attempt}")
+pub(crate) fn abandoned(markers: &str, lease_hex: &str, attempt: &str) -> String {
+    format!("{markers}{lease_hex}-{attempt}")
 }
 
 /// Where abandoned-attempt markers live: one namespace of their own, under no

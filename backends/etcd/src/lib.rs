@@ -94,6 +94,9 @@ use crate::session::EtcdSession;
 pub struct Etcd {
     endpoints: Vec<String>,
     connect: Option<etcd_client::ConnectOptions>,
+    tls: Option<lockline::Tls>,
+    user: Option<User>,
+    markers: String,
     /// Clients by the connection settings taken from session options
     /// (`None`: the caller's own connect options or client, for every session).
     clients: Arc<Mutex<Clients>>,
@@ -129,9 +132,29 @@ impl Connection {
     }
 }
 
+/// A user name and password; the password never shows in `Debug`.
+#[derive(Clone)]
+struct User {
+    name: String,
+    password: String,
+}
+
+impl fmt::Debug for User {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("User")
+            .field("name", &self.name)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
 impl fmt::Debug for Etcd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Etcd").field("endpoints", &self.endpoints).finish()
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.endpoints)
+            .field("tls", &self.tls)
+            .field("user", &self.user)
+            .finish()
     }
 }
 
@@ -145,8 +168,51 @@ impl Etcd {
         Etcd {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             connect: None,
+            tls: None,
+            user: None,
+            markers: MARKER_PREFIX.to_owned(),
             clients: Arc::default(),
         }
+    }
+
+    /// Connects over TLS (`https://` endpoints), trusting `tls`'s CA and
+    /// presenting its client certificate, if any, to a server started with
+    /// `--client-cert-auth`. A handshake that fails (wrong CA, no client
+    /// certificate where one is required, a plain-text endpoint) is
+    /// [`Error::Unavailable`] within the connect timeout, with a message that
+    /// says TLS.
+    ///
+    /// ```no_run
+    /// use lockline_etcd::{lockline::{Client, Tls}, Etcd};
+    ///
+    /// # fn main() -> lockline::Result<()> {
+    /// let tls = Tls::new()
+    ///     .with_ca_file("/etc/etcd/ca.pem")?
+    ///     .with_client_files("/etc/etcd/client.pem", "/etc/etcd/client-key.pem")?;
+    /// let client = Client::new(Etcd::new(["https://10.0.0.1:2379"]).with_tls(tls));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_tls(mut self, tls: lockline::Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Authenticates as `user` with `password` (etcd's users and roles, as
+    /// `etcdctl --user`): the client gets a token at connect time and gets a
+    /// new one when the server says it expired. Wrong credentials are
+    /// [`Error::AuthenticationFailed`] at the first session; an operation the
+    /// user's roles do not allow is [`Error::PermissionDenied`], at once.
+    ///
+    /// The roles need read-write on the prefix of every lock the user takes
+    /// (`NAME/`) and on [`MARKER_PREFIX`] (or the prefix
+    /// [`with_marker_prefix`](Self::with_marker_prefix) sets); read on `NAME/`
+    /// is enough to list contenders and read an election's leader.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(User {
+            name: user.into(),
+            password: password.into(),
+        });
+        self
     }
 
     /// Uses these connect options (TLS, user and password, HTTP/2 keepalive)
@@ -165,8 +231,60 @@ impl Etcd {
         Etcd {
             endpoints: Vec::new(),
             connect: None,
+            tls: None,
+            user: None,
+            markers: MARKER_PREFIX.to_owned(),
             clients: Arc::new(Mutex::new(clients)),
         }
+    }
+
+    /// Writes the markers of abandoned acquire attempts under `prefix`
+    /// instead of [`MARKER_PREFIX`]: on a cluster with authentication, a prefix
+    /// the user's roles already grant read-write on, so that one grant (say
+    /// `locks/`) covers both the locks (`locks/a`) and the markers
+    /// (`locks/__lockline_abandoned__/`).
+    ///
+    /// Pick a prefix under no lock's name you use with Go's or `etcdctl`'s
+    /// mutex: those count every key under `NAME/` as a contender, so a marker
+    /// under `locks/` keeps a Go mutex named `locks` waiting until the
+    /// lockline session that left it ends. lockline's own contenders ignore
+    /// markers wherever they are.
+    ///
+    /// ```
+    /// use lockline_etcd::Etcd;
+    ///
+    /// let backend = Etcd::new(["https://10.0.0.1:2379"])
+    ///     .with_user("billing", "s3cret")
+    ///     .with_marker_prefix("locks/__lockline_abandoned__/");
+    /// ```
+    pub fn with_marker_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.markers = prefix.into();
+        self
+    }
+
+    fn user_name(&self) -> Option<&str> {
+        self.user.as_ref().map(|user| user.name.as_str())
+    }
+
+    /// TLS and `https://` go together: a mismatch is refused before any
+    /// connection, with a message saying which endpoint and what to change.
+    fn check_schemes(&self) -> Result<()> {
+        for endpoint in &self.endpoints {
+            let https = endpoint.starts_with("https://");
+            if self.tls.is_some() && !https {
+                return Err(Error::InvalidOptions {
+                    reason: format!("TLS is configured but the endpoint {endpoint:?} is not https://"),
+                });
+            }
+            if self.tls.is_none() && https {
+                return Err(Error::InvalidOptions {
+                    reason: format!(
+                        "the endpoint {endpoint:?} is https:// but no CA is configured: use Etcd::with_tls (--cacert)"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     async fn client(&self, options: &SessionOptions) -> Result<etcd_client::Client> {
@@ -186,16 +304,73 @@ impl Etcd {
                         reason: "no etcd endpoint given".into(),
                     });
                 }
-                let connect = self
+                let mut connect = self
                     .connect
                     .clone()
                     .unwrap_or_else(|| Connection::of(options).options());
-                etcd_client::Client::connect(&self.endpoints, Some(connect))
-                    .await
-                    .map_err(|e| error::map(e, None))
+                if let Some(tls) = &self.tls {
+                    connect = connect.with_tls(tls_options(tls)?);
+                }
+                if let Some(user) = &self.user {
+                    connect = connect.with_user(user.name.clone(), user.password.clone());
+                }
+                self.check_schemes()?;
+                let connecting = etcd_client::Client::connect(&self.endpoints, Some(connect));
+                // Connecting authenticates when a user is set: bound it by
+                // the connect timeout too, as a silent server must not hang it.
+                match tokio::time::timeout(options.connect_timeout() + options.request_timeout(), connecting).await {
+                    Ok(connected) => connected.map_err(|e| error::map_connect(e, self.tls.as_ref(), self.user_name())),
+                    Err(_) => Err(error::unreachable(&self.endpoints, self.tls.is_some())),
+                }
             })
             .await?;
         Ok(client.clone())
+    }
+}
+
+/// Where the etcd backend writes the markers of abandoned acquire attempts:
+/// `__lockline_abandoned__/<lease hex>-<attempt>`, one key per acquire
+/// cancelled while its append was in flight, bound to the session's lease.
+/// Every append reads its marker key in the same transaction, so on a cluster
+/// with authentication a user's roles need read-write on this prefix as well
+/// as on the prefixes of its locks, or the markers must be moved under a
+/// prefix they have ([`Etcd::with_marker_prefix`]). By default the markers
+/// live in a namespace of their own so that they are under no lock's prefix
+/// (where Go's mutex would count them as contenders).
+pub const MARKER_PREFIX: &str = layout::ABANDONED;
+
+/// The etcd-client TLS options for `tls`.
+fn tls_options(tls: &lockline::Tls) -> Result<etcd_client::TlsOptions> {
+    let ca = tls.ca_pem().ok_or_else(|| Error::InvalidOptions {
+        reason: "TLS needs the CA that signed the servers' certificates (Tls::with_ca_pem, --cacert)".into(),
+    })?;
+    check_pem("CA certificate", ca, &["CERTIFICATE"])?;
+    let mut options = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+    if let Some((cert, key)) = tls.client_pem() {
+        check_pem("client certificate", cert, &["CERTIFICATE"])?;
+        check_pem(
+            "client key",
+            key,
+            &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"],
+        )?;
+        options = options.identity(etcd_client::Identity::from_pem(cert, key));
+    }
+    Ok(options)
+}
+
+/// Refuses text without a PEM block of one of these labels (the TLS stack
+/// would only say so at the handshake, as an opaque transport error). Never
+/// quotes the text: it may be a private key.
+fn check_pem(what: &str, pem: &str, labels: &[&str]) -> Result<()> {
+    let found = labels
+        .iter()
+        .any(|label| pem.contains(&format!("-----BEGIN {label}-----")));
+    if found {
+        Ok(())
+    } else {
+        Err(Error::InvalidOptions {
+            reason: format!("the {what} is not PEM (no -----BEGIN {}----- block)", labels[0]),
+        })
     }
 }
 
@@ -206,8 +381,15 @@ impl Backend for Etcd {
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
+        if self.markers.is_empty() {
+            return Err(Error::InvalidOptions {
+                reason: "the marker prefix is empty; leave the default or give a key prefix such as locks/__lockline_abandoned__/".into(),
+            });
+        }
         let client = self.client(options).await?;
-        let session: Arc<dyn BackendSession> = EtcdSession::open(client, options).await?;
+        let session: Arc<dyn BackendSession> = EtcdSession::open(client, options, self.markers.clone())
+            .await
+            .map_err(|e| error::first_request(e, self.tls.as_ref()))?;
         Ok(session)
     }
 }

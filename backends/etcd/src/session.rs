@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::error::{map, BACKEND};
+use crate::error::{self, map, map_on, BACKEND};
 use crate::layout;
 use crate::watch::{Hub, Signal};
 
@@ -34,6 +34,8 @@ pub(crate) struct EtcdSession {
     /// writes or holds each: a mutex and an election of one name must not
     /// take the same key for one entry.
     shared_keys: std::sync::Mutex<HashMap<String, KeyClaim>>,
+    /// The prefix of abandoned-attempt markers.
+    markers: String,
 }
 
 /// Which acquire attempt uses a session's one key of a name.
@@ -63,7 +65,7 @@ impl Drop for EtcdSession {
 }
 
 impl EtcdSession {
-    pub(crate) async fn open(client: Client, options: &SessionOptions) -> Result<Arc<Self>> {
+    pub(crate) async fn open(client: Client, options: &SessionOptions, markers: String) -> Result<Arc<Self>> {
         // etcd counts lease TTLs in whole seconds: round up.
         let ttl = i64::try_from(options.ttl().as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
         let granted_at = Instant::now();
@@ -89,6 +91,7 @@ impl EtcdSession {
             hub,
             keepalive,
             shared_keys: std::sync::Mutex::default(),
+            markers,
         }))
     }
 
@@ -98,7 +101,12 @@ impl EtcdSession {
     }
 
     fn err(&self, error: etcd_client::Error) -> Error {
-        let mapped = map(error, Some(&self.id));
+        self.err_on(error, "call", "")
+    }
+
+    /// As `err`, for a request that did `operation` on `key`.
+    fn err_on(&self, error: etcd_client::Error, operation: &'static str, key: &str) -> Error {
+        let mapped = map_on(error, Some(&self.id), operation, key);
         if let Error::SessionLost { .. } = mapped {
             self.mark_lost("the server no longer has the lease");
         }
@@ -112,8 +120,13 @@ impl EtcdSession {
         }
     }
 
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        self.client.kv_client().txn(txn).await.map_err(|e| self.err(e))
+    /// Runs a transaction that does `operation` on `key` (for errors).
+    async fn txn(&self, txn: Txn, operation: &'static str, key: &str) -> Result<etcd_client::TxnResponse> {
+        self.client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err_on(e, operation, key))
     }
 
     /// The entries of the lock `dir` in a range read under its prefix (keys
@@ -295,7 +308,7 @@ impl BackendSession for EtcdSession {
                 entry.order,
             )])
             .and_then([TxnOp::get(prefix.clone(), Some(nearest))]);
-        let response = self.txn(txn).await?;
+        let response = self.txn(txn, "read", &prefix).await?;
         if !response.succeeded() {
             return Ok(Earlier::Gone);
         }
@@ -312,9 +325,9 @@ impl BackendSession for EtcdSession {
             let all = self
                 .client
                 .kv_client()
-                .get(prefix, Some(below_mine().with_keys_only()))
+                .get(prefix.clone(), Some(below_mine().with_keys_only()))
                 .await
-                .map_err(|e| self.err(e))?;
+                .map_err(|e| self.err_on(e, "read", &prefix))?;
             found = Self::entries(dir, &all)
                 .into_iter()
                 .filter(|e| conflicts.includes(e.kind))
@@ -330,7 +343,7 @@ impl BackendSession for EtcdSession {
             .kv_client()
             .get(layout::prefix(dir), Some(first_created(0)))
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.err_on(e, "read", dir))?;
         Ok(Self::entries(dir, &response))
     }
 
@@ -348,7 +361,7 @@ impl BackendSession for EtcdSession {
                 Signal::Put { key, .. } if layout::is_entry(dir, &key) => return Ok(()),
                 Signal::Put { .. } => {}
                 Signal::Delete { .. } => {}
-                Signal::Broken(reason) => return Err(unavailable(reason)),
+                Signal::Broken(reason) => return Err(error::watch_broken(reason, dir)),
             }
         }
     }
@@ -371,7 +384,7 @@ impl BackendSession for EtcdSession {
                 }
                 Signal::Delete { revision } if revision > entry.order => return Ok(()),
                 Signal::Delete { .. } | Signal::Put { .. } => {}
-                Signal::Broken(reason) => return Err(unavailable(reason)),
+                Signal::Broken(reason) => return Err(error::watch_broken(reason, &entry.key)),
             }
         }
     }
@@ -384,7 +397,7 @@ impl BackendSession for EtcdSession {
                 entry.order,
             )])
             .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        let removed = self.txn(txn).await?.succeeded();
+        let removed = self.txn(txn, "delete", &entry.key).await?.succeeded();
         // Deleted now or gone before: the key is free for the session's next entry.
         self.release_claim(&entry.key, Owner::Entry(entry.order));
         Ok(removed)
@@ -397,7 +410,7 @@ impl BackendSession for EtcdSession {
     async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
         let key = layout::key(dir, kind, &self.id, attempt);
         let marker = TxnOp::put(
-            layout::abandoned(&self.id, attempt),
+            layout::abandoned(&self.markers, &self.id, attempt),
             Vec::new(),
             Some(PutOptions::new().with_lease(self.lease)),
         );
@@ -411,7 +424,7 @@ impl BackendSession for EtcdSession {
                 .and_then([marker.clone(), TxnOp::delete(key.clone(), None)])
                 .or_else([marker])
         };
-        self.txn(txn).await?;
+        self.txn(txn, "leave the queue of", &key).await?;
         self.release_claim(&key, Owner::Attempt(attempt));
         Ok(())
     }
@@ -429,7 +442,7 @@ impl BackendSession for EtcdSession {
                 entry.order,
             )])
             .and_then([put]);
-        if self.txn(txn).await?.succeeded() {
+        if self.txn(txn, "write", &entry.key).await?.succeeded() {
             Ok(())
         } else {
             Err(Error::LockLost { key: entry.key.clone() })
@@ -442,7 +455,7 @@ impl BackendSession for EtcdSession {
             .kv_client()
             .get(entry.key.clone(), None)
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.err_on(e, "read", &entry.key))?;
         Ok(response
             .kvs()
             .first()
@@ -475,7 +488,7 @@ impl BackendSession for EtcdSession {
                         return Ok(Some(value));
                     }
                 }
-                Signal::Broken(reason) => return Err(unavailable(reason)),
+                Signal::Broken(reason) => return Err(error::watch_broken(reason, &entry.key)),
             }
         }
     }
@@ -521,7 +534,7 @@ impl EtcdSession {
     /// finds its own key).
     async fn append_once(&self, request: &AppendRequest<'_>, key: &str) -> Result<Appended> {
         let key = key.to_owned();
-        let abandoned = layout::abandoned(&self.id, request.attempt);
+        let abandoned = layout::abandoned(&self.markers, &self.id, request.attempt);
         // Right after my put my key is the newest under the prefix, so the
         // newest conflicting keys (one more than asked, mine may be among them)
         // are exactly the nearest earlier ones, unless keys of other locks
@@ -555,7 +568,7 @@ impl EtcdSession {
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(abandoned, Some(GetOptions::new().with_count_only())),
             ]);
-        let response = self.txn(txn).await?;
+        let response = self.txn(txn, "queue on", &key).await?;
         let ops = response.op_responses();
         let (mine, newest) = if response.succeeded() {
             (get_response(ops.get(1))?, Some(get_response(ops.get(2))?))
@@ -606,18 +619,11 @@ impl EtcdSession {
             .kv_client()
             .get(entry.key.clone(), Some(GetOptions::new().with_keys_only()))
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.err_on(e, "read", &entry.key))?;
         Ok(response
             .kvs()
             .first()
             .is_some_and(|kv| kv.create_revision() == entry.order))
-    }
-}
-
-fn unavailable(reason: String) -> Error {
-    Error::Unavailable {
-        backend: BACKEND,
-        source: Some(reason.into()),
     }
 }
 
