@@ -154,4 +154,14 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unavailable { .. })
     }
+
+    /// Whether the server refused the caller's identity or rights
+    /// ([`Error::AuthenticationFailed`], [`Error::PermissionDenied`]): final,
+    /// never retried, and the refused request changed nothing.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Error::AuthenticationFailed { .. } | Error::PermissionDenied { .. }
+        )
+    }
 }

@@ -505,6 +505,18 @@ impl SessionInner {
                 Ok(()) => return true,
                 Err(error) => error,
             };
+            if error.is_refusal() {
+                // Retrying cannot help: the server refuses this identity the
+                // removal. What is left goes when the session ends.
+                self.counters.bump(|c| &c.cleanup_failures);
+                tracing::warn!(
+                    key,
+                    why,
+                    %error,
+                    "the server refuses to remove a lock entry; it goes when the session ends"
+                );
+                return false;
+            }
             failures += 1;
             if failures == CLEANUP_WARN_AFTER {
                 self.counters.bump(|c| &c.cleanup_failures);

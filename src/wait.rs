@@ -128,6 +128,13 @@ impl Acquire<'_> {
         // flight, which can reach the server after this acquire is given up:
         // its cleanup must then fence the whole attempt, not just the entry.
         pending.retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
+        if let Err(error) = &appended {
+            if error.is_refusal() && !pending.retried {
+                // The server answered the one try with a refusal: it created
+                // nothing, and a cleanup would be refused the same way.
+                pending.disarm();
+            }
+        }
         let appended = appended?;
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(appended.entry.clone());

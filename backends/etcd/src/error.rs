@@ -105,13 +105,22 @@ pub(crate) fn map_connect(error: EtcdError, tls: Option<&lockline::Tls>, user: O
 /// (TLS 1.3 servers refuse a missing client certificate only after it) or
 /// never started (a plain-text client on a TLS port is answered with a reset).
 pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>) -> Error {
-    let Error::Unavailable { source: Some(source), .. } = &error else {
+    let Error::Unavailable {
+        source: Some(source), ..
+    } = &error
+    else {
         return error;
     };
     let text = source.to_string();
-    let dropped = ["connection closed", "ConnectionReset", "connection reset", "BrokenPipe", "broken pipe"]
-        .iter()
-        .any(|w| text.contains(w));
+    let dropped = [
+        "connection closed",
+        "ConnectionReset",
+        "connection reset",
+        "BrokenPipe",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|w| text.contains(w));
     if !dropped || text.contains("TLS") {
         return error;
     }
@@ -133,7 +142,13 @@ pub(crate) fn unreachable(endpoints: &[String], tls: bool) -> Error {
     let how = if tls { " (TLS handshake or authentication)" } else { "" };
     Error::Unavailable {
         backend: BACKEND,
-        source: Some(format!("no answer from {} within the connect timeout{how}", endpoints.join(", ")).into()),
+        source: Some(
+            format!(
+                "no answer from {} within the connect timeout{how}",
+                endpoints.join(", ")
+            )
+            .into(),
+        ),
     }
 }
 

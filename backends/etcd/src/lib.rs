@@ -348,11 +348,7 @@ fn tls_options(tls: &lockline::Tls) -> Result<etcd_client::TlsOptions> {
     let mut options = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
     if let Some((cert, key)) = tls.client_pem() {
         check_pem("client certificate", cert, &["CERTIFICATE"])?;
-        check_pem(
-            "client key",
-            key,
-            &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"],
-        )?;
+        check_pem("client key", key, &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"])?;
         options = options.identity(etcd_client::Identity::from_pem(cert, key));
     }
     Ok(options)

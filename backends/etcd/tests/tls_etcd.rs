@@ -145,7 +145,10 @@ async fn tls_and_the_endpoint_scheme_must_agree() {
     let fixture = TlsFixture::start();
     let plain = format!("http://127.0.0.1:{}", fixture.cluster.client_port(0));
     let client = Client::new(Etcd::new([plain]).with_tls(fixture.tls()));
-    let error = client.session().await.expect_err("TLS options with an http:// endpoint");
+    let error = client
+        .session()
+        .await
+        .expect_err("TLS options with an http:// endpoint");
     assert!(
         matches!(&error, Error::InvalidOptions { reason } if reason.contains("https://")),
         "{error:?}"
@@ -175,11 +178,17 @@ async fn text_that_is_not_pem_is_refused_without_being_quoted() {
 fn debug_output_shows_no_key_or_password() {
     let tls = Tls::new()
         .with_ca_pem("-----BEGIN CERTIFICATE-----\nCA\n")
-        .with_client_pem("-----BEGIN CERTIFICATE-----\nC\n", "-----BEGIN PRIVATE KEY-----\nKEYSECRET\n");
+        .with_client_pem(
+            "-----BEGIN CERTIFICATE-----\nC\n",
+            "-----BEGIN PRIVATE KEY-----\nKEYSECRET\n",
+        );
     let etcd = Etcd::new(["https://127.0.0.1:2379"])
         .with_tls(tls)
         .with_user("alice", "PASSWORDSECRET");
     let shown = format!("{etcd:?} {etcd:#?}");
     assert!(shown.contains("alice"), "{shown}");
-    assert!(!shown.contains("KEYSECRET") && !shown.contains("PASSWORDSECRET"), "{shown}");
+    assert!(
+        !shown.contains("KEYSECRET") && !shown.contains("PASSWORDSECRET"),
+        "{shown}"
+    );
 }

@@ -1,0 +1,264 @@
+//! etcd with authentication on: users, roles and permissions decide who may
+//! take, read or break which lock, and every refusal is a typed error at once.
+
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, Error, SessionOptions};
+use lockline_etcd::etcd_client::{self, Permission};
+use lockline_etcd::Etcd;
+use lockline_testkit::EtcdCluster;
+
+const ROOT_PASSWORD: &str = "root-pw-9f2";
+const ALICE_PASSWORD: &str = "alice-pw-71c";
+const BOB_PASSWORD: &str = "bob-pw-33a";
+const CAROL_PASSWORD: &str = "carol-pw-5d0";
+
+/// A cluster with auth enabled and these users:
+/// - `alice`: read-write on `locks/` only;
+/// - `carol`: read-write on `locks/` and on the default marker prefix;
+/// - `bob`: read on `locks/` only.
+struct Secured {
+    cluster: EtcdCluster,
+}
+
+impl Secured {
+    async fn start() -> Self {
+        let cluster = EtcdCluster::start().expect("start etcd");
+        let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
+            .await
+            .expect("connect");
+        admin.user_add("root", ROOT_PASSWORD, None).await.expect("root");
+        admin.role_add("root").await.expect("root role");
+        admin.user_grant_role("root", "root").await.expect("grant root");
+        let roles = [
+            ("locks-rw", vec![Permission::read_write("locks/").with_prefix()]),
+            (
+                "locks-and-markers-rw",
+                vec![
+                    Permission::read_write("locks/").with_prefix(),
+                    Permission::read_write(lockline_etcd::MARKER_PREFIX).with_prefix(),
+                ],
+            ),
+            ("locks-ro", vec![Permission::read("locks/").with_prefix()]),
+        ];
+        for (role, permissions) in roles {
+            admin.role_add(role).await.expect("role");
+            for permission in permissions {
+                admin.role_grant_permission(role, permission).await.expect("grant");
+            }
+        }
+        for (user, password, role) in [
+            ("alice", ALICE_PASSWORD, "locks-rw"),
+            ("carol", CAROL_PASSWORD, "locks-and-markers-rw"),
+            ("bob", BOB_PASSWORD, "locks-ro"),
+        ] {
+            admin.user_add(user, password, None).await.expect("user");
+            admin.user_grant_role(user, role).await.expect("grant role");
+        }
+        admin.auth_enable().await.expect("enable auth");
+        Secured { cluster }
+    }
+
+    fn backend(&self, user: &str, password: &str) -> Etcd {
+        Etcd::new(self.cluster.endpoints()).with_user(user, password)
+    }
+
+    fn alice(&self) -> Client {
+        Client::new(
+            self.backend("alice", ALICE_PASSWORD)
+                .with_marker_prefix("locks/__lockline_abandoned__/"),
+        )
+    }
+
+    /// Every key, read as root.
+    async fn keys(&self) -> Vec<String> {
+        let options = etcd_client::ConnectOptions::new().with_user("root", ROOT_PASSWORD);
+        let mut root = etcd_client::Client::connect(self.cluster.endpoints(), Some(options))
+            .await
+            .expect("connect as root");
+        let all = root
+            .get(
+                "",
+                Some(etcd_client::GetOptions::new().with_all_keys().with_keys_only()),
+            )
+            .await
+            .expect("read every key");
+        all.kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect()
+    }
+}
+
+/// A refusal must come back at once: well inside one request timeout, with
+/// no retry loop behind it.
+const AT_ONCE: Duration = Duration::from_secs(3);
+
+fn quick() -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_secs(5))
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(4))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_read_write_on_locks_can_lock_there_and_nowhere_else() {
+    let secured = Secured::start().await;
+    let session = bounded("session as alice", secured.alice().session_with(quick()))
+        .await
+        .expect("session as alice");
+    let guard = bounded("lock locks/a", session.mutex("locks/a").expect("mutex").lock())
+        .await
+        .expect("alice may lock locks/a");
+    assert!(guard.key().starts_with("locks/a/"), "{}", guard.key());
+
+    let started = Instant::now();
+    let refused = session.mutex("other/a").expect("mutex").lock().await;
+    let took = started.elapsed();
+    let Err(Error::PermissionDenied { operation, key, .. }) = &refused else {
+        panic!("expected PermissionDenied on other/a, got {refused:?}");
+    };
+    assert_eq!(*operation, "queue on");
+    assert!(key.starts_with("other/a/"), "{key}");
+    assert!(took < AT_ONCE, "the refusal took {took:?}");
+    let shown = refused.unwrap_err().to_string();
+    assert!(
+        shown.contains("other/a") && shown.contains("permission denied"),
+        "{shown}"
+    );
+
+    session.flush().await;
+    let keys = secured.keys().await;
+    assert!(
+        keys.iter().all(|k| !k.starts_with("other/")),
+        "an entry was left: {keys:?}"
+    );
+    guard.release().await.expect("release");
+    session.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_grant_on_the_marker_prefix_the_error_says_so_and_nothing_is_left() {
+    let secured = Secured::start().await;
+    let client = Client::new(secured.backend("alice", ALICE_PASSWORD));
+    let session = client.session_with(quick()).await.expect("session as alice");
+    let refused = session.mutex("locks/b").expect("mutex").lock().await;
+    let Err(error @ Error::PermissionDenied { .. }) = &refused else {
+        panic!("expected PermissionDenied, got {refused:?}");
+    };
+    let shown = error.to_string();
+    assert!(
+        shown.contains(lockline_etcd::MARKER_PREFIX) && shown.contains("with_marker_prefix"),
+        "the error does not say how to fix it: {shown}"
+    );
+    session.flush().await;
+    let keys = secured.keys().await;
+    assert!(
+        keys.iter().all(|k| !k.starts_with("locks/b")),
+        "an entry was left: {keys:?}"
+    );
+
+    // With the marker prefix granted too, the default layout works.
+    let carol = Client::new(secured.backend("carol", CAROL_PASSWORD));
+    let session = carol.session_with(quick()).await.expect("session as carol");
+    let guard = bounded("lock locks/b", session.mutex("locks/b").expect("mutex").lock())
+        .await
+        .expect("carol may lock locks/b");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_user_can_list_and_read_the_leader_but_not_lock() {
+    let secured = Secured::start().await;
+    let alice = secured.alice().session_with(quick()).await.expect("alice");
+    let held = alice.mutex("locks/r").expect("mutex").lock().await.expect("lock");
+    let leading = alice
+        .election("locks/leader")
+        .expect("election")
+        .campaign(b"alice")
+        .await
+        .expect("campaign");
+
+    let bob = Client::new(secured.backend("bob", BOB_PASSWORD))
+        .session_with(quick())
+        .await
+        .expect("a session as bob");
+    let contenders = bob
+        .mutex("locks/r")
+        .expect("mutex")
+        .contenders()
+        .await
+        .expect("contenders");
+    assert_eq!(contenders.len(), 1);
+    assert_eq!(contenders[0].key, held.key());
+    let leader = bob
+        .election("locks/leader")
+        .expect("election")
+        .leader()
+        .await
+        .expect("leader")
+        .expect("someone leads");
+    assert_eq!(leader.value(), b"alice");
+    assert_eq!(leader.token(), leading.token());
+
+    let started = Instant::now();
+    let refused = bob.mutex("locks/r").expect("mutex").lock().await;
+    assert!(
+        matches!(&refused, Err(Error::PermissionDenied { key, .. }) if key.starts_with("locks/r/")),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < AT_ONCE, "the refusal took {:?}", started.elapsed());
+    // bob's refused attempt left nothing: alice's entry is still the only one.
+    bob.flush().await;
+    let contenders = bob
+        .mutex("locks/r")
+        .expect("mutex")
+        .contenders()
+        .await
+        .expect("contenders");
+    assert_eq!(contenders.len(), 1, "{contenders:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_authentication_error_that_hides_the_password() {
+    let secured = Secured::start().await;
+    let started = Instant::now();
+    let client = Client::new(secured.backend("alice", "not-alices-password-XYZ"));
+    let refused = client.session_with(quick()).await;
+    let Err(error @ Error::AuthenticationFailed { .. }) = &refused else {
+        panic!("expected AuthenticationFailed, got {refused:?}");
+    };
+    assert!(started.elapsed() < AT_ONCE, "the refusal took {:?}", started.elapsed());
+    let shown = format!("{error} {error:?}");
+    assert!(shown.contains("alice"), "the error does not name the user: {shown}");
+    assert!(
+        !shown.contains("not-alices-password-XYZ"),
+        "the error shows the password: {shown}"
+    );
+
+    let unknown = Client::new(secured.backend("mallory", "x")).session_with(quick()).await;
+    assert!(
+        matches!(unknown, Err(Error::AuthenticationFailed { .. })),
+        "{unknown:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credentials_on_a_cluster_with_auth_is_a_typed_refusal() {
+    let secured = Secured::start().await;
+    let client = Client::new(Etcd::new(secured.cluster.endpoints()));
+    let started = Instant::now();
+    let outcome = match client.session_with(quick()).await {
+        Err(error) => Err(error),
+        Ok(session) => session.mutex("locks/n").expect("mutex").lock().await.map(drop),
+    };
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::AuthenticationFailed { .. } | Error::PermissionDenied { .. })
+        ),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < AT_ONCE, "the refusal took {:?}", started.elapsed());
+}
