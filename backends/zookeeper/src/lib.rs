@@ -42,14 +42,16 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod connect;
 mod error;
 mod layout;
 mod session;
 
+use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lockline::{Backend, BackendSession, Error, Result, SessionOptions};
+use lockline::{Backend, BackendSession, Error, Result, SessionOptions, Tls};
 
 pub use lockline;
 pub use zookeeper_client;
@@ -61,9 +63,71 @@ use crate::session::ZkSession;
 /// Each lockline session opens its own ZooKeeper session (and connection) to
 /// the connect string's servers. An unreachable ensemble gives
 /// [`Error::Unavailable`] within the session options' connect timeout.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows the connect string, whether TLS is on, the user
+/// names and the ACL policy; never a password or a private key.
+#[derive(Clone)]
 pub struct ZooKeeper {
     connect: String,
+    tls: Option<Tls>,
+    digest: Option<Credentials>,
+    sasl: Option<Credentials>,
+    acl_policy: AclPolicy,
+}
+
+/// A user name and its password; only the name is ever shown.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl fmt::Debug for ZooKeeper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeper")
+            .field("connect", &self.connect)
+            .field("tls", &self.tls.is_some())
+            .field(
+                "tls_client_certificate",
+                &self.tls.as_ref().is_some_and(|tls| tls.client_pem().is_some()),
+            )
+            .field("digest_user", &self.digest.as_ref().map(|c| c.user.as_str()))
+            .field("sasl_user", &self.sasl.as_ref().map(|c| c.user.as_str()))
+            .field("acl_policy", &self.acl_policy)
+            .finish()
+    }
+}
+
+/// The ACLs lockline sets on the nodes it creates: contender nodes and lock
+/// directories (and their missing parents). Nodes that already exist keep
+/// theirs: lockline never changes an ACL.
+///
+/// See the crate docs' "Secure ensembles" section for the exact ACLs and what
+/// each guarantees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AclPolicy {
+    /// `world:anyone` with every permission, on contender nodes and
+    /// directories: what Curator and kazoo set by default, so mixed
+    /// deployments keep queueing together. The default.
+    #[default]
+    Open,
+    /// The creating identity (ZooKeeper's `auth` scheme: every identity the
+    /// session authenticated as) gets every permission, everyone else may only
+    /// read, on contender nodes and on the directories lockline creates. A
+    /// lock directory thereby belongs to the identity that created it, until
+    /// the server removes it once empty. Needs credentials
+    /// ([`ZooKeeper::with_digest`] or [`ZooKeeper::with_sasl_digest_md5`]).
+    Creator,
 }
 
 impl ZooKeeper {
@@ -71,7 +135,71 @@ impl ZooKeeper {
     pub fn new(connect: impl Into<String>) -> Self {
         ZooKeeper {
             connect: connect.into(),
+            tls: None,
+            digest: None,
+            sasl: None,
+            acl_policy: AclPolicy::Open,
         }
+    }
+
+    /// Connects over TLS (to the servers' `secureClientPort`), verifying each
+    /// server's certificate against the CA in `tls` and its host name or IP
+    /// address against the certificate; presents the client certificate in
+    /// `tls` if it has one (for servers with `ssl.clientAuth=need`).
+    ///
+    /// A CA is required. PEM that does not parse is refused with
+    /// [`Error::InvalidOptions`] when a session is opened. A handshake that
+    /// fails (an untrusted server, a refused or missing client certificate, a
+    /// plain-text port) gives [`Error::Unavailable`] whose source names the
+    /// server and says TLS.
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Authenticates every connection with ZooKeeper's `digest` scheme
+    /// (`addauth digest user:password`), as kazoo's `auth_data` and Curator's
+    /// `authorization("digest", ...)` do.
+    ///
+    /// ZooKeeper accepts any digest credentials: a wrong password is not an
+    /// error by itself, it makes another identity, which ACLs granting the
+    /// right one then refuse ([`Error::PermissionDenied`]).
+    pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Logs every connection in with SASL DIGEST-MD5 (a server with
+    /// `SASLAuthenticationProvider` and a JAAS `Server` section). The identity
+    /// is `sasl:<user>`. A login the server rejects gives
+    /// [`Error::AuthenticationFailed`] when the session is opened.
+    pub fn with_sasl_digest_md5(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.sasl = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// The ACLs to set on the nodes lockline creates (default [`AclPolicy::Open`]).
+    pub fn with_acl_policy(mut self, policy: AclPolicy) -> Self {
+        self.acl_policy = policy;
+        self
+    }
+
+    /// Refuses settings that cannot work together.
+    fn validate(&self) -> Result<()> {
+        if self.acl_policy == AclPolicy::Creator && self.digest.is_none() && self.sasl.is_none() {
+            return Err(Error::InvalidOptions {
+                reason: "AclPolicy::Creator grants the creating identity, but no credentials are configured: \
+                         add ZooKeeper::with_digest or ZooKeeper::with_sasl_digest_md5"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -80,7 +208,6 @@ impl Backend for ZooKeeper {
     fn name(&self) -> &'static str {
         error::BACKEND
     }
-
     /// ZooKeeper reserves `/zookeeper`, and no ZooKeeper path ends in `/`.
     ///
     /// A trailing `/` (etcd's Go examples name locks `/my-lock/`) is refused
@@ -108,7 +235,8 @@ impl Backend for ZooKeeper {
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
-        let session: Arc<dyn BackendSession> = ZkSession::open(&self.connect, options).await?;
+        self.validate()?;
+        let session: Arc<dyn BackendSession> = ZkSession::open(self, options).await?;
         Ok(session)
     }
 }
