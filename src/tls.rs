@@ -116,7 +116,10 @@ mod tests {
         assert!(!shown.contains("SECRETBYTES"), "{shown}");
         assert!(!shown.contains("CA-PEM") && !shown.contains("CERT-PEM"), "{shown}");
         assert!(shown.contains("<redacted>"), "{shown}");
-        assert_eq!(tls.client_pem(), Some(("CERT-PEM", "-----BEGIN PRIVATE KEY-----\nSECRETBYTES")));
+        assert_eq!(
+            tls.client_pem(),
+            Some(("CERT-PEM", "-----BEGIN PRIVATE KEY-----\nSECRETBYTES"))
+        );
     }
 
     #[test]

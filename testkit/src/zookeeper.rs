@@ -232,7 +232,8 @@ impl ZkEnsemble {
         self.members[i].wait_ready(START_TIMEOUT, || {
             mode(port).is_some()
                 && secure.is_none_or(|secure| {
-                    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], secure).into(), Duration::from_secs(1)).is_ok()
+                    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], secure).into(), Duration::from_secs(1))
+                        .is_ok()
                 })
         })
     }
@@ -340,7 +341,10 @@ impl ZkEnsemble {
 fn tls_config(tls: &ZkTlsOptions, port: u16, dir: &std::path::Path, name: &str) -> Result<String> {
     // ZooKeeper's PEM key store wants the key and the certificate in one file.
     let key_store = dir.join(format!("{name}-keystore.pem"));
-    fs::write(&key_store, format!("{}{}", tls.server.key_pem()?, tls.server.cert_pem()?))?;
+    fs::write(
+        &key_store,
+        format!("{}{}", tls.server.key_pem()?, tls.server.cert_pem()?),
+    )?;
     let client_auth = match tls.client_auth {
         ClientAuth::Need => "need",
         ClientAuth::Want => "want",

@@ -230,10 +230,12 @@ fn diagnose(servers: &[String], config: Option<Arc<rustls::ClientConfig>>, budge
         let host = server.rsplit_once(':').map_or(server.as_str(), |(host, _)| host);
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let found = match &config {
-            Some(config) => handshake(address, host, Arc::clone(config), deadline).map(|reason| TlsFailure::Handshake {
-                server: server.clone(),
-                reason,
-            }),
+            Some(config) => {
+                handshake(address, host, Arc::clone(config), deadline).map(|reason| TlsFailure::Handshake {
+                    server: server.clone(),
+                    reason,
+                })
+            }
             None => speaks_tls(address, host, deadline).then(|| TlsFailure::PlainTextToTls { server: server.clone() }),
         };
         if found.is_some() {
@@ -275,7 +277,8 @@ fn handshake(address: SocketAddr, host: &str, config: Arc<rustls::ClientConfig>,
     let mut byte = [0u8; 1];
     match rustls::Stream::new(&mut tls, &mut stream).read(&mut byte) {
         Err(error) => describe(&error),
-        Ok(_) => None,
+        // Data or a clean close: the handshake itself was accepted.
+        Ok(0 | 1..) => None,
     }
 }
 

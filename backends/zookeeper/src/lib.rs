@@ -38,6 +38,96 @@
 //! - A create whose answer is lost is retried by looking for the attempt's id in
 //!   the directory (owned by this session) before creating again: never a
 //!   duplicate.
+//!
+//! # Secure ensembles
+//!
+//! TLS to the servers' `secureClientPort`, credentials, and ACLs on what
+//! lockline creates:
+//!
+//! ```no_run
+//! use lockline_zookeeper::lockline::{Client, Tls};
+//! use lockline_zookeeper::{AclPolicy, ZooKeeper};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockline::Result<()> {
+//! let tls = Tls::new()
+//!     .with_ca_file("/etc/zookeeper/ca.pem")?
+//!     .with_client_files("/etc/zookeeper/client.pem", "/etc/zookeeper/client-key.pem")?;
+//! let backend = ZooKeeper::new("zk1.example.com:2281,zk2.example.com:2281/apps")
+//!     .with_tls(tls)
+//!     .with_digest("billing", std::env::var("ZK_PASSWORD").unwrap_or_default())
+//!     .with_acl_policy(AclPolicy::Creator);
+//! let session = Client::new(backend).session().await?;
+//! let guard = session.mutex("billing/nightly")?.lock().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - **TLS** ([`ZooKeeper::with_tls`]): every server in the connect string is
+//!   reached over TLS; its certificate must chain to the given CA and name the
+//!   host (or IP address) as written in the connect string. The client
+//!   certificate is sent when the server asks (`ssl.clientAuth=need|want`).
+//! - **Credentials**: [`ZooKeeper::with_digest`] sends `addauth digest
+//!   user:password` on every connection (the identity
+//!   `digest:user:base64(sha1(user:password))`, as kazoo and Curator make it);
+//!   [`ZooKeeper::with_sasl_digest_md5`] logs in with SASL DIGEST-MD5 (the
+//!   identity `sasl:user`). Both may be set; the session then has both
+//!   identities.
+//! - **ACLs** ([`AclPolicy`]) on every node lockline creates: contender nodes,
+//!   lock directories and their missing parents. Nodes that exist already
+//!   keep their ACLs; lockline never sets an ACL on an existing node.
+//!
+//! | policy | contender node | directories lockline creates |
+//! |---|---|---|
+//! | [`AclPolicy::Open`] (default) | `world:anyone` ALL | `world:anyone` ALL |
+//! | [`AclPolicy::Creator`] | `auth` ALL (the creating session's identities), `world:anyone` READ | the same |
+//!
+//! What ZooKeeper checks decides what these guarantee: creating a node needs
+//! CREATE on its parent, **deleting a node needs DELETE on its parent** (the
+//! node's own ACL is not consulted), reading data or listing children needs
+//! READ on the node, `setData` needs WRITE on the node, and `exists` is never
+//! checked. So with one directory shared by several contenders, whoever may
+//! delete their own node may delete everybody's: "only the creator may delete
+//! its node" cannot be expressed. `Creator` therefore makes a lock directory
+//! belong to one identity:
+//!
+//! - the identity that created the directory (every session authenticated
+//!   as it: a service's replicas sharing one credential) can queue, release,
+//!   and proclaim election values;
+//! - every other identity, and unauthenticated clients, can read the queue
+//!   (who holds, the tokens, the election value) but cannot queue
+//!   ([`Error::PermissionDenied`], operation `"queue on"`), cannot delete
+//!   anyone's node, and cannot change a contender's data;
+//! - within the owning identity nothing stops one session from deleting
+//!   another's node (ZooKeeper cannot tell them apart); lockline itself only
+//!   ever deletes the nodes of its own attempts.
+//!
+//! Limits: the directory is a container node, so the server removes it once
+//! it is empty, and whichever identity next locks that name creates it anew
+//! and owns it. A missing parent directory is created with the same ACL, so
+//! other identities cannot create locks under it while it exists. For a
+//! fixed owner or a fixed set of identities, create the directories (as
+//! persistent nodes) with the ACL you want beforehand: lockline queues in
+//! them under their ACL, with either policy. Use `Open` when Curator or kazoo
+//! contenders under other identities must queue in the same directories.
+//!
+//! Which failure gives which error:
+//!
+//! | failure | error |
+//! |---|---|
+//! | the server's certificate does not chain to the CA, the server refuses or misses the client certificate, plain text against a TLS port, TLS against a plain port | [`Error::Unavailable`] within the connect timeout; its source says `TLS handshake with HOST:PORT failed: ...` or `HOST:PORT expects TLS ...` |
+//! | PEM that does not parse, a TLS setting without a CA | [`Error::InvalidOptions`] when the session is opened |
+//! | a SASL login the server rejects | [`Error::AuthenticationFailed`] when the session is opened; a session whose credentials are rejected later is lost |
+//! | `AclPolicy::Creator` without credentials | [`Error::InvalidOptions`] when the session is opened |
+//! | an ACL refuses a request (ZooKeeper `NoAuth`) | [`Error::PermissionDenied`] naming the operation (`"create"` a directory, `"queue on"` a directory, `"read"`, `"delete"`, `"write"`) and the path, at once, never retried; a refused acquire leaves no node |
+//!
+//! A digest `addauth` never fails: ZooKeeper accepts any user and password
+//! and derives an identity from them. A wrong password is thus noticed only
+//! when an ACL that grants the right identity refuses the wrong one
+//! ([`Error::PermissionDenied`]).
+//!
+//! Passwords and private keys never appear in `Debug` output, in logs or in
+//! error messages.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]

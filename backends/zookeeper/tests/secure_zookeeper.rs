@@ -71,7 +71,7 @@ async fn assert_tls_unavailable(backend: ZooKeeper, key_pem: Option<&str>) -> St
     let started = Instant::now();
     let result = Client::new(backend).session_with(options()).await;
     let took = started.elapsed();
-    let error = result.err().expect("the session must not open");
+    let error = result.expect_err("the session must not open");
     let text = chain(&error);
     assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
     assert!(text.contains("TLS"), "the error does not say TLS: {text}");
@@ -112,7 +112,11 @@ async fn tls_failures_are_unavailable_naming_tls_within_the_connect_timeout() {
     let good = Tls::new()
         .with_ca_pem(ca.cert_pem().expect("PEM"))
         .with_client_pem(cert, key.clone());
-    let text = assert_tls_unavailable(ZooKeeper::new(ensemble.connect_string()).with_tls(good.clone()), Some(&key)).await;
+    let text = assert_tls_unavailable(
+        ZooKeeper::new(ensemble.connect_string()).with_tls(good.clone()),
+        Some(&key),
+    )
+    .await;
     assert!(text.contains("TLS handshake with 127.0.0.1:"), "{text}");
 
     // And the right settings do connect, and lock.
@@ -138,13 +142,13 @@ async fn invalid_pem_is_an_options_error_that_hides_the_key() {
     for tls in cases {
         let backend = ZooKeeper::new("127.0.0.1:1").with_tls(tls.clone());
         let started = Instant::now();
-        let error = Client::new(backend)
-            .session_with(options())
-            .await
-            .err()
-            .expect("refused");
+        let error = Client::new(backend).session_with(options()).await.expect_err("refused");
         assert!(matches!(error, Error::InvalidOptions { .. }), "{tls:?}: {error:?}");
-        assert!(started.elapsed() < Duration::from_secs(1), "refused only after {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "refused only after {:?}",
+            started.elapsed()
+        );
         let text = format!("{} {error:?}", chain(&error));
         assert!(text.contains("TLS"), "{text}");
         assert!(!text.contains("Tk9UQUtFWU5P"), "the key leaked: {text}");
@@ -208,14 +212,22 @@ async fn creator_policy_keeps_another_identity_from_deleting_or_queueing() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let alice = Client::new(creator(&ensemble, "alice", PASSWORD_A));
     let alice_session = alice.session().await.expect("alice's session");
-    let guard = alice_session.mutex("jobs/nightly").expect("mutex").lock().await.expect("lock");
+    let guard = alice_session
+        .mutex("jobs/nightly")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
     let key = guard.key().to_owned();
 
     // Bob, another digest identity, cannot delete Alice's node...
     let bob_raw = raw_client(&ensemble, "bob", PASSWORD_B).await;
     assert_eq!(bob_raw.delete(&key, None).await, Err(zk::Error::NoAuth));
     // ...nor the directory's other children, nor change her node's data.
-    assert_eq!(bob_raw.set_data(&key, b"mine", None).await.err(), Some(zk::Error::NoAuth));
+    assert_eq!(
+        bob_raw.set_data(&key, b"mine", None).await.err(),
+        Some(zk::Error::NoAuth)
+    );
     // Her node survived, and she still holds.
     assert!(bob_raw.check_stat(&key).await.expect("stat").is_some());
     assert!(guard.is_held());
@@ -227,8 +239,12 @@ async fn creator_policy_keeps_another_identity_from_deleting_or_queueing() {
     let bob_session = bob.session().await.expect("bob's session");
     let bob_mutex = bob_session.mutex("jobs/nightly").expect("mutex");
     let started = Instant::now();
-    let error = bob_mutex.lock().await.err().expect("refused");
-    assert!(started.elapsed() < Duration::from_secs(1), "refused after {:?}", started.elapsed());
+    let error = bob_mutex.lock().await.expect_err("refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused after {:?}",
+        started.elapsed()
+    );
     match &error {
         Error::PermissionDenied { operation, key, .. } => {
             assert_eq!(*operation, "queue on");
@@ -237,9 +253,10 @@ async fn creator_policy_keeps_another_identity_from_deleting_or_queueing() {
         other => panic!("expected PermissionDenied, got {other:?}"),
     }
     assert_no_secret(&format!("{} {error:?}", chain(&error)), None);
-    assert_eq!(bob_raw.list_children("/jobs/nightly").await.expect("list"), vec![
-        key.rsplit('/').next().expect("name").to_owned()
-    ]);
+    assert_eq!(
+        bob_raw.list_children("/jobs/nightly").await.expect("list"),
+        vec![key.rsplit('/').next().expect("name").to_owned()]
+    );
     let stats = bob.stats();
     assert_eq!(stats.cleanup_failures, 0, "{stats:?}");
 
@@ -266,7 +283,11 @@ async fn acl_refusals_are_permission_denied_at_once_and_leave_no_node() {
     // else anything.
     let admin = raw_client(&ensemble, "alice", PASSWORD_A).await;
     admin
-        .create("/locked", b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()))
+        .create(
+            "/locked",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
         .await
         .expect("create /locked");
 
@@ -274,8 +295,17 @@ async fn acl_refusals_are_permission_denied_at_once_and_leave_no_node() {
     let anonymous = Client::new(ZooKeeper::new(ensemble.connect_string()));
     let session = anonymous.session().await.expect("session");
     let started = Instant::now();
-    let error = session.mutex("locked/a").expect("mutex").lock().await.err().expect("refused");
-    assert!(started.elapsed() < Duration::from_secs(1), "refused after {:?}", started.elapsed());
+    let error = session
+        .mutex("locked/a")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect_err("refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused after {:?}",
+        started.elapsed()
+    );
     assert!(
         matches!(&error, Error::PermissionDenied { operation: "create", key, .. } if key == "/locked/a"),
         "{error:?}"
@@ -290,8 +320,7 @@ async fn acl_refusals_are_permission_denied_at_once_and_leave_no_node() {
         .expect("mutex")
         .try_lock()
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(matches!(error, Error::PermissionDenied { .. }), "{error:?}");
     assert_no_secret(&format!("{} {error:?}", chain(&error)), None);
 
@@ -299,7 +328,12 @@ async fn acl_refusals_are_permission_denied_at_once_and_leave_no_node() {
     // no node of the refused attempts.
     let right = Client::new(ZooKeeper::new(ensemble.connect_string()).with_digest("alice", PASSWORD_A));
     let right_session = right.session().await.expect("session");
-    let guard = right_session.mutex("locked/a").expect("mutex").lock().await.expect("lock");
+    let guard = right_session
+        .mutex("locked/a")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
     let children = admin.list_children("/locked/a").await.expect("list");
     assert_eq!(children.len(), 1, "{children:?}");
     assert_eq!(format!("/locked/a/{}", children[0]), guard.key());
@@ -317,7 +351,12 @@ async fn acl_refusals_are_permission_denied_at_once_and_leave_no_node() {
         )
         .await
         .expect("create /readonly");
-    let error = session.mutex("readonly").expect("mutex").lock().await.err().expect("refused");
+    let error = session
+        .mutex("readonly")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect_err("refused");
     assert!(
         matches!(&error, Error::PermissionDenied { operation: "queue on", key, .. } if key == "/readonly"),
         "{error:?}"
@@ -332,8 +371,7 @@ async fn creator_policy_without_credentials_is_refused() {
     let error = Client::new(ZooKeeper::new("127.0.0.1:1").with_acl_policy(AclPolicy::Creator))
         .session_with(options())
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(&error, Error::InvalidOptions { reason } if reason.contains("with_digest")),
         "{error:?}"
@@ -356,13 +394,16 @@ async fn sasl_digest_md5_logs_in_and_a_wrong_password_is_authentication_failed()
     let guard = session.mutex("sasl/a").expect("mutex").lock().await.expect("lock");
     let side = zk::Client::connect(&ensemble.connect_string()).await.expect("side");
     let (acl, _) = side.get_acl(guard.key()).await.expect("ACL");
-    assert_eq!(acl[0], zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("sasl", "carol")));
+    assert_eq!(
+        acl[0],
+        zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("sasl", "carol"))
+    );
     guard.release().await.expect("release");
 
     // A wrong password: refused by the server, reported as such, at once.
     let bad = ZooKeeper::new(ensemble.connect_string()).with_sasl_digest_md5("carol", PASSWORD_B);
     let started = Instant::now();
-    let error = Client::new(bad).session_with(options()).await.err().expect("refused");
+    let error = Client::new(bad).session_with(options()).await.expect_err("refused");
     let took = started.elapsed();
     assert!(
         matches!(&error, Error::AuthenticationFailed { reason, .. } if reason.contains("carol")),
@@ -408,7 +449,10 @@ async fn open_policy_interoperates_with_digest_authenticated_kazoo() {
     let mut kazoo = kazoo_lock(&ensemble, "/interop/auth");
     let held = kazoo.line(Duration::from_secs(20)).expect("kazoo holds the lock");
     assert!(held.starts_with("held "), "{held}");
-    assert!(mutex.try_lock().await.expect("try_lock").is_none(), "kazoo's lock was ignored");
+    assert!(
+        mutex.try_lock().await.expect("try_lock").is_none(),
+        "kazoo's lock was ignored"
+    );
     let waiter = {
         let mutex = mutex.clone();
         spawn_queued(&client, async move { mutex.lock().await }).await
@@ -417,16 +461,24 @@ async fn open_policy_interoperates_with_digest_authenticated_kazoo() {
     kazoo.close_stdin();
     assert_eq!(kazoo.line(Duration::from_secs(10)).as_deref(), Some("released"));
     kazoo.wait().expect("kazoo exits");
-    let guard = bounded("lockline takes over", waiter).await.expect("task").expect("lock");
+    let guard = bounded("lockline takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
 
     // lockline holds; kazoo waits until it releases.
     let side = zk::Client::connect(&ensemble.connect_string()).await.expect("side");
     let (_, _, queued) = side.get_and_watch_children("/interop/auth").await.expect("watch");
     let mut kazoo = kazoo_lock(&ensemble, "/interop/auth");
     bounded("kazoo queues", queued.changed()).await;
-    assert!(kazoo.line(Duration::from_millis(500)).is_none(), "kazoo took a held lock");
+    assert!(
+        kazoo.line(Duration::from_millis(500)).is_none(),
+        "kazoo took a held lock"
+    );
     guard.release().await.expect("release");
-    let held = kazoo.line(Duration::from_secs(10)).expect("kazoo gets the lock after lockline");
+    let held = kazoo
+        .line(Duration::from_secs(10))
+        .expect("kazoo gets the lock after lockline");
     assert!(held.starts_with("held "), "{held}");
     kazoo.close_stdin();
     assert_eq!(kazoo.line(Duration::from_secs(10)).as_deref(), Some("released"));
