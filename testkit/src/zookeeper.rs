@@ -7,11 +7,19 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::process::{exchange, free_port, Member};
+use crate::tls::Issued;
 use crate::Result;
 
 pub(crate) const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 const JAVA: &str = "java";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// What the TLS (Netty) connection factory needs besides the jars that
+/// `zookeeper.jar`'s manifest names.
+const NETTY_EXTRA_JARS: [&str; 3] = [
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+];
 
 /// How a [`ZkEnsemble`] is configured.
 #[derive(Debug, Clone)]
@@ -23,6 +31,37 @@ pub struct ZkOptions {
     /// How often the server deletes empty container nodes
     /// (`znode.container.checkIntervalMs`; default 500 ms, the server's own is 60 s).
     pub container_check_interval: Duration,
+    /// A TLS `secureClientPort` beside the plain `clientPort` (which stays, for
+    /// the harness's readiness probes and for tests' setup clients). `None`
+    /// (the default): plain text only.
+    pub tls: Option<ZkTlsOptions>,
+    /// Users (name, password) the server accepts for SASL DIGEST-MD5, from a
+    /// JAAS file the harness writes. Empty (the default): SASL is not enabled.
+    pub sasl_users: Vec<(String, String)>,
+}
+
+/// Whether a TLS server asks connecting clients for a certificate
+/// (ZooKeeper's `ssl.clientAuth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientAuth {
+    /// A client without a certificate is refused (`need`).
+    #[default]
+    Need,
+    /// A certificate is asked for but not required (`want`).
+    Want,
+    /// No certificate is asked for (`none`).
+    None,
+}
+
+/// The server side of a TLS `secureClientPort`.
+#[derive(Debug, Clone)]
+pub struct ZkTlsOptions {
+    /// The server's certificate and key (from [`TestCa::server`](crate::TestCa::server)).
+    pub server: Issued,
+    /// The CA certificate (PEM file) client certificates must chain to.
+    pub client_ca: std::path::PathBuf,
+    /// Whether a client certificate is required.
+    pub client_auth: ClientAuth,
 }
 
 impl Default for ZkOptions {
@@ -31,6 +70,8 @@ impl Default for ZkOptions {
             tick_time: Duration::from_millis(200),
             session_timeout_range: (Duration::from_secs(1), Duration::from_secs(60)),
             container_check_interval: Duration::from_millis(500),
+            tls: None,
+            sasl_users: Vec::new(),
         }
     }
 }
@@ -40,6 +81,8 @@ impl Default for ZkOptions {
 pub struct ZkEnsemble {
     members: Vec<Member>,
     client_ports: Vec<u16>,
+    /// The members' `secureClientPort`s, when TLS is on.
+    secure_ports: Vec<u16>,
     dir: TempDir,
 }
 
@@ -90,6 +133,36 @@ impl ZkEnsemble {
         for _ in 0..size {
             ports.push((free_port()?, free_port()?, free_port()?));
         }
+        let mut secure_ports = Vec::new();
+        if options.tls.is_some() {
+            for _ in 0..size {
+                secure_ports.push(free_port()?);
+            }
+        }
+        let mut server_flags = Vec::new();
+        let mut classpath = ZOOKEEPER_JAR.to_owned();
+        if !options.sasl_users.is_empty() {
+            let jaas = dir.path().join("jaas.conf");
+            let users: String = options
+                .sasl_users
+                .iter()
+                .map(|(user, password)| format!("\n    user_{user}={}", jaas_quote(password)))
+                .collect();
+            fs::write(
+                &jaas,
+                format!("Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required{users};\n}};\n"),
+            )?;
+            server_flags.push(format!("-Djava.security.auth.login.config={}", jaas.display()));
+            server_flags.push(
+                "-Dzookeeper.authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider".to_owned(),
+            );
+        }
+        if options.tls.is_some() {
+            for jar in NETTY_EXTRA_JARS {
+                classpath.push(':');
+                classpath.push_str(jar);
+            }
+        }
         let mut members = Vec::new();
         for (i, (client, _, _)) in ports.iter().enumerate() {
             let name = format!("n{}", i + 1);
@@ -104,6 +177,9 @@ impl ZkEnsemble {
                 options.session_timeout_range.0.as_millis(),
                 options.session_timeout_range.1.as_millis(),
             );
+            if let Some(tls) = &options.tls {
+                config.push_str(&tls_config(tls, secure_ports[i], dir.path(), &name)?);
+            }
             if size > 1 {
                 fs::write(data.join("myid"), format!("{}\n", i + 1))?;
                 for (j, (_, peer, election)) in ports.iter().enumerate() {
@@ -112,7 +188,8 @@ impl ZkEnsemble {
             }
             let config_path = dir.path().join(format!("{name}.cfg"));
             fs::write(&config_path, config)?;
-            let args = vec![
+            let mut args: Vec<String> = server_flags.clone();
+            args.extend([
                 "-Xmx256m".into(),
                 "-XX:+UseSerialGC".into(),
                 "-XX:TieredStopAtLevel=1".into(),
@@ -123,10 +200,10 @@ impl ZkEnsemble {
                     options.container_check_interval.as_millis()
                 ),
                 "-cp".into(),
-                ZOOKEEPER_JAR.into(),
+                classpath.clone(),
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
                 config_path.display().to_string(),
-            ];
+            ]);
             let log = dir.path().join(format!("{name}.log"));
             members.push(Member::start(&name, JAVA, &args, log, dir.path())?);
         }
@@ -134,6 +211,7 @@ impl ZkEnsemble {
         let mut ensemble = ZkEnsemble {
             members,
             client_ports,
+            secure_ports,
             dir,
         };
         for i in 0..size {
@@ -149,7 +227,15 @@ impl ZkEnsemble {
     /// When it does not within 60 s, or exits.
     pub fn wait_serving(&mut self, i: usize) -> Result<()> {
         let port = self.client_ports[i];
-        self.members[i].wait_ready(START_TIMEOUT, || mode(port).is_some())
+        // The TLS port is opened after the plain one serves: wait for both.
+        let secure = self.secure_ports.get(i).copied();
+        self.members[i].wait_ready(START_TIMEOUT, || {
+            mode(port).is_some()
+                && secure.is_none_or(|secure| {
+                    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], secure).into(), Duration::from_secs(1))
+                        .is_ok()
+                })
+        })
     }
 
     /// Waits until a running member reports itself leader (or standalone), and
@@ -185,6 +271,26 @@ impl ZkEnsemble {
             .map(|port| format!("127.0.0.1:{port}"))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The connect string of every member's TLS `secureClientPort`
+    /// (`127.0.0.1:P1,...`), or `None` when TLS is off.
+    pub fn secure_connect_string(&self) -> Option<String> {
+        if self.secure_ports.is_empty() {
+            return None;
+        }
+        Some(
+            self.secure_ports
+                .iter()
+                .map(|port| format!("127.0.0.1:{port}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+    }
+
+    /// The address of member `i`'s TLS port, `127.0.0.1:PORT`, when TLS is on.
+    pub fn secure_address(&self, i: usize) -> Option<String> {
+        self.secure_ports.get(i).map(|port| format!("127.0.0.1:{port}"))
     }
 
     /// The address of member `i`, `127.0.0.1:PORT`.
@@ -228,6 +334,36 @@ impl ZkEnsemble {
             .args(["-server", server]);
         command
     }
+}
+
+/// The `zoo.cfg` lines of a TLS `secureClientPort` served by Netty, with
+/// PEM key and trust stores (ZooKeeper 3.8 reads PEM).
+fn tls_config(tls: &ZkTlsOptions, port: u16, dir: &std::path::Path, name: &str) -> Result<String> {
+    // ZooKeeper's PEM key store wants the key and the certificate in one file.
+    let key_store = dir.join(format!("{name}-keystore.pem"));
+    fs::write(
+        &key_store,
+        format!("{}{}", tls.server.key_pem()?, tls.server.cert_pem()?),
+    )?;
+    let client_auth = match tls.client_auth {
+        ClientAuth::Need => "need",
+        ClientAuth::Want => "want",
+        ClientAuth::None => "none",
+    };
+    Ok(format!(
+        "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+         ssl.clientAuth={client_auth}\n",
+        key_store.display(),
+        tls.client_ca.display(),
+    ))
+}
+
+/// A JAAS string literal.
+fn jaas_quote(value: &str) -> String {
+    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 fn mode(port: u16) -> Option<String> {

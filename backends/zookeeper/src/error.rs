@@ -5,13 +5,20 @@ use zookeeper_client::Error as ZkError;
 
 pub(crate) const BACKEND: &str = "zookeeper";
 
-/// Maps a ZooKeeper client error: expiry → `SessionLost`, a closed client →
+/// Maps a ZooKeeper client error: expiry → `SessionLost`, rejected
+/// credentials → `AuthenticationFailed`, an ACL refusal → `PermissionDenied`
+/// (callers that know the operation use [`denied`]), a closed client →
 /// `Closed`, connection trouble → `Unavailable`, anything else → `Backend`.
 pub(crate) fn map(error: ZkError, session: &str) -> Error {
     match error {
-        ZkError::SessionExpired | ZkError::AuthFailed => Error::SessionLost {
+        ZkError::SessionExpired => Error::SessionLost {
             session: session.to_owned(),
         },
+        ZkError::AuthFailed => Error::AuthenticationFailed {
+            backend: BACKEND,
+            reason: format!("the server rejected the credentials of session {session} (AuthFailed)"),
+        },
+        ZkError::NoAuth => denied("access", "(unknown path)"),
         ZkError::ClientClosed => Error::Closed {
             session: session.to_owned(),
         },
@@ -27,5 +34,16 @@ pub(crate) fn map(error: ZkError, session: &str) -> Error {
             source: Some(Box::new(error)),
         },
         other => Error::backend(BACKEND, other),
+    }
+}
+
+/// ZooKeeper's `NoAuth`: the node's (or, to create or delete, its parent's)
+/// ACL does not grant this session's identities `operation`.
+pub(crate) fn denied(operation: &'static str, path: &str) -> Error {
+    Error::PermissionDenied {
+        backend: BACKEND,
+        operation,
+        key: path.to_owned(),
+        reason: "the ACL does not grant this session's identity (ZooKeeper NoAuth)".to_owned(),
     }
 }

@@ -38,18 +38,110 @@
 //! - A create whose answer is lost is retried by looking for the attempt's id in
 //!   the directory (owned by this session) before creating again: never a
 //!   duplicate.
+//!
+//! # Secure ensembles
+//!
+//! TLS to the servers' `secureClientPort`, credentials, and ACLs on what
+//! lockline creates:
+//!
+//! ```no_run
+//! use lockline_zookeeper::lockline::{Client, Tls};
+//! use lockline_zookeeper::{AclPolicy, ZooKeeper};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockline::Result<()> {
+//! let tls = Tls::new()
+//!     .with_ca_file("/etc/zookeeper/ca.pem")?
+//!     .with_client_files("/etc/zookeeper/client.pem", "/etc/zookeeper/client-key.pem")?;
+//! let backend = ZooKeeper::new("zk1.example.com:2281,zk2.example.com:2281/apps")
+//!     .with_tls(tls)
+//!     .with_digest("billing", std::env::var("ZK_PASSWORD").unwrap_or_default())
+//!     .with_acl_policy(AclPolicy::Creator);
+//! let session = Client::new(backend).session().await?;
+//! let guard = session.mutex("billing/nightly")?.lock().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - **TLS** ([`ZooKeeper::with_tls`]): every server in the connect string is
+//!   reached over TLS; its certificate must chain to the given CA and name the
+//!   host (or IP address) as written in the connect string. The client
+//!   certificate is sent when the server asks (`ssl.clientAuth=need|want`).
+//! - **Credentials**: [`ZooKeeper::with_digest`] sends `addauth digest
+//!   user:password` on every connection (the identity
+//!   `digest:user:base64(sha1(user:password))`, as kazoo and Curator make it);
+//!   [`ZooKeeper::with_sasl_digest_md5`] logs in with SASL DIGEST-MD5 (the
+//!   identity `sasl:user`). Both may be set; the session then has both
+//!   identities.
+//! - **ACLs** ([`AclPolicy`]) on every node lockline creates: contender nodes,
+//!   lock directories and their missing parents. Nodes that exist already
+//!   keep their ACLs; lockline never sets an ACL on an existing node.
+//!
+//! | policy | contender node | directories lockline creates |
+//! |---|---|---|
+//! | [`AclPolicy::Open`] (default) | `world:anyone` ALL | `world:anyone` ALL |
+//! | [`AclPolicy::Creator`] | `auth` ALL (the creating session's identities), `world:anyone` READ | the same |
+//!
+//! What ZooKeeper checks decides what these guarantee: creating a node needs
+//! CREATE on its parent, **deleting a node needs DELETE on its parent** (the
+//! node's own ACL is not consulted), reading data or listing children needs
+//! READ on the node, `setData` needs WRITE on the node, and `exists` is never
+//! checked. So with one directory shared by several contenders, whoever may
+//! delete their own node may delete everybody's: "only the creator may delete
+//! its node" cannot be expressed. `Creator` therefore makes a lock directory
+//! belong to one identity:
+//!
+//! - the identity that created the directory (every session authenticated
+//!   as it: a service's replicas sharing one credential) can queue, release,
+//!   and proclaim election values;
+//! - every other identity, and unauthenticated clients, can read the queue
+//!   (who holds, the tokens, the election value) but cannot queue
+//!   ([`Error::PermissionDenied`], operation `"queue on"`), cannot delete
+//!   anyone's node, and cannot change a contender's data;
+//! - within the owning identity nothing stops one session from deleting
+//!   another's node (ZooKeeper cannot tell them apart); lockline itself only
+//!   ever deletes the nodes of its own attempts.
+//!
+//! Limits: the directory is a container node, so the server removes it once
+//! it is empty, and whichever identity next locks that name creates it anew
+//! and owns it. A missing parent directory is created with the same ACL, so
+//! other identities cannot create locks under it while it exists. For a
+//! fixed owner or a fixed set of identities, create the directories (as
+//! persistent nodes) with the ACL you want beforehand: lockline queues in
+//! them under their ACL, with either policy. Use `Open` when Curator or kazoo
+//! contenders under other identities must queue in the same directories.
+//!
+//! Which failure gives which error:
+//!
+//! | failure | error |
+//! |---|---|
+//! | the server's certificate does not chain to the CA, the server refuses or misses the client certificate, plain text against a TLS port, TLS against a plain port | [`Error::Unavailable`] within the connect timeout; its source says `TLS handshake with HOST:PORT failed: ...` or `HOST:PORT expects TLS ...` |
+//! | PEM that does not parse, a TLS setting without a CA | [`Error::InvalidOptions`] when the session is opened |
+//! | a SASL login the server rejects | [`Error::AuthenticationFailed`] when the session is opened; a session whose credentials are rejected later is lost |
+//! | `AclPolicy::Creator` without credentials | [`Error::InvalidOptions`] when the session is opened |
+//! | an ACL refuses a request (ZooKeeper `NoAuth`) | [`Error::PermissionDenied`] naming the operation (`"create"` a directory, `"queue on"` a directory, `"read"`, `"delete"`, `"write"`) and the path, at once, never retried; a refused acquire leaves no node |
+//!
+//! A digest `addauth` never fails: ZooKeeper accepts any user and password
+//! and derives an identity from them. A wrong password is thus noticed only
+//! when an ACL that grants the right identity refuses the wrong one
+//! ([`Error::PermissionDenied`]).
+//!
+//! Passwords and private keys never appear in `Debug` output, in logs or in
+//! error messages.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod connect;
 mod error;
 mod layout;
 mod session;
 
+use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lockline::{Backend, BackendSession, Error, Result, SessionOptions};
+use lockline::{Backend, BackendSession, Error, Result, SessionOptions, Tls};
 
 pub use lockline;
 pub use zookeeper_client;
@@ -61,9 +153,71 @@ use crate::session::ZkSession;
 /// Each lockline session opens its own ZooKeeper session (and connection) to
 /// the connect string's servers. An unreachable ensemble gives
 /// [`Error::Unavailable`] within the session options' connect timeout.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows the connect string, whether TLS is on, the user
+/// names and the ACL policy; never a password or a private key.
+#[derive(Clone)]
 pub struct ZooKeeper {
     connect: String,
+    tls: Option<Tls>,
+    digest: Option<Credentials>,
+    sasl: Option<Credentials>,
+    acl_policy: AclPolicy,
+}
+
+/// A user name and its password; only the name is ever shown.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl fmt::Debug for ZooKeeper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeper")
+            .field("connect", &self.connect)
+            .field("tls", &self.tls.is_some())
+            .field(
+                "tls_client_certificate",
+                &self.tls.as_ref().is_some_and(|tls| tls.client_pem().is_some()),
+            )
+            .field("digest_user", &self.digest.as_ref().map(|c| c.user.as_str()))
+            .field("sasl_user", &self.sasl.as_ref().map(|c| c.user.as_str()))
+            .field("acl_policy", &self.acl_policy)
+            .finish()
+    }
+}
+
+/// The ACLs lockline sets on the nodes it creates: contender nodes and lock
+/// directories (and their missing parents). Nodes that already exist keep
+/// theirs: lockline never changes an ACL.
+///
+/// See the crate docs' "Secure ensembles" section for the exact ACLs and what
+/// each guarantees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AclPolicy {
+    /// `world:anyone` with every permission, on contender nodes and
+    /// directories: what Curator and kazoo set by default, so mixed
+    /// deployments keep queueing together. The default.
+    #[default]
+    Open,
+    /// The creating identity (ZooKeeper's `auth` scheme: every identity the
+    /// session authenticated as) gets every permission, everyone else may only
+    /// read, on contender nodes and on the directories lockline creates. A
+    /// lock directory thereby belongs to the identity that created it, until
+    /// the server removes it once empty. Needs credentials
+    /// ([`ZooKeeper::with_digest`] or [`ZooKeeper::with_sasl_digest_md5`]).
+    Creator,
 }
 
 impl ZooKeeper {
@@ -71,7 +225,71 @@ impl ZooKeeper {
     pub fn new(connect: impl Into<String>) -> Self {
         ZooKeeper {
             connect: connect.into(),
+            tls: None,
+            digest: None,
+            sasl: None,
+            acl_policy: AclPolicy::Open,
         }
+    }
+
+    /// Connects over TLS (to the servers' `secureClientPort`), verifying each
+    /// server's certificate against the CA in `tls` and its host name or IP
+    /// address against the certificate; presents the client certificate in
+    /// `tls` if it has one (for servers with `ssl.clientAuth=need`).
+    ///
+    /// A CA is required. PEM that does not parse is refused with
+    /// [`Error::InvalidOptions`] when a session is opened. A handshake that
+    /// fails (an untrusted server, a refused or missing client certificate, a
+    /// plain-text port) gives [`Error::Unavailable`] whose source names the
+    /// server and says TLS.
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Authenticates every connection with ZooKeeper's `digest` scheme
+    /// (`addauth digest user:password`), as kazoo's `auth_data` and Curator's
+    /// `authorization("digest", ...)` do.
+    ///
+    /// ZooKeeper accepts any digest credentials: a wrong password is not an
+    /// error by itself, it makes another identity, which ACLs granting the
+    /// right one then refuse ([`Error::PermissionDenied`]).
+    pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Logs every connection in with SASL DIGEST-MD5 (a server with
+    /// `SASLAuthenticationProvider` and a JAAS `Server` section). The identity
+    /// is `sasl:<user>`. A login the server rejects gives
+    /// [`Error::AuthenticationFailed`] when the session is opened.
+    pub fn with_sasl_digest_md5(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.sasl = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// The ACLs to set on the nodes lockline creates (default [`AclPolicy::Open`]).
+    pub fn with_acl_policy(mut self, policy: AclPolicy) -> Self {
+        self.acl_policy = policy;
+        self
+    }
+
+    /// Refuses settings that cannot work together.
+    fn validate(&self) -> Result<()> {
+        if self.acl_policy == AclPolicy::Creator && self.digest.is_none() && self.sasl.is_none() {
+            return Err(Error::InvalidOptions {
+                reason: "AclPolicy::Creator grants the creating identity, but no credentials are configured: \
+                         add ZooKeeper::with_digest or ZooKeeper::with_sasl_digest_md5"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -80,7 +298,6 @@ impl Backend for ZooKeeper {
     fn name(&self) -> &'static str {
         error::BACKEND
     }
-
     /// ZooKeeper reserves `/zookeeper`, and no ZooKeeper path ends in `/`.
     ///
     /// A trailing `/` (etcd's Go examples name locks `/my-lock/`) is refused
@@ -108,7 +325,8 @@ impl Backend for ZooKeeper {
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
-        let session: Arc<dyn BackendSession> = ZkSession::open(&self.connect, options).await?;
+        self.validate()?;
+        let session: Arc<dyn BackendSession> = ZkSession::open(self, options).await?;
         Ok(session)
     }
 }

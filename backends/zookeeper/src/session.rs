@@ -14,11 +14,28 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, SessionState as ZkState,
+    Acl, Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, Permission, SessionState as ZkState,
 };
 
-use crate::error::map;
+use crate::error::{denied, map};
 use crate::layout::{self, Contender};
+use crate::{AclPolicy, ZooKeeper};
+
+/// [`AclPolicy::Creator`]'s ACL, on contender nodes and directories alike:
+/// every permission for the creating identity, read for everyone.
+static CREATOR_ACL: [Acl; 2] = [
+    Acl::new_const(Permission::ALL, "auth", ""),
+    Acl::new_const(Permission::READ, "world", "anyone"),
+];
+
+impl AclPolicy {
+    fn acls(self) -> Acls<'static> {
+        match self {
+            AclPolicy::Open => Acls::anyone_all(),
+            AclPolicy::Creator => Acls::new(&CREATOR_ACL),
+        }
+    }
+}
 
 /// A lockline session on ZooKeeper.
 pub(crate) struct ZkSession {
@@ -34,6 +51,11 @@ pub(crate) struct ZkSession {
     /// looks for the attempt's node before creating one. An attempt leaves the
     /// set only once its append has fully succeeded, or it is abandoned.
     uncertain: StdMutex<HashSet<String>>,
+    /// Attempts whose create the server refused (an ACL): they made no node,
+    /// so abandoning them needs no look at a directory this session may not
+    /// be allowed to read.
+    refused: StdMutex<HashSet<String>>,
+    acl_policy: AclPolicy,
 }
 
 /// When the server last confirmed the session, and how long that lasts.
@@ -134,16 +156,11 @@ fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl ZkSession {
-    pub(crate) async fn open(connect: &str, options: &SessionOptions) -> Result<Arc<Self>> {
+    pub(crate) async fn open(backend: &ZooKeeper, options: &SessionOptions) -> Result<Arc<Self>> {
         // The connect request is the session's first confirmation: the server
         // starts its expiry clock no earlier than this.
         let sent = Instant::now();
-        let client = Client::connector()
-            .with_session_timeout(options.ttl())
-            .with_connection_timeout(options.connect_timeout())
-            .connect(connect)
-            .await
-            .map_err(|e| map(e, "(connecting)"))?;
+        let client = crate::connect::connect(backend, options).await?;
         let id = format!("{:x}", client.session_id().0);
         let state = watch::Sender::new(SessionState::Live);
         // Declare the session lost a safety margin before the server could
@@ -172,6 +189,8 @@ impl ZkSession {
             liveness,
             tracker,
             uncertain: StdMutex::default(),
+            refused: StdMutex::default(),
+            acl_policy: backend.acl_policy,
         }))
     }
 
@@ -192,10 +211,20 @@ impl ZkSession {
 
     fn err(&self, error: ZkError) -> Error {
         let mapped = map(error, &self.id);
-        if let Error::SessionLost { .. } = mapped {
-            self.mark_lost("the server expired the session");
+        match mapped {
+            Error::SessionLost { .. } => self.mark_lost("the server expired the session"),
+            Error::AuthenticationFailed { .. } => self.mark_lost("the server rejected the session's credentials"),
+            _ => {}
         }
         mapped
+    }
+
+    /// As [`err`](Self::err), with an ACL refusal named by what was refused.
+    fn err_on(&self, error: ZkError, operation: &'static str, path: &str) -> Error {
+        match error {
+            ZkError::NoAuth => denied(operation, path),
+            other => self.err(other),
+        }
     }
 
     fn mark_lost(&self, why: &str) {
@@ -214,7 +243,7 @@ impl ZkSession {
         // has not applied the create yet: catch it up with the leader first.
         match client.sync(dir).await {
             Ok(()) | Err(ZkError::NoNode) => {}
-            Err(error) => return Err(self.err(error)),
+            Err(error) => return Err(self.err_on(error, "read", dir)),
         }
         let mine: Vec<Contender> = self
             .children(client, dir)
@@ -226,9 +255,10 @@ impl ZkSession {
             return Ok(None);
         };
         for node in extra {
-            match client.delete(&format!("{dir}/{}", node.name), None).await {
+            let path = format!("{dir}/{}", node.name);
+            match client.delete(&path, None).await {
                 Ok(()) | Err(ZkError::NoNode) => {}
-                Err(error) => return Err(self.err(error)),
+                Err(error) => return Err(self.err_on(error, "delete", &path)),
             }
         }
         let path = format!("{dir}/{}", first.name);
@@ -244,7 +274,7 @@ impl ZkSession {
             }
             // Gone since the listing (deleted by someone else): make a new one.
             Ok(None) => Ok(None),
-            Err(error) => Err(self.err(error)),
+            Err(error) => Err(self.err_on(error, "read", &path)),
         }
     }
 
@@ -252,33 +282,40 @@ impl ZkSession {
         match client.list_children(dir).await {
             Ok(children) => Ok(layout::contenders(&children)),
             Err(ZkError::NoNode) => Ok(Vec::new()),
-            Err(error) => Err(self.err(error)),
+            Err(error) => Err(self.err_on(error, "read", dir)),
         }
     }
 
     /// Creates the ephemeral-sequential node, creating missing parents as
-    /// container nodes (deleted by the server once empty).
+    /// container nodes (deleted by the server once empty), all with the
+    /// policy's ACLs.
     async fn create(&self, client: &Client, prefix: &str, dir: &str, value: &[u8]) -> Result<(String, i64)> {
-        let node = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let node = CreateMode::EphemeralSequential.with_acls(self.acl_policy.acls());
         for _ in 0..3 {
             match client.create(prefix, value, &node).await {
                 Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
                 // The directory is missing (never made, or a container the
                 // server just cleaned up): make it and try again.
                 Err(ZkError::NoNode) => {
-                    let parent = CreateMode::Container.with_acls(Acls::anyone_all());
+                    let parent = CreateMode::Container.with_acls(self.acl_policy.acls());
                     match client.mkdir(dir, &parent).await {
                         Ok(()) | Err(ZkError::NodeExists) => {}
-                        Err(error) => return Err(self.err(error)),
+                        Err(error) => return Err(self.err_on(error, "create", dir)),
                     }
                 }
-                Err(error) => return Err(self.err(error)),
+                Err(error) => return Err(self.err_on(error, "queue on", dir)),
             }
         }
         Err(Error::backend(
             crate::error::BACKEND,
             format!("the lock directory {dir:?} kept disappearing while creating an entry"),
         ))
+    }
+
+    /// An attempt known to have no node: abandoning it is a no-op.
+    fn settle_refused(&self, attempt: &str) {
+        lock(&self.uncertain).remove(attempt);
+        lock(&self.refused).insert(attempt.to_owned());
     }
 
     fn mine(contenders: &[Contender], key: &str, dir: &str) -> bool {
@@ -325,7 +362,17 @@ impl BackendSession for ZkSession {
             Some(found) => found,
             None => {
                 lock(&self.uncertain).insert(request.attempt.to_owned());
-                let (key, czxid) = self.create(&client, &prefix, &dir, request.value).await?;
+                let (key, czxid) = match self.create(&client, &prefix, &dir, request.value).await {
+                    Ok(created) => created,
+                    // The server refused: no node was made (a session's
+                    // requests are applied in order, so no earlier try of the
+                    // attempt is still on its way either).
+                    Err(error @ Error::PermissionDenied { .. }) => {
+                        self.settle_refused(request.attempt);
+                        return Err(error);
+                    }
+                    Err(error) => return Err(error),
+                };
                 let sequence = layout::parse(key.rsplit('/').next().unwrap_or_default())
                     .map(|c| c.sequence)
                     .ok_or_else(|| Error::backend(crate::error::BACKEND, format!("unexpected node name {key:?}")))?;
@@ -339,7 +386,25 @@ impl BackendSession for ZkSession {
             token: FencingToken::new(u64::try_from(czxid).unwrap_or(0)),
             owner: Some(self.id.clone()),
         };
-        let contenders = self.children(&client, &dir).await?;
+        let contenders = match self.children(&client, &dir).await {
+            Ok(contenders) => contenders,
+            // Allowed to queue but not to read the queue: take the node back
+            // at once rather than leave it to a cleanup that cannot list.
+            Err(error @ Error::PermissionDenied { .. }) => {
+                match client.delete(&entry.key, None).await {
+                    Ok(()) | Err(ZkError::NoNode) => self.settle_refused(request.attempt),
+                    Err(delete) => {
+                        tracing::warn!(
+                            key = %entry.key,
+                            error = %delete,
+                            "cannot delete a node whose directory may not be read; it goes with the session"
+                        );
+                    }
+                }
+                return Err(error);
+            }
+            Err(error) => return Err(error),
+        };
         lock(&self.uncertain).remove(request.attempt);
         let mut nearest: Vec<Entry> = conflicting(&contenders, request.conflicts)
             .filter(|c| layout::precedes(c, sequence))
@@ -390,7 +455,7 @@ impl BackendSession for ZkSession {
         for entry in &entries {
             reader.add_get_data(&entry.key).map_err(|e| self.err(e))?;
         }
-        let results = reader.commit().await.map_err(|e| self.err(e))?;
+        let results = reader.commit().await.map_err(|e| self.err_on(e, "read", &dir))?;
         let mut listed = Vec::with_capacity(entries.len());
         for (mut entry, result) in entries.drain(..).zip(results) {
             match result {
@@ -401,7 +466,7 @@ impl BackendSession for ZkSession {
                 }
                 // Gone since the listing: not a contender any more.
                 MultiReadResult::Error { err: ZkError::NoNode } => {}
-                MultiReadResult::Error { err } => return Err(self.err(err)),
+                MultiReadResult::Error { err } => return Err(self.err_on(err, "read", &entry.key)),
                 _ => {}
             }
         }
@@ -426,7 +491,7 @@ impl BackendSession for ZkSession {
                     Ok((None, watcher)) => watcher,
                     Err(error) => return Err(self.err(error)),
                 },
-                Err(error) => return Err(self.err(error)),
+                Err(error) => return Err(self.err_on(error, "read", &dir)),
             };
             let event = watcher.changed().await;
             if event.event_type == EventType::Session {
@@ -473,11 +538,14 @@ impl BackendSession for ZkSession {
         match client.delete(&entry.key, None).await {
             Ok(()) => Ok(true),
             Err(ZkError::NoNode) => Ok(false),
-            Err(error) => Err(self.err(error)),
+            Err(error) => Err(self.err_on(error, "delete", &entry.key)),
         }
     }
 
     async fn abandon(&self, dir: &str, _kind: EntryKind, attempt: &str) -> Result<()> {
+        if lock(&self.refused).remove(attempt) {
+            return Ok(());
+        }
         let client = self.client()?;
         let dir = layout::dir_path(dir);
         for contender in self.children(&client, &dir).await? {
@@ -485,7 +553,7 @@ impl BackendSession for ZkSession {
                 let path = format!("{dir}/{}", contender.name);
                 match client.delete(&path, None).await {
                     Ok(()) | Err(ZkError::NoNode) => {}
-                    Err(error) => return Err(self.err(error)),
+                    Err(error) => return Err(self.err_on(error, "delete", &path)),
                 }
             }
         }
@@ -498,7 +566,7 @@ impl BackendSession for ZkSession {
         match client.set_data(&entry.key, value, None).await {
             Ok(_) => Ok(()),
             Err(ZkError::NoNode) => Err(Error::LockLost { key: entry.key.clone() }),
-            Err(error) => Err(self.err(error)),
+            Err(error) => Err(self.err_on(error, "write", &entry.key)),
         }
     }
 
@@ -507,7 +575,7 @@ impl BackendSession for ZkSession {
         match client.get_data(&entry.key).await {
             Ok((data, _)) => Ok(Some(data)),
             Err(ZkError::NoNode) => Ok(None),
-            Err(error) => Err(self.err(error)),
+            Err(error) => Err(self.err_on(error, "read", &entry.key)),
         }
     }
 
@@ -517,7 +585,7 @@ impl BackendSession for ZkSession {
             let (data, _, watcher) = match client.get_and_watch_data(&entry.key).await {
                 Ok(found) => found,
                 Err(ZkError::NoNode) => return Ok(None),
-                Err(error) => return Err(self.err(error)),
+                Err(error) => return Err(self.err_on(error, "read", &entry.key)),
             };
             if data != seen {
                 return Ok(Some(data));
@@ -616,6 +684,10 @@ async fn track(
                     SessionState::advance(&state, SessionState::Suspended);
                 }
                 ZkState::Closed => break SessionState::Closed,
+                ZkState::AuthFailed => {
+                    tracing::warn!("ZooKeeper rejected the session's credentials on reconnection; session lost");
+                    break SessionState::Lost;
+                }
                 other => {
                     tracing::warn!(state = ?other, "ZooKeeper session expired");
                     break SessionState::Lost;
@@ -629,7 +701,11 @@ async fn track(
                         SessionState::advance(&state, SessionState::Live);
                         next_ping = sent + interval;
                     }
-                    Err(ZkError::SessionExpired | ZkError::AuthFailed) => break SessionState::Lost,
+                    Err(ZkError::SessionExpired) => break SessionState::Lost,
+                    Err(ZkError::AuthFailed) => {
+                        tracing::warn!("ZooKeeper rejected the session's credentials; session lost");
+                        break SessionState::Lost;
+                    }
                     Err(ZkError::ClientClosed) => break SessionState::Closed,
                     Err(error) => {
                         tracing::debug!(%error, "ZooKeeper session confirmation failed; retrying");

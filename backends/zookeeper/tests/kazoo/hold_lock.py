@@ -2,12 +2,16 @@
 
 usage: python3 hold_lock.py HOSTS PATH [lock|read|write|election|semaphore]
 
+With KAZOO_DIGEST=user:password in the environment, kazoo authenticates with
+ZooKeeper's digest scheme (its nodes keep kazoo's default, open ACL).
+
 Prints "held <node>" (or "leader" for an election) once it holds and
 "released" after it lets go. kazoo's locks are told Curator's patterns
 ("-lock-" for Lock; "__WRIT__" and "__READ__" for ReadLock/WriteLock), so they
 also queue behind lockline's (Curator-named) contenders. kazoo's Election and
 Semaphore take no such patterns: they cannot see lockline's contenders.
 """
+import os
 import sys
 
 from kazoo.client import KazooClient
@@ -23,7 +27,9 @@ def hold(lock):
 def main():
     hosts, path = sys.argv[1], sys.argv[2]
     recipe = sys.argv[3] if len(sys.argv) > 3 else "lock"
-    zk = KazooClient(hosts=hosts, timeout=10)
+    digest = os.environ.get("KAZOO_DIGEST")
+    auth_data = [("digest", digest)] if digest else None
+    zk = KazooClient(hosts=hosts, timeout=10, auth_data=auth_data)
     zk.start(timeout=10)
     if recipe == "lock":
         hold(zk.Lock(path, "kazoo", extra_lock_patterns=["-lock-"]))
