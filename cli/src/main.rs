@@ -117,15 +117,19 @@ use std::ffi::OsStr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use lockline::{Client, Error, MutexGuard, Session, SessionOptions};
+use lockline::{Client, Error, MutexGuard, Session, SessionOptions, Tls};
 use lockline_etcd::Etcd;
-use lockline_zookeeper::ZooKeeper;
+use lockline_zookeeper::{AclPolicy, ZooKeeper};
 
 use crate::group::{signal_status, ProcessGroup};
 use crate::signals::{signal_name, StopSignals, SuspendSignal};
 
 const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zookeeper HOST:PORT[,...][/CHROOT]) \
-                     [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]";
+                     [--ttl SECS] [--timeout SECS] [--kill-after SECS] \
+                     [--cacert FILE [--cert FILE --key FILE]] \
+                     [--user NAME[:PASSWORD] [--password PASSWORD]] [--marker-prefix PREFIX] \
+                     [--zk-auth digest|sasl:USER:PASSWORD] [--zk-acl open|creator] \
+                     NAME [COMMAND [ARGS...]]";
 
 /// Exit status when the lock was lost while held.
 const LOST: u8 = 3;
@@ -148,9 +152,42 @@ enum Server {
     ZooKeeper(String),
 }
 
+/// TLS and credentials, from flags and `ETCDCTL_*` variables. Passwords
+/// never appear in `Debug` output or in any message.
+#[derive(Default, PartialEq)]
+struct Security {
+    cacert: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    /// etcd user and password.
+    user: Option<(String, String)>,
+    marker_prefix: Option<String>,
+    /// ZooKeeper scheme (`digest` or `sasl`), user and password.
+    zk_auth: Option<(String, String, String)>,
+    zk_acl: Option<AclPolicy>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security")
+            .field("cacert", &self.cacert)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("marker_prefix", &self.marker_prefix)
+            .field(
+                "zk_auth",
+                &self.zk_auth.as_ref().map(|(scheme, user, _)| (scheme, user)),
+            )
+            .field("zk_acl", &self.zk_acl)
+            .finish()
+    }
+}
+
 #[derive(Debug)]
 struct Args {
     server: Server,
+    security: Security,
     ttl: Duration,
     timeout: Option<Duration>,
     kill_after: Duration,
@@ -166,12 +203,48 @@ fn seconds(flag: &str, value: Option<String>) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{flag}: {value:?} is not a valid duration"))
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+/// The value of `flag`, or an error naming the flag (never the value: it
+/// may be a password).
+fn value(flag: &str, value: Option<String>) -> Result<String, String> {
+    value.ok_or_else(|| format!("{flag} needs a value"))
+}
+
+/// A user name and the password found for it.
+fn user(name: &str, password: Option<String>, flag: &str) -> Result<(String, String), String> {
+    if name.is_empty() {
+        return Err(format!("{flag}: the user name is empty"));
+    }
+    let password = password
+        .ok_or_else(|| format!("{flag} {name}: no password; give {name}:PASSWORD, --password or ETCDCTL_PASSWORD"))?;
+    Ok((name.to_owned(), password))
+}
+
+/// `SCHEME:USER:PASSWORD` for ZooKeeper (`digest` or `sasl`).
+fn zk_auth(spec: &str) -> Result<(String, String, String), String> {
+    let mut parts = spec.splitn(3, ':');
+    let (scheme, user, password) = (parts.next(), parts.next(), parts.next());
+    match (scheme, user, password) {
+        (Some(scheme @ ("digest" | "sasl")), Some(user), Some(password)) if !user.is_empty() => {
+            Ok((scheme.to_owned(), user.to_owned(), password.to_owned()))
+        }
+        (Some(scheme), _, _) if scheme != "digest" && scheme != "sasl" => Err(format!(
+            "--zk-auth: unknown scheme {scheme:?}; use digest:USER:PASSWORD or sasl:USER:PASSWORD"
+        )),
+        _ => Err("--zk-auth: expected digest:USER:PASSWORD or sasl:USER:PASSWORD".to_owned()),
+    }
+}
+
+fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String>) -> Result<Args, String> {
+    let env = |name: &str| env(name).filter(|v| !v.is_empty());
+    let mut args = args;
     match args.next().as_deref() {
         Some("lock") => {}
         Some("-h" | "--help") | None => return Err(USAGE.to_owned()),
         Some(other) => return Err(format!("unknown command {other:?}\n{USAGE}")),
     }
+    let mut security = Security::default();
+    let mut user_spec = None;
+    let mut password = None;
     let mut server = None;
     let mut ttl = Duration::from_secs(10);
     let mut timeout = None;
@@ -190,6 +263,20 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--zookeeper" => {
                 let hosts = args.next().ok_or("--zookeeper needs a connect string")?;
                 server = Some(Server::ZooKeeper(hosts));
+            }
+            "--cacert" => security.cacert = Some(value("--cacert", args.next())?),
+            "--cert" => security.cert = Some(value("--cert", args.next())?),
+            "--key" => security.key = Some(value("--key", args.next())?),
+            "--user" => user_spec = Some(value("--user", args.next())?),
+            "--password" => password = Some(value("--password", args.next())?),
+            "--marker-prefix" => security.marker_prefix = Some(value("--marker-prefix", args.next())?),
+            "--zk-auth" => security.zk_auth = Some(zk_auth(&value("--zk-auth", args.next())?)?),
+            "--zk-acl" => {
+                security.zk_acl = Some(match value("--zk-acl", args.next())?.as_str() {
+                    "open" => AclPolicy::Open,
+                    "creator" => AclPolicy::Creator,
+                    other => return Err(format!("--zk-acl: {other:?} is not open or creator")),
+                });
             }
             "--ttl" => ttl = seconds("--ttl", args.next())?,
             "--timeout" => timeout = Some(seconds("--timeout", args.next())?),
@@ -211,11 +298,55 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
         }
     }
-    let server = server.ok_or_else(|| format!("--etcd or --zookeeper is required\n{USAGE}"))?;
+    // etcdctl's variables fill in what the flags left out, for etcd only.
+    let server = match server {
+        Some(server) => server,
+        None => match env("ETCDCTL_ENDPOINTS") {
+            Some(list) => Server::Etcd(list.split(',').filter(|e| !e.is_empty()).map(str::to_owned).collect()),
+            None => return Err(format!("--etcd, --zookeeper or ETCDCTL_ENDPOINTS is required\n{USAGE}")),
+        },
+    };
+    if matches!(server, Server::Etcd(_)) {
+        security.cacert = security.cacert.or_else(|| env("ETCDCTL_CACERT"));
+        security.cert = security.cert.or_else(|| env("ETCDCTL_CERT"));
+        security.key = security.key.or_else(|| env("ETCDCTL_KEY"));
+        user_spec = user_spec.or_else(|| env("ETCDCTL_USER"));
+        if let Some(spec) = &user_spec {
+            // --password, then NAME:PASSWORD, then ETCDCTL_PASSWORD.
+            let (name, inline) = match spec.split_once(':') {
+                Some((name, inline)) => (name, Some(inline.to_owned())),
+                None => (spec.as_str(), None),
+            };
+            let password = password.take().or(inline).or_else(|| env("ETCDCTL_PASSWORD"));
+            security.user = Some(user(name, password, "--user")?);
+        } else if password.is_some() {
+            return Err("--password needs --user NAME".to_owned());
+        }
+        if security.zk_auth.is_some() || security.zk_acl.is_some() {
+            return Err("--zk-auth and --zk-acl are for --zookeeper; with etcd use --user".to_owned());
+        }
+    } else {
+        security.zk_auth = match security.zk_auth {
+            Some(auth) => Some(auth),
+            None => env("LOCKLINE_ZK_AUTH").map(|spec| zk_auth(&spec)).transpose()?,
+        };
+        if user_spec.is_some() || password.is_some() || security.marker_prefix.is_some() {
+            return Err(
+                "--user, --password and --marker-prefix are for --etcd; with ZooKeeper use --zk-auth".to_owned(),
+            );
+        }
+    }
+    if security.cert.is_some() != security.key.is_some() {
+        return Err("--cert and --key go together".to_owned());
+    }
+    if security.cert.is_some() && security.cacert.is_none() {
+        return Err("--cert and --key need --cacert (the CA that signed the servers' certificates)".to_owned());
+    }
     let mut rest = rest.into_iter();
     let name = rest.next().ok_or_else(|| format!("NAME is required\n{USAGE}"))?;
     Ok(Args {
         server,
+        security,
         ttl,
         timeout,
         kill_after,
@@ -229,7 +360,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 const OUTPUT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
-    let code = match parse(std::env::args().skip(1)) {
+    let code = match parse(std::env::args().skip(1), |name| std::env::var(name).ok()) {
         Ok(args) => start(args),
         Err(message) => {
             note!("{message}");
@@ -280,10 +411,7 @@ fn start(args: Args) -> u8 {
 }
 
 async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
-    let client = match &args.server {
-        Server::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
-        Server::ZooKeeper(hosts) => Client::new(ZooKeeper::new(hosts.clone())),
-    };
+    let client = backend(&args)?;
     let session = tokio::select! {
         biased;
         // Nothing is queued yet; a session being opened ends with its TTL.
@@ -327,6 +455,53 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
             Err(error)
         }
     }
+}
+
+/// The backend the arguments name, with their TLS and credentials.
+fn backend(args: &Args) -> lockline::Result<Client> {
+    let security = &args.security;
+    let tls = match &security.cacert {
+        None => None,
+        Some(ca) => {
+            let tls = Tls::new().with_ca_file(ca)?;
+            Some(match (&security.cert, &security.key) {
+                (Some(cert), Some(key)) => tls.with_client_files(cert, key)?,
+                _ => tls,
+            })
+        }
+    };
+    Ok(match &args.server {
+        Server::Etcd(endpoints) => {
+            let mut etcd = Etcd::new(endpoints.clone());
+            if let Some(tls) = tls {
+                etcd = etcd.with_tls(tls);
+            }
+            if let Some((user, password)) = &security.user {
+                etcd = etcd.with_user(user.clone(), password.clone());
+            }
+            if let Some(prefix) = &security.marker_prefix {
+                etcd = etcd.with_marker_prefix(prefix.clone());
+            }
+            Client::new(etcd)
+        }
+        Server::ZooKeeper(hosts) => {
+            let mut zk = ZooKeeper::new(hosts.clone());
+            if let Some(tls) = tls {
+                zk = zk.with_tls(tls);
+            }
+            match &security.zk_auth {
+                Some((scheme, user, password)) if scheme == "sasl" => {
+                    zk = zk.with_sasl_digest_md5(user.clone(), password.clone());
+                }
+                Some((_, user, password)) => zk = zk.with_digest(user.clone(), password.clone()),
+                None => {}
+            }
+            if let Some(policy) = security.zk_acl {
+                zk = zk.with_acl_policy(policy);
+            }
+            Client::new(zk)
+        }
+    })
 }
 
 /// How holding the lock ended.
@@ -508,7 +683,7 @@ mod tests {
     use super::parse;
 
     fn args(line: &str) -> Result<super::Args, String> {
-        parse(line.split_whitespace().map(str::to_owned))
+        parse(line.split_whitespace().map(str::to_owned), |_| None)
     }
 
     #[test]
@@ -535,6 +710,96 @@ mod tests {
         assert!(args("lock --etcd http://a:1 --ttl -1 x").is_err());
         assert!(args("unlock x").is_err());
         assert!(args("lock --etcd http://a:1 --bogus x").is_err());
+    }
+
+    fn with_env(line: &str, vars: &[(&str, &str)]) -> Result<super::Args, String> {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        parse(line.split_whitespace().map(str::to_owned), move |name| {
+            vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn takes_tls_and_credentials_from_flags_as_etcdctl_names_them() {
+        let parsed =
+            args("lock --etcd https://a:1 --cacert ca.pem --cert c.pem --key k.pem --user alice:pw1 x").expect("parse");
+        let security = &parsed.security;
+        assert_eq!(security.cacert.as_deref(), Some("ca.pem"));
+        assert_eq!(security.cert.as_deref(), Some("c.pem"));
+        assert_eq!(security.key.as_deref(), Some("k.pem"));
+        assert_eq!(security.user, Some(("alice".into(), "pw1".into())));
+        let split = args("lock --etcd https://a:1 --cacert ca.pem --user alice --password pw:2 x").expect("parse");
+        assert_eq!(split.security.user, Some(("alice".into(), "pw:2".into())));
+        let zk =
+            args("lock --zookeeper h:1 --cacert ca.pem --zk-auth digest:bob:p:w --zk-acl creator x").expect("parse");
+        assert_eq!(zk.security.zk_auth, Some(("digest".into(), "bob".into(), "p:w".into())));
+        assert_eq!(zk.security.zk_acl, Some(lockline_zookeeper::AclPolicy::Creator));
+    }
+
+    #[test]
+    fn honours_the_etcdctl_variables_with_flags_first() {
+        let vars = [
+            ("ETCDCTL_ENDPOINTS", "https://e1:2379,https://e2:2379"),
+            ("ETCDCTL_CACERT", "env-ca.pem"),
+            ("ETCDCTL_CERT", "env-c.pem"),
+            ("ETCDCTL_KEY", "env-k.pem"),
+            ("ETCDCTL_USER", "carol"),
+            ("ETCDCTL_PASSWORD", "env-pw"),
+        ];
+        let parsed = with_env("lock x", &vars).expect("parse");
+        assert_eq!(
+            parsed.server,
+            super::Server::Etcd(vec!["https://e1:2379".into(), "https://e2:2379".into()])
+        );
+        assert_eq!(parsed.security.cacert.as_deref(), Some("env-ca.pem"));
+        assert_eq!(parsed.security.cert.as_deref(), Some("env-c.pem"));
+        assert_eq!(parsed.security.user, Some(("carol".into(), "env-pw".into())));
+        let flagged = with_env("lock --etcd https://f:1 --cacert f-ca.pem --user dave:f-pw x", &vars).expect("parse");
+        assert_eq!(flagged.server, super::Server::Etcd(vec!["https://f:1".into()]));
+        assert_eq!(flagged.security.cacert.as_deref(), Some("f-ca.pem"));
+        assert_eq!(flagged.security.user, Some(("dave".into(), "f-pw".into())));
+        // The etcd variables are not applied to ZooKeeper.
+        let zk = with_env("lock --zookeeper h:1 x", &vars).expect("parse");
+        assert_eq!(zk.security, super::Security::default());
+        let zk = with_env("lock --zookeeper h:1 x", &[("LOCKLINE_ZK_AUTH", "sasl:eve:zpw")]).expect("parse");
+        assert_eq!(zk.security.zk_auth, Some(("sasl".into(), "eve".into(), "zpw".into())));
+    }
+
+    #[test]
+    fn refuses_flags_of_the_other_backend_and_half_set_credentials() {
+        for line in [
+            "lock --zookeeper h:1 --user a:b x",
+            "lock --zookeeper h:1 --marker-prefix p/ x",
+            "lock --etcd http://a:1 --zk-auth digest:a:b x",
+            "lock --etcd http://a:1 --zk-acl creator x",
+            "lock --etcd http://a:1 --cacert ca --cert c x",
+            "lock --etcd http://a:1 --cert c --key k x",
+            "lock --etcd http://a:1 --user alice x",
+            "lock --etcd http://a:1 --password pw x",
+            "lock --zookeeper h:1 --zk-auth world:a:b x",
+            "lock --zookeeper h:1 --zk-auth digest:nopassword x",
+            "lock --zookeeper h:1 --zk-acl everyone x",
+        ] {
+            assert!(args(line).is_err(), "accepted: {line}");
+        }
+    }
+
+    #[test]
+    fn never_shows_a_password() {
+        let parsed = args("lock --etcd https://a:1 --cacert ca --user alice:SECRET-1 x").expect("parse");
+        let shown = format!("{parsed:?}");
+        assert!(shown.contains("alice") && !shown.contains("SECRET-1"), "{shown}");
+        let parsed = args("lock --zookeeper h:1 --zk-auth digest:bob:SECRET-2 x").expect("parse");
+        let shown = format!("{parsed:?}");
+        assert!(shown.contains("bob") && !shown.contains("SECRET-2"), "{shown}");
+        for line in [
+            "lock --zookeeper h:1 --zk-auth bogus:bob:SECRET-3 x",
+            "lock --zookeeper h:1 --user bob:SECRET-3 x",
+            "lock --etcd h:1 --password SECRET-3 x",
+        ] {
+            let error = args(line).expect_err("refused");
+            assert!(!error.contains("SECRET-3"), "{line}: {error}");
+        }
     }
 
     #[test]
