@@ -5,6 +5,14 @@
 //! lockline lock --zookeeper 127.0.0.1:2181[/chroot] [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]
 //! ```
 //!
+//! On secure clusters: `--cacert FILE`, `--cert FILE`, `--key FILE` (TLS, both
+//! backends); `--user NAME[:PASSWORD]`, `--password PASSWORD` and
+//! `--marker-prefix PREFIX` (etcd); `--zk-auth digest|sasl:USER:PASSWORD` and
+//! `--zk-acl open|creator` (ZooKeeper). etcdctl's `ETCDCTL_ENDPOINTS`,
+//! `ETCDCTL_CACERT`, `ETCDCTL_CERT`, `ETCDCTL_KEY`, `ETCDCTL_USER` and
+//! `ETCDCTL_PASSWORD` fill in what the flags leave out (etcd only), and
+//! `LOCKLINE_ZK_AUTH` the ZooKeeper credentials. Passwords are never printed.
+//!
 //! Waits in line for the lock `NAME`, prints its key on standard output, then:
 //!
 //! - with a command: runs it with `LOCKLINE_KEY` and `LOCKLINE_TOKEN` (the

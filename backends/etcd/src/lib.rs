@@ -54,6 +54,45 @@
 //!   the append's transaction requires it absent, so an append that reaches
 //!   the server late creates nothing.
 
+//!
+//! # Secure clusters
+//!
+//! TLS with a client certificate, a user, and markers under the user's prefix:
+//!
+//! ```no_run
+//! use lockline_etcd::lockline::{Client, Tls};
+//! use lockline_etcd::Etcd;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockline::Result<()> {
+//! let tls = Tls::new()
+//!     .with_ca_file("/etc/etcd/ca.pem")?
+//!     .with_client_files("/etc/etcd/client.pem", "/etc/etcd/client-key.pem")?;
+//! let backend = Etcd::new(["https://etcd-1:2379", "https://etcd-2:2379"])
+//!     .with_tls(tls)
+//!     .with_user("billing", std::env::var("ETCD_PASSWORD").unwrap_or_default())
+//!     // Markers of cancelled acquires under a prefix the role already has:
+//!     .with_marker_prefix("locks/__lockline_abandoned__/");
+//! let session = Client::new(backend).session().await?;
+//! let guard = session.mutex("locks/nightly")?.lock().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - **TLS** ([`Etcd::with_tls`]): rustls on aws-lc-rs (no system OpenSSL);
+//!   `https://` endpoints only, and `https://` only with TLS settings.
+//! - **Users** ([`Etcd::with_user`]): a token at connect time, renewed when
+//!   the server says it expired. The roles need read-write on each lock's
+//!   prefix and on the marker prefix ([`MARKER_PREFIX`], or
+//!   [`Etcd::with_marker_prefix`]); read is enough for `contenders()`,
+//!   `Election::leader()` and `observe()`.
+//! - **Errors**: a refused operation is [`Error::PermissionDenied`] naming
+//!   the operation and key, at once, never retried, with no entry left;
+//!   refused credentials are [`Error::AuthenticationFailed`]; a TLS failure
+//!   is [`Error::Unavailable`] whose cause says TLS, within the connect timeout.
+//! - The password and the private key never appear in `Debug` output, logs or
+//!   errors.
+
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
