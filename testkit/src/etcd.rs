@@ -64,7 +64,7 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start).
     pub fn start_cluster(size: usize) -> Result<Self> {
-        Self::start_with(size, false, None)
+        Self::start_with(size, false, None, &[])
     }
 
     /// Starts a one-member cluster whose client port speaks TLS only
@@ -82,7 +82,7 @@ impl EtcdCluster {
             ca: ca.cert().to_owned(),
             ctl: ca.client("root")?,
         };
-        Self::start_with(1, false, Some((server, files, client_cert_auth)))
+        Self::start_with(1, false, Some((server, files, client_cert_auth)), &[])
     }
     /// Starts a cluster of `size` members whose peer traffic passes through
     /// one proxy per member, so that [`isolate`](Self::isolate) can cut a
@@ -92,7 +92,7 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start), or when the members' ids cannot be read.
     pub fn start_isolatable(size: usize) -> Result<Self> {
-        Self::start_with(size, true, None)
+        Self::start_with(size, true, None, &[])
     }
 
     /// Cuts member `i` off from the other members (a network partition
@@ -123,10 +123,25 @@ impl EtcdCluster {
             .ok_or_else(|| Error::other("the cluster was not started with peer proxies"))
     }
 
-    fn start_with(size: usize, isolatable: bool, tls: Option<(Issued, TlsFiles, bool)>) -> Result<Self> {
+    /// Starts a one-member cluster with these extra `etcd` flags (say
+    /// `--auth-token jwt,...`).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_flags(flags: &[String]) -> Result<Self> {
+        Self::start_with(1, false, None, flags)
+    }
+
+    fn start_with(
+        size: usize,
+        isolatable: bool,
+        tls: Option<(Issued, TlsFiles, bool)>,
+        flags: &[String],
+    ) -> Result<Self> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start(size, isolatable, tls.clone()) {
+            match Self::try_start(size, isolatable, tls.clone(), flags) {
                 Ok(cluster) => return Ok(cluster),
                 Err(error) => last = Some(error),
             }
@@ -134,7 +149,12 @@ impl EtcdCluster {
         Err(last.unwrap_or_else(|| Error::other("etcd did not start")))
     }
 
-    fn try_start(size: usize, isolatable: bool, tls: Option<(Issued, TlsFiles, bool)>) -> Result<Self> {
+    fn try_start(
+        size: usize,
+        isolatable: bool,
+        tls: Option<(Issued, TlsFiles, bool)>,
+        flags: &[String],
+    ) -> Result<Self> {
         if size == 0 {
             return Err(Error::other("a cluster needs at least one member"));
         }
@@ -217,6 +237,7 @@ impl EtcdCluster {
                 }
                 None => health_ports.push(*client),
             }
+            args.extend(flags.iter().cloned());
             let log = dir.path().join(format!("{name}.log"));
             members.push(Member::start(&name, ETCD, &args, log, dir.path())?);
         }

@@ -351,7 +351,11 @@ impl Etcd {
                     connect = connect.with_tls(tls_options(tls)?);
                 }
                 if let Some(user) = &self.user {
-                    connect = connect.with_user(user.name.clone(), user.password.clone());
+                    // A token the server says expired is replaced and the
+                    // request sent again, once.
+                    connect = connect
+                        .with_user(user.name.clone(), user.password.clone())
+                        .with_auto_token_refresh(true);
                 }
                 self.check_schemes()?;
                 let connecting = etcd_client::Client::connect(&self.endpoints, Some(connect));

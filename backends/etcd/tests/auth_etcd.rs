@@ -24,7 +24,10 @@ struct Secured {
 
 impl Secured {
     async fn start() -> Self {
-        let cluster = EtcdCluster::start().expect("start etcd");
+        Self::on(EtcdCluster::start().expect("start etcd")).await
+    }
+
+    async fn on(cluster: EtcdCluster) -> Self {
         let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
             .await
             .expect("connect");
@@ -261,4 +264,91 @@ async fn no_credentials_on_a_cluster_with_auth_is_a_typed_refusal() {
         "{outcome:?}"
     );
     assert!(started.elapsed() < AT_ONCE, "the refusal took {:?}", started.elapsed());
+}
+
+/// Keys for etcd's JWT tokens (ES256), made with openssl; the directory goes
+/// with the value.
+fn jwt_keys() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let private = dir.path().join("jwt.key");
+    let public = dir.path().join("jwt.pub");
+    for args in [
+        vec![
+            "ecparam",
+            "-genkey",
+            "-name",
+            "prime256v1",
+            "-noout",
+            "-out",
+            private.to_str().unwrap(),
+        ],
+        vec![
+            "ec",
+            "-in",
+            private.to_str().unwrap(),
+            "-pubout",
+            "-out",
+            public.to_str().unwrap(),
+        ],
+    ] {
+        let out = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let flag = format!(
+        "jwt,pub-key={},priv-key={},sign-method=ES256,ttl=2s",
+        public.display(),
+        private.display()
+    );
+    (dir, flag)
+}
+
+/// Tokens that expire every 2 s (etcd's JWT tokens with `ttl=2s`): a session
+/// holding and a session waiting across several expiries keep working, the
+/// holder is never declared lost, and the waiter is granted at the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiring_tokens_are_renewed_while_holding_and_waiting() {
+    let (_keys, flag) = jwt_keys();
+    let cluster = EtcdCluster::start_with_flags(&["--auth-token".to_owned(), flag]).expect("etcd with JWT tokens");
+    let secured = Secured::on(cluster).await;
+    let holder = secured.alice().session_with(quick()).await.expect("holder session");
+    let waiter = secured.alice().session_with(quick()).await.expect("waiter session");
+    let held = holder.mutex("locks/t").expect("mutex").lock().await.expect("lock");
+    let queued = waiter.mutex("locks/t").expect("mutex");
+    let waiting = tokio::spawn(async move { queued.lock().await });
+    // No event marks a token's expiry: let three lifetimes pass.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        holder.state(),
+        lockline::SessionState::Live,
+        "the holder's session suffered"
+    );
+    assert!(held.is_held(), "the holder was told it lost the lock");
+    assert!(
+        !waiting.is_finished(),
+        "the waiter stopped waiting: {:?}",
+        waiting.await
+    );
+    // Requests after the expiry: a read, a release, the handoff.
+    let contenders = holder
+        .mutex("locks/t")
+        .expect("mutex")
+        .contenders()
+        .await
+        .expect("contenders");
+    assert_eq!(contenders.len(), 2, "{contenders:?}");
+    held.release().await.expect("release after the token expired");
+    let granted = bounded("the waiter is granted", waiting)
+        .await
+        .expect("task")
+        .expect("lock after the token expired");
+    granted.release().await.expect("release");
+    holder.close().await.expect("close");
+    waiter.close().await.expect("close");
 }
