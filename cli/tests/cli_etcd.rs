@@ -21,11 +21,12 @@ fn a_command_runs_under_the_lock_with_its_token() {
         .output()
         .expect("run");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let mut lines = stdout.lines();
-    assert!(lines.next().is_some_and(|key| key.starts_with("cmd/lock/")), "{stdout}");
-    let token: u64 = lines
-        .next()
-        .and_then(|l| l.strip_prefix("token="))
+    // The key (written by lockline's output thread) and the command's output
+    // share standard output; their order is not promised.
+    assert!(stdout.lines().any(|key| key.starts_with("cmd/lock/")), "{stdout}");
+    let token: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("token="))
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no token in {stdout:?}"));
     assert!(token > 0);
