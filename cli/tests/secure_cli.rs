@@ -52,7 +52,14 @@ impl SecureEtcd {
         for args in [
             vec!["user", "add", "root", "--new-user-password", "root-pw"],
             vec!["role", "add", "lockers"],
-            vec!["role", "grant-permission", "lockers", "--prefix=true", "readwrite", "locks/"],
+            vec![
+                "role",
+                "grant-permission",
+                "lockers",
+                "--prefix=true",
+                "readwrite",
+                "locks/",
+            ],
             vec![
                 "role",
                 "grant-permission",
@@ -92,8 +99,16 @@ fn etcd_over_tls_with_a_user_from_flags() {
         .args(["--user", &format!("alice:{ALICE_PASSWORD}"), "--timeout", "10"])
         .args(["locks/cli", "sh", "-c", "echo token=$LOCKLINE_TOKEN; exit 5"]));
     let stdout = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(5), "stdout {stdout} stderr {}", text(&out.stderr));
-    assert!(stdout.lines().next().is_some_and(|key| key.starts_with("locks/cli/")), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "stdout {stdout} stderr {}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.lines().next().is_some_and(|key| key.starts_with("locks/cli/")),
+        "{stdout}"
+    );
     assert!(stdout.contains("token="), "{stdout}");
     assert!(!text(&out.stderr).contains(ALICE_PASSWORD), "{}", text(&out.stderr));
 }
@@ -136,7 +151,10 @@ fn etcd_bad_credentials_exit_1_with_one_line_naming_the_problem() {
         .args(["--user", "alice", "--password", wrong, "locks/bad", "true"]));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let line = one_line(&out);
-    assert!(line.contains("authentication failed") && line.contains("alice"), "{line}");
+    assert!(
+        line.contains("authentication failed") && line.contains("alice"),
+        "{line}"
+    );
     assert!(!line.contains(wrong), "{line}");
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
 
@@ -218,12 +236,17 @@ fn zookeeper_over_tls_with_credentials_and_the_creator_policy() {
 
     // A SASL password the server rejects: exit 1, one line, no password.
     let wrong = "not-carols-pw-1a9";
-    let out = run(lockline()
-        .args(["lock", "--zookeeper", &connect])
-        .args(&tls)
-        .args(["--zk-auth", &format!("sasl:carol:{wrong}"), "zk/bad", "true"]));
+    let out = run(lockline().args(["lock", "--zookeeper", &connect]).args(&tls).args([
+        "--zk-auth",
+        &format!("sasl:carol:{wrong}"),
+        "zk/bad",
+        "true",
+    ]));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let line = one_line(&out);
-    assert!(line.contains("authentication failed") && line.contains("carol"), "{line}");
+    assert!(
+        line.contains("authentication failed") && line.contains("carol"),
+        "{line}"
+    );
     assert!(!line.contains(wrong), "{line}");
 }
