@@ -53,3 +53,41 @@ fn options_written_with_equals_never_show_the_password() {
         assert_refused_without_secret(&args);
     }
 }
+
+/// Odd values: a directory or a missing file as a certificate, a key
+/// without a certificate, empty user names. One line each, exit status 1.
+#[test]
+fn odd_values_are_one_line_errors() {
+    let dir = std::env::temp_dir();
+    let dir = dir.to_str().expect("UTF-8 temporary directory");
+    let user = format!(":{SECRET}");
+    let zk_auth = format!("digest::{SECRET}");
+    for args in [
+        vec!["lock", "--etcd", "https://127.0.0.1:1", "--cacert", dir, "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "https://127.0.0.1:1",
+            "--cacert",
+            "/nonexistent/ca.pem",
+            "x",
+        ],
+        vec![
+            "lock",
+            "--etcd",
+            "https://127.0.0.1:1",
+            "--cacert",
+            dir,
+            "--key",
+            "/k.pem",
+            "x",
+        ],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--user", user.as_str(), "x"],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", zk_auth.as_str(), "x"],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", "digest::", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--password", SECRET, "x"],
+    ] {
+        let stderr = assert_refused_without_secret(&args);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
