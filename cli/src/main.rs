@@ -259,6 +259,13 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
     let mut kill_after = DEFAULT_KILL_AFTER;
     let mut rest = Vec::new();
     while let Some(arg) = args.next() {
+        // `--flag=value` (etcdctl's form) is `--flag value`. The value is
+        // never echoed: it may be a password.
+        let (arg, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.to_owned())),
+            _ => (arg, None),
+        };
+        let mut args = inline.into_iter().chain(args.by_ref());
         match arg.as_str() {
             "--etcd" => {
                 let list = args.next().ok_or("--etcd needs endpoints")?;
@@ -718,6 +725,18 @@ mod tests {
         assert!(args("lock --etcd http://a:1 --ttl -1 x").is_err());
         assert!(args("unlock x").is_err());
         assert!(args("lock --etcd http://a:1 --bogus x").is_err());
+    }
+
+    #[test]
+    fn options_may_be_written_with_equals() {
+        let parsed = args("lock --etcd=https://a:1 --cacert=ca.pem --user=alice:p=w --ttl=3 x").expect("parse");
+        assert_eq!(parsed.server, super::Server::Etcd(vec!["https://a:1".into()]));
+        assert_eq!(parsed.security.user, Some(("alice".into(), "p=w".into())));
+        assert_eq!(parsed.ttl.as_secs(), 3);
+        let Err(error) = args("lock --etcd http://a:1 --pasword=s3cret x") else {
+            panic!("an unknown option was accepted");
+        };
+        assert!(error.contains("--pasword") && !error.contains("s3cret"), "{error}");
     }
 
     fn with_env(line: &str, vars: &[(&str, &str)]) -> Result<super::Args, String> {

@@ -256,9 +256,10 @@ impl Etcd {
 
     /// Uses these connect options (TLS, user and password, HTTP/2 keepalive)
     /// for every session instead of lockline's defaults, which follow each
-    /// session's options. Require-leader is turned on in them.
+    /// session's options. Require-leader and the refresh of an expired
+    /// authentication token are turned on in them.
     pub fn with_connect_options(mut self, options: etcd_client::ConnectOptions) -> Self {
-        self.connect = Some(options.with_require_leader(true));
+        self.connect = Some(options.with_require_leader(true).with_auto_token_refresh(true));
         self
     }
 
@@ -351,8 +352,9 @@ impl Etcd {
                     connect = connect.with_tls(tls_options(tls)?);
                 }
                 if let Some(user) = &self.user {
-                    // A token the server says expired is replaced and the
-                    // request sent again, once.
+                    // etcd forgets a simple token unused for --auth-token-ttl
+                    // (5 minutes by default): a lock held or waited for longer
+                    // must authenticate again, not fail its release.
                     connect = connect
                         .with_user(user.name.clone(), user.password.clone())
                         .with_auto_token_refresh(true);

@@ -332,3 +332,18 @@ fn speaks_tls(address: SocketAddr, host: &str, deadline: Instant) -> bool {
     let _ = stream.flush();
     true
 }
+
+/// ZooKeeper's digest identity for `user` and `password`:
+/// `user:base64(sha1(user:password))`, what `addauth digest user:password`
+/// authenticates as.
+pub(crate) fn digest_id(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let hash = aws_lc_rs::digest::digest(
+        &aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY,
+        format!("{user}:{password}").as_bytes(),
+    );
+    format!(
+        "{user}:{}",
+        base64::engine::general_purpose::STANDARD.encode(hash.as_ref())
+    )
+}

@@ -80,7 +80,7 @@
 //! | policy | contender node | directories lockline creates |
 //! |---|---|---|
 //! | [`AclPolicy::Open`] (default) | `world:anyone` ALL | `world:anyone` ALL |
-//! | [`AclPolicy::Creator`] | `auth` ALL (the creating session's identities), `world:anyone` READ | the same |
+//! | [`AclPolicy::Creator`] | ALL for `digest:USER:HASH` and `sasl:USER` (the credentials set on the backend), `world:anyone` READ | the same |
 //!
 //! What ZooKeeper checks decides what these guarantee: creating a node needs
 //! CREATE on its parent, **deleting a node needs DELETE on its parent** (the
@@ -93,7 +93,10 @@
 //!
 //! - the identity that created the directory (every session authenticated
 //!   as it: a service's replicas sharing one credential) can queue, release,
-//!   and proclaim election values;
+//!   and proclaim election values. Only the configured digest and SASL
+//!   identities are named, never ZooKeeper's `auth` scheme, which would also
+//!   grant the `x509:` identity the server gives a TLS client certificate:
+//!   clients that share a certificate but not a credential stay apart;
 //! - every other identity, and unauthenticated clients, can read the queue
 //!   (who holds, the tokens, the election value) but cannot queue
 //!   ([`Error::PermissionDenied`], operation `"queue on"`), cannot delete
@@ -211,9 +214,10 @@ pub enum AclPolicy {
     /// deployments keep queueing together. The default.
     #[default]
     Open,
-    /// The creating identity (ZooKeeper's `auth` scheme: every identity the
-    /// session authenticated as) gets every permission, everyone else may only
-    /// read, on contender nodes and on the directories lockline creates. A
+    /// The configured identities (`digest:USER:HASH` for
+    /// [`ZooKeeper::with_digest`], `sasl:USER` for
+    /// [`ZooKeeper::with_sasl_digest_md5`]; not a TLS client certificate's
+    /// `x509:` identity) get every permission, everyone else may only read, on contender nodes and on the directories lockline creates. A
     /// lock directory thereby belongs to the identity that created it, until
     /// the server removes it once empty. Needs credentials
     /// ([`ZooKeeper::with_digest`] or [`ZooKeeper::with_sasl_digest_md5`]).

@@ -14,25 +14,37 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acl, Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, Permission, SessionState as ZkState,
+    Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, Permission,
+    SessionState as ZkState,
 };
 
 use crate::error::{denied, map};
 use crate::layout::{self, Contender};
 use crate::{AclPolicy, ZooKeeper};
 
-/// [`AclPolicy::Creator`]'s ACL, on contender nodes and directories alike:
-/// every permission for the creating identity, read for everyone.
-static CREATOR_ACL: [Acl; 2] = [
-    Acl::new_const(Permission::ALL, "auth", ""),
-    Acl::new_const(Permission::READ, "world", "anyone"),
-];
-
 impl AclPolicy {
-    fn acls(self) -> Acls<'static> {
+    /// The ACL of every node this policy creates for `backend`'s sessions.
+    ///
+    /// `Creator` names the configured identities explicitly (`digest:USER:HASH`,
+    /// `sasl:USER`) rather than through ZooKeeper's `auth` scheme: `auth`
+    /// grants every identity the connection has, and a TLS connection with a
+    /// client certificate also has the certificate's `x509:` identity, which
+    /// every client sharing that certificate has too.
+    fn acls(self, backend: &ZooKeeper) -> Vec<Acl> {
         match self {
-            AclPolicy::Open => Acls::anyone_all(),
-            AclPolicy::Creator => Acls::new(&CREATOR_ACL),
+            AclPolicy::Open => Acls::anyone_all().to_vec(),
+            AclPolicy::Creator => {
+                let mut acls = Vec::new();
+                if let Some(digest) = &backend.digest {
+                    let id = crate::connect::digest_id(&digest.user, &digest.password);
+                    acls.push(Acl::new(Permission::ALL, AuthId::new("digest", &id)));
+                }
+                if let Some(sasl) = &backend.sasl {
+                    acls.push(Acl::new(Permission::ALL, AuthId::new("sasl", &sasl.user)));
+                }
+                acls.push(Acl::new(Permission::READ, AuthId::anyone()));
+                acls
+            }
         }
     }
 }
@@ -55,7 +67,8 @@ pub(crate) struct ZkSession {
     /// so abandoning them needs no look at a directory this session may not
     /// be allowed to read.
     refused: StdMutex<HashSet<String>>,
-    acl_policy: AclPolicy,
+    /// The ACL of the nodes this session creates (see [`AclPolicy`]).
+    acls: Vec<Acl>,
 }
 
 /// When the server last confirmed the session, and how long that lasts.
@@ -190,7 +203,7 @@ impl ZkSession {
             tracker,
             uncertain: StdMutex::default(),
             refused: StdMutex::default(),
-            acl_policy: backend.acl_policy,
+            acls: backend.acl_policy.acls(backend),
         }))
     }
 
@@ -290,14 +303,14 @@ impl ZkSession {
     /// container nodes (deleted by the server once empty), all with the
     /// policy's ACLs.
     async fn create(&self, client: &Client, prefix: &str, dir: &str, value: &[u8]) -> Result<(String, i64)> {
-        let node = CreateMode::EphemeralSequential.with_acls(self.acl_policy.acls());
+        let node = CreateMode::EphemeralSequential.with_acls(Acls::new(&self.acls));
         for _ in 0..3 {
             match client.create(prefix, value, &node).await {
                 Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
                 // The directory is missing (never made, or a container the
                 // server just cleaned up): make it and try again.
                 Err(ZkError::NoNode) => {
-                    let parent = CreateMode::Container.with_acls(self.acl_policy.acls());
+                    let parent = CreateMode::Container.with_acls(Acls::new(&self.acls));
                     match client.mkdir(dir, &parent).await {
                         Ok(()) | Err(ZkError::NodeExists) => {}
                         Err(error) => return Err(self.err_on(error, "create", dir)),

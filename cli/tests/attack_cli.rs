@@ -1,0 +1,93 @@
+//! Odd command lines: each is one line on standard error, exit status 1, no
+//! panic, and never shows a password.
+
+use std::process::{Command, Output};
+
+const SECRET: &str = "hunter2-Qv93";
+
+fn lockline(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lockline"))
+        .args(args)
+        .env_remove("ETCDCTL_ENDPOINTS")
+        .env_remove("ETCDCTL_USER")
+        .env_remove("ETCDCTL_PASSWORD")
+        .env_remove("LOCKLINE_ZK_AUTH")
+        .output()
+        .expect("run lockline")
+}
+
+fn assert_refused_without_secret(args: &[&str]) -> String {
+    let output = lockline(args);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(
+        !stderr.contains(SECRET) && !stdout.contains(SECRET),
+        "{args:?} leaked the password: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    stderr
+}
+
+/// etcdctl users write `--user=root:PASSWORD` and `--password=PASSWORD`
+/// (pflag's form): an option lockline does not know this way must not be
+/// echoed whole.
+#[test]
+fn options_written_with_equals_never_show_the_password() {
+    let user = format!("--user=root:{SECRET}");
+    let password = format!("--password={SECRET}");
+    let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
+    for args in [
+        vec!["lock", "--etcd", "http://127.0.0.1:1", user.as_str(), "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--user",
+            "root",
+            password.as_str(),
+            "x",
+        ],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", zk_auth.as_str(), "x"],
+    ] {
+        assert_refused_without_secret(&args);
+    }
+}
+
+/// Odd values: a directory or a missing file as a certificate, a key
+/// without a certificate, empty user names. One line each, exit status 1.
+#[test]
+fn odd_values_are_one_line_errors() {
+    let dir = std::env::temp_dir();
+    let dir = dir.to_str().expect("UTF-8 temporary directory");
+    let user = format!(":{SECRET}");
+    let zk_auth = format!("digest::{SECRET}");
+    for args in [
+        vec!["lock", "--etcd", "https://127.0.0.1:1", "--cacert", dir, "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "https://127.0.0.1:1",
+            "--cacert",
+            "/nonexistent/ca.pem",
+            "x",
+        ],
+        vec![
+            "lock",
+            "--etcd",
+            "https://127.0.0.1:1",
+            "--cacert",
+            dir,
+            "--key",
+            "/k.pem",
+            "x",
+        ],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--user", user.as_str(), "x"],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", zk_auth.as_str(), "x"],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", "digest::", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--password", SECRET, "x"],
+    ] {
+        let stderr = assert_refused_without_secret(&args);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
