@@ -268,4 +268,16 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
 
     /// Ends the session on the server: every entry it owns is deleted.
     async fn close(&self) -> Result<()>;
+
+    /// Declares the session [`Lost`](SessionState::Lost) and ends it on the
+    /// server by the one means that needs no permission, because the server
+    /// refused to delete something the session left there and it would
+    /// otherwise block a lock's queue for as long as the session lives
+    /// (etcd: stop renewing, so the lease expires within its TTL; ZooKeeper:
+    /// close the session, which deletes its ephemeral nodes whatever their
+    /// ACLs). The default does nothing (a backend whose removals are never
+    /// refused).
+    fn give_up(&self, why: &str) {
+        let _ = why;
+    }
 }

@@ -101,7 +101,11 @@ pub enum Error {
     /// The server refused an operation because the session's identity has no
     /// right to it: an etcd role without read-write on the key's prefix, a
     /// ZooKeeper node whose ACL does not grant this identity. Returned at once
-    /// and never retried; an acquire refused this way leaves no entry behind.
+    /// and never retried; an acquire refused when it queues leaves no entry
+    /// behind. A session refused the removal of one of its own entries
+    /// (rights revoked while it held or waited) is given up: declared
+    /// [`SessionState::Lost`](crate::SessionState::Lost), so that the server
+    /// deletes its entries instead of leaving a lock's queue blocked.
     #[error("{backend} permission denied: cannot {operation} {key:?}: {reason}")]
     PermissionDenied {
         /// The backend's name (`etcd`, `zookeeper`).

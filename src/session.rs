@@ -507,14 +507,19 @@ impl SessionInner {
             };
             if error.is_refusal() {
                 // Retrying cannot help: the server refuses this identity the
-                // removal. What is left goes when the session ends.
+                // removal (rights revoked while it held or waited). An entry
+                // left in a queue would block every contender behind it for
+                // as long as the session lives, so the session ends, and the
+                // server deletes its entries as it does for any ended session.
                 self.counters.bump(|c| &c.cleanup_failures);
                 tracing::warn!(
                     key,
                     why,
                     %error,
-                    "the server refuses to remove a lock entry; it goes when the session ends"
+                    "the server refuses to remove a lock entry; ending the session so that the server removes it"
                 );
+                self.remote
+                    .give_up("the server refused to remove one of its entries, which would block the lock's queue");
                 return false;
             }
             failures += 1;

@@ -35,8 +35,10 @@ pub struct ClientStats {
     /// Entries of cancelled or failed acquires removed in the background.
     pub cleanups: u64,
     /// Background removals that failed five times in a row (each is logged
-    /// as a warning); they go on being retried until the entry is gone or the
-    /// session is over.
+    /// as a warning; they go on being retried until the entry is gone or the
+    /// session is over), and removals the server refused (permission
+    /// denied), after which the session is given up so that the server
+    /// deletes its entries.
     pub cleanup_failures: u64,
     /// Watches on held entries re-opened after they failed (a server down or
     /// unreachable). Re-watching backs off, from 100 ms doubling to 2 s.

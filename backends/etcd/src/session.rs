@@ -511,6 +511,12 @@ impl BackendSession for EtcdSession {
         Ok(*self.state.borrow())
     }
 
+    /// Stops renewing (the keepalive task ends on `Lost`): the lease, and
+    /// every key on it, expires within the TTL without any permission.
+    fn give_up(&self, why: &str) {
+        self.mark_lost(why);
+    }
+
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
         let revoked = self.client.lease_client().revoke(self.lease).await;
@@ -769,6 +775,12 @@ async fn revoke_lost_lease(client: &Client, lease: i64, options: &SessionOptions
             Ok(Err(error)) => match map(error, Some(&id)) {
                 Error::SessionLost { .. } => {
                     tracing::debug!(lease = %id, "lost etcd session's lease already gone");
+                    return;
+                }
+                // The user may not revoke it (revoking needs write on every
+                // key on the lease): it expires within its TTL, unrenewed.
+                error if error.is_refusal() => {
+                    tracing::info!(lease = %id, %error, "the server refuses to revoke the lost lease; it expires unrenewed");
                     return;
                 }
                 error => tracing::debug!(lease = %id, %error, ?backoff, "revoking a lost etcd lease failed; retrying"),

@@ -632,6 +632,12 @@ impl BackendSession for ZkSession {
         Ok(*self.state.borrow())
     }
 
+    /// Drops the client, which closes the ZooKeeper session: the server
+    /// deletes its ephemeral nodes whatever their ACLs.
+    fn give_up(&self, why: &str) {
+        self.mark_lost(why);
+    }
+
     async fn close(&self) -> Result<()> {
         // Dropping the last client closes the ZooKeeper session, which deletes
         // its ephemeral nodes.
