@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::bounded;
-use lockline::{Client, Error, SessionOptions};
+use lockline::conformance::{bounded, spawn_queued};
+use lockline::{Client, Error, SessionOptions, SessionState};
 use lockline_etcd::etcd_client::{self, Permission};
 use lockline_etcd::Etcd;
 use lockline_testkit::EtcdCluster;
@@ -67,6 +67,13 @@ impl Secured {
         Etcd::new(self.cluster.endpoints()).with_user(user, password)
     }
 
+    async fn root(&self) -> etcd_client::Client {
+        let options = etcd_client::ConnectOptions::new().with_user("root", ROOT_PASSWORD);
+        etcd_client::Client::connect(self.cluster.endpoints(), Some(options))
+            .await
+            .expect("connect as root")
+    }
+
     fn alice(&self) -> Client {
         Client::new(
             self.backend("alice", ALICE_PASSWORD)
@@ -76,11 +83,9 @@ impl Secured {
 
     /// Every key, read as root.
     async fn keys(&self) -> Vec<String> {
-        let options = etcd_client::ConnectOptions::new().with_user("root", ROOT_PASSWORD);
-        let mut root = etcd_client::Client::connect(self.cluster.endpoints(), Some(options))
+        let all = self
+            .root()
             .await
-            .expect("connect as root");
-        let all = root
             .get(
                 "",
                 Some(etcd_client::GetOptions::new().with_all_keys().with_keys_only()),
@@ -351,4 +356,78 @@ async fn expiring_tokens_are_renewed_while_holding_and_waiting() {
     granted.release().await.expect("release");
     holder.close().await.expect("close");
     waiter.close().await.expect("close");
+}
+
+/// etcd forgets a simple token unused for `--auth-token-ttl` (here 1 s): a
+/// lock held, or waited for, past that renews its token, and the release and
+/// the handoff both work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_token_the_server_forgot_is_renewed() {
+    let cluster = EtcdCluster::start_with_flags(&["--auth-token-ttl".to_owned(), "1".to_owned()]).expect("etcd");
+    let secured = Secured::on(cluster).await;
+    let holder = secured.alice().session_with(quick()).await.expect("holder");
+    let guard = holder.mutex("locks/idle").expect("mutex").lock().await.expect("lock");
+    let waiter_client = secured.alice();
+    let waiter = waiter_client.session_with(quick()).await.expect("waiter");
+    let mutex = waiter.mutex("locks/idle").expect("mutex");
+    let waiting = spawn_queued(&waiter_client, async move { mutex.lock().await }).await;
+    // No event marks the server forgetting a token: let three lifetimes pass.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(guard.is_held());
+    guard.release().await.expect("release after the token was forgotten");
+    let granted = bounded("the waiter is granted", waiting)
+        .await
+        .expect("task")
+        .expect("lock after the token was forgotten");
+    granted.release().await.expect("release");
+}
+
+/// A waiter whose role is revoked while it waits: its acquire fails with a
+/// refusal; its entry, which it may no longer delete, ends with its session
+/// (declared lost, no longer renewed), so the lock is free again within the
+/// TTL instead of for as long as the waiter's process runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_role_is_revoked_gives_the_lock_back_within_its_ttl() {
+    let secured = Secured::start().await;
+    let short = quick().with_ttl(Duration::from_secs(3));
+    let carol = Client::new(secured.backend("carol", CAROL_PASSWORD));
+    let session = carol.session_with(short.clone()).await.expect("carol's session");
+    let guard = session.mutex("locks/b").expect("mutex").lock().await.expect("lock");
+
+    let alice = secured.alice();
+    let alice_session = alice.session_with(short).await.expect("alice's session");
+    let mutex = alice_session.mutex("locks/b").expect("mutex");
+    let waiter = spawn_queued(&alice, async move { mutex.lock().await }).await;
+
+    let mut root = secured.root().await;
+    root.user_revoke_role("alice", "locks-rw").await.expect("revoke");
+    guard.release().await.expect("release");
+    let outcome = bounded("alice's acquire ends", waiter).await.expect("task");
+    match &outcome {
+        Err(error) => assert!(error.is_refusal(), "{error:?}"),
+        Ok(guard) => panic!("alice, without rights, was granted {}", guard.key()),
+    }
+    // Alice's cleanup is refused: her session is given up, never renewed again.
+    bounded("alice's cleanup", alice_session.flush()).await;
+    assert_eq!(alice.stats().cleanup_failures, 1, "{:?}", alice.stats());
+    assert_eq!(
+        bounded("alice's session ends", alice_session.lost()).await,
+        SessionState::Lost
+    );
+    // Carol gets the lock back once Alice's lease has run out.
+    let again = bounded(
+        "carol gets the lock again",
+        session.mutex("locks/b").expect("mutex").lock(),
+    )
+    .await
+    .expect("lock");
+    let left: Vec<String> = secured
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.starts_with("locks/b/"))
+        .collect();
+    assert_eq!(left, [again.key().to_owned()], "only carol's entry is left");
+    again.release().await.expect("release");
+    session.close().await.expect("close");
 }

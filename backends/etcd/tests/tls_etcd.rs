@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lockline::conformance::Fixture;
 use lockline::{Client, Error, Session, SessionOptions, Tls};
 use lockline_etcd::Etcd;
-use lockline_testkit::{EtcdCluster, TestCa};
+use lockline_testkit::{EtcdCluster, TcpProxy, TestCa};
 
 struct TlsFixture {
     ca: TestCa,
@@ -190,5 +190,32 @@ fn debug_output_shows_no_key_or_password() {
     assert!(
         !shown.contains("KEYSECRET") && !shown.contains("PASSWORDSECRET"),
         "{shown}"
+    );
+}
+
+/// The TLS handshake is part of connecting: a server that accepts the TCP
+/// connection and then says nothing (a silent partition) fails the session
+/// within the connect timeout, not the connect plus the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_tls_handshake_fails_within_the_connect_timeout() {
+    let fixture = TlsFixture::start();
+    let target = fixture.cluster.endpoint(0).trim_start_matches("https://").to_owned();
+    let proxy = TcpProxy::start(&target).expect("proxy");
+    proxy.blackhole();
+    let client = Client::new(Etcd::new([format!("https://{}", proxy.address())]).with_tls(fixture.tls()));
+    let connect_timeout = Duration::from_secs(1);
+    let options = SessionOptions::new()
+        .with_connect_timeout(connect_timeout)
+        .with_request_timeout(Duration::from_secs(8));
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(30), client.session_with(options))
+        .await
+        .expect("hung for 30 s");
+    let took = started.elapsed();
+    let error = result.expect_err("no session through a blackhole");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(
+        took <= connect_timeout + Duration::from_millis(700),
+        "took {took:?}: {error:?}"
     );
 }

@@ -1,4 +1,4 @@
-//! Attacks on a locked-down ZooKeeper.
+//! The Creator ACL policy against identities that share a TLS client certificate.
 
 use std::time::Duration;
 
