@@ -72,7 +72,11 @@ pub enum Error {
     },
 
     /// The cluster could not be reached within the connect or request deadline.
-    #[error("{backend} cluster unavailable")]
+    ///
+    /// When the cause is a TLS failure (a certificate refused either way,
+    /// plain text against a TLS port) the message says so; the details are
+    /// in [`source`](std::error::Error::source).
+    #[error("{backend} cluster unavailable{}", tls_note(source.as_deref()))]
     Unavailable {
         /// The backend's name (`etcd`, `zookeeper`, `memory`).
         backend: &'static str,
@@ -127,6 +131,16 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+}
+
+/// `": the TLS connection failed"` when the cause is about TLS, so that the
+/// one line a log shows names the kind of failure; the cause itself stays
+/// the error's `source()`.
+fn tls_note(source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> &'static str {
+    match source {
+        Some(source) if source.to_string().contains("TLS") => ": the TLS connection failed",
+        _ => "",
+    }
 }
 
 impl Error {
