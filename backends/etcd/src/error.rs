@@ -63,6 +63,7 @@ pub(crate) fn denied(operation: &'static str, key: &str, message: &str) -> Error
             crate::MARKER_PREFIX
         ),
         "read" | "watch" => "read on this key's prefix".to_owned(),
+        "revoke the lease of" => "write on every key on the lease (unrenewed, it expires within its TTL)".to_owned(),
         _ => "read-write on this key's prefix".to_owned(),
     };
     Error::PermissionDenied {

@@ -424,7 +424,11 @@ impl BackendSession for EtcdSession {
                 .and_then([marker.clone(), TxnOp::delete(key.clone(), None)])
                 .or_else([marker])
         };
-        self.txn(txn, "leave the queue of", &key).await?;
+        match self.txn(txn, "leave the queue of", &key).await {
+            Ok(_) => {}
+            Err(refused) if refused.is_refusal() => self.abandon_refused(&key, attempt, refused).await?,
+            Err(error) => return Err(error),
+        }
         self.release_claim(&key, Owner::Attempt(attempt));
         Ok(())
     }
@@ -519,14 +523,22 @@ impl BackendSession for EtcdSession {
 
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
+        let was_lost = *self.state.borrow() == SessionState::Lost;
         let revoked = self.client.lease_client().revoke(self.lease).await;
         // A session already lost stays lost: closing it does not undo that.
         SessionState::advance(&self.state, SessionState::Closed);
         match revoked {
             Ok(_) => Ok(()),
-            Err(error) => match map(error, Some(&self.id)) {
+            Err(error) => match map_on(error, Some(&self.id), "revoke the lease of", &self.id) {
                 // Already gone on the server: nothing left to release.
                 Error::SessionLost { .. } => Ok(()),
+                // A lost session (given up after a refused removal, say) is
+                // no longer renewed: its lease expires within the TTL, which
+                // is all closing it could do.
+                refused if was_lost && refused.is_refusal() => {
+                    tracing::debug!(lease = %self.id, %refused, "lost session's lease may not be revoked; it expires unrenewed");
+                    Ok(())
+                }
                 other => Err(other),
             },
         }
@@ -617,6 +629,36 @@ impl EtcdSession {
             Some(nearest)
         });
         Ok(Appended { entry, nearest })
+    }
+
+    /// The abandonment of `attempt` was refused. That ends the session only if
+    /// it can leave an entry behind: when the marker alone may be written
+    /// (so no try of the append still on its way can create the key any more)
+    /// and the key is not there, the attempt made nothing, typically because
+    /// the user may not write the lock's prefix at all, and the refusal is
+    /// nothing to act on. Otherwise the refusal stands.
+    async fn abandon_refused(&self, key: &str, attempt: &str, refused: Error) -> Result<()> {
+        let marker = layout::abandoned(&self.markers, &self.id, attempt);
+        let fenced = self
+            .client
+            .kv_client()
+            .put(marker, Vec::new(), Some(PutOptions::new().with_lease(self.lease)))
+            .await;
+        if fenced.is_err() {
+            return Err(refused);
+        }
+        let response = self
+            .client
+            .kv_client()
+            .get(key.to_owned(), Some(GetOptions::new().with_keys_only()))
+            .await;
+        match response {
+            Ok(response) if response.kvs().iter().all(|kv| kv.lease() != self.lease) => {
+                tracing::debug!(key, %refused, "abandoned attempt made no entry; its refused removal changes nothing");
+                Ok(())
+            }
+            _ => Err(refused),
+        }
     }
 
     async fn exists(&self, entry: &Entry) -> Result<bool> {

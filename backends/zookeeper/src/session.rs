@@ -402,7 +402,11 @@ impl BackendSession for ZkSession {
         let contenders = match self.children(&client, &dir).await {
             Ok(contenders) => contenders,
             // Allowed to queue but not to read the queue: take the node back
-            // at once rather than leave it to a cleanup that cannot list.
+            // at once rather than leave it to a cleanup that cannot list. The
+            // refusal tells the core there is nothing to clean up, so a node
+            // that cannot be deleted either (no DELETE on the directory) would
+            // block the queue for as long as the session lives: end the
+            // session instead, and the server deletes the node.
             Err(error @ Error::PermissionDenied { .. }) => {
                 match client.delete(&entry.key, None).await {
                     Ok(()) | Err(ZkError::NoNode) => self.settle_refused(request.attempt),
@@ -410,8 +414,10 @@ impl BackendSession for ZkSession {
                         tracing::warn!(
                             key = %entry.key,
                             error = %delete,
-                            "cannot delete a node whose directory may not be read; it goes with the session"
+                            "cannot delete a node whose directory may not be read; ending the session so that the server deletes it"
                         );
+                        drop(client);
+                        self.give_up("the server refused to remove a node of a refused acquire");
                     }
                 }
                 return Err(error);
