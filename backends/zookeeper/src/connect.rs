@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use lockline::{Error, Result, SessionOptions, Tls};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use zookeeper_client::{Client, Error as ZkError, SaslOptions, TlsOptions};
+use zookeeper_client::{Client, Error as ZkError, SaslOptions, SessionInfo, TlsOptions};
 
 use crate::error::{map, BACKEND};
 use crate::ZooKeeper;
@@ -29,9 +29,47 @@ fn diagnosis_budget(connect_timeout: Duration) -> Duration {
 /// Opens a ZooKeeper session as `backend` is configured, within the connect
 /// timeout.
 pub(crate) async fn connect(backend: &ZooKeeper, options: &SessionOptions) -> Result<Client> {
+    connect_to(backend, options, None).await
+}
+
+/// Closes the ZooKeeper session `session` on the server from a connection of
+/// its own: attaching to it and letting go sends `closeSession`, which makes
+/// the server delete the session's ephemeral nodes whatever their ACLs, and
+/// whatever copies of the session's first client are still held somewhere.
+pub(crate) async fn close_remotely(backend: ZooKeeper, options: SessionOptions, session: SessionInfo) {
+    let id = format!("{:x}", session.id().0);
+    // The first client, if a copy of it is still alive, reconnects and takes
+    // the session back: attach until the server says the session is gone,
+    // a bounded number of times (the session expires by itself anyway once
+    // nothing renews it).
+    for _ in 0..CLOSE_TRIES {
+        match connect_to(&backend, &options, Some(session.clone())).await {
+            Ok(client) => {
+                tracing::debug!(session = %id, "closing a given-up ZooKeeper session from a second connection");
+                drop(client);
+            }
+            Err(Error::SessionLost { .. }) => {
+                tracing::debug!(session = %id, "given-up ZooKeeper session closed");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(session = %id, %error, "attaching to a given-up ZooKeeper session failed");
+            }
+        }
+    }
+    tracing::warn!(session = %id, "could not confirm that a given-up ZooKeeper session was closed; it expires unrenewed");
+}
+
+/// How many times [`close_remotely`] attaches to a session.
+const CLOSE_TRIES: usize = 10;
+
+async fn connect_to(backend: &ZooKeeper, options: &SessionOptions, session: Option<SessionInfo>) -> Result<Client> {
     let mut connector = Client::connector()
         .with_session_timeout(options.ttl())
         .with_connection_timeout(options.connect_timeout());
+    if let Some(session) = session {
+        connector = connector.with_session(session);
+    }
     let tls_config = match &backend.tls {
         Some(tls) => {
             install_crypto_provider();

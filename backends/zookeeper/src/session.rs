@@ -63,6 +63,10 @@ pub(crate) struct ZkSession {
     /// looks for the attempt's node before creating one. An attempt leaves the
     /// set only once its append has fully succeeded, or it is abandoned.
     uncertain: StdMutex<HashSet<String>>,
+    /// How the session was opened, to close it from a second connection
+    /// when it is given up.
+    backend: crate::ZooKeeper,
+    options: SessionOptions,
     /// Attempts whose create the server refused (an ACL): they made no node,
     /// so abandoning them needs no look at a directory this session may not
     /// be allowed to read.
@@ -202,6 +206,8 @@ impl ZkSession {
             liveness,
             tracker,
             uncertain: StdMutex::default(),
+            backend: backend.clone(),
+            options: options.clone(),
             refused: StdMutex::default(),
             acls: backend.acl_policy.acls(backend),
         }))
@@ -640,8 +646,20 @@ impl BackendSession for ZkSession {
 
     /// Drops the client, which closes the ZooKeeper session: the server
     /// deletes its ephemeral nodes whatever their ACLs.
+    ///
+    /// A copy of the client held by a request still in flight (a future of
+    /// the session parked unpolled mid-request) would keep the session open,
+    /// so it is also closed from a second connection.
     fn give_up(&self, why: &str) {
+        let session = self.session_info();
         self.mark_lost(why);
+        if let Some(session) = session {
+            tokio::spawn(crate::connect::close_remotely(
+                self.backend.clone(),
+                self.options.clone(),
+                session,
+            ));
+        }
     }
 
     async fn close(&self) -> Result<()> {
