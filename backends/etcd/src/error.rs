@@ -25,6 +25,21 @@ pub(crate) fn map_on(error: EtcdError, session: Option<&str>, operation: &'stati
         }
     }
     if let EtcdError::GRpcStatus(status) = &error {
+        if is_stale_auth(status.message()) {
+            // The cluster's users or roles changed after this client got its
+            // token: the same request succeeds once the client authenticates
+            // again (the session does that on seeing this error).
+            return Error::Unavailable {
+                backend: BACKEND,
+                source: Some(
+                    format!(
+                        "{}: the cluster's users or roles changed since this client authenticated; authenticating again",
+                        status.message()
+                    )
+                    .into(),
+                ),
+            };
+        }
         if status.code() as i32 == PERMISSION_DENIED || status.message().contains("permission denied") {
             return denied(operation, key, status.message());
         }
@@ -197,6 +212,13 @@ fn explain_tls(error: EtcdError) -> String {
     } else {
         text
     }
+}
+
+/// Whether etcd refused a request because its token predates a change of
+/// users or roles ("revision of auth store is old"): Go's client
+/// authenticates again and retries, and so does lockline.
+pub(crate) fn is_stale_auth(message: &str) -> bool {
+    message.contains("revision of auth store is old")
 }
 
 /// gRPC's PermissionDenied.

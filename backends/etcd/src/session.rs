@@ -122,11 +122,51 @@ impl EtcdSession {
 
     /// Runs a transaction that does `operation` on `key` (for errors).
     async fn txn(&self, txn: Txn, operation: &'static str, key: &str) -> Result<etcd_client::TxnResponse> {
-        self.client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| self.err_on(e, operation, key))
+        let txn = &txn;
+        self.authed(operation, key, || {
+            let mut kv = self.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Reads `key` (with `options`), for errors named as `operation`.
+    async fn get(
+        &self,
+        key: &str,
+        options: Option<GetOptions>,
+        operation: &'static str,
+    ) -> Result<etcd_client::GetResponse> {
+        self.authed(operation, key, || {
+            let mut kv = self.client.kv_client();
+            let (key, options) = (key.to_owned(), options.clone());
+            async move { kv.get(key, options).await }
+        })
+        .await
+    }
+
+    /// Runs a request, and runs it again after authenticating anew when
+    /// etcd refused it because the cluster's users or roles changed while it
+    /// was in flight, or since the token was issued ("revision of auth store
+    /// is old"), as Go's client does; a few times at most.
+    async fn authed<T, F, Fut>(&self, operation: &'static str, key: &str, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            match call().await {
+                Err(etcd_client::Error::GRpcStatus(status)) if error::is_stale_auth(status.message()) && tries < 5 => {
+                    tries += 1;
+                    if let Err(error) = self.client.refresh_token().await {
+                        return Err(self.err_on(error, operation, key));
+                    }
+                }
+                other => return other.map_err(|e| self.err_on(e, operation, key)),
+            }
+        }
     }
 
     /// The entries of the lock `dir` in a range read under its prefix (keys
@@ -322,12 +362,7 @@ impl BackendSession for EtcdSession {
             // Never take a short page for the whole queue: that would grant
             // a lock someone else holds. Keys created before mine can only
             // go away, so a later read is a subset, never a superset.
-            let all = self
-                .client
-                .kv_client()
-                .get(prefix.clone(), Some(below_mine().with_keys_only()))
-                .await
-                .map_err(|e| self.err_on(e, "read", &prefix))?;
+            let all = self.get(&prefix, Some(below_mine().with_keys_only()), "read").await?;
             found = Self::entries(dir, &all)
                 .into_iter()
                 .filter(|e| conflicts.includes(e.kind))
@@ -338,12 +373,7 @@ impl BackendSession for EtcdSession {
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
-        let response = self
-            .client
-            .kv_client()
-            .get(layout::prefix(dir), Some(first_created(0)))
-            .await
-            .map_err(|e| self.err_on(e, "read", dir))?;
+        let response = self.get(&layout::prefix(dir), Some(first_created(0)), "read").await?;
         Ok(Self::entries(dir, &response))
     }
 
@@ -454,12 +484,7 @@ impl BackendSession for EtcdSession {
     }
 
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
-        let response = self
-            .client
-            .kv_client()
-            .get(entry.key.clone(), None)
-            .await
-            .map_err(|e| self.err_on(e, "read", &entry.key))?;
+        let response = self.get(&entry.key, None, "read").await?;
         Ok(response
             .kvs()
             .first()
@@ -663,11 +688,8 @@ impl EtcdSession {
 
     async fn exists(&self, entry: &Entry) -> Result<bool> {
         let response = self
-            .client
-            .kv_client()
-            .get(entry.key.clone(), Some(GetOptions::new().with_keys_only()))
-            .await
-            .map_err(|e| self.err_on(e, "read", &entry.key))?;
+            .get(&entry.key, Some(GetOptions::new().with_keys_only()), "read")
+            .await?;
         Ok(response
             .kvs()
             .first()

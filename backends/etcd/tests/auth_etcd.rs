@@ -431,3 +431,48 @@ async fn a_waiter_whose_role_is_revoked_gives_the_lock_back_within_its_ttl() {
     again.release().await.expect("release");
     session.close().await.expect("close");
 }
+
+/// A request in flight while the cluster's users or roles change is refused
+/// with "revision of auth store is old" (etcd checks permissions again when
+/// it applies the request). Go's client authenticates again and retries, and
+/// so does lockline: handoffs between two sessions while an administrator
+/// changes another user's roles, over and over, never fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_of_users_or_roles_elsewhere_do_not_fail_requests_in_flight() {
+    let secured = Secured::start().await;
+    let a = secured.alice().session_with(quick()).await.expect("session a");
+    let b = secured.alice().session_with(quick()).await.expect("session b");
+    let mut root = secured.root().await;
+    root.user_add("zed", "zed-pw", None).await.expect("add a user");
+    root.role_add("zed-role").await.expect("add a role");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let changing = std::sync::Arc::clone(&stop);
+    let changes = tokio::spawn(async move {
+        let mut changes = 0u32;
+        while !changing.load(std::sync::atomic::Ordering::Relaxed) && changes < 2000 {
+            root.user_grant_role("zed", "zed-role").await.expect("grant");
+            root.user_revoke_role("zed", "zed-role").await.expect("revoke");
+            changes += 2;
+        }
+        changes
+    });
+    for round in 0..40 {
+        for session in [&a, &b] {
+            let guard = session
+                .mutex("locks/c")
+                .expect("mutex")
+                .lock()
+                .await
+                .unwrap_or_else(|e| panic!("lock in round {round}: {e:?}"));
+            guard
+                .release()
+                .await
+                .unwrap_or_else(|e| panic!("release in round {round}: {e:?}"));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let changes = changes.await.expect("changes");
+    assert!(changes > 2, "the roles did not change while the sessions worked");
+    assert_eq!(a.state(), SessionState::Live);
+    assert_eq!(b.state(), SessionState::Live);
+}
