@@ -131,6 +131,34 @@ impl EtcdSession {
         .await
     }
 
+    /// What a watch on `key` that the server ended means. A refusal is
+    /// checked with a read first: a watch stream keeps the token it was
+    /// opened with, and with JWT tokens (which carry the auth revision they
+    /// were issued at) a change of users or roles makes the server refuse
+    /// watches on that stream though the user may read. So: authenticate
+    /// again, re-open the stream, and let a read (retried the same way) say
+    /// whether the user may read `key`; if so, the wait is retried.
+    async fn broken(&self, reason: String, key: &str) -> Error {
+        if !reason.contains("permission denied") {
+            return error::watch_broken(reason, key);
+        }
+        if let Err(error) = self.client.refresh_token().await {
+            return self.err_on(error, "watch", key);
+        }
+        self.hub
+            .reset("watch refused: re-opening the watch stream with a new token");
+        match self
+            .get(key, Some(GetOptions::new().with_keys_only().with_limit(1)), "watch")
+            .await
+        {
+            Err(error) => error,
+            Ok(_) => Error::Unavailable {
+                backend: BACKEND,
+                source: Some(format!("{reason}; the user may read {key:?}: re-watching with a new token").into()),
+            },
+        }
+    }
+
     /// Reads `key` (with `options`), for errors named as `operation`.
     async fn get(
         &self,
@@ -391,7 +419,7 @@ impl BackendSession for EtcdSession {
                 Signal::Put { key, .. } if layout::is_entry(dir, &key) => return Ok(()),
                 Signal::Put { .. } => {}
                 Signal::Delete { .. } => {}
-                Signal::Broken(reason) => return Err(error::watch_broken(reason, dir)),
+                Signal::Broken(reason) => return Err(self.broken(reason, &layout::prefix(dir)).await),
             }
         }
     }
@@ -414,7 +442,7 @@ impl BackendSession for EtcdSession {
                 }
                 Signal::Delete { revision } if revision > entry.order => return Ok(()),
                 Signal::Delete { .. } | Signal::Put { .. } => {}
-                Signal::Broken(reason) => return Err(error::watch_broken(reason, &entry.key)),
+                Signal::Broken(reason) => return Err(self.broken(reason, &entry.key).await),
             }
         }
     }
@@ -517,7 +545,7 @@ impl BackendSession for EtcdSession {
                         return Ok(Some(value));
                     }
                 }
-                Signal::Broken(reason) => return Err(error::watch_broken(reason, &entry.key)),
+                Signal::Broken(reason) => return Err(self.broken(reason, &entry.key).await),
             }
         }
     }

@@ -5,7 +5,7 @@
 //! watch it belongs to. So 10,000 waiters of one session are 10,000 watch ids on
 //! one gRPC stream, not 10,000 streams.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -39,6 +39,11 @@ enum Command {
     },
     Cancel {
         id: i64,
+    },
+    /// Ends the stream (every watch on it gets `Broken`); the next watch opens
+    /// a new one, with the client's current token.
+    Reset {
+        reason: String,
     },
 }
 
@@ -99,6 +104,13 @@ impl Hub {
         self.open(prefix, true, true)
     }
 
+    /// Ends the current stream, so that the next watch opens a new one.
+    pub(crate) fn reset(&self, reason: &str) {
+        let _ = self.commands.send(Command::Reset {
+            reason: reason.to_owned(),
+        });
+    }
+
     fn open(&self, key: &str, prefix: bool, puts: bool) -> Watch {
         let (signals, receiver) = mpsc::unbounded_channel();
         let id = i64::try_from(self.next_id.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
@@ -128,6 +140,10 @@ struct Stream {
 async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Command>, events: Arc<AtomicU64>) {
     let mut stream: Option<Stream> = None;
     let mut watchers: HashMap<i64, mpsc::UnboundedSender<Signal>> = HashMap::new();
+    // Watches sent and not yet answered `created`, in the order sent: a
+    // refused create comes back with watch id -1, and the server answers
+    // creates in order.
+    let mut pending: VecDeque<i64> = VecDeque::new();
     loop {
         let response = async {
             match stream.as_mut() {
@@ -138,11 +154,14 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
         tokio::select! {
             command = commands.recv() => match command {
                 None => return,
+                Some(Command::Reset { reason }) => {
+                    break_stream(&mut stream, &mut watchers, &mut pending, &reason);
+                }
                 Some(Command::Cancel { id }) => {
                     if watchers.remove(&id).is_some() {
                         if let Some(open) = stream.as_mut() {
                             if open.sender.cancel(id).await.is_err() {
-                                break_stream(&mut stream, &mut watchers, "watch stream closed");
+                                break_stream(&mut stream, &mut watchers, &mut pending, "watch stream closed");
                             }
                         }
                     }
@@ -169,17 +188,30 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                     match sent {
                         Ok(()) => {
                             watchers.insert(id, signals);
+                            pending.push_back(id);
                         }
                         Err(reason) => {
                             let _ = signals.send(Signal::Broken(reason.clone()));
-                            break_stream(&mut stream, &mut watchers, &reason);
+                            break_stream(&mut stream, &mut watchers, &mut pending, &reason);
                         }
                     }
                 }
             },
             response = response => match response {
                 Ok(Some(response)) => {
-                    let id = response.watch_id();
+                    let mut id = response.watch_id();
+                    if response.created() {
+                        if id == -1 {
+                            // A create the server refused (permission denied):
+                            // it is the oldest one not yet answered.
+                            match pending.pop_front() {
+                                Some(first) => id = first,
+                                None => continue,
+                            }
+                        } else {
+                            pending.retain(|p| *p != id);
+                        }
+                    }
                     let Some(watcher) = watchers.get(&id) else { continue };
                     let mut alive = true;
                     if response.created() {
@@ -211,13 +243,17 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         watchers.remove(&id);
                         if let Some(open) = stream.as_mut() {
                             if open.sender.cancel(id).await.is_err() {
-                                break_stream(&mut stream, &mut watchers, "watch stream closed");
+                                break_stream(&mut stream, &mut watchers, &mut pending, "watch stream closed");
                             }
                         }
                     }
                 }
-                Ok(None) => break_stream(&mut stream, &mut watchers, "watch stream ended"),
-                Err(error) => break_stream(&mut stream, &mut watchers, &error.to_string()),
+                Ok(None) => {
+                    break_stream(&mut stream, &mut watchers, &mut pending, "watch stream ended");
+                }
+                Err(error) => {
+                    break_stream(&mut stream, &mut watchers, &mut pending, &error.to_string());
+                }
             },
         }
     }
@@ -225,8 +261,14 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
 
 /// The stream is gone: every watch on it ends with `Broken`; the next watch
 /// opens a new stream.
-fn break_stream(stream: &mut Option<Stream>, watchers: &mut HashMap<i64, mpsc::UnboundedSender<Signal>>, reason: &str) {
+fn break_stream(
+    stream: &mut Option<Stream>,
+    watchers: &mut HashMap<i64, mpsc::UnboundedSender<Signal>>,
+    pending: &mut VecDeque<i64>,
+    reason: &str,
+) {
     *stream = None;
+    pending.clear();
     for (_, watcher) in watchers.drain() {
         let _ = watcher.send(Signal::Broken(reason.to_owned()));
     }

@@ -476,3 +476,31 @@ async fn changes_of_users_or_roles_elsewhere_do_not_fail_requests_in_flight() {
     assert_eq!(a.state(), SessionState::Live);
     assert_eq!(b.state(), SessionState::Live);
 }
+
+/// With JWT tokens, which carry the auth revision they were issued at, a
+/// change of users or roles makes every earlier token stale: a waiter whose
+/// watch is opened or re-opened after such a change is still granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_granted_across_a_change_of_roles_with_jwt_tokens() {
+    let (_keys, flag) = jwt_keys();
+    let flag = flag.replace("ttl=2s", "ttl=10m");
+    let cluster = EtcdCluster::start_with_flags(&["--auth-token".to_owned(), flag]).expect("etcd with JWT tokens");
+    let secured = Secured::on(cluster).await;
+    let holder = secured.alice().session_with(quick()).await.expect("holder");
+    let guard = holder.mutex("locks/j").expect("mutex").lock().await.expect("lock");
+    let mut root = secured.root().await;
+    root.user_add("zed", "zed-pw", None).await.expect("add a user");
+    // The waiter arrives after the change, with a token issued before it.
+    let waiter_client = secured.alice();
+    let waiter = waiter_client.session_with(quick()).await.expect("waiter");
+    root.role_add("zed-role").await.expect("add a role");
+    let mutex = waiter.mutex("locks/j").expect("mutex");
+    let waiting = spawn_queued(&waiter_client, async move { mutex.lock().await }).await;
+    root.user_grant_role("zed", "zed-role").await.expect("grant");
+    guard.release().await.expect("release");
+    let granted = bounded("the waiter is granted", waiting)
+        .await
+        .expect("task")
+        .expect("lock across the change");
+    granted.release().await.expect("release");
+}
