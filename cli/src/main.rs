@@ -273,10 +273,16 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                 if endpoints.is_empty() {
                     return Err("--etcd needs endpoints".into());
                 }
+                if matches!(server, Some(Server::ZooKeeper(_))) {
+                    return Err("--etcd and --zookeeper cannot be used together: pick one server".into());
+                }
                 server = Some(Server::Etcd(endpoints));
             }
             "--zookeeper" => {
                 let hosts = args.next().ok_or("--zookeeper needs a connect string")?;
+                if matches!(server, Some(Server::Etcd(_))) {
+                    return Err("--etcd and --zookeeper cannot be used together: pick one server".into());
+                }
                 server = Some(Server::ZooKeeper(hosts));
             }
             "--cacert" => security.cacert = Some(value("--cacert", args.next())?),

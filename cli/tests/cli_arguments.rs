@@ -91,3 +91,51 @@ fn odd_values_are_one_line_errors() {
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }
 }
+
+/// Both servers at once, or an endpoint that cannot be one, is refused in
+/// one line before anything is contacted: a port out of range is not port
+/// 80, and an etcd URL given to `--zookeeper` is named as such.
+#[test]
+fn conflicting_servers_and_malformed_endpoints_are_refused_in_one_line() {
+    for (args, says) in [
+        (
+            vec![
+                "lock",
+                "--etcd",
+                "http://127.0.0.1:2379",
+                "--zookeeper",
+                "127.0.0.1:2181",
+                "x",
+            ],
+            "cannot be used together",
+        ),
+        (
+            vec![
+                "lock",
+                "--zookeeper",
+                "127.0.0.1:2181",
+                "--etcd",
+                "http://127.0.0.1:2379",
+                "x",
+            ],
+            "cannot be used together",
+        ),
+        (
+            vec!["lock", "--etcd", "http://127.0.0.1:99999", "x"],
+            "not a port number",
+        ),
+        (vec!["lock", "--etcd", "http://127.0.0.1", "x"], "no port"),
+        (vec!["lock", "--etcd", "ftp://127.0.0.1:2379", "x"], "unknown scheme"),
+        (
+            vec!["lock", "--zookeeper", "http://127.0.0.1:2181", "x"],
+            "looks like an etcd URL",
+        ),
+        (vec!["lock", "--zookeeper", "127.0.0.1:70000", "x"], "not a port number"),
+        (vec!["lock", "--zookeeper", "127.0.0.1/apps", "x"], "has no port"),
+    ] {
+        let stderr = assert_refused_without_secret(&args);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+        assert!(lines[0].contains(says), "{args:?}: {stderr}");
+    }
+}

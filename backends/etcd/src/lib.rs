@@ -310,6 +310,11 @@ impl Etcd {
     /// connection, with a message saying which endpoint and what to change.
     fn check_schemes(&self) -> Result<()> {
         for endpoint in &self.endpoints {
+            if let Some(problem) = endpoint_problem(endpoint) {
+                return Err(Error::InvalidOptions {
+                    reason: format!("etcd endpoint {endpoint:?}: {problem}"),
+                });
+            }
             let https = endpoint.starts_with("https://");
             if self.tls.is_some() && !https {
                 return Err(Error::InvalidOptions {
@@ -383,6 +388,31 @@ impl Etcd {
 /// live in a namespace of their own so that they are under no lock's prefix
 /// (where Go's mutex would count them as contenders).
 pub const MARKER_PREFIX: &str = layout::ABANDONED;
+
+/// What is wrong with an endpoint, checked before any connection: etcd's
+/// client would read a port out of range or a missing port as another port
+/// (`http://host:99999` as port 80) instead of refusing it.
+fn endpoint_problem(endpoint: &str) -> Option<String> {
+    let rest = match endpoint.split_once("://") {
+        Some(("http" | "https", rest)) => rest,
+        Some((scheme, _)) => return Some(format!("unknown scheme {scheme:?}; use http:// or https://")),
+        None => endpoint,
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains('/') {
+        return Some("an endpoint is http[s]://HOST:PORT, without a path".into());
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Some("no port; an endpoint is http[s]://HOST:PORT (etcd listens on 2379)".into());
+    };
+    if host.is_empty() || host.ends_with(':') {
+        return Some("no host; an endpoint is http[s]://HOST:PORT".into());
+    }
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => None,
+        _ => Some(format!("{port:?} is not a port number (1 to 65535)")),
+    }
+}
 
 /// The etcd-client TLS options for `tls`.
 fn tls_options(tls: &lockline::Tls) -> Result<etcd_client::TlsOptions> {

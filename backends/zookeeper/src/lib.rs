@@ -286,6 +286,11 @@ impl ZooKeeper {
 
     /// Refuses settings that cannot work together.
     fn validate(&self) -> Result<()> {
+        if let Some(problem) = connect_problem(&self.connect) {
+            return Err(Error::InvalidOptions {
+                reason: format!("ZooKeeper connect string {:?}: {problem}", self.connect),
+            });
+        }
         if self.acl_policy == AclPolicy::Creator && self.digest.is_none() && self.sasl.is_none() {
             return Err(Error::InvalidOptions {
                 reason: "AclPolicy::Creator grants the creating identity, but no credentials are configured: \
@@ -295,6 +300,33 @@ impl ZooKeeper {
         }
         Ok(())
     }
+}
+
+/// What is wrong with a connect string (`host:port[,host:port...][/chroot]`),
+/// checked before any connection.
+fn connect_problem(connect: &str) -> Option<String> {
+    if connect.starts_with("http://") || connect.starts_with("https://") {
+        return Some(
+            "this looks like an etcd URL; a ZooKeeper connect string is HOST:PORT[,HOST:PORT...][/CHROOT]".into(),
+        );
+    }
+    let hosts = connect.split_once('/').map_or(connect, |(hosts, _)| hosts);
+    if hosts.is_empty() {
+        return Some("no server; a ZooKeeper connect string is HOST:PORT[,HOST:PORT...][/CHROOT]".into());
+    }
+    for server in hosts.split(',') {
+        let Some((host, port)) = server.rsplit_once(':') else {
+            return Some(format!("{server:?} has no port (ZooKeeper listens on 2181)"));
+        };
+        if host.is_empty() {
+            return Some(format!("{server:?} has no host"));
+        }
+        match port.parse::<u16>() {
+            Ok(port) if port > 0 => {}
+            _ => return Some(format!("{port:?} is not a port number (1 to 65535)")),
+        }
+    }
+    None
 }
 
 #[async_trait]
