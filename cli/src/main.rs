@@ -139,6 +139,96 @@ const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zoo
                      [--zk-auth digest|sasl:USER:PASSWORD] [--zk-acl open|creator] \
                      NAME [COMMAND [ARGS...]]";
 
+/// What `--help` prints, on standard output.
+const HELP: &str = "\
+lockline: hold a distributed lock on etcd or ZooKeeper while a command runs.
+
+usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
+       lockline --help | --version
+
+Waits in line for the lock NAME, prints its key, then runs COMMAND with the
+lock held and releases it when COMMAND exits (without COMMAND: holds the lock
+until SIGINT, SIGTERM, SIGHUP or SIGQUIT). `--` ends the options.
+
+Server (one of):
+  --etcd URL[,URL...]           etcd endpoints, http[s]://HOST:PORT (or ETCDCTL_ENDPOINTS)
+  --zookeeper HOST:PORT[,...][/CHROOT]
+                                a ZooKeeper connect string
+
+Options:
+  --ttl SECS                    session TTL (default 10)
+  --timeout SECS                give up waiting after SECS (exit 2)
+  --kill-after SECS             grace between SIGTERM and SIGKILL for the command's group (default 2; 0: SIGKILL at once)
+  --cacert FILE                 TLS: the CA that signed the servers' certificates
+  --cert FILE --key FILE        TLS: a client certificate and its key
+  --user NAME[:PASSWORD]        etcd user
+  --password PASSWORD           etcd password
+  --marker-prefix PREFIX        etcd: where markers of cancelled acquires go (default __lockline_abandoned__/)
+  --zk-auth digest|sasl:USER:PASSWORD
+                                ZooKeeper credentials
+  --zk-acl open|creator         ZooKeeper ACL policy for the nodes lockline creates (default open)
+  -h, --help                    this help
+  -V, --version                 the version
+
+Read from the environment (flags win): ETCDCTL_ENDPOINTS, ETCDCTL_CACERT,
+ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_PASSWORD (etcd only), and
+LOCKLINE_ZK_AUTH (ZooKeeper credentials, digest|sasl:USER:PASSWORD).
+
+Set for COMMAND: LOCKLINE_KEY (the held key) and LOCKLINE_TOKEN (the fencing
+token: pass it to whatever the lock protects, which refuses lower tokens).
+
+Exit statuses:
+  COMMAND's own status, or 128+N when it was killed by signal N
+  0     without COMMAND, released after SIGINT, SIGTERM, SIGHUP or SIGQUIT
+  1     lockline's own failure: bad arguments, unreachable cluster, refused
+        credentials or permission, or another error
+  2     --timeout ran out
+  3     the lock was lost while held
+  128+N lockline itself got signal N while waiting or while COMMAND ran
+";
+
+/// Whether the arguments ask for help or the version (before the lock
+/// name or `--`): what to print on standard output.
+fn informational(args: &[String]) -> Option<String> {
+    let rest = match args.first().map(String::as_str) {
+        Some("lock") => &args[1..],
+        Some("help") => return Some(HELP.to_owned()),
+        _ => args,
+    };
+    let mut rest = rest.iter().map(String::as_str);
+    while let Some(arg) = rest.next() {
+        match arg {
+            "-h" | "--help" => return Some(HELP.to_owned()),
+            "-V" | "--version" => return Some(format!("lockline {}\n", env!("CARGO_PKG_VERSION"))),
+            // Past the options: NAME, COMMAND and its own flags.
+            "--" => return None,
+            _ if TAKES_VALUE.contains(&arg) => {
+                rest.next();
+            }
+            _ if !arg.starts_with('-') => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The options followed by a value of their own.
+const TAKES_VALUE: [&str; 13] = [
+    "--etcd",
+    "--zookeeper",
+    "--ttl",
+    "--timeout",
+    "--kill-after",
+    "--cacert",
+    "--cert",
+    "--key",
+    "--user",
+    "--password",
+    "--marker-prefix",
+    "--zk-auth",
+    "--zk-acl",
+];
+
 /// Exit status when the lock was lost while held.
 const LOST: u8 = 3;
 /// Exit status when `--timeout` ran out.
@@ -381,7 +471,16 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
 const OUTPUT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
-    let code = match parse(std::env::args().skip(1), |name| std::env::var(name).ok()) {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(text) = informational(&argv) {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        return match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        };
+    }
+    let code = match parse(argv.into_iter(), |name| std::env::var(name).ok()) {
         Ok(args) => start(args),
         Err(message) => {
             note!("{message}");

@@ -139,3 +139,59 @@ fn conflicting_servers_and_malformed_endpoints_are_refused_in_one_line() {
         assert!(lines[0].contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// `--help` (also after `lock` and its options) prints the whole help on
+/// standard output and exits 0; `--version` prints the version. A `--help`
+/// after the lock name belongs to the command, not to lockline.
+#[test]
+fn help_and_version_go_to_stdout_with_status_0() {
+    for args in [
+        vec!["--help"],
+        vec!["-h"],
+        vec!["help"],
+        vec!["lock", "--help"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--ttl", "3", "-h"],
+    ] {
+        let output = lockline(&args);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        assert!(
+            output.stderr.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for part in [
+            "usage: lockline lock",
+            "--zookeeper",
+            "--kill-after",
+            "--cacert",
+            "--zk-auth",
+            "ETCDCTL_ENDPOINTS",
+            "LOCKLINE_TOKEN",
+            "Exit statuses",
+            "128+N",
+        ] {
+            assert!(stdout.contains(part), "{args:?}: no {part:?} in the help");
+        }
+    }
+    let version = lockline(&["--version"]);
+    assert_eq!(version.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("lockline {}", env!("CARGO_PKG_VERSION"))
+    );
+    // The command's own flag: lockline tries to lock (and fails, nothing
+    // listens there) instead of printing its help.
+    let output = lockline(&[
+        "lock",
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--timeout",
+        "1",
+        "x",
+        "ls",
+        "--help",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("usage:"));
+}
