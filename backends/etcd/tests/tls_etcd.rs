@@ -92,6 +92,11 @@ fn assert_tls_unavailable(error: &Error, took: Duration, case: &str) {
     );
     let text = full_text(error);
     assert!(text.contains("TLS"), "{case}: the error does not say TLS: {text}");
+    // The one line a log shows with `{}` says it too.
+    assert!(
+        error.to_string().contains("TLS"),
+        "{case}: the message does not say TLS: {error}"
+    );
     assert!(took < FAIL_WITHIN, "{case}: failing took {took:?}");
 }
 

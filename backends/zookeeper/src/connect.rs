@@ -236,11 +236,21 @@ impl std::error::Error for TlsFailure {}
 
 /// `host:port` of each server in a connect string (`[tcp://|tcp+tls://]host:port,...[/chroot]`).
 fn endpoints(connect: &str) -> Vec<String> {
+    servers(connect)
+        .into_iter()
+        .filter(|server| !server.is_empty())
+        .collect()
+}
+
+/// The `host:port` of each server in a connect string, without the
+/// `tcp://` or `tcp+tls://` zookeeper-client accepts before each, nor the
+/// chroot; an empty server stays in, for the caller to refuse.
+pub(crate) fn servers(connect: &str) -> Vec<String> {
     let hosts = match connect.find('/') {
         // A chroot starts at the first '/' not part of a scheme.
-        _ if connect.contains("://") => connect.to_owned(),
-        Some(at) => connect[..at].to_owned(),
-        None => connect.to_owned(),
+        _ if connect.contains("://") => connect,
+        Some(at) => &connect[..at],
+        None => connect,
     };
     hosts
         .split(',')
@@ -252,7 +262,6 @@ fn endpoints(connect: &str) -> Vec<String> {
                 .unwrap_or(server);
             server.split('/').next().unwrap_or_default().to_owned()
         })
-        .filter(|server| !server.is_empty())
         .collect()
 }
 

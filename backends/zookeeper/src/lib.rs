@@ -310,11 +310,11 @@ fn connect_problem(connect: &str) -> Option<String> {
             "this looks like an etcd URL; a ZooKeeper connect string is HOST:PORT[,HOST:PORT...][/CHROOT]".into(),
         );
     }
-    let hosts = connect.split_once('/').map_or(connect, |(hosts, _)| hosts);
-    if hosts.is_empty() {
+    let servers = connect::servers(connect);
+    if servers.iter().all(String::is_empty) {
         return Some("no server; a ZooKeeper connect string is HOST:PORT[,HOST:PORT...][/CHROOT]".into());
     }
-    for server in hosts.split(',') {
+    for server in &servers {
         let Some((host, port)) = server.rsplit_once(':') else {
             return Some(format!("{server:?} has no port (ZooKeeper listens on 2181)"));
         };

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lockline::conformance::{bounded, spawn_queued};
 use lockline::{Client, Error, SessionOptions, Tls};
-use lockline_testkit::{ClientAuth, LineChild, TestCa, ZkEnsemble, ZkOptions, ZkTlsOptions};
+use lockline_testkit::{ClientAuth, LineChild, TcpProxy, TestCa, ZkEnsemble, ZkOptions, ZkTlsOptions};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::{AclPolicy, ZooKeeper};
 
@@ -75,6 +75,10 @@ async fn assert_tls_unavailable(backend: ZooKeeper, key_pem: Option<&str>) -> St
     let text = chain(&error);
     assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
     assert!(text.contains("TLS"), "the error does not say TLS: {text}");
+    assert!(
+        error.to_string().contains("TLS"),
+        "the message does not say TLS: {error}"
+    );
     assert!(took <= CONNECT_TIMEOUT + SLACK, "took {took:?}: {text}");
     assert_no_secret(&text, key_pem);
     assert_no_secret(&format!("{error:?}"), key_pem);
@@ -482,4 +486,30 @@ async fn open_policy_interoperates_with_digest_authenticated_kazoo() {
     assert!(held.starts_with("held "), "{held}");
     kazoo.close_stdin();
     assert_eq!(kazoo.line(Duration::from_secs(10)).as_deref(), Some("released"));
+}
+
+/// A TLS port behind a silent network (connections accepted, nothing ever
+/// answered, no reset): the session fails within the connect timeout, the
+/// handshake included, with `Unavailable`, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_tls_port_fails_within_the_connect_timeout() {
+    let ca = TestCa::new("lockline-test-ca").expect("CA");
+    let ensemble = tls_ensemble(&ca, ClientAuth::Need);
+    let proxy = TcpProxy::start(&ensemble.secure_address(0).expect("a TLS port")).expect("proxy");
+    proxy.blackhole();
+    let client = ca.client("lockline").expect("client certificate");
+    let tls = Tls::new()
+        .with_ca_pem(ca.cert_pem().expect("CA"))
+        .with_client_pem(client.cert_pem().expect("cert"), client.key_pem().expect("key"));
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        Client::new(ZooKeeper::new(proxy.address().to_string()).with_tls(tls)).session_with(options()),
+    )
+    .await
+    .expect("hung for 30 s");
+    let took = started.elapsed();
+    let error = result.expect_err("no session through a blackhole");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(took <= CONNECT_TIMEOUT + SLACK, "took {took:?}: {error:?}");
 }
