@@ -1,10 +1,15 @@
-//! The traits a backend implements: sessions and the queue primitives every
-//! recipe is written over.
+//! For backend authors: the traits a backend implements, the entries it
+//! stores and the queue primitives every recipe is written over.
+//!
+//! Users of lockline need none of this: they pick a backend crate
+//! (`lockline-etcd`, `lockline-zookeeper`) or [`MemoryBackend`](crate::MemoryBackend)
+//! and hand it to [`Client::new`](crate::Client::new).
 //!
 //! A backend knows how to store entries (their keys or paths, the layout other
 //! clients expect) and how to wait for one entry to disappear. It knows nothing
 //! of recipes: which entry a contender waits for is decided once, in the core,
-//! by the wait rule.
+//! by the wait rule. The conformance suite (cargo feature `conformance`)
+//! checks a backend against the behaviour the recipes rely on.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,7 +17,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::{FencingToken, Result, SessionOptions, SessionState};
+use crate::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 
 /// The kind of contender an entry stands for.
 ///
@@ -37,7 +42,7 @@ pub enum EntryKind {
     /// but cannot queue with (a Curator or kazoo semaphore's nodes in a
     /// ZooKeeper lock directory). No lockline contender queues with it:
     /// acquires under that name fail with
-    /// [`Error::InvalidName`](crate::Error::InvalidName).
+    /// [`Error::InvalidName`].
     Foreign,
 }
 
@@ -164,13 +169,45 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The backend's name, used in errors and logs (`etcd`, `zookeeper`, `memory`).
     fn name(&self) -> &'static str;
 
+    /// Where the backend connects, for messages: the endpoints, the connect
+    /// string, never a credential. The default says nothing.
+    fn describe(&self) -> String {
+        String::new()
+    }
+
     /// Refuses names this backend cannot store beyond the core's own checks.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`](crate::Error::InvalidName) when the name cannot be stored.
+    /// [`Error::InvalidName`] when the name cannot be stored.
     fn validate_name(&self, name: &str) -> Result<()> {
         let _ = name;
+        Ok(())
+    }
+
+    /// Refuses keys this backend cannot store, for fenced writes and reads
+    /// (the core has already refused the empty key). The default accepts
+    /// every key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] naming the key.
+    fn validate_key(&self, key: &str) -> Result<()> {
+        let _ = key;
+        Ok(())
+    }
+
+    /// Refuses keys a fenced write must not create though they can be read:
+    /// keys with the shape of a lock entry in this backend's layout, which
+    /// would stand in that lock's queue as a holder nobody releases. Called
+    /// after [`validate_key`](Self::validate_key). The default accepts every
+    /// key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] naming the key.
+    fn validate_write_key(&self, key: &str) -> Result<()> {
+        let _ = key;
         Ok(())
     }
 
@@ -182,7 +219,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     ///
-    /// [`Error::Unavailable`](crate::Error::Unavailable) when the cluster cannot
+    /// [`Error::Unavailable`] when the cluster cannot
     /// be reached within the options' connect timeout.
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>>;
 }
@@ -247,7 +284,7 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`](crate::Error::LockLost) when the entry is gone.
+    /// [`Error::LockLost`] when the entry is gone.
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()>;
 
     /// `entry`'s current value, or `None` when it is gone.
@@ -256,6 +293,48 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     /// Waits until `entry`'s value differs from `seen` (returns the new value) or
     /// the entry is gone (returns `None`).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Applies `writes` to keys of the store, atomically and only if `entry`
+    /// still exists and is still the same entry (the fence): all of them, or
+    /// none. Returns `Ok(false)`, having written nothing, when the entry is
+    /// gone (the core then tells a lost session from a deleted entry).
+    ///
+    /// Puts create persistent keys (not bound to the session). Deleting a
+    /// missing key is no error. The core has checked each key with
+    /// [`Backend::validate_key`] and that no key appears twice; a backend
+    /// refuses keys under `entry`'s own lock with
+    /// [`Error::InvalidName`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, the writes may or may not have been applied, all or none.
+    ///
+    /// # Errors
+    ///
+    /// The default returns [`Error::Unsupported`], so backends written before
+    /// this method existed keep compiling.
+    async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {
+        let _ = (entry, writes);
+        Err(Error::Unsupported {
+            backend: "this",
+            operation: "fenced writes",
+        })
+    }
+
+    /// The value of `key` in the store (a key written by
+    /// [`write_if_held`](Self::write_if_held), or any other), or `None` when
+    /// it does not exist. One read.
+    ///
+    /// # Errors
+    ///
+    /// The default returns [`Error::Unsupported`].
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let _ = key;
+        Err(Error::Unsupported {
+            backend: "this",
+            operation: "reads",
+        })
+    }
 
     /// Asks the server now whether the session still lives (etcd: the lease's
     /// remaining TTL), updates [`state`](Self::state) and returns it. Called when
@@ -280,4 +359,16 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     fn give_up(&self, why: &str) {
         let _ = why;
     }
+}
+
+/// Moves the state a backend publishes to `next` if
+/// [`SessionState::may_become`] allows it. Returns whether it changed.
+pub fn advance(state: &watch::Sender<SessionState>, next: SessionState) -> bool {
+    state.send_if_modified(|current| {
+        let allowed = current.may_become(next);
+        if allowed {
+            *current = next;
+        }
+        allowed
+    })
 }

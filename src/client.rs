@@ -25,6 +25,15 @@ pub struct Client {
     counters: Arc<Counters>,
 }
 
+impl Client {
+    /// Checks a lock name as a session of this client would, without a
+    /// server: for loops that must refuse a bad name before they connect.
+    pub(crate) fn check_name(&self, name: &str) -> Result<()> {
+        crate::name::validate(name)?;
+        self.backend.validate_name(name)
+    }
+}
+
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
@@ -126,10 +135,13 @@ impl Client {
         let backend_session = match tokio::time::timeout(options.connect_timeout(), opening).await {
             Ok(result) => result?,
             Err(_) => {
-                return Err(Error::Unavailable {
-                    backend: self.backend.name(),
-                    source: Some(format!("no session within {:?}", options.connect_timeout()).into()),
-                })
+                return Err(Error::unavailable(
+                    self.backend.name(),
+                    match self.backend.describe() {
+                        target if target.is_empty() => format!("no session within {:?}", options.connect_timeout()),
+                        target => format!("no session with {target} within {:?}", options.connect_timeout()),
+                    },
+                ))
             }
         };
         self.counters.bump(|c| &c.sessions);

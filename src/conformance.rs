@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Client, Error, Mutex, MutexGuard, Session, SessionOptions};
+use crate::{Client, Error, FencingToken, LeaderSelector, Mutex, MutexGuard, Session, SessionOptions, Term, Write};
 
 /// The longest any single step of a case may take before the case fails.
 pub const BOUND: Duration = Duration::from_secs(20);
@@ -35,9 +35,13 @@ pub trait Fixture: Send + Sync + 'static {
     /// A new client on the cluster under test, as another process would open.
     async fn client(&self) -> Client;
 
-    /// Session options for the cases (a short TTL keeps them quick).
+    /// Session options for the cases. No case waits for a TTL to run out
+    /// (expiry is forced with [`expire`](Self::expire)), so the TTL only
+    /// sets how long a session may go unconfirmed before its client declares
+    /// it lost: long enough that a server slowed by the cases running in
+    /// parallel on a small machine does not lose sessions the case relies on.
     fn options(&self) -> SessionOptions {
-        SessionOptions::new().with_ttl(Duration::from_secs(3))
+        SessionOptions::new().with_ttl(Duration::from_secs(6))
     }
 
     /// Ends `session` on the server from outside, as an expiry would (etcd:
@@ -359,6 +363,87 @@ pub async fn lock_timeout_leaves_no_entry<F: Fixture>(fixture: &F) {
     guard.release().await.expect("release");
 }
 
+/// `lock_timeout(Duration::ZERO)` is one try, on every backend: a free lock is
+/// granted, a lock taken by another session times out at once leaving no
+/// entry, and a nested acquire of the same session times out saying so
+/// (locks are not re-entrant), with any timeout.
+pub async fn lock_timeout_zero_is_one_try<F: Fixture>(fixture: &F) {
+    let name = unique("timeout-zero");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let mutex = sa.mutex(&name).expect("mutex");
+    let holder = bounded("lock_timeout(0)", mutex.lock_timeout(Duration::ZERO))
+        .await
+        .expect("a free lock is granted by lock_timeout(0)");
+    let other = sb.mutex(&name).expect("mutex");
+    match bounded("lock_timeout(0)", other.lock_timeout(Duration::ZERO)).await {
+        Err(Error::Timeout {
+            waited,
+            held_by_this_session,
+            ..
+        }) => {
+            assert_eq!(waited, Duration::ZERO);
+            assert!(!held_by_this_session, "another session holds it");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    sb.flush().await;
+    assert_eq!(
+        keys(&other).await,
+        vec![holder.key().to_owned()],
+        "lock_timeout(0) left an entry"
+    );
+    for timeout in [Duration::ZERO, Duration::from_millis(100)] {
+        match bounded("nested lock_timeout", mutex.lock_timeout(timeout)).await {
+            Err(
+                error @ Error::Timeout {
+                    held_by_this_session: true,
+                    ..
+                },
+            ) => {
+                assert!(error.to_string().contains("held by this session"), "{error}");
+            }
+            other => panic!("a nested acquire must time out as held by this session, got {other:?}"),
+        }
+    }
+    assert!(holder.is_held());
+    holder.release().await.expect("release");
+    sa.flush().await;
+    assert!(keys(&other).await.is_empty());
+}
+
+/// `Session::queue` lists a name's contenders in queue order, holder first,
+/// each with its kind and the token it holds (or will hold) with.
+pub async fn queue_lists_holder_then_waiters<F: Fixture>(fixture: &F) {
+    let name = unique("queue");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    assert!(bounded("queue", sa.queue(&name)).await.expect("queue").is_empty());
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
+    let queue = bounded("queue", sb.queue(&name)).await.expect("queue");
+    assert_eq!(queue.len(), 2, "{queue:?}");
+    assert_eq!(queue[0].key, holder.key());
+    assert_eq!(queue[0].token, holder.token());
+    assert!(queue[1].token > queue[0].token, "{queue:?}");
+    assert!(queue.iter().all(|c| c.kind == crate::EntryKind::Mutex), "{queue:?}");
+    if let Some(owner) = &queue[0].owner {
+        assert_eq!(owner, sa.id());
+    }
+    holder.release().await.expect("release");
+    let next = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert_eq!(queue[1].token, next.token());
+    assert_eq!(queue[1].key, next.key());
+    next.release().await.expect("release");
+    match bounded("queue", sa.queue("")).await {
+        Err(Error::InvalidName { .. }) => {}
+        other => panic!("an empty name must be refused, got {other:?}"),
+    }
+}
+
 /// A `lock()` future dropped while queued, or dropped right after it sent its
 /// append, leaves no entry once the session's background cleanup has run, and
 /// does not block later contenders.
@@ -492,7 +577,11 @@ pub async fn session_loss<F: Fixture>(fixture: &F) {
             panic!("a queued lock on a lost session must fail with SessionLost, got {other:?}")
         }
     }
-    assert!(next.is_held(), "the holder was disturbed by another session's loss");
+    assert!(
+        next.is_held(),
+        "the holder was disturbed by another session's loss (its session: {:?})",
+        sb.state()
+    );
     next.release().await.expect("release");
 }
 
@@ -872,6 +961,444 @@ pub async fn election_observe_and_session_loss<F: Fixture>(fixture: &F) {
     assert_eq!(next!(), None);
 }
 
+/// A lock name for fenced-write cases, absolute so that the same text is a
+/// valid key on every backend, and the base of the keys those cases write.
+fn fenced_names(what: &str) -> (String, String) {
+    let name = format!("/{}", unique(what));
+    let data = format!("{name}-data");
+    (name, data)
+}
+
+async fn read(session: &Session, key: &str) -> Option<Vec<u8>> {
+    bounded("read", session.read(key)).await.expect("read")
+}
+
+fn bytes(text: &str) -> Option<Vec<u8>> {
+    Some(text.as_bytes().to_vec())
+}
+
+/// A holder's fenced writes land, all of them in one call, and every
+/// session reads them back; puts overwrite and create, deletes remove (a
+/// missing key is no error); an empty batch checks the fence alone.
+pub async fn fenced_write_lands_while_held<F: Fixture>(fixture: &F) {
+    let (name, data) = fenced_names("fenced");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let (one, two, three) = (
+        format!("{data}/one"),
+        format!("{data}/two"),
+        format!("{data}/deep/three"),
+    );
+    assert_eq!(read(&sb, &one).await, None);
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    bounded(
+        "write",
+        holder.write_if_held([Write::put(&one, "1"), Write::put(&two, "2"), Write::put(&three, "3")]),
+    )
+    .await
+    .expect("a holder's fenced write lands");
+    assert_eq!(read(&sb, &one).await, bytes("1"));
+    assert_eq!(read(&sb, &two).await, bytes("2"));
+    assert_eq!(read(&sb, &three).await, bytes("3"));
+    bounded(
+        "write",
+        holder.write_if_held([
+            Write::put(&one, "1b"),
+            Write::delete(&two),
+            Write::delete(format!("{data}/never-written")),
+        ]),
+    )
+    .await
+    .expect("overwrite and delete");
+    assert_eq!(read(&sb, &one).await, bytes("1b"));
+    assert_eq!(read(&sb, &two).await, None);
+    assert_eq!(read(&sa, &three).await, bytes("3"));
+    bounded("write", holder.write_if_held([]))
+        .await
+        .expect("an empty batch checks the fence");
+    holder.release().await.expect("release");
+    // Guarded state outlives the lock and the session.
+    sa.close().await.expect("close");
+    assert_eq!(read(&sb, &one).await, bytes("1b"));
+}
+
+/// After its session expired and a newer holder was granted, a stale
+/// holder's fenced writes (several in one call) fail with `SessionLost` and
+/// change nothing, whether the client knows of the loss yet (the backend
+/// primitive, fenced on the server) or not; the newer holder's land.
+pub async fn fenced_write_refused_after_session_loss<F: Fixture>(fixture: &F) {
+    let (name, data) = fenced_names("fenced-loss");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let (one, two, three) = (format!("{data}/one"), format!("{data}/two"), format!("{data}/three"));
+    let holder = lock(&sa.mutex(&name).expect("mutex")).await;
+    bounded(
+        "write",
+        holder.write_if_held([Write::put(&one, "1"), Write::put(&two, "2")]),
+    )
+    .await
+    .expect("write");
+    let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
+    fixture.expire(&sa).await;
+    let newer = bounded("the waiter takes over", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    let stale_batch = [
+        Write::put(&one, "stale"),
+        Write::delete(&two),
+        Write::put(&three, "stale"),
+    ];
+    match bounded(
+        "a stale write through the backend",
+        sa.backend_session().write_if_held(holder.entry(), &stale_batch),
+    )
+    .await
+    {
+        Ok(false) | Err(Error::SessionLost { .. }) => {}
+        other => panic!("the server must refuse a lost session's fenced write, got {other:?}"),
+    }
+    bounded("the holder learns of the loss", holder.lost()).await;
+    match bounded("a stale write", holder.write_if_held(stale_batch.clone())).await {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("a lost holder's fenced write must fail with SessionLost, got {other:?}"),
+    }
+    assert_eq!(read(&sb, &one).await, bytes("1"), "a stale write landed");
+    assert_eq!(read(&sb, &two).await, bytes("2"), "a stale delete landed");
+    assert_eq!(read(&sb, &three).await, None, "a stale create landed");
+    bounded(
+        "write",
+        newer.write_if_held([Write::put(&one, "newer"), Write::delete(&two)]),
+    )
+    .await
+    .expect("the newer holder writes");
+    assert_eq!(read(&sb, &one).await, bytes("newer"));
+    assert_eq!(read(&sb, &two).await, None);
+    newer.release().await.expect("release");
+}
+
+/// After its entry was deleted by someone else and the same session took
+/// the lock again (on etcd: the same key, a newer create revision), the
+/// stale holder's fenced writes fail with `LockLost` and change nothing:
+/// the fence is the entry itself, not its key.
+pub async fn fenced_write_refused_after_entry_deleted<F: Fixture>(fixture: &F) {
+    let (name, data) = fenced_names("fenced-deleted");
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+    let (one, two) = (format!("{data}/one"), format!("{data}/two"));
+    let stale = lock(&sa.mutex(&name).expect("mutex")).await;
+    bounded("write", stale.write_if_held([Write::put(&one, "1")]))
+        .await
+        .expect("write");
+    let removed = bounded("remove", sb.backend_session().remove(stale.entry()))
+        .await
+        .expect("remove");
+    assert!(removed);
+    let batch = [Write::put(&one, "stale"), Write::put(&two, "stale")];
+    let refused = bounded(
+        "a stale write",
+        sa.backend_session().write_if_held(stale.entry(), &batch),
+    )
+    .await
+    .expect("write_if_held");
+    assert!(!refused, "the server applied a write fenced on a deleted entry");
+    bounded("the stale holder learns of the loss", stale.lost()).await;
+    let newer = lock(&sa.mutex(&name).expect("mutex")).await;
+    assert!(newer.token() > stale.token());
+    let refused = bounded(
+        "a stale write",
+        sa.backend_session().write_if_held(stale.entry(), &batch),
+    )
+    .await
+    .expect("write_if_held");
+    assert!(
+        !refused,
+        "the server applied a write fenced on an older entry of the same key"
+    );
+    match bounded("a stale write", stale.write_if_held(batch.clone())).await {
+        Err(Error::LockLost { key }) => assert_eq!(key, stale.key()),
+        other => panic!("a stale holder's fenced write must fail with LockLost, got {other:?}"),
+    }
+    assert_eq!(read(&sb, &one).await, bytes("1"), "a stale write landed");
+    assert_eq!(read(&sb, &two).await, None, "a stale write landed");
+    bounded("write", newer.write_if_held(batch))
+        .await
+        .expect("the newer holder writes");
+    assert_eq!(read(&sb, &two).await, bytes("stale"));
+    newer.release().await.expect("release");
+}
+
+/// A batch with one bad write (an empty key, a key twice, a key under the
+/// lock's own entries) is refused whole with a typed error: nothing of it is
+/// written; reads refuse an empty key too.
+pub async fn fenced_write_batch_is_all_or_nothing<F: Fixture>(fixture: &F) {
+    let (name, data) = fenced_names("fenced-batch");
+    let client = fixture.client().await;
+    let s = session(fixture, &client).await;
+    let (one, two) = (format!("{data}/one"), format!("{data}/two"));
+    let holder = lock(&s.mutex(&name).expect("mutex")).await;
+    bounded("write", holder.write_if_held([Write::put(&one, "1")]))
+        .await
+        .expect("write");
+    let refused = [
+        (
+            vec![Write::put(&one, "2"), Write::put(&two, "2"), Write::put("", "x")],
+            "an empty key",
+        ),
+        (
+            vec![Write::put(&one, "2"), Write::put(&two, "2"), Write::delete(&one)],
+            "a key twice",
+        ),
+        (
+            vec![Write::put(&two, "2"), Write::put(format!("{name}/state"), "x")],
+            "a key under the lock's own entries",
+        ),
+    ];
+    for (batch, what) in refused {
+        match bounded("a refused batch", holder.write_if_held(batch)).await {
+            Err(Error::InvalidName { .. } | Error::InvalidOptions { .. }) => {}
+            other => panic!("a batch with {what} must be refused, got {other:?}"),
+        }
+        assert_eq!(
+            read(&s, &one).await,
+            bytes("1"),
+            "a batch with {what} was partly written"
+        );
+        assert_eq!(read(&s, &two).await, None, "a batch with {what} was partly written");
+    }
+    match bounded("read", s.read("")).await {
+        Err(Error::InvalidName { .. }) => {}
+        other => panic!("an empty key must be refused, got {other:?}"),
+    }
+    assert!(holder.is_held());
+    holder.release().await.expect("release");
+}
+
+/// The works of leaders running now, by term id, for the selector case.
+type Running = Arc<std::sync::Mutex<Vec<(usize, Term)>>>;
+
+/// Takes a leader's work off [`Running`] when dropped: by returning or by
+/// being cancelled.
+struct Leaving(Running, usize);
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(id, _)| *id != self.1);
+    }
+}
+
+/// Three leader selectors compete; the current leader's session is expired
+/// five times from outside. Each kill leads to a new leader with a higher
+/// token on another session, the killed leader's work is dropped, and
+/// shutdown ends every selector with the terms it served and leaves nobody
+/// leading.
+///
+/// An expiry by the server is instant: the killed leader's client learns of
+/// it one event later, and a successor may start in between (no client can
+/// prevent that; only the loss deadline does, for a session that stops being
+/// confirmed). So when a work starts while another still runs, the case
+/// asserts what makes that harmless: the server already refuses every fenced
+/// write of the older one.
+pub async fn leader_selector_survives_leader_kills<F: Fixture>(fixture: &F) {
+    const SELECTORS: usize = 3;
+    const KILLS: usize = 5;
+    let name = unique("selector");
+    let running: Running = Arc::default();
+    let next_id = Arc::new(AtomicUsize::new(0));
+    let (elected_tx, mut elected) = tokio::sync::mpsc::unbounded_channel::<(FencingToken, Session, usize)>();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut selectors = Vec::new();
+    for i in 0..SELECTORS {
+        let selector = LeaderSelector::new(fixture.client().await, &name, format!("selector-{i}"))
+            .with_session_options(fixture.options())
+            .with_pause(Duration::from_millis(20));
+        let mut stopped = stopped.clone();
+        let (running, next_id, elected_tx) = (Arc::clone(&running), Arc::clone(&next_id), elected_tx.clone());
+        let shutdown = async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        selectors.push(tokio::spawn(selector.run(shutdown, move |term: Term| {
+            let id = next_id.fetch_add(1, Ordering::SeqCst);
+            let others: Vec<Term> = {
+                let mut now = running.lock().expect("running");
+                let others = now.iter().map(|(_, t)| t.clone()).collect();
+                now.push((id, term.clone()));
+                others
+            };
+            let leaving = Leaving(Arc::clone(&running), id);
+            let elected_tx = elected_tx.clone();
+            async move {
+                let _leaving = leaving;
+                for other in others {
+                    match other.write_if_held([]).await {
+                        Err(Error::SessionLost { .. } | Error::LockLost { .. }) => {}
+                        held => panic!(
+                            "term {} (token {}) started while term {} (token {}) still held: {held:?}",
+                            term.number(),
+                            term.token(),
+                            other.number(),
+                            other.token()
+                        ),
+                    }
+                }
+                let _ = elected_tx.send((term.token(), term.session().clone(), id));
+                // Works until cancelled.
+                std::future::pending::<()>().await;
+            }
+        })));
+    }
+    drop(elected_tx);
+    let (mut token, mut leader, mut id) = bounded("a first leader", elected.recv()).await.expect("elected");
+    for kill in 0..KILLS {
+        fixture.expire(&leader).await;
+        let (next_token, next, next_id) = bounded(&format!("a new leader after kill {kill}"), elected.recv())
+            .await
+            .expect("elected");
+        assert!(next_token > token, "token {next_token} after {token}");
+        assert_ne!(next.id(), leader.id(), "the expired session led again");
+        bounded("the killed leader's work is dropped", async {
+            while running.lock().expect("running").iter().any(|(other, _)| *other == id) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        (token, leader, id) = (next_token, next, next_id);
+    }
+    stop.send_replace(true);
+    let mut terms = 0;
+    for selector in selectors {
+        terms += bounded("a selector shuts down", selector)
+            .await
+            .expect("selector task")
+            .expect("the selector ends without error");
+    }
+    assert!(terms > KILLS as u64, "{terms} terms for {KILLS} kills");
+    assert!(
+        running.lock().expect("running").is_empty(),
+        "a work still runs after shutdown"
+    );
+    let observer = session(fixture, &fixture.client().await).await;
+    let after = bounded("leader", observer.election(&name).expect("election").leader())
+        .await
+        .expect("leader");
+    assert!(after.is_none(), "someone still leads after shutdown: {after:?}");
+}
+
+/// One [`LeaderSelector`] per client, each client behind a link of its own
+/// that `cut(i, true)` silently partitions (packets dropped, nothing reset)
+/// and `cut(i, false)` heals. The current leader's link is cut `kills` times:
+/// at most one work runs at any moment (the cut leader's client declares
+/// its session lost, dropping the work, before the server can expire it and
+/// elect another), each cut is followed by a new leader on another client
+/// with a higher token, and shutdown ends every selector.
+pub async fn selectors_exclude_under_partitions(
+    clients: Vec<Client>,
+    options: SessionOptions,
+    cut: impl Fn(usize, bool),
+    kills: usize,
+) {
+    let name = unique("selector-partitions");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (elected_tx, mut elected) = tokio::sync::mpsc::unbounded_channel::<(usize, FencingToken)>();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut selectors = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let selector = LeaderSelector::new(client, &name, format!("selector-{i}"))
+            .with_session_options(options.clone())
+            .with_pause(Duration::from_millis(20));
+        let mut stopped = stopped.clone();
+        let shutdown = async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let (inside, most, elected_tx) = (Arc::clone(&inside), Arc::clone(&most), elected_tx.clone());
+        selectors.push(tokio::spawn(selector.run(shutdown, move |term: Term| {
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            let leaving = Counted(Arc::clone(&inside));
+            let _ = elected_tx.send((i, term.token()));
+            async move {
+                let _leaving = leaving;
+                std::future::pending::<()>().await;
+            }
+        })));
+    }
+    drop(elected_tx);
+    let (mut leader, mut token) = bounded("a first leader", elected.recv()).await.expect("elected");
+    for kill in 0..kills {
+        cut(leader, true);
+        let (next, next_token) = bounded(&format!("a new leader after cut {kill}"), elected.recv())
+            .await
+            .expect("elected");
+        assert_ne!(next, leader, "the cut-off selector led again while cut off");
+        assert!(next_token > token, "token {next_token} after {token}");
+        assert_eq!(most.load(Ordering::SeqCst), 1, "two works ran at once after cut {kill}");
+        cut(leader, false);
+        (leader, token) = (next, next_token);
+    }
+    stop.send_replace(true);
+    for selector in selectors {
+        bounded("a selector shuts down", selector)
+            .await
+            .expect("selector task")
+            .expect("the selector ends without error");
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two works ran at once");
+    assert_eq!(inside.load(Ordering::SeqCst), 0, "a work still runs after shutdown");
+}
+
+/// A value too large for the server (a campaign's, a proclaim's, a fenced
+/// write's) is refused at once with `InvalidOptions` saying so, never
+/// retried until the caller gives up, and leaves no entry. `key` is a
+/// fenced-write key valid on the backend under test. Not for the memory
+/// backend, which has no size limit.
+pub async fn values_too_large_are_refused(client: &Client, key: &str) {
+    let session = bounded("open a session", client.session()).await.expect("session");
+    let huge = vec![b'a'; 3 << 20];
+    let too_large = |what: &str, outcome: crate::Result<()>| match outcome {
+        Err(Error::InvalidOptions { reason }) => assert!(reason.contains("too large"), "{what}: {reason}"),
+        other => panic!("{what}: expected InvalidOptions, got {other:?}"),
+    };
+    let name = unique("large");
+    let election = session.election(&name).expect("election");
+    too_large(
+        "campaign",
+        bounded("campaign", election.campaign(&huge)).await.map(drop),
+    );
+    assert!(
+        bounded("queue", session.queue(&name)).await.expect("queue").is_empty(),
+        "no candidate left behind"
+    );
+    let guard = lock(&session.mutex(&unique("large-m")).expect("mutex")).await;
+    too_large(
+        "fenced write",
+        bounded(
+            "fenced write",
+            guard.write_if_held([crate::Write::put(key, huge.clone())]),
+        )
+        .await,
+    );
+    let leadership = bounded("campaign", election.campaign(b"small"))
+        .await
+        .expect("campaign");
+    too_large("proclaim", bounded("proclaim", leadership.proclaim(&huge)).await);
+    assert!(leadership.is_held() && guard.is_held());
+    guard.release().await.expect("release");
+    leadership.resign().await.expect("resign");
+}
+
+/// Counts a running work down when it is dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Lock names under one base: nested names (`db`, `db/read`, `db/x`) and
 /// names whose segments are recipe words of some backend's layout.
 const WORD_NAMES: &[&str] = &[
@@ -1040,6 +1567,8 @@ macro_rules! conformance_tests {
             one_wakeup_per_release,
             try_lock_leaves_no_entry,
             lock_timeout_leaves_no_entry,
+            lock_timeout_zero_is_one_try,
+            queue_lists_holder_then_waiters,
             cancelled_lock_leaves_no_entry,
             fenced_release_spares_newer_holder,
             fenced_remove_primitive,
@@ -1056,6 +1585,11 @@ macro_rules! conformance_tests {
             cancelled_recipes_leave_no_entry,
             election_observe_and_session_loss,
             recipe_words_and_nested_names_are_separate_locks,
+            fenced_write_lands_while_held,
+            fenced_write_refused_after_session_loss,
+            fenced_write_refused_after_entry_deleted,
+            fenced_write_batch_is_all_or_nothing,
+            leader_selector_survives_leader_kills,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -94,6 +94,20 @@ impl Election {
         &self.name
     }
 
+    /// A candidacy with `value`: the mutex rule, queued in-process first
+    /// (one key per session and name on etcd).
+    fn candidacy<'a>(&'a self, value: &'a [u8]) -> Acquire<'a> {
+        Acquire {
+            session: &self.session,
+            name: &self.name,
+            kind: EntryKind::Election,
+            rule: Rule::Exclusive,
+            value,
+            local: true,
+            patience: Patience::Forever,
+        }
+    }
+
     /// Stands as a candidate with `value` and waits until elected.
     ///
     /// # Cancel safety
@@ -104,23 +118,33 @@ impl Election {
     ///
     /// As [`Mutex::lock`](crate::Mutex::lock).
     pub async fn campaign(&self, value: &[u8]) -> Result<Leadership> {
-        let acquire = Acquire {
-            session: &self.session,
-            name: &self.name,
-            kind: EntryKind::Election,
-            rule: Rule::Exclusive,
-            value,
-            local: true,
-            patience: Patience::Forever,
-        };
-        acquire
+        self.candidacy(value)
             .run()
             .await?
             .map(|hold| Leadership { hold })
             .ok_or_else(|| Error::Timeout {
                 name: self.name.to_string(),
                 waited: Duration::ZERO,
+                held_by_this_session: false,
             })
+    }
+
+    /// Stands as a candidate with `value` and waits at most `timeout` to be
+    /// elected, as [`Mutex::lock_timeout`](crate::Mutex::lock_timeout) does:
+    /// `Duration::ZERO` makes one try (elected when nobody leads or waits).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling withdraws the candidacy; no entry is left behind.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the time runs out (the candidacy is then
+    /// withdrawn); otherwise as [`campaign`](Self::campaign).
+    pub async fn campaign_timeout(&self, value: &[u8], timeout: Duration) -> Result<Leadership> {
+        Ok(Leadership {
+            hold: self.candidacy(value).within(timeout).await?,
+        })
     }
 
     /// The current leader, if any.

@@ -18,7 +18,11 @@ pub enum Error {
     /// The lock name cannot be used: empty, too long, holding characters a
     /// backend cannot store, or already used on the server by a recipe this one
     /// cannot queue with (a semaphore and a mutex on one name, a Curator or
-    /// kazoo semaphore's directory).
+    /// kazoo semaphore's directory). Also a key given to
+    /// [`write_if_held`](crate::MutexGuard::write_if_held) or
+    /// [`Session::read`](crate::Session::read) that the backend cannot store
+    /// (empty; on ZooKeeper not an absolute path, a trailing or doubled `/`),
+    /// or that lies under the lock's own entries.
     ///
     /// The check against other recipes is made from what a contender reads while
     /// it queues; a contender refused this way has left the queue.
@@ -40,12 +44,27 @@ pub enum Error {
 
     /// A bounded wait ran out before the lock was granted. The contender has
     /// left the queue.
-    #[error("timed out after {waited:?} waiting for {name:?}")]
+    ///
+    /// Locks are not re-entrant: a session that already holds (or waits for)
+    /// a name and asks for it again waits behind itself. When that is what
+    /// blocked the wait, `held_by_this_session` is set and the message says so.
+    #[error(
+        "timed out after {waited:?} waiting for {name:?}{}",
+        if *held_by_this_session {
+            ": it is held by this session (locks are not re-entrant)"
+        } else {
+            ""
+        }
+    )]
     Timeout {
         /// The lock name.
         name: String,
         /// How long the caller waited.
         waited: Duration,
+        /// Whether the holder (or waiter) it queued behind is this same
+        /// session: a nested acquire that cannot succeed until the outer
+        /// guard is released.
+        held_by_this_session: bool,
     },
 
     /// The session expired (or was revoked) on the server: everything it held
@@ -73,14 +92,18 @@ pub enum Error {
 
     /// The cluster could not be reached within the connect or request deadline.
     ///
-    /// When the cause is a TLS failure (a certificate refused either way,
-    /// plain text against a TLS port) the message says so; the details are
-    /// in [`source`](std::error::Error::source).
-    #[error("{backend} cluster unavailable{}", tls_note(source.as_deref()))]
+    /// The message says what failed and why: the endpoints or the request,
+    /// the deadline, the client library's or the server's words ("etcd
+    /// unavailable: no answer from http://10.0.0.1:2379 within the connect
+    /// timeout"). When the cause is a TLS failure (a certificate refused
+    /// either way, plain text against a TLS port) the message says TLS.
+    #[error("{backend} unavailable: {reason}")]
     Unavailable {
         /// The backend's name (`etcd`, `zookeeper`, `memory`).
         backend: &'static str,
-        /// The last error seen while trying, if any.
+        /// What failed and why, in words fit for a log line.
+        reason: String,
+        /// The client library's error, when there is one.
         #[source]
         source: Option<BoxError>,
     },
@@ -122,33 +145,83 @@ pub enum Error {
         reason: String,
     },
 
-    /// Any other error reported by a backend.
-    #[error("{backend} backend error")]
+    /// The backend does not offer this operation: an out-of-tree backend
+    /// written before the operation existed (every backend of this
+    /// repository offers every operation).
+    #[error("the {backend} backend does not support {operation}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// What was asked (`fenced writes`, `reads`).
+        operation: &'static str,
+    },
+
+    /// Any other error reported by a backend. The message holds the client
+    /// library's (and the server's) words.
+    #[error("{backend} error: {reason}")]
     Backend {
         /// The backend's name (`etcd`, `zookeeper`, `memory`).
         backend: &'static str,
+        /// What failed, in words fit for a log line.
+        reason: String,
         /// The client library's error.
         #[source]
         source: BoxError,
     },
 }
 
-/// `": the TLS connection failed"` when the cause is about TLS, so that the
-/// one line a log shows names the kind of failure; the cause itself stays
-/// the error's `source()`.
-fn tls_note(source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> &'static str {
-    match source {
-        Some(source) if source.to_string().contains("TLS") => ": the TLS connection failed",
-        _ => "",
+/// An error and its causes in one line, each cause once: client libraries
+/// often say "transport error" and keep the reason ("connection refused")
+/// in their sources.
+pub(crate) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let words = cause.to_string();
+        if !words.is_empty() && !text.contains(&words) {
+            text.push_str(": ");
+            text.push_str(&words);
+        }
+        source = cause.source();
     }
+    text
 }
 
 impl Error {
-    /// Wraps a client library's error as [`Error::Backend`].
+    /// Wraps a client library's error as [`Error::Backend`]; the message
+    /// holds its words and those of its causes.
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        let source = source.into();
         Error::Backend {
             backend,
-            source: source.into(),
+            reason: describe(source.as_ref()),
+            source,
+        }
+    }
+
+    /// [`Error::Unavailable`] with `reason` saying what failed and why, and no
+    /// client-library error behind it.
+    pub fn unavailable(backend: &'static str, reason: impl Into<String>) -> Self {
+        Error::Unavailable {
+            backend,
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Unavailable`] caused by a client library's error: `context`
+    /// says what was being done ("connecting to 127.0.0.1:2181"), and the
+    /// message adds the error's words and those of its causes.
+    pub fn unavailable_because(
+        backend: &'static str,
+        context: impl std::fmt::Display,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        let source = source.into();
+        Error::Unavailable {
+            backend,
+            reason: format!("{context}: {}", describe(source.as_ref())),
+            source: Some(source),
         }
     }
 

@@ -10,7 +10,7 @@ use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::task::AbortHandle;
 
 use crate::session::SessionInner;
-use crate::{Entry, Error, FencingToken, Result, Session, SessionState};
+use crate::{Entry, Error, FencingToken, Result, Session, SessionState, Write};
 
 /// A watch that resolves once one entry is gone, owning what it needs.
 pub(crate) type EntryWatch = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
@@ -32,6 +32,8 @@ const REWATCH_MAX_BACKOFF: Duration = Duration::from_secs(2);
 enum Loss {
     Session(SessionState),
     EntryDeleted,
+    /// The entry is gone; whether the session ended too is being asked.
+    Vanished,
 }
 
 /// A held entry: the shared body of every guard.
@@ -88,6 +90,9 @@ impl Hold {
                     state = inner.over() => break Loss::Session(state),
                     gone = watch.as_mut() => match gone {
                         Ok(()) => {
+                            // Lost now, whatever the reason: stop the holder's
+                            // work at once, then find out why.
+                            tx.send_replace(Some(Loss::Vanished));
                             break match inner.vanished_error(&watched.key).await {
                                 Error::LockLost { .. } => Loss::EntryDeleted,
                                 _ => Loss::Session(inner.state()),
@@ -156,21 +161,46 @@ impl Hold {
         }
     }
 
-    fn loss_error(&self, loss: Loss) -> Error {
+    async fn loss_error(&self, loss: Loss) -> Error {
         match loss {
             Loss::Session(state) => self.session.inner.over_error(state),
+            Loss::Vanished => self.session.inner.vanished_error(&self.entry.key).await,
             Loss::EntryDeleted => Error::LockLost {
                 key: self.entry.key.clone(),
             },
         }
     }
 
+    /// Applies `writes` only while this hold still holds (see the guard
+    /// surface's `write_if_held`).
+    pub(crate) async fn write_if_held(&self, writes: Vec<Write>) -> Result<()> {
+        let inner = &self.session.inner;
+        for write in &writes {
+            inner.check_write_key(write.key())?;
+        }
+        crate::write::refuse_duplicates(&writes)?;
+        // Known lost already: say so without asking the server.
+        let known = *self.loss.borrow();
+        if let Some(loss) = known {
+            return Err(self.loss_error(loss).await);
+        }
+        inner.check_usable()?;
+        match inner.call(inner.remote.write_if_held(&self.entry, &writes)).await {
+            Ok(true) => Ok(()),
+            // Nothing was written: the entry is gone. Lost session or deleted
+            // entry, as `release` tells them apart.
+            Ok(false) => Err(inner.vanished_error(&self.entry.key).await),
+            Err(error) => Err(inner.label(error)),
+        }
+    }
+
     pub(crate) async fn release(mut self) -> Result<()> {
         self.monitor.abort();
         let inner = self.session.inner.clone();
-        if let Some(loss) = *self.loss.borrow() {
+        let known = *self.loss.borrow();
+        if let Some(loss) = known {
             self.released = true;
-            return Err(self.loss_error(loss));
+            return Err(self.loss_error(loss).await);
         }
         let state = inner.state();
         if state.is_over() {
@@ -247,6 +277,71 @@ macro_rules! guard_surface {
             /// Cancel safe: it only observes.
             pub async fn lost(&self) {
                 self.hold.lost().await
+            }
+
+            /// Writes to the lock's own store (etcd keys, absolute ZooKeeper
+            /// paths) only if it is still held, atomically: every write in
+            /// `writes` is applied, or none is.
+            ///
+            /// The server checks the fence in the same request as the writes:
+            /// on etcd one `Txn` comparing this entry's create revision (its
+            /// fencing token), on ZooKeeper one `multi` beginning with a
+            /// `check` of this entry's node, on the memory backend one step
+            /// under the store's lock. So a holder that was paused past its
+            /// session's end and wakes up writes nothing, even before it has
+            /// noticed its loss. Use it for state that only the holder may
+            /// change; read it back with [`Session::read`](crate::Session::read).
+            ///
+            /// Puts create persistent keys (they outlive the session); a
+            /// delete of a missing key is no error. An empty `writes` checks
+            /// the fence alone. See [`Write`](crate::Write) and the README's
+            /// "Fenced writes" for each backend's details (ZooKeeper creates
+            /// missing parent nodes).
+            ///
+            /// ```
+            /// # #[tokio::main(flavor = "current_thread")]
+            /// # async fn main() -> lockline::Result<()> {
+            /// use lockline::{Client, MemoryBackend, Write};
+            ///
+            /// let store = MemoryBackend::new();
+            /// let session = Client::new(store.clone()).session().await?;
+            /// let guard = session.mutex("jobs/report")?.lock().await?;
+            /// guard.write_if_held([Write::put("jobs/report-state", "running")]).await?;
+            ///
+            /// store.expire(session.id()); // the session ends under the holder
+            /// let late = guard.write_if_held([Write::put("jobs/report-state", "done")]).await;
+            /// assert!(matches!(late, Err(lockline::Error::SessionLost { .. })));
+            /// let reader = Client::new(store).session().await?;
+            /// assert_eq!(reader.read("jobs/report-state").await?.as_deref(), Some(&b"running"[..]));
+            /// # Ok(()) }
+            /// ```
+            ///
+            /// # Cancel safety
+            ///
+            /// If cancelled, the writes may or may not have been applied: all
+            /// of them or none.
+            ///
+            /// # Errors
+            ///
+            /// Nothing is written when it fails, except that after
+            /// [`Error::Unavailable`](crate::Error::Unavailable) the writes may
+            /// have been applied (all of them or none).
+            /// [`Error::SessionLost`](crate::Error::SessionLost) or
+            /// [`Error::LockLost`](crate::Error::LockLost) when it is no
+            /// longer held (as [`release`](Self::release) reports them),
+            /// [`Error::Closed`](crate::Error::Closed) when the session was
+            /// closed;
+            /// [`Error::InvalidName`](crate::Error::InvalidName) for a key the
+            /// backend cannot store or one under this lock's own entries;
+            /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) when a
+            /// key appears twice; [`Error::Unavailable`](crate::Error::Unavailable)
+            /// when the server did not answer in time (the writes may then
+            /// have been applied, all or none), a refusal or another backend
+            /// error (a ZooKeeper delete of a node that has children, say);
+            /// [`Error::Unsupported`](crate::Error::Unsupported) on a backend
+            /// without fenced writes.
+            pub async fn write_if_held(&self, writes: impl IntoIterator<Item = $crate::Write>) -> $crate::Result<()> {
+                self.hold.write_if_held(writes.into_iter().collect()).await
             }
 
             /// Releases it: deletes its entry, fenced on the entry's own creation

@@ -2,8 +2,9 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
-mod backend;
+pub mod backend;
 mod client;
+mod contender;
 mod election;
 mod error;
 mod guard;
@@ -12,18 +13,22 @@ mod mutex;
 mod name;
 mod options;
 mod rwlock;
+mod selector;
 mod semaphore;
 mod session;
 mod stats;
 mod tls;
 mod token;
 mod wait;
+mod write;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+pub use backend::EntryKind;
+pub(crate) use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry};
 pub use client::Client;
+pub use contender::Contender;
 pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, Error, Result};
 pub use memory::MemoryBackend;
@@ -31,11 +36,13 @@ pub use mutex::{Mutex, MutexGuard};
 pub use name::MAX_NAME_LEN;
 pub use options::{SessionOptions, SessionState, MAX_TTL, MIN_TTL};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use selector::{LeaderSelector, Term};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use session::Session;
 pub use stats::ClientStats;
 pub use tls::Tls;
 pub use token::FencingToken;
+pub use write::Write;
 
 /// Re-exported so backends and users name the same `async_trait`.
 pub use async_trait::async_trait;

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::{
     AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
-    Result, SessionOptions, SessionState,
+    Result, SessionOptions, SessionState, Write,
 };
 
 const NAME: &str = "memory";
@@ -73,6 +73,8 @@ struct State {
     /// Each directory's entries by creation order.
     dirs: HashMap<String, BTreeMap<i64, String>>,
     sessions: HashMap<String, watch::Sender<SessionState>>,
+    /// The keys written by fenced writes: persistent, apart from entries.
+    data: BTreeMap<String, Vec<u8>>,
 }
 
 struct Record {
@@ -151,6 +153,14 @@ impl MemoryBackend {
             .get(dir)
             .map(|entries| entries.values().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+/// A fenced write aimed at the lock's own entries.
+fn under_own_lock(key: &str, dir: &str) -> Error {
+    Error::InvalidName {
+        name: key.to_owned(),
+        reason: format!("the key lies under the entries of the lock {dir:?} that fences the write"),
     }
 }
 
@@ -374,6 +384,35 @@ impl BackendSession for MemorySession {
         };
         let changed = value.wait_for(|v| v.as_deref() != Some(seen)).await;
         Ok(changed.ok().and_then(|v| v.clone()))
+    }
+
+    /// One step under the store's lock: the entry is checked and every
+    /// write applied, with nothing in between.
+    async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {
+        let mut state = self.store.lock();
+        let Some(record) = state.record(entry) else {
+            return Ok(false);
+        };
+        let own = format!("{}/", record.dir);
+        if let Some(write) = writes.iter().find(|w| w.key().starts_with(&own)) {
+            return Err(under_own_lock(write.key(), &record.dir));
+        }
+        for write in writes {
+            match write {
+                Write::Put { key, value } => {
+                    state.data.insert(key.clone(), value.clone());
+                }
+                Write::Delete { key } => {
+                    state.data.remove(key);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.check_live()?;
+        Ok(self.store.lock().data.get(key).cloned())
     }
 
     async fn close(&self) -> Result<()> {

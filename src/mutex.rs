@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::guard::{guard_surface, Hold};
 use crate::wait::{Acquire, Patience, Rule};
-use crate::{Entry, EntryKind, Error, Result, Session};
+use crate::{Contender, Entry, EntryKind, Error, Result, Session};
 
 /// A distributed mutual-exclusion lock.
 ///
@@ -24,6 +24,29 @@ use crate::{Entry, EntryKind, Error, Result, Session};
 /// // ... write to the resource with guard.token() ...
 /// guard.release().await?;
 /// assert!(mutex.try_lock().await?.is_some());
+/// # Ok(()) }
+/// ```
+///
+/// # Not re-entrant
+///
+/// A session that holds a mutex and calls [`lock`](Self::lock) on the same
+/// name again **waits forever**: the second call queues behind the first
+/// guard, which it never releases (like `tokio::sync::Mutex` and etcd's Go
+/// `concurrency.Mutex`, unlike Curator's `InterProcessMutex`). Pass the guard
+/// down instead of locking again. [`lock_timeout`](Self::lock_timeout)
+/// and [`try_lock`](Self::try_lock) show the mistake rather than hang: the
+/// timeout's [`Error::Timeout`] has `held_by_this_session` set and its
+/// message says "held by this session", and `try_lock` returns `None`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockline::Result<()> {
+/// # use std::time::Duration;
+/// let session = lockline::Client::memory().session().await?;
+/// let mutex = session.mutex("billing/run")?;
+/// let _outer = mutex.lock().await?;
+/// let nested = mutex.lock_timeout(Duration::from_millis(10)).await.unwrap_err();
+/// assert!(nested.to_string().contains("held by this session"));
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -93,12 +116,14 @@ impl Mutex {
             None => Err(Error::Timeout {
                 name: self.name.to_string(),
                 waited: Duration::ZERO,
+                held_by_this_session: false,
             }),
         }
     }
 
     /// Takes the lock if nobody holds it or waits for it, without waiting.
-    /// Returns `None` when it is taken; its entry is then removed before this
+    /// Returns `None` when it is taken (also when this same session holds
+    /// it: locks are not re-entrant); its entry is then removed before this
     /// returns.
     ///
     /// # Cancel safety
@@ -118,6 +143,12 @@ impl Mutex {
 
     /// Waits for the lock at most `timeout`.
     ///
+    /// `Duration::ZERO` makes one try and never waits, on every backend: a
+    /// free lock is granted, a taken one gives [`Error::Timeout`] at once
+    /// (what [`try_lock`](Self::try_lock) does, as an error). Any other
+    /// timeout bounds everything, round trips included: one shorter than a
+    /// round trip to the server times out even on a free lock.
+    ///
     /// # Cancel safety
     ///
     /// As [`lock`](Self::lock): cancelled, it leaves no entry behind.
@@ -125,16 +156,11 @@ impl Mutex {
     /// # Errors
     ///
     /// [`Error::Timeout`] when the time runs out; the contender has then left the
-    /// queue. Otherwise as [`lock`](Self::lock).
+    /// queue. Its `held_by_this_session` is set when what it waited behind is
+    /// this same session (a nested lock). Otherwise as [`lock`](Self::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        match self.acquire(Patience::Until(deadline, timeout)).run().await? {
-            Some(hold) => Ok(MutexGuard { hold }),
-            None => Err(Error::Timeout {
-                name: self.name.to_string(),
-                waited: timeout,
-            }),
-        }
+        let hold = self.acquire(Patience::Forever).within(timeout).await?;
+        Ok(MutexGuard { hold })
     }
 
     /// Every contender queued on this lock (the holder first), from every
@@ -147,7 +173,7 @@ impl Mutex {
     /// # Errors
     ///
     /// [`Error::Unavailable`] or a backend error when the read fails.
-    pub async fn contenders(&self) -> Result<Vec<Entry>> {
+    pub async fn contenders(&self) -> Result<Vec<Contender>> {
         self.session.inner.contenders(&self.name).await
     }
 }

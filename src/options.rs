@@ -192,16 +192,4 @@ impl SessionState {
             SessionState::Live => self == SessionState::Suspended,
         }
     }
-
-    /// Moves the state a backend publishes to `next` if [`may_become`](Self::may_become)
-    /// allows it. Returns whether it changed.
-    pub fn advance(state: &tokio::sync::watch::Sender<SessionState>, next: SessionState) -> bool {
-        state.send_if_modified(|current| {
-            let allowed = current.may_become(next);
-            if allowed {
-                *current = next;
-            }
-            allowed
-        })
-    }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::guard::{guard_surface, Hold};
 use crate::wait::{Acquire, Patience, Rule};
-use crate::{Entry, EntryKind, Error, Result, Session};
+use crate::{Contender, EntryKind, Error, Result, Session};
 
 /// A distributed read/write lock: readers share it, writers exclude everyone.
 ///
@@ -82,6 +82,7 @@ impl RwLock {
             .ok_or_else(|| Error::Timeout {
                 name: self.name.to_string(),
                 waited: Duration::ZERO,
+                held_by_this_session: false,
             })
     }
 
@@ -154,7 +155,7 @@ impl RwLock {
     /// # Errors
     ///
     /// [`Error::Unavailable`] or a backend error when the read fails.
-    pub async fn contenders(&self) -> Result<Vec<Entry>> {
+    pub async fn contenders(&self) -> Result<Vec<Contender>> {
         self.session.inner.contenders(&self.name).await
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::guard::{guard_surface, Hold};
 use crate::wait::{Acquire, Patience, Rule};
-use crate::{Entry, EntryKind, Error, Result, Session};
+use crate::{Contender, EntryKind, Error, Result, Session};
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: usize = 10_000;
@@ -108,6 +108,7 @@ impl Semaphore {
             .ok_or_else(|| Error::Timeout {
                 name: self.name.to_string(),
                 waited: Duration::ZERO,
+                held_by_this_session: false,
             })
     }
 
@@ -133,7 +134,7 @@ impl Semaphore {
     /// # Errors
     ///
     /// [`Error::Unavailable`] or a backend error when the read fails.
-    pub async fn contenders(&self) -> Result<Vec<Entry>> {
+    pub async fn contenders(&self) -> Result<Vec<Contender>> {
         self.session.inner.contenders(&self.name).await
     }
 }

@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use crate::stats::Counters;
 
 use crate::{
-    name, Backend, BackendSession, Election, Entry, EntryKind, Error, Mutex, Result, RwLock, Semaphore, SessionOptions,
-    SessionState,
+    name, Backend, BackendSession, Contender, Election, Entry, EntryKind, Error, Mutex, Result, RwLock, Semaphore,
+    SessionOptions, SessionState,
 };
 
 /// After this many failed tries a background removal is logged as a warning
@@ -208,6 +208,65 @@ impl Session {
         Ok(Election::new(self.clone(), name))
     }
 
+    /// Every contender queued under `name`, whatever the recipe, from every
+    /// client (etcdctl, Go's `concurrency`, Curator, kazoo), in queue order:
+    /// holders first. One read; nothing is written.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockline::Result<()> {
+    /// let session = lockline::Client::memory().session().await?;
+    /// let _guard = session.mutex("jobs/nightly")?.lock().await?;
+    /// let queue = session.queue("jobs/nightly").await?;
+    /// assert_eq!(queue.len(), 1);
+    /// assert_eq!(queue[0].token, _guard.token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex), and [`Error::Unavailable`] or a backend
+    /// error when the read fails.
+    pub async fn queue(&self, name: &str) -> Result<Vec<Contender>> {
+        self.inner.check_name(name)?;
+        self.inner.contenders(name).await
+    }
+
+    /// The value of `key` in the lock's own store (an etcd key, an absolute
+    /// ZooKeeper path), or `None` when it does not exist: one plain read, to
+    /// see what [`write_if_held`](crate::MutexGuard::write_if_held) wrote.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockline::Result<()> {
+    /// let session = lockline::Client::memory().session().await?;
+    /// assert_eq!(session.read("config/epoch").await?, None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a key the backend cannot store,
+    /// [`Error::Closed`] or [`Error::SessionLost`] when the session is over,
+    /// [`Error::Unavailable`] or a backend error when the read fails.
+    pub async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.check_key(key)?;
+        self.inner.check_usable()?;
+        match self.inner.call(self.inner.remote.read(key)).await {
+            Ok(value) => Ok(value),
+            Err(error) => Err(self.inner.label(error)),
+        }
+    }
+
     /// Waits until every background release and cleanup this session started
     /// (guards dropped without `release()`, cancelled acquires) has finished.
     ///
@@ -223,6 +282,12 @@ impl Session {
     /// Closes the session on the server (revokes the lease, closes the ZooKeeper
     /// session): every lock it held is released at once and every call on it
     /// afterwards fails with [`Error::Closed`]. Closing twice is fine.
+    ///
+    /// Returns once the server has confirmed the close (etcd answered the
+    /// revoke; ZooKeeper answered `CloseSession`), so a process may exit right
+    /// after it without leaving its locks held until the TTL runs out. A
+    /// confirmation that does not come within the request timeout is an
+    /// [`Error::Unavailable`].
     ///
     /// # Cancel safety
     ///
@@ -241,10 +306,14 @@ impl Session {
         let timeout = self.inner.options.request_timeout();
         match tokio::time::timeout(timeout, self.inner.remote.close()).await {
             Ok(result) => result,
-            Err(_) => Err(Error::Unavailable {
-                backend: self.inner.backend.name(),
-                source: Some(format!("closing the session took longer than {timeout:?}").into()),
-            }),
+            Err(_) => Err(Error::unavailable(
+                self.inner.backend.name(),
+                format!(
+                    "the server did not confirm the close of session {} within {timeout:?}; \
+                     what it held is released when its TTL runs out",
+                    self.id()
+                ),
+            )),
         }
     }
 
@@ -322,9 +391,10 @@ impl SessionInner {
     }
 
     /// Every entry under `name`, for the recipes' `contenders()`.
-    pub(crate) async fn contenders(&self, name: &str) -> Result<Vec<Entry>> {
+    pub(crate) async fn contenders(&self, name: &str) -> Result<Vec<Contender>> {
         self.check_usable()?;
-        self.call(self.remote.list(name)).await
+        let entries = self.call(self.remote.list(name)).await?;
+        Ok(entries.into_iter().map(Contender::from).collect())
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {
@@ -333,6 +403,30 @@ impl SessionInner {
             return Err(self.over_error(state));
         }
         Ok(())
+    }
+
+    /// Checks a key of a fenced write or a read.
+    pub(crate) fn check_key(&self, key: &str) -> Result<()> {
+        crate::write::validate_key(key)?;
+        self.backend.validate_key(key)
+    }
+
+    /// Checks a key a fenced write creates or deletes.
+    pub(crate) fn check_write_key(&self, key: &str) -> Result<()> {
+        self.check_key(key)?;
+        self.backend.validate_write_key(key)
+    }
+
+    /// Names the backend in an [`Error::Unsupported`] from a backend
+    /// session's default method, which cannot know it.
+    pub(crate) fn label(&self, error: Error) -> Error {
+        match error {
+            Error::Unsupported { operation, .. } => Error::Unsupported {
+                backend: self.backend_name(),
+                operation,
+            },
+            other => other,
+        }
     }
 
     pub(crate) fn check_name(&self, name: &str) -> Result<()> {
@@ -487,10 +581,10 @@ impl SessionInner {
             let tried = async {
                 match tokio::time::timeout(timeout, self.clean(orphan)).await {
                     Ok(result) => result,
-                    Err(_) => Err(Error::Unavailable {
-                        backend: self.backend_name(),
-                        source: Some(format!("no answer within the request timeout of {timeout:?}").into()),
-                    }),
+                    Err(_) => Err(Error::unavailable(
+                        self.backend_name(),
+                        format!("no answer within the request timeout of {timeout:?}"),
+                    )),
                 }
             };
             let outcome = tokio::select! {

@@ -82,16 +82,53 @@ pub(crate) struct Acquire<'a> {
     pub(crate) patience: Patience,
 }
 
+/// How an acquire ended when it did not fail.
+enum Outcome {
+    Held(Hold),
+    /// Taken, and the acquire may not wait ([`Patience::Never`]). `here`:
+    /// this session itself holds or waits for it.
+    Busy {
+        here: bool,
+    },
+}
+
 impl Acquire<'_> {
     /// Runs the acquire. `Ok(None)` only for [`Patience::Never`] when the lock is
     /// taken.
     pub(crate) async fn run(self) -> Result<Option<Hold>> {
+        Ok(match self.attempt().await? {
+            Outcome::Held(hold) => Some(hold),
+            Outcome::Busy { .. } => None,
+        })
+    }
+
+    /// Runs the acquire waiting at most `timeout`: [`Error::Timeout`] when it
+    /// runs out. `Duration::ZERO` makes one try and never waits, like a
+    /// `try_*` call, on every backend: a free lock is granted.
+    pub(crate) async fn within(mut self, timeout: Duration) -> Result<Hold> {
+        self.patience = if timeout.is_zero() {
+            Patience::Never
+        } else {
+            Patience::Until(Instant::now() + timeout, timeout)
+        };
+        let (name, waited) = (self.name.to_owned(), timeout);
+        match self.attempt().await? {
+            Outcome::Held(hold) => Ok(hold),
+            Outcome::Busy { here } => Err(Error::Timeout {
+                name,
+                waited,
+                held_by_this_session: here,
+            }),
+        }
+    }
+
+    async fn attempt(self) -> Result<Outcome> {
         let inner = &self.session.inner;
         inner.check_usable()?;
         let local = if self.local {
             match self.local_permit().await? {
                 Some(permit) => Some(permit),
-                None => return Ok(None),
+                None => return Ok(Outcome::Busy { here: true }),
             }
         } else {
             None
@@ -140,27 +177,27 @@ impl Acquire<'_> {
         pending.entry = Some(appended.entry.clone());
         let mine = appended.entry;
         let mut own_watch = None;
-        if !self
+        if let Some(busy) = self
             .wait_turn(&mine, appended.nearest, &mut pending, &mut own_watch)
             .await?
         {
-            return Ok(None);
+            return Ok(busy);
         }
         let local = pending.local.take();
         pending.disarm();
         inner.counters.bump(|c| &c.grants);
-        Ok(Some(Hold::new(self.session.clone(), mine, local, own_watch)))
+        Ok(Outcome::Held(Hold::new(self.session.clone(), mine, local, own_watch)))
     }
 
-    /// Waits until the rule lets `mine` hold. `Ok(false)`: not held and the entry
-    /// removed (a `try_*` call that found the lock taken).
+    /// Waits until the rule lets `mine` hold (`Ok(None)`). `Ok(Some(Busy))`:
+    /// not held and the entry removed (a `try_*` call that found the lock taken).
     async fn wait_turn(
         &self,
         mine: &Entry,
         mut known: Option<Vec<Entry>>,
         pending: &mut PendingEntry<'_>,
         own_watch: &mut Option<EntryWatch>,
-    ) -> Result<bool> {
+    ) -> Result<Option<Outcome>> {
         let inner = &self.session.inner;
         let mut backoff = INITIAL_BACKOFF;
         // While queued, also watch my own entry (one watch for the whole wait,
@@ -197,8 +234,12 @@ impl Acquire<'_> {
                 if state.is_over() {
                     return Err(inner.over_error(state));
                 }
-                return Ok(true);
+                return Ok(None);
             };
+            // Held or awaited by this very session (a read lock under a write
+            // lock of the same session): the wait can only end when that
+            // other holder lets go. Said in the timeout's message.
+            let here = blocker.owner.as_deref() == Some(inner.remote.id());
             if let Some(orphan) = inner.orphan(blocker) {
                 // One of this session's own leftovers (a dropped guard, a
                 // cancelled acquire) whose background removal has not finished:
@@ -209,7 +250,7 @@ impl Acquire<'_> {
             }
             if let Patience::Never = self.patience {
                 pending.remove_now().await;
-                return Ok(false);
+                return Ok(Some(Outcome::Busy { here }));
             }
             let deadline = async {
                 match self.patience {
@@ -247,7 +288,7 @@ impl Acquire<'_> {
                 },
                 () = deadline => {
                     pending.remove_now().await;
-                    return Err(self.timeout_error());
+                    return Err(self.timeout_error(here));
                 }
             }
         }
@@ -260,7 +301,8 @@ impl Acquire<'_> {
             Patience::Forever => Ok(Some(queue.lock_owned().await)),
             Patience::Until(at, _) => match tokio::time::timeout_at(at, queue.lock_owned()).await {
                 Ok(permit) => Ok(Some(permit)),
-                Err(_) => Err(self.timeout_error()),
+                // Queued behind another holder or waiter of this session.
+                Err(_) => Err(self.timeout_error(true)),
             },
         }
     }
@@ -305,13 +347,13 @@ impl Acquire<'_> {
         match self.patience {
             Patience::Until(at, _) => match tokio::time::timeout_at(at, call).await {
                 Ok(result) => result,
-                Err(_) => Err(self.timeout_error()),
+                Err(_) => Err(self.timeout_error(false)),
             },
             Patience::Forever | Patience::Never => call.await,
         }
     }
 
-    fn timeout_error(&self) -> Error {
+    fn timeout_error(&self, held_by_this_session: bool) -> Error {
         let waited = match self.patience {
             Patience::Until(_, waited) => waited,
             Patience::Forever | Patience::Never => Duration::ZERO,
@@ -319,6 +361,7 @@ impl Acquire<'_> {
         Error::Timeout {
             name: self.name.to_owned(),
             waited,
+            held_by_this_session,
         }
     }
 }
@@ -396,10 +439,10 @@ impl SessionInner {
         let timeout = self.options.request_timeout();
         match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(Error::Unavailable {
-                backend: self.backend_name(),
-                source: Some(format!("no answer within the request timeout of {timeout:?}").into()),
-            }),
+            Err(_) => Err(Error::unavailable(
+                self.backend_name(),
+                format!("no answer within the request timeout of {timeout:?}"),
+            )),
         }
     }
 }

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use lockline::{AppendRequest, Client, Conflicts, EntryKind, MemoryBackend, SessionOptions, SessionState};
+use lockline::backend::{AppendRequest, Conflicts};
+use lockline::{Client, EntryKind, MemoryBackend, SessionOptions, SessionState};
 
 /// A session whose every handle is gone without `close()` (a crashed process)
 /// expires one TTL later, and its entries go with it.

@@ -86,8 +86,42 @@ fn session_states_only_move_forward() {
     assert!(!Lost.may_become(Live) && !Closed.may_become(Lost) && !Lost.may_become(Suspended));
     assert!(!Suspended.may_become(Suspended) && !Live.may_become(Live));
     let (state, watch) = tokio::sync::watch::channel(Live);
-    assert!(lockline::SessionState::advance(&state, Suspended));
-    assert!(lockline::SessionState::advance(&state, Lost));
-    assert!(!lockline::SessionState::advance(&state, Live));
+    assert!(lockline::backend::advance(&state, Suspended));
+    assert!(lockline::backend::advance(&state, Lost));
+    assert!(!lockline::backend::advance(&state, Live));
     assert_eq!(*watch.borrow(), Lost);
+}
+
+/// A backend error's one line holds the client library's words and those of
+/// its causes (a transport error's "connection refused"), each once, and
+/// still keeps the error itself as `source()`.
+#[test]
+fn backend_errors_carry_their_cause_in_the_message() {
+    #[derive(Debug)]
+    struct Transport(std::io::Error);
+    impl std::fmt::Display for Transport {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("transport error")
+        }
+    }
+    impl std::error::Error for Transport {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+    let refused = || {
+        Transport(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ))
+    };
+    let error = Error::backend("etcd", refused());
+    assert_eq!(error.to_string(), "etcd error: transport error: connection refused");
+    assert!(std::error::Error::source(&error).is_some());
+    let error = Error::unavailable_because("etcd", "cannot reach http://10.0.0.1:2379", refused());
+    assert_eq!(
+        error.to_string(),
+        "etcd unavailable: cannot reach http://10.0.0.1:2379: transport error: connection refused"
+    );
+    assert!(error.is_transient());
 }

@@ -1,8 +1,8 @@
 //! Everything a user holds can move into `tokio::spawn`: `Send + Sync + 'static`.
 
 use lockline::{
-    Client, ClientStats, Entry, Error, FencingToken, MemoryBackend, Mutex, MutexGuard, Session, SessionOptions,
-    SessionState,
+    Client, ClientStats, Contender, Error, FencingToken, MemoryBackend, Mutex, MutexGuard, Session, SessionOptions,
+    SessionState, Write,
 };
 
 fn send_sync_static<T: Send + Sync + 'static>() {}
@@ -17,9 +17,13 @@ fn user_types_are_send_sync_static() {
     send_sync_static::<MutexGuard>();
     send_sync_static::<FencingToken>();
     send_sync_static::<Error>();
-    send_sync_static::<Entry>();
+    send_sync_static::<Contender>();
+    send_sync_static::<lockline::backend::Entry>();
     send_sync_static::<ClientStats>();
     send_sync_static::<MemoryBackend>();
+    send_sync_static::<Write>();
+    send_sync_static::<lockline::LeaderSelector>();
+    send_sync_static::<lockline::Term>();
 }
 
 #[test]

@@ -1,63 +1,116 @@
-//! `lockline`: hold a distributed lock while a command runs.
+//! `lockline`: distributed locks and leader election on etcd or ZooKeeper,
+//! for scripts.
 //!
 //! ```text
-//! lockline lock --etcd http://127.0.0.1:2379 [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]
-//! lockline lock --zookeeper 127.0.0.1:2181[/chroot] [--ttl SECS] [--timeout SECS] [--kill-after SECS] NAME [COMMAND [ARGS...]]
+//! lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
+//! lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
+//! lockline elect -l|--listen [OPTIONS] NAME
+//! lockline list [OPTIONS] NAME
+//! lockline --help | --version
 //! ```
 //!
-//! On secure clusters: `--cacert FILE`, `--cert FILE`, `--key FILE` (TLS, both
-//! backends); `--user NAME[:PASSWORD]`, `--password PASSWORD` and
-//! `--marker-prefix PREFIX` (etcd); `--zk-auth digest|sasl:USER:PASSWORD` and
-//! `--zk-acl open|creator` (ZooKeeper). etcdctl's `ETCDCTL_ENDPOINTS`,
-//! `ETCDCTL_CACERT`, `ETCDCTL_CERT`, `ETCDCTL_KEY`, `ETCDCTL_USER` and
-//! `ETCDCTL_PASSWORD` fill in what the flags leave out (etcd only), and
-//! `LOCKLINE_ZK_AUTH` the ZooKeeper credentials. Passwords are never printed.
+//! - `lock` waits in line for the lock `NAME`, then runs `COMMAND` with the
+//!   lock held and releases it when `COMMAND` exits; without a command it
+//!   prints the held key and holds the lock until SIGINT, SIGTERM, SIGHUP or
+//!   SIGQUIT, then releases it and exits 0.
+//! - `elect` campaigns in the election `NAME` with `PROPOSAL` as the value.
+//!   Once leader it runs `COMMAND` exactly as `lock` does (same process
+//!   group, same end on a lost leadership, same exit statuses, same
+//!   variables); without a command it prints the leader key and leads until
+//!   one of those signals, then resigns and exits 0.
+//! - `elect -l` prints the leader's key and value, on two lines, at every
+//!   change (a new leader, a new value), as `etcdctl elect -l` does, until
+//!   SIGINT, SIGTERM, SIGHUP or SIGQUIT (exit 0). While nobody leads nothing
+//!   is printed; a leadership shorter than a server round trip may pass
+//!   unseen. A value holding a newline is printed as it is. When standard
+//!   output is closed (its reader went away) it stops with status 125.
+//! - `list` prints the queue of `NAME`, the holder first, one line per
+//!   contender: `KEY<TAB>OWNER<TAB>TOKEN<TAB>KIND`, where OWNER is the owning
+//!   session's id (`-` when the backend cannot tell) and KIND is `mutex`,
+//!   `read`, `write`, `semaphore`, `election` or `foreign recipe`. There is no
+//!   header line, terminal or not: the output is meant for `cut` and `awk`.
+//!   A listing that cannot be written exits 125.
 //!
-//! Waits in line for the lock `NAME`, prints its key on standard output, then:
+//! `--` ends the options; one `--` between `NAME` (or `PROPOSAL`) and
+//! `COMMAND` is dropped, not run.
 //!
-//! - with a command: runs it with `LOCKLINE_KEY` and `LOCKLINE_TOKEN` (the
-//!   fencing token) in its environment, releases the lock when it exits and
-//!   exits with its status (128 + N when it was killed by signal N);
-//! - without: holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT, then
-//!   releases it and exits 0.
+//! # Options
 //!
-//! # Exit statuses
+//! One server: `--etcd URL[,URL...]` (`http[s]://HOST:PORT`) or `--zookeeper
+//! HOST:PORT[,...][/CHROOT]`; both together are refused. `--ttl SECS` (the
+//! session's TTL, default 10), `--timeout SECS` (lock and elect: give up
+//! waiting, status 124), `--kill-after SECS` (the command group's grace,
+//! below), `--print-key` (with a command: the held key on standard output
+//! too), `-l`/`--listen` (elect). On secure clusters: `--cacert FILE`,
+//! `--cert FILE`, `--key FILE` (TLS, both backends); `--user
+//! NAME[:PASSWORD]`, `--password PASSWORD` and `--marker-prefix PREFIX`
+//! (etcd); `--zk-auth digest|sasl:USER:PASSWORD` and `--zk-acl
+//! open|creator` (ZooKeeper). Options may be written `--flag=value`.
+//! Passwords are never printed.
 //!
-//! - The command's own status, or 128 + N when it was killed by signal N,
-//!   when it exits by itself.
-//! - 128 + N when `lockline` itself got signal N (SIGINT, SIGTERM, SIGHUP,
-//!   SIGQUIT) while waiting for the lock or while the command ran. Without a
-//!   command, such a signal is the normal way out: 0.
-//! - 3 when the lock was lost while held: without a command, before a
-//!   signal came; with one, while any process of its group still ran, whatever
-//!   started the stop. A loss while the group is being stopped after a
-//!   signal or after the command's exit therefore gives 3, not 128 + N nor
-//!   the command's status: some of its processes ran without the lock. A
-//!   loss `lockline` notices only once the group is gone (when releasing)
-//!   changes nothing: nothing ran without the lock, and it is only reported
-//!   on standard error. When a loss and another event are seen at the same
-//!   moment, the loss counts as first (`lockline` then cannot tell whether
-//!   the command still ran without the lock).
-//! - 2 when `--timeout` ran out.
-//! - 1 for bad arguments, unreachable clusters and other errors, a release
-//!   that fails for another reason than a loss among them (the key then goes
-//!   when the session's TTL runs out).
+//! # Environment
 //!
-//! A second signal while the group is being stopped only cuts the grace
-//! short; it does not change the status. A signal and a grant seen at the
-//! same moment count as a signal while waiting: the wait is cancelled and the
-//! entry removed.
+//! Read, flags first: `ETCDCTL_ENDPOINTS` stands in for `--etcd` and
+//! `ZOOKEEPER_CONNECT` for `--zookeeper`; when both are set and no flag
+//! picks a server, `lockline` refuses in one line naming both rather than
+//! guess (status 123). etcdctl's `ETCDCTL_CACERT`, `ETCDCTL_CERT`,
+//! `ETCDCTL_KEY`, `ETCDCTL_USER` and `ETCDCTL_PASSWORD` fill in what the
+//! flags leave out (etcd only), and `LOCKLINE_ZK_AUTH` the ZooKeeper
+//! credentials.
+//!
+//! Set for the command: `LOCKLINE_KEY` (the held key) and `LOCKLINE_TOKEN`
+//! (the fencing token).
 //!
 //! # Output
 //!
-//! The held key goes to standard output, diagnostics to standard error. Both
-//! are written by a thread of their own, so that stopping the command's
+//! With a command, standard output is the command's alone: the held key goes
+//! to standard error, on the line `lockline: holding KEY with fencing token
+//! N`. With `--print-key` it also goes to standard output; its order relative
+//! to the command's own output is then not promised. Without a command the
+//! key goes to standard output (and the same line to standard error), as
+//! `etcdctl lock` prints it. Diagnostics always go to standard error.
+//!
+//! Output is written by a thread of its own, so that stopping the command's
 //! group, releasing the lock and removing a waiter's entry never wait on or
 //! depend on a write: a closed pipe, a full device or a reader that stopped
 //! reading loses lines, never changes what happens to the lock, the command
 //! or the exit status, and never makes `lockline` panic. A key that cannot
 //! be printed is reported on standard error and the command runs all the
 //! same. On its way out `lockline` waits at most a second for its last lines.
+//!
+//! # Exit statuses
+//!
+//! The 12x block is `lockline`'s own and stays stable:
+//!
+//! | status | meaning |
+//! |---|---|
+//! | the command's | the command exited by itself; 128 + N when it was killed by signal N |
+//! | 0 | without a command: released (resigned) after SIGINT, SIGTERM, SIGHUP or SIGQUIT; `elect -l` ended by one of them; `list` done |
+//! | 120 | the lock (or leadership) was lost while held |
+//! | 121 | credentials or permission refused |
+//! | 122 | the cluster could not be reached within the deadline |
+//! | 123 | bad arguments or options (an invalid name among them) |
+//! | 124 | `--timeout` ran out (as timeout(1)) |
+//! | 125 | any other `lockline` failure: a session lost while waiting, a backend error, a release that failed for another reason than a loss (the key then goes when the session's TTL runs out) |
+//! | 126 | the command was found but could not be run |
+//! | 127 | the command was not found |
+//! | 128 + N | `lockline` itself got signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while waiting or while the command ran |
+//!
+//! When a loss counts (120): without a command, before a signal came; with
+//! one, while any process of its group still ran, whatever started the stop.
+//! A loss while the group is being stopped after a signal or after the
+//! command's exit therefore gives 120, not 128 + N nor the command's status:
+//! some of its processes ran without the lock. A loss `lockline` notices only
+//! once the group is gone (when releasing) changes nothing: nothing ran
+//! without the lock, and it is only reported on standard error. When a loss
+//! and another event are seen at the same moment, the loss counts as first
+//! (`lockline` then cannot tell whether the command still ran without the
+//! lock).
+//!
+//! A second signal while the group is being stopped only cuts the grace
+//! short; it does not change the status. A signal and a grant seen at the
+//! same moment count as a signal while waiting: the wait is cancelled and the
+//! entry removed.
 //!
 //! # The command dies with the lock
 //!
@@ -66,19 +119,20 @@
 //! `lockline` gets SIGINT, SIGTERM, SIGHUP or SIGQUIT, or the lock is lost
 //! (session expired or declared lost, key deleted), the whole group gets
 //! SIGTERM (and SIGCONT), then SIGKILL once the `--kill-after` grace has passed
-//! (default 2 s; a second signal to `lockline` cuts the grace short). With
-//! `--kill-after 0` the group gets SIGKILL at once and no SIGTERM at all, so
-//! no handler of the command runs. When the command exits by itself, whatever
-//! it left running in its group is stopped the same way. No external program
-//! is run for this.
+//! (default 2 s, at most 3600; a second signal to `lockline` cuts the grace
+//! short). With `--kill-after 0` the group gets SIGKILL at once and no SIGTERM
+//! at all, so no handler of the command runs. When the command exits by
+//! itself, whatever it left running in its group is stopped the same way. No
+//! external program is run for this. All of this holds for `elect` with a
+//! command, with leadership in place of the lock.
 //!
 //! - On a signal or a normal exit the lock is released only once no process of
 //!   the group runs any more, so the next holder never overlaps with it; then
-//!   `lockline` exits with the command's status or 128 + its own signal (or 3,
-//!   see above, if the lock was lost meanwhile).
+//!   `lockline` exits with the command's status or 128 + its own signal (or
+//!   120, see above, if the lock was lost meanwhile).
 //! - On a lost lock the lock is already gone (someone else may hold it): the
 //!   group is signalled at once, before anything else (any diagnostic, the
-//!   session's close), and `lockline` exits 3 once the group is gone. The
+//!   session's close), and `lockline` exits 120 once the group is gone. The
 //!   same holds when the loss comes while the group is already being stopped;
 //!   its SIGKILL then comes when the grace that began with its SIGTERM ends.
 //! - On Linux the command is started with `PR_SET_PDEATHSIG` = SIGKILL: if
@@ -88,9 +142,10 @@
 //! - SIGTSTP (Ctrl-Z) pauses the group (SIGSTOP) together with `lockline`;
 //!   SIGCONT (`fg`) resumes both. Nothing renews the session meanwhile, so a
 //!   long pause loses the lock, and the command is then stopped as above.
-//! - While `lockline` waits for the lock, SIGINT, SIGTERM, SIGHUP or SIGQUIT
-//!   cancel the wait, remove its entry and close the session before `lockline`
-//!   exits, so later contenders are not held up until its TTL runs out.
+//! - While `lockline` waits for the lock (or campaigns), SIGINT, SIGTERM,
+//!   SIGHUP or SIGQUIT cancel the wait, remove its entry and close the
+//!   session before `lockline` exits, so later contenders are not held up
+//!   until its TTL runs out.
 //!
 //! What is not guaranteed:
 //!
@@ -111,10 +166,14 @@
 //!   reads from the terminal is stopped by SIGTTIN. `lockline` is meant for
 //!   scripts, not interactive programs.
 //!
-//! On etcd it uses the Go `concurrency` layout: it excludes and is excluded by
-//! `etcdctl lock NAME` and Go's `concurrency.Mutex` on the same name. On
-//! ZooKeeper it uses Curator's layout under the path `/NAME`, and queues with
-//! Curator's `InterProcessMutex` and kazoo's `Lock` there.
+//! # Layouts
+//!
+//! On etcd it uses the Go `concurrency` layout: `lockline lock NAME` excludes
+//! and is excluded by `etcdctl lock NAME` and Go's `concurrency.Mutex`, and
+//! `lockline elect` and `etcdctl elect` (Go's `concurrency.Election`) see
+//! each other's leaders and queue together. On ZooKeeper it uses Curator's
+//! layout under the path `/NAME` (a `LeaderLatch` for elections), and queues
+//! with Curator's `InterProcessMutex` and kazoo's `Lock` there.
 
 #[macro_use]
 mod output;
@@ -125,40 +184,62 @@ use std::ffi::OsStr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use lockline::{Client, Error, MutexGuard, Session, SessionOptions, Tls};
+use futures::StreamExt;
+use lockline::{Client, Error, FencingToken, Leadership, MutexGuard, Session, SessionOptions, Tls};
 use lockline_etcd::Etcd;
 use lockline_zookeeper::{AclPolicy, ZooKeeper};
 
 use crate::group::{signal_status, ProcessGroup};
 use crate::signals::{signal_name, StopSignals, SuspendSignal};
 
-const USAGE: &str = "usage: lockline lock (--etcd ENDPOINT[,ENDPOINT...] | --zookeeper HOST:PORT[,...][/CHROOT]) \
-                     [--ttl SECS] [--timeout SECS] [--kill-after SECS] \
-                     [--cacert FILE [--cert FILE --key FILE]] \
-                     [--user NAME[:PASSWORD] [--password PASSWORD]] [--marker-prefix PREFIX] \
-                     [--zk-auth digest|sasl:USER:PASSWORD] [--zk-acl open|creator] \
-                     NAME [COMMAND [ARGS...]]";
+const USAGE: &str = "usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]\n       \
+                     lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]\n       \
+                     lockline elect -l|--listen [OPTIONS] NAME\n       \
+                     lockline list [OPTIONS] NAME\n       \
+                     (lockline --help for the options)";
 
 /// What `--help` prints, on standard output.
 const HELP: &str = "\
-lockline: hold a distributed lock on etcd or ZooKeeper while a command runs.
+lockline: distributed locks and leader election on etcd or ZooKeeper, for scripts.
 
 usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
-       lockline --help | --version
+       lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
+       lockline elect -l|--listen [OPTIONS] NAME
+       lockline list [OPTIONS] NAME
+       lockline --help | --version | help
 
-Waits in line for the lock NAME, prints its key, then runs COMMAND with the
-lock held and releases it when COMMAND exits (without COMMAND: holds the lock
-until SIGINT, SIGTERM, SIGHUP or SIGQUIT). `--` ends the options.
+OPTIONS come before NAME, as --flag VALUE or --flag=VALUE; a NAME that
+begins with '-' goes after `--`.
+
+lock     waits in line for the lock NAME, then runs COMMAND with the lock held
+         and releases it when COMMAND exits; without COMMAND, prints the held
+         key and holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
+elect    campaigns in the election NAME with PROPOSAL as the value; once
+         leader, runs COMMAND as lock does, or without COMMAND prints the
+         leader key and leads until a signal, then resigns.
+elect -l prints the leader of NAME, its key and its value on two lines, at
+         every change, until a signal (no leader: nothing is printed).
+list     prints the queue of NAME, the holder first: one line per contender,
+         KEY<TAB>OWNER<TAB>TOKEN<TAB>KIND, no header (OWNER - when unknown).
+`--` ends the options; one `--` between NAME (PROPOSAL) and COMMAND is dropped.
+
+Standard output: with COMMAND it is COMMAND's alone; the held key goes to
+standard error (\"lockline: holding KEY with fencing token N\"), and to
+standard output as well with --print-key, in no promised order relative to
+COMMAND's output. Without COMMAND the key goes to standard output.
+Diagnostics always go to standard error.
 
 Server (one of):
   --etcd URL[,URL...]           etcd endpoints, http[s]://HOST:PORT (or ETCDCTL_ENDPOINTS)
   --zookeeper HOST:PORT[,...][/CHROOT]
-                                a ZooKeeper connect string
+                                a ZooKeeper connect string (or ZOOKEEPER_CONNECT)
 
 Options:
   --ttl SECS                    session TTL (default 10)
-  --timeout SECS                give up waiting after SECS (exit 2)
-  --kill-after SECS             grace between SIGTERM and SIGKILL for the command's group (default 2; 0: SIGKILL at once)
+  --timeout SECS                lock, elect: give up waiting after SECS (exit 124)
+  --kill-after SECS             grace between SIGTERM and SIGKILL for COMMAND's group (default 2; 0: SIGKILL at once)
+  --print-key                   with COMMAND: print the held key on standard output too
+  -l, --listen                  elect: print the leaders instead of campaigning
   --cacert FILE                 TLS: the CA that signed the servers' certificates
   --cert FILE --key FILE        TLS: a client certificate and its key
   --user NAME[:PASSWORD]        etcd user
@@ -170,20 +251,28 @@ Options:
   -h, --help                    this help
   -V, --version                 the version
 
-Read from the environment (flags win): ETCDCTL_ENDPOINTS, ETCDCTL_CACERT,
-ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_PASSWORD (etcd only), and
-LOCKLINE_ZK_AUTH (ZooKeeper credentials, digest|sasl:USER:PASSWORD).
+Read from the environment (flags win): ETCDCTL_ENDPOINTS (stands in for
+--etcd), ZOOKEEPER_CONNECT (stands in for --zookeeper; with both set and no
+flag, lockline refuses to guess), ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
+ETCDCTL_USER, ETCDCTL_PASSWORD (etcd only), and LOCKLINE_ZK_AUTH (ZooKeeper
+credentials, digest|sasl:USER:PASSWORD).
 
 Set for COMMAND: LOCKLINE_KEY (the held key) and LOCKLINE_TOKEN (the fencing
 token: pass it to whatever the lock protects, which refuses lower tokens).
 
 Exit statuses:
   COMMAND's own status, or 128+N when it was killed by signal N
-  0     without COMMAND, released after SIGINT, SIGTERM, SIGHUP or SIGQUIT
-  1     lockline's own failure: bad arguments, unreachable cluster, refused
-        credentials or permission, or another error
-  2     --timeout ran out
-  3     the lock was lost while held
+  0     without COMMAND, released after SIGINT, SIGTERM, SIGHUP or SIGQUIT;
+        elect -l ended by a signal; list done
+  120   the lock (or leadership) was lost while held
+  121   credentials or permission refused
+  122   cluster unreachable within the deadline
+  123   bad arguments or options
+  124   --timeout ran out
+  125   any other lockline failure (session lost while waiting, backend
+        error, a release that failed, ...)
+  126   COMMAND found but could not be run
+  127   COMMAND not found
   128+N lockline itself got signal N while waiting or while COMMAND ran
 ";
 
@@ -191,7 +280,7 @@ Exit statuses:
 /// name or `--`): what to print on standard output.
 fn informational(args: &[String]) -> Option<String> {
     let rest = match args.first().map(String::as_str) {
-        Some("lock") => &args[1..],
+        Some("lock" | "elect" | "list") => &args[1..],
         Some("help") => return Some(HELP.to_owned()),
         _ => args,
     };
@@ -229,10 +318,33 @@ const TAKES_VALUE: [&str; 13] = [
     "--zk-acl",
 ];
 
-/// Exit status when the lock was lost while held.
-const LOST: u8 = 3;
-/// Exit status when `--timeout` ran out.
-const TIMED_OUT: u8 = 2;
+/// Exit status when the lock (or leadership) was lost while held.
+const LOST: u8 = 120;
+/// Exit status when the server refused the credentials or a permission.
+const REFUSED: u8 = 121;
+/// Exit status when the cluster could not be reached within the deadline.
+const UNAVAILABLE: u8 = 122;
+/// Exit status for bad arguments or options.
+const USAGE_ERROR: u8 = 123;
+/// Exit status when `--timeout` ran out (as timeout(1)).
+const TIMED_OUT: u8 = 124;
+/// Exit status for any other failure of `lockline`'s own.
+const FAILURE: u8 = 125;
+/// Exit status when the command was found but could not be run (as a shell).
+const CANNOT_RUN: u8 = 126;
+/// Exit status when the command was not found (as a shell).
+const NOT_FOUND: u8 = 127;
+
+/// The exit status for a failure of `lockline`'s own.
+fn failure_status(error: &Error) -> u8 {
+    match error {
+        Error::AuthenticationFailed { .. } | Error::PermissionDenied { .. } => REFUSED,
+        Error::Unavailable { .. } => UNAVAILABLE,
+        Error::InvalidName { .. } | Error::InvalidOptions { .. } => USAGE_ERROR,
+        Error::Timeout { .. } => TIMED_OUT,
+        _ => FAILURE,
+    }
+}
 /// How long the command's group has between SIGTERM and SIGKILL by default.
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 /// How long a `lockline` signalled while waiting waits for its entry to be
@@ -282,6 +394,19 @@ impl std::fmt::Debug for Security {
     }
 }
 
+/// What to do with `NAME`.
+#[derive(Debug, PartialEq)]
+enum Mode {
+    /// `lock NAME [COMMAND...]`: hold the lock.
+    Lock { command: Vec<String> },
+    /// `elect NAME PROPOSAL [COMMAND...]`: lead with `proposal` as the value.
+    Elect { proposal: String, command: Vec<String> },
+    /// `elect --listen NAME`: print every leader.
+    Listen,
+    /// `list NAME`: print the queue.
+    List,
+}
+
 #[derive(Debug)]
 struct Args {
     server: Server,
@@ -289,8 +414,28 @@ struct Args {
     ttl: Duration,
     timeout: Option<Duration>,
     kill_after: Duration,
+    /// `--print-key`: the held key on standard output even with a command.
+    print_key: bool,
     name: String,
-    command: Vec<String>,
+    mode: Mode,
+}
+
+impl Args {
+    /// The command to run while holding (empty: none).
+    fn command(&self) -> &[String] {
+        match &self.mode {
+            Mode::Lock { command } | Mode::Elect { command, .. } => command,
+            Mode::Listen | Mode::List => &[],
+        }
+    }
+}
+
+/// The subcommands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Subcommand {
+    Lock,
+    Elect,
+    List,
 }
 
 fn seconds(flag: &str, value: Option<String>) -> Result<Duration, String> {
@@ -335,11 +480,15 @@ fn zk_auth(spec: &str) -> Result<(String, String, String), String> {
 fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String>) -> Result<Args, String> {
     let env = |name: &str| env(name).filter(|v| !v.is_empty());
     let mut args = args;
-    match args.next().as_deref() {
-        Some("lock") => {}
+    let subcommand = match args.next().as_deref() {
+        Some("lock") => Subcommand::Lock,
+        Some("elect") => Subcommand::Elect,
+        Some("list") => Subcommand::List,
         Some("-h" | "--help") | None => return Err(USAGE.to_owned()),
         Some(other) => return Err(format!("unknown command {other:?}\n{USAGE}")),
-    }
+    };
+    let mut listen = false;
+    let mut print_key = false;
     let mut security = Security::default();
     let mut user_spec = None;
     let mut password = None;
@@ -355,6 +504,7 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
             Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.to_owned())),
             _ => (arg, None),
         };
+        let has_inline = inline.is_some();
         let mut args = inline.into_iter().chain(args.by_ref());
         match arg.as_str() {
             "--etcd" => {
@@ -397,11 +547,26 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                     return Err(format!("--kill-after: at most {} seconds", MAX_KILL_AFTER.as_secs()));
                 }
             }
+            "-l" | "--listen" | "--print-key" => {
+                if has_inline {
+                    return Err(format!("{arg} takes no value"));
+                }
+                match arg.as_str() {
+                    "--print-key" => print_key = true,
+                    _ if subcommand == Subcommand::Elect => listen = true,
+                    _ => return Err(format!("{arg} is for elect\n{USAGE}")),
+                }
+            }
             "--" => {
                 rest.extend(args.by_ref());
                 break;
             }
-            _ if arg.starts_with("--") => return Err(format!("unknown option {arg:?}\n{USAGE}")),
+            // A NAME that begins with '-' goes after `--`.
+            _ if arg.starts_with('-') && arg != "-" => {
+                return Err(format!(
+                    "unknown option {arg:?} (a NAME that begins with '-' goes after --)\n{USAGE}"
+                ))
+            }
             _ => {
                 rest.push(arg);
                 rest.extend(args.by_ref());
@@ -409,12 +574,27 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
             }
         }
     }
-    // etcdctl's variables fill in what the flags left out, for etcd only.
+    // ETCDCTL_ENDPOINTS and ZOOKEEPER_CONNECT stand in for the flags; etcdctl's
+    // other variables fill in what the flags left out, for etcd only.
     let server = match server {
         Some(server) => server,
-        None => match env("ETCDCTL_ENDPOINTS") {
-            Some(list) => Server::Etcd(list.split(',').filter(|e| !e.is_empty()).map(str::to_owned).collect()),
-            None => return Err(format!("--etcd, --zookeeper or ETCDCTL_ENDPOINTS is required\n{USAGE}")),
+        None => match (env("ETCDCTL_ENDPOINTS"), env("ZOOKEEPER_CONNECT")) {
+            (Some(_), Some(_)) => {
+                return Err("both ETCDCTL_ENDPOINTS and ZOOKEEPER_CONNECT are set: choose one server with --etcd or --zookeeper, or unset one of them".to_owned())
+            }
+            (Some(list), None) => {
+                let endpoints: Vec<String> = list.split(',').filter(|e| !e.is_empty()).map(str::to_owned).collect();
+                if endpoints.is_empty() {
+                    return Err("ETCDCTL_ENDPOINTS holds no endpoint".to_owned());
+                }
+                Server::Etcd(endpoints)
+            }
+            (None, Some(hosts)) => Server::ZooKeeper(hosts),
+            (None, None) => {
+                return Err(format!(
+                    "--etcd, --zookeeper, ETCDCTL_ENDPOINTS or ZOOKEEPER_CONNECT is required\n{USAGE}"
+                ))
+            }
         },
     };
     if matches!(server, Server::Etcd(_)) {
@@ -453,16 +633,57 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
     if security.cert.is_some() && security.cacert.is_none() {
         return Err("--cert and --key need --cacert (the CA that signed the servers' certificates)".to_owned());
     }
-    let mut rest = rest.into_iter();
+    let mut rest = rest.into_iter().peekable();
     let name = rest.next().ok_or_else(|| format!("NAME is required\n{USAGE}"))?;
+    // One `--` may separate the command from NAME (and PROPOSAL).
+    let command = |mut rest: std::iter::Peekable<std::vec::IntoIter<String>>| {
+        rest.next_if_eq("--");
+        rest.collect::<Vec<String>>()
+    };
+    let mode = match subcommand {
+        Subcommand::Lock => Mode::Lock { command: command(rest) },
+        Subcommand::Elect if listen => match rest.next() {
+            Some(_) => {
+                return Err(format!(
+                    "elect --listen takes NAME only, no PROPOSAL or COMMAND\n{USAGE}"
+                ))
+            }
+            None => Mode::Listen,
+        },
+        Subcommand::Elect => {
+            let proposal = rest
+                .next()
+                .ok_or_else(|| format!("elect needs PROPOSAL after NAME (or --listen)\n{USAGE}"))?;
+            if proposal == "-l" || proposal == "--listen" {
+                return Err(format!("{proposal} goes before NAME: elect {proposal} NAME\n{USAGE}"));
+            }
+            Mode::Elect {
+                proposal,
+                command: command(rest),
+            }
+        }
+        Subcommand::List => match rest.next() {
+            Some(_) => return Err(format!("list takes NAME only\n{USAGE}")),
+            None => Mode::List,
+        },
+    };
+    if matches!(mode, Mode::Listen | Mode::List) {
+        if print_key {
+            return Err("--print-key is for lock and elect with a COMMAND".to_owned());
+        }
+        if timeout.is_some() {
+            return Err("--timeout is for lock and elect".to_owned());
+        }
+    }
     Ok(Args {
         server,
         security,
         ttl,
         timeout,
         kill_after,
+        print_key,
         name,
-        command: rest.collect(),
+        mode,
     })
 }
 
@@ -483,8 +704,8 @@ fn main() -> ExitCode {
     let code = match parse(argv.into_iter(), |name| std::env::var(name).ok()) {
         Ok(args) => start(args),
         Err(message) => {
-            note!("{message}");
-            1
+            note!("lockline: {message}");
+            USAGE_ERROR
         }
     };
     output::finish(OUTPUT_TIMEOUT);
@@ -498,7 +719,7 @@ fn start(args: Args) -> u8 {
         Ok(runtime) => runtime,
         Err(error) => {
             note!("lockline: cannot start the async runtime: {error}");
-            return 1;
+            return FAILURE;
         }
     };
     runtime.block_on(async {
@@ -508,23 +729,33 @@ fn start(args: Args) -> u8 {
             Ok(signals) => signals,
             Err(error) => {
                 note!("lockline: cannot listen for SIGINT, SIGTERM, SIGHUP and SIGQUIT: {error}");
-                return 1;
+                return FAILURE;
             }
         };
         match run(args, &mut signals).await {
             Ok(code) => code,
-            Err(Error::Timeout { name, waited }) => {
-                note!("lockline: {name:?} not acquired within {waited:?}");
+            Err(Error::Timeout { name, waited, .. }) => {
+                if waited.is_zero() {
+                    note!("lockline: {name:?} is taken (--timeout 0: one try)");
+                } else {
+                    note!("lockline: {name:?} not acquired within {waited:?}");
+                }
                 TIMED_OUT
             }
             Err(error) => {
-                note!("lockline: {error}");
+                let message = error.to_string();
+                note!("lockline: {message}");
+                // The message already holds its causes' words; a cause it
+                // does not hold gets a line of its own.
                 let mut source = std::error::Error::source(&error);
                 while let Some(cause) = source {
-                    note!("  caused by: {cause}");
+                    let words = cause.to_string();
+                    if !message.contains(&words) {
+                        note!("  caused by: {words}");
+                    }
                     source = cause.source();
                 }
-                1
+                failure_status(&error)
             }
         }
     })
@@ -538,7 +769,12 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
         signal = signals.recv() => return Ok(signal_status(signal)),
         session = client.session_with(SessionOptions::new().with_ttl(args.ttl)) => session?,
     };
-    match hold(&args, &session, signals).await {
+    let outcome = match &args.mode {
+        Mode::Lock { .. } | Mode::Elect { .. } => hold(&args, &session, signals).await,
+        Mode::Listen => listen(&args, &session, signals).await,
+        Mode::List => list(&args, &session, signals).await,
+    };
+    match outcome {
         Ok(Held::Released(code)) => {
             // The lock is released (or was lost only once nothing of the
             // command ran): a session that cannot be closed cleanly ends with
@@ -635,15 +871,87 @@ enum Held {
     Lost,
 }
 
-async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lockline::Result<Held> {
-    let mutex = session.mutex(&args.name)?;
-    let acquire = async {
-        match args.timeout {
-            Some(timeout) => mutex.lock_timeout(timeout).await,
-            None => mutex.lock().await,
+/// A held lock or leadership: the same guard surface.
+#[derive(Debug)]
+enum Holding {
+    Lock(MutexGuard),
+    Leader(Leadership),
+}
+
+impl Holding {
+    /// What is held, for messages.
+    fn what(&self) -> &'static str {
+        match self {
+            Holding::Lock(_) => "lock",
+            Holding::Leader(_) => "leadership",
         }
-    };
-    let guard = tokio::select! {
+    }
+
+    fn key(&self) -> &str {
+        match self {
+            Holding::Lock(guard) => guard.key(),
+            Holding::Leader(leadership) => leadership.key(),
+        }
+    }
+
+    fn token(&self) -> FencingToken {
+        match self {
+            Holding::Lock(guard) => guard.token(),
+            Holding::Leader(leadership) => leadership.token(),
+        }
+    }
+
+    fn is_held(&self) -> bool {
+        match self {
+            Holding::Lock(guard) => guard.is_held(),
+            Holding::Leader(leadership) => leadership.is_held(),
+        }
+    }
+
+    /// Resolves once the lock or leadership may no longer be held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn lost(&self) {
+        match self {
+            Holding::Lock(guard) => guard.lost().await,
+            Holding::Leader(leadership) => leadership.lost().await,
+        }
+    }
+
+    async fn release(self) -> lockline::Result<()> {
+        match self {
+            Holding::Lock(guard) => guard.release().await,
+            Holding::Leader(leadership) => leadership.resign().await,
+        }
+    }
+}
+
+/// Waits in line for the lock, or campaigns, as `args` say.
+async fn acquire(args: &Args, session: &Session) -> lockline::Result<Holding> {
+    match &args.mode {
+        Mode::Elect { proposal, .. } => {
+            let election = session.election(&args.name)?;
+            let leadership = match args.timeout {
+                Some(timeout) => election.campaign_timeout(proposal.as_bytes(), timeout).await?,
+                None => election.campaign(proposal.as_bytes()).await?,
+            };
+            Ok(Holding::Leader(leadership))
+        }
+        _ => {
+            let mutex = session.mutex(&args.name)?;
+            let guard = match args.timeout {
+                Some(timeout) => mutex.lock_timeout(timeout).await?,
+                None => mutex.lock().await?,
+            };
+            Ok(Holding::Lock(guard))
+        }
+    }
+}
+
+async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lockline::Result<Held> {
+    let held = tokio::select! {
         // A signal that is pending when the lock is granted still cancels the
         // wait: dropping the acquire removes the entry, granted or not.
         biased;
@@ -651,38 +959,116 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
             note!("lockline: got {} while waiting for {:?}; leaving the queue", signal_name(signal), args.name);
             return Ok(Held::Cancelled(signal));
         }
-        guard = acquire => guard?,
+        held = acquire(args, session) => held?,
     };
-    output::key(guard.key());
-    note!("lockline: holding {} with fencing token {}", guard.key(), guard.token());
-    let code = if args.command.is_empty() {
+    let command = args.command();
+    // With a command, standard output is the command's alone, unless asked.
+    if command.is_empty() || args.print_key {
+        output::key(held.key());
+    }
+    note!("lockline: holding {} with fencing token {}", held.key(), held.token());
+    let code = if command.is_empty() {
         tokio::select! {
             // A loss ready together with a signal counts as a loss.
             biased;
-            () = guard.lost() => {
-                note!("lockline: lock lost");
+            () = held.lost() => {
+                note!("lockline: {} lost", held.what());
                 close_lost(session).await;
                 return Ok(Held::Lost);
             }
             _ = signals.recv() => 0,
         }
     } else {
-        match run_command(&guard, session, &args.command, args.kill_after, signals).await {
+        match run_command(&held, session, command, args.kill_after, signals).await {
             Some(code) => code,
             None => return Ok(Held::Lost),
         }
     };
-    match guard.release().await {
+    let what = held.what();
+    match held.release().await {
         Ok(()) => {}
         // Lost after the command's group was gone (or, without a command,
         // after the signal): nothing ran without the lock, and there is
         // nothing left to release.
         Err(error @ (Error::SessionLost { .. } | Error::LockLost { .. })) => {
-            note!("lockline: the lock was lost once the command was gone; nothing to release: {error}");
+            note!("lockline: the {what} was lost once the command was gone; nothing to release: {error}");
         }
-        Err(error) => return Err(error),
+        // A failed release is lockline's own failure (125) whatever the
+        // cause, an unreachable cluster included: the command ran with the
+        // lock held all along.
+        Err(error) => {
+            note!(
+                "lockline: could not release the {what}: {error}; the server frees it when the session's TTL runs out"
+            );
+            return Ok(Held::Released(FAILURE));
+        }
     }
     Ok(Held::Released(code))
+}
+
+/// `elect --listen`: prints the leader's key and value on every change until
+/// a signal.
+async fn listen(args: &Args, session: &Session, signals: &mut StopSignals) -> lockline::Result<Held> {
+    let election = session.election(&args.name)?;
+    let changes = election.observe();
+    tokio::pin!(changes);
+    loop {
+        let change = tokio::select! {
+            biased;
+            _ = signals.recv() => return Ok(Held::Released(0)),
+            () = output::stdout_failed() => {
+                note!("lockline: standard output is closed; no longer listening to {:?}", args.name);
+                return Ok(Held::Released(FAILURE));
+            }
+            change = changes.next() => change,
+        };
+        match change {
+            // No leader: nothing to print, as etcdctl.
+            Some(Ok(None)) => {}
+            Some(Ok(Some(leader))) => {
+                let mut text = Vec::with_capacity(leader.key().len() + leader.value().len() + 2);
+                text.extend_from_slice(leader.key().as_bytes());
+                text.push(b'\n');
+                text.extend_from_slice(leader.value());
+                text.push(b'\n');
+                output::output(text);
+            }
+            Some(Err(error)) => return Err(error),
+            None => {
+                return Err(Error::Closed {
+                    session: session.id().to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// `list`: prints the queue of `NAME`, the holder first.
+async fn list(args: &Args, session: &Session, signals: &mut StopSignals) -> lockline::Result<Held> {
+    let queue = tokio::select! {
+        biased;
+        signal = signals.recv() => return Ok(Held::Cancelled(signal)),
+        queue = session.queue(&args.name) => queue?,
+    };
+    let mut text = String::new();
+    for contender in queue {
+        let owner = contender.owner.as_deref().unwrap_or("-");
+        text.push_str(&format!(
+            "{}\t{owner}\t{}\t{}\n",
+            contender.key,
+            contender.token,
+            contender.kind.label()
+        ));
+    }
+    output::output(text.into_bytes());
+    // The listing is all `list` is for: a listing that could not be written
+    // is a failure, not a success.
+    let _ = tokio::task::spawn_blocking(|| output::finish(OUTPUT_TIMEOUT)).await;
+    if output::stdout_has_failed() {
+        note!("lockline: cannot write the queue of {:?} on standard output", args.name);
+        return Ok(Held::Released(FAILURE));
+    }
+    Ok(Held::Released(0))
 }
 
 /// Closes the session of a lost lock. The server may be out of reach:
@@ -703,7 +1089,7 @@ async fn suspended(suspend: &mut Option<SuspendSignal>) {
 /// with once no process of the group runs any more, or `None` when the lock
 /// was lost before that (the session is then closed).
 async fn run_command(
-    guard: &MutexGuard,
+    guard: &Holding,
     session: &Session,
     command: &[String],
     kill_after: Duration,
@@ -727,7 +1113,10 @@ async fn run_command(
         }
     };
     if !guard.is_held() {
-        note!("lockline: lock lost before the command started; not running it");
+        note!(
+            "lockline: {} lost before the command started; not running it",
+            guard.what()
+        );
         close_lost(session).await;
         return None;
     }
@@ -735,7 +1124,10 @@ async fn run_command(
         Ok(group) => group,
         Err(error) => {
             note!("lockline: cannot run {program:?}: {error}");
-            return Some(1);
+            return Some(match error.kind() {
+                std::io::ErrorKind::NotFound => NOT_FOUND,
+                _ => CANNOT_RUN,
+            });
         }
     };
     /// Why the command's group is stopped.
@@ -765,7 +1157,7 @@ async fn run_command(
     };
     let code = match cause {
         Cause::Lost => {
-            note!("lockline: lock lost; stopping the command");
+            note!("lockline: {} lost; stopping the command", guard.what());
             tokio::join!(group.finish_stop(stopping, hurry), close_lost(session));
             return None;
         }
@@ -790,7 +1182,7 @@ async fn run_command(
         // Both ready: the loss wins, as above.
         biased;
         () = guard.lost() => {
-            note!("lockline: lock lost while the command's group was being stopped");
+            note!("lockline: {} lost while the command's group was being stopped", guard.what());
             tokio::join!(finishing, close_lost(session));
             None
         }
@@ -816,7 +1208,126 @@ mod tests {
         assert_eq!(parsed.ttl.as_secs(), 3);
         assert_eq!(parsed.timeout.map(|t| t.as_millis()), Some(500));
         assert_eq!(parsed.name, "jobs/x");
-        assert_eq!(parsed.command, ["echo", "hi"]);
+        assert_eq!(parsed.command(), ["echo", "hi"]);
+        assert!(!parsed.print_key);
+    }
+
+    #[test]
+    fn parses_elect_listen_and_list() {
+        let elect = args("elect --etcd http://a:1 --print-key jobs/leader node-a -- sh -c true").expect("parse");
+        assert_eq!(
+            elect.mode,
+            super::Mode::Elect {
+                proposal: "node-a".into(),
+                command: vec!["sh".into(), "-c".into(), "true".into()]
+            }
+        );
+        assert!(elect.print_key);
+        let bare = args("elect --zookeeper h:1 jobs/leader node-a").expect("parse");
+        assert_eq!(
+            bare.mode,
+            super::Mode::Elect {
+                proposal: "node-a".into(),
+                command: vec![]
+            }
+        );
+        for line in [
+            "elect -l --etcd http://a:1 jobs/leader",
+            "elect --etcd http://a:1 --listen jobs/leader",
+        ] {
+            let listen = args(line).expect("parse");
+            assert_eq!(listen.mode, super::Mode::Listen, "{line}");
+            assert_eq!(listen.name, "jobs/leader");
+        }
+        let list = args("list --etcd http://a:1 jobs/x").expect("parse");
+        assert_eq!(list.mode, super::Mode::List);
+        // `--` between NAME and COMMAND is not the command.
+        let lock = args("lock --etcd http://a:1 jobs/x -- echo hi").expect("parse");
+        assert_eq!(lock.command(), ["echo", "hi"]);
+        for line in [
+            "elect --etcd http://a:1 jobs/leader",
+            "elect -l --etcd http://a:1 jobs/leader node-a",
+            "lock -l --etcd http://a:1 jobs/x",
+            "list --etcd http://a:1 jobs/x extra",
+            "list --etcd http://a:1 --print-key jobs/x",
+            "list --etcd http://a:1 --timeout 1 jobs/x",
+            "elect -l --etcd http://a:1 --timeout 1 jobs/x",
+            "lock --etcd http://a:1 --print-key=yes jobs/x true",
+        ] {
+            assert!(args(line).is_err(), "accepted: {line}");
+        }
+    }
+
+    #[test]
+    fn zookeeper_connect_stands_in_for_the_flag_and_both_variables_are_refused() {
+        let zk = with_env("lock x", &[("ZOOKEEPER_CONNECT", "z1:2181,z2:2181/apps")]).expect("parse");
+        assert_eq!(zk.server, super::Server::ZooKeeper("z1:2181,z2:2181/apps".into()));
+        let both = [
+            ("ZOOKEEPER_CONNECT", "z1:2181"),
+            ("ETCDCTL_ENDPOINTS", "http://e1:2379"),
+        ];
+        let error = with_env("lock x", &both).expect_err("both variables without a flag");
+        assert!(
+            error.contains("ETCDCTL_ENDPOINTS") && error.contains("ZOOKEEPER_CONNECT") && !error.contains('\n'),
+            "{error}"
+        );
+        // A flag picks, whichever variables are set.
+        let etcd = with_env("lock --etcd http://f:1 x", &both).expect("parse");
+        assert_eq!(etcd.server, super::Server::Etcd(vec!["http://f:1".into()]));
+        let zk = with_env("lock --zookeeper f:1 x", &both).expect("parse");
+        assert_eq!(zk.server, super::Server::ZooKeeper("f:1".into()));
+        let zk = with_env("lock --zookeeper f:1 x", &[("ETCDCTL_ENDPOINTS", "http://e1:2379")]).expect("parse");
+        assert_eq!(zk.server, super::Server::ZooKeeper("f:1".into()));
+        let etcd = with_env("lock --etcd http://f:1 x", &[("ZOOKEEPER_CONNECT", "z1:2181")]).expect("parse");
+        assert_eq!(etcd.server, super::Server::Etcd(vec!["http://f:1".into()]));
+    }
+
+    #[test]
+    fn statuses_of_lockline_failures_are_those_of_the_table() {
+        use lockline::Error;
+        let status = |error: Error| super::failure_status(&error);
+        assert_eq!(
+            status(Error::AuthenticationFailed {
+                backend: "etcd",
+                reason: "no".into()
+            }),
+            121
+        );
+        assert_eq!(
+            status(Error::PermissionDenied {
+                backend: "etcd",
+                operation: "queue on",
+                key: "k".into(),
+                reason: "no".into()
+            }),
+            121
+        );
+        assert_eq!(
+            status(Error::Unavailable {
+                backend: "etcd",
+                reason: "no member answered".into(),
+                source: None
+            }),
+            122
+        );
+        assert_eq!(
+            status(Error::InvalidName {
+                name: "a//b".into(),
+                reason: "r".into()
+            }),
+            123
+        );
+        assert_eq!(status(Error::InvalidOptions { reason: "r".into() }), 123);
+        assert_eq!(
+            status(Error::Timeout {
+                name: "x".into(),
+                waited: std::time::Duration::from_secs(1),
+                held_by_this_session: false
+            }),
+            124
+        );
+        assert_eq!(status(Error::SessionLost { session: "s".into() }), 125);
+        assert_eq!(status(Error::LockLost { key: "k".into() }), 125);
     }
 
     #[test]
@@ -830,6 +1341,12 @@ mod tests {
         assert!(args("lock --etcd http://a:1 --ttl -1 x").is_err());
         assert!(args("unlock x").is_err());
         assert!(args("lock --etcd http://a:1 --bogus x").is_err());
+        let single = args("lock --etcd http://a:1 -t 5 x true").expect_err("an unknown short option");
+        assert!(single.contains("unknown option \"-t\""), "{single}");
+        let late = args("elect --etcd http://a:1 jobs/x -l").expect_err("-l after NAME");
+        assert!(late.contains("goes before NAME"), "{late}");
+        // After `--`, a NAME may begin with '-'.
+        assert_eq!(args("lock --etcd http://a:1 -- -x true").expect("parse").name, "-x");
     }
 
     #[test]

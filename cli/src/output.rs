@@ -1,5 +1,5 @@
-//! What `lockline` writes: the held key on standard output and diagnostics on
-//! standard error.
+//! What `lockline` writes: the held key, a queue's listing and an election's
+//! leaders on standard output, and diagnostics on standard error.
 //!
 //! Both are written by a thread of their own, fed through a bounded queue, so
 //! that nothing `lockline` does for the lock or the command ever waits on, or
@@ -10,9 +10,12 @@
 
 use std::fmt;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 /// How many lines may wait for the writer before new ones are dropped.
 const QUEUE: usize = 64;
@@ -20,6 +23,8 @@ const QUEUE: usize = 64;
 enum Line {
     /// The held key, for standard output.
     Key(String),
+    /// Other output (a listing, a leader), written as is on standard output.
+    Output(Vec<u8>),
     /// A diagnostic, for standard error.
     Diagnostic(String),
     /// Answers once every line queued before it has been written (or failed).
@@ -55,6 +60,37 @@ pub(crate) fn key(key: &str) {
     send(Line::Key(key.to_owned()));
 }
 
+/// Queues `bytes` for standard output as they are, never waiting. A failed
+/// write is not reported line by line: [`stdout_failed`] resolves.
+pub(crate) fn output(bytes: Vec<u8>) {
+    send(Line::Output(bytes));
+}
+
+/// Set once a write of [`output`] to standard output failed (a reader that
+/// went away, `lockline elect -l NAME | head -2`).
+static STDOUT_FAILED: AtomicBool = AtomicBool::new(false);
+static STDOUT_FAILED_NOTIFY: Notify = Notify::const_new();
+
+/// Whether a write of [`output`] to standard output has failed.
+pub(crate) fn stdout_has_failed() -> bool {
+    STDOUT_FAILED.load(Ordering::Acquire)
+}
+
+/// Resolves once a write of [`output`] to standard output has failed.
+///
+/// # Cancel safety
+///
+/// Cancel safe.
+pub(crate) async fn stdout_failed() {
+    loop {
+        let notified = STDOUT_FAILED_NOTIFY.notified();
+        if STDOUT_FAILED.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+}
+
 /// Queues a diagnostic line for standard error, never waiting; `note!` calls
 /// it.
 pub(crate) fn diagnostic(text: fmt::Arguments<'_>) {
@@ -85,6 +121,13 @@ fn write_lines(queue: &Receiver<Line>) {
                         io::stderr().lock(),
                         "lockline: cannot print the held key {key} on standard output: {error}"
                     );
+                }
+            }
+            Line::Output(bytes) => {
+                let mut stdout = io::stdout().lock();
+                if stdout.write_all(&bytes).and_then(|()| stdout.flush()).is_err() {
+                    STDOUT_FAILED.store(true, Ordering::Release);
+                    STDOUT_FAILED_NOTIFY.notify_waiters();
                 }
             }
             Line::Diagnostic(text) => {

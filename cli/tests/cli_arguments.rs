@@ -1,4 +1,4 @@
-//! Odd command lines: each is one line on standard error, exit status 1, no
+//! Odd command lines: each is one line on standard error, exit status 123, no
 //! panic, and never shows a password.
 
 use std::process::{Command, Output};
@@ -9,6 +9,7 @@ fn lockline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockline"))
         .args(args)
         .env_remove("ETCDCTL_ENDPOINTS")
+        .env_remove("ZOOKEEPER_CONNECT")
         .env_remove("ETCDCTL_USER")
         .env_remove("ETCDCTL_PASSWORD")
         .env_remove("LOCKLINE_ZK_AUTH")
@@ -16,11 +17,13 @@ fn lockline(args: &[&str]) -> Output {
         .expect("run lockline")
 }
 
-fn assert_refused_without_secret(args: &[&str]) -> String {
+/// Refused with `status` (123 for bad arguments, 122 when the arguments are
+/// fine and nothing answers at the endpoint).
+fn assert_refused_without_secret(args: &[&str], status: i32) -> String {
     let output = lockline(args);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+    assert_eq!(output.status.code(), Some(status), "{args:?}: {stderr}");
     assert!(
         !stderr.contains(SECRET) && !stdout.contains(SECRET),
         "{args:?} leaked the password: {stderr}"
@@ -31,31 +34,39 @@ fn assert_refused_without_secret(args: &[&str]) -> String {
 
 /// etcdctl users write `--user=root:PASSWORD` and `--password=PASSWORD`
 /// (pflag's form): an option lockline does not know this way must not be
-/// echoed whole.
+/// echoed whole, and one it knows is used (nothing answers there: 122).
 #[test]
 fn options_written_with_equals_never_show_the_password() {
     let user = format!("--user=root:{SECRET}");
     let password = format!("--password={SECRET}");
     let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
-    for args in [
-        vec!["lock", "--etcd", "http://127.0.0.1:1", user.as_str(), "x"],
-        vec![
-            "lock",
-            "--etcd",
-            "http://127.0.0.1:1",
-            "--user",
-            "root",
-            password.as_str(),
-            "x",
-        ],
-        vec!["lock", "--zookeeper", "127.0.0.1:1", zk_auth.as_str(), "x"],
+    let misspelt = format!("--pasword={SECRET}");
+    for (args, status) in [
+        (vec!["lock", "--etcd", "http://127.0.0.1:1", user.as_str(), "x"], 122),
+        (
+            vec![
+                "lock",
+                "--etcd",
+                "http://127.0.0.1:1",
+                "--user",
+                "root",
+                password.as_str(),
+                "x",
+            ],
+            122,
+        ),
+        (vec!["lock", "--zookeeper", "127.0.0.1:1", zk_auth.as_str(), "x"], 122),
+        (
+            vec!["lock", "--etcd", "http://127.0.0.1:1", misspelt.as_str(), "x"],
+            123,
+        ),
     ] {
-        assert_refused_without_secret(&args);
+        assert_refused_without_secret(&args, status);
     }
 }
 
 /// Odd values: a directory or a missing file as a certificate, a key
-/// without a certificate, empty user names. One line each, exit status 1.
+/// without a certificate, empty user names. One line each, exit status 123.
 #[test]
 fn odd_values_are_one_line_errors() {
     let dir = std::env::temp_dir();
@@ -87,7 +98,7 @@ fn odd_values_are_one_line_errors() {
         vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", "digest::", "x"],
         vec!["lock", "--etcd", "http://127.0.0.1:1", "--password", SECRET, "x"],
     ] {
-        let stderr = assert_refused_without_secret(&args);
+        let stderr = assert_refused_without_secret(&args, 123);
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }
 }
@@ -133,7 +144,7 @@ fn conflicting_servers_and_malformed_endpoints_are_refused_in_one_line() {
         (vec!["lock", "--zookeeper", "127.0.0.1:70000", "x"], "not a port number"),
         (vec!["lock", "--zookeeper", "127.0.0.1/apps", "x"], "has no port"),
     ] {
-        let stderr = assert_refused_without_secret(&args);
+        let stderr = assert_refused_without_secret(&args, 123);
         let lines: Vec<&str> = stderr.lines().collect();
         assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
         assert!(lines[0].contains(says), "{args:?}: {stderr}");
@@ -162,13 +173,26 @@ fn help_and_version_go_to_stdout_with_status_0() {
         );
         for part in [
             "usage: lockline lock",
+            "lockline elect [OPTIONS] NAME PROPOSAL",
+            "lockline elect -l|--listen",
+            "lockline list",
+            "--print-key",
             "--zookeeper",
+            "ZOOKEEPER_CONNECT",
             "--kill-after",
             "--cacert",
             "--zk-auth",
             "ETCDCTL_ENDPOINTS",
             "LOCKLINE_TOKEN",
             "Exit statuses",
+            "120   the lock (or leadership) was lost",
+            "121   credentials or permission refused",
+            "122   cluster unreachable",
+            "123   bad arguments",
+            "124   --timeout ran out",
+            "125   any other lockline failure",
+            "126   COMMAND found but could not be run",
+            "127   COMMAND not found",
             "128+N",
         ] {
             assert!(stdout.contains(part), "{args:?}: no {part:?} in the help");
@@ -181,7 +205,7 @@ fn help_and_version_go_to_stdout_with_status_0() {
         format!("lockline {}", env!("CARGO_PKG_VERSION"))
     );
     // The command's own flag: lockline tries to lock (and fails, nothing
-    // listens there) instead of printing its help.
+    // listens there: 122) instead of printing its help.
     let output = lockline(&[
         "lock",
         "--etcd",
@@ -192,6 +216,59 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "ls",
         "--help",
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(122));
     assert!(!String::from_utf8_lossy(&output.stdout).contains("usage:"));
+    for args in [
+        vec!["elect", "--help"],
+        vec!["list", "-h"],
+        vec!["elect", "-l", "--help"],
+    ] {
+        let output = lockline(&args);
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("lockline elect"),
+            "{args:?}"
+        );
+    }
+}
+
+/// `ETCDCTL_ENDPOINTS` and `ZOOKEEPER_CONNECT` both set and no flag to pick
+/// one: refused in one line naming both, status 123, nothing contacted.
+#[test]
+fn both_endpoint_variables_without_a_flag_are_refused_in_one_line() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lockline"))
+        .args(["lock", "x", "true"])
+        .env("ETCDCTL_ENDPOINTS", "http://127.0.0.1:2379")
+        .env("ZOOKEEPER_CONNECT", "127.0.0.1:2181")
+        .output()
+        .expect("run lockline");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(123), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("ETCDCTL_ENDPOINTS") && stderr.contains("ZOOKEEPER_CONNECT") && stderr.contains("--zookeeper"),
+        "{stderr}"
+    );
+}
+
+/// Usage errors of the subcommands: 123, never a panic.
+#[test]
+fn usage_errors_exit_123() {
+    for args in [
+        vec!["unlock", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1"],
+        vec!["elect", "--etcd", "http://127.0.0.1:1", "x"],
+        vec!["elect", "-l", "--etcd", "http://127.0.0.1:1", "x", "proposal"],
+        vec!["list", "--etcd", "http://127.0.0.1:1", "x", "extra"],
+        vec!["lock", "-l", "--etcd", "http://127.0.0.1:1", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--ttl", "soon", "x"],
+    ] {
+        let output = lockline(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(123), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && output.stdout.is_empty(),
+            "{args:?}: {stderr}"
+        );
+    }
 }

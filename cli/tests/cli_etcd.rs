@@ -21,15 +21,18 @@ fn a_command_runs_under_the_lock_with_its_token() {
         .output()
         .expect("run");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    // The key (written by lockline's output thread) and the command's output
-    // share standard output; their order is not promised.
-    assert!(stdout.lines().any(|key| key.starts_with("cmd/lock/")), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // With a command, standard output is the command's alone; the key is on
+    // standard error.
     let token: u64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("token="))
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("no token in {stdout:?}"));
+        .strip_prefix("token=")
+        .and_then(|t| t.trim_end().parse().ok())
+        .unwrap_or_else(|| panic!("not only the token in {stdout:?}"));
     assert!(token > 0);
+    assert!(
+        stderr.contains(&format!("with fencing token {token}")) && stderr.contains("holding cmd/lock/"),
+        "{stderr}"
+    );
     assert_eq!(output.status.code(), Some(7), "the command's status is passed on");
     // Released afterwards: a second run gets it at once.
     let again = lockline(&cluster)
@@ -51,16 +54,16 @@ async fn timeouts_and_bad_input_have_their_exit_statuses() {
         .args(["--timeout", "0.3", "busy", "true"])
         .output()
         .expect("run");
-    assert_eq!(timed_out.status.code(), Some(2));
+    assert_eq!(timed_out.status.code(), Some(124));
     let bad_name = lockline(&cluster).args(["a//b", "true"]).output().expect("run");
-    assert_eq!(bad_name.status.code(), Some(1));
+    assert_eq!(bad_name.status.code(), Some(123));
     assert!(String::from_utf8_lossy(&bad_name.stderr).contains("invalid name"));
     let port = free_port().expect("port");
     let unreachable = Command::new(env!("CARGO_BIN_EXE_lockline"))
         .args(["lock", "--etcd", &format!("http://127.0.0.1:{port}"), "x", "true"])
         .output()
         .expect("run");
-    assert_eq!(unreachable.status.code(), Some(1));
+    assert_eq!(unreachable.status.code(), Some(122));
     assert!(String::from_utf8_lossy(&unreachable.stderr).contains("unavailable"));
     guard.release().await.expect("release");
 }

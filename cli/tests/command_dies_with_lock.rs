@@ -63,12 +63,14 @@ impl Server {
         }
     }
 
-    /// `lockline lock <server> <args...>`, killed if the test drops it.
+    /// `lockline lock <server> --print-key <args...>` (the held key on
+    /// standard output even with a command), killed if the test drops it.
     fn lockline(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_lockline"));
         command
             .arg("lock")
             .args(&self.cli)
+            .arg("--print-key")
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -282,7 +284,7 @@ async fn sigterm_stops_the_group_before_the_next_holder_on_zookeeper() {
 }
 
 /// The lock lost while held (the holder's connection silently cut until its
-/// session is declared lost): `lockline` exits 3 and the whole group, shell
+/// session is declared lost): `lockline` exits 120 and the whole group, shell
 /// grandchild and SIGTERM-ignoring command included, is gone by then.
 async fn a_lost_lock_stops_the_group(kind: Kind) {
     let server = Server::start(kind, true);
@@ -308,7 +310,7 @@ async fn a_lost_lock_stops_the_group(kind: Kind) {
 
     server.proxy.as_ref().expect("proxied").blackhole();
     let status = exits("lockline notices the loss and exits", &mut holder).await;
-    assert_eq!(status.code(), Some(3), "{status}");
+    assert_eq!(status.code(), Some(120), "{status}");
     assert!(!running(child), "the command outlived the lost lock");
     assert!(!running(grandchild), "the command's grandchild outlived the lost lock");
 }

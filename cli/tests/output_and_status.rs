@@ -93,17 +93,15 @@ fn sigterm_with_a_closed_stderr_stops_the_group_and_exits_143() {
     let bg = dir.path().join("bg");
     let script = format!("sleep 300 & echo $! > {}; wait", bg.display());
     let mut child = lockline(&cluster, &["--ttl", "2", "out/stderr", "sh", "-c", &script])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn lockline");
-    let mut key = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut key)
-        .expect("key");
+    // With a command the held key is on stderr only.
     let mut holding = String::new();
     let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
     stderr.read_line(&mut holding).expect("holding line");
+    assert!(holding.starts_with("lockline: holding out/stderr/"), "{holding}");
     drop(stderr); // the reader of lockline's stderr goes away
     let bg = read_pid(&bg);
     send(&child, libc::SIGTERM);
@@ -127,9 +125,9 @@ fn sigterm_with_a_closed_stderr_stops_the_group_and_exits_143() {
     assert_eq!(status.code(), Some(143), "exit status on SIGTERM");
 }
 
-/// An unwritable stdout (here /dev/full) when lockline prints the held key:
-/// no panic, the failure is reported on stderr, the command still runs, its
-/// status (0) is lockline's, and the key is released.
+/// An unwritable stdout (here /dev/full) when lockline prints the held key
+/// (`--print-key`): no panic, the failure is reported on stderr, the command
+/// still runs, its status (0) is lockline's, and the key is released.
 #[test]
 fn an_unwritable_stdout_still_runs_the_command_and_releases() {
     let cluster = EtcdCluster::start().expect("start etcd");
@@ -137,7 +135,7 @@ fn an_unwritable_stdout_still_runs_the_command_and_releases() {
         .write(true)
         .open("/dev/full")
         .expect("/dev/full");
-    let out = lockline(&cluster, &["--ttl", "10", "out/full", "true"])
+    let out = lockline(&cluster, &["--ttl", "10", "--print-key", "out/full", "true"])
         .stdout(full)
         .stderr(Stdio::piped())
         .output()
@@ -157,9 +155,9 @@ fn an_unwritable_stdout_still_runs_the_command_and_releases() {
 
 /// The lock is lost while the command's group (which ignores SIGTERM) is
 /// being stopped after SIGTERM to lockline: a process of the command ran
-/// without the lock, so lockline exits 3, not 143 (and not 1).
+/// without the lock, so lockline exits 120, not 143 (and not 125).
 #[test]
-fn a_lock_lost_while_stopping_after_sigterm_exits_3() {
+fn a_lock_lost_while_stopping_after_sigterm_exits_120() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let dir = tempfile::tempdir().expect("tempdir");
     let (started, termed) = (dir.path().join("started"), dir.path().join("termed"));
@@ -170,11 +168,14 @@ fn a_lock_lost_while_stopping_after_sigterm_exits_3() {
         termed.display(),
         started.display()
     );
-    let mut child = lockline(&cluster, &["--kill-after", "3", "out/stop-lost", "sh", "-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn");
+    let mut child = lockline(
+        &cluster,
+        &["--kill-after", "3", "--print-key", "out/stop-lost", "sh", "-c", &script],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("spawn");
     let mut key = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut key)
@@ -187,16 +188,16 @@ fn a_lock_lost_while_stopping_after_sigterm_exits_3() {
     let status = wait(&mut child, Duration::from_secs(15));
     assert_eq!(
         status.code(),
-        Some(3),
+        Some(120),
         "exit status {status:?}: the lock was lost while the command still ran"
     );
 }
 
 /// The command exits by itself (status 7) leaving a background job that
 /// ignores SIGTERM; the lock is lost during the grace, while that job still
-/// runs: lockline exits 3, not the command's 7 (and not 1).
+/// runs: lockline exits 120, not the command's 7 (and not 125).
 #[test]
-fn a_lock_lost_while_stopping_leftovers_exits_3() {
+fn a_lock_lost_while_stopping_leftovers_exits_120() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let dir = tempfile::tempdir().expect("tempdir");
     let termed = dir.path().join("termed");
@@ -205,11 +206,14 @@ fn a_lock_lost_while_stopping_leftovers_exits_3() {
         "(trap 'echo $$ > {}' TERM; while :; do sleep 1; done) & sleep 0.5; exit 7",
         termed.display()
     );
-    let mut child = lockline(&cluster, &["--kill-after", "3", "out/left-lost", "sh", "-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn");
+    let mut child = lockline(
+        &cluster,
+        &["--kill-after", "3", "--print-key", "out/left-lost", "sh", "-c", &script],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("spawn");
     let mut key = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut key)
@@ -220,20 +224,20 @@ fn a_lock_lost_while_stopping_leftovers_exits_3() {
     let status = wait(&mut child, Duration::from_secs(15));
     assert_eq!(
         status.code(),
-        Some(3),
+        Some(120),
         "exit status {status:?}: the lock was lost while the command's background job still ran"
     );
 }
 
-/// A lost lock stops the command's group, and lockline exits 3, even when
+/// A lost lock stops the command's group, and lockline exits 120, even when
 /// its stderr is a closed pipe and every diagnostic it writes fails.
 #[test]
-fn a_lost_lock_with_a_closed_stderr_stops_the_group_and_exits_3() {
+fn a_lost_lock_with_a_closed_stderr_stops_the_group_and_exits_120() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let dir = tempfile::tempdir().expect("tempdir");
     let bg = dir.path().join("bg");
     let script = format!("sleep 300 & echo $! > {}; wait", bg.display());
-    let mut child = lockline(&cluster, &["out/lost-stderr", "sh", "-c", &script])
+    let mut child = lockline(&cluster, &["--print-key", "out/lost-stderr", "sh", "-c", &script])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -258,7 +262,7 @@ fn a_lost_lock_with_a_closed_stderr_stops_the_group_and_exits_3() {
         "lockline exited {status:?} after losing the lock while the command's background process still ran, \
          with nobody left to stop it"
     );
-    assert_eq!(status.code(), Some(3));
+    assert_eq!(status.code(), Some(120));
 }
 
 /// SIGTERM while lockline waits in line removes its entry before it exits
@@ -316,11 +320,14 @@ fn kill_after_zero_sends_sigkill_without_sigterm() {
     let mut handled = 0;
     for round in 0..3 {
         let name = format!("out/kill-zero-{round}");
-        let mut child = lockline(&cluster, &["--kill-after", "0", &name, "sh", "-c", &script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn");
+        let mut child = lockline(
+            &cluster,
+            &["--kill-after", "0", "--print-key", &name, "sh", "-c", &script],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
         let mut key = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut key)
@@ -329,7 +336,7 @@ fn kill_after_zero_sends_sigkill_without_sigterm() {
         std::fs::remove_file(&ready).expect("rm");
         revoke(&cluster, key.trim());
         let status = wait(&mut child, Duration::from_secs(10));
-        assert_eq!(status.code(), Some(3), "lost lock");
+        assert_eq!(status.code(), Some(120), "lost lock");
         runs += 1;
         if std::fs::read_to_string(&wrote).is_ok_and(|t| t.lines().count() > handled) {
             handled += 1;
@@ -367,7 +374,7 @@ fn stalled_pipe() -> (std::io::PipeReader, std::io::PipeWriter) {
 
 /// lockline's stderr is a pipe that is full and never read (a stalled log
 /// reader): every write to it would block. A lost lock still stops the
-/// command's group, and lockline exits 3 within seconds: neither the stop nor
+/// command's group, and lockline exits 120 within seconds: neither the stop nor
 /// the exit waits on its output.
 #[test]
 fn a_stalled_stderr_does_not_hold_up_stopping_the_group() {
@@ -376,7 +383,7 @@ fn a_stalled_stderr_does_not_hold_up_stopping_the_group() {
     let bg = dir.path().join("bg");
     let script = format!("sleep 300 & echo $! > {}; wait", bg.display());
     let (_unread, stalled) = stalled_pipe();
-    let mut child = lockline(&cluster, &["out/stalled-stderr", "sh", "-c", &script])
+    let mut child = lockline(&cluster, &["--print-key", "out/stalled-stderr", "sh", "-c", &script])
         .stdout(Stdio::piped())
         .stderr(stalled)
         .spawn()
@@ -397,6 +404,6 @@ fn a_stalled_stderr_does_not_hold_up_stopping_the_group() {
         !survived,
         "lockline exited {status:?} after losing the lock while the command's background process still ran"
     );
-    assert_eq!(status.code(), Some(3), "{status:?}");
+    assert_eq!(status.code(), Some(120), "{status:?}");
     assert!(took < Duration::from_secs(5), "took {took:?} to exit after the loss");
 }

@@ -1,11 +1,13 @@
 //! The `lockline` program on locked-down clusters: TLS with client
 //! certificates and users on etcd (flags and `ETCDCTL_*` variables), TLS and
-//! credentials on ZooKeeper, and bad credentials refused with exit status 1
+//! credentials on ZooKeeper, and bad credentials refused with exit status 121
 //! and one line that names the problem and never the password.
 
 use std::process::{Command, Output};
 
 use lockline_testkit::{ClientAuth, EtcdCluster, Issued, TestCa, ZkEnsemble, ZkOptions, ZkTlsOptions};
+
+mod support;
 
 const ALICE_PASSWORD: &str = "alice-cli-pw-4f1";
 const SASL_PASSWORD: &str = "carol-cli-pw-8e2";
@@ -13,15 +15,7 @@ const SASL_PASSWORD: &str = "carol-cli-pw-8e2";
 fn lockline() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_lockline"));
     // The test process's own environment must not leak etcdctl settings in.
-    for var in [
-        "ETCDCTL_ENDPOINTS",
-        "ETCDCTL_CACERT",
-        "ETCDCTL_CERT",
-        "ETCDCTL_KEY",
-        "ETCDCTL_USER",
-        "ETCDCTL_PASSWORD",
-        "LOCKLINE_ZK_AUTH",
-    ] {
+    for var in support::VARIABLES {
         command.env_remove(var);
     }
     command
@@ -105,10 +99,13 @@ fn etcd_over_tls_with_a_user_from_flags() {
         "stdout {stdout} stderr {}",
         text(&out.stderr)
     );
-    // The key and the command's output share standard output; their order
-    // is not promised.
-    assert!(stdout.lines().any(|key| key.starts_with("locks/cli/")), "{stdout}");
-    assert!(stdout.lines().any(|l| l.starts_with("token=")), "{stdout}");
+    // Standard output is the command's; the key is on standard error.
+    assert!(stdout.starts_with("token=") && stdout.lines().count() == 1, "{stdout}");
+    assert!(
+        text(&out.stderr).contains("holding locks/cli/"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(!text(&out.stderr).contains(ALICE_PASSWORD), "{}", text(&out.stderr));
 }
 
@@ -129,7 +126,12 @@ fn etcd_over_tls_with_everything_from_the_etcdctl_variables() {
         out.status,
         text(&out.stderr)
     );
-    assert!(text(&out.stdout).starts_with("locks/env/"), "{}", text(&out.stdout));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("holding locks/env/"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// The one line `lockline` printed about a failure of its own.
@@ -141,14 +143,14 @@ fn one_line(out: &Output) -> String {
 }
 
 #[test]
-fn etcd_bad_credentials_exit_1_with_one_line_naming_the_problem() {
+fn etcd_bad_credentials_exit_121_with_one_line_naming_the_problem() {
     let etcd = SecureEtcd::start();
     let wrong = "wrong-pw-7c3";
     let out = run(lockline()
         .args(["lock", "--etcd", &etcd.cluster.endpoints().join(",")])
         .args(etcd.tls_flags())
         .args(["--user", "alice", "--password", wrong, "locks/bad", "true"]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(121), "{}", text(&out.stderr));
     let line = one_line(&out);
     assert!(
         line.contains("authentication failed") && line.contains("alice"),
@@ -162,19 +164,19 @@ fn etcd_bad_credentials_exit_1_with_one_line_naming_the_problem() {
         .args(["lock", "--etcd", &etcd.cluster.endpoints().join(",")])
         .args(etcd.tls_flags())
         .args(["--user", &format!("alice:{ALICE_PASSWORD}"), "other/x", "true"]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(121), "{}", text(&out.stderr));
     let line = one_line(&out);
     assert!(line.contains("permission denied") && line.contains("other/x"), "{line}");
 }
 
 #[test]
-fn etcd_without_a_client_certificate_exits_1_saying_tls() {
+fn etcd_without_a_client_certificate_exits_122_saying_tls() {
     let etcd = SecureEtcd::start();
     let out = run(lockline()
         .args(["lock", "--etcd", &etcd.cluster.endpoints().join(",")])
         .args(["--cacert", &etcd.ca.cert().display().to_string()])
         .args(["--user", &format!("alice:{ALICE_PASSWORD}"), "locks/nocert", "true"]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(122), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("TLS"), "{}", text(&out.stderr));
 }
 
@@ -223,11 +225,14 @@ fn zookeeper_over_tls_with_credentials_and_the_creator_policy() {
             out.status,
             text(&out.stderr)
         );
-        // The key and the command's output share standard output; their
-        // order is not promised.
+        // Standard output is the command's; the key is on standard error.
         let stdout = text(&out.stdout);
-        assert!(stdout.lines().any(|l| l.starts_with(&format!("/{name}/"))), "{stdout}");
-        assert!(stdout.lines().any(|l| l.starts_with("token=")), "{stdout}");
+        assert!(stdout.starts_with("token=") && stdout.lines().count() == 1, "{stdout}");
+        assert!(
+            text(&out.stderr).contains(&format!("holding /{name}/")),
+            "{}",
+            text(&out.stderr)
+        );
     }
 
     // The same with the credentials in the environment.
@@ -238,7 +243,7 @@ fn zookeeper_over_tls_with_credentials_and_the_creator_policy() {
         .args(["--timeout", "10", "zk-env/a", "true"]));
     assert!(out.status.success(), "stderr {}", text(&out.stderr));
 
-    // A SASL password the server rejects: exit 1, one line, no password.
+    // A SASL password the server rejects: exit 121, one line, no password.
     let wrong = "not-carols-pw-1a9";
     let out = run(lockline().args(["lock", "--zookeeper", &connect]).args(&tls).args([
         "--zk-auth",
@@ -246,7 +251,7 @@ fn zookeeper_over_tls_with_credentials_and_the_creator_policy() {
         "zk-bad/a",
         "true",
     ]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(121), "{}", text(&out.stderr));
     let line = one_line(&out);
     assert!(
         line.contains("authentication failed") && line.contains("carol"),

@@ -119,10 +119,8 @@ async fn run(args: Args) -> Result<bool> {
         Backend::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
         Backend::ZooKeeper(hosts) => Client::new(ZooKeeper::new(hosts.clone())),
         Backend::EtcdLocal => {
-            let cluster = EtcdCluster::start().map_err(|e| lockline::Error::Unavailable {
-                backend: "etcd",
-                source: Some(Box::new(e)),
-            })?;
+            let cluster = EtcdCluster::start()
+                .map_err(|e| lockline::Error::unavailable_because("etcd", "starting a throwaway etcd", e))?;
             println!("started a throwaway etcd at {}", cluster.endpoint(0));
             let client = Client::new(Etcd::new(cluster.endpoints()));
             _local = Some(cluster);

@@ -316,7 +316,7 @@ impl Worker {
                                     self.reporter.now(&format!(
                                         "error hang: lock_timeout({timeout:?}) did not return within {bound:?}"
                                     ));
-                                    Err(Error::Timeout { name: self.name.clone(), waited: bound })
+                                    Err(Error::Timeout { name: self.name.clone(), waited: bound, held_by_this_session: false })
                                 }
                             }
                         }

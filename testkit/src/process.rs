@@ -10,13 +10,51 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, for a server a test is
+/// about to start.
+///
+/// It is taken from below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), never twice in one process:
+/// a port from that range could be handed, between this call and the
+/// server's bind, to any outgoing connection or `bind(0)` of the tests
+/// running beside it, and the server would then never start.
 ///
 /// # Errors
 ///
 /// When no port can be bound.
 pub fn free_port() -> Result<u16> {
+    static NEXT: OnceLock<Mutex<u16>> = OnceLock::new();
+    let (low, high) = below_ephemeral();
+    let span = high - low;
+    let next = NEXT.get_or_init(|| {
+        // Processes started together begin at different places.
+        let start = low + (std::process::id() % u32::from(span)) as u16;
+        Mutex::new(start)
+    });
+    let mut next = next.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..span {
+        let port = *next;
+        *next = if port + 1 >= high { low } else { port + 1 };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The ports servers are given: from 10000 up to the start of the kernel's
+/// ephemeral range (32768 unless configured otherwise).
+fn below_ephemeral() -> (u16, u16) {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if ephemeral_start > 12000 {
+        (10000, ephemeral_start)
+    } else {
+        // An unusual configuration: take ports above the range's usual end.
+        (61000, 65000)
+    }
 }
 
 type SpawnRequest = (Command, mpsc::Sender<Result<Child>>);

@@ -29,14 +29,25 @@ pub(crate) fn map_on(error: EtcdError, session: Option<&str>, operation: &'stati
             // The cluster's users or roles changed after this client got its
             // token: the same request succeeds once the client authenticates
             // again (the session does that on seeing this error).
-            return Error::Unavailable {
-                backend: BACKEND,
-                source: Some(
-                    format!(
-                        "{}: the cluster's users or roles changed since this client authenticated; authenticating again",
-                        status.message()
-                    )
-                    .into(),
+            return Error::unavailable(
+                BACKEND,
+                format!(
+                    "{}: the cluster's users or roles changed since this client authenticated; authenticating again",
+                    status.message()
+                ),
+            );
+        }
+        if status.message().contains("larger than max") || status.message().contains("request is too large") {
+            return Error::InvalidOptions {
+                reason: format!(
+                    "{}the request is too large for the server ({}); etcd takes requests up to its \
+                     --max-request-bytes (1.5 MiB by default)",
+                    if key.is_empty() {
+                        String::new()
+                    } else {
+                        format!("cannot {operation} {key:?}: ")
+                    },
+                    status.message().trim()
                 ),
             };
         }
@@ -59,13 +70,25 @@ pub(crate) fn map_on(error: EtcdError, session: Option<&str>, operation: &'stati
         | EtcdError::EndpointError(_) => true,
         _ => false,
     };
+    let what = if key.is_empty() {
+        String::new()
+    } else {
+        format!("cannot {operation} {key:?}: ")
+    };
     if transient {
+        let reason = format!("{what}{}", explain_tls(&error));
         Error::Unavailable {
             backend: BACKEND,
-            source: Some(explain_tls(error).into()),
+            reason,
+            source: Some(Box::new(error)),
         }
     } else {
-        Error::backend(BACKEND, error)
+        let reason = format!("{what}{}", explain_tls(&error));
+        Error::Backend {
+            backend: BACKEND,
+            reason,
+            source: Box::new(error),
+        }
     }
 }
 
@@ -95,10 +118,7 @@ pub(crate) fn watch_broken(reason: String, key: &str) -> Error {
     if reason.contains("permission denied") {
         denied("watch", key, &reason)
     } else {
-        Error::Unavailable {
-            backend: BACKEND,
-            source: Some(reason.into()),
-        }
+        Error::unavailable(BACKEND, format!("the watch on {key:?} was cancelled: {reason}"))
     }
 }
 
@@ -121,13 +141,9 @@ pub(crate) fn map_connect(error: EtcdError, tls: Option<&lockline::Tls>, user: O
 /// (TLS 1.3 servers refuse a missing client certificate only after it) or
 /// never started (a plain-text client on a TLS port is answered with a reset).
 pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>) -> Error {
-    let Error::Unavailable {
-        source: Some(source), ..
-    } = &error
-    else {
+    let Error::Unavailable { reason: text, .. } = &error else {
         return error;
     };
-    let text = source.to_string();
     let dropped = [
         "connection closed",
         "ConnectionReset",
@@ -147,25 +163,26 @@ pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>) -> Error 
         }
         Some(_) => "the server dropped the connection right after the TLS handshake: it may not accept this client certificate (signed by a CA it does not trust, or expired)",
     };
-    Error::Unavailable {
-        backend: BACKEND,
-        source: Some(format!("{hint}: {text}").into()),
+    match error {
+        Error::Unavailable { reason, source, .. } => Error::Unavailable {
+            backend: BACKEND,
+            reason: format!("{hint}: {reason}"),
+            source,
+        },
+        other => other,
     }
 }
 
 /// `Unavailable` for a connect that did not finish in time.
 pub(crate) fn unreachable(endpoints: &[String], tls: bool) -> Error {
     let how = if tls { " (TLS handshake or authentication)" } else { "" };
-    Error::Unavailable {
-        backend: BACKEND,
-        source: Some(
-            format!(
-                "no answer from {} within the connect timeout{how}",
-                endpoints.join(", ")
-            )
-            .into(),
+    Error::unavailable(
+        BACKEND,
+        format!(
+            "no answer from {} within the connect timeout{how}",
+            endpoints.iter().map(|e| crate::shown(e)).collect::<Vec<_>>().join(", ")
         ),
-    }
+    )
 }
 
 /// The server's words when it refused the credentials themselves (not one
@@ -187,9 +204,9 @@ fn refused_credentials(code: i32, message: &str) -> Option<String> {
 /// The message of a transport error, with the TLS cause spelled out: tonic
 /// reports a failed handshake as "transport error" and keeps the reason
 /// (unknown issuer, a certificate required, ...) in its source chain.
-fn explain_tls(error: EtcdError) -> String {
+fn explain_tls(error: &EtcdError) -> String {
     let mut chain = vec![error.to_string()];
-    let mut source = std::error::Error::source(&error);
+    let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         chain.push(cause.to_string());
         source = cause.source();

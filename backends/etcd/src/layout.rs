@@ -14,7 +14,8 @@
 //! holder's create revision.
 
 use etcd_client::KeyValue;
-use lockline::{Conflicts, Entry, EntryKind, FencingToken};
+use lockline::backend::{Conflicts, Entry, EntryKind};
+use lockline::FencingToken;
 
 /// The prefix every entry of a lock lives under.
 pub(crate) fn prefix(dir: &str) -> String {

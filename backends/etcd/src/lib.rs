@@ -107,7 +107,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockline::{Backend, BackendSession, Error, Result, SessionOptions};
+use lockline::backend::{Backend, BackendSession};
+use lockline::{Error, Result, SessionOptions};
 use tokio::sync::OnceCell;
 
 pub use etcd_client;
@@ -119,7 +120,11 @@ use crate::session::EtcdSession;
 /// The etcd backend: hand it to [`lockline::Client::new`].
 ///
 /// Connects lazily, on the first session, to the given endpoints (several for a
-/// cluster: requests go to whichever answers). Connect and request deadlines
+/// cluster: requests are spread over the members that are connected; one that
+/// refuses connections or has no leader is avoided, but one that accepts
+/// connections and never answers, such as a member behind a silent partition,
+/// fails the requests sent to it with [`Error::Unavailable`] after the request
+/// timeout until HTTP/2 keepalive drops it). Connect and request deadlines
 /// and HTTP/2 keepalive come from each session's [`SessionOptions`]: sessions
 /// whose options agree share one connection, a session with other timeouts
 /// gets its own. An unreachable cluster gives [`Error::Unavailable`] within the
@@ -136,6 +141,7 @@ pub struct Etcd {
     tls: Option<lockline::Tls>,
     user: Option<User>,
     markers: String,
+    namespace: String,
     /// Clients by the connection settings taken from session options
     /// (`None`: the caller's own connect options or client, for every session).
     clients: Arc<Mutex<Clients>>,
@@ -190,9 +196,13 @@ impl fmt::Debug for User {
 impl fmt::Debug for Etcd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Etcd")
-            .field("endpoints", &self.endpoints)
+            .field(
+                "endpoints",
+                &self.endpoints.iter().map(|e| shown(e)).collect::<Vec<_>>(),
+            )
             .field("tls", &self.tls)
             .field("user", &self.user)
+            .field("namespace", &self.namespace)
             .finish()
     }
 }
@@ -210,6 +220,7 @@ impl Etcd {
             tls: None,
             user: None,
             markers: MARKER_PREFIX.to_owned(),
+            namespace: String::new(),
             clients: Arc::default(),
         }
     }
@@ -274,6 +285,7 @@ impl Etcd {
             tls: None,
             user: None,
             markers: MARKER_PREFIX.to_owned(),
+            namespace: String::new(),
             clients: Arc::new(Mutex::new(clients)),
         }
     }
@@ -290,6 +302,9 @@ impl Etcd {
     /// lockline session that left it ends. lockline's own contenders ignore
     /// markers wherever they are.
     ///
+    /// Under [`with_namespace`](Self::with_namespace) the marker prefix is
+    /// relative to the namespace, like every other key.
+    ///
     /// ```
     /// use lockline_etcd::Etcd;
     ///
@@ -302,6 +317,34 @@ impl Etcd {
         self
     }
 
+    /// Puts every key lockline writes under `prefix`, as Go's
+    /// `clientv3/namespace` does: lock `jobs/nightly` lives at
+    /// `PREFIX` + `jobs/nightly/<lease>`, and the markers of abandoned
+    /// attempts at `PREFIX` + the marker prefix. Services sharing a cluster
+    /// keep apart, and one role grant on the prefix covers everything a
+    /// user's locks need.
+    ///
+    /// Lock names stay as given (`session.mutex("jobs/nightly")`); the keys
+    /// lockline reports ([`MutexGuard::key`](lockline::MutexGuard::key),
+    /// `contenders()`, `LOCKLINE_KEY`) are full etcd keys, prefix included,
+    /// so `etcdctl` and Go clients can use them as they are. A Go client
+    /// wrapped in `namespace.NewKV(client, PREFIX)` (or `etcdctl lock
+    /// PREFIX` + `NAME`) queues with lockline on the same lock. The keys of
+    /// fenced writes (`write_if_held`) and of `Session::read` are under the
+    /// prefix too, given without it, as Go's namespaced KV takes them. The
+    /// prefix is used as given; end it with `/` to keep it apart from other
+    /// keys.
+    ///
+    /// ```
+    /// use lockline_etcd::Etcd;
+    ///
+    /// let backend = Etcd::new(["http://10.0.0.1:2379"]).with_namespace("billing/");
+    /// ```
+    pub fn with_namespace(mut self, prefix: impl Into<String>) -> Self {
+        self.namespace = prefix.into();
+        self
+    }
+
     fn user_name(&self) -> Option<&str> {
         self.user.as_ref().map(|user| user.name.as_str())
     }
@@ -310,21 +353,22 @@ impl Etcd {
     /// connection, with a message saying which endpoint and what to change.
     fn check_schemes(&self) -> Result<()> {
         for endpoint in &self.endpoints {
+            let shown = shown(endpoint);
             if let Some(problem) = endpoint_problem(endpoint) {
                 return Err(Error::InvalidOptions {
-                    reason: format!("etcd endpoint {endpoint:?}: {problem}"),
+                    reason: format!("etcd endpoint {shown:?}: {problem}"),
                 });
             }
             let https = endpoint.starts_with("https://");
             if self.tls.is_some() && !https {
                 return Err(Error::InvalidOptions {
-                    reason: format!("TLS is configured but the endpoint {endpoint:?} is not https://"),
+                    reason: format!("TLS is configured but the endpoint {shown:?} is not https://"),
                 });
             }
             if self.tls.is_none() && https {
                 return Err(Error::InvalidOptions {
                     reason: format!(
-                        "the endpoint {endpoint:?} is https:// but no CA is configured: use Etcd::with_tls (--cacert)"
+                        "the endpoint {shown:?} is https:// but no CA is configured: use Etcd::with_tls (--cacert)"
                     ),
                 });
             }
@@ -392,6 +436,18 @@ pub const MARKER_PREFIX: &str = layout::ABANDONED;
 /// What is wrong with an endpoint, checked before any connection: etcd's
 /// client would read a port out of range or a missing port as another port
 /// (`http://host:99999` as port 80) instead of refusing it.
+/// An endpoint as messages show it: a user and password written into the
+/// URL (`https://user:secret@host:2379`) become `***`.
+pub(crate) fn shown(endpoint: &str) -> String {
+    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("", endpoint));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) if scheme.is_empty() => format!("***@{}", &rest[at + 1..]),
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => endpoint.to_owned(),
+    }
+}
+
 fn endpoint_problem(endpoint: &str) -> Option<String> {
     let rest = match endpoint.split_once("://") {
         Some(("http" | "https", rest)) => rest,
@@ -399,6 +455,9 @@ fn endpoint_problem(endpoint: &str) -> Option<String> {
         None => endpoint,
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.split('/').next().is_some_and(|host| host.contains('@')) {
+        return Some("a user or password in the URL is not used; give them with Etcd::with_user (--user)".into());
+    }
     if authority.contains('/') {
         return Some("an endpoint is http[s]://HOST:PORT, without a path".into());
     }
@@ -451,6 +510,31 @@ impl Backend for Etcd {
         BACKEND
     }
 
+    fn describe(&self) -> String {
+        self.endpoints.iter().map(|e| shown(e)).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Refuses a fenced-write key that has the shape of a lock entry under
+    /// any of its ancestors (`jobs/1f2e`, `db/read/1f2e-x`): written, it
+    /// would stand in that lock's queue as a holder nobody releases, for
+    /// lockline, Go's `concurrency` and `etcdctl lock` alike.
+    fn validate_write_key(&self, key: &str) -> Result<()> {
+        for (at, _) in key.match_indices('/') {
+            let dir = &key[..at];
+            if !dir.is_empty() && layout::is_entry(dir, key.as_bytes()) {
+                return Err(Error::InvalidName {
+                    name: key.to_owned(),
+                    reason: format!(
+                        "the key has the shape of a holder of the lock {dir:?} (`NAME/<lease hex>`, \
+                         `NAME/read|write|semaphore/<lease hex>-<attempt>`): written, it would block \
+                         that lock for lockline, Go and etcdctl; use another last segment"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
         if self.markers.is_empty() {
             return Err(Error::InvalidOptions {
@@ -458,7 +542,8 @@ impl Backend for Etcd {
             });
         }
         let client = self.client(options).await?;
-        let session: Arc<dyn BackendSession> = EtcdSession::open(client, options, self.markers.clone())
+        let markers = format!("{}{}", self.namespace, self.markers);
+        let session: Arc<dyn BackendSession> = EtcdSession::open(client, options, markers, self.namespace.clone())
             .await
             .map_err(|e| error::first_request(e, self.tls.as_ref()))?;
         Ok(session)

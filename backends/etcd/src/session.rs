@@ -9,10 +9,8 @@ use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use lockline::{
-    AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, Result, SessionOptions,
-    SessionState,
-};
+use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::{Error, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -34,8 +32,10 @@ pub(crate) struct EtcdSession {
     /// writes or holds each: a mutex and an election of one name must not
     /// take the same key for one entry.
     shared_keys: std::sync::Mutex<HashMap<String, KeyClaim>>,
-    /// The prefix of abandoned-attempt markers.
+    /// The prefix of abandoned-attempt markers (namespace included).
     markers: String,
+    /// The key prefix every lock directory gets ([`Etcd::with_namespace`](crate::Etcd::with_namespace)).
+    namespace: String,
 }
 
 /// Which acquire attempt uses a session's one key of a name.
@@ -65,7 +65,12 @@ impl Drop for EtcdSession {
 }
 
 impl EtcdSession {
-    pub(crate) async fn open(client: Client, options: &SessionOptions, markers: String) -> Result<Arc<Self>> {
+    pub(crate) async fn open(
+        client: Client,
+        options: &SessionOptions,
+        markers: String,
+        namespace: String,
+    ) -> Result<Arc<Self>> {
         // etcd counts lease TTLs in whole seconds: round up.
         let ttl = i64::try_from(options.ttl().as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
         let granted_at = Instant::now();
@@ -92,7 +97,17 @@ impl EtcdSession {
             keepalive,
             shared_keys: std::sync::Mutex::default(),
             markers,
+            namespace,
         }))
+    }
+
+    /// The lock directory `dir` under the backend's namespace.
+    fn within<'a>(&self, dir: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.namespace.is_empty() {
+            std::borrow::Cow::Borrowed(dir)
+        } else {
+            std::borrow::Cow::Owned(format!("{}{dir}", self.namespace))
+        }
     }
 
     /// Watch events this session's stream has received.
@@ -114,7 +129,7 @@ impl EtcdSession {
     }
 
     fn mark_lost(&self, why: &str) {
-        let changed = SessionState::advance(&self.state, SessionState::Lost);
+        let changed = advance(&self.state, SessionState::Lost);
         if changed {
             tracing::warn!(lease = %self.id, why, "etcd session lost");
         }
@@ -152,10 +167,10 @@ impl EtcdSession {
             .await
         {
             Err(error) => error,
-            Ok(_) => Error::Unavailable {
-                backend: BACKEND,
-                source: Some(format!("{reason}; the user may read {key:?}: re-watching with a new token").into()),
-            },
+            Ok(_) => Error::unavailable(
+                BACKEND,
+                format!("{reason}; the user may read {key:?}: re-watching with a new token"),
+            ),
         }
     }
 
@@ -218,7 +233,12 @@ impl EtcdSession {
         if let Some(claim) = claims.get(key) {
             if claim.attempt != request.attempt && claim.kind != request.kind {
                 return Err(Error::InvalidName {
-                    name: request.dir.to_owned(),
+                    // The name as the caller gave it, without the namespace.
+                    name: request
+                        .dir
+                        .strip_prefix(self.namespace.as_str())
+                        .unwrap_or(request.dir)
+                        .to_owned(),
                     reason: format!(
                         "this session already has {} entry {key:?}; on etcd a mutex and an election of \
                          one name share one key per session, so they cannot be used at once",
@@ -329,6 +349,8 @@ impl BackendSession for EtcdSession {
     /// earlier conflicting keys; else read it (a retry after a lost response
     /// finds its own key).
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
+        let dir = self.within(request.dir);
+        let request = &AppendRequest { dir: &dir, ..*request };
         let key = layout::key(request.dir, request.kind, &self.id, request.attempt);
         // An earlier entry of this session under the same key whose removal has
         // not finished (a guard dropped while the server was unreachable) is
@@ -401,12 +423,14 @@ impl BackendSession for EtcdSession {
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let dir = &*self.within(dir);
         let response = self.get(&layout::prefix(dir), Some(first_created(0)), "read").await?;
         Ok(Self::entries(dir, &response))
     }
 
     /// A watch on the prefix from the current revision, then one read.
     async fn wait_for_entry(&self, dir: &str) -> Result<()> {
+        let dir = &*self.within(dir);
         let mut watch = self.hub.watch_prefix(&layout::prefix(dir));
         loop {
             match watch.next().await {
@@ -466,6 +490,7 @@ impl BackendSession for EtcdSession {
     /// that its append, if it reaches the server only now (another member, a
     /// slow path), creates nothing.
     async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
+        let dir = &*self.within(dir);
         let key = layout::key(dir, kind, &self.id, attempt);
         let marker = TxnOp::put(
             layout::abandoned(&self.markers, &self.id, attempt),
@@ -509,6 +534,54 @@ impl BackendSession for EtcdSession {
         } else {
             Err(Error::LockLost { key: entry.key.clone() })
         }
+    }
+
+    /// One `Txn`: if the entry's create revision (its fencing token) is
+    /// still the one it was granted with, then every put and delete; else
+    /// nothing. Puts carry no lease: guarded state outlives the session.
+    ///
+    /// Keys under the lock's own prefix are refused: Go's
+    /// `concurrency.Mutex` and `etcdctl lock` count every key under
+    /// `<name>/` as a contender, and a key without a lease would block them
+    /// for good.
+    async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {
+        let own = layout::prefix(layout::dir_of(entry));
+        let mut ops = Vec::with_capacity(writes.len());
+        for write in writes {
+            let key = self.within(write.key());
+            if key.starts_with(&own) {
+                return Err(Error::InvalidName {
+                    name: write.key().to_owned(),
+                    reason: format!(
+                        "the key lies under {own:?}, the prefix of the lock that fences the write, \
+                         where Go's and etcdctl's contenders would take it for a lock holder"
+                    ),
+                });
+            }
+            ops.push(match write {
+                Write::Put { value, .. } => TxnOp::put(key.into_owned(), value.clone(), None),
+                Write::Delete { .. } => TxnOp::delete(key.into_owned(), None),
+                other => {
+                    return Err(Error::InvalidOptions {
+                        reason: format!("the etcd backend cannot apply {other:?}"),
+                    })
+                }
+            });
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.order,
+            )])
+            .and_then(ops);
+        let named = writes.first().map_or(entry.key.as_str(), Write::key);
+        Ok(self.txn(txn, "write", named).await?.succeeded())
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let response = self.get(&self.within(key), None, "read").await?;
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
@@ -579,7 +652,7 @@ impl BackendSession for EtcdSession {
         let was_lost = *self.state.borrow() == SessionState::Lost;
         let revoked = self.client.lease_client().revoke(self.lease).await;
         // A session already lost stays lost: closing it does not undo that.
-        SessionState::advance(&self.state, SessionState::Closed);
+        advance(&self.state, SessionState::Closed);
         match revoked {
             Ok(_) => Ok(()),
             Err(error) => match map_on(error, Some(&self.id), "revoke the lease of", &self.id) {
@@ -788,7 +861,7 @@ async fn keep_alive(
                 outcome = &mut renewal => Some(outcome),
                 () = tokio::time::sleep_until(deadline) => None,
                 () = tokio::time::sleep_until(slow) => {
-                    if SessionState::advance(&state, SessionState::Suspended) {
+                    if advance(&state, SessionState::Suspended) {
                         tracing::debug!(lease = format!("{lease:x}"), "etcd keepalive unanswered; session suspended");
                     }
                     tokio::select! {
@@ -804,7 +877,7 @@ async fn keep_alive(
             Some(Ok(Ok(Some(response)))) if response.ttl() > 0 => {
                 confirmed = sent;
                 wait = interval;
-                SessionState::advance(&state, SessionState::Live);
+                advance(&state, SessionState::Live);
             }
             Some(Ok(Ok(Some(_)))) => break Ending::Expired,
             Some(outcome) => {
@@ -819,7 +892,7 @@ async fn keep_alive(
                 tracing::debug!(lease = format!("{lease:x}"), why, "etcd keepalive failed; retrying");
                 stream = None;
                 wait = retry;
-                SessionState::advance(&state, SessionState::Suspended);
+                advance(&state, SessionState::Suspended);
             }
         }
     };
@@ -831,7 +904,7 @@ async fn keep_alive(
                 lease = format!("{lease:x}"),
                 "etcd lease expired or revoked; session lost"
             );
-            SessionState::advance(&state, SessionState::Lost);
+            advance(&state, SessionState::Lost);
             return;
         }
         Ending::Unconfirmed => {
@@ -840,7 +913,7 @@ async fn keep_alive(
                 deadline = ?options.loss_deadline(),
                 "etcd lease not confirmed within ttl - safety margin; session lost"
             );
-            SessionState::advance(&state, SessionState::Lost);
+            advance(&state, SessionState::Lost);
         }
         Ending::DeclaredLost => {}
     }

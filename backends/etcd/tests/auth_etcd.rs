@@ -447,9 +447,12 @@ async fn changes_of_users_or_roles_elsewhere_do_not_fail_requests_in_flight() {
     root.role_add("zed-role").await.expect("add a role");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let changing = std::sync::Arc::clone(&stop);
+    // At most a few hundred changes: enough to hit requests in flight many
+    // times, not so many that the server's fsyncs starve the handoffs on a
+    // small machine (a release then outlives its request timeout).
     let changes = tokio::spawn(async move {
         let mut changes = 0u32;
-        while !changing.load(std::sync::atomic::Ordering::Relaxed) && changes < 2000 {
+        while !changing.load(std::sync::atomic::Ordering::Relaxed) && changes < 400 {
             root.user_grant_role("zed", "zed-role").await.expect("grant");
             root.user_revoke_role("zed", "zed-role").await.expect("revoke");
             changes += 2;

@@ -21,3 +21,58 @@ async fn malformed_endpoints_are_refused_before_connecting() {
         );
     }
 }
+
+/// An endpoint nobody listens on: the error's one line names it, so a log
+/// says where lockline looked and what happened.
+#[tokio::test]
+async fn an_unreachable_endpoint_is_named_in_the_message() {
+    let port = lockline_testkit::free_port().expect("free port");
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let options = lockline::SessionOptions::new().with_connect_timeout(std::time::Duration::from_secs(2));
+    let error = Client::new(Etcd::new([endpoint.as_str()]))
+        .session_with(options)
+        .await
+        .expect_err("nobody listens");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    let line = error.to_string();
+    assert!(line.starts_with("etcd unavailable: "), "{line}");
+    assert!(
+        line.contains(&format!("127.0.0.1:{port}")),
+        "the message must name the endpoint: {line}"
+    );
+}
+
+/// A password written into an endpoint URL is refused and never shown.
+#[tokio::test]
+async fn credentials_in_an_endpoint_url_are_refused_unseen() {
+    for endpoint in [
+        "https://bob:URL-SECRET@127.0.0.1:2379",
+        "http://bob:URL-SECRET@127.0.0.1:2379",
+    ] {
+        let error = Client::new(Etcd::new([endpoint])).session().await.expect_err(endpoint);
+        let shown = format!("{error} {error:?}");
+        assert!(matches!(error, Error::InvalidOptions { .. }), "{shown}");
+        assert!(!shown.contains("URL-SECRET"), "the password was shown: {shown}");
+        assert!(shown.contains("***@127.0.0.1:2379"), "{shown}");
+    }
+}
+
+/// An endpoint that accepts connections and never answers (a silent
+/// partition): the connect deadline's message names it too.
+#[tokio::test]
+async fn a_silent_endpoint_is_named_in_the_message() {
+    let port = lockline_testkit::free_port().expect("free port");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{port}")).expect("proxy");
+    proxy.blackhole();
+    let endpoint = format!("http://{}", proxy.address());
+    let options = lockline::SessionOptions::new().with_connect_timeout(std::time::Duration::from_secs(1));
+    let error = Client::new(Etcd::new([endpoint.as_str()]))
+        .session_with(options)
+        .await
+        .expect_err("nobody answers");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains(&proxy.address()),
+        "the message must name the endpoint: {error}"
+    );
+}

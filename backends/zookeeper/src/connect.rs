@@ -36,7 +36,9 @@ pub(crate) async fn connect(backend: &ZooKeeper, options: &SessionOptions) -> Re
 /// its own: attaching to it and letting go sends `closeSession`, which makes
 /// the server delete the session's ephemeral nodes whatever their ACLs, and
 /// whatever copies of the session's first client are still held somewhere.
-pub(crate) async fn close_remotely(backend: ZooKeeper, options: SessionOptions, session: SessionInfo) {
+///
+/// Returns whether the server confirmed that the session is gone.
+pub(crate) async fn close_remotely(backend: ZooKeeper, options: SessionOptions, session: SessionInfo) -> bool {
     let id = format!("{:x}", session.id().0);
     // The first client, if a copy of it is still alive, reconnects and takes
     // the session back: attach until the server says the session is gone,
@@ -50,23 +52,34 @@ pub(crate) async fn close_remotely(backend: ZooKeeper, options: SessionOptions, 
             }
             Err(Error::SessionLost { .. }) => {
                 tracing::debug!(session = %id, "given-up ZooKeeper session closed");
-                return;
+                return true;
             }
             Err(error) => {
                 tracing::debug!(session = %id, %error, "attaching to a given-up ZooKeeper session failed");
             }
         }
     }
-    tracing::warn!(session = %id, "could not confirm that a given-up ZooKeeper session was closed; it expires unrenewed");
+    tracing::warn!(session = %id, "could not confirm that the ZooKeeper session was closed; it expires unrenewed");
+    false
 }
+
+/// The shortest time the client library is given to connect to one server.
+const MIN_CONNECTION_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How many times [`close_remotely`] attaches to a session.
 const CLOSE_TRIES: usize = 10;
 
 async fn connect_to(backend: &ZooKeeper, options: &SessionOptions, session: Option<SessionInfo>) -> Result<Client> {
+    // The client library tries the servers one after the other, each for
+    // the connection timeout: a silent one (a partition, a stopped VM) must
+    // not use up the whole connect deadline before the next is tried.
+    let servers = u32::try_from(endpoints(&backend.connect).len()).unwrap_or(1).max(1);
+    let per_server = (options.connect_timeout() / servers)
+        .max(MIN_CONNECTION_TIMEOUT)
+        .min(options.connect_timeout());
     let mut connector = Client::connector()
         .with_session_timeout(options.ttl())
-        .with_connection_timeout(options.connect_timeout());
+        .with_connection_timeout(per_server);
     if let Some(session) = session {
         connector = connector.with_session(session);
     }
@@ -106,25 +119,32 @@ async fn connect_to(backend: &ZooKeeper, options: &SessionOptions, session: Opti
         Err(_) => None,
     };
     let servers = endpoints(&backend.connect);
+    let servers_text = backend.connect.split('/').next().unwrap_or_default().to_owned();
     let probing = tokio::task::spawn_blocking(move || diagnose(&servers, tls_config, reserve));
     if let Ok(Ok(Some(tls))) = tokio::time::timeout(reserve, probing).await {
         tracing::debug!(error = %tls, "no ZooKeeper session: TLS failed");
-        return Err(Error::Unavailable {
-            backend: BACKEND,
-            source: Some(Box::new(tls)),
-        });
+        return Err(Error::unavailable_because(
+            BACKEND,
+            format!("connecting to {servers_text}"),
+            tls,
+        ));
     }
-    Err(Error::Unavailable {
-        backend: BACKEND,
-        source: Some(match failure {
-            Some(error) => Box::new(error),
-            None => format!(
-                "no session with {} within {:?}",
-                backend.connect.split('/').next().unwrap_or_default(),
+    Err(match failure {
+        Some(error) => Error::unavailable_because(
+            BACKEND,
+            format!(
+                "no session with {servers_text} within {:?}",
                 budget.saturating_sub(reserve)
-            )
-            .into(),
-        }),
+            ),
+            error,
+        ),
+        None => Error::unavailable(
+            BACKEND,
+            format!(
+                "no session with {servers_text} within {:?}",
+                budget.saturating_sub(reserve)
+            ),
+        ),
     })
 }
 
@@ -240,6 +260,16 @@ fn endpoints(connect: &str) -> Vec<String> {
         .into_iter()
         .filter(|server| !server.is_empty())
         .collect()
+}
+
+/// The chroot of a connect string (`/apps` in `h1:2181,h2:2181/apps`), if it
+/// has one: it starts at the first '/' that is not part of a `tcp://` or
+/// `tcp+tls://` scheme.
+pub(crate) fn chroot(connect: &str) -> Option<&str> {
+    let after_schemes = connect.rfind("://").map_or(0, |at| at + 3);
+    connect[after_schemes..]
+        .find('/')
+        .map(|at| &connect[after_schemes + at..])
 }
 
 /// The `host:port` of each server in a connect string, without the

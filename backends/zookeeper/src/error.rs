@@ -29,10 +29,7 @@ pub(crate) fn map(error: ZkError, session: &str) -> Error {
         | ZkError::NoHosts
         | ZkError::Throttled
         | ZkError::SessionMoved
-        | ZkError::Custom(_) => Error::Unavailable {
-            backend: BACKEND,
-            source: Some(Box::new(error)),
-        },
+        | ZkError::Custom(_) => Error::unavailable_because(BACKEND, format!("session {session}"), error),
         other => Error::backend(BACKEND, other),
     }
 }

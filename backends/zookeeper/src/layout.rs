@@ -23,7 +23,8 @@
 //! name meets one and fails with `InvalidName` instead of holding beside a
 //! lease it cannot see. Anything else in the directory is ignored.
 
-use lockline::{EntryKind, FencingToken};
+use lockline::backend::EntryKind;
+use lockline::FencingToken;
 
 /// The ZooKeeper path of a lock's directory: the name with one leading `/`.
 pub(crate) fn dir_path(name: &str) -> String {
@@ -53,8 +54,8 @@ pub(crate) struct Contender {
 }
 
 impl Contender {
-    pub(crate) fn entry(&self, dir: &str) -> lockline::Entry {
-        lockline::Entry {
+    pub(crate) fn entry(&self, dir: &str) -> lockline::backend::Entry {
+        lockline::backend::Entry {
             key: format!("{dir}/{}", self.name),
             kind: self.kind,
             order: i64::from(self.sequence),

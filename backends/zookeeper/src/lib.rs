@@ -144,7 +144,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lockline::{Backend, BackendSession, Error, Result, SessionOptions, Tls};
+use lockline::backend::{Backend, BackendSession};
+use lockline::{Error, Result, SessionOptions, Tls};
 
 pub use lockline;
 pub use zookeeper_client;
@@ -225,6 +226,12 @@ pub enum AclPolicy {
 }
 
 impl ZooKeeper {
+    /// Whether the connect string names a chroot other than `/`: below one,
+    /// `zookeeper` is an ordinary name.
+    fn has_chroot(&self) -> bool {
+        connect::chroot(&self.connect).is_some_and(|chroot| chroot != "/")
+    }
+
     /// A backend for the ensemble in this connect string: `host:port[,host:port...][/chroot]`.
     pub fn new(connect: impl Into<String>) -> Self {
         ZooKeeper {
@@ -334,7 +341,12 @@ impl Backend for ZooKeeper {
     fn name(&self) -> &'static str {
         error::BACKEND
     }
-    /// ZooKeeper reserves `/zookeeper`, and no ZooKeeper path ends in `/`.
+
+    fn describe(&self) -> String {
+        self.connect.clone()
+    }
+    /// ZooKeeper reserves `/zookeeper` (below a chroot `zookeeper` is an
+    /// ordinary name), and no ZooKeeper path ends in `/`.
     ///
     /// A trailing `/` (etcd's Go examples name locks `/my-lock/`) is refused
     /// rather than dropped: Curator and kazoo refuse such a path too, and on
@@ -342,7 +354,7 @@ impl Backend for ZooKeeper {
     /// mapping both to `/my-lock` here would make one program's two locks one.
     fn validate_name(&self, name: &str) -> Result<()> {
         let first = name.trim_start_matches('/').split('/').next().unwrap_or_default();
-        if first == "zookeeper" {
+        if first == "zookeeper" && !self.has_chroot() {
             return Err(Error::InvalidName {
                 name: name.to_owned(),
                 reason: "ZooKeeper reserves the /zookeeper subtree".into(),
@@ -354,6 +366,67 @@ impl Backend for ZooKeeper {
                 reason: format!(
                     "a ZooKeeper path cannot end in '/' (Curator and kazoo refuse it too); name the lock {:?}",
                     name.trim_end_matches('/')
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A key is an absolute ZooKeeper path under the connect string's
+    /// chroot: it begins with `/`, is not `/` itself, has no trailing `/`,
+    /// no empty, `.` or `..` segment, no character ZooKeeper refuses, and
+    /// is not under `/zookeeper`.
+    fn validate_key(&self, key: &str) -> Result<()> {
+        let invalid = |reason: &str| {
+            Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: reason.to_owned(),
+            })
+        };
+        let Some(body) = key.strip_prefix('/') else {
+            return invalid("a ZooKeeper path must be absolute (begin with '/')");
+        };
+        if body.is_empty() {
+            return invalid("the root node '/' cannot be written");
+        }
+        if body.ends_with('/') {
+            return invalid("a ZooKeeper path cannot end in '/'");
+        }
+        for segment in body.split('/') {
+            match segment {
+                "" => return invalid("the path has an empty segment ('//')"),
+                "." | ".." => return invalid("the path has a '.' or '..' segment"),
+                _ => {}
+            }
+        }
+        if let Some(bad) = key.chars().find(|&c| {
+            c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        }) {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: format!("the path contains the character {bad:?}, which ZooKeeper cannot store"),
+            });
+        }
+        if body.split('/').next() == Some("zookeeper") && !self.has_chroot() {
+            return invalid("ZooKeeper reserves the /zookeeper subtree");
+        }
+        Ok(())
+    }
+
+    /// Refuses a fenced write to a node (or a parent it would create) named
+    /// like a lock contender: it would stand in its parent path's lock
+    /// queue as a holder nobody releases.
+    fn validate_write_key(&self, key: &str) -> Result<()> {
+        let body = key.trim_start_matches('/');
+        // A node (or a parent the write creates) named like a contender of
+        // some client's recipe would stand in its parent lock's queue.
+        if let Some(segment) = body.split('/').find(|segment| layout::parse(segment).is_some()) {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: format!(
+                    "the node name {segment:?} has the shape of a lock contender (Curator's, kazoo's or \
+                     ZooKeeper's lock recipe, or a semaphore's `leases`/`locks`): written, it would block \
+                     the lock of its parent path; use another name"
                 ),
             });
         }

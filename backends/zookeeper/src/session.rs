@@ -6,15 +6,13 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockline::{
-    AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken, Result,
-    SessionOptions, SessionState,
-};
+use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, Permission,
+    Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError, Permission,
     SessionState as ZkState,
 };
 
@@ -168,6 +166,77 @@ impl Drop for ZkSession {
     }
 }
 
+/// Creates the connect string's chroot (`host:port/apps/locks`) when it does
+/// not exist, as Curator's namespace does: persistent nodes, with the ACL
+/// policy's ACLs. One existence check when it does.
+async fn ensure_chroot(client: &Client, acls: &[Acl], session: &str) -> Result<()> {
+    let chroot = client.path().to_owned();
+    if chroot == "/" {
+        return Ok(());
+    }
+    if chroot == "/zookeeper" || chroot.starts_with("/zookeeper/") {
+        return Err(Error::InvalidOptions {
+            reason: format!("ZooKeeper chroot {chroot:?}: ZooKeeper reserves the /zookeeper subtree"),
+        });
+    }
+    let Ok(root) = client.clone().chroot("/") else {
+        return Err(Error::InvalidOptions {
+            reason: format!("ZooKeeper chroot {chroot:?} is not a valid path"),
+        });
+    };
+    match root.check_stat(&chroot).await {
+        Ok(Some(_)) => return Ok(()),
+        Ok(None) => {}
+        Err(ZkError::NoAuth) => return Err(denied("read the chroot", &chroot)),
+        Err(error) => return Err(map(error, session)),
+    }
+    tracing::debug!(%chroot, "creating the ZooKeeper chroot");
+    let mode = CreateMode::Persistent.with_acls(Acls::new(acls));
+    let mut path = String::new();
+    for part in chroot.trim_start_matches('/').split('/') {
+        path.push('/');
+        path.push_str(part);
+        match root.create(&path, b"", &mode).await {
+            Ok(_) | Err(ZkError::NodeExists) => {}
+            Err(ZkError::NoAuth) => return Err(denied("create the chroot", &path)),
+            Err(ZkError::NoChildrenForEphemerals) => {
+                return Err(Error::InvalidOptions {
+                    reason: format!(
+                        "ZooKeeper chroot {chroot:?} cannot be created: {:?} is an ephemeral node",
+                        path.rsplit_once('/').map_or("/", |(parent, _)| parent)
+                    ),
+                })
+            }
+            Err(error) => return Err(map(error, session)),
+        }
+    }
+    Ok(())
+}
+
+/// The most bytes of values (and paths) one request may carry: ZooKeeper
+/// drops the connection of a client whose packet exceeds its
+/// `jute.maxbuffer` (1 MiB less one byte by default), which would look like
+/// a network failure and be retried for ever. Room is left for the rest of
+/// the packet.
+const MAX_REQUEST_BYTES: usize = 1_000_000;
+
+/// Refuses a request of `size` bytes that the server would not take.
+fn fits(size: usize, key: &str) -> Result<()> {
+    if size > MAX_REQUEST_BYTES {
+        return Err(Error::InvalidOptions {
+            reason: format!(
+                "cannot write {key:?}: the request is too large for the server ({size} bytes; ZooKeeper takes \
+                 up to about {MAX_REQUEST_BYTES} with its default jute.maxbuffer)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// How much sooner than the core's bound (the request timeout) `close()`
+/// gives up waiting for the server's confirmation, to say why itself.
+const CLOSE_MARGIN: Duration = Duration::from_millis(100);
+
 fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -179,6 +248,9 @@ impl ZkSession {
         let sent = Instant::now();
         let client = crate::connect::connect(backend, options).await?;
         let id = format!("{:x}", client.session_id().0);
+        let acls = backend.acl_policy.acls(backend);
+        // Dropping the client on an error closes the session again.
+        ensure_chroot(&client, &acls, &id).await?;
         let state = watch::Sender::new(SessionState::Live);
         // Declare the session lost a safety margin before the server could
         // expire it: the negotiated timeout less the margin, counted from the
@@ -209,7 +281,7 @@ impl ZkSession {
             backend: backend.clone(),
             options: options.clone(),
             refused: StdMutex::default(),
-            acls: backend.acl_policy.acls(backend),
+            acls,
         }))
     }
 
@@ -247,7 +319,7 @@ impl ZkSession {
     }
 
     fn mark_lost(&self, why: &str) {
-        if SessionState::advance(&self.state, SessionState::Lost) {
+        if advance(&self.state, SessionState::Lost) {
             tracing::warn!(session = %self.id, why, "ZooKeeper session lost");
         }
         end(&self.client);
@@ -331,6 +403,36 @@ impl ZkSession {
         ))
     }
 
+    /// Which of the nodes `writes` change exist now: one multi-read.
+    async fn existing(&self, client: &Client, writes: &[Write]) -> Result<Vec<bool>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut reader = client.new_multi_reader();
+        for write in writes {
+            reader
+                .add_get_data(write.key())
+                .map_err(|e| self.err_on(e, "read", write.key()))?;
+        }
+        let results = reader
+            .commit()
+            .await
+            .map_err(|e| self.err_on(e, "read", writes[0].key()))?;
+        writes
+            .iter()
+            .zip(results)
+            .map(|(write, result)| match result {
+                MultiReadResult::Data { .. } => Ok(true),
+                MultiReadResult::Error { err: ZkError::NoNode } => Ok(false),
+                MultiReadResult::Error { err } => Err(self.err_on(err, "read", write.key())),
+                _ => Err(Error::backend(
+                    crate::error::BACKEND,
+                    format!("unexpected answer to reading {:?}", write.key()),
+                )),
+            })
+            .collect()
+    }
+
     /// An attempt known to have no node: abandoning it is a no-op.
     fn settle_refused(&self, attempt: &str) {
         lock(&self.uncertain).remove(attempt);
@@ -340,6 +442,30 @@ impl ZkSession {
     fn mine(contenders: &[Contender], key: &str, dir: &str) -> bool {
         contenders.iter().any(|c| format!("{dir}/{}", c.name) == key)
     }
+}
+
+/// How many times a fenced write is tried again when a node it puts or
+/// deletes appeared or vanished between its read and its `multi`, or a
+/// parent had to be created.
+const WRITE_TRIES: usize = 8;
+
+/// What a fenced write does to one node, decided from a read just before.
+#[derive(Debug, Clone, Copy)]
+enum NodeOp<'a> {
+    Create(&'a str, &'a [u8]),
+    Set(&'a str, &'a [u8]),
+    Delete(&'a str),
+}
+
+fn op_path<'a>(op: &NodeOp<'a>) -> &'a str {
+    match *op {
+        NodeOp::Create(path, _) | NodeOp::Set(path, _) | NodeOp::Delete(path) => path,
+    }
+}
+
+/// The parent path of an absolute path (`None` for a child of the root).
+fn parent_of(path: &str) -> Option<&str> {
+    path.rfind('/').filter(|&at| at > 0).map(|at| &path[..at])
 }
 
 /// The directory of an entry: its key less the node name.
@@ -368,6 +494,7 @@ impl BackendSession for ZkSession {
     /// uncertain attempt looks for its node (by the attempt id in its name)
     /// before creating one; a failed look-up fails the retry, never creates.
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
+        fits(request.value.len(), request.dir)?;
         let client = self.client()?;
         let dir = layout::dir_path(request.dir);
         let prefix = layout::node_prefix(&dir, request.kind, request.attempt);
@@ -501,9 +628,11 @@ impl BackendSession for ZkSession {
     /// A children watch on the directory (or an exists-watch while it is
     /// missing) until a contender appears.
     async fn wait_for_entry(&self, dir: &str) -> Result<()> {
-        let client = self.client()?;
         let dir = layout::dir_path(dir);
         loop {
+            // No clone of the client is kept while the watch waits: `close()`
+            // ends the session by dropping the last one.
+            let client = self.client()?;
             let watcher = match client.list_and_watch_children(&dir).await {
                 Ok((children, watcher)) => {
                     if !layout::contenders(&children).is_empty() {
@@ -518,6 +647,7 @@ impl BackendSession for ZkSession {
                 },
                 Err(error) => return Err(self.err_on(error, "read", &dir)),
             };
+            drop(client);
             let event = watcher.changed().await;
             if event.event_type == EventType::Session {
                 return Err(match event.session_state {
@@ -533,9 +663,12 @@ impl BackendSession for ZkSession {
     /// One round trip: an exists-watch on the node (which also tells whether
     /// it is still there), then its deletion event.
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        let client = self.client()?;
         loop {
+            // The client clone is dropped before the wait, as in
+            // `wait_for_entry`.
+            let client = self.client()?;
             let (stat, watcher) = client.check_and_watch_stat(&entry.key).await.map_err(|e| self.err(e))?;
+            drop(client);
             if stat.is_none() {
                 return Ok(());
             }
@@ -587,11 +720,128 @@ impl BackendSession for ZkSession {
     }
 
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
+        fits(value.len(), &entry.key)?;
         let client = self.client()?;
         match client.set_data(&entry.key, value, None).await {
             Ok(_) => Ok(()),
             Err(ZkError::NoNode) => Err(Error::LockLost { key: entry.key.clone() }),
             Err(error) => Err(self.err_on(error, "write", &entry.key)),
+        }
+    }
+
+    /// One `multi` that begins with a `check` (version -1: exists) of the
+    /// entry's node, then creates, sets and deletes. Which of create or set a
+    /// put needs, and whether a delete has anything to delete, is read just
+    /// before in one multi-read; a node that appears or vanishes in between
+    /// fails the `multi` (nothing applied) and the whole write is tried again.
+    /// A put whose parent is missing creates the missing parents (persistent,
+    /// empty, with the session's ACL policy) and tries again: parents are
+    /// made outside the fence, as Curator's `creatingParentsIfNeeded` and
+    /// kazoo's `ensure_path` make them; the write itself is fenced.
+    async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {
+        let client = self.client()?;
+        let dir = dir_of(&entry.key);
+        let inside = format!("{dir}/");
+        if let Some(write) = writes.iter().find(|w| w.key() == dir || w.key().starts_with(&inside)) {
+            return Err(Error::InvalidName {
+                name: write.key().to_owned(),
+                reason: format!("the path is the directory {dir:?} of the lock that fences the write, or under it"),
+            });
+        }
+        let size = writes
+            .iter()
+            .map(|w| w.key().len() + w.value().map_or(0, <[u8]>::len))
+            .sum();
+        fits(size, writes.first().map_or(entry.key.as_str(), Write::key))?;
+        let persistent = CreateMode::Persistent.with_acls(Acls::new(&self.acls));
+        for _ in 0..WRITE_TRIES {
+            let exists = self.existing(&client, writes).await?;
+            let mut ops = Vec::with_capacity(writes.len());
+            for (write, exists) in writes.iter().zip(exists) {
+                match (write, exists) {
+                    (Write::Put { key, value }, false) => ops.push(NodeOp::Create(key, value)),
+                    (Write::Put { key, value }, true) => ops.push(NodeOp::Set(key, value)),
+                    (Write::Delete { key }, true) => ops.push(NodeOp::Delete(key)),
+                    (Write::Delete { .. }, false) => {}
+                    (other, _) => {
+                        return Err(Error::InvalidOptions {
+                            reason: format!("the ZooKeeper backend cannot apply {other:?}"),
+                        })
+                    }
+                }
+            }
+            let mut multi = client.new_multi_writer();
+            multi
+                .add_check_version(&entry.key, -1)
+                .map_err(|e| self.err_on(e, "check", &entry.key))?;
+            for op in &ops {
+                let added = match *op {
+                    NodeOp::Create(path, value) => multi.add_create(path, value, &persistent),
+                    NodeOp::Set(path, value) => multi.add_set_data(path, value, None),
+                    NodeOp::Delete(path) => multi.add_delete(path, None),
+                };
+                added.map_err(|e| self.err_on(e, "write", op_path(op)))?;
+            }
+            let failure = match multi.commit().await {
+                Ok(_) => return Ok(true),
+                Err(MultiWriteError::RequestFailed { source }) => return Err(self.err_on(source, "write", dir)),
+                Err(MultiWriteError::OperationFailed { index, source }) => (index, source),
+            };
+            let (index, source) = failure;
+            let Some(op) = index.checked_sub(1).and_then(|at| ops.get(at)) else {
+                // The check of the entry's node failed: no longer held.
+                return match source {
+                    ZkError::NoNode | ZkError::BadVersion => Ok(false),
+                    other => Err(self.err_on(other, "check", &entry.key)),
+                };
+            };
+            match (*op, source) {
+                // The node appeared or vanished since it was read: read again.
+                (NodeOp::Create(..), ZkError::NodeExists)
+                | (NodeOp::Set(..), ZkError::NoNode)
+                | (NodeOp::Delete(_), ZkError::NoNode) => {}
+                (NodeOp::Create(path, _), ZkError::NoNode) => {
+                    if parent_of(path).is_none() {
+                        return Err(Error::backend(
+                            crate::error::BACKEND,
+                            format!("cannot create {path:?}: the connect string's chroot does not exist"),
+                        ));
+                    }
+                    // Every missing parent of the batch at once, so a batch
+                    // with many new directories needs one more try, not one each.
+                    for parent in ops.iter().filter_map(|op| match *op {
+                        NodeOp::Create(path, _) => parent_of(path),
+                        _ => None,
+                    }) {
+                        match client.mkdir(parent, &persistent).await {
+                            Ok(()) | Err(ZkError::NodeExists) => {}
+                            Err(error) => return Err(self.err_on(error, "create", parent)),
+                        }
+                    }
+                }
+                (NodeOp::Delete(path), ZkError::NotEmpty) => {
+                    return Err(Error::InvalidOptions {
+                        reason: format!("cannot delete {path:?}: the node has children (delete them first)"),
+                    })
+                }
+                (op, error) => return Err(self.err_on(error, "write", op_path(&op))),
+            }
+        }
+        Err(Error::backend(
+            crate::error::BACKEND,
+            format!(
+                "a fenced write under the lock {dir:?} was tried {WRITE_TRIES} times; the nodes it writes kept \
+                 appearing or vanishing under it"
+            ),
+        ))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let client = self.client()?;
+        match client.get_data(key).await {
+            Ok((data, _)) => Ok(Some(data)),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(error) => Err(self.err_on(error, "read", key)),
         }
     }
 
@@ -605,20 +855,30 @@ impl BackendSession for ZkSession {
     }
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
-        let client = self.client()?;
         loop {
+            // The client clone is dropped before the wait, as in
+            // `wait_for_entry`.
+            let client = self.client()?;
             let (data, _, watcher) = match client.get_and_watch_data(&entry.key).await {
                 Ok(found) => found,
                 Err(ZkError::NoNode) => return Ok(None),
                 Err(error) => return Err(self.err_on(error, "read", &entry.key)),
             };
+            drop(client);
             if data != seen {
                 return Ok(Some(data));
             }
             let event = watcher.changed().await;
             match event.event_type {
                 EventType::NodeDeleted => return Ok(None),
-                EventType::Session => return Err(self.err(ZkError::SessionExpired)),
+                EventType::Session => {
+                    return Err(match event.session_state {
+                        ZkState::Closed => Error::Closed {
+                            session: self.id.clone(),
+                        },
+                        _ => self.err(ZkError::SessionExpired),
+                    })
+                }
                 _ => {}
             }
         }
@@ -664,12 +924,41 @@ impl BackendSession for ZkSession {
 
     async fn close(&self) -> Result<()> {
         // Dropping the last client closes the ZooKeeper session, which deletes
-        // its ephemeral nodes.
+        // its ephemeral nodes: the client library sends `CloseSession` and
+        // reports `Closed` once the server has answered it.
+        let watcher = lock(&self.client).as_ref().map(Client::state_watcher);
         end(&self.client);
         self.tracker.abort();
         // A session already lost stays lost: closing it does not undo that.
-        SessionState::advance(&self.state, SessionState::Closed);
-        Ok(())
+        advance(&self.state, SessionState::Closed);
+        let Some(mut watcher) = watcher else {
+            // Closed before, or given up (lost) and ended then.
+            return Ok(());
+        };
+        let closed = async {
+            while !matches!(
+                watcher.state(),
+                ZkState::Closed | ZkState::Expired | ZkState::AuthFailed
+            ) {
+                watcher.changed().await;
+            }
+        };
+        // Answered in a round trip. Within the core's own bound (the request
+        // timeout), so that the error can say what may hold the session.
+        let bound = self.options.request_timeout().saturating_sub(CLOSE_MARGIN);
+        match tokio::time::timeout(bound, closed).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Error::unavailable(
+                crate::error::BACKEND,
+                format!(
+                    "the close of session {} was not confirmed within {bound:?}: the server is unreachable \
+                     (the session then ends when its timeout runs out), or a request of this session is \
+                     still in flight in a future that was polled and set aside (the session then stays \
+                     open until that future is dropped)",
+                    self.id
+                ),
+            )),
+        }
     }
 }
 
@@ -724,7 +1013,7 @@ async fn track(
                     next_ping = Instant::now();
                 }
                 ZkState::Disconnected => {
-                    SessionState::advance(&state, SessionState::Suspended);
+                    advance(&state, SessionState::Suspended);
                 }
                 ZkState::Closed => break SessionState::Closed,
                 ZkState::AuthFailed => {
@@ -741,7 +1030,7 @@ async fn track(
                 match answer {
                     Ok(_) => {
                         liveness.confirm(sent);
-                        SessionState::advance(&state, SessionState::Live);
+                        advance(&state, SessionState::Live);
                         next_ping = sent + interval;
                     }
                     Err(ZkError::SessionExpired) => break SessionState::Lost,
@@ -752,7 +1041,7 @@ async fn track(
                     Err(ZkError::ClientClosed) => break SessionState::Closed,
                     Err(error) => {
                         tracing::debug!(%error, "ZooKeeper session confirmation failed; retrying");
-                        SessionState::advance(&state, SessionState::Suspended);
+                        advance(&state, SessionState::Suspended);
                         next_ping = Instant::now() + retry;
                     }
                 }
@@ -765,7 +1054,7 @@ async fn track(
             } => {
                 // Unanswered for a whole interval: maybe lost. Keep waiting for
                 // the answer (a late one still confirms its send time).
-                SessionState::advance(&state, SessionState::Suspended);
+                advance(&state, SessionState::Suspended);
             }
             () = tokio::time::sleep_until(next_ping), if idle => {
                 let confirming = client.clone();
@@ -773,6 +1062,6 @@ async fn track(
             }
         }
     };
-    SessionState::advance(&state, ended);
+    advance(&state, ended);
     end(&slot);
 }

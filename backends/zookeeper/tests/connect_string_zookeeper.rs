@@ -41,3 +41,64 @@ async fn the_client_libraries_own_forms_pass_the_check() {
         assert!(matches!(error, Error::Unavailable { .. }), "{connect}: {error:?}");
     }
 }
+
+/// A server nobody runs: the error's one line names it, so a log says where
+/// lockline looked and what happened.
+#[tokio::test]
+async fn an_unreachable_server_is_named_in_the_message() {
+    let port = lockline_testkit::free_port().expect("free port");
+    let connect = format!("127.0.0.1:{port}");
+    let options = lockline::SessionOptions::new().with_connect_timeout(std::time::Duration::from_secs(2));
+    let error = lockline::Client::new(lockline_zookeeper::ZooKeeper::new(connect.as_str()))
+        .session_with(options)
+        .await
+        .expect_err("nobody listens");
+    assert!(matches!(error, lockline::Error::Unavailable { .. }), "{error:?}");
+    let line = error.to_string();
+    assert!(line.starts_with("zookeeper unavailable: "), "{line}");
+    assert!(line.contains(&connect), "the message must name the server: {line}");
+}
+
+/// A server that accepts connections and never answers (a silent
+/// partition): the connect deadline's message names it too.
+#[tokio::test]
+async fn a_silent_server_is_named_in_the_message() {
+    let port = lockline_testkit::free_port().expect("free port");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{port}")).expect("proxy");
+    proxy.blackhole();
+    let options = SessionOptions::new().with_connect_timeout(Duration::from_secs(1));
+    let error = Client::new(ZooKeeper::new(proxy.address()))
+        .session_with(options)
+        .await
+        .expect_err("nobody answers");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains(&proxy.address()),
+        "the message must name the server: {error}"
+    );
+}
+
+/// One silent server in the connect string (a partition: connections
+/// accepted, nothing answered) does not keep sessions from opening through
+/// the others, whichever the client library tries first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_in_the_list_does_not_keep_sessions_from_opening() {
+    let ensemble = lockline_testkit::ZkEnsemble::start().expect("start ZooKeeper");
+    let port = lockline_testkit::free_port().expect("free port");
+    let silent = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{port}")).expect("proxy");
+    silent.blackhole();
+    for connect in [
+        format!("{},{}", silent.address(), ensemble.address(0)),
+        format!("{},{}", ensemble.address(0), silent.address()),
+    ] {
+        for _ in 0..3 {
+            let session = Client::new(ZooKeeper::new(connect.as_str()))
+                .session()
+                .await
+                .unwrap_or_else(|e| panic!("{connect}: {e}"));
+            let guard = session.mutex("silent/one").expect("mutex").lock().await.expect("lock");
+            guard.release().await.expect("release");
+            session.close().await.expect("close");
+        }
+    }
+}
