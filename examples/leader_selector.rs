@@ -17,17 +17,20 @@ async fn run() -> lockline::Result<()> {
     let store = MemoryBackend::new();
     let (elected_tx, mut elected) = tokio::sync::mpsc::unbounded_channel::<(String, Session)>();
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut workers = Vec::new();
     for worker in ["worker-a", "worker-b", "worker-c"] {
         let selector = LeaderSelector::new(Client::new(store.clone()), "/jobs/scheduler", worker)
             .with_pause(Duration::from_millis(10));
         let mut stopped = stopped.clone();
         let elected_tx = elected_tx.clone();
+        let calls = calls.clone();
         let shutdown = async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         };
         workers.push(tokio::spawn(selector.run(shutdown, move |term: Term| {
             let elected_tx = elected_tx.clone();
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
                 println!("{worker}: term {} with token {}", term.number(), term.token());
                 // The work: state only the current leader may change.
@@ -59,7 +62,11 @@ async fn run() -> lockline::Result<()> {
         terms += worker.await.expect("worker task")?;
     }
     println!("{terms} terms served");
-    assert_eq!(terms, 4);
+    // Four terms were announced. When the last leader shuts down, the next in
+    // line may be elected before its own shutdown signal reaches it: that
+    // term is served (and its work dropped at once) and counted too.
+    assert!((4..=6).contains(&terms), "{terms} terms");
+    assert_eq!(terms, calls.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(reader.election("/jobs/scheduler")?.leader().await?, None);
     Ok(())
 }

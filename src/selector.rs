@@ -154,7 +154,8 @@ impl LeaderSelector {
     }
 
     /// Campaigns, runs `work` while leader, and starts again, until
-    /// `shutdown` resolves; returns the number of terms served.
+    /// `shutdown` resolves; returns the number of terms served: the number
+    /// of times `work` was called.
     ///
     /// - Elected, the selector calls `work` with the [`Term`] and polls its
     ///   future until it returns, the leadership is lost, or `shutdown`
@@ -164,6 +165,9 @@ impl LeaderSelector {
     /// - Campaigns and sessions that fail for a reason that may pass
     ///   ([`Error::Unavailable`], a lost or closed session, a deleted entry)
     ///   are tried again after the pause.
+    /// - Shutting down lets the next contender in line be elected; a selector
+    ///   elected in the very instant its own `shutdown` comes (before that
+    ///   future is ready) still serves a term, whose work is dropped at once.
     /// - Shut down: the work is dropped and the session closed, which ends
     ///   the leadership too. `run` returns once the server confirmed the
     ///   close, or after the request timeout when it cannot be reached.
@@ -192,6 +196,12 @@ impl LeaderSelector {
         // the cluster cannot be reached.
         self.client.check_name(&self.name)?;
         self.options.validate()?;
+        // Every select below polls `shutdown` first, and must see it when it
+        // has come. A tokio future (a `watch` or `Notify` wait) answers
+        // `Pending` once the task's cooperative budget is spent, even when it
+        // is ready: a campaign that completed in that same poll would then be
+        // taken for a term won before the shutdown.
+        let shutdown = tokio::task::unconstrained(shutdown);
         tokio::pin!(shutdown);
         let mut terms = 0u64;
         let mut session: Option<Session> = None;
