@@ -2,7 +2,8 @@
 //!
 //! [`EtcdCluster`] and [`ZkEnsemble`] start Debian's `etcd` and ZooKeeper (run
 //! with `java -cp /usr/share/java/zookeeper.jar`) with 1 or 3 members on free
-//! loopback ports and temporary data directories. A member can be stopped
+//! loopback ports and temporary data directories; [`RedisServer`] and
+//! [`RedisCluster`] do the same with Debian's `redis-server`. A member can be stopped
 //! (SIGTERM), killed (SIGKILL), paused (SIGSTOP) and resumed (SIGCONT).
 //!
 //! Clean-up is unconditional: dropping a cluster (also while a test panics)
@@ -22,6 +23,7 @@ mod lines;
 mod peers;
 mod process;
 mod proxy;
+mod redis;
 mod tls;
 mod zookeeper;
 
@@ -30,6 +32,7 @@ pub use etcd::EtcdCluster;
 pub use lines::LineChild;
 pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::TcpProxy;
+pub use redis::{RedisCluster, RedisOptions, RedisServer};
 pub use tls::{openssl_installed, Issued, TestCa};
 pub use zookeeper::{ClientAuth, ZkEnsemble, ZkOptions, ZkTlsOptions};
 
@@ -42,6 +45,11 @@ pub type Result<T> = std::io::Result<T>;
 /// Whether Debian's `etcd` binary is installed.
 pub fn etcd_installed() -> bool {
     std::path::Path::new(etcd::ETCD).exists()
+}
+
+/// Whether Debian's `redis-server` is installed.
+pub fn redis_installed() -> bool {
+    std::path::Path::new(redis::REDIS_SERVER).exists()
 }
 
 /// Whether Debian's ZooKeeper jar and a `java` are installed.

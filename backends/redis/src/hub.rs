@@ -1,0 +1,257 @@
+//! One pub/sub connection per session, shared by all of its waits.
+//!
+//! A waiter subscribes to the one channel it cares about (its predecessor's)
+//! and is told of each message on it. The connection is re-made when it
+//! breaks or stops answering pings; every channel still wanted is subscribed
+//! again and every waiter is told to look again, since messages sent while
+//! it was down are lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::watch;
+
+use crate::error::{map, timed_out};
+
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
+const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+struct Channel {
+    users: usize,
+    messages: watch::Sender<u64>,
+}
+
+pub(crate) struct Hub {
+    client: redis::Client,
+    target: String,
+    request_timeout: Duration,
+    ping_every: Duration,
+    channels: std::sync::Mutex<HashMap<String, Channel>>,
+    /// The connection's sending half while connected; also serialises
+    /// subscribes and unsubscribes so that they reach the server in order.
+    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    /// Bumped each time the connection is made again (or lost): waiters
+    /// look again, as a message may have been missed.
+    generation: watch::Sender<u64>,
+    /// Messages received, for the benchmarks' wakeup counts.
+    received: std::sync::atomic::AtomicU64,
+}
+
+/// One waiter's interest in one channel; unsubscribes when the last is dropped.
+pub(crate) struct Subscription {
+    hub: Arc<Hub>,
+    channel: String,
+    messages: watch::Receiver<u64>,
+    generation: watch::Receiver<u64>,
+}
+
+impl Subscription {
+    /// Resolves on the next message on the channel, or when the connection
+    /// was made again (a message may have been lost): look again.
+    pub(crate) async fn changed(&mut self) {
+        tokio::select! {
+            changed = self.messages.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            changed = self.generation.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self.hub.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            match channels.get_mut(&self.channel) {
+                Some(channel) if channel.users > 1 => {
+                    channel.users -= 1;
+                    false
+                }
+                Some(_) => {
+                    channels.remove(&self.channel);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let hub = Arc::clone(&self.hub);
+                let channel = std::mem::take(&mut self.channel);
+                runtime.spawn(async move { hub.unsubscribe(channel).await });
+            }
+        }
+    }
+}
+
+impl Hub {
+    pub(crate) fn new(client: redis::Client, target: String, request_timeout: Duration, ping_every: Duration) -> Arc<Self> {
+        Arc::new(Hub {
+            client,
+            target,
+            request_timeout,
+            ping_every,
+            channels: std::sync::Mutex::new(HashMap::new()),
+            sink: tokio::sync::Mutex::new(None),
+            generation: watch::Sender::new(0),
+            received: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// How many messages the session's pub/sub connection received.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Subscribes to `channel`. Once this returns, a message published on the
+    /// channel reaches the subscription (or the connection is down, and its
+    /// return bumps the generation). A check made after this call therefore
+    /// misses nothing.
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the server did not confirm within the request timeout.
+    pub(crate) async fn subscribe(self: &Arc<Self>, channel: &str) -> lockline::Result<Subscription> {
+        let (messages, first) = {
+            let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            match channels.get_mut(channel) {
+                Some(existing) => {
+                    existing.users += 1;
+                    (existing.messages.subscribe(), false)
+                }
+                None => {
+                    let sender = watch::Sender::new(0);
+                    let receiver = sender.subscribe();
+                    channels.insert(
+                        channel.to_owned(),
+                        Channel {
+                            users: 1,
+                            messages: sender,
+                        },
+                    );
+                    (receiver, true)
+                }
+            }
+        };
+        let subscription = Subscription {
+            hub: Arc::clone(self),
+            channel: channel.to_owned(),
+            messages,
+            generation: self.generation.subscribe(),
+        };
+        // A channel already subscribed was confirmed for its first user
+        // (or will be on reconnection, which bumps the generation).
+        if first {
+            let mut sink = self.sink.lock().await;
+            if let Some(sink) = sink.as_mut() {
+                match tokio::time::timeout(self.request_timeout, sink.subscribe(channel)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => return Err(map("SUBSCRIBE", &self.target, error)),
+                    Err(_) => return Err(timed_out("SUBSCRIBE", &self.target, self.request_timeout)),
+                }
+            }
+        }
+        Ok(subscription)
+    }
+
+    async fn unsubscribe(&self, channel: String) {
+        let mut sink = self.sink.lock().await;
+        // Wanted again meanwhile: keep it.
+        if self
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&channel)
+        {
+            return;
+        }
+        if let Some(sink) = sink.as_mut() {
+            let _ = tokio::time::timeout(self.request_timeout, sink.unsubscribe(&channel)).await;
+        }
+    }
+
+    /// Keeps the connection up until the task is aborted: connects,
+    /// subscribes every wanted channel, relays messages, pings, and starts
+    /// over when the connection breaks or a ping goes unanswered.
+    pub(crate) async fn run(self: Arc<Self>) {
+        let mut backoff = RECONNECT_BACKOFF;
+        loop {
+            match self.connect().await {
+                Ok(stream) => {
+                    backoff = RECONNECT_BACKOFF;
+                    self.relay(stream).await;
+                }
+                Err(error) => tracing::debug!(%error, "pub/sub connection failed"),
+            }
+            *self.sink.lock().await = None;
+            self.generation.send_modify(|g| *g += 1);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RECONNECT_MAX_BACKOFF);
+        }
+    }
+
+    async fn connect(&self) -> lockline::Result<redis::aio::PubSubStream> {
+        let connect = self.client.get_async_pubsub();
+        let pubsub = match tokio::time::timeout(self.request_timeout, connect).await {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(error)) => return Err(map("pub/sub connect", &self.target, error)),
+            Err(_) => return Err(timed_out("pub/sub connect", &self.target, self.request_timeout)),
+        };
+        let (mut sink, stream) = pubsub.split();
+        let mut slot = self.sink.lock().await;
+        let wanted: Vec<String> = self
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        for batch in wanted.chunks(512) {
+            match tokio::time::timeout(self.request_timeout, sink.subscribe(batch)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => return Err(map("SUBSCRIBE", &self.target, error)),
+                Err(_) => return Err(timed_out("SUBSCRIBE", &self.target, self.request_timeout)),
+            }
+        }
+        *slot = Some(sink);
+        drop(slot);
+        // Everything subscribed again: whoever waits looks again.
+        self.generation.send_modify(|g| *g += 1);
+        Ok(stream)
+    }
+
+    async fn relay(&self, mut stream: redis::aio::PubSubStream) {
+        let mut ping = tokio::time::interval(self.ping_every);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                message = stream.next() => {
+                    let Some(message) = message else { return };
+                    self.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(channel) = channels.get(message.get_channel_name()) {
+                        channel.messages.send_modify(|n| *n += 1);
+                    }
+                }
+                _ = ping.tick() => {
+                    let sink = self.sink.lock().await.clone();
+                    let Some(mut sink) = sink else { return };
+                    let answered = tokio::time::timeout(self.request_timeout, sink.ping::<redis::Value>()).await;
+                    if !matches!(answered, Ok(Ok(_))) {
+                        tracing::debug!(target = %self.target, "pub/sub connection did not answer a ping; reconnecting");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

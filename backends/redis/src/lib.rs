@@ -1,0 +1,336 @@
+//! The Redis backend of [lockline](https://docs.rs/lockline): the same fair,
+//! herd-free, fenced queue as on etcd and ZooKeeper, on one Redis node or a
+//! Redis Cluster, behind the same `Client`/`Session`/`Mutex` API.
+//!
+//! ```no_run
+//! use lockline_redis::{lockline::Client, Redis};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockline::Result<()> {
+//! let client = Client::new(Redis::new("redis://127.0.0.1:6379"));
+//! let session = client.session().await?; // renewed in the background
+//! let guard = session.mutex("billing/nightly")?.lock().await?;
+//! println!("held as {} with fencing token {}", guard.key(), guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it uses Redis
+//!
+//! Every key of lock `n` carries the hash tag `{n}`, so each step is one Lua
+//! script on one slot, on a single node or a cluster alike:
+//!
+//! | key | type | what |
+//! |---|---|---|
+//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing) |
+//! | `{n}:q` | sorted set | the queue: one member per entry (its attempt id), scored by its order |
+//! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
+//! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
+//! | `{n}:joined` | channel | where appends are published (election observers) |
+//! | `n` | string with a TTL | the plain key a mutex holder owns, as `SET n … NX PX` would |
+//! | `lockline:session:<id>` | string with a TTL | the session: while it exists the session lives |
+//!
+//! - **Session** = its key and every entry it owns, renewed together every
+//!   keepalive interval: one pipelined round trip on a single node however
+//!   many locks the session holds. An entry whose owner stopped renewing
+//!   expires at its TTL and is reaped by whoever reads the queue next; no
+//!   cleaner process is needed.
+//! - **Acquire** = one script: the counter gives the order and token, the
+//!   entry joins the queue, and the nearest earlier live entries come back
+//!   with it; a retried append with the same attempt id finds its own entry.
+//! - **Wait** = on exactly one predecessor: subscribe to its channel, then
+//!   look at it once. Its release publishes once; a crashed predecessor is
+//!   noticed at its TTL (one timer armed at its remaining TTL, re-armed if it
+//!   was renewed). Messages lost while the pub/sub connection was down are
+//!   covered by looking again when it is back.
+//! - **Release** = one script: deletes the entry only if it is still that
+//!   entry, gives up the plain key, publishes once.
+//! - **Loss** = no renewal confirmed for `ttl - safety margin` (counted from
+//!   the send time of the last confirmed one; `Suspended` while renewals
+//!   fail), the session key gone (expired, or a server restarted without its
+//!   data), or the entry gone.
+//! - **Single-key interop** = a mutex contender at the head of the queue also
+//!   takes the plain key `n` (`SET n <entry key> PX ttl`, only where `n` does
+//!   not exist), renews it with the entry and deletes it on release. redis-py's
+//!   `Lock`, redsync and node-redlock on one node, `SET NX PX` with a Lua
+//!   release, and Redisson's `RLock` (a hash at `n`) therefore exclude
+//!   lockline's holders and are excluded by them. A contender at the head
+//!   waits while a foreign client owns `n`: on keyspace events for `n` when
+//!   the server publishes them (`notify-keyspace-events` with `K` and `g`,
+//!   `x` or `A`), otherwise at its TTL. Read/write locks, semaphores and
+//!   elections do not take the plain key.
+//!
+//! # Limits
+//!
+//! Redis replicates asynchronously: a failover can lose the latest appends
+//! and renewals, so two contenders may both believe they hold, and a token
+//! can go backwards if the counter was lost. [`Redis::with_replica_acks`]
+//! narrows that window (every write waits for `WAIT` from N replicas) but
+//! does not close it; fence what the lock protects with the token. For
+//! locks whose correctness matters, use etcd or ZooKeeper.
+//!
+//! Names cannot hold `{` or `}` (they are the hash tag). On a Redis Cluster a
+//! fenced write ([`write_if_held`](lockline::MutexGuard::write_if_held)) can
+//! only touch keys in the lock's slot: keys that carry its hash tag, such as
+//! `{n}/state`.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod conn;
+mod error;
+mod hub;
+mod layout;
+mod scripts;
+mod session;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockline::backend::{Backend, BackendSession};
+use lockline::{Error, Result, SessionOptions};
+use tokio::time::Instant;
+
+pub use lockline;
+
+use crate::conn::Conn;
+use crate::error::{map, timed_out, NAME};
+use crate::hub::Hub;
+use crate::session::{RedisSession, ReplicaAcks, Shared};
+
+/// The Redis backend: a single node or a Redis Cluster.
+///
+/// ```
+/// use lockline_redis::Redis;
+/// use std::time::Duration;
+///
+/// let single = Redis::new("redis://127.0.0.1:6379");
+/// let cluster = Redis::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+/// // Every write waits for one replica's acknowledgement, for at most 100 ms.
+/// let acked = Redis::new("redis://:secret@127.0.0.1:6379").with_replica_acks(1, Duration::from_millis(100));
+/// ```
+#[derive(Clone)]
+pub struct Redis {
+    urls: Vec<String>,
+    cluster: bool,
+    acks: Option<ReplicaAcks>,
+}
+
+impl fmt::Debug for Redis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redis")
+            .field("urls", &self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>())
+            .field("cluster", &self.cluster)
+            .field("acks", &self.acks)
+            .finish()
+    }
+}
+
+/// A URL with its password (if any) replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+impl Redis {
+    /// One Redis node, by URL: `redis://[[USER]:PASSWORD@]HOST:PORT[/DB]`, or
+    /// `rediss://` for TLS. Nothing is connected until a session opens.
+    pub fn new(url: impl Into<String>) -> Self {
+        Redis {
+            urls: vec![url.into()],
+            cluster: false,
+            acks: None,
+        }
+    }
+
+    /// A Redis Cluster, by the URLs of some of its nodes.
+    pub fn cluster<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Redis {
+            urls: urls.into_iter().map(Into::into).collect(),
+            cluster: true,
+            acks: None,
+        }
+    }
+
+    /// Confirms every write (appends, releases, renewals, fenced writes) only
+    /// once `replicas` replicas acknowledged it (`WAIT replicas timeout`); a
+    /// write acknowledged by fewer fails as unavailable. This narrows, and
+    /// does not close, the window in which a failover loses a grant. Single
+    /// node only: on a cluster, opening a session with it is refused.
+    pub fn with_replica_acks(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.acks = Some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
+    fn target(&self) -> String {
+        self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
+    }
+
+    fn check(&self) -> Result<Vec<redis::ConnectionInfo>> {
+        use redis::IntoConnectionInfo;
+        if self.urls.is_empty() {
+            return Err(Error::InvalidOptions {
+                reason: "no Redis URL given".into(),
+            });
+        }
+        if self.cluster && self.acks.is_some() {
+            return Err(Error::InvalidOptions {
+                reason: "replica acknowledgement (WAIT) is offered on a single Redis node only".into(),
+            });
+        }
+        if self.acks.is_some_and(|a| a.replicas == 0) {
+            return Err(Error::InvalidOptions {
+                reason: "replica acknowledgement needs at least one replica".into(),
+            });
+        }
+        self.urls
+            .iter()
+            .map(|url| {
+                let bad = |why: String| Error::InvalidOptions {
+                    reason: format!("invalid Redis URL {:?}: {why}", redact(url)),
+                };
+                if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://")) {
+                    return Err(bad("expected redis://HOST:PORT or rediss://HOST:PORT".into()));
+                }
+                if let Some(port) = url
+                    .split_once("://")
+                    .map(|(_, rest)| rest.rsplit_once('@').map_or(rest, |(_, host)| host))
+                    .and_then(|host| host.split('/').next())
+                    .and_then(|host| host.rsplit_once(':'))
+                    .map(|(_, port)| port)
+                {
+                    if port.parse::<u16>().map_or(true, |p| p == 0) {
+                        return Err(bad(format!("port {port:?} is not in 1..=65535")));
+                    }
+                }
+                url.as_str().into_connection_info().map_err(|e| bad(e.to_string()))
+            })
+            .collect()
+    }
+
+    async fn connect(&self, options: &SessionOptions) -> Result<(Conn, redis::Client)> {
+        let infos = self.check()?;
+        let target = self.target();
+        let connect_timeout = options.connect_timeout();
+        let request_timeout = options.request_timeout();
+        let pubsub = redis::Client::open(infos[0].clone()).map_err(|e| map("open", &target, e))?;
+        let connect = async {
+            if self.cluster {
+                let client = redis::cluster::ClusterClientBuilder::new(infos)
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(request_timeout)
+                    .retries(2)
+                    .build()?;
+                client.get_async_connection().await.map(Conn::Cluster)
+            } else {
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(request_timeout))
+                    .set_number_of_retries(1);
+                redis::aio::ConnectionManager::new_with_config(pubsub.clone(), config)
+                    .await
+                    .map(Conn::Single)
+            }
+        };
+        match tokio::time::timeout(connect_timeout, connect).await {
+            Ok(Ok(conn)) => Ok((conn, pubsub)),
+            Ok(Err(error)) => Err(map("connect", &target, error)),
+            Err(_) => Err(Error::unavailable(
+                NAME,
+                format!("no answer from {target} within the connect timeout {connect_timeout:?}"),
+            )),
+        }
+    }
+}
+
+/// The keyspace-event channel prefix when the server publishes keyspace
+/// events for deletions and expiries (`notify-keyspace-events` with `K` and
+/// `A`, or `g` and `x`).
+async fn keyspace_prefix(conn: &mut Conn, timeout: Duration) -> Option<String> {
+    if conn.is_cluster() {
+        // Keyspace events are local to each node; the session's one pub/sub
+        // connection would miss most of them.
+        return None;
+    }
+    let mut get = redis::cmd("CONFIG");
+    get.arg("GET").arg("notify-keyspace-events");
+    let reply = tokio::time::timeout(timeout, get.query_async::<Vec<String>>(conn))
+        .await
+        .ok()?
+        .ok()?;
+    let flags = reply.get(1)?;
+    let events = flags.contains('A') || (flags.contains('g') && flags.contains('x'));
+    (flags.contains('K') && events).then(|| format!("__keyspace@{}__:", redis::aio::ConnectionLike::get_db(conn)))
+}
+
+#[async_trait::async_trait]
+impl Backend for Redis {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn describe(&self) -> String {
+        self.target()
+    }
+
+    fn validate_name(&self, name: &str) -> Result<()> {
+        layout::validate_name(name)
+    }
+
+    fn validate_write_key(&self, key: &str) -> Result<()> {
+        if layout::is_layout_key(key) {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: "the key has the shape of a lock's own keys ({NAME}:q, :seq, :e:…) in the Redis layout".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
+        options.validate()?;
+        let target = self.target();
+        let (mut conn, pubsub) = self.connect(options).await?;
+        let id = uuid_hex();
+        let opened_at = Instant::now();
+        let mut set = redis::cmd("SET");
+        set.arg(layout::session_key(&id))
+            .arg("")
+            .arg("PX")
+            .arg(u64::try_from(options.ttl().as_millis()).unwrap_or(u64::MAX))
+            .arg("NX");
+        match tokio::time::timeout(options.connect_timeout(), set.query_async::<Option<String>>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(map("open a session", &target, error)),
+            Err(_) => return Err(timed_out("open a session", &target, options.connect_timeout())),
+        }
+        let keyspace = keyspace_prefix(&mut conn, options.request_timeout()).await;
+        let hub = Hub::new(
+            pubsub,
+            target.clone(),
+            options.request_timeout(),
+            options.keepalive_interval(),
+        );
+        let shared = Shared::new(id, conn, target, Arc::clone(&hub), options.clone(), keyspace, self.acks);
+        let hub_task = tokio::spawn(hub.run()).abort_handle();
+        let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
+        Ok(Arc::new(RedisSession::new(shared, vec![hub_task, keepalive])))
+    }
+}
+
+fn uuid_hex() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

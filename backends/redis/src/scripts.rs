@@ -1,0 +1,239 @@
+//! The Lua scripts: each one step on the server, touching only keys of one
+//! lock's hash tag (so every script runs on one slot of a cluster).
+//!
+//! Keys of a lock `n` (see the crate docs for the whole layout):
+//! `{n}:q` the queue (sorted set: attempt id scored by order), `{n}:seq` the
+//! counter, `{n}:e:<attempt>` an entry (hash: kind, owner, order, value,
+//! plain; with a TTL), `{n}:c:<attempt>` its channel, `{n}:joined` the
+//! channel an append publishes on, and `n` itself, the plain key a mutex
+//! holder owns for clients of the single-key lock.
+
+use redis::Script;
+
+/// Functions shared by the scripts that read the queue.
+const COMMON: &str = r#"
+-- The nearest earlier live entries that conflict, nearest first, at most
+-- `count`; reaps members whose entry expired (their owner stopped renewing).
+local function nearest(q, prefix, order, conflicts, count)
+  local out = {}
+  local upper = '(' .. order
+  while #out < count do
+    local batch = redis.call('ZREVRANGEBYSCORE', q, upper, '-inf', 'WITHSCORES', 'LIMIT', 0, 32)
+    if #batch == 0 then break end
+    for i = 1, #batch, 2 do
+      local member, score = batch[i], batch[i + 1]
+      upper = '(' .. score
+      local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'owner')
+      if not fields[1] then
+        redis.call('ZREM', q, member)
+      elseif conflicts == 'all' or fields[1] ~= 'read' then
+        out[#out + 1] = {member, fields[1], score, fields[2]}
+        if #out >= count then break end
+      end
+    end
+  end
+  return out
+end
+
+-- Takes the plain key for the entry `mine` (a string key, as SET NX PX
+-- makes), or finds it already ours. False when a foreign client owns it.
+-- A plain key left by a lockline entry that has since expired is taken over.
+local function claim(plain, mine, ttl, prefix)
+  local kind = redis.call('TYPE', plain)['ok']
+  if kind == 'none' then
+    redis.call('SET', plain, mine, 'PX', ttl)
+    return true
+  end
+  if kind ~= 'string' then return false end
+  local owner = redis.call('GET', plain)
+  if owner == mine then return true end
+  local entries = prefix .. 'e:'
+  if string.sub(owner, 1, #entries) == entries and redis.call('EXISTS', owner) == 0 then
+    redis.call('SET', plain, mine, 'PX', ttl)
+    return true
+  end
+  return false
+end
+
+-- At the head of the queue a mutex also needs the plain key; a foreign owner
+-- of it stands in the queue as a blocker of order 0.
+local function head(out, plain, entry, ttl, wants_plain, prefix)
+  if #out == 0 and wants_plain == '1' then
+    if claim(plain, entry, ttl, prefix) then
+      redis.call('HSET', entry, 'plain', '1')
+    else
+      out[1] = {'', 'plain', '0', ''}
+    end
+  end
+  return out
+end
+"#;
+
+/// KEYS: queue, counter, plain key. ARGV: prefix (`{n}:`), attempt, kind,
+/// owner, value, ttl ms, conflicts (`all`/`exclusive`), count, wants plain.
+/// Returns `{order, nearest}`; a retried append finds its own entry.
+const APPEND: &str = r#"
+local q, seq, plain = KEYS[1], KEYS[2], KEYS[3]
+local prefix, attempt = ARGV[1], ARGV[2]
+local entry = prefix .. 'e:' .. attempt
+local order = redis.call('HGET', entry, 'order')
+if order then
+  order = tonumber(order)
+else
+  order = redis.call('INCR', seq)
+  redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])
+  redis.call('PEXPIRE', entry, ARGV[6])
+  redis.call('ZADD', q, order, attempt)
+  redis.call('PUBLISH', prefix .. 'joined', order)
+end
+local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
+return {order, head(out, plain, entry, ARGV[6], ARGV[9], prefix)}
+"#;
+
+/// KEYS: queue, plain key. ARGV: prefix, attempt, order, conflicts, count,
+/// ttl ms, wants plain. Returns `{0}` when the entry is gone, else `{1, nearest}`.
+const EARLIER: &str = r#"
+local q, plain = KEYS[1], KEYS[2]
+local prefix, attempt = ARGV[1], ARGV[2]
+local entry = prefix .. 'e:' .. attempt
+local order = redis.call('HGET', entry, 'order')
+if not order or order ~= ARGV[3] then return {0} end
+local out = nearest(q, prefix, order, ARGV[4], tonumber(ARGV[5]))
+return {1, head(out, plain, entry, ARGV[6], ARGV[7], prefix)}
+"#;
+
+/// KEYS: queue, plain key. ARGV: prefix, attempt, order (empty: any),
+/// owner. Deletes the entry if it is still that one, gives up the plain key
+/// if the entry owned it, and wakes the entry's one waiter. Returns 1 if it
+/// deleted.
+const REMOVE: &str = r#"
+local q, plain = KEYS[1], KEYS[2]
+local prefix, attempt = ARGV[1], ARGV[2]
+local entry = prefix .. 'e:' .. attempt
+local fields = redis.call('HMGET', entry, 'order', 'owner')
+if not fields[1] then
+  redis.call('ZREM', q, attempt)
+  return 0
+end
+if (ARGV[3] ~= '' and fields[1] ~= ARGV[3]) or fields[2] ~= ARGV[4] then return 0 end
+redis.call('DEL', entry)
+redis.call('ZREM', q, attempt)
+if redis.call('TYPE', plain)['ok'] == 'string' and redis.call('GET', plain) == entry then
+  redis.call('DEL', plain)
+end
+redis.call('PUBLISH', prefix .. 'c:' .. attempt, 'gone')
+return 1
+"#;
+
+/// KEYS: queue, plain key. ARGV: prefix. Every live entry, first-created
+/// first, as `{attempt, kind, order, owner}`; reaps expired members.
+const LIST: &str = r#"
+local q = KEYS[1]
+local prefix = ARGV[1]
+local members = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
+local out = {}
+for i = 1, #members, 2 do
+  local member, score = members[i], members[i + 1]
+  local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'owner')
+  if fields[1] then
+    out[#out + 1] = {member, fields[1], score, fields[2]}
+  else
+    redis.call('ZREM', q, member)
+  end
+end
+return out
+"#;
+
+/// KEYS: entry. ARGV: order. The entry's remaining TTL in ms (`PTTL`), or
+/// -2 when it is gone or is another entry.
+const STATUS: &str = r#"
+if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then return -2 end
+return redis.call('PTTL', KEYS[1])
+"#;
+
+/// KEYS: entry, plain key. ARGV: ttl ms, queue, channel, attempt. Renews an
+/// entry that owns the plain key, and the plain key with it. When a foreign
+/// client has taken the plain key (it was deleted under the holder), the
+/// holder's entry is deleted: the lock is no longer held. Returns 1 when
+/// renewed, 0 when the entry is gone.
+const RENEW_HOLDER: &str = r#"
+local entry, plain = KEYS[1], KEYS[2]
+if redis.call('PEXPIRE', entry, ARGV[1]) == 0 then return 0 end
+local kind = redis.call('TYPE', plain)['ok']
+if kind == 'none' then
+  redis.call('SET', plain, entry, 'PX', ARGV[1])
+  return 1
+end
+if kind == 'string' and redis.call('GET', plain) == entry then
+  redis.call('PEXPIRE', plain, ARGV[1])
+  return 1
+end
+redis.call('DEL', entry)
+redis.call('ZREM', ARGV[2], ARGV[4])
+redis.call('PUBLISH', ARGV[3], 'gone')
+return 0
+"#;
+
+/// KEYS: entry. ARGV: order, value, channel. Replaces the value of the
+/// entry if it is still that one and tells its watchers. Returns 1 if set.
+const SET_VALUE: &str = r#"
+if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'value', ARGV[2])
+redis.call('PUBLISH', ARGV[3], 'value')
+return 1
+"#;
+
+/// KEYS: entry. ARGV: order. `{1, value}` or `{0}` when gone.
+const GET_VALUE: &str = r#"
+local fields = redis.call('HMGET', KEYS[1], 'order', 'value')
+if fields[1] ~= ARGV[1] then return {0} end
+return {1, fields[2]}
+"#;
+
+/// KEYS: entry, then the keys written. ARGV: order, then one op per key
+/// (`put`/`del`), then the values of the puts in order. Applies every write
+/// if the entry is still that one. Returns 1 if written.
+const WRITE_IF_HELD: &str = r#"
+if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then return 0 end
+local n = #KEYS - 1
+local value = n + 2
+for i = 1, n do
+  if ARGV[i + 1] == 'put' then
+    redis.call('SET', KEYS[i + 1], ARGV[value])
+    value = value + 1
+  else
+    redis.call('DEL', KEYS[i + 1])
+  end
+end
+return 1
+"#;
+
+/// The scripts, hashed once per backend.
+pub(crate) struct Scripts {
+    pub(crate) append: Script,
+    pub(crate) earlier: Script,
+    pub(crate) remove: Script,
+    pub(crate) list: Script,
+    pub(crate) status: Script,
+    pub(crate) renew_holder: Script,
+    pub(crate) set_value: Script,
+    pub(crate) get_value: Script,
+    pub(crate) write_if_held: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let with_common = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
+        Scripts {
+            append: with_common(APPEND),
+            earlier: with_common(EARLIER),
+            remove: Script::new(REMOVE),
+            list: Script::new(LIST),
+            status: Script::new(STATUS),
+            renew_holder: Script::new(RENEW_HOLDER),
+            set_value: Script::new(SET_VALUE),
+            get_value: Script::new(GET_VALUE),
+            write_if_held: Script::new(WRITE_IF_HELD),
+        }
+    }
+}

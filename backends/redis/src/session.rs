@@ -1,0 +1,844 @@
+//! A session: a key renewed with every entry it owns, one pub/sub connection.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use lockline::backend::{
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind,
+};
+use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
+use redis::{Pipeline, ScriptInvocation, Value};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::conn::Conn;
+use crate::error::{bad_reply, map, timed_out, NAME};
+use crate::hub::Hub;
+use crate::layout;
+use crate::scripts::Scripts;
+
+/// How long a waiter waits before looking again at a predecessor with no
+/// TTL (a foreign lock taken without one): never a spin, and bounded.
+fn no_ttl_recheck(options: &SessionOptions) -> Duration {
+    options.ttl()
+}
+
+/// A little past a key's TTL, when it is surely gone if not renewed.
+const EXPIRY_SLACK: Duration = Duration::from_millis(3);
+
+/// Acknowledgement of writes by replicas (`WAIT`), when asked for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplicaAcks {
+    pub(crate) replicas: usize,
+    pub(crate) timeout: Duration,
+}
+
+/// One of the session's own entries, renewed with it.
+struct Tracked {
+    name: String,
+    attempt: String,
+    /// Whether the append was answered (an unanswered one may still land).
+    known: bool,
+    /// Whether the entry owns the plain key (a mutex at the head).
+    plain: bool,
+    /// Set when the entry is found gone.
+    gone: watch::Sender<bool>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) id: String,
+    pub(crate) conn: Conn,
+    pub(crate) target: String,
+    pub(crate) scripts: Arc<Scripts>,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) options: SessionOptions,
+    pub(crate) state: watch::Sender<SessionState>,
+    /// The keyspace-event channel prefix (`__keyspace@0__:`) when the server
+    /// publishes DEL and expiry events; `None` otherwise.
+    pub(crate) keyspace: Option<String>,
+    pub(crate) acks: Option<ReplicaAcks>,
+    entries: std::sync::Mutex<HashMap<String, Tracked>>,
+}
+
+/// A session of the [`Redis`](crate::Redis) backend.
+pub(crate) struct RedisSession {
+    shared: Arc<Shared>,
+    state: watch::Receiver<SessionState>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl fmt::Debug for RedisSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSession")
+            .field("id", &self.shared.id)
+            .field("target", &self.shared.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisSession {
+    /// Every handle is gone, as if the process died: renewals stop and the
+    /// entries expire after their TTL.
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// What a script's reply item says of one entry.
+fn entry_from(name: &str, item: &Value) -> Option<Entry> {
+    let Value::Array(fields) = item else { return None };
+    let [member, kind, order, owner] = fields.as_slice() else {
+        return None;
+    };
+    let kind = text(kind)?;
+    if kind == "plain" {
+        return Some(layout::plain_blocker(name));
+    }
+    let member = text(member)?;
+    let order: i64 = text(order)?.parse().ok()?;
+    Some(Entry {
+        key: layout::entry_key(name, &member),
+        kind: layout::kind_from_label(&kind),
+        order,
+        token: FencingToken::new(order.unsigned_abs()),
+        owner: Some(text(owner)?),
+    })
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(_) | Value::SimpleString(_) => text(value)?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn entries_from(name: &str, value: &Value) -> Option<Vec<Entry>> {
+    let Value::Array(items) = value else { return None };
+    items.iter().map(|item| entry_from(name, item)).collect()
+}
+
+fn conflicts_arg(conflicts: Conflicts) -> &'static str {
+    match conflicts {
+        Conflicts::Exclusive => "exclusive",
+        _ => "all",
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        id: String,
+        conn: Conn,
+        target: String,
+        hub: Arc<Hub>,
+        options: SessionOptions,
+        keyspace: Option<String>,
+        acks: Option<ReplicaAcks>,
+    ) -> Arc<Self> {
+        Arc::new(Shared {
+            id,
+            conn,
+            target,
+            scripts: Arc::new(Scripts::new()),
+            hub,
+            options,
+            state: watch::Sender::new(SessionState::Live),
+            keyspace,
+            acks,
+            entries: std::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.options.ttl().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tracked>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn check_live(&self) -> Result<()> {
+        match *self.state.borrow() {
+            SessionState::Live | SessionState::Suspended => Ok(()),
+            SessionState::Closed => Err(Error::Closed {
+                session: self.id.clone(),
+            }),
+            _ => Err(Error::SessionLost {
+                session: self.id.clone(),
+            }),
+        }
+    }
+
+    /// Runs a script, bounded by the request timeout; with replica
+    /// acknowledgement asked for, a write is confirmed only once `WAIT` says
+    /// enough replicas have it.
+    async fn run(
+        &self,
+        what: &str,
+        script: &redis::Script,
+        invocation: &ScriptInvocation<'_>,
+        writes: bool,
+    ) -> Result<Value> {
+        let mut conn = self.conn.clone();
+        let timeout = self.options.request_timeout();
+        let call = async {
+            match self.acks.filter(|_| writes) {
+                None => invocation.invoke_async::<Value>(&mut conn).await,
+                Some(acks) => {
+                    // One round trip: the script (loaded first, in case the
+                    // server lost it) and the WAIT behind it on the same connection.
+                    let mut pipe = Pipeline::new();
+                    pipe.load_script(script).ignore();
+                    pipe.invoke_script(invocation);
+                    pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
+                    let (reply, acked): (Value, i64) = pipe.query_async(&mut conn).await?;
+                    if usize::try_from(acked).unwrap_or(0) < acks.replicas {
+                        return Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "too few replicas acknowledged the write",
+                            format!("{acked} of {} within {:?}", acks.replicas, acks.timeout),
+                        )));
+                    }
+                    Ok(reply)
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(map(what, &self.target, error)),
+            Err(_) => Err(timed_out(what, &self.target, timeout)),
+        }
+    }
+
+    async fn command<T: redis::FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
+        let mut conn = self.conn.clone();
+        let timeout = self.options.request_timeout();
+        match tokio::time::timeout(timeout, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(map(what, &self.target, error)),
+            Err(_) => Err(timed_out(what, &self.target, timeout)),
+        }
+    }
+
+    /// The remaining TTL of this very entry in ms (`-1`: none), or `None`
+    /// when it is gone.
+    async fn status(&self, entry: &Entry) -> Result<Option<i64>> {
+        let scripts = Arc::clone(&self.scripts);
+        let mut invocation = scripts.status.key(&entry.key);
+        invocation.arg(entry.order);
+        let reply = self.run("read the entry", &scripts.status, &invocation, false).await?;
+        match int(&reply) {
+            Some(-2) => Ok(None),
+            Some(ms) => Ok(Some(ms)),
+            None => Err(bad_reply("read the entry", &reply)),
+        }
+    }
+
+    /// Marks one of our entries gone, and stops renewing it.
+    fn forget(&self, key: &str) {
+        if let Some(tracked) = self.entries().remove(key) {
+            tracked.gone.send_replace(true);
+        }
+    }
+
+    /// Declares the session lost and, as far as the server answers, ends it
+    /// there too (its key and its entries), never to be renewed again.
+    fn lose(self: &Arc<Self>, why: &str) {
+        if advance(&self.state, SessionState::Lost) {
+            tracing::warn!(session = %self.id, target = %self.target, "session lost: {why}");
+            let shared = Arc::clone(self);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = shared.remove_all().await;
+                });
+            }
+        }
+    }
+
+    /// Deletes every entry of the session and its key.
+    async fn remove_all(&self) -> Result<()> {
+        let owned: Vec<(String, String, String)> = self
+            .entries()
+            .iter()
+            .map(|(key, t)| (key.clone(), t.name.clone(), t.attempt.clone()))
+            .collect();
+        let removals = owned.iter().map(|(_, name, attempt)| self.remove_attempt(name, attempt, ""));
+        let results = futures::future::join_all(removals).await;
+        let mut first_error = None;
+        for ((key, _, _), result) in owned.iter().zip(results) {
+            match result {
+                Ok(_) => self.forget(key),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        let mut del = redis::cmd("DEL");
+        del.arg(layout::session_key(&self.id));
+        if let Err(error) = self.command::<i64>("delete the session key", &del).await {
+            first_error.get_or_insert(error);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Runs the removal script for `attempt` under `name`, fenced on `order`
+    /// (empty: any) and on the owner.
+    async fn remove_attempt(&self, name: &str, attempt: &str, order: &str) -> Result<bool> {
+        self.remove_owned(name, attempt, order, &self.id).await
+    }
+
+    async fn remove_owned(&self, name: &str, attempt: &str, order: &str, owner: &str) -> Result<bool> {
+        let scripts = Arc::clone(&self.scripts);
+        let mut invocation = scripts.remove.key(layout::queue(name));
+        invocation
+            .key(name)
+            .arg(layout::prefix(name))
+            .arg(attempt)
+            .arg(order)
+            .arg(owner);
+        let reply = self.run("remove the entry", &scripts.remove, &invocation, true).await?;
+        Ok(int(&reply) == Some(1))
+    }
+
+    /// One renewal: the session key and every entry, in one round trip on a
+    /// single node. Returns whether the session key was still there, and the
+    /// entries found gone.
+    async fn renew(&self) -> Result<(bool, Vec<String>)> {
+        let ttl = self.ttl_ms();
+        let tracked: Vec<(String, String, String, bool, bool)> = self
+            .entries()
+            .iter()
+            .map(|(key, t)| (key.clone(), t.name.clone(), t.attempt.clone(), t.plain, t.known))
+            .collect();
+        let scripts = Arc::clone(&self.scripts);
+        let holder = |key: &str, name: &str, attempt: &str| {
+            let mut invocation = scripts.renew_holder.key(key);
+            invocation
+                .key(name)
+                .arg(ttl)
+                .arg(layout::queue(name))
+                .arg(layout::channel(name, attempt))
+                .arg(attempt);
+            invocation
+        };
+        let mut conn = self.conn.clone();
+        let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
+        pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
+        let single = !conn.is_cluster();
+        if single && tracked.iter().any(|t| t.3) {
+            pipe.load_script(&scripts.renew_holder).ignore();
+        }
+        let mut holders = Vec::new();
+        for (key, name, attempt, plain, _) in &tracked {
+            if *plain && single {
+                pipe.invoke_script(&holder(key, name, attempt));
+            } else if *plain {
+                holders.push(holder(key, name, attempt));
+            } else {
+                pipe.cmd("PEXPIRE").arg(key).arg(ttl);
+            }
+        }
+        if let Some(acks) = self.acks {
+            pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
+        }
+        let what = "renew the session";
+        let map_error = |error| map(what, &self.target, error);
+        let (replies, cluster_replies) = if holders.is_empty() {
+            (pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(map_error)?, Vec::new())
+        } else {
+            let mut holder_conn = conn.clone();
+            let pipelined = pipe.query_async::<Vec<Value>>(&mut conn);
+            let scripted = futures::future::join_all(holders.iter().map(|h| {
+                let mut conn = holder_conn.clone();
+                async move { h.invoke_async::<Value>(&mut conn).await }
+            }));
+            let (pipelined, scripted) = futures::join!(pipelined, scripted);
+            let _ = &mut holder_conn;
+            let scripted = scripted.into_iter().collect::<redis::RedisResult<Vec<_>>>();
+            (pipelined.map_err(map_error)?, scripted.map_err(map_error)?)
+        };
+        let mut replies = replies.into_iter();
+        let session_alive = replies.next().and_then(|v| int(&v)) == Some(1);
+        let mut scripted = cluster_replies.into_iter();
+        let mut gone = Vec::new();
+        for (key, _, _, plain, known) in &tracked {
+            let reply = if *plain && !single { scripted.next() } else { replies.next() };
+            let renewed = reply.as_ref().and_then(int) == Some(1);
+            if !renewed && *known {
+                gone.push(key.clone());
+            }
+        }
+        if let Some(acks) = self.acks {
+            let acked = replies.next().as_ref().and_then(int).unwrap_or(0);
+            if usize::try_from(acked).unwrap_or(0) < acks.replicas {
+                return Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "renew the session on {}: {acked} of {} replicas acknowledged within {:?}",
+                        self.target, acks.replicas, acks.timeout
+                    ),
+                ));
+            }
+        }
+        Ok((session_alive, gone))
+    }
+
+    /// Renews until the session ends: `Suspended` while renewals fail,
+    /// `Lost` once none has been confirmed for `ttl - safety margin`,
+    /// counted from the send time of the last confirmed one.
+    pub(crate) async fn keep_alive(self: Arc<Self>, opened_at: Instant) {
+        let interval = self.options.keepalive_interval();
+        let loss_after = self.options.loss_deadline();
+        let mut confirmed = opened_at;
+        loop {
+            tokio::time::sleep_until((Instant::now() + interval).min(confirmed + loss_after)).await;
+            if self.state.borrow().is_over() {
+                return;
+            }
+            let sent = Instant::now();
+            let deadline = confirmed + loss_after;
+            let renewal = tokio::time::timeout(self.options.request_timeout(), self.renew());
+            let outcome = tokio::select! {
+                outcome = renewal => Some(outcome),
+                () = tokio::time::sleep_until(deadline) => None,
+            };
+            match outcome {
+                Some(Ok(Ok((true, gone)))) => {
+                    confirmed = sent;
+                    advance(&self.state, SessionState::Live);
+                    for key in gone {
+                        tracing::debug!(session = %self.id, %key, "entry found gone at renewal");
+                        self.forget(&key);
+                    }
+                }
+                Some(Ok(Ok((false, _)))) => {
+                    // The server no longer knows the session (it expired, or
+                    // the server restarted without its data).
+                    self.lose("the server no longer has the session");
+                    self.forget_all();
+                    return;
+                }
+                Some(Ok(Err(error))) => {
+                    tracing::debug!(session = %self.id, %error, "renewal failed");
+                    advance(&self.state, SessionState::Suspended);
+                }
+                Some(Err(_)) => {
+                    tracing::debug!(session = %self.id, "renewal unanswered");
+                    advance(&self.state, SessionState::Suspended);
+                }
+                None => {}
+            }
+            if Instant::now() >= confirmed + loss_after {
+                self.lose("no renewal confirmed within ttl - safety margin");
+                self.forget_all();
+                return;
+            }
+        }
+    }
+
+    fn forget_all(&self) {
+        let all: Vec<Tracked> = self.entries().drain().map(|(_, t)| t).collect();
+        for tracked in all {
+            tracked.gone.send_replace(true);
+        }
+    }
+
+    /// Waits until the plain key `name`, owned by a foreign client, is gone:
+    /// on its keyspace events when the server sends them, and otherwise at
+    /// its TTL (re-armed if it was renewed).
+    async fn wait_plain(&self, name: &str) -> Result<()> {
+        let mut events = match &self.keyspace {
+            Some(prefix) => Some(self.hub.subscribe(&format!("{prefix}{name}")).await?),
+            None => None,
+        };
+        loop {
+            let mut pttl = redis::cmd("PTTL");
+            pttl.arg(name);
+            let left: i64 = self.command("read the plain key", &pttl).await?;
+            let recheck = match left {
+                -2 => return Ok(()),
+                ms if ms >= 0 => Duration::from_millis(ms.unsigned_abs()) + EXPIRY_SLACK,
+                _ => no_ttl_recheck(&self.options),
+            };
+            let sleep = tokio::time::sleep(recheck);
+            match events.as_mut() {
+                Some(events) => tokio::select! {
+                    () = events.changed() => {}
+                    () = sleep => {}
+                },
+                None => sleep.await,
+            }
+        }
+    }
+}
+
+impl RedisSession {
+    pub(crate) fn new(shared: Arc<Shared>, tasks: Vec<AbortHandle>) -> Self {
+        let state = shared.state.subscribe();
+        RedisSession { shared, state, tasks }
+    }
+
+    fn name_of<'a>(&self, entry: &'a Entry) -> Result<(&'a str, &'a str)> {
+        layout::parse_entry_key(&entry.key).ok_or_else(|| Error::InvalidName {
+            name: entry.key.clone(),
+            reason: "not an entry of the Redis layout".into(),
+        })
+    }
+
+    /// Whether a mutex contender takes the plain key at the head.
+    fn wants_plain(kind: EntryKind) -> &'static str {
+        if kind == EntryKind::Mutex {
+            "1"
+        } else {
+            "0"
+        }
+    }
+
+    fn mark_plain(&self, key: &str, nearest: &[Entry], kind: EntryKind) {
+        if kind == EntryKind::Mutex && nearest.is_empty() {
+            if let Some(tracked) = self.shared.entries().get_mut(key) {
+                tracked.plain = true;
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl BackendSession for RedisSession {
+    fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    fn state(&self) -> watch::Receiver<SessionState> {
+        self.state.clone()
+    }
+
+    async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        let name = request.dir;
+        let key = layout::entry_key(name, request.attempt);
+        shared.entries().entry(key.clone()).or_insert_with(|| Tracked {
+            name: name.to_owned(),
+            attempt: request.attempt.to_owned(),
+            known: false,
+            plain: false,
+            gone: watch::Sender::new(false),
+        });
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.append.key(layout::queue(name));
+        invocation
+            .key(layout::counter(name))
+            .key(name)
+            .arg(layout::prefix(name))
+            .arg(request.attempt)
+            .arg(layout::kind_label(request.kind))
+            .arg(&shared.id)
+            .arg(request.value)
+            .arg(shared.ttl_ms())
+            .arg(conflicts_arg(request.conflicts))
+            .arg(request.nearest.max(1))
+            .arg(Self::wants_plain(request.kind));
+        let reply = shared.run("append to the queue", &scripts.append, &invocation, true).await?;
+        let parsed = match &reply {
+            Value::Array(parts) => match parts.as_slice() {
+                [order, nearest] => int(order).zip(entries_from(name, nearest)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some((order, mut nearest)) = parsed else {
+            return Err(bad_reply("append to the queue", &reply));
+        };
+        nearest.truncate(request.nearest);
+        if let Some(tracked) = shared.entries().get_mut(&key) {
+            tracked.known = true;
+        }
+        self.mark_plain(&key, &nearest, request.kind);
+        if shared.state.borrow().is_over() {
+            // Lost while the append was in flight: nothing renews it now.
+            let _ = shared.remove_attempt(name, request.attempt, "").await;
+            shared.check_live()?;
+        }
+        Ok(Appended {
+            entry: Entry {
+                key,
+                kind: request.kind,
+                order,
+                token: FencingToken::new(order.unsigned_abs()),
+                owner: Some(shared.id.clone()),
+            },
+            nearest: Some(nearest),
+        })
+    }
+
+    async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {
+        let (name, attempt) = self.name_of(entry)?;
+        let shared = &self.shared;
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.earlier.key(layout::queue(name));
+        invocation
+            .key(name)
+            .arg(layout::prefix(name))
+            .arg(attempt)
+            .arg(entry.order)
+            .arg(conflicts_arg(conflicts))
+            .arg(count.max(1))
+            .arg(shared.ttl_ms())
+            .arg(Self::wants_plain(entry.kind));
+        let reply = shared.run("read the queue", &scripts.earlier, &invocation, true).await?;
+        let Value::Array(parts) = &reply else {
+            return Err(bad_reply("read the queue", &reply));
+        };
+        match parts.as_slice() {
+            [found] if int(found) == Some(0) => Ok(Earlier::Gone),
+            [found, nearest] if int(found) == Some(1) => {
+                let Some(mut nearest) = entries_from(name, nearest) else {
+                    return Err(bad_reply("read the queue", &reply));
+                };
+                nearest.truncate(count);
+                self.mark_plain(&entry.key, &nearest, entry.kind);
+                Ok(Earlier::Entries(nearest))
+            }
+            _ => Err(bad_reply("read the queue", &reply)),
+        }
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let shared = &self.shared;
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.list.key(layout::queue(dir));
+        invocation.key(dir).arg(layout::prefix(dir));
+        let reply = shared.run("list the queue", &scripts.list, &invocation, false).await?;
+        entries_from(dir, &reply).ok_or_else(|| bad_reply("list the queue", &reply))
+    }
+
+    async fn wait_for_entry(&self, dir: &str) -> Result<()> {
+        let mut joined = self.shared.hub.subscribe(&layout::joined(dir)).await?;
+        loop {
+            if !self.list(dir).await?.is_empty() {
+                return Ok(());
+            }
+            joined.changed().await;
+        }
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let shared = &self.shared;
+        if layout::is_plain_blocker(entry) {
+            return shared.wait_plain(&entry.key).await;
+        }
+        let (name, attempt) = self.name_of(entry)?;
+        let own = entry.owner.as_deref() == Some(shared.id.as_str());
+        let mut local = if own {
+            shared.entries().get(&entry.key).map(|t| t.gone.subscribe())
+        } else {
+            None
+        };
+        let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
+        loop {
+            let Some(left) = shared.status(entry).await? else {
+                return Ok(());
+            };
+            // Our own entries are renewed by us: the renewal says when one
+            // is gone. Another's is gone at its TTL unless renewed.
+            let recheck = if own {
+                None
+            } else if left >= 0 {
+                Some(Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK)
+            } else {
+                Some(no_ttl_recheck(&shared.options))
+            };
+            let expiry = async {
+                match recheck {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let forgotten = async {
+                match local.as_mut() {
+                    Some(gone) => {
+                        if gone.wait_for(|gone| *gone).await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = messages.changed() => {}
+                () = expiry => {}
+                () = forgotten => return Ok(()),
+            }
+        }
+    }
+
+    async fn remove(&self, entry: &Entry) -> Result<bool> {
+        let (name, attempt) = self.name_of(entry)?;
+        let owner = entry.owner.as_deref().unwrap_or_default();
+        let removed = self
+            .shared
+            .remove_owned(name, attempt, &entry.order.to_string(), owner)
+            .await?;
+        if owner == self.shared.id {
+            self.shared.forget(&entry.key);
+        }
+        Ok(removed)
+    }
+
+    async fn abandon(&self, dir: &str, _kind: EntryKind, attempt: &str) -> Result<()> {
+        self.shared.remove_attempt(dir, attempt, "").await?;
+        self.shared.forget(&layout::entry_key(dir, attempt));
+        Ok(())
+    }
+
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
+        let (name, attempt) = self.name_of(entry)?;
+        let shared = &self.shared;
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.set_value.key(&entry.key);
+        invocation
+            .arg(entry.order)
+            .arg(value)
+            .arg(layout::channel(name, attempt));
+        let reply = shared.run("set the entry's value", &scripts.set_value, &invocation, true).await?;
+        if int(&reply) == Some(1) {
+            Ok(())
+        } else {
+            Err(Error::LockLost { key: entry.key.clone() })
+        }
+    }
+
+    async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
+        let shared = &self.shared;
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.get_value.key(&entry.key);
+        invocation.arg(entry.order);
+        let reply = shared.run("read the entry's value", &scripts.get_value, &invocation, false).await?;
+        let Value::Array(parts) = &reply else {
+            return Err(bad_reply("read the entry's value", &reply));
+        };
+        match parts.as_slice() {
+            [found] if int(found) == Some(0) => Ok(None),
+            [found, Value::BulkString(value)] if int(found) == Some(1) => Ok(Some(value.clone())),
+            [found, Value::Nil] if int(found) == Some(1) => Ok(Some(Vec::new())),
+            _ => Err(bad_reply("read the entry's value", &reply)),
+        }
+    }
+
+    async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let (name, attempt) = self.name_of(entry)?;
+        let shared = &self.shared;
+        let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
+        loop {
+            match self.get_value(entry).await? {
+                None => return Ok(None),
+                Some(value) if value != seen => return Ok(Some(value)),
+                Some(_) => {}
+            }
+            let left = shared.status(entry).await?;
+            let Some(left) = left else { return Ok(None) };
+            let recheck = if left >= 0 {
+                Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
+            } else {
+                no_ttl_recheck(&shared.options)
+            };
+            tokio::select! {
+                () = messages.changed() => {}
+                () = tokio::time::sleep(recheck) => {}
+            }
+        }
+    }
+
+    async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {
+        let (name, _) = self.name_of(entry)?;
+        let prefix = layout::prefix(name);
+        // Keys under `n/` are refused as on every backend (they are the
+        // lock's entries on etcd and ZooKeeper), so code moves between them.
+        let below = format!("{name}/");
+        if let Some(write) = writes
+            .iter()
+            .find(|w| w.key().starts_with(&prefix) || w.key() == name || w.key().starts_with(&below))
+        {
+            return Err(Error::InvalidName {
+                name: write.key().to_owned(),
+                reason: format!("the key is one of the lock {name:?}'s own keys, which fences the write"),
+            });
+        }
+        let shared = &self.shared;
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.write_if_held.key(&entry.key);
+        invocation.arg(entry.order);
+        for write in writes {
+            invocation.key(write.key());
+        }
+        for write in writes {
+            invocation.arg(match write {
+                Write::Put { .. } => "put",
+                _ => "del",
+            });
+        }
+        for write in writes {
+            if let Write::Put { value, .. } = write {
+                invocation.arg(value.as_slice());
+            }
+        }
+        let reply = shared.run("write fenced on the entry", &scripts.write_if_held, &invocation, true).await?;
+        Ok(int(&reply) == Some(1))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.shared.check_live()?;
+        let mut get = redis::cmd("GET");
+        get.arg(key);
+        self.shared.command::<Option<Vec<u8>>>(key, &get).await
+    }
+
+    async fn confirm(&self) -> Result<SessionState> {
+        let shared = &self.shared;
+        if shared.state.borrow().is_over() {
+            return Ok(*shared.state.borrow());
+        }
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(layout::session_key(&shared.id));
+        let found: i64 = shared.command("read the session key", &exists).await?;
+        if found == 0 {
+            shared.lose("the server no longer has the session");
+            shared.forget_all();
+        }
+        Ok(*shared.state.borrow())
+    }
+
+    async fn close(&self) -> Result<()> {
+        let shared = &self.shared;
+        if shared.state.borrow().is_over() {
+            advance(&shared.state, SessionState::Closed);
+            return Ok(());
+        }
+        let removed = shared.remove_all().await;
+        advance(&shared.state, SessionState::Closed);
+        shared.forget_all();
+        for task in &self.tasks {
+            task.abort();
+        }
+        removed
+    }
+
+    fn give_up(&self, why: &str) {
+        self.shared.lose(why);
+    }
+}
