@@ -242,11 +242,10 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes };
         let deadline = std::time::Instant::now() + START_TIMEOUT;
         // Every node must see the whole cluster before clients connect.
-        while !cluster
-            .nodes
-            .iter()
-            .all(|n| n.cli(&["cluster", "info"]).is_ok_and(|info| info.contains("cluster_state:ok")))
-        {
+        while !cluster.nodes.iter().all(|n| {
+            n.cli(&["cluster", "info"])
+                .is_ok_and(|info| info.contains("cluster_state:ok"))
+        }) {
             if std::time::Instant::now() > deadline {
                 return Err(Error::other("the Redis cluster did not reach cluster_state:ok"));
             }

@@ -21,15 +21,16 @@ pub(crate) fn map(what: &str, target: &str, error: RedisError) -> Error {
         },
         (_, Some("WRONGTYPE")) => Error::InvalidName {
             name: what.to_owned(),
-            reason: format!("a key of this lock exists on {target} with another type: {}", detail(&error)),
+            reason: format!(
+                "a key of this lock exists on {target} with another type: {}",
+                detail(&error)
+            ),
         },
         (_, Some("CROSSSLOT")) => Error::InvalidName {
             name: what.to_owned(),
             reason: "on a Redis Cluster the keys of one fenced write must share the lock's hash tag {NAME}".into(),
         },
-        _ if is_unavailable(&error) => {
-            Error::unavailable_because(NAME, format!("{what} on {target}"), error)
-        }
+        _ if is_unavailable(&error) => Error::unavailable_because(NAME, format!("{what} on {target}"), error),
         _ => Error::Backend {
             backend: NAME,
             reason: format!("{what} on {target}: {}", lockline_describe(&error)),
@@ -50,7 +51,10 @@ pub(crate) fn is_unavailable(error: &RedisError) -> bool {
             error.kind(),
             ErrorKind::ClusterConnectionNotFound | ErrorKind::Io | ErrorKind::Parse
         )
-        || matches!(error.code(), Some("LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY"))
+        || matches!(
+            error.code(),
+            Some("LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+        )
 }
 
 fn detail(error: &RedisError) -> String {

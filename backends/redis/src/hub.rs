@@ -36,8 +36,6 @@ pub(crate) struct Hub {
     /// Bumped each time the connection is made again (or lost): waiters
     /// look again, as a message may have been missed.
     generation: watch::Sender<u64>,
-    /// Messages received, for the benchmarks' wakeup counts.
-    received: std::sync::atomic::AtomicU64,
 }
 
 /// One waiter's interest in one channel; unsubscribes when the last is dropped.
@@ -94,7 +92,12 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    pub(crate) fn new(client: redis::Client, target: String, request_timeout: Duration, ping_every: Duration) -> Arc<Self> {
+    pub(crate) fn new(
+        client: redis::Client,
+        target: String,
+        request_timeout: Duration,
+        ping_every: Duration,
+    ) -> Arc<Self> {
         Arc::new(Hub {
             client,
             target,
@@ -103,13 +106,7 @@ impl Hub {
             channels: std::sync::Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
             generation: watch::Sender::new(0),
-            received: std::sync::atomic::AtomicU64::new(0),
         })
-    }
-
-    /// How many messages the session's pub/sub connection received.
-    pub(crate) fn received(&self) -> u64 {
-        self.received.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Subscribes to `channel`. Once this returns, a message published on the
@@ -236,7 +233,6 @@ impl Hub {
             tokio::select! {
                 message = stream.next() => {
                     let Some(message) = message else { return };
-                    self.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
                     if let Some(channel) = channels.get(message.get_channel_name()) {
                         channel.messages.send_modify(|n| *n += 1);

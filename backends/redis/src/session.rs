@@ -5,9 +5,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use lockline::backend::{
-    advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind,
-};
+use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use redis::{Pipeline, ScriptInvocation, Value};
 use tokio::sync::watch;
@@ -276,7 +274,9 @@ impl Shared {
             .iter()
             .map(|(key, t)| (key.clone(), t.name.clone(), t.attempt.clone()))
             .collect();
-        let removals = owned.iter().map(|(_, name, attempt)| self.remove_attempt(name, attempt, ""));
+        let removals = owned
+            .iter()
+            .map(|(_, name, attempt)| self.remove_attempt(name, attempt, ""));
         let results = futures::future::join_all(removals).await;
         let mut first_error = None;
         for ((key, _, _), result) in owned.iter().zip(results) {
@@ -358,7 +358,10 @@ impl Shared {
         let what = "renew the session";
         let map_error = |error| map(what, &self.target, error);
         let (replies, cluster_replies) = if holders.is_empty() {
-            (pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(map_error)?, Vec::new())
+            (
+                pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(map_error)?,
+                Vec::new(),
+            )
         } else {
             let mut holder_conn = conn.clone();
             let pipelined = pipe.query_async::<Vec<Value>>(&mut conn);
@@ -376,7 +379,11 @@ impl Shared {
         let mut scripted = cluster_replies.into_iter();
         let mut gone = Vec::new();
         for (key, _, _, plain, known) in &tracked {
-            let reply = if *plain && !single { scripted.next() } else { replies.next() };
+            let reply = if *plain && !single {
+                scripted.next()
+            } else {
+                replies.next()
+            };
             let renewed = reply.as_ref().and_then(int) == Some(1);
             if !renewed && *known {
                 gone.push(key.clone());
@@ -553,7 +560,9 @@ impl BackendSession for RedisSession {
             .arg(conflicts_arg(request.conflicts))
             .arg(request.nearest.max(1))
             .arg(Self::wants_plain(request.kind));
-        let reply = shared.run("append to the queue", &scripts.append, &invocation, true).await?;
+        let reply = shared
+            .run("append to the queue", &scripts.append, &invocation, true)
+            .await?;
         let parsed = match &reply {
             Value::Array(parts) => match parts.as_slice() {
                 [order, nearest] => int(order).zip(entries_from(name, nearest)),
@@ -600,7 +609,9 @@ impl BackendSession for RedisSession {
             .arg(count.max(1))
             .arg(shared.ttl_ms())
             .arg(Self::wants_plain(entry.kind));
-        let reply = shared.run("read the queue", &scripts.earlier, &invocation, true).await?;
+        let reply = shared
+            .run("read the queue", &scripts.earlier, &invocation, true)
+            .await?;
         let Value::Array(parts) = &reply else {
             return Err(bad_reply("read the queue", &reply));
         };
@@ -715,7 +726,9 @@ impl BackendSession for RedisSession {
             .arg(entry.order)
             .arg(value)
             .arg(layout::channel(name, attempt));
-        let reply = shared.run("set the entry's value", &scripts.set_value, &invocation, true).await?;
+        let reply = shared
+            .run("set the entry's value", &scripts.set_value, &invocation, true)
+            .await?;
         if int(&reply) == Some(1) {
             Ok(())
         } else {
@@ -728,7 +741,9 @@ impl BackendSession for RedisSession {
         let scripts = Arc::clone(&shared.scripts);
         let mut invocation = scripts.get_value.key(&entry.key);
         invocation.arg(entry.order);
-        let reply = shared.run("read the entry's value", &scripts.get_value, &invocation, false).await?;
+        let reply = shared
+            .run("read the entry's value", &scripts.get_value, &invocation, false)
+            .await?;
         let Value::Array(parts) = &reply else {
             return Err(bad_reply("read the entry's value", &reply));
         };
@@ -797,7 +812,9 @@ impl BackendSession for RedisSession {
                 invocation.arg(value.as_slice());
             }
         }
-        let reply = shared.run("write fenced on the entry", &scripts.write_if_held, &invocation, true).await?;
+        let reply = shared
+            .run("write fenced on the entry", &scripts.write_if_held, &invocation, true)
+            .await?;
         Ok(int(&reply) == Some(1))
     }
 

@@ -28,7 +28,10 @@ pub async fn scan(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -
 pub async fn expire(urls: &[String], session: &str) {
     for url in urls {
         let mut conn = side(url).await;
-        let _: () = conn.del(format!("lockline:session:{session}")).await.expect("delete the session key");
+        let _: () = conn
+            .del(format!("lockline:session:{session}"))
+            .await
+            .expect("delete the session key");
         for key in scan(&mut conn, "{*}:e:*").await {
             let owner: Option<String> = conn.hget(&key, "owner").await.expect("read an entry");
             if owner.as_deref() == Some(session) {
