@@ -1,0 +1,286 @@
+//! The Redis backend when things go wrong: a restarted server, a silent
+//! partition, cancelled acquires, bad input.
+
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, Error, SessionOptions, SessionState};
+use lockline_redis::Redis;
+use lockline_testkit::{free_port, RedisOptions, RedisServer, TcpProxy};
+use redis::AsyncCommands;
+
+mod support;
+
+fn options(ttl_ms: u64) -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_millis(ttl_ms))
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(1))
+}
+
+/// A server restarted without persistence has forgotten every session:
+/// holders hear `lost()`, waiters fail with `SessionLost`, nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_persistence_loses_every_session() {
+    let mut server = RedisServer::start().expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    let (a, b) = (
+        client.session_with(options(3000)).await.expect("session"),
+        client.session_with(options(3000)).await.expect("session"),
+    );
+    let held = a.mutex("restart").expect("mutex").lock().await.expect("lock");
+    let waiter = {
+        let mutex = b.mutex("restart").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    lockline::conformance::until("the waiter queues", || client.stats().waits >= 1).await;
+    server.member().kill().expect("kill redis");
+    server.restart().expect("restart redis");
+    bounded("the holder hears of it", held.lost()).await;
+    assert!(!held.is_held());
+    match bounded("the waiter fails", waiter).await.expect("task") {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("a waiter of a forgotten session must fail with SessionLost, got {other:?}"),
+    }
+    assert_eq!(a.state(), SessionState::Lost);
+    assert_eq!(b.state(), SessionState::Lost);
+    // A new session works on the restarted server.
+    let fresh = client.session_with(options(3000)).await.expect("a new session");
+    let again = fresh.mutex("restart").expect("mutex").lock().await.expect("lock again");
+    again.release().await.expect("release");
+}
+
+/// With an append-only file the queue survives a restart within the TTL:
+/// the holder keeps its lock and the waiter is granted after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_aof_the_queue_survives_a_restart() {
+    let mut server = RedisServer::start_with(&RedisOptions {
+        append_only: true,
+        ..RedisOptions::default()
+    })
+    .expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    let (a, b) = (
+        client.session_with(options(6000)).await.expect("session"),
+        client.session_with(options(6000)).await.expect("session"),
+    );
+    let held = a.mutex("aof").expect("mutex").lock().await.expect("lock");
+    let waiter = {
+        let mutex = b.mutex("aof").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    lockline::conformance::until("the waiter queues", || client.stats().waits >= 1).await;
+    server.member().kill().expect("kill redis");
+    server.restart().expect("restart redis");
+    // Renewals go on against the restarted server.
+    let renewed_at = Instant::now();
+    lockline::conformance::until("a renewal after the restart", || {
+        renewed_at.elapsed() > Duration::from_secs(3) && a.state() == SessionState::Live
+    })
+    .await;
+    assert!(held.is_held(), "the holder lost a lock the server kept");
+    assert!(!waiter.is_finished(), "the waiter was granted while the lock was held");
+    let token = held.token();
+    held.release().await.expect("release");
+    let granted = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(granted.token() > token);
+    granted.release().await.expect("release");
+}
+
+/// A silent partition: the holder declares the lock lost at `ttl - margin`
+/// after its last confirmed renewal, before the server lets anyone else in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_holder_is_told_before_the_next_grant() {
+    let server = RedisServer::start().expect("start redis");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
+    let far = Client::new(Redis::new(format!("redis://{}", proxy.address())));
+    let near = Client::new(Redis::new(server.url()));
+    let holder_session = far.session_with(options(2000)).await.expect("session");
+    let held = holder_session
+        .mutex("partition")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let other = near.session_with(options(2000)).await.expect("session");
+    let waiter = {
+        let mutex = other.mutex("partition").expect("mutex");
+        tokio::spawn(async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+    };
+    near.wait_for_stats(|s| s.waits >= 1).await;
+    proxy.blackhole();
+    bounded("the holder hears of it", held.lost()).await;
+    let lost_at = Instant::now();
+    let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("lock");
+    assert!(
+        lost_at <= granted_at,
+        "the next holder was granted {:?} before the partitioned holder was told",
+        lost_at - granted_at
+    );
+    guard.release().await.expect("release");
+    proxy.heal();
+}
+
+/// Dropped `lock()` futures, a `lock_timeout` that fires and `try_lock`
+/// leave nothing behind (checked with SCAN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_key() {
+    let server = RedisServer::start().expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    let session = client.session_with(options(6000)).await.expect("session");
+    let other = client.session_with(options(6000)).await.expect("session");
+    let mutex = session.mutex("cancel").expect("mutex");
+    let held = other.mutex("cancel").expect("mutex").lock().await.expect("lock");
+    for _ in 0..20 {
+        let attempt = mutex.lock();
+        let _ = tokio::time::timeout(Duration::from_millis(3), attempt).await;
+    }
+    assert!(matches!(
+        mutex.lock_timeout(Duration::from_millis(50)).await,
+        Err(Error::Timeout { .. })
+    ));
+    assert!(mutex.try_lock().await.expect("try_lock").is_none());
+    bounded("cleanup", session.flush()).await;
+    let mut side = support::side(&server.url()).await;
+    let entries = support::scan(&mut side, "{cancel}:e:*").await;
+    assert_eq!(entries, vec![held.key().to_owned()], "only the holder's entry is left");
+    let queue: Vec<String> = side.zrange("{cancel}:q", 0, -1).await.expect("zrange");
+    assert_eq!(queue.len(), 1, "only the holder is queued: {queue:?}");
+    held.release().await.expect("release");
+    session.close().await.expect("close");
+    other.close().await.expect("close");
+    let left = support::scan(&mut side, "*").await;
+    assert_eq!(
+        left,
+        vec!["{cancel}:seq".to_owned()],
+        "only the counter is left after both sessions closed"
+    );
+}
+
+/// Unreachable servers fail within the connect timeout, with what failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_and_silent_servers_are_unavailable_within_the_deadline() {
+    // Nothing listens.
+    let port = free_port().expect("port");
+    let started = Instant::now();
+    let error = Client::new(Redis::new(format!("redis://127.0.0.1:{port}")))
+        .session_with(options(2000))
+        .await
+        .expect_err("nothing listens");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(error.to_string().contains(&port.to_string()), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    // A port that accepts and never answers (a blackholed proxy).
+    let server = RedisServer::start().expect("start redis");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
+    proxy.blackhole();
+    let started = Instant::now();
+    let error = Client::new(Redis::new(format!("redis://{}", proxy.address())))
+        .session_with(options(2000))
+        .await
+        .expect_err("blackholed");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+}
+
+/// A port that speaks another protocol (an HTTP-like listener that answers
+/// garbage) is an error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_redis_port_is_an_error_within_the_deadline() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming().take(8) {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 512];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let started = Instant::now();
+    let error = Client::new(Redis::new(format!("redis://127.0.0.1:{port}")))
+        .session_with(options(2000))
+        .await
+        .expect_err("not Redis");
+    assert!(
+        matches!(error, Error::Unavailable { .. } | Error::Backend { .. }),
+        "{error:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+}
+
+/// A wrong password is refused as such, and the message holds no password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_authentication_failure() {
+    let server = RedisServer::start_with(&RedisOptions {
+        password: Some("right-secret".into()),
+        ..RedisOptions::default()
+    })
+    .expect("start redis");
+    let url = format!("redis://:wrong-secret@127.0.0.1:{}", server.port());
+    let error = Client::new(Redis::new(url))
+        .session_with(options(2000))
+        .await
+        .expect_err("wrong password");
+    assert!(matches!(error, Error::AuthenticationFailed { .. }), "{error:?}");
+    assert!(!error.to_string().contains("wrong-secret"), "{error}");
+    assert!(!format!("{error:?}").contains("wrong-secret"), "{error:?}");
+    // The right one works.
+    let session = Client::new(Redis::new(server.url()))
+        .session_with(options(2000))
+        .await
+        .expect("right password");
+    let guard = session.mutex("auth").expect("mutex").lock().await.expect("lock");
+    guard.release().await.expect("release");
+}
+
+/// Bad names, URLs and options are typed errors before anything connects;
+/// a lock key that exists with another type is a typed error too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_typed_errors() {
+    for url in [
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:99999",
+        "127.0.0.1:6379",
+        "redis://127.0.0.1:0",
+    ] {
+        match Client::new(Redis::new(url)).session_with(options(2000)).await {
+            Err(Error::InvalidOptions { reason }) => assert!(reason.contains("Redis URL"), "{reason}"),
+            other => panic!("{url} must be refused as invalid, got {other:?}"),
+        }
+    }
+    let server = RedisServer::start().expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    let session = client.session_with(options(2000)).await.expect("session");
+    for name in ["a{b", "c}d", "{tag}"] {
+        assert!(
+            matches!(session.mutex(name), Err(Error::InvalidName { .. })),
+            "{name} must be refused"
+        );
+    }
+    let mut side = support::side(&server.url()).await;
+    let _: () = side.set("{typed}:q", "a string").await.expect("set");
+    match bounded(
+        "lock over a key of another type",
+        session.mutex("typed").expect("mutex").lock(),
+    )
+    .await
+    {
+        Err(Error::InvalidName { reason, .. }) => assert!(reason.contains("another type"), "{reason}"),
+        other => panic!("a queue key of another type must be a typed error, got {other:?}"),
+    }
+    assert!(matches!(
+        Client::new(Redis::cluster(Vec::<String>::new()))
+            .session_with(options(2000))
+            .await,
+        Err(Error::InvalidOptions { .. })
+    ));
+}
