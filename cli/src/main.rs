@@ -187,6 +187,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lockline::{Client, Error, FencingToken, Leadership, MutexGuard, Session, SessionOptions, Tls};
 use lockline_etcd::Etcd;
+use lockline_redis::Redis;
 use lockline_zookeeper::{AclPolicy, ZooKeeper};
 
 use crate::group::{signal_status, ProcessGroup};
@@ -200,7 +201,7 @@ const USAGE: &str = "usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]
 
 /// What `--help` prints, on standard output.
 const HELP: &str = "\
-lockline: distributed locks and leader election on etcd or ZooKeeper, for scripts.
+lockline: distributed locks and leader election on etcd, ZooKeeper or Redis, for scripts.
 
 usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
        lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
@@ -233,6 +234,7 @@ Server (one of):
   --etcd URL[,URL...]           etcd endpoints, http[s]://HOST:PORT (or ETCDCTL_ENDPOINTS)
   --zookeeper HOST:PORT[,...][/CHROOT]
                                 a ZooKeeper connect string (or ZOOKEEPER_CONNECT)
+  --redis URL                   a Redis node, redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)
 
 Options:
   --ttl SECS                    session TTL (default 10)
@@ -302,8 +304,9 @@ fn informational(args: &[String]) -> Option<String> {
 }
 
 /// The options followed by a value of their own.
-const TAKES_VALUE: [&str; 13] = [
+const TAKES_VALUE: [&str; 14] = [
     "--etcd",
+    "--redis",
     "--zookeeper",
     "--ttl",
     "--timeout",
@@ -360,6 +363,7 @@ const MAX_KILL_AFTER: Duration = Duration::from_secs(3600);
 enum Server {
     Etcd(Vec<String>),
     ZooKeeper(String),
+    Redis(String),
 }
 
 /// TLS and credentials, from flags and `ETCDCTL_*` variables. Passwords
@@ -516,6 +520,9 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                 if matches!(server, Some(Server::ZooKeeper(_))) {
                     return Err("--etcd and --zookeeper cannot be used together: pick one server".into());
                 }
+                if matches!(server, Some(Server::Redis(_))) {
+                    return Err("--etcd and --redis cannot be used together: pick one server".into());
+                }
                 server = Some(Server::Etcd(endpoints));
             }
             "--zookeeper" => {
@@ -523,7 +530,23 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                 if matches!(server, Some(Server::Etcd(_))) {
                     return Err("--etcd and --zookeeper cannot be used together: pick one server".into());
                 }
+                if matches!(server, Some(Server::Redis(_))) {
+                    return Err("--zookeeper and --redis cannot be used together: pick one server".into());
+                }
                 server = Some(Server::ZooKeeper(hosts));
+            }
+            "--redis" => {
+                let url = value("--redis", args.next())?;
+                match server {
+                    Some(Server::Etcd(_)) => {
+                        return Err("--etcd and --redis cannot be used together: pick one server".into())
+                    }
+                    Some(Server::ZooKeeper(_)) => {
+                        return Err("--zookeeper and --redis cannot be used together: pick one server".into())
+                    }
+                    _ => {}
+                }
+                server = Some(Server::Redis(url));
             }
             "--cacert" => security.cacert = Some(value("--cacert", args.next())?),
             "--cert" => security.cert = Some(value("--cert", args.next())?),
@@ -592,12 +615,16 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
             (None, Some(hosts)) => Server::ZooKeeper(hosts),
             (None, None) => {
                 return Err(format!(
-                    "--etcd, --zookeeper, ETCDCTL_ENDPOINTS or ZOOKEEPER_CONNECT is required\n{USAGE}"
+                    "--etcd, --zookeeper, --redis, ETCDCTL_ENDPOINTS or ZOOKEEPER_CONNECT is required\n{USAGE}"
                 ))
             }
         },
     };
-    if matches!(server, Server::Etcd(_)) {
+    if matches!(server, Server::Redis(_)) {
+        if security != Security::default() || user_spec.is_some() || password.is_some() {
+            return Err("TLS and credential flags are for --etcd and --zookeeper; with --redis put them in the URL (redis://:PASSWORD@HOST:PORT, rediss:// for TLS)".to_owned());
+        }
+    } else if matches!(server, Server::Etcd(_)) {
         security.cacert = security.cacert.or_else(|| env("ETCDCTL_CACERT"));
         security.cert = security.cert.or_else(|| env("ETCDCTL_CERT"));
         security.key = security.key.or_else(|| env("ETCDCTL_KEY"));
@@ -857,6 +884,7 @@ fn backend(args: &Args) -> lockline::Result<Client> {
             }
             Client::new(zk)
         }
+        Server::Redis(url) => Client::new(Redis::new(url.clone())),
     })
 }
 

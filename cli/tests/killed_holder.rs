@@ -1,5 +1,5 @@
 //! A `lockline` holder killed with SIGKILL is replaced within the session's
-//! TTL + 1 s, on etcd and on ZooKeeper.
+//! TTL + 1 s, with one wakeup, on etcd, ZooKeeper and Redis.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use lockline::conformance::{bounded, spawn_queued};
 use lockline::{Client, SessionOptions};
 use lockline_etcd::Etcd;
-use lockline_testkit::{EtcdCluster, ZkEnsemble};
+use lockline_redis::Redis;
+use lockline_testkit::{EtcdCluster, RedisServer, ZkEnsemble};
 use lockline_zookeeper::ZooKeeper;
 
 /// Starts `lockline lock <server...> --ttl 2 killed/lock`, queues a waiter on
@@ -36,6 +37,7 @@ async fn killed_holder_is_replaced(server: &[&str], client: Client, key_prefix: 
     let mutex = session.mutex("killed/lock").expect("mutex");
     let waiter = spawn_queued(&client, async move { mutex.lock().await }).await;
 
+    let woken = client.stats().wakeups;
     holder.kill().expect("SIGKILL the holder");
     let killed_at = Instant::now();
     holder.wait().expect("reap");
@@ -45,6 +47,7 @@ async fn killed_holder_is_replaced(server: &[&str], client: Client, key_prefix: 
         .expect("lock");
     let took = killed_at.elapsed();
     assert!(took <= ttl + Duration::from_secs(1), "took {took:?} after the kill");
+    assert_eq!(client.stats().wakeups - woken, 1, "one wakeup for the one departure");
     guard.release().await.expect("release");
 }
 
@@ -61,4 +64,11 @@ async fn on_zookeeper() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
     killed_holder_is_replaced(&["--zookeeper", &ensemble.connect_string()], client, "/killed/lock/_c_").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    let server = RedisServer::start().expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    killed_holder_is_replaced(&["--redis", &server.url()], client, "{killed/lock}:e:").await;
 }

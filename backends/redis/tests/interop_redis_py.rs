@@ -66,7 +66,9 @@ impl PyLock {
     }
 
     async fn answer(&mut self) -> String {
-        bounded("redis-py answers", self.answers.recv()).await.expect("redis-py exited")
+        bounded("redis-py answers", self.answers.recv())
+            .await
+            .expect("redis-py exited")
     }
 }
 
