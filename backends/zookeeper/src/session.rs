@@ -256,11 +256,29 @@ impl ZkSession {
         // expire it: the negotiated timeout less the margin, counted from the
         // last confirmation.
         let negotiated = client.session_timeout();
-        let margin = options.safety_margin().min(negotiated / 2);
-        let liveness = Arc::new(Liveness::new(sent, negotiated.saturating_sub(margin), negotiated / 4));
+        // A server that caps the timeout below the TTL asked for (its
+        // maxSessionTimeout) gets the same margin as a share of what it
+        // granted, so a long TTL does not eat the whole negotiated timeout.
+        let ttl = options.ttl();
+        let margin = if negotiated < ttl && !ttl.is_zero() {
+            options
+                .safety_margin()
+                .mul_f64(negotiated.as_secs_f64() / ttl.as_secs_f64())
+        } else {
+            options.safety_margin()
+        };
+        let margin = margin.min(negotiated / 2);
+        let loss_deadline = negotiated.saturating_sub(margin);
+        let report_lag = negotiated / 4;
+        let liveness = Arc::new(Liveness::new(sent, loss_deadline, report_lag));
         // Often enough that, counted a report lag back, a confirmation stays
-        // well inside the deadline.
-        let interval = options.keepalive_interval().min(negotiated / 6);
+        // well inside the deadline: a confirmation counts once one sent a
+        // report lag later is answered, so the deadline must leave room for
+        // the lag and two intervals.
+        let interval = options
+            .keepalive_interval()
+            .min(negotiated / 6)
+            .min(loss_deadline.saturating_sub(report_lag) / 3);
         let slot = Arc::new(StdMutex::new(Some(client.clone())));
         let tracker = tokio::spawn(track(
             client,
