@@ -467,6 +467,19 @@ fn endpoint_problem(endpoint: &str) -> Option<String> {
     if host.is_empty() || host.ends_with(':') {
         return Some("no host; an endpoint is http[s]://HOST:PORT".into());
     }
+    let host_ok = match host.strip_prefix('[') {
+        Some(inner) => inner
+            .strip_suffix(']')
+            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')),
+    };
+    if !host_ok {
+        return Some(format!(
+            "{host:?} is not a host name or address (an IPv6 address goes in brackets: http://[::1]:2379)"
+        ));
+    }
     match port.parse::<u16>() {
         Ok(port) if port > 0 => None,
         _ => Some(format!("{port:?} is not a port number (1 to 65535)")),

@@ -13,6 +13,8 @@ async fn malformed_endpoints_are_refused_before_connecting() {
         ("http://:2379", "no host"),
         ("ftp://127.0.0.1:2379", "unknown scheme"),
         ("http://127.0.0.1:2379/v3", "without a path"),
+        ("http://a b:2379", "not a host name or address"),
+        ("http://[::1:2379", "not a host name or address"),
     ] {
         let error = Client::new(Etcd::new([endpoint])).session().await.expect_err(endpoint);
         assert!(
