@@ -238,7 +238,8 @@ Server (one of):
 
 Options:
   --ttl SECS                    session TTL (default 10)
-  --timeout SECS                lock, elect: give up waiting after SECS (exit 124)
+  --timeout SECS                lock, elect: give up waiting in line after SECS (exit 124);
+                                connecting is bounded apart (5 s, exit 122)
   --kill-after SECS             grace between SIGTERM and SIGKILL for COMMAND's group (default 2; 0: SIGKILL at once)
   --print-key                   with COMMAND: print the held key on standard output too
   -l, --listen                  elect: print the leaders instead of campaigning
