@@ -64,6 +64,9 @@ pub(crate) struct ZkSession {
     /// How the session was opened, to close it from a second connection
     /// when it is given up.
     backend: crate::ZooKeeper,
+    /// The session's id and password, kept after the client is let go (a
+    /// lost session), so that `close` can still end it on the server.
+    info: zookeeper_client::SessionInfo,
     options: SessionOptions,
     /// Attempts whose create the server refused (an ACL): they made no node,
     /// so abandoning them needs no look at a directory this session may not
@@ -248,6 +251,7 @@ impl ZkSession {
         let sent = Instant::now();
         let client = crate::connect::connect(backend, options).await?;
         let id = format!("{:x}", client.session_id().0);
+        let info = client.session().clone();
         let acls = backend.acl_policy.acls(backend);
         // Dropping the client on an error closes the session again.
         ensure_chroot(&client, &acls, &id).await?;
@@ -297,6 +301,7 @@ impl ZkSession {
             tracker,
             uncertain: StdMutex::default(),
             backend: backend.clone(),
+            info,
             options: options.clone(),
             refused: StdMutex::default(),
             acls,
@@ -949,34 +954,51 @@ impl BackendSession for ZkSession {
         self.tracker.abort();
         // A session already lost stays lost: closing it does not undo that.
         advance(&self.state, SessionState::Closed);
-        let Some(mut watcher) = watcher else {
-            // Closed before, or given up (lost) and ended then.
-            return Ok(());
-        };
-        let closed = async {
-            while !matches!(
-                watcher.state(),
-                ZkState::Closed | ZkState::Expired | ZkState::AuthFailed
-            ) {
-                watcher.changed().await;
-            }
-        };
         // Answered in a round trip. Within the core's own bound (the request
         // timeout), so that the error can say what may hold the session.
         let bound = self.options.request_timeout().saturating_sub(CLOSE_MARGIN);
-        match tokio::time::timeout(bound, closed).await {
-            Ok(()) => Ok(()),
-            Err(_) => Err(Error::unavailable(
-                crate::error::BACKEND,
-                format!(
-                    "the close of session {} was not confirmed within {bound:?}: the server is unreachable \
-                     (the session then ends when its timeout runs out), or a request of this session is \
-                     still in flight in a future that was polled and set aside (the session then stays \
-                     open until that future is dropped)",
-                    self.id
-                ),
-            )),
+        let started = Instant::now();
+        let confirmed = match watcher {
+            Some(mut watcher) => {
+                let closed = async {
+                    loop {
+                        match watcher.state() {
+                            ZkState::Closed => return true,
+                            // The client library also reports these on its
+                            // own (its reconnect deadline passed): not a word
+                            // from the server.
+                            ZkState::Expired | ZkState::AuthFailed => return false,
+                            _ => {}
+                        }
+                        watcher.changed().await;
+                    }
+                };
+                tokio::time::timeout(bound, closed).await.unwrap_or(false)
+            }
+            // Lost (or given up) before: its client was let go then.
+            None => false,
+        };
+        if confirmed {
+            return Ok(());
         }
+        // Not confirmed by the first connection: attach with the session's
+        // id and password from a second one, which the server answers with
+        // "expired" once the session is gone.
+        let remaining = bound.saturating_sub(started.elapsed());
+        let remote = crate::connect::close_remotely(self.backend.clone(), self.options.clone(), self.info.clone());
+        if tokio::time::timeout(remaining, remote).await.unwrap_or(false) {
+            return Ok(());
+        }
+        Err(Error::unavailable(
+            crate::error::BACKEND,
+            format!(
+                "the close of session {} was not confirmed within {bound:?}: the server is unreachable \
+                 (the session then ends when its timeout runs out), or a request of this session is \
+                 still in flight in a future that was polled and set aside (the session then stays \
+                 open until that future is dropped)",
+                self.id
+            ),
+        ))
     }
 }
 

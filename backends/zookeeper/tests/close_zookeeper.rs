@@ -199,3 +199,74 @@ async fn close_says_when_a_stream_set_aside_mid_request_keeps_the_session() {
         lockline_zookeeper::zookeeper_client::EventType::NodeDeleted
     );
 }
+
+/// A session already declared lost (a silent partition past its deadline)
+/// still has to be ended on the server: `close()` says it could not while
+/// the partition lasts, and confirms it once the server answers (found by
+/// review: it returned `Ok` at once, the node still on the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_lost_session_is_confirmed_by_the_server_or_an_error() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
+    let options = SessionOptions::new()
+        .with_ttl(Duration::from_secs(4))
+        .with_request_timeout(Duration::from_secs(2));
+    let session = Client::new(ZooKeeper::new(proxy.address()))
+        .session_with(options)
+        .await
+        .expect("session");
+    let guard = session.mutex("close/lost").expect("mutex").lock().await.expect("lock");
+    proxy.blackhole();
+    bounded("the holder hears of the loss", guard.lost()).await;
+    assert_eq!(session.state(), SessionState::Lost);
+    let error = bounded("close", session.close())
+        .await
+        .expect_err("a partitioned server cannot confirm the close");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    proxy.heal();
+    bounded("close", session.close())
+        .await
+        .expect("the server confirms the session is gone");
+    let other = Client::new(ZooKeeper::new(ensemble.connect_string()))
+        .session_with(SessionOptions::new())
+        .await
+        .expect("session");
+    assert!(
+        other.queue("close/lost").await.expect("queue").is_empty(),
+        "close() returned Ok with the lost session's node still there"
+    );
+}
+
+/// A TTL shorter than the request timeout and a stopped server: the client
+/// library gives the session up as expired by itself, which is no word from
+/// the server, so the close is an error (found by review: it was `Ok`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_a_stopped_server_never_heard_is_an_error_whatever_the_ttl() {
+    let mut ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let options = SessionOptions::new()
+        .with_ttl(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_request_timeout(Duration::from_secs(5));
+    let session = Client::new(ZooKeeper::new(ensemble.connect_string()))
+        .session_with(options)
+        .await
+        .expect("session");
+    let _guard = session
+        .mutex("close/stopped")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    ensemble.member(0).stop().expect("stop the server");
+    let started = std::time::Instant::now();
+    let closed = bounded("close", session.close()).await;
+    assert!(
+        matches!(closed, Err(Error::Unavailable { .. })),
+        "a stopped server cannot have confirmed the close, got {closed:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
+}
