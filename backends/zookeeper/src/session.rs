@@ -223,6 +223,14 @@ async fn ensure_chroot(client: &Client, acls: &[Acl], session: &str) -> Result<(
 /// the packet.
 const MAX_REQUEST_BYTES: usize = 1_000_000;
 
+/// What one operation of a `multi` adds on the wire beside its path and data
+/// (its header, lengths, version or flags), rounded up.
+const MULTI_OP_OVERHEAD: usize = 32;
+
+/// What one ACL of a created node adds on the wire (permissions, scheme and
+/// id with their lengths), rounded up for the identities lockline names.
+const ACL_BYTES: usize = 64;
+
 /// Refuses a request of `size` bytes that the server would not take.
 fn fits(size: usize, key: &str) -> Result<()> {
     if size > MAX_REQUEST_BYTES {
@@ -314,6 +322,7 @@ impl ZkSession {
     }
 
     fn client(&self) -> Result<Client> {
+        self.check_deadline()?;
         lock(&self.client).clone().ok_or_else(|| {
             let session = self.id.clone();
             match *self.state.borrow() {
@@ -323,8 +332,28 @@ impl ZkSession {
         })
     }
 
+    /// A session past its loss deadline is lost, whatever the tracker has
+    /// had time to notice (a process paused past the deadline runs its own
+    /// requests before the tracker's timer): never sent a request on.
+    fn check_deadline(&self) -> Result<()> {
+        if !self.state.borrow().is_over() && Instant::now() >= self.liveness.deadline() {
+            self.mark_lost("not confirmed within the loss deadline");
+            return Err(Error::SessionLost {
+                session: self.id.clone(),
+            });
+        }
+        Ok(())
+    }
+
     fn err(&self, error: ZkError) -> Error {
         let mapped = map(error, &self.id);
+        // A request that failed for want of an answer once the deadline has
+        // passed failed on a lost session.
+        if mapped.is_transient() && self.check_deadline().is_err() {
+            return Error::SessionLost {
+                session: self.id.clone(),
+            };
+        }
         match mapped {
             Error::SessionLost { .. } => self.mark_lost("the server expired the session"),
             Error::AuthenticationFailed { .. } => self.mark_lost("the server rejected the session's credentials"),
@@ -337,7 +366,19 @@ impl ZkSession {
     fn err_on(&self, error: ZkError, operation: &'static str, path: &str) -> Error {
         match error {
             ZkError::NoAuth => denied(operation, path),
-            other => self.err(other),
+            other => match self.err(other) {
+                // Say which path the server refused, and why.
+                Error::Backend {
+                    backend,
+                    reason,
+                    source,
+                } => Error::Backend {
+                    backend,
+                    reason: format!("{operation} {path:?}: {reason}"),
+                    source,
+                },
+                mapped => mapped,
+            },
         }
     }
 
@@ -771,9 +812,12 @@ impl BackendSession for ZkSession {
                 reason: format!("the path is the directory {dir:?} of the lock that fences the write, or under it"),
             });
         }
+        // Each operation of a `multi` also carries its header, path length,
+        // flags and ACLs on the wire.
+        let per_op = MULTI_OP_OVERHEAD + self.acls.len() * ACL_BYTES;
         let size = writes
             .iter()
-            .map(|w| w.key().len() + w.value().map_or(0, <[u8]>::len))
+            .map(|w| w.key().len() + w.value().map_or(0, <[u8]>::len) + per_op)
             .sum();
         fits(size, writes.first().map_or(entry.key.as_str(), Write::key))?;
         let persistent = CreateMode::Persistent.with_acls(Acls::new(&self.acls));

@@ -190,3 +190,31 @@ async fn a_write_whose_answer_is_lost_is_unavailable_and_safe_to_retry() {
     }
     guard.release().await.expect("release");
 }
+
+/// A write the server refuses for a reason of the path (its parent is an
+/// ephemeral node, which can have no children) says which path, so a log
+/// line is enough to act on (found by review: only the server's words).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_names_its_path() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let side = support::side_client(&ensemble).await;
+    side.create(
+        "/eph",
+        b"",
+        &zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .expect("create an ephemeral node");
+    let session = Client::new(ZooKeeper::new(ensemble.connect_string()))
+        .session()
+        .await
+        .expect("session");
+    let guard = bounded("lock", session.mutex("/jobs-eph").expect("mutex").lock())
+        .await
+        .expect("lock");
+    let error = bounded("write", guard.write_if_held([Write::put("/eph/child", "x")]))
+        .await
+        .expect_err("an ephemeral node can have no children");
+    assert!(error.to_string().contains("/eph"), "{error}");
+    guard.release().await.expect("release");
+}
