@@ -532,9 +532,12 @@ impl Backend for Etcd {
     /// would stand in that lock's queue as a holder nobody releases, for
     /// lockline, Go's `concurrency` and `etcdctl lock` alike.
     fn validate_write_key(&self, key: &str) -> Result<()> {
-        for (at, _) in key.match_indices('/') {
-            let dir = &key[..at];
-            if !dir.is_empty() && layout::is_entry(dir, key.as_bytes()) {
+        // The key as the server stores it: under a namespace, `cafe` is
+        // `billing/cafe`, a holder's shape for the lock `billing` outside it.
+        let stored = format!("{}{key}", self.namespace);
+        for (at, _) in stored.match_indices('/') {
+            let dir = &stored[..at];
+            if !dir.is_empty() && layout::is_entry(dir, stored.as_bytes()) {
                 return Err(Error::InvalidName {
                     name: key.to_owned(),
                     reason: format!(

@@ -127,3 +127,35 @@ async fn one_grant_on_the_namespace_is_enough() {
     guard.release().await.expect("release");
     session.close().await.expect("close");
 }
+
+/// The shape check of fenced-write keys sees the key as the server stores
+/// it: under the namespace `billing/`, the key `cafe` is `billing/cafe`, a
+/// holder's shape for the lock `billing` of the whole cluster, and is
+/// refused (found by review: it was written and blocked that lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_write_cannot_fake_a_holder_outside_the_namespace() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let billing = Client::new(Etcd::new(cluster.endpoints()).with_namespace("billing/"));
+    let session = billing.session().await.expect("session");
+    let guard = session.mutex("jobs").expect("mutex").lock().await.expect("lock");
+    match guard.write_if_held([lockline::Write::put("cafe", "x")]).await {
+        Err(Error::InvalidName { name, .. }) => assert_eq!(name, "cafe"),
+        other => panic!("a key stored as a holder of `billing` must be refused, got {other:?}"),
+    }
+    guard
+        .write_if_held([lockline::Write::put("state", "x")])
+        .await
+        .expect("an ordinary key is written");
+    guard.release().await.expect("release");
+    let plain = Client::new(Etcd::new(cluster.endpoints()))
+        .session()
+        .await
+        .expect("session");
+    let free = plain
+        .mutex("billing")
+        .expect("mutex")
+        .try_lock()
+        .await
+        .expect("try_lock");
+    assert!(free.is_some(), "the lock `billing` outside the namespace is free");
+}
