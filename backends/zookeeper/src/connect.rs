@@ -99,6 +99,22 @@ async fn connect_to(backend: &ZooKeeper, options: &SessionOptions, session: Opti
     }
     let budget = options.connect_timeout();
     let reserve = diagnosis_budget(budget);
+    // Every server refusing connections outright is known at once: say so
+    // now instead of letting the client library retry for the whole budget.
+    let servers = endpoints(&backend.connect);
+    let probe = servers.clone();
+    let probe_budget = reserve.min(Duration::from_millis(300));
+    if let Ok(Ok(Some(refused))) = tokio::time::timeout(
+        reserve,
+        tokio::task::spawn_blocking(move || all_refuse(&probe, probe_budget)),
+    )
+    .await
+    {
+        return Err(Error::unavailable(
+            BACKEND,
+            format!("no session with {refused}: connection refused"),
+        ));
+    }
     let connecting = async {
         if tls_config.is_some() {
             connector.secure_connect(&backend.connect).await
@@ -118,7 +134,6 @@ async fn connect_to(backend: &ZooKeeper, options: &SessionOptions, session: Opti
         Ok(Err(error)) => return Err(map(error, "(connecting)")),
         Err(_) => None,
     };
-    let servers = endpoints(&backend.connect);
     let servers_text = backend.connect.split('/').next().unwrap_or_default().to_owned();
     let probing = tokio::task::spawn_blocking(move || diagnose(&servers, tls_config, reserve));
     if let Ok(Ok(Some(tls))) = tokio::time::timeout(reserve, probing).await {
@@ -320,6 +335,23 @@ fn diagnose(servers: &[String], config: Option<Arc<rustls::ClientConfig>>, budge
         }
     }
     None
+}
+
+/// The servers, as a message names them, when every one of them refuses a
+/// TCP connection (nothing listens there); `None` when any accepts, does
+/// not answer within `budget`, or cannot be resolved.
+fn all_refuse(servers: &[String], budget: Duration) -> Option<String> {
+    if servers.is_empty() {
+        return None;
+    }
+    for server in servers {
+        let address = server.to_socket_addrs().ok()?.next()?;
+        match TcpStream::connect_timeout(&address, budget) {
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            _ => return None,
+        }
+    }
+    Some(servers.join(","))
 }
 
 fn remaining(deadline: Instant) -> Option<Duration> {

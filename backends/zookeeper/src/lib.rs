@@ -312,7 +312,11 @@ impl ZooKeeper {
 /// What is wrong with a connect string (`host:port[,host:port...][/chroot]`),
 /// checked before any connection.
 fn connect_problem(connect: &str) -> Option<String> {
-    if connect.starts_with("http://") || connect.starts_with("https://") {
+    if connect.starts_with("http://")
+        || connect.starts_with("https://")
+        || connect.contains(",http://")
+        || connect.contains(",https://")
+    {
         return Some(
             "this looks like an etcd URL; a ZooKeeper connect string is HOST:PORT[,HOST:PORT...][/CHROOT]".into(),
         );

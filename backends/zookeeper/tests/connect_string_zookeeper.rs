@@ -10,6 +10,7 @@ use lockline_zookeeper::ZooKeeper;
 async fn malformed_connect_strings_are_refused_before_connecting() {
     for (connect, says) in [
         ("http://127.0.0.1:2181", "looks like an etcd URL"),
+        ("127.0.0.1:2181,http://127.0.0.1:2379", "looks like an etcd URL"),
         ("127.0.0.1:99999", "not a port number"),
         ("127.0.0.1", "has no port"),
         ("127.0.0.1:2181,:2182", "has no host"),
@@ -101,4 +102,29 @@ async fn a_silent_server_in_the_list_does_not_keep_sessions_from_opening() {
             session.close().await.expect("close");
         }
     }
+}
+
+/// Nothing listens on any server: the session fails at once, saying
+/// "connection refused" and naming the servers (found by review: it waited
+/// the whole connect timeout and said only "no session").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_that_refuse_connections_fail_at_once_saying_so() {
+    let (a, b) = (
+        lockline_testkit::free_port().expect("port"),
+        lockline_testkit::free_port().expect("port"),
+    );
+    let connect = format!("127.0.0.1:{a},127.0.0.1:{b}");
+    let started = std::time::Instant::now();
+    let error = lockline::Client::new(lockline_zookeeper::ZooKeeper::new(connect.as_str()))
+        .session_with(lockline::SessionOptions::new().with_connect_timeout(std::time::Duration::from_secs(5)))
+        .await
+        .expect_err("nothing listens");
+    assert!(matches!(error, lockline::Error::Unavailable { .. }), "{error:?}");
+    let line = error.to_string();
+    assert!(line.contains("refused") && line.contains(&a.to_string()), "{line}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
 }
