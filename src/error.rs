@@ -51,7 +51,7 @@ pub enum Error {
     #[error(
         "timed out after {waited:?} waiting for {name:?}{}",
         if *held_by_this_session {
-            ": it is held by this session (locks are not re-entrant)"
+            ": it is held by this session, or already awaited by it (locks are not re-entrant)"
         } else {
             ""
         }

@@ -123,7 +123,12 @@ pub(crate) fn watch_broken(reason: String, key: &str) -> Error {
 }
 
 /// Maps an error of connecting (which authenticates when a user is set).
-pub(crate) fn map_connect(error: EtcdError, tls: Option<&lockline::Tls>, user: Option<&str>) -> Error {
+pub(crate) fn map_connect(
+    error: EtcdError,
+    tls: Option<&lockline::Tls>,
+    user: Option<&str>,
+    endpoints: &[String],
+) -> Error {
     match map(error, None) {
         Error::AuthenticationFailed { reason, .. } => Error::AuthenticationFailed {
             backend: BACKEND,
@@ -132,7 +137,7 @@ pub(crate) fn map_connect(error: EtcdError, tls: Option<&lockline::Tls>, user: O
                 None => reason,
             },
         },
-        other => first_request(other, tls),
+        other => first_request(other, tls, endpoints),
     }
 }
 
@@ -140,7 +145,7 @@ pub(crate) fn map_connect(error: EtcdError, tls: Option<&lockline::Tls>, user: O
 /// is how a TLS mismatch shows when the handshake itself seemed to succeed
 /// (TLS 1.3 servers refuse a missing client certificate only after it) or
 /// never started (a plain-text client on a TLS port is answered with a reset).
-pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>) -> Error {
+pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>, endpoints: &[String]) -> Error {
     let Error::Unavailable { reason: text, .. } = &error else {
         return error;
     };
@@ -157,18 +162,26 @@ pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>) -> Error 
         return error;
     }
     let hint = match tls {
-        None => "the server dropped the connection at the first request: if it requires TLS, use https:// endpoints and a CA (Etcd::with_tls, --cacert)",
+        None => "the server dropped the connection at the first request (not an etcd server, or one that requires TLS: then use https:// endpoints and a CA, Etcd::with_tls, --cacert)",
         Some(tls) if tls.client_pem().is_none() => {
             "the server dropped the connection right after the TLS handshake: it may require a client certificate (Tls::with_client_files, --cert and --key)"
         }
         Some(_) => "the server dropped the connection right after the TLS handshake: it may not accept this client certificate (signed by a CA it does not trust, or expired)",
     };
     match error {
-        Error::Unavailable { reason, source, .. } => Error::Unavailable {
-            backend: BACKEND,
-            reason: format!("{hint}: {reason}"),
-            source,
-        },
+        Error::Unavailable { reason, source, .. } => {
+            let shown: Vec<String> = endpoints.iter().map(|e| crate::shown(e)).collect();
+            let named = if shown.iter().all(|e| reason.contains(e.as_str())) {
+                reason
+            } else {
+                format!("{}: {reason}", shown.join(","))
+            };
+            Error::Unavailable {
+                backend: BACKEND,
+                reason: format!("{hint}: {named}"),
+                source,
+            }
+        }
         other => other,
     }
 }

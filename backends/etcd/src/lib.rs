@@ -413,7 +413,8 @@ impl Etcd {
                 // Connecting authenticates when a user is set: bound it by
                 // the connect timeout too, as a silent server must not hang it.
                 match tokio::time::timeout(options.connect_timeout() + options.request_timeout(), connecting).await {
-                    Ok(connected) => connected.map_err(|e| error::map_connect(e, self.tls.as_ref(), self.user_name())),
+                    Ok(connected) => connected
+                        .map_err(|e| error::map_connect(e, self.tls.as_ref(), self.user_name(), &self.endpoints)),
                     Err(_) => Err(error::unreachable(&self.endpoints, self.tls.is_some())),
                 }
             })
@@ -561,7 +562,7 @@ impl Backend for Etcd {
         let markers = format!("{}{}", self.namespace, self.markers);
         let session: Arc<dyn BackendSession> = EtcdSession::open(client, options, markers, self.namespace.clone())
             .await
-            .map_err(|e| error::first_request(e, self.tls.as_ref()))?;
+            .map_err(|e| error::first_request(e, self.tls.as_ref(), &self.endpoints))?;
         Ok(session)
     }
 }

@@ -78,3 +78,25 @@ async fn a_silent_endpoint_is_named_in_the_message() {
         "the message must name the endpoint: {error}"
     );
 }
+
+/// A port that accepts connections and hangs up at once (not an etcd
+/// server): the error says so and names the endpoint (found by review: it
+/// named none).
+#[tokio::test]
+async fn a_port_that_hangs_up_is_named_in_the_message() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(64) {
+            drop(stream);
+        }
+    });
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let options = lockline::SessionOptions::new().with_connect_timeout(std::time::Duration::from_secs(2));
+    let error = Client::new(Etcd::new([endpoint.as_str()]))
+        .session_with(options)
+        .await
+        .expect_err("not an etcd server");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(error.to_string().contains(&format!("127.0.0.1:{port}")), "{error}");
+}
