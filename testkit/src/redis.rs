@@ -99,6 +99,9 @@ impl RedisServer {
             args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary.to_string()]);
         }
         if options.cluster {
+            // The cluster bus port, free too (by default PORT + 10000, which
+            // may be taken).
+            args.extend(["--cluster-port".to_owned(), free_port()?.to_string()]);
             args.extend(
                 [
                     "--cluster-enabled",

@@ -335,56 +335,66 @@ impl Shared {
                 .arg(attempt);
             invocation
         };
-        let mut conn = self.conn.clone();
-        let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
-        pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
-        let single = !conn.is_cluster();
-        if single && tracked.iter().any(|t| t.3) {
-            pipe.load_script(&scripts.renew_holder).ignore();
-        }
-        let mut holders = Vec::new();
-        for (key, name, attempt, plain, _) in &tracked {
-            if *plain && single {
-                pipe.invoke_script(&holder(key, name, attempt));
-            } else if *plain {
-                holders.push(holder(key, name, attempt));
-            } else {
-                pipe.cmd("PEXPIRE").arg(key).arg(ttl);
-            }
-        }
-        if let Some(acks) = self.acks {
-            pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
-        }
         let what = "renew the session";
         let map_error = |error| map(what, &self.target, error);
-        let (replies, cluster_replies) = if holders.is_empty() {
-            (
-                pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(map_error)?,
-                Vec::new(),
-            )
+        let mut conn = self.conn.clone();
+        // One reply per command: the session key, then each entry in order.
+        let replies: Vec<Value> = if conn.is_cluster() {
+            // A cluster takes no pipeline across slots: one request per key,
+            // all in flight at once on the multiplexed node connections.
+            let mut session = redis::cmd("PEXPIRE");
+            session.arg(layout::session_key(&self.id)).arg(ttl);
+            let invocations: Vec<Option<ScriptInvocation<'_>>> = tracked
+                .iter()
+                .map(|(key, name, attempt, plain, _)| plain.then(|| holder(key, name, attempt)))
+                .collect();
+            let entries = tracked.iter().zip(&invocations).map(|((key, ..), invocation)| {
+                let mut conn = conn.clone();
+                async move {
+                    match invocation {
+                        Some(invocation) => invocation.invoke_async::<Value>(&mut conn).await,
+                        None => {
+                            let mut pexpire = redis::cmd("PEXPIRE");
+                            pexpire.arg(key).arg(ttl);
+                            pexpire.query_async::<Value>(&mut conn).await
+                        }
+                    }
+                }
+            });
+            let mut session_conn = conn.clone();
+            let (first, rest) = futures::join!(
+                session.query_async::<Value>(&mut session_conn),
+                futures::future::join_all(entries)
+            );
+            std::iter::once(first)
+                .chain(rest)
+                .collect::<redis::RedisResult<Vec<_>>>()
+                .map_err(map_error)?
         } else {
-            let mut holder_conn = conn.clone();
-            let pipelined = pipe.query_async::<Vec<Value>>(&mut conn);
-            let scripted = futures::future::join_all(holders.iter().map(|h| {
-                let mut conn = holder_conn.clone();
-                async move { h.invoke_async::<Value>(&mut conn).await }
-            }));
-            let (pipelined, scripted) = futures::join!(pipelined, scripted);
-            let _ = &mut holder_conn;
-            let scripted = scripted.into_iter().collect::<redis::RedisResult<Vec<_>>>();
-            (pipelined.map_err(map_error)?, scripted.map_err(map_error)?)
+            // One round trip however many entries: the holders' script is
+            // loaded first in case the server lost it (a restart).
+            let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
+            pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
+            if tracked.iter().any(|t| t.3) {
+                pipe.load_script(&scripts.renew_holder).ignore();
+            }
+            for (key, name, attempt, plain, _) in &tracked {
+                if *plain {
+                    pipe.invoke_script(&holder(key, name, attempt));
+                } else {
+                    pipe.cmd("PEXPIRE").arg(key).arg(ttl);
+                }
+            }
+            if let Some(acks) = self.acks {
+                pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
+            }
+            pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(map_error)?
         };
         let mut replies = replies.into_iter();
         let session_alive = replies.next().and_then(|v| int(&v)) == Some(1);
-        let mut scripted = cluster_replies.into_iter();
         let mut gone = Vec::new();
-        for (key, _, _, plain, known) in &tracked {
-            let reply = if *plain && !single {
-                scripted.next()
-            } else {
-                replies.next()
-            };
-            let renewed = reply.as_ref().and_then(int) == Some(1);
+        for (key, _, _, _, known) in &tracked {
+            let renewed = replies.next().as_ref().and_then(int) == Some(1);
             if !renewed && *known {
                 gone.push(key.clone());
             }
