@@ -4,13 +4,14 @@
 //! increasing, and reports wakeups per release.
 //!
 //! ```text
-//! cargo run -p lockline-demo --release -- [--workers N] [--rounds N] [--etcd ENDPOINTS | --etcd-local]
+//! cargo run -p lockline-demo --release -- [--workers N] [--rounds N] [--etcd ENDPOINTS | --etcd-local | --zookeeper HOSTS | --redis [URL]]
 //! ```
 //!
 //! The memory backend by default; `--etcd http://host:2379[,...]` runs it on an
 //! etcd cluster you have, `--etcd-local` on a throwaway etcd it starts (Debian's
 //! `etcd-server`) on a free loopback port, `--zookeeper HOST:PORT[,...]` on a
-//! ZooKeeper ensemble.
+//! ZooKeeper ensemble, `--redis redis://HOST:PORT` on a Redis node you have,
+//! and `--redis` alone on a throwaway `redis-server` it starts.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -18,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use lockline::{Client, FencingToken, Result, SessionOptions};
 use lockline_etcd::Etcd;
-use lockline_testkit::EtcdCluster;
+use lockline_redis::Redis;
+use lockline_testkit::{EtcdCluster, RedisServer};
 use lockline_zookeeper::ZooKeeper;
 
 struct Args {
@@ -32,10 +34,12 @@ enum Backend {
     Etcd(Vec<String>),
     EtcdLocal,
     ZooKeeper(String),
+    Redis(String),
+    RedisLocal,
 }
 
 const USAGE: &str = "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)] \
-                     [--etcd http://HOST:PORT[,...] | --etcd-local | --zookeeper HOST:PORT[,...]]";
+                     [--etcd http://HOST:PORT[,...] | --etcd-local | --zookeeper HOST:PORT[,...] | --redis [redis://HOST:PORT]]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = Args {
@@ -43,7 +47,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         rounds: 3,
         backend: Backend::Memory,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
         let mut number = |range: std::ops::RangeInclusive<usize>| -> std::result::Result<usize, String> {
             let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -67,6 +71,14 @@ fn parse_args() -> std::result::Result<Args, String> {
             "--zookeeper" => {
                 let hosts = it.next().ok_or("--zookeeper needs a connect string")?;
                 args.backend = Backend::ZooKeeper(hosts);
+            }
+            "--redis" => {
+                // A URL after it names a server; alone, a throwaway one.
+                let url = it.next_if(|v| v.starts_with("redis://") || v.starts_with("rediss://"));
+                args.backend = match url {
+                    Some(url) => Backend::Redis(url),
+                    None => Backend::RedisLocal,
+                };
             }
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
@@ -114,6 +126,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<bool> {
     let mut _local = None;
+    let mut _local_redis = None;
     let client = match &args.backend {
         Backend::Memory => Client::memory(),
         Backend::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
@@ -124,6 +137,15 @@ async fn run(args: Args) -> Result<bool> {
             println!("started a throwaway etcd at {}", cluster.endpoint(0));
             let client = Client::new(Etcd::new(cluster.endpoints()));
             _local = Some(cluster);
+            client
+        }
+        Backend::Redis(url) => Client::new(Redis::new(url.clone())),
+        Backend::RedisLocal => {
+            let server = RedisServer::start()
+                .map_err(|e| lockline::Error::unavailable_because("redis", "starting a throwaway redis-server", e))?;
+            println!("started a throwaway redis-server at {}", server.url());
+            let client = Client::new(Redis::new(server.url()));
+            _local_redis = Some(server);
             client
         }
     };

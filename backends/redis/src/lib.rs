@@ -51,10 +51,11 @@
 //!   data), or the entry gone.
 //! - **Single-key interop** = a mutex contender at the head of the queue also
 //!   takes the plain key `n` (`SET n <entry key> PX ttl`, only where `n` does
-//!   not exist), renews it with the entry and deletes it on release. redis-py's
-//!   `Lock`, redsync and node-redlock on one node, `SET NX PX` with a Lua
-//!   release, and Redisson's `RLock` (a hash at `n`) therefore exclude
-//!   lockline's holders and are excluded by them. A contender at the head
+//!   not exist), renews it with the entry and deletes it on release.
+//!   redis-py's `Lock` (tested both ways) and, by the commands they send, a
+//!   `SET NX PX` lock with a Lua release (redsync and node-redlock on one
+//!   node) and Redisson's `RLock` (a hash at `n`) therefore exclude lockline's
+//!   holders and are excluded by them. A contender at the head
 //!   waits while a foreign client owns `n`: on keyspace events for `n` when
 //!   the server publishes them (`notify-keyspace-events` with `K` and `g`,
 //!   `x` or `A`), otherwise at its TTL. Read/write locks, semaphores and

@@ -161,3 +161,60 @@ async fn redis_py_waits_for_a_lockline_holder() {
     let again = bounded("lockline again", mutex.lock()).await.expect("lock");
     again.release().await.expect("release");
 }
+
+/// The other single-key locks by what they do on the server: `SET n token NX
+/// PX` (redsync and node-redlock on one node, the usual Lua-release lock)
+/// and Redisson's `RLock`, a hash at `n` taken only where `n` does not
+/// exist. A lockline holder makes both fail; either of them makes a lockline
+/// contender wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_nx_locks_and_redisson_hashes_exclude_lockline_and_back() {
+    use redis::AsyncCommands;
+    let server = RedisServer::start().expect("start redis");
+    let mut raw = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let client = Client::new(Redis::new(server.url()));
+    let session = client.session_with(options()).await.expect("session");
+    let mutex = session.mutex("jobs/single-key").expect("mutex");
+
+    // lockline holds: SET NX fails, and Redisson's test (EXISTS) says taken.
+    let guard = mutex.lock().await.expect("lock");
+    let taken: Option<String> = redis::cmd("SET")
+        .arg("jobs/single-key")
+        .arg("foreign")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut raw)
+        .await
+        .expect("SET NX");
+    assert_eq!(taken, None, "SET NX took a key a lockline holder owns");
+    let exists: bool = raw.exists("jobs/single-key").await.expect("EXISTS");
+    assert!(exists, "Redisson's RLock would take a key lockline holds");
+    guard.release().await.expect("release");
+
+    // A SET NX PX holder: lockline waits until it lets go.
+    let taken: Option<String> = redis::cmd("SET")
+        .arg("jobs/single-key")
+        .arg("foreign")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut raw)
+        .await
+        .expect("SET NX");
+    assert!(taken.is_some());
+    assert!(mutex.try_lock().await.expect("try_lock").is_none());
+    let _: () = raw.del("jobs/single-key").await.expect("DEL");
+
+    // A Redisson-style hash holder: lockline is kept out as well.
+    let _: () = raw.hset("jobs/single-key", "uuid:1", 1).await.expect("HSET");
+    let _: () = raw.pexpire("jobs/single-key", 30_000).await.expect("PEXPIRE");
+    assert!(mutex.try_lock().await.expect("try_lock").is_none());
+    let _: () = raw.del("jobs/single-key").await.expect("DEL");
+    let again = mutex.try_lock().await.expect("try_lock").expect("free again");
+    again.release().await.expect("release");
+}
