@@ -284,10 +284,13 @@ impl Session {
     /// afterwards fails with [`Error::Closed`]. Closing twice is fine.
     ///
     /// Returns once the server has confirmed the close (etcd answered the
-    /// revoke; ZooKeeper answered `CloseSession`), so a process may exit right
-    /// after it without leaving its locks held until the TTL runs out. A
-    /// confirmation that does not come within the request timeout is an
-    /// [`Error::Unavailable`].
+    /// revoke; ZooKeeper answered `CloseSession`; Redis deleted the session's
+    /// entries and key), so a process may exit right after it without
+    /// leaving its locks held until the TTL runs out. A confirmation that
+    /// does not come within the request timeout is an
+    /// [`Error::Unavailable`]; calling `close` again asks the server again
+    /// (a lost or already closed session included), so `Ok` always means the
+    /// server has confirmed.
     ///
     /// # Cancel safety
     ///
@@ -299,9 +302,7 @@ impl Session {
     /// A backend error when the server could not be told; the session is closed
     /// locally all the same.
     pub async fn close(&self) -> Result<()> {
-        if self.inner.closed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
+        self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.closed_tx.send_replace(true);
         let timeout = self.inner.options.request_timeout();
         match tokio::time::timeout(timeout, self.inner.remote.close()).await {

@@ -16,9 +16,17 @@
 //!   compare-and-delete release, retried every 10 ms;
 //! - `B_write`: one client's sequential `SET`s/s.
 //!
+//! Grants/s counts every grant; handoffs/s only those that went to another
+//! contender than the holder before. lockline is FIFO, so at N ≥ 2 every
+//! grant is a handoff; the single-key locks are not fair, and with zero hold
+//! time a releasing contender mostly takes the lock straight back, so their
+//! grants/s is close to one client's and their handoffs/s is what waiting
+//! contenders actually get.
+//!
 //! Wakeups per release are counted by lockline's clients (`stats()`); on the
-//! server, commands processed per grant (`INFO stats`) stay flat in N when
-//! each release wakes one waiter, and grow with N when every waiter looks.
+//! server, commands processed per grant (`INFO stats`, which counts the
+//! commands inside scripts too) stay flat in N when each release wakes one
+//! waiter, and grow with N when every waiter looks.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,8 +69,32 @@ async fn b_write(server: &RedisServer, seconds: f64) -> BoxResult<f64> {
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Counts grants, and handoffs: grants to another contender than the last.
+#[derive(Default)]
+struct Tally {
+    grants: AtomicU64,
+    handoffs: AtomicU64,
+    last: std::sync::atomic::AtomicUsize,
+}
+
+impl Tally {
+    /// Called by contender `who` while it holds the lock.
+    fn granted(&self, who: usize) {
+        self.grants.fetch_add(1, Ordering::Relaxed);
+        let before = self.last.swap(who + 1, Ordering::Relaxed);
+        if before != 0 && before != who + 1 {
+            self.handoffs.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.grants.load(Ordering::SeqCst), self.handoffs.load(Ordering::SeqCst))
+    }
+}
+
 struct Run {
     grants_per_sec: f64,
+    handoffs_per_sec: f64,
     wakeups_per_release: f64,
     commands_per_grant: f64,
 }
@@ -81,21 +113,21 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
     let mut side = connection(server).await?;
     let before = commands_processed(&mut side).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
     let mut tasks = Vec::new();
-    for mutex in &mutexes {
-        let (mutex, stop, grants) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&grants));
+    for (who, mutex) in mutexes.iter().enumerate() {
+        let (mutex, stop, tally) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&tally));
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let guard = mutex.lock().await?;
-                grants.fetch_add(1, Ordering::Relaxed);
+                tally.granted(who);
                 guard.release().await?;
             }
             Ok::<(), lockline::Error>(())
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let counted = grants.load(Ordering::SeqCst);
+    let (counted, handed) = tally.counts();
     let after = commands_processed(&mut side).await?;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
@@ -110,6 +142,7 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
     }
     Ok(Run {
         grants_per_sec: counted as f64 / seconds,
+        handoffs_per_sec: handed as f64 / seconds,
         wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
         commands_per_grant: (after - before) / counted.max(1) as f64,
     })
@@ -117,7 +150,7 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
 
 /// The seeds' single-key lock: `SET n token NX PX`, retried every 10 ms,
 /// released by a Lua compare-and-delete.
-async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<(f64, f64)> {
+async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<(f64, f64, f64)> {
     let release = redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
     );
@@ -125,13 +158,13 @@ async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> B
     let mut side = connection(server).await?;
     let before = commands_processed(&mut side).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
     let mut tasks = Vec::new();
     for i in 0..n {
         let mut conn = connection(server).await?;
-        let (stop, grants, release, name) = (
+        let (stop, tally, release, name) = (
             Arc::clone(&stop),
-            Arc::clone(&grants),
+            Arc::clone(&tally),
             Arc::clone(&release),
             name.to_owned(),
         );
@@ -157,23 +190,27 @@ async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> B
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                grants.fetch_add(1, Ordering::Relaxed);
+                tally.granted(i);
                 let _: i64 = release.key(&name).arg(&token).invoke_async(&mut conn).await?;
             }
             Ok::<(), redis::RedisError>(())
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let counted = grants.load(Ordering::SeqCst);
+    let (counted, handed) = tally.counts();
     let after = commands_processed(&mut side).await?;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         task.await??;
     }
-    Ok((counted as f64 / seconds, (after - before) / counted.max(1) as f64))
+    Ok((
+        counted as f64 / seconds,
+        handed as f64 / seconds,
+        (after - before) / counted.max(1) as f64,
+    ))
 }
 
-fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<f64> {
+fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<(f64, f64)> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_redis_py.py");
     let output = Command::new("/usr/bin/python3")
         .args([
@@ -185,16 +222,19 @@ fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> Box
         ])
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("grants_per_sec ").and_then(|v| v.trim().parse().ok()))
-        .ok_or_else(|| {
-            format!(
-                "redis-py benchmark failed: {stdout}{}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-            .into()
-        })
+    let value = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
+    };
+    match (value("grants_per_sec "), value("handoffs_per_sec ")) {
+        (Some(grants), Some(handoffs)) => Ok((grants, handoffs)),
+        _ => Err(format!(
+            "redis-py benchmark failed: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into()),
+    }
 }
 
 #[tokio::main]
@@ -216,22 +256,36 @@ async fn main() -> BoxResult<()> {
     println!("B_write (one client's sequential SET/s): {b_write:.0}");
     println!();
     println!(
-        "| N | lockline grants/s | redis-py grants/s | spin (SET NX PX, 10 ms) grants/s | lockline / B_write | \
-         lockline / redis-py | lockline / spin | wakeups/release (client) | server commands/grant: lockline | spin |"
+        "| N | grants/s: lockline | redis-py | spin | handoffs/s: lockline | redis-py | spin | \
+         lockline grants / B_write | lockline handoffs / redis-py | lockline handoffs / spin | \
+         wakeups/release (client) | server commands/grant: lockline | spin |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.1}", a / b)
+        } else if a > 0.0 {
+            "∞".to_owned()
+        } else {
+            "-".to_owned()
+        }
+    };
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_run(&server, n, seconds, &format!("bench/lockline-{round}")).await?;
-        let py = redis_py_run(&server, n, seconds, &format!("bench/redis-py-{round}"))?;
-        let (spin, spin_commands) = spin_run(&server, n, seconds, &format!("bench/spin-{round}")).await?;
+        let (py, py_handoffs) = redis_py_run(&server, n, seconds, &format!("bench/redis-py-{round}"))?;
+        let (spin, spin_handoffs, spin_commands) =
+            spin_run(&server, n, seconds, &format!("bench/spin-{round}")).await?;
         println!(
-            "| {n} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} |",
+            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {:.2} | {:.1} | {:.1} |",
             ours.grants_per_sec,
             py,
             spin,
+            ours.handoffs_per_sec,
+            py_handoffs,
+            spin_handoffs,
             ours.grants_per_sec / b_write,
-            ours.grants_per_sec / py,
-            ours.grants_per_sec / spin,
+            ratio(ours.handoffs_per_sec, py_handoffs),
+            ratio(ours.handoffs_per_sec, spin_handoffs),
             ours.wakeups_per_release,
             ours.commands_per_grant,
             spin_commands,

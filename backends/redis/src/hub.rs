@@ -19,9 +19,18 @@ use crate::error::{map, timed_out};
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// What was heard on a channel: how many messages, and whether one of them
+/// said the entry is gone (a release or a reaping publishes `gone` only
+/// once the entry is deleted: the server's own word).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Heard {
+    count: u64,
+    gone: bool,
+}
+
 struct Channel {
     users: usize,
-    messages: watch::Sender<u64>,
+    messages: watch::Sender<Heard>,
 }
 
 pub(crate) struct Hub {
@@ -42,11 +51,16 @@ pub(crate) struct Hub {
 pub(crate) struct Subscription {
     hub: Arc<Hub>,
     channel: String,
-    messages: watch::Receiver<u64>,
+    messages: watch::Receiver<Heard>,
     generation: watch::Receiver<u64>,
 }
 
 impl Subscription {
+    /// Whether a message said the entry is gone.
+    pub(crate) fn heard_gone(&self) -> bool {
+        self.messages.borrow().gone
+    }
+
     /// Resolves on the next message on the channel, or when the connection
     /// was made again (a message may have been lost): look again.
     pub(crate) async fn changed(&mut self) {
@@ -126,7 +140,7 @@ impl Hub {
                     (existing.messages.subscribe(), false)
                 }
                 None => {
-                    let sender = watch::Sender::new(0);
+                    let sender = watch::Sender::new(Heard::default());
                     let receiver = sender.subscribe();
                     channels.insert(
                         channel.to_owned(),
@@ -235,7 +249,11 @@ impl Hub {
                     let Some(message) = message else { return };
                     let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
                     if let Some(channel) = channels.get(message.get_channel_name()) {
-                        channel.messages.send_modify(|n| *n += 1);
+                        let gone = message.get_payload_bytes() == b"gone";
+                        channel.messages.send_modify(|heard| {
+                            heard.count += 1;
+                            heard.gone |= gone;
+                        });
                     }
                 }
                 _ = ping.tick() => {

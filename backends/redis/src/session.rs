@@ -256,6 +256,9 @@ impl Shared {
     /// Declares the session lost and, as far as the server answers, ends it
     /// there too (its key and its entries), never to be renewed again.
     fn lose(self: &Arc<Self>, why: &str) {
+        // Its entries are gone for its holders and waiters now, and stay
+        // listed until the server has deleted them (here, or by `close`).
+        self.signal_gone_all();
         if advance(&self.state, SessionState::Lost) {
             tracing::warn!(session = %self.id, target = %self.target, "session lost: {why}");
             let shared = Arc::clone(self);
@@ -446,7 +449,6 @@ impl Shared {
                     // The server no longer knows the session (it expired, or
                     // the server restarted without its data).
                     self.lose("the server no longer has the session");
-                    self.forget_all();
                     return;
                 }
                 Some(Ok(Err(error))) => {
@@ -461,15 +463,13 @@ impl Shared {
             }
             if Instant::now() >= confirmed + loss_after {
                 self.lose("no renewal confirmed within ttl - safety margin");
-                self.forget_all();
                 return;
             }
         }
     }
 
-    fn forget_all(&self) {
-        let all: Vec<Tracked> = self.entries().drain().map(|(_, t)| t).collect();
-        for tracked in all {
+    fn signal_gone_all(&self) {
+        for tracked in self.entries().values() {
             tracked.gone.send_replace(true);
         }
     }
@@ -664,46 +664,36 @@ impl BackendSession for RedisSession {
             return shared.wait_plain(&entry.key).await;
         }
         let (name, attempt) = self.name_of(entry)?;
-        let own = entry.owner.as_deref() == Some(shared.id.as_str());
-        let mut local = if own {
-            shared.entries().get(&entry.key).map(|t| t.gone.subscribe())
-        } else {
-            None
-        };
+        if entry.owner.as_deref() == Some(shared.id.as_str()) {
+            // Our own entries are renewed by us, and each renewal says which
+            // of them are gone (deleted by anyone, or expired); our own
+            // removals say so at once. No subscription, no read.
+            let gone = shared.entries().get(&entry.key).map(|t| t.gone.subscribe());
+            if let Some(mut gone) = gone {
+                let _ = gone.wait_for(|gone| *gone).await;
+            }
+            return Ok(());
+        }
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         loop {
             let Some(left) = shared.status(entry).await? else {
                 return Ok(());
             };
-            // Our own entries are renewed by us: the renewal says when one
-            // is gone. Another's is gone at its TTL unless renewed.
-            let recheck = if own {
-                None
-            } else if left >= 0 {
-                Some(Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK)
+            // Gone at its TTL unless renewed: look again then.
+            let recheck = if left >= 0 {
+                Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
             } else {
-                Some(no_ttl_recheck(&shared.options))
-            };
-            let expiry = async {
-                match recheck {
-                    Some(after) => tokio::time::sleep(after).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let forgotten = async {
-                match local.as_mut() {
-                    Some(gone) => {
-                        if gone.wait_for(|gone| *gone).await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    None => std::future::pending().await,
-                }
+                no_ttl_recheck(&shared.options)
             };
             tokio::select! {
-                () = messages.changed() => {}
-                () = expiry => {}
-                () = forgotten => return Ok(()),
+                () = messages.changed() => {
+                    // A release or a reaping says so once the entry is
+                    // deleted: no need to read it again.
+                    if messages.heard_gone() {
+                        return Ok(());
+                    }
+                }
+                () = tokio::time::sleep(recheck) => {}
             }
         }
     }
@@ -845,24 +835,22 @@ impl BackendSession for RedisSession {
         let found: i64 = shared.command("read the session key", &exists).await?;
         if found == 0 {
             shared.lose("the server no longer has the session");
-            shared.forget_all();
         }
         Ok(*shared.state.borrow())
     }
 
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
-        if shared.state.borrow().is_over() {
-            advance(&shared.state, SessionState::Closed);
-            return Ok(());
-        }
-        let removed = shared.remove_all().await;
+        // A session already lost stays lost: closing it does not undo that.
         advance(&shared.state, SessionState::Closed);
-        shared.forget_all();
+        shared.signal_gone_all();
         for task in &self.tasks {
             task.abort();
         }
-        removed
+        // Every entry still listed (all of them, or those an earlier close
+        // could not remove) and the session key: `Ok` once the server has
+        // deleted them, so a second close after a failed one asks again.
+        shared.remove_all().await
     }
 
     fn give_up(&self, why: &str) {

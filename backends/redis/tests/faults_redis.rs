@@ -284,3 +284,31 @@ async fn bad_input_is_refused_with_typed_errors() {
         Err(Error::InvalidOptions { .. })
     ));
 }
+
+/// `close()` is `Ok` only once the server deleted the session's entries and
+/// key: during a silent partition it is `Unavailable`, asked again it asks
+/// the server again, and once the partition heals it confirms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_is_confirmed_by_the_server_or_an_error() {
+    let server = RedisServer::start().expect("start redis");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
+    let session = Client::new(Redis::new(format!("redis://{}", proxy.address())))
+        .session_with(options(30_000))
+        .await
+        .expect("session");
+    let _guard = session.mutex("close").expect("mutex").lock().await.expect("lock");
+    proxy.blackhole();
+    for attempt in 0..2 {
+        match bounded("close", session.close()).await {
+            Err(Error::Unavailable { .. }) => {}
+            other => panic!("close {attempt} during the partition must be Unavailable, got {other:?}"),
+        }
+    }
+    proxy.heal();
+    bounded("close", session.close())
+        .await
+        .expect("confirmed once the server answers");
+    let mut side = support::side(&server.url()).await;
+    let left = support::scan(&mut side, "*").await;
+    assert_eq!(left, vec!["{close}:seq".to_owned()], "only the counter is left");
+}

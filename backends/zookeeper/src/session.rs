@@ -227,9 +227,9 @@ const MAX_REQUEST_BYTES: usize = 1_000_000;
 /// (its header, lengths, version or flags), rounded up.
 const MULTI_OP_OVERHEAD: usize = 32;
 
-/// What one ACL of a created node adds on the wire (permissions, scheme and
-/// id with their lengths), rounded up for the identities lockline names.
-const ACL_BYTES: usize = 64;
+/// What one ACL of a created node adds on the wire beside its scheme and id
+/// (permissions and lengths), rounded up.
+const ACL_BYTES: usize = 16;
 
 /// Refuses a request of `size` bytes that the server would not take.
 fn fits(size: usize, key: &str) -> Result<()> {
@@ -336,7 +336,15 @@ impl ZkSession {
     /// had time to notice (a process paused past the deadline runs its own
     /// requests before the tracker's timer): never sent a request on.
     fn check_deadline(&self) -> Result<()> {
-        if !self.state.borrow().is_over() && Instant::now() >= self.liveness.deadline() {
+        let state = *self.state.borrow();
+        if state.is_over() {
+            let session = self.id.clone();
+            return Err(match state {
+                SessionState::Lost => Error::SessionLost { session },
+                _ => Error::Closed { session },
+            });
+        }
+        if Instant::now() >= self.liveness.deadline() {
             self.mark_lost("not confirmed within the loss deadline");
             return Err(Error::SessionLost {
                 session: self.id.clone(),
@@ -354,6 +362,29 @@ impl ZkSession {
                 session: self.id.clone(),
             };
         }
+        self.noted(mapped)
+    }
+
+    /// As [`err`](Self::err) for a write that was sent and may have been
+    /// applied: a transient error stays one (`Unavailable` says the batch may
+    /// have landed), whatever the deadline.
+    fn err_sent(&self, error: ZkError, path: &str) -> Error {
+        match self.noted(map(error, &self.id)) {
+            Error::Backend {
+                backend,
+                reason,
+                source,
+            } => Error::Backend {
+                backend,
+                reason: format!("write {path:?}: {reason}"),
+                source,
+            },
+            mapped => mapped,
+        }
+    }
+
+    /// Marks the session lost when the server said it is.
+    fn noted(&self, mapped: Error) -> Error {
         match mapped {
             Error::SessionLost { .. } => self.mark_lost("the server expired the session"),
             Error::AuthenticationFailed { .. } => self.mark_lost("the server rejected the session's credentials"),
@@ -812,12 +843,26 @@ impl BackendSession for ZkSession {
                 reason: format!("the path is the directory {dir:?} of the lock that fences the write, or under it"),
             });
         }
-        // Each operation of a `multi` also carries its header, path length,
-        // flags and ACLs on the wire.
-        let per_op = MULTI_OP_OVERHEAD + self.acls.len() * ACL_BYTES;
+        // On the wire each operation of a `multi` also carries its header
+        // and the chroot before its path; a put may create its node, with
+        // its data and every ACL (permissions, scheme and id with lengths).
+        let chroot = client.path().len();
+        let acls: usize = self
+            .acls
+            .iter()
+            .map(|acl| ACL_BYTES + acl.scheme().len() + acl.id().len())
+            .sum();
         let size = writes
             .iter()
-            .map(|w| w.key().len() + w.value().map_or(0, <[u8]>::len) + per_op)
+            .map(|w| {
+                MULTI_OP_OVERHEAD
+                    + chroot
+                    + w.key().len()
+                    + match w {
+                        Write::Put { value, .. } => value.len() + acls,
+                        _ => 0,
+                    }
+            })
             .sum();
         fits(size, writes.first().map_or(entry.key.as_str(), Write::key))?;
         let persistent = CreateMode::Persistent.with_acls(Acls::new(&self.acls));
@@ -849,9 +894,15 @@ impl BackendSession for ZkSession {
                 };
                 added.map_err(|e| self.err_on(e, "write", op_path(op)))?;
             }
+            // Never sent past the loss deadline, however long the steps
+            // above took (a stalled process).
+            self.check_deadline()?;
             let failure = match multi.commit().await {
                 Ok(_) => return Ok(true),
-                Err(MultiWriteError::RequestFailed { source }) => return Err(self.err_on(source, "write", dir)),
+                Err(MultiWriteError::RequestFailed {
+                    source: ZkError::NoAuth,
+                }) => return Err(denied("write", dir)),
+                Err(MultiWriteError::RequestFailed { source }) => return Err(self.err_sent(source, dir)),
                 Err(MultiWriteError::OperationFailed { index, source }) => (index, source),
             };
             let (index, source) = failure;
@@ -1000,7 +1051,8 @@ impl BackendSession for ZkSession {
         advance(&self.state, SessionState::Closed);
         // Answered in a round trip. Within the core's own bound (the request
         // timeout), so that the error can say what may hold the session.
-        let bound = self.options.request_timeout().saturating_sub(CLOSE_MARGIN);
+        let timeout = self.options.request_timeout();
+        let bound = timeout.saturating_sub(CLOSE_MARGIN).max(timeout / 2);
         let started = Instant::now();
         let confirmed = match watcher {
             Some(mut watcher) => {

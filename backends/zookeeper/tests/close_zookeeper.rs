@@ -270,3 +270,52 @@ async fn a_close_a_stopped_server_never_heard_is_an_error_whatever_the_ttl() {
         started.elapsed()
     );
 }
+
+/// A close that could not be confirmed, asked again while the partition
+/// lasts, is still an error: `Ok` always means the server confirmed (found
+/// by review: the second call returned `Ok` at once). Once the partition
+/// heals, a close confirms and nothing of the session is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_again_asks_the_server_again() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
+    let session = Client::new(ZooKeeper::new(proxy.address()))
+        .session_with(options().with_request_timeout(Duration::from_secs(2)))
+        .await
+        .expect("session");
+    let _guard = session.mutex("close/again").expect("mutex").lock().await.expect("lock");
+    proxy.blackhole();
+    for attempt in 0..2 {
+        match bounded("close", session.close()).await {
+            Err(Error::Unavailable { .. }) => {}
+            other => panic!("close {attempt} during the partition must be Unavailable, got {other:?}"),
+        }
+    }
+    proxy.heal();
+    bounded("close", session.close())
+        .await
+        .expect("confirmed once the server answers");
+    let other = Client::new(ZooKeeper::new(ensemble.connect_string()))
+        .session()
+        .await
+        .expect("session");
+    assert!(other.queue("close/again").await.expect("queue").is_empty());
+}
+
+/// A request timeout shorter than the close margin still leaves time for
+/// the server's answer (found by review: 50 ms always failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_request_timeout_still_confirms_the_close() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    for request in [Duration::from_millis(50), Duration::from_millis(100)] {
+        let session = Client::new(ZooKeeper::new(ensemble.connect_string()))
+            .session_with(options().with_request_timeout(request))
+            .await
+            .expect("session");
+        let _guard = session.mutex("close/short").expect("mutex").lock().await.expect("lock");
+        session
+            .close()
+            .await
+            .unwrap_or_else(|e| panic!("close with a {request:?} request timeout: {e}"));
+    }
+}

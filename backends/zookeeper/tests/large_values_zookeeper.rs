@@ -39,3 +39,32 @@ async fn a_batch_too_large_on_the_wire_is_refused_at_once() {
         .expect("a batch that fits");
     guard.release().await.expect("release");
 }
+
+/// The size check counts what the client library adds: the chroot before
+/// every path, and the ACLs of every created node (found by review: 2,000
+/// long paths under a long chroot passed the check and dropped the
+/// connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_size_check_counts_the_chroot() {
+    let cluster = ZkEnsemble::start().expect("start ZooKeeper");
+    let chroot = format!("/{}", "c".repeat(200));
+    let session = Client::new(ZooKeeper::new(format!("{}{chroot}", cluster.connect_string())))
+        .session()
+        .await
+        .expect("session");
+    let guard = session
+        .mutex("/large/chroot")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let batch: Vec<lockline::Write> = (0..2_000)
+        .map(|i| lockline::Write::put(format!("/p/{i:0>390}"), "v"))
+        .collect();
+    match guard.write_if_held(batch).await {
+        Err(lockline::Error::InvalidOptions { reason }) => assert!(reason.contains("too large"), "{reason}"),
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert_eq!(session.state(), lockline::SessionState::Live);
+    guard.release().await.expect("release");
+}
