@@ -18,10 +18,10 @@ fn elect(server: &[String], args: &[&str]) -> std::process::Command {
     command
 }
 
-fn leaders_follow_each_other(server: &[String], prefix: &str) {
+fn leaders_follow_each_other(server: &[String], key_prefix: &str) {
     let first = Running::spawn("first", elect(server, &["jobs/leader", "node-a"]));
     let first_key = first.stdout_line();
-    assert!(first_key.starts_with(&format!("{prefix}jobs/leader/")), "{first_key}");
+    assert!(first_key.starts_with(key_prefix), "{first_key}");
 
     let listener = Running::spawn("listener", elect(server, &["-l", "jobs/leader"]));
     assert_eq!(listener.stdout_line(), first_key);
@@ -83,13 +83,19 @@ fn leaders_follow_each_other(server: &[String], prefix: &str) {
 #[test]
 fn leaders_follow_each_other_on_etcd() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    leaders_follow_each_other(&["--etcd".to_owned(), cluster.endpoints().join(",")], "");
+    leaders_follow_each_other(&["--etcd".to_owned(), cluster.endpoints().join(",")], "jobs/leader/");
 }
 
 #[test]
 fn leaders_follow_each_other_on_zookeeper() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
-    leaders_follow_each_other(&["--zookeeper".to_owned(), ensemble.connect_string()], "/");
+    leaders_follow_each_other(&["--zookeeper".to_owned(), ensemble.connect_string()], "/jobs/leader/");
+}
+
+#[test]
+fn leaders_follow_each_other_on_redis() {
+    let server = lockline_testkit::RedisServer::start().expect("start redis");
+    leaders_follow_each_other(&["--redis".to_owned(), server.url()], "{jobs/leader}:e:");
 }
 
 /// The leader's lease revoked on the server while its command runs: the

@@ -107,6 +107,12 @@ fn statuses_on_zookeeper() {
     statuses(&["--zookeeper".to_owned(), ensemble.connect_string()]);
 }
 
+#[test]
+fn statuses_on_redis() {
+    let server = lockline_testkit::RedisServer::start().expect("start redis");
+    statuses(&["--redis".to_owned(), server.url()]);
+}
+
 /// Nothing listens on the port, or the port swallows every byte: 122,
 /// "unavailable", on both backends.
 #[test]

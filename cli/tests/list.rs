@@ -1,10 +1,10 @@
 //! `lockline list NAME` prints the queue in order, the holder first, one
 //! tab-separated line per contender (key, owner, fencing token, kind), no
-//! header; on etcd and ZooKeeper. A listing that cannot be written exits 125.
+//! header; on etcd, ZooKeeper and Redis. A listing that cannot be written exits 125.
 
 mod support;
 
-use lockline_testkit::{EtcdCluster, ZkEnsemble};
+use lockline_testkit::{EtcdCluster, RedisServer, ZkEnsemble};
 use support::{eventually, lockline, Running};
 
 /// The `list` lines of `name`, split on tabs.
@@ -77,4 +77,10 @@ fn the_holder_is_listed_first_on_etcd() {
 fn the_holder_is_listed_first_on_zookeeper() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     the_holder_is_listed_first(&["--zookeeper".to_owned(), ensemble.connect_string()]);
+}
+
+#[test]
+fn the_holder_is_listed_first_on_redis() {
+    let server = RedisServer::start().expect("start redis");
+    the_holder_is_listed_first(&["--redis".to_owned(), server.url()]);
 }
