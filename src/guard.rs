@@ -25,6 +25,9 @@ pub(crate) fn watch_entry(inner: &Arc<SessionInner>, entry: &Entry) -> EntryWatc
 /// The first pause before re-watching a held entry after its watch failed,
 /// and its cap (the pause doubles on each failure in a row).
 const REWATCH_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The first pause before trying a release again after a transient failure.
+const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(20);
 const REWATCH_MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why a held entry may no longer be held.
@@ -209,7 +212,25 @@ impl Hold {
         }
         // Until the removal has finished, a cancelled `release` leaves the work
         // to `Drop` (fenced, so a second attempt is harmless).
-        let removed = inner.call(inner.remote.remove(&self.entry)).await;
+        // A removal cut off in transit (a connection reset, a member going
+        // away) is tried again while the request timeout lasts: it is fenced,
+        // so a second try can only delete this very entry.
+        let deadline = tokio::time::Instant::now() + inner.options.request_timeout();
+        let mut pause = RELEASE_RETRY_PAUSE;
+        let removed = loop {
+            match inner.call(inner.remote.remove(&self.entry)).await {
+                Err(error)
+                    if error.is_transient()
+                        && tokio::time::Instant::now() + pause < deadline
+                        && !inner.state().is_over() =>
+                {
+                    tracing::debug!(key = %self.entry.key, %error, "release cut off; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(REWATCH_MAX_BACKOFF);
+                }
+                other => break other,
+            }
+        };
         self.released = true;
         match removed {
             Ok(true) => {

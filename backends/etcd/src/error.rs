@@ -62,7 +62,12 @@ pub(crate) fn map_on(error: EtcdError, session: Option<&str>, operation: &'stati
         }
     }
     let transient = match &error {
-        EtcdError::GRpcStatus(status) => is_transient_code(status.code() as i32),
+        // A connection broken mid-request (an HTTP/2 GOAWAY or protocol
+        // error) is reported by the client as Internal: the request may be
+        // tried again on a new connection.
+        EtcdError::GRpcStatus(status) => {
+            is_transient_code(status.code() as i32) || status.message().starts_with("h2 protocol error")
+        }
         EtcdError::TransportError(_)
         | EtcdError::IoError(_)
         | EtcdError::WatchError(_)
