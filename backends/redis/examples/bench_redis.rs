@@ -23,8 +23,10 @@
 //! grants/s is close to one client's and their handoffs/s is what waiting
 //! contenders actually get.
 //!
-//! Wakeups per release are counted by lockline's clients (`stats()`); on the
-//! server, commands processed per grant (`INFO stats`, which counts the
+//! Wakeups per release are counted by lockline's clients (`stats()`) and on
+//! the server (`cmdstat_publish` per grant, less the one append notice each
+//! cycle publishes: each release publishes once, to its one waiter's
+//! channel); commands processed per grant (`INFO stats`, which counts the
 //! commands inside scripts too) stay flat in N when each release wakes one
 //! waiter, and grow with N when every waiter looks.
 
@@ -52,6 +54,18 @@ async fn commands_processed(conn: &mut redis::aio::MultiplexedConnection) -> Box
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| "no total_commands_processed in INFO stats".into())
+}
+
+/// `cmdstat_publish` calls from `INFO commandstats` (commands run by
+/// scripts are counted too).
+async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0))
 }
 
 async fn b_write(server: &RedisServer, seconds: f64) -> BoxResult<f64> {
@@ -97,6 +111,7 @@ struct Run {
     handoffs_per_sec: f64,
     wakeups_per_release: f64,
     commands_per_grant: f64,
+    releases_published: f64,
 }
 
 async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<Run> {
@@ -112,6 +127,7 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
     }
     let mut side = connection(server).await?;
     let before = commands_processed(&mut side).await?;
+    let published_before = publishes(&mut side).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
     let mut tasks = Vec::new();
@@ -129,6 +145,7 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     let (counted, handed) = tally.counts();
     let after = commands_processed(&mut side).await?;
+    let published_after = publishes(&mut side).await?;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         task.await??;
@@ -145,6 +162,9 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
         handoffs_per_sec: handed as f64 / seconds,
         wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
         commands_per_grant: (after - before) / counted.max(1) as f64,
+        // Each cycle publishes twice: the release (to its one waiter) and
+        // the append's notice for election observers (nobody listens here).
+        releases_published: (published_after - published_before) / counted.max(1) as f64 - 1.0,
     })
 }
 
@@ -258,9 +278,9 @@ async fn main() -> BoxResult<()> {
     println!(
         "| N | grants/s: lockline | redis-py | spin | handoffs/s: lockline | redis-py | spin | \
          lockline grants / B_write | lockline handoffs / redis-py | lockline handoffs / spin | \
-         wakeups/release (client) | server commands/grant: lockline | spin |"
+         wakeups/release (client) | release messages/release (server) | server commands/grant: lockline | spin |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ratio = |a: f64, b: f64| {
         if b > 0.0 {
             format!("{:.1}", a / b)
@@ -276,7 +296,7 @@ async fn main() -> BoxResult<()> {
         let (spin, spin_handoffs, spin_commands) =
             spin_run(&server, n, seconds, &format!("bench/spin-{round}")).await?;
         println!(
-            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {:.2} | {:.1} | {:.1} |",
+            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} |",
             ours.grants_per_sec,
             py,
             spin,
@@ -287,6 +307,7 @@ async fn main() -> BoxResult<()> {
             ratio(ours.handoffs_per_sec, py_handoffs),
             ratio(ours.handoffs_per_sec, spin_handoffs),
             ours.wakeups_per_release,
+            ours.releases_published,
             ours.commands_per_grant,
             spin_commands,
         );

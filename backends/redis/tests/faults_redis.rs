@@ -312,3 +312,34 @@ async fn close_is_confirmed_by_the_server_or_an_error() {
     let left = support::scan(&mut side, "*").await;
     assert_eq!(left, vec!["{close}:seq".to_owned()], "only the counter is left");
 }
+
+/// An append sent again with the same attempt id (its first answer lost)
+/// finds the entry the first one made: one attempt, one place in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_append_finds_its_own_entry() {
+    use lockline::backend::{AppendRequest, Conflicts, EntryKind};
+    let server = RedisServer::start().expect("start redis");
+    let session = Client::new(Redis::new(server.url()))
+        .session_with(options(6000))
+        .await
+        .expect("session");
+    let request = AppendRequest {
+        dir: "retried",
+        kind: EntryKind::Mutex,
+        attempt: "attempt-1",
+        value: b"",
+        conflicts: Conflicts::All,
+        nearest: 1,
+    };
+    let first = session.backend_session().append(&request).await.expect("append");
+    let again = session.backend_session().append(&request).await.expect("append again");
+    assert_eq!(first.entry, again.entry);
+    let queue = session.queue("retried").await.expect("queue");
+    assert_eq!(queue.len(), 1, "{queue:?}");
+    session
+        .backend_session()
+        .abandon("retried", EntryKind::Mutex, "attempt-1")
+        .await
+        .expect("abandon");
+    assert!(session.queue("retried").await.expect("queue").is_empty());
+}
