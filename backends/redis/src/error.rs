@@ -31,10 +31,17 @@ pub(crate) fn map(what: &str, target: &str, error: RedisError) -> Error {
             reason: "on a Redis Cluster the keys of one fenced write must share the lock's hash tag {NAME}".into(),
         },
         _ if is_unavailable(&error) => Error::unavailable_because(NAME, format!("{what} on {target}"), error),
-        _ => Error::Backend {
-            backend: NAME,
-            reason: format!("{what} on {target}: {}", lockline_describe(&error)),
-            source: Box::new(error),
+        _ => match Error::backend(NAME, error) {
+            Error::Backend {
+                backend,
+                reason,
+                source,
+            } => Error::Backend {
+                backend,
+                reason: format!("{what} on {target}: {reason}"),
+                source,
+            },
+            other => other,
         },
     }
 }
@@ -59,20 +66,6 @@ pub(crate) fn is_unavailable(error: &RedisError) -> bool {
 
 fn detail(error: &RedisError) -> String {
     error.detail().map_or_else(|| error.to_string(), str::to_owned)
-}
-
-fn lockline_describe(error: &RedisError) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let words = cause.to_string();
-        if !words.is_empty() && !text.contains(&words) {
-            text.push_str(": ");
-            text.push_str(&words);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// A reply that does not have the shape the script returns.
