@@ -24,9 +24,8 @@
 //! contenders actually get.
 //!
 //! Wakeups per release are counted by lockline's clients (`stats()`) and on
-//! the server (`cmdstat_publish` per grant, less the one append notice each
-//! cycle publishes: each release publishes once, to its one waiter's
-//! channel); commands processed per grant (`INFO stats`, which counts the
+//! the server (`cmdstat_publish` per grant: each release publishes once, on
+//! a channel only its one waiter listens to); commands processed per grant (`INFO stats`, which counts the
 //! commands inside scripts too) stay flat in N when each release wakes one
 //! waiter, and grow with N when every waiter looks.
 
@@ -162,9 +161,7 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
         handoffs_per_sec: handed as f64 / seconds,
         wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
         commands_per_grant: (after - before) / counted.max(1) as f64,
-        // Each cycle publishes twice: the release (to its one waiter) and
-        // the append's notice for election observers (nobody listens here).
-        releases_published: (published_after - published_before) / counted.max(1) as f64 - 1.0,
+        releases_published: (published_after - published_before) / counted.max(1) as f64,
     })
 }
 

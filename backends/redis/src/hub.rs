@@ -45,6 +45,10 @@ pub(crate) struct Hub {
     /// Bumped each time the connection is made again (or lost): waiters
     /// look again, as a message may have been missed.
     generation: watch::Sender<u64>,
+    /// Channels nobody wants any more, unsubscribed in batches by the
+    /// connection's task.
+    retired: std::sync::Mutex<Vec<String>>,
+    retire: tokio::sync::Notify,
 }
 
 /// One waiter's interest in one channel; unsubscribes when the last is dropped.
@@ -96,11 +100,12 @@ impl Drop for Subscription {
             }
         };
         if last {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let hub = Arc::clone(&self.hub);
-                let channel = std::mem::take(&mut self.channel);
-                runtime.spawn(async move { hub.unsubscribe(channel).await });
-            }
+            self.hub
+                .retired
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(std::mem::take(&mut self.channel));
+            self.hub.retire.notify_one();
         }
     }
 }
@@ -120,6 +125,8 @@ impl Hub {
             channels: std::sync::Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
             generation: watch::Sender::new(0),
+            retired: std::sync::Mutex::new(Vec::new()),
+            retire: tokio::sync::Notify::new(),
         })
     }
 
@@ -174,19 +181,20 @@ impl Hub {
         Ok(subscription)
     }
 
-    async fn unsubscribe(&self, channel: String) {
+    /// Unsubscribes, in one command, the channels retired since the last
+    /// time that nobody wants again meanwhile.
+    async fn unsubscribe_retired(&self) {
         let mut sink = self.sink.lock().await;
-        // Wanted again meanwhile: keep it.
-        if self
-            .channels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&channel)
-        {
+        let retired: Vec<String> = {
+            let wanted = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+            retired.drain(..).filter(|c| !wanted.contains_key(c)).collect()
+        };
+        if retired.is_empty() {
             return;
         }
         if let Some(sink) = sink.as_mut() {
-            let _ = tokio::time::timeout(self.request_timeout, sink.unsubscribe(&channel)).await;
+            let _ = tokio::time::timeout(self.request_timeout, sink.unsubscribe(&retired)).await;
         }
     }
 
@@ -256,6 +264,7 @@ impl Hub {
                         });
                     }
                 }
+                () = self.retire.notified() => self.unsubscribe_retired().await,
                 _ = ping.tick() => {
                     let sink = self.sink.lock().await.clone();
                     let Some(mut sink) = sink else { return };

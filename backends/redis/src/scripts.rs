@@ -5,7 +5,7 @@
 //! `{n}:q` the queue (sorted set: attempt id scored by order), `{n}:seq` the
 //! counter, `{n}:e:<attempt>` an entry (hash: kind, owner, order, value,
 //! plain; with a TTL), `{n}:c:<attempt>` its channel, `{n}:joined` the
-//! channel an append publishes on, and `n` itself, the plain key a mutex
+//! channel an election candidate's append publishes on, and `n` itself, the plain key a mutex
 //! holder owns for clients of the single-key lock.
 
 use redis::Script;
@@ -84,7 +84,7 @@ else
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])
   redis.call('PEXPIRE', entry, ARGV[6])
   redis.call('ZADD', q, order, attempt)
-  redis.call('PUBLISH', prefix .. 'joined', order)
+  if ARGV[3] == 'election' then redis.call('PUBLISH', prefix .. 'joined', order) end
 end
 local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
 return {order, head(out, plain, entry, ARGV[6], ARGV[9], prefix)}
