@@ -22,10 +22,12 @@ const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// What was heard on a channel: how many messages, and whether one of them
 /// said the entry is gone (a release or a reaping publishes `gone` only
 /// once the entry is deleted: the server's own word).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Heard {
     count: u64,
     gone: bool,
+    /// The attempt id a release named as now holding (`gone <attempt>`).
+    head: Option<String>,
 }
 
 struct Channel {
@@ -63,6 +65,11 @@ impl Subscription {
     /// Whether a message said the entry is gone.
     pub(crate) fn heard_gone(&self) -> bool {
         self.messages.borrow().gone
+    }
+
+    /// The attempt the release named as holding now, if it named one.
+    pub(crate) fn announced_head(&self) -> Option<String> {
+        self.messages.borrow().head.clone()
     }
 
     /// Resolves on the next message on the channel, or when the connection
@@ -257,10 +264,16 @@ impl Hub {
                     let Some(message) = message else { return };
                     let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
                     if let Some(channel) = channels.get(message.get_channel_name()) {
-                        let gone = message.get_payload_bytes() == b"gone";
+                        let payload = String::from_utf8_lossy(message.get_payload_bytes());
+                        let mut words = payload.split(' ');
+                        let gone = words.next() == Some("gone");
+                        let head = words.next().filter(|_| gone).map(str::to_owned);
                         channel.messages.send_modify(|heard| {
                             heard.count += 1;
                             heard.gone |= gone;
+                            if head.is_some() {
+                                heard.head = head;
+                            }
                         });
                     }
                 }

@@ -103,14 +103,18 @@ return {1, head(out, plain, entry, ARGV[6], ARGV[7], prefix)}
 "#;
 
 /// KEYS: queue, plain key. ARGV: prefix, attempt, order (empty: any),
-/// owner. Deletes the entry if it is still that one, gives up the plain key
-/// if the entry owned it, and wakes the entry's one waiter. Returns 1 if it
-/// deleted.
+/// owner, ttl ms. Deletes the entry if it is still that one, gives up the
+/// plain key if the entry owned it, and wakes the entry's one waiter. The
+/// message is `gone`, or `gone <attempt>` when the queue's first live entry
+/// now holds by the exclusive rule (a mutex, write lock or candidate at the
+/// head; a mutex once it has the plain key, which this step takes for it):
+/// the one read that decides, made here, so the woken successor needs none.
+/// Returns 1 if it deleted.
 const REMOVE: &str = r#"
 local q, plain = KEYS[1], KEYS[2]
 local prefix, attempt = ARGV[1], ARGV[2]
 local entry = prefix .. 'e:' .. attempt
-local fields = redis.call('HMGET', entry, 'order', 'owner')
+local fields = redis.call('HMGET', entry, 'order', 'owner', 'plain')
 if not fields[1] then
   redis.call('ZREM', q, attempt)
   return 0
@@ -118,10 +122,28 @@ end
 if (ARGV[3] ~= '' and fields[1] ~= ARGV[3]) or fields[2] ~= ARGV[4] then return 0 end
 redis.call('DEL', entry)
 redis.call('ZREM', q, attempt)
-if redis.call('TYPE', plain)['ok'] == 'string' and redis.call('GET', plain) == entry then
+if fields[3] == '1' and redis.call('TYPE', plain)['ok'] == 'string' and redis.call('GET', plain) == entry then
   redis.call('DEL', plain)
 end
-redis.call('PUBLISH', prefix .. 'c:' .. attempt, 'gone')
+local message = 'gone'
+while true do
+  local first = redis.call('ZRANGE', q, 0, 0)
+  if #first == 0 then break end
+  local head = prefix .. 'e:' .. first[1]
+  local kind = redis.call('HGET', head, 'kind')
+  if not kind then
+    redis.call('ZREM', q, first[1])
+  else
+    if kind == 'write' or kind == 'election' then
+      message = 'gone ' .. first[1]
+    elseif kind == 'mutex' and claim(plain, head, ARGV[5], prefix) then
+      redis.call('HSET', head, 'plain', '1')
+      message = 'gone ' .. first[1]
+    end
+    break
+  end
+end
+redis.call('PUBLISH', prefix .. 'c:' .. attempt, message)
 return 1
 "#;
 
@@ -227,7 +249,7 @@ impl Scripts {
         Scripts {
             append: with_common(APPEND),
             earlier: with_common(EARLIER),
-            remove: Script::new(REMOVE),
+            remove: with_common(REMOVE),
             list: Script::new(LIST),
             status: Script::new(STATUS),
             renew_holder: Script::new(RENEW_HOLDER),

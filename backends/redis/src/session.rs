@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     pub(crate) keyspace: Option<String>,
     pub(crate) acks: Option<ReplicaAcks>,
     entries: std::sync::Mutex<HashMap<String, Tracked>>,
+    /// Our entries a release announced as holding now: their next
+    /// `earlier` needs no read (the release's script made it).
+    heads: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// A session of the [`Redis`](crate::Redis) backend.
@@ -158,6 +161,7 @@ impl Shared {
             keyspace,
             acks,
             entries: std::sync::Mutex::new(HashMap::new()),
+            heads: std::sync::Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -251,6 +255,7 @@ impl Shared {
         if let Some(tracked) = self.entries().remove(key) {
             tracked.gone.send_replace(true);
         }
+        self.heads.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
     }
 
     /// Declares the session lost and, as far as the server answers, ends it
@@ -312,7 +317,8 @@ impl Shared {
             .arg(layout::prefix(name))
             .arg(attempt)
             .arg(order)
-            .arg(owner);
+            .arg(owner)
+            .arg(self.ttl_ms());
         let reply = self.run("remove the entry", &scripts.remove, &invocation, true).await?;
         Ok(int(&reply) == Some(1))
     }
@@ -608,6 +614,18 @@ impl BackendSession for RedisSession {
     async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {
         let (name, attempt) = self.name_of(entry)?;
         let shared = &self.shared;
+        // The release that woke us decided, in its own script, that this
+        // entry heads the queue under the exclusive rule (and took the plain
+        // key for a mutex): that was the one read.
+        let announced = shared
+            .heads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&entry.key);
+        if announced && conflicts == Conflicts::All && entry.kind != EntryKind::Semaphore {
+            self.mark_plain(&entry.key, &[], entry.kind);
+            return Ok(Earlier::Entries(Vec::new()));
+        }
         let scripts = Arc::clone(&shared.scripts);
         let mut invocation = scripts.earlier.key(layout::queue(name));
         invocation
@@ -690,6 +708,13 @@ impl BackendSession for RedisSession {
                     // A release or a reaping says so once the entry is
                     // deleted: no need to read it again.
                     if messages.heard_gone() {
+                        // It may also say that one of ours holds now.
+                        if let Some(head) = messages.announced_head() {
+                            let key = layout::entry_key(name, &head);
+                            if shared.entries().contains_key(&key) {
+                                shared.heads.lock().unwrap_or_else(PoisonError::into_inner).insert(key);
+                            }
+                        }
                         return Ok(());
                     }
                 }
