@@ -44,7 +44,10 @@
 //!   was renewed). Messages lost while the pub/sub connection was down are
 //!   covered by looking again when it is back.
 //! - **Release** = one script: deletes the entry only if it is still that
-//!   entry, gives up the plain key, publishes once.
+//!   entry, gives up the plain key, publishes once. It also reads the
+//!   queue's head: when that entry now holds by the exclusive rule (taking
+//!   the plain key for a mutex), the message names it and the woken
+//!   successor is granted without a read of its own.
 //! - **Loss** = no renewal confirmed for `ttl - safety margin` (counted from
 //!   the send time of the last confirmed one; `Suspended` while renewals
 //!   fail), the session key gone (expired, or a server restarted without its
