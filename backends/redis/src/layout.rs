@@ -78,7 +78,7 @@ pub(crate) fn is_plain_blocker(entry: &Entry) -> bool {
 }
 
 /// Whether `key` has the shape of a lock's own keys: `{n}:q`, `{n}:seq`,
-/// `{n}:e:…`, `{n}:c:…`, `{n}:joined`, or a session key.
+/// `{n}:e:…`, `{n}:c:…`, `{n}:x:…`, `{n}:joined`, or a session key.
 pub(crate) fn is_layout_key(key: &str) -> bool {
     if key.starts_with("lockline:session:") {
         return true;
@@ -90,7 +90,10 @@ pub(crate) fn is_layout_key(key: &str) -> bool {
         return false;
     };
     let tail = &rest[close + 1..];
-    matches!(tail, ":q" | ":seq" | ":joined") || tail.starts_with(":e:") || tail.starts_with(":c:")
+    matches!(tail, ":q" | ":seq" | ":joined")
+        || tail.starts_with(":e:")
+        || tail.starts_with(":c:")
+        || tail.starts_with(":x:")
 }
 
 /// Refuses names that would break the hash tag or the layout.

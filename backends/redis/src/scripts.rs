@@ -80,6 +80,14 @@ local order = redis.call('HGET', entry, 'order')
 if order then
   order = tonumber(order)
 else
+  -- An append that arrives after its attempt was abandoned creates nothing.
+  if redis.call('EXISTS', prefix .. 'x:' .. attempt) == 1 then
+    return redis.error_reply('ABANDONED this acquire attempt was abandoned')
+  end
+  local queue_type = redis.call('TYPE', q)['ok']
+  if queue_type ~= 'none' and queue_type ~= 'zset' then
+    return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
+  end
   order = redis.call('INCR', seq)
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])
   redis.call('PEXPIRE', entry, ARGV[6])
@@ -102,10 +110,13 @@ local out = nearest(q, prefix, order, ARGV[4], tonumber(ARGV[5]))
 return {1, head(out, plain, entry, ARGV[6], ARGV[7], prefix)}
 "#;
 
-/// KEYS: queue, plain key. ARGV: prefix, attempt, order (empty: any),
-/// owner, ttl ms. Deletes the entry if it is still that one, gives up the
+/// KEYS: queue, plain key. ARGV: prefix, attempt, order (empty: any, an
+/// abandoned attempt, which also leaves a tombstone `{n}:x:<attempt>` for a
+/// TTL so that its append, if still in flight, creates nothing), owner, ttl
+/// ms. Deletes the entry if it is still that one, gives up the
 /// plain key if the entry owned it, and wakes the entry's one waiter. The
 /// message is `gone`, or `gone <attempt>` when the queue's first live entry
+/// is the one right after the deleted one (so it waits on this channel) and
 /// now holds by the exclusive rule (a mutex, write lock or candidate at the
 /// head; a mutex once it has the plain key, which this step takes for it):
 /// the one read that decides, made here, so the woken successor needs none.
@@ -114,26 +125,36 @@ const REMOVE: &str = r#"
 local q, plain = KEYS[1], KEYS[2]
 local prefix, attempt = ARGV[1], ARGV[2]
 local entry = prefix .. 'e:' .. attempt
+if ARGV[3] == '' then
+  -- An abandoned attempt: an append of it still in flight must not land.
+  redis.call('SET', prefix .. 'x:' .. attempt, '', 'PX', ARGV[5])
+end
 local fields = redis.call('HMGET', entry, 'order', 'owner', 'plain')
 if not fields[1] then
-  redis.call('ZREM', q, attempt)
+  redis.pcall('ZREM', q, attempt)
   return 0
 end
 if (ARGV[3] ~= '' and fields[1] ~= ARGV[3]) or fields[2] ~= ARGV[4] then return 0 end
 redis.call('DEL', entry)
-redis.call('ZREM', q, attempt)
+redis.pcall('ZREM', q, attempt)
 if fields[3] == '1' and redis.call('TYPE', plain)['ok'] == 'string' and redis.call('GET', plain) == entry then
   redis.call('DEL', plain)
 end
 local message = 'gone'
-while true do
-  local first = redis.call('ZRANGE', q, 0, 0)
+while redis.call('TYPE', q)['ok'] == 'zset' do
+  local first = redis.call('ZRANGE', q, 0, 0, 'WITHSCORES')
   if #first == 0 then break end
   local head = prefix .. 'e:' .. first[1]
   local kind = redis.call('HGET', head, 'kind')
   if not kind then
     redis.call('ZREM', q, first[1])
   else
+    -- Only the entry right after the one deleted waits on its channel:
+    -- an earlier head (the holder, or one waiting for something else) is
+    -- not announced.
+    if tonumber(first[2]) < tonumber(fields[1]) then
+      break
+    end
     if kind == 'write' or kind == 'election' then
       message = 'gone ' .. first[1]
     elseif kind == 'mutex' and claim(plain, head, ARGV[5], prefix) then

@@ -40,6 +40,8 @@ struct Tracked {
     attempt: String,
     /// Whether the append was answered (an unanswered one may still land).
     known: bool,
+    /// Its order, once the append was answered.
+    order: Option<i64>,
     /// Whether the entry owns the plain key (a mutex at the head).
     plain: bool,
     /// Set when the entry is found gone.
@@ -87,6 +89,18 @@ impl Drop for RedisSession {
         for task in &self.tasks {
             task.abort();
         }
+    }
+}
+
+/// An error of a step on lock `name`: a key of another type is named by
+/// the lock, not by the step.
+fn for_lock(error: Error, name: &str) -> Error {
+    match error {
+        Error::InvalidName { reason, .. } => Error::InvalidName {
+            name: name.to_owned(),
+            reason,
+        },
+        other => other,
     }
 }
 
@@ -277,17 +291,22 @@ impl Shared {
 
     /// Deletes every entry of the session and its key.
     async fn remove_all(&self) -> Result<()> {
-        let owned: Vec<(String, String, String)> = self
+        let owned: Vec<(String, String, String, String)> = self
             .entries()
             .iter()
-            .map(|(key, t)| (key.clone(), t.name.clone(), t.attempt.clone()))
+            .map(|(key, t)| {
+                // An entry whose append was never answered is removed as an
+                // abandoned attempt (leaving a tombstone against a late append).
+                let order = t.order.map(|o| o.to_string()).unwrap_or_default();
+                (key.clone(), t.name.clone(), t.attempt.clone(), order)
+            })
             .collect();
         let removals = owned
             .iter()
-            .map(|(_, name, attempt)| self.remove_attempt(name, attempt, ""));
+            .map(|(_, name, attempt, order)| self.remove_attempt(name, attempt, order));
         let results = futures::future::join_all(removals).await;
         let mut first_error = None;
-        for ((key, _, _), result) in owned.iter().zip(results) {
+        for ((key, ..), result) in owned.iter().zip(results) {
             match result {
                 Ok(_) => self.forget(key),
                 Err(error) => {
@@ -559,6 +578,7 @@ impl BackendSession for RedisSession {
             name: name.to_owned(),
             attempt: request.attempt.to_owned(),
             known: false,
+            order: None,
             plain: false,
             gone: watch::Sender::new(false),
         });
@@ -578,7 +598,8 @@ impl BackendSession for RedisSession {
             .arg(Self::wants_plain(request.kind));
         let reply = shared
             .run("append to the queue", &scripts.append, &invocation, true)
-            .await?;
+            .await
+            .map_err(|e| for_lock(e, name))?;
         let parsed = match &reply {
             Value::Array(parts) => match parts.as_slice() {
                 [order, nearest] => int(order).zip(entries_from(name, nearest)),
@@ -592,6 +613,7 @@ impl BackendSession for RedisSession {
         nearest.truncate(request.nearest);
         if let Some(tracked) = shared.entries().get_mut(&key) {
             tracked.known = true;
+            tracked.order = Some(order);
         }
         self.mark_plain(&key, &nearest, request.kind);
         if shared.state.borrow().is_over() {
@@ -639,7 +661,8 @@ impl BackendSession for RedisSession {
             .arg(Self::wants_plain(entry.kind));
         let reply = shared
             .run("read the queue", &scripts.earlier, &invocation, true)
-            .await?;
+            .await
+            .map_err(|e| for_lock(e, name))?;
         let Value::Array(parts) = &reply else {
             return Err(bad_reply("read the queue", &reply));
         };
@@ -685,12 +708,14 @@ impl BackendSession for RedisSession {
         if entry.owner.as_deref() == Some(shared.id.as_str()) {
             // Our own entries are renewed by us, and each renewal says which
             // of them are gone (deleted by anyone, or expired); our own
-            // removals say so at once. No subscription, no read.
+            // removals say so at once. No subscription, no read. One we do
+            // not track (an append that landed after its attempt was given
+            // up) is waited on like anyone else's, at its TTL.
             let gone = shared.entries().get(&entry.key).map(|t| t.gone.subscribe());
             if let Some(mut gone) = gone {
                 let _ = gone.wait_for(|gone| *gone).await;
+                return Ok(());
             }
-            return Ok(());
         }
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         loop {

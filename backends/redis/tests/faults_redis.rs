@@ -274,9 +274,14 @@ async fn bad_input_is_refused_with_typed_errors() {
     )
     .await
     {
-        Err(Error::InvalidName { reason, .. }) => assert!(reason.contains("another type"), "{reason}"),
+        Err(Error::InvalidName { name, reason }) => {
+            assert_eq!(name, "typed", "the error names the lock");
+            assert!(reason.contains("another type"), "{reason}");
+        }
         other => panic!("a queue key of another type must be a typed error, got {other:?}"),
     }
+    // Its cleanup ends (found by review: it retried for the session's life).
+    bounded("cleanup", session.flush()).await;
     assert!(matches!(
         Client::new(Redis::cluster(Vec::<String>::new()))
             .session_with(options(2000))
