@@ -26,6 +26,7 @@
 //! | `{n}:q` | sorted set | the queue: one member per entry (its attempt id), scored by its order |
 //! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
 //! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
+//! | `{n}:x:<attempt>` | string with a TTL | the tombstone of an acquire abandoned with its append in flight (a late append creates nothing) |
 //! | `{n}:joined` | channel | where election candidates' appends are published (for observers) |
 //! | `n` | string with a TTL | the plain key a mutex holder owns, as `SET n … NX PX` would |
 //! | `lockline:session:<id>` | string with a TTL | the session: while it exists the session lives |
