@@ -248,6 +248,22 @@ fn fits(size: usize, key: &str) -> Result<()> {
 /// gives up waiting for the server's confirmation, to say why itself.
 const CLOSE_MARGIN: Duration = Duration::from_millis(100);
 
+/// A backend error that says which path the server refused, and why.
+fn on_path(error: Error, operation: &str, path: &str) -> Error {
+    match error {
+        Error::Backend {
+            backend,
+            reason,
+            source,
+        } => Error::Backend {
+            backend,
+            reason: format!("{operation} {path:?}: {reason}"),
+            source,
+        },
+        other => other,
+    }
+}
+
 fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -369,18 +385,7 @@ impl ZkSession {
     /// applied: a transient error stays one (`Unavailable` says the batch may
     /// have landed), whatever the deadline.
     fn err_sent(&self, error: ZkError, path: &str) -> Error {
-        match self.noted(map(error, &self.id)) {
-            Error::Backend {
-                backend,
-                reason,
-                source,
-            } => Error::Backend {
-                backend,
-                reason: format!("write {path:?}: {reason}"),
-                source,
-            },
-            mapped => mapped,
-        }
+        on_path(self.noted(map(error, &self.id)), "write", path)
     }
 
     /// Marks the session lost when the server said it is.
@@ -397,19 +402,7 @@ impl ZkSession {
     fn err_on(&self, error: ZkError, operation: &'static str, path: &str) -> Error {
         match error {
             ZkError::NoAuth => denied(operation, path),
-            other => match self.err(other) {
-                // Say which path the server refused, and why.
-                Error::Backend {
-                    backend,
-                    reason,
-                    source,
-                } => Error::Backend {
-                    backend,
-                    reason: format!("{operation} {path:?}: {reason}"),
-                    source,
-                },
-                mapped => mapped,
-            },
+            other => on_path(self.err(other), operation, path),
         }
     }
 
