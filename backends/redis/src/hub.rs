@@ -36,7 +36,11 @@ struct Channel {
 }
 
 pub(crate) struct Hub {
-    client: redis::Client,
+    /// One client per server the connection may be made to, tried in turn
+    /// from the last one that worked: a cluster publishes every message on
+    /// every node, so any node will do.
+    clients: Vec<redis::Client>,
+    current: std::sync::atomic::AtomicUsize,
     target: String,
     request_timeout: Duration,
     ping_every: Duration,
@@ -119,13 +123,14 @@ impl Drop for Subscription {
 
 impl Hub {
     pub(crate) fn new(
-        client: redis::Client,
+        clients: Vec<redis::Client>,
         target: String,
         request_timeout: Duration,
         ping_every: Duration,
     ) -> Arc<Self> {
         Arc::new(Hub {
-            client,
+            clients,
+            current: std::sync::atomic::AtomicUsize::new(0),
             target,
             request_timeout,
             ping_every,
@@ -225,13 +230,29 @@ impl Hub {
         }
     }
 
+    /// Connects to the first server that answers, starting from the one
+    /// that worked last.
+    async fn open(&self) -> lockline::Result<redis::aio::PubSub> {
+        use std::sync::atomic::Ordering;
+        let start = self.current.load(Ordering::Relaxed);
+        let mut failure = None;
+        for step in 0..self.clients.len() {
+            let index = (start + step) % self.clients.len();
+            let connect = self.clients[index].get_async_pubsub();
+            match tokio::time::timeout(self.request_timeout, connect).await {
+                Ok(Ok(pubsub)) => {
+                    self.current.store(index, Ordering::Relaxed);
+                    return Ok(pubsub);
+                }
+                Ok(Err(error)) => failure = Some(map("pub/sub connect", &self.target, error)),
+                Err(_) => failure = Some(timed_out("pub/sub connect", &self.target, self.request_timeout)),
+            }
+        }
+        Err(failure.unwrap_or_else(|| timed_out("pub/sub connect", &self.target, self.request_timeout)))
+    }
+
     async fn connect(&self) -> lockline::Result<redis::aio::PubSubStream> {
-        let connect = self.client.get_async_pubsub();
-        let pubsub = match tokio::time::timeout(self.request_timeout, connect).await {
-            Ok(Ok(pubsub)) => pubsub,
-            Ok(Err(error)) => return Err(map("pub/sub connect", &self.target, error)),
-            Err(_) => return Err(timed_out("pub/sub connect", &self.target, self.request_timeout)),
-        };
+        let pubsub = self.open().await?;
         let (mut sink, stream) = pubsub.split();
         let mut slot = self.sink.lock().await;
         let wanted: Vec<String> = self

@@ -226,12 +226,20 @@ impl Redis {
             .collect()
     }
 
-    async fn connect(&self, options: &SessionOptions) -> Result<(Conn, redis::Client)> {
+    /// The command connection, and a client for each server the session's
+    /// pub/sub connection may use (every node of a cluster; the one server
+    /// otherwise).
+    async fn connect(&self, options: &SessionOptions) -> Result<(Conn, Vec<redis::Client>)> {
         let infos = self.check()?;
         let target = self.target();
         let connect_timeout = options.connect_timeout();
         let request_timeout = options.request_timeout();
-        let pubsub = redis::Client::open(infos[0].clone()).map_err(|e| map("open", &target, e))?;
+        let servers = if self.cluster { infos.len() } else { 1 };
+        let pubsub = infos[..servers]
+            .iter()
+            .map(|info| redis::Client::open(info.clone()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| map("open", &target, e))?;
         let connect = async {
             if self.cluster {
                 let client = redis::cluster::ClusterClientBuilder::new(infos)
@@ -245,7 +253,7 @@ impl Redis {
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(request_timeout))
                     .set_number_of_retries(1);
-                redis::aio::ConnectionManager::new_with_config(pubsub.clone(), config)
+                redis::aio::ConnectionManager::new_with_config(pubsub[0].clone(), config)
                     .await
                     .map(Conn::Single)
             }

@@ -55,6 +55,15 @@ local function claim(plain, mine, ttl, prefix)
   return false
 end
 
+-- The remaining TTL of `entry`, which its own session renews: the plain key
+-- taken for it lives as long as it does (not as long as the releaser's
+-- session would have).
+local function entry_ttl(entry, fallback)
+  local ttl = redis.call('PTTL', entry)
+  if ttl > 0 then return ttl end
+  return fallback
+end
+
 -- At the head of the queue a mutex also needs the plain key; a foreign owner
 -- of it stands in the queue as a blocker of order 0.
 local function head(out, plain, entry, ttl, wants_plain, prefix)
@@ -157,7 +166,7 @@ while redis.call('TYPE', q)['ok'] == 'zset' do
     end
     if kind == 'write' or kind == 'election' then
       message = 'gone ' .. first[1]
-    elseif kind == 'mutex' and claim(plain, head, ARGV[5], prefix) then
+    elseif kind == 'mutex' and claim(plain, head, entry_ttl(head, ARGV[5]), prefix) then
       redis.call('HSET', head, 'plain', '1')
       message = 'gone ' .. first[1]
     end

@@ -457,9 +457,21 @@ impl Shared {
             let sent = Instant::now();
             let deadline = confirmed + loss_after;
             let renewal = tokio::time::timeout(self.options.request_timeout(), self.renew());
-            let outcome = tokio::select! {
-                outcome = renewal => Some(outcome),
-                () = tokio::time::sleep_until(deadline) => None,
+            tokio::pin!(renewal);
+            // A renewal unanswered for a keepalive interval suspends the
+            // session while it is still awaited: under a silent partition the
+            // request timeout can outlast the loss deadline.
+            let mut overdue = true;
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut renewal => break Some(outcome),
+                    () = tokio::time::sleep_until(sent + interval), if overdue => {
+                        overdue = false;
+                        tracing::debug!(session = %self.id, "renewal unanswered for a keepalive interval");
+                        advance(&self.state, SessionState::Suspended);
+                    }
+                    () = tokio::time::sleep_until(deadline) => break None,
+                }
             };
             match outcome {
                 Some(Ok(Ok((true, gone)))) => {

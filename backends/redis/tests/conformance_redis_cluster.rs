@@ -9,7 +9,7 @@
 use lockline::conformance::{bounded, Fixture};
 use lockline::{Client, Error, Session, Write};
 use lockline_redis::Redis;
-use lockline_testkit::RedisCluster;
+use lockline_testkit::{free_port, RedisCluster};
 
 mod support;
 
@@ -102,5 +102,57 @@ async fn fenced_writes_take_keys_of_the_locks_slot() {
         Some(&b"1"[..]),
         "a refused batch was partly written"
     );
+    guard.release().await.expect("release");
+}
+
+/// The session's pub/sub connection is made to the first node that answers,
+/// not only to the first URL given: with that seed node down (the command
+/// connection goes through the others), a waiter's subscription still
+/// reaches the cluster and the release wakes it, once (found by review:
+/// waiters heard nothing and fell back to reading the queue on every failed
+/// reconnection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_node_that_is_down_does_not_silence_releases() {
+    let fixture = ClusterFixture::start();
+    let dead = format!("redis://127.0.0.1:{}", free_port().expect("port"));
+    let urls = std::iter::once(dead).chain(fixture.cluster.urls()).collect::<Vec<_>>();
+    let client = Client::new(Redis::cluster(urls));
+    let holder = bounded("session", client.session()).await.expect("session");
+    let other = bounded("session", client.session()).await.expect("session");
+    let held = bounded("lock", holder.mutex("seeds").expect("mutex").lock())
+        .await
+        .expect("lock");
+    let waiter = {
+        let mutex = other.mutex("seeds").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let mut nodes = Vec::new();
+    for url in fixture.cluster.urls() {
+        nodes.push(support::side(&url).await);
+    }
+    bounded("the waiter's subscription on a node", async {
+        loop {
+            let mut subscribed = 0;
+            for node in &mut nodes {
+                let channels: Vec<String> = redis::cmd("PUBSUB")
+                    .arg("CHANNELS")
+                    .arg("{seeds}:c:*")
+                    .query_async(node)
+                    .await
+                    .expect("PUBSUB CHANNELS");
+                subscribed += channels.len();
+            }
+            if subscribed > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let wakeups = client.stats().wakeups;
+    held.release().await.expect("release");
+    let guard = bounded("granted", waiter).await.expect("task").expect("lock");
+    assert_eq!(client.stats().wakeups - wakeups, 1, "one wakeup for the one release");
     guard.release().await.expect("release");
 }

@@ -139,6 +139,45 @@ async fn a_blackholed_holder_is_told_before_the_next_grant() {
     proxy.heal();
 }
 
+/// A renewal that goes unanswered for a keepalive interval suspends the
+/// session while it is still awaited: with a request timeout longer than the
+/// loss deadline (as with the default options) a silent partition is
+/// reported as `Suspended` first, then `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_partition_suspends_the_session_before_it_is_lost() {
+    let server = RedisServer::start().expect("start redis");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
+    let far = Client::new(Redis::new(format!("redis://{}", proxy.address())));
+    let session = far
+        .session_with(
+            SessionOptions::new()
+                .with_ttl(Duration::from_secs(3))
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_request_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("session");
+    let held = session.mutex("suspend").expect("mutex").lock().await.expect("lock");
+    let mut states = session.watch_state();
+    proxy.blackhole();
+    bounded(
+        "Suspended",
+        states.wait_for(|state| matches!(state, SessionState::Suspended | SessionState::Lost)),
+    )
+    .await
+    .expect("state");
+    assert_eq!(
+        *states.borrow(),
+        SessionState::Suspended,
+        "lost without being suspended first"
+    );
+    bounded("Lost", states.wait_for(|state| *state == SessionState::Lost))
+        .await
+        .expect("state");
+    bounded("the holder hears of it", held.lost()).await;
+    proxy.heal();
+}
+
 /// Dropped `lock()` futures, a `lock_timeout` that fires and `try_lock`
 /// leave nothing behind (checked with SCAN).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -97,3 +97,62 @@ async fn a_head_waiting_for_the_plain_key_is_not_handed_the_lock_by_another_chan
         "a foreign single-key client and lockline mutex holder X held `hp` at once"
     );
 }
+
+/// The plain key a release takes for the next mutex holder lives as long as
+/// that holder's entry, which its own session renews, not as long as the
+/// releaser's TTL: with a 1 s releaser and a 30 s successor, the key must
+/// not expire under the successor before its first renewal (found by
+/// review: a foreign `SET NX` was granted beside it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_key_taken_by_a_release_lives_as_long_as_the_new_holder() {
+    let server = RedisServer::start().expect("redis");
+    let client = Client::new(Redis::new(server.url()));
+    let short = client
+        .session_with(SessionOptions::new().with_ttl(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let long = client
+        .session_with(SessionOptions::new().with_ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let mut side = support::side(&server.url()).await;
+
+    let held = short.mutex("mixed-ttls").unwrap().lock().await.unwrap();
+    let waiter = {
+        let mutex = long.mutex("mixed-ttls").unwrap();
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    held.release().await.unwrap();
+    let guard = bounded("granted", waiter).await.unwrap().unwrap();
+    let owner: String = redis::cmd("GET")
+        .arg("mixed-ttls")
+        .query_async(&mut side)
+        .await
+        .unwrap();
+    let plain_ttl: i64 = redis::cmd("PTTL")
+        .arg("mixed-ttls")
+        .query_async(&mut side)
+        .await
+        .unwrap();
+    let entry_ttl: i64 = redis::cmd("PTTL").arg(&owner).query_async(&mut side).await.unwrap();
+    assert!(
+        plain_ttl > 1_000,
+        "the plain key got the releaser's TTL ({plain_ttl} ms), not the new holder's"
+    );
+    assert!(
+        plain_ttl + 1_000 >= entry_ttl,
+        "the plain key ({plain_ttl} ms) expires well before the holder's entry ({entry_ttl} ms)"
+    );
+    let foreign: Option<String> = redis::cmd("SET")
+        .arg("mixed-ttls")
+        .arg("foreign")
+        .arg("NX")
+        .arg("PX")
+        .arg(20_000)
+        .query_async(&mut side)
+        .await
+        .unwrap();
+    assert!(foreign.is_none(), "a foreign SET NX was granted beside the holder");
+    guard.release().await.unwrap();
+}
