@@ -163,27 +163,30 @@ pub(crate) fn first_request(error: Error, tls: Option<&lockline::Tls>, endpoints
     ]
     .iter()
     .any(|w| text.contains(w));
-    if !dropped || text.contains("TLS") {
-        return error;
-    }
     let hint = match tls {
-        None => "the server dropped the connection at the first request (not an etcd server, or one that requires TLS: then use https:// endpoints and a CA, Etcd::with_tls, --cacert)",
-        Some(tls) if tls.client_pem().is_none() => {
+        _ if !dropped || text.contains("TLS") => None,
+        None => Some("the server dropped the connection at the first request (not an etcd server, or one that requires TLS: then use https:// endpoints and a CA, Etcd::with_tls, --cacert)"),
+        Some(tls) if tls.client_pem().is_none() => Some(
             "the server dropped the connection right after the TLS handshake: it may require a client certificate (Tls::with_client_files, --cert and --key)"
-        }
-        Some(_) => "the server dropped the connection right after the TLS handshake: it may not accept this client certificate (signed by a CA it does not trust, or expired)",
+        ),
+        Some(_) => Some("the server dropped the connection right after the TLS handshake: it may not accept this client certificate (signed by a CA it does not trust, or expired)"),
     };
     match error {
         Error::Unavailable { reason, source, .. } => {
+            // The client library names no endpoint when it cannot connect
+            // ("tcp connect error: Connection refused"): say which were tried.
             let shown: Vec<String> = endpoints.iter().map(|e| crate::shown(e)).collect();
-            let named = if shown.iter().all(|e| reason.contains(e.as_str())) {
+            let named = if shown.iter().any(|e| reason.contains(e.as_str())) {
                 reason
             } else {
                 format!("{}: {reason}", shown.join(","))
             };
             Error::Unavailable {
                 backend: BACKEND,
-                reason: format!("{hint}: {named}"),
+                reason: match hint {
+                    Some(hint) => format!("{hint}: {named}"),
+                    None => named,
+                },
                 source,
             }
         }
@@ -223,13 +226,22 @@ fn refused_credentials(code: i32, message: &str) -> Option<String> {
 /// reports a failed handshake as "transport error" and keeps the reason
 /// (unknown issuer, a certificate required, ...) in its source chain.
 fn explain_tls(error: &EtcdError) -> String {
-    let mut chain = vec![error.to_string()];
-    let mut source = std::error::Error::source(error);
+    // A gRPC status prints its source with `Debug` (a dump of the transport
+    // error's fields): take its message and the sources' own words instead.
+    let (first, mut source) = match error {
+        EtcdError::GRpcStatus(status) if std::error::Error::source(status).is_some() => {
+            (status.message().to_owned(), std::error::Error::source(status))
+        }
+        _ => (error.to_string(), std::error::Error::source(error)),
+    };
+    let mut chain = vec![first];
     while let Some(cause) = source {
-        chain.push(cause.to_string());
+        let text = cause.to_string();
+        if !chain.contains(&text) {
+            chain.push(text);
+        }
         source = cause.source();
     }
-    chain.dedup();
     let text = chain.join(": ");
     let tls_words = [
         "certificate",

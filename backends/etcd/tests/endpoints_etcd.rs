@@ -42,6 +42,14 @@ async fn an_unreachable_endpoint_is_named_in_the_message() {
         line.contains(&format!("127.0.0.1:{port}")),
         "the message must name the endpoint: {line}"
     );
+    assert!(
+        line.contains(&format!("http://127.0.0.1:{port}: ")) && line.contains("Connection refused"),
+        "the message must say which endpoint refused: {line}"
+    );
+    assert!(
+        !line.contains("tonic::") && !line.contains("ConnectError("),
+        "the one line must be words, not the client library's debug dump: {line}"
+    );
 }
 
 /// A password written into an endpoint URL is refused and never shown.
