@@ -162,15 +162,15 @@ async fn chain(cluster: &EtcdCluster, n: usize, b_write: f64, put_latency: Durat
     let started = Instant::now();
     first.release().await?;
     let first_released = Instant::now();
-    let (mut deletes, mut wakes) = (Duration::ZERO, Duration::ZERO);
+    let (mut deletes, mut wakes) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let mut released = first_released;
     let mut last = started;
     for _ in 1..n {
         let Some((granted, done)) = finished.recv().await else {
             return Err("a contender of the chain failed".into());
         };
-        wakes += granted.saturating_duration_since(released);
-        deletes += done - granted;
+        wakes.push(granted.saturating_duration_since(released));
+        deletes.push(done - granted);
         released = done;
         last = done;
     }
@@ -182,17 +182,21 @@ async fn chain(cluster: &EtcdCluster, n: usize, b_write: f64, put_latency: Durat
         rate / b_write
     );
     println!();
-    println!("| step of a handoff | mean |");
-    println!("|---|---:|");
-    println!("| a put (B_write's latency) | {put_latency:.2?} |");
-    println!(
-        "| the holder's release (delete round trip, fsync included) | {:.2?} |",
-        deletes / handoffs
-    );
-    println!(
-        "| release answered -> next holder granted (watch event, one read, grant) | {:.2?} |",
-        wakes / handoffs
-    );
+    println!("| step of a handoff | mean | p50 | p99 |");
+    println!("|---|---:|---:|---:|");
+    println!("| a put (B_write's mean latency) | {put_latency:.2?} | | |");
+    for (step, times) in [
+        ("the holder's release (delete round trip, fsync included)", &mut deletes),
+        (
+            "release answered -> next holder granted (watch event, one read, grant)",
+            &mut wakes,
+        ),
+    ] {
+        times.sort();
+        let mean = times.iter().sum::<Duration>() / handoffs;
+        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        println!("| {step} | {mean:.2?} | {:.2?} | {:.2?} |", at(0.5), at(0.99));
+    }
     for session in sessions {
         session.close().await?;
     }
