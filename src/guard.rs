@@ -217,6 +217,7 @@ impl Hold {
         // so a second try can only delete this very entry.
         let deadline = tokio::time::Instant::now() + inner.options.request_timeout();
         let mut pause = RELEASE_RETRY_PAUSE;
+        let mut retried = false;
         let removed = loop {
             match inner.call(inner.remote.remove(&self.entry)).await {
                 Err(error)
@@ -227,17 +228,23 @@ impl Hold {
                     tracing::debug!(key = %self.entry.key, %error, "release cut off; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(REWATCH_MAX_BACKOFF);
+                    retried = true;
                 }
                 other => break other,
             }
         };
         self.released = true;
         match removed {
-            Ok(true) => {
+            // A retry that finds the entry gone after a try whose answer was
+            // lost: that try most likely removed it (the server applied it
+            // and the answer never came back). Nothing of this entry is left
+            // either way, and the guard's monitor had seen no loss before the
+            // release began, so it is reported as released, not as lost.
+            Ok(removed) if removed || retried => {
                 inner.counters.bump(|c| &c.releases);
                 Ok(())
             }
-            Ok(false) => Err(inner.vanished_error(&self.entry.key).await),
+            Ok(_) => Err(inner.vanished_error(&self.entry.key).await),
             Err(error) => {
                 // Keep trying in the background; the caller hears of the failure.
                 inner.spawn_remove(self.entry.clone(), "release", take_permit(&self.local));
@@ -367,7 +374,10 @@ macro_rules! guard_surface {
 
             /// Releases it: deletes its entry, fenced on the entry's own creation
             /// revision / znode, so a stale guard can never delete a newer
-            /// holder's entry. Wakes at most one waiter.
+            /// holder's entry. Wakes at most one waiter. A removal cut off in
+            /// transit is tried again while the request timeout lasts; a
+            /// retry that finds the entry already gone counts as released
+            /// (the cut-off try removed it, its answer lost).
             ///
             /// # Cancel safety
             ///

@@ -663,3 +663,43 @@ async fn a_holder_re_watches_with_backoff_while_the_server_is_down() {
     assert!(guard.is_held(), "a 4 s outage of a 30 s session lost the lock");
     bounded("release", guard.release()).await.expect("release");
 }
+
+/// A release whose removal the server applied but whose answer was lost (the
+/// connection cut before it came back) is tried again on a new connection;
+/// that retry finds the entry gone — removed by the first try — and the
+/// release is reported as done, not as a lost lock (a flaky `LockLost` at
+/// the end of a fault test was this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
+        .session_with(options(30).with_request_timeout(Duration::from_secs(3)))
+        .await
+        .expect("session");
+    let guard = session.mutex("lost-answer").expect("mutex").lock().await.expect("lock");
+    let key = session.queue("lost-answer").await.expect("queue")[0].key.clone();
+
+    proxy.set_responses_dropped(true);
+    let release = tokio::spawn(guard.release());
+    // The server applies the removal; its answer is thrown away.
+    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    bounded("the removal applied", async {
+        while !side.get(key.as_str(), None).await.expect("get").kvs().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // The connection is cut before any answer came back: the release sees a
+    // transport error and tries again on a new connection.
+    proxy.set_responses_dropped(false);
+    proxy.block();
+    proxy.unblock();
+    bounded("release", release)
+        .await
+        .expect("task")
+        .expect("a release whose first try removed the entry is a release");
+    assert!(side.get(key.as_str(), None).await.expect("get").kvs().is_empty());
+}
