@@ -239,8 +239,10 @@ impl Hold {
             // lost: that try most likely removed it (the server applied it
             // and the answer never came back). Nothing of this entry is left
             // either way, and the guard's monitor had seen no loss before the
-            // release began, so it is reported as released, not as lost.
-            Ok(removed) if removed || retried => {
+            // release began, so it is reported as released, not as lost —
+            // unless the session has ended meanwhile (its expiry may be what
+            // removed the entry).
+            Ok(removed) if removed || (retried && !inner.state().is_over()) => {
                 inner.counters.bump(|c| &c.releases);
                 Ok(())
             }
