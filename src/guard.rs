@@ -235,18 +235,24 @@ impl Hold {
         };
         self.released = true;
         match removed {
-            // A retry that finds the entry gone after a try whose answer was
-            // lost: that try most likely removed it (the server applied it
-            // and the answer never came back). Nothing of this entry is left
-            // either way, and the guard's monitor had seen no loss before the
-            // release began, so it is reported as released, not as lost —
-            // unless the session has ended meanwhile (its expiry may be what
-            // removed the entry).
-            Ok(removed) if removed || (retried && !inner.state().is_over()) => {
+            Ok(true) => {
                 inner.counters.bump(|c| &c.releases);
                 Ok(())
             }
-            Ok(_) => Err(inner.vanished_error(&self.entry.key).await),
+            Ok(false) => match inner.vanished_error(&self.entry.key).await {
+                // A retry that finds the entry gone after a try cut off in
+                // transit, on a session the server still confirms: that try
+                // most likely removed it, its answer lost. A removal cannot
+                // tell its own earlier try from another client's delete, so
+                // this is reported as released (as Go's, Curator's and kazoo's
+                // unlocks do for a key already gone); a lost session is not.
+                Error::LockLost { .. } if retried => {
+                    tracing::debug!(key = %self.entry.key, "release retried: entry already gone, taken as removed by the cut-off try");
+                    inner.counters.bump(|c| &c.releases);
+                    Ok(())
+                }
+                error => Err(error),
+            },
             Err(error) => {
                 // Keep trying in the background; the caller hears of the failure.
                 inner.spawn_remove(self.entry.clone(), "release", take_permit(&self.local));
@@ -377,9 +383,11 @@ macro_rules! guard_surface {
             /// Releases it: deletes its entry, fenced on the entry's own creation
             /// revision / znode, so a stale guard can never delete a newer
             /// holder's entry. Wakes at most one waiter. A removal cut off in
-            /// transit is tried again while the request timeout lasts; a
-            /// retry that finds the entry already gone counts as released
-            /// (the cut-off try removed it, its answer lost).
+            /// transit is tried again while the request timeout lasts. A
+            /// retry that finds the entry already gone, on a session the
+            /// server still confirms, counts as released: the cut-off try
+            /// most likely removed it, and a removal cannot tell that from
+            /// another client's delete.
             ///
             /// # Cancel safety
             ///

@@ -694,12 +694,49 @@ async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
     .await;
     // The connection is cut before any answer came back: the release sees a
     // transport error and tries again on a new connection.
-    proxy.set_responses_dropped(false);
     proxy.block();
+    proxy.set_responses_dropped(false);
     proxy.unblock();
     bounded("release", release)
         .await
         .expect("task")
         .expect("a release whose first try removed the entry is a release");
     assert!(side.get(key.as_str(), None).await.expect("get").kvs().is_empty());
+}
+
+/// The same lost answer, but the session's lease is revoked meanwhile: the
+/// retry's empty-handed removal is not taken for a release, since the
+/// server no longer confirms the session (its end may be what removed the
+/// entry, and others may have been granted since).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
+        .session_with(options(30).with_request_timeout(Duration::from_secs(3)))
+        .await
+        .expect("session");
+    let guard = session.mutex("ended").expect("mutex").lock().await.expect("lock");
+    let key = session.queue("ended").await.expect("queue")[0].key.clone();
+
+    proxy.set_responses_dropped(true);
+    let release = tokio::spawn(guard.release());
+    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    bounded("the removal applied", async {
+        while !side.get(key.as_str(), None).await.expect("get").kvs().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    revoke(&cluster, &session).await;
+    proxy.block();
+    proxy.set_responses_dropped(false);
+    proxy.unblock();
+    let released = bounded("release", release).await.expect("task");
+    assert!(
+        matches!(released, Err(Error::SessionLost { .. } | Error::Unavailable { .. })),
+        "a session the server no longer has must not report a release: {released:?}"
+    );
 }
