@@ -664,13 +664,16 @@ async fn a_holder_re_watches_with_backoff_while_the_server_is_down() {
     bounded("release", guard.release()).await.expect("release");
 }
 
-/// A release whose removal the server applied but whose answer was lost (the
-/// connection cut before it came back) is tried again on a new connection;
-/// that retry finds the entry gone — removed by the first try — and the
-/// release is reported as done, not as a lost lock (a flaky `LockLost` at
-/// the end of a fault test was this).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
+/// Holds a lock through a proxy, releases it with the server's answers
+/// dropped, waits until the server has applied the removal, runs `meanwhile`
+/// (given the cluster and the session), then cuts the connection before any
+/// answer came back: the release sees a transport error and tries again on a
+/// new connection. Returns what the release reported; asserts nothing is left.
+async fn release_with_its_answer_lost<F, Fut>(meanwhile: F) -> lockline::Result<()>
+where
+    F: FnOnce(EtcdCluster, lockline::Session) -> Fut,
+    Fut: std::future::Future<Output = (EtcdCluster, lockline::Session)>,
+{
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
     let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
@@ -682,7 +685,6 @@ async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
 
     proxy.set_responses_dropped(true);
     let release = tokio::spawn(guard.release());
-    // The server applies the removal; its answer is thrown away.
     let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .expect("side client");
@@ -692,16 +694,24 @@ async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
         }
     })
     .await;
-    // The connection is cut before any answer came back: the release sees a
-    // transport error and tries again on a new connection.
+    let (_cluster, _session) = meanwhile(cluster, session).await;
     proxy.block();
     proxy.set_responses_dropped(false);
     proxy.unblock();
-    bounded("release", release)
-        .await
-        .expect("task")
-        .expect("a release whose first try removed the entry is a release");
+    let released = bounded("release", release).await.expect("task");
     assert!(side.get(key.as_str(), None).await.expect("get").kvs().is_empty());
+    released
+}
+
+/// A release whose removal the server applied but whose answer was lost is
+/// tried again; that retry finds the entry gone — removed by the first try —
+/// and the release is reported as done, not as a lost lock (a flaky
+/// `LockLost` at the end of a fault test was this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
+    release_with_its_answer_lost(|cluster, session| async { (cluster, session) })
+        .await
+        .expect("a release whose first try removed the entry is a release");
 }
 
 /// The same lost answer, but the session's lease is revoked meanwhile: the
@@ -710,31 +720,11 @@ async fn a_release_whose_answer_was_lost_is_not_reported_as_a_lost_lock() {
 /// entry, and others may have been granted since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
-    let cluster = EtcdCluster::start().expect("start etcd");
-    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
-        .session_with(options(30).with_request_timeout(Duration::from_secs(3)))
-        .await
-        .expect("session");
-    let guard = session.mutex("ended").expect("mutex").lock().await.expect("lock");
-    let key = session.queue("ended").await.expect("queue")[0].key.clone();
-
-    proxy.set_responses_dropped(true);
-    let release = tokio::spawn(guard.release());
-    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("side client");
-    bounded("the removal applied", async {
-        while !side.get(key.as_str(), None).await.expect("get").kvs().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    let released = release_with_its_answer_lost(|cluster, session| async move {
+        revoke(&cluster, &session).await;
+        (cluster, session)
     })
     .await;
-    revoke(&cluster, &session).await;
-    proxy.block();
-    proxy.set_responses_dropped(false);
-    proxy.unblock();
-    let released = bounded("release", release).await.expect("task");
     assert!(
         matches!(released, Err(Error::SessionLost { .. } | Error::Unavailable { .. })),
         "a session the server no longer has must not report a release: {released:?}"
