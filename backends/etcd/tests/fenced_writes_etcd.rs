@@ -179,8 +179,16 @@ async fn a_write_cut_off_midway_is_unavailable_and_safe_to_retry() {
         started.elapsed()
     );
     proxy.heal();
-    // Healed, the request held in the partition may still arrive: either
-    // way the retry below leaves one value.
+    // Healed, the request held in the partition may still arrive. A write
+    // that goes through settles it and makes sure the connection answers
+    // again, so that the next request does reach the server (a request sent
+    // on a connection that the cut left broken may never arrive).
+    bounded("a write goes through again", async {
+        while guard.write_if_held([Write::put("cut/state", "1")]).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 
     // The server applies the write; its answer is lost.
     proxy.set_responses_dropped(true);
