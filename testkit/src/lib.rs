@@ -27,7 +27,7 @@ mod redis;
 mod tls;
 mod zookeeper;
 
-pub use bench::BenchArgs;
+pub use bench::{ms, rss_kib, BenchArgs, Latencies};
 pub use etcd::EtcdCluster;
 pub use lines::LineChild;
 pub use process::{free_port, spawn_tied_to_this_process, Member};

@@ -14,21 +14,9 @@ use std::time::{Duration, Instant};
 
 use lockline::{Client, SessionOptions};
 use lockline_redis::Redis;
-use lockline_testkit::RedisServer;
+use lockline_testkit::{rss_kib, RedisServer};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
