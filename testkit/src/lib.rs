@@ -34,7 +34,7 @@ pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::TcpProxy;
 pub use redis::{RedisCluster, RedisOptions, RedisServer};
 pub use tls::{openssl_installed, Issued, TestCa};
-pub use zookeeper::{ClientAuth, ZkEnsemble, ZkOptions, ZkTlsOptions};
+pub use zookeeper::{ClientAuth, ZkEnsemble, ZkJvm, ZkOptions, ZkTlsOptions};
 
 /// Errors of the harness: what failed and why, with the server's log tail.
 pub type Error = std::io::Error;

@@ -38,6 +38,45 @@ pub struct ZkOptions {
     /// Users (name, password) the server accepts for SASL DIGEST-MD5, from a
     /// JAAS file the harness writes. Empty (the default): SASL is not enabled.
     pub sasl_users: Vec<(String, String)>,
+    /// The JVM flags the servers run with (default: [`ZkJvm::FastStart`]).
+    pub jvm: ZkJvm,
+}
+
+/// Which JVM settings a ZooKeeper server is started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZkJvm {
+    /// For tests, which start many short-lived servers: a 256 MiB heap, the
+    /// serial collector and the C1 compiler only (`-XX:TieredStopAtLevel=1`),
+    /// which start fast and never spend a core on C2 compilation, at the cost
+    /// of slower steady-state code.
+    #[default]
+    FastStart,
+    /// What ZooKeeper's own `bin/zkServer.sh` starts a server with: the JVM's
+    /// defaults (full tiered compilation up to C2, G1 on a machine of two or
+    /// more cores), `zkEnv.sh`'s 1000 MiB heap (`-Xmx1000m`, here also as the
+    /// initial size, so that heap growth is no part of a measurement), the
+    /// out-of-memory handling `zkServer.sh` adds, and JMX enabled as
+    /// `zkServer.sh` enables it by default. For benchmarks; warm the server
+    /// up before measuring, as C2 compiles the hot paths only after many
+    /// thousand calls.
+    Production,
+}
+
+impl ZkJvm {
+    /// The flags given to `java` before the class path.
+    pub fn flags(self) -> &'static [&'static str] {
+        match self {
+            ZkJvm::FastStart => &["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"],
+            ZkJvm::Production => &[
+                "-Xms1000m",
+                "-Xmx1000m",
+                "-XX:+HeapDumpOnOutOfMemoryError",
+                "-XX:OnOutOfMemoryError=kill -9 %p",
+                "-Dcom.sun.management.jmxremote",
+                "-Dcom.sun.management.jmxremote.local.only=false",
+            ],
+        }
+    }
 }
 
 /// Whether a TLS server asks connecting clients for a certificate
@@ -72,6 +111,7 @@ impl Default for ZkOptions {
             container_check_interval: Duration::from_millis(500),
             tls: None,
             sasl_users: Vec::new(),
+            jvm: ZkJvm::FastStart,
         }
     }
 }
@@ -189,10 +229,8 @@ impl ZkEnsemble {
             let config_path = dir.path().join(format!("{name}.cfg"));
             fs::write(&config_path, config)?;
             let mut args: Vec<String> = server_flags.clone();
+            args.extend(options.jvm.flags().iter().map(|&flag| flag.to_owned()));
             args.extend([
-                "-Xmx256m".into(),
-                "-XX:+UseSerialGC".into(),
-                "-XX:TieredStopAtLevel=1".into(),
                 "-Dzookeeper.4lw.commands.whitelist=*".into(),
                 "-Dzookeeper.admin.enableServer=false".into(),
                 format!(
