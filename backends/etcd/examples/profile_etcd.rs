@@ -12,7 +12,8 @@
 //!    session) take and release one lock with zero hold time, as in
 //!    `bench_etcd`; the server's own counters, per grant: WAL fsyncs, raft
 //!    proposals, `Txn` and `Range` requests, watch-stream messages (creates
-//!    and cancels) and watch events sent.
+//!    and cancels), watch events sent, and the CPU time of the server and of
+//!    this (client) process, with how many cores each kept busy.
 //! 2. **A chain of handoffs**: 100 contenders queue once; the first releases
 //!    and each holder releases as soon as it is granted, without queueing
 //!    again. No append competes with the handoffs, so the rate is what one
@@ -31,8 +32,10 @@ use lockline_testkit::{BenchArgs, EtcdCluster};
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The server counters this profile reads, by the label it prints.
-const COUNTERS: [(&str, &str); 7] = [
+const COUNTERS: [(&str, &str); 10] = [
     ("WAL fsyncs", "etcd_disk_wal_fsync_duration_seconds_count "),
+    ("WAL fsync time (ms)", "etcd_disk_wal_fsync_duration_seconds_sum "),
+    ("server CPU time (ms)", "process_cpu_seconds_total "),
     ("raft proposals committed", "etcd_server_proposals_committed_total "),
     (
         "Txn requests",
@@ -51,17 +54,40 @@ const COUNTERS: [(&str, &str); 7] = [
         "lease keepalive messages",
         "grpc_server_msg_received_total{grpc_method=\"LeaseKeepAlive\",grpc_service=\"etcdserverpb.Lease\",grpc_type=\"bidi_stream\"} ",
     ),
+    ("client CPU time (ms)", ""),
 ];
+
+/// This process's CPU time (user + system) in seconds, from `/proc/self/stat`
+/// (clock ticks of 1/100 s).
+fn client_cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which may hold spaces): utime is
+            // the 14th field of the line, stime the 15th.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+            Some((ticks(11)? + ticks(12)?) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
 
 fn counters(cluster: &EtcdCluster) -> BTreeMap<&'static str, f64> {
     let metrics = cluster.metrics(0).unwrap_or_default();
     COUNTERS
         .iter()
         .map(|(label, name)| {
-            let value = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-                .unwrap_or(0.0);
+            let value = if name.is_empty() {
+                client_cpu_seconds()
+            } else {
+                metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+                    .unwrap_or(0.0)
+            };
+            // Times are printed in milliseconds.
+            let value = if label.ends_with("(ms)") { value * 1000.0 } else { value };
             (*label, value)
         })
         .collect()
@@ -134,6 +160,14 @@ async fn server_work(cluster: &EtcdCluster, n: usize, seconds: f64) -> BoxResult
     for (label, _) in COUNTERS {
         println!("| {label} | {:.2} |", (after[label] - before[label]) / granted.max(1.0));
     }
+    let busy = |label: &str| (after[label] - before[label]) / 1000.0 / seconds;
+    println!();
+    println!(
+        "cores busy during the window: server {:.2}, this client process {:.2} (of {} cores)",
+        busy("server CPU time (ms)"),
+        busy("client CPU time (ms)"),
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
     for session in sessions {
         session.close().await?;
     }
