@@ -24,6 +24,7 @@ mod peers;
 mod process;
 mod proxy;
 mod redis;
+pub mod scale;
 mod tls;
 mod zookeeper;
 
