@@ -1,8 +1,15 @@
 //! Handoff benchmark against a standalone ZooKeeper this program starts itself.
 //!
 //! ```text
-//! cargo run --release -p lockline-zookeeper --example bench_zookeeper [-- --seconds 5 --contenders 1,2,4,16,64]
+//! cargo run --release -p lockline-zookeeper --example bench_zookeeper [-- --seconds 5 --contenders 1,2,4,16,64 --warmup 20 --fast-start]
 //! ```
+//!
+//! The server runs with production JVM settings (what ZooKeeper's own
+//! `zkServer.sh` uses: [`ZkJvm::Production`]) unless `--fast-start` asks for
+//! the test harness's fast-start flags ([`ZkJvm::FastStart`]); the flags are
+//! printed. Before anything is measured, `--warmup` seconds (default 20) of
+//! lockline handoffs and `set_data` calls let the JIT compile the server's hot
+//! paths.
 //!
 //! For each N, N contenders (each its own client and ZooKeeper session) take
 //! and release one lock with zero hold time for the given number of seconds.
@@ -15,6 +22,12 @@
 //!
 //! Wakeups per release are counted by lockline's clients (`stats()`) and on the
 //! server (`mntr`: watchers triggered by node deletions, per deletion).
+//!
+//! Latency (p50 / p99, measured in-process): of each `lock()` call (at N = 1
+//! an uncontended acquire; at N ≥ 2 it includes the wait in the queue), of
+//! each handoff (from the holder starting its release to the moment another
+//! contender's `lock()` returns), and of B_write's `set_data` calls. The
+//! target line compares the handoff p99 at the largest N with B_write's p50.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockline::{Client, SessionOptions};
-use lockline_testkit::{BenchArgs, ZkEnsemble};
+use lockline_testkit::{ms, BenchArgs, Latencies, ZkEnsemble, ZkJvm, ZkOptions};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
 
@@ -42,30 +55,50 @@ fn deleted_watches(ensemble: &ZkEnsemble) -> (f64, f64) {
     )
 }
 
-async fn b_write(ensemble: &ZkEnsemble, seconds: f64) -> BoxResult<f64> {
+/// One client's sequential `set_data`/s on `path`, and each call's latency.
+async fn b_write(ensemble: &ZkEnsemble, seconds: f64, path: &str) -> BoxResult<(f64, Latencies)> {
     let client = zk::Client::connect(&ensemble.connect_string()).await?;
     client
-        .create(
-            "/bench-b-write",
-            b"",
-            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-        )
+        .create(path, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
         .await?;
+    let mut latencies = Latencies::new();
     let started = Instant::now();
     let mut n = 0u64;
     while started.elapsed().as_secs_f64() < seconds {
-        client
-            .set_data("/bench-b-write", n.to_string().as_bytes(), None)
-            .await?;
+        let call = Instant::now();
+        client.set_data(path, n.to_string().as_bytes(), None).await?;
+        latencies.push(call.elapsed());
         n += 1;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
 }
 
 struct Run {
     grants_per_sec: f64,
     wakeups_per_release: f64,
     server_watches_per_release: f64,
+    acquire: Latencies,
+    handoff: Latencies,
+}
+
+/// Who released last and when the release began, for the next grant to take.
+#[derive(Default)]
+struct HandoffSlot(std::sync::Mutex<Option<(usize, Instant)>>);
+
+impl HandoffSlot {
+    /// Contender `who` is about to release.
+    fn releasing(&self, who: usize) {
+        *self.0.lock().expect("handoff slot") = Some((who, Instant::now()));
+    }
+
+    /// Contender `who` was granted at `granted`: the handoff latency, when
+    /// another contender released before.
+    fn granted(&self, who: usize, granted: Instant) -> Option<Duration> {
+        match self.0.lock().expect("handoff slot").take() {
+            Some((releaser, at)) if releaser != who => Some(granted - at),
+            _ => None,
+        }
+    }
 }
 
 async fn lockline_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, name: &str) -> BoxResult<Run> {
@@ -82,23 +115,36 @@ async fn lockline_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, name: &str)
     let (sum_before, _) = deleted_watches(ensemble);
     let stop = Arc::new(AtomicBool::new(false));
     let grants = Arc::new(AtomicU64::new(0));
+    let slot = Arc::new(HandoffSlot::default());
     let mut tasks = Vec::new();
-    for mutex in &mutexes {
-        let (mutex, stop, grants) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&grants));
+    for (who, mutex) in mutexes.iter().enumerate() {
+        let (mutex, stop, grants, slot) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&grants), Arc::clone(&slot));
         tasks.push(tokio::spawn(async move {
+            let (mut acquire, mut handoff) = (Latencies::new(), Latencies::new());
             while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
                 let guard = mutex.lock().await?;
+                let granted = Instant::now();
+                let handed = slot.granted(who, granted);
+                if !stop.load(Ordering::Relaxed) {
+                    acquire.push(granted - started);
+                    handed.into_iter().for_each(|latency| handoff.push(latency));
+                }
                 grants.fetch_add(1, Ordering::Relaxed);
+                slot.releasing(who);
                 guard.release().await?;
             }
-            Ok::<(), lockline::Error>(())
+            Ok::<_, lockline::Error>((acquire, handoff))
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     let counted = grants.load(Ordering::SeqCst);
     stop.store(true, Ordering::SeqCst);
+    let (mut acquire, mut handoff) = (Latencies::new(), Latencies::new());
     for task in tasks {
-        task.await??;
+        let (a, h) = task.await??;
+        acquire.extend(a);
+        handoff.extend(h);
     }
     let (sum_after, _) = deleted_watches(ensemble);
     let (wakeups, releases) = clients.iter().fold((0, 0), |(w, r), c| {
@@ -112,10 +158,19 @@ async fn lockline_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, name: &str)
         grants_per_sec: counted as f64 / seconds,
         wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
         server_watches_per_release: (sum_after - sum_before) / releases.max(1) as f64,
+        acquire,
+        handoff,
     })
 }
 
-fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxResult<f64> {
+/// kazoo's grants/s, and its acquire and handoff latencies (`p50 / p99` in ms).
+struct KazooRun {
+    grants_per_sec: f64,
+    acquire: String,
+    handoff: String,
+}
+
+fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxResult<KazooRun> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_kazoo.py");
     let output = Command::new("/usr/bin/python3")
         .args([
@@ -127,52 +182,136 @@ fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxRe
         ])
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("grants_per_sec ").and_then(|v| v.trim().parse().ok()))
-        .ok_or_else(|| {
-            format!(
-                "kazoo benchmark failed: {stdout}{}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-            .into()
-        })
+    let line = |name: &str| stdout.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let grants_per_sec = line("grants_per_sec ").and_then(|v| v.parse().ok());
+    match (grants_per_sec, line("acquire_ms "), line("handoff_ms ")) {
+        (Some(grants_per_sec), Some(acquire), Some(handoff)) => Ok(KazooRun {
+            grants_per_sec,
+            acquire: acquire.to_owned(),
+            handoff: handoff.to_owned(),
+        }),
+        _ => Err(format!(
+            "kazoo benchmark failed: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into()),
+    }
+}
+
+/// Takes this example's own flags (`--fast-start`, `--warmup S`) out of the
+/// arguments; the rest are [`BenchArgs`].
+fn own_flags(args: Vec<String>) -> Result<(ZkJvm, f64, Vec<String>), String> {
+    let (mut jvm, mut warmup, mut rest) = (ZkJvm::Production, 20.0, Vec::new());
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--fast-start" => jvm = ZkJvm::FastStart,
+            "--warmup" => {
+                let value = it.next().ok_or("--warmup needs a value")?;
+                warmup = value.parse().map_err(|_| format!("bad --warmup {value:?}"))?;
+                if !(0.0..=600.0).contains(&warmup) {
+                    return Err("--warmup must be within 0..=600".into());
+                }
+            }
+            _ => rest.push(arg),
+        }
+    }
+    Ok((jvm, warmup, rest))
 }
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let args = match BenchArgs::from_env() {
-        Ok(args) => args,
+    let parsed = own_flags(std::env::args().skip(1).collect())
+        .and_then(|(jvm, warmup, rest)| Ok((jvm, warmup, BenchArgs::parse(rest)?)));
+    let (jvm, warmup, args) = match parsed {
+        Ok(parsed) => parsed,
         Err(message) => {
-            eprintln!("{message}\nusage: bench_zookeeper [--seconds S] [--contenders 1,2,4,16,64]");
+            eprintln!(
+                "{message}\nusage: bench_zookeeper [--seconds S] [--contenders 1,2,4,16,64] [--warmup S] [--fast-start]"
+            );
             std::process::exit(2);
         }
     };
-    let ensemble = ZkEnsemble::start()?;
+    let ensemble = ZkEnsemble::start_with(
+        1,
+        &ZkOptions {
+            jvm,
+            ..ZkOptions::default()
+        },
+    )?;
     let seconds = args.seconds;
     println!(
         "ZooKeeper handoff benchmark: standalone ZooKeeper on {}, {seconds} s per measurement",
         ensemble.address(0)
     );
-    let b_write = b_write(&ensemble, seconds).await?;
-    println!("B_write (one client's sequential set_data/s): {b_write:.0}");
+    println!(
+        "server JVM: {} ({jvm:?}{})",
+        jvm.flags().join(" "),
+        match jvm {
+            ZkJvm::Production => ": zkServer.sh's settings; --fast-start for the test harness's",
+            ZkJvm::FastStart => ": the test harness's fast-start flags",
+        }
+    );
+    if warmup > 0.0 {
+        let started = Instant::now();
+        lockline_run(&ensemble, 16, warmup * 0.75, "bench/warmup").await?;
+        b_write(&ensemble, warmup * 0.25, "/bench-warmup").await?;
+        println!(
+            "warm-up (not measured): {:.1} s of lockline handoffs at N = 16 and set_data calls",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let (b_write, b_write_latency) = b_write(&ensemble, seconds, "/bench-b-write").await?;
+    println!(
+        "B_write (one client's sequential set_data/s): {b_write:.0}; set_data latency p50 / p99: {} ms",
+        b_write_latency.p50_p99()
+    );
     println!();
     println!(
         "| N | lockline grants/s | kazoo grants/s | lockline / kazoo | lockline / B_write | \
          wakeups/release (client) | deletion watches fired/release (server) |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut latency_rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_run(&ensemble, n, seconds, &format!("bench/lockline-{round}")).await?;
         let kazoo = kazoo_run(&ensemble, n, seconds, &format!("/bench/kazoo-{round}"))?;
         println!(
             "| {n} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
             ours.grants_per_sec,
-            kazoo,
-            ours.grants_per_sec / kazoo,
+            kazoo.grants_per_sec,
+            ours.grants_per_sec / kazoo.grants_per_sec,
             ours.grants_per_sec / b_write,
             ours.wakeups_per_release,
             ours.server_watches_per_release,
+        );
+        latency_rows.push((n, ours, kazoo));
+    }
+    println!();
+    println!("Latency, ms, p50 / p99 (acquire: each lock() call, uncontended at N = 1; handoff: release start → another contender granted):");
+    println!();
+    println!("| N | acquire: lockline | kazoo | handoff: lockline | kazoo | lockline handoff p99 / B_write p50 |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let b_write_p50 = b_write_latency.quantile(0.5).map(ms).unwrap_or(f64::NAN);
+    for (n, ours, kazoo) in &latency_rows {
+        println!(
+            "| {n} | {} | {} | {} | {} | {} |",
+            ours.acquire.p50_p99(),
+            kazoo.acquire,
+            ours.handoff.p50_p99(),
+            kazoo.handoff,
+            ours.handoff
+                .quantile(0.99)
+                .map_or("-".to_owned(), |p99| format!("{:.2}", ms(p99) / b_write_p50)),
+        );
+    }
+    if let Some((n, ours, _)) = latency_rows.iter().rev().find(|(_, ours, _)| !ours.handoff.is_empty()) {
+        let p99 = ours.handoff.quantile(0.99).map(ms).unwrap_or(f64::NAN);
+        let ratio = p99 / b_write_p50;
+        println!();
+        println!(
+            "target p99 handoff ≤ 3 × p50 B_write latency at N = {n}: {p99:.2} ms / {b_write_p50:.2} ms = {ratio:.2} ({})",
+            if ratio <= 3.0 { "met" } else { "missed" }
         );
     }
     Ok(())
