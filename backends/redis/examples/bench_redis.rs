@@ -28,6 +28,16 @@
 //! a channel only its one waiter listens to); commands processed per grant (`INFO stats`, which counts the
 //! commands inside scripts too) stay flat in N when each release wakes one
 //! waiter, and grow with N when every waiter looks.
+//!
+//! Latency (p50 / p99, measured in-process): of each acquire (at N = 1
+//! uncontended; at N ≥ 2 it includes the wait in the queue), of each handoff
+//! (from the holder starting its release to the moment another contender's
+//! acquire returns; for redis-py and spin only the grants that went to
+//! another contender count, timed from the release just before them: a
+//! waiter that polled in vain through many earlier releases is not charged
+//! for those, so these figures flatter the polling locks), and of B_write's
+//! `SET`s. The target line compares lockline's handoff p99 at the
+//! largest N with B_write's p50.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use lockline::{Client, SessionOptions};
 use lockline_redis::Redis;
-use lockline_testkit::{BenchArgs, RedisServer};
+use lockline_testkit::{ms, BenchArgs, Latencies, RedisServer};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -67,19 +77,68 @@ async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f6
         .unwrap_or(0.0))
 }
 
-async fn b_write(server: &RedisServer, seconds: f64) -> BoxResult<f64> {
+/// One client's sequential `SET`s/s, and each one's latency.
+async fn b_write(server: &RedisServer, seconds: f64) -> BoxResult<(f64, Latencies)> {
     let mut conn = connection(server).await?;
+    let mut latencies = Latencies::new();
     let started = Instant::now();
     let mut n = 0u64;
     while started.elapsed().as_secs_f64() < seconds {
+        let call = Instant::now();
         let () = redis::cmd("SET")
             .arg("bench-b-write")
             .arg(n)
             .query_async(&mut conn)
             .await?;
+        latencies.push(call.elapsed());
         n += 1;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
+}
+
+/// Who released last and when the release began, for the next grant to take.
+#[derive(Default)]
+struct HandoffSlot(std::sync::Mutex<Option<(usize, Instant)>>);
+
+impl HandoffSlot {
+    /// Contender `who` is about to release.
+    fn releasing(&self, who: usize) {
+        *self.0.lock().expect("handoff slot") = Some((who, Instant::now()));
+    }
+
+    /// Contender `who` was granted at `granted`: the handoff latency, when
+    /// another contender released before.
+    fn granted(&self, who: usize, granted: Instant) -> Option<Duration> {
+        match self.0.lock().expect("handoff slot").take() {
+            Some((releaser, at)) if releaser != who => Some(granted - at),
+            _ => None,
+        }
+    }
+}
+
+/// Acquire and handoff latencies of one run.
+#[derive(Default)]
+struct Latency {
+    acquire: Latencies,
+    handoff: Latencies,
+}
+
+impl Latency {
+    /// Records a grant to `who` of an acquire begun at `started`, unless the
+    /// run is over.
+    fn granted(&mut self, slot: &HandoffSlot, who: usize, started: Instant, stop: &AtomicBool) {
+        let granted = Instant::now();
+        let handed = slot.granted(who, granted);
+        if !stop.load(Ordering::Relaxed) {
+            self.acquire.push(granted - started);
+            handed.into_iter().for_each(|latency| self.handoff.push(latency));
+        }
+    }
+
+    fn extend(&mut self, other: Latency) {
+        self.acquire.extend(other.acquire);
+        self.handoff.extend(other.handoff);
+    }
 }
 
 /// Counts grants, and handoffs: grants to another contender than the last.
@@ -111,6 +170,7 @@ struct Run {
     wakeups_per_release: f64,
     commands_per_grant: f64,
     releases_published: f64,
+    latency: Latency,
 }
 
 async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<Run> {
@@ -129,16 +189,21 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
     let published_before = publishes(&mut side).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
+    let slot = Arc::new(HandoffSlot::default());
     let mut tasks = Vec::new();
     for (who, mutex) in mutexes.iter().enumerate() {
-        let (mutex, stop, tally) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&tally));
+        let (mutex, stop, tally, slot) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&tally), Arc::clone(&slot));
         tasks.push(tokio::spawn(async move {
+            let mut latency = Latency::default();
             while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
                 let guard = mutex.lock().await?;
+                latency.granted(&slot, who, started, &stop);
                 tally.granted(who);
+                slot.releasing(who);
                 guard.release().await?;
             }
-            Ok::<(), lockline::Error>(())
+            Ok::<_, lockline::Error>(latency)
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
@@ -146,8 +211,9 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
     let after = commands_processed(&mut side).await?;
     let published_after = publishes(&mut side).await?;
     stop.store(true, Ordering::SeqCst);
+    let mut latency = Latency::default();
     for task in tasks {
-        task.await??;
+        latency.extend(task.await??);
     }
     let (wakeups, releases) = clients.iter().fold((0, 0), |(w, r), c| {
         let s = c.stats();
@@ -162,12 +228,23 @@ async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) 
         wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
         commands_per_grant: (after - before) / counted.max(1) as f64,
         releases_published: (published_after - published_before) / counted.max(1) as f64,
+        latency,
     })
+}
+
+/// A baseline's figures.
+struct Baseline {
+    grants_per_sec: f64,
+    handoffs_per_sec: f64,
+    /// `p50 / p99` in ms, or `-`.
+    acquire: String,
+    handoff: String,
 }
 
 /// The seeds' single-key lock: `SET n token NX PX`, retried every 10 ms,
 /// released by a Lua compare-and-delete.
-async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<(f64, f64, f64)> {
+/// Also returns the server commands per grant.
+async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<(Baseline, f64)> {
     let release = redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
     );
@@ -176,20 +253,24 @@ async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> B
     let before = commands_processed(&mut side).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
+    let slot = Arc::new(HandoffSlot::default());
     let mut tasks = Vec::new();
     for i in 0..n {
         let mut conn = connection(server).await?;
-        let (stop, tally, release, name) = (
+        let (stop, tally, release, name, slot) = (
             Arc::clone(&stop),
             Arc::clone(&tally),
             Arc::clone(&release),
             name.to_owned(),
+            Arc::clone(&slot),
         );
         tasks.push(tokio::spawn(async move {
             let mut round = 0u64;
+            let mut latency = Latency::default();
             while !stop.load(Ordering::Relaxed) {
                 let token = format!("{i}-{round}");
                 round += 1;
+                let started = Instant::now();
                 loop {
                     let taken: Option<String> = redis::cmd("SET")
                         .arg(&name)
@@ -203,31 +284,38 @@ async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> B
                         break;
                     }
                     if stop.load(Ordering::Relaxed) {
-                        return Ok(());
+                        return Ok(latency);
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
+                latency.granted(&slot, i, started, &stop);
                 tally.granted(i);
+                slot.releasing(i);
                 let _: i64 = release.key(&name).arg(&token).invoke_async(&mut conn).await?;
             }
-            Ok::<(), redis::RedisError>(())
+            Ok::<_, redis::RedisError>(latency)
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     let (counted, handed) = tally.counts();
     let after = commands_processed(&mut side).await?;
     stop.store(true, Ordering::SeqCst);
+    let mut latency = Latency::default();
     for task in tasks {
-        task.await??;
+        latency.extend(task.await??);
     }
     Ok((
-        counted as f64 / seconds,
-        handed as f64 / seconds,
+        Baseline {
+            grants_per_sec: counted as f64 / seconds,
+            handoffs_per_sec: handed as f64 / seconds,
+            acquire: latency.acquire.p50_p99(),
+            handoff: latency.handoff.p50_p99(),
+        },
         (after - before) / counted.max(1) as f64,
     ))
 }
 
-fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<(f64, f64)> {
+fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<Baseline> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_redis_py.py");
     let output = Command::new("/usr/bin/python3")
         .args([
@@ -244,8 +332,19 @@ fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> Box
             .lines()
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
     };
-    match (value("grants_per_sec "), value("handoffs_per_sec ")) {
-        (Some(grants), Some(handoffs)) => Ok((grants, handoffs)),
+    let text = |name: &str| stdout.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    match (
+        value("grants_per_sec "),
+        value("handoffs_per_sec "),
+        text("acquire_ms "),
+        text("handoff_ms "),
+    ) {
+        (Some(grants_per_sec), Some(handoffs_per_sec), Some(acquire), Some(handoff)) => Ok(Baseline {
+            grants_per_sec,
+            handoffs_per_sec,
+            acquire: acquire.to_owned(),
+            handoff: handoff.to_owned(),
+        }),
         _ => Err(format!(
             "redis-py benchmark failed: {stdout}{}",
             String::from_utf8_lossy(&output.stderr)
@@ -269,8 +368,11 @@ async fn main() -> BoxResult<()> {
         "Redis handoff benchmark: redis-server on 127.0.0.1:{} (no persistence), {seconds} s per measurement",
         server.port()
     );
-    let b_write = b_write(&server, seconds).await?;
-    println!("B_write (one client's sequential SET/s): {b_write:.0}");
+    let (b_write, b_write_latency) = b_write(&server, seconds).await?;
+    println!(
+        "B_write (one client's sequential SET/s): {b_write:.0}; SET latency p50 / p99: {} ms",
+        b_write_latency.p50_p99()
+    );
     println!();
     println!(
         "| N | grants/s: lockline | redis-py | spin | handoffs/s: lockline | redis-py | spin | \
@@ -287,26 +389,66 @@ async fn main() -> BoxResult<()> {
             "-".to_owned()
         }
     };
+    let mut latency_rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_run(&server, n, seconds, &format!("bench/lockline-{round}")).await?;
-        let (py, py_handoffs) = redis_py_run(&server, n, seconds, &format!("bench/redis-py-{round}"))?;
-        let (spin, spin_handoffs, spin_commands) =
-            spin_run(&server, n, seconds, &format!("bench/spin-{round}")).await?;
+        let py = redis_py_run(&server, n, seconds, &format!("bench/redis-py-{round}"))?;
+        let (spin, spin_commands) = spin_run(&server, n, seconds, &format!("bench/spin-{round}")).await?;
         println!(
             "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} |",
             ours.grants_per_sec,
-            py,
-            spin,
+            py.grants_per_sec,
+            spin.grants_per_sec,
             ours.handoffs_per_sec,
-            py_handoffs,
-            spin_handoffs,
+            py.handoffs_per_sec,
+            spin.handoffs_per_sec,
             ours.grants_per_sec / b_write,
-            ratio(ours.handoffs_per_sec, py_handoffs),
-            ratio(ours.handoffs_per_sec, spin_handoffs),
+            ratio(ours.handoffs_per_sec, py.handoffs_per_sec),
+            ratio(ours.handoffs_per_sec, spin.handoffs_per_sec),
             ours.wakeups_per_release,
             ours.releases_published,
             ours.commands_per_grant,
             spin_commands,
+        );
+        latency_rows.push((n, ours.latency, py, spin));
+    }
+    println!();
+    println!(
+        "Latency, ms, p50 / p99 (acquire: each acquire, uncontended at N = 1; \
+         handoff: release start → another contender granted):"
+    );
+    println!();
+    println!(
+        "| N | acquire: lockline | redis-py | spin | handoff: lockline | redis-py | spin | \
+         lockline handoff p99 / B_write p50 |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let b_write_p50 = b_write_latency.quantile(0.5).map(ms).unwrap_or(f64::NAN);
+    for (n, ours, py, spin) in &latency_rows {
+        println!(
+            "| {n} | {} | {} | {} | {} | {} | {} | {} |",
+            ours.acquire.p50_p99(),
+            py.acquire,
+            spin.acquire,
+            ours.handoff.p50_p99(),
+            py.handoff,
+            spin.handoff,
+            ours.handoff
+                .quantile(0.99)
+                .map_or("-".to_owned(), |p99| format!("{:.2}", ms(p99) / b_write_p50)),
+        );
+    }
+    if let Some((n, ours, _, _)) = latency_rows
+        .iter()
+        .rev()
+        .find(|(_, ours, _, _)| !ours.handoff.is_empty())
+    {
+        let p99 = ours.handoff.quantile(0.99).map(ms).unwrap_or(f64::NAN);
+        let ratio = p99 / b_write_p50;
+        println!();
+        println!(
+            "target p99 handoff ≤ 3 × p50 B_write latency at N = {n}: {p99:.2} ms / {b_write_p50:.2} ms = {ratio:.2} ({})",
+            if ratio <= 3.0 { "met" } else { "missed" }
         );
     }
     Ok(())
