@@ -18,6 +18,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod bench;
+mod crowd;
 mod etcd;
 mod lines;
 mod peers;
@@ -29,6 +30,9 @@ mod tls;
 mod zookeeper;
 
 pub use bench::{ms, rss_kib, BenchArgs, Latencies};
+pub use crowd::{
+    run_plan, unix_nanos, Crowd, CrowdArgs, CrowdChild, CrowdCounts, CrowdResult, GrantRecord, Window, CHILD_FLAG,
+};
 pub use etcd::EtcdCluster;
 pub use lines::LineChild;
 pub use process::{free_port, spawn_tied_to_this_process, Member};
