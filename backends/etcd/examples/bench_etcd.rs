@@ -15,6 +15,11 @@
 //!   watches the current holder, to show that the wakeup metric catches a herd;
 //! - `B_write`: one client's sequential puts/s.
 //!
+//! Latency, p50 / p99: of B_write's puts; of an uncontended acquire (N = 1)
+//! and acquire + release cycle; and of a handoff at every N ≥ 2, from the
+//! holder starting its release to the next holder's grant (lockline's and the
+//! server lock's), measured in this one process.
+//!
 //! Wakeups per release are counted by the clients (lockline's `stats()`, the
 //! herd's own counter) and on the server (`etcd_debugging_mvcc_events_total`,
 //! watch events sent, per `etcd_debugging_mvcc_delete_total`).
@@ -29,13 +34,45 @@ use lockline_etcd::etcd_client::{
     WatchOptions,
 };
 use lockline_etcd::Etcd;
-use lockline_testkit::{BenchArgs, EtcdCluster};
+use lockline_testkit::{ms, BenchArgs, EtcdCluster, Latencies};
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Run {
     grants_per_sec: f64,
     wakeups_per_release: f64,
     server_events_per_release: f64,
+    /// Each `lock()` call, start to grant.
+    acquire: Latencies,
+    /// Release started → the next holder granted (N ≥ 2).
+    handoff: Latencies,
+}
+
+/// When the current holder started releasing: the next grant takes it and
+/// records a handoff.
+#[derive(Default)]
+struct Handoffs {
+    released_at: std::sync::Mutex<Option<Instant>>,
+    latencies: std::sync::Mutex<Latencies>,
+}
+
+impl Handoffs {
+    fn releasing(&self) {
+        *self.released_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    fn granted(&self) {
+        let started = self.released_at.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(started) = started {
+            self.latencies
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(started.elapsed());
+        }
+    }
+
+    fn take(&self) -> Latencies {
+        std::mem::take(&mut *self.latencies.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -58,15 +95,19 @@ fn server_counts(cluster: &EtcdCluster) -> (f64, f64) {
     )
 }
 
-async fn b_write(cluster: &EtcdCluster, seconds: f64) -> BoxResult<f64> {
+/// One client's sequential puts: puts/s and each put's latency.
+async fn b_write(cluster: &EtcdCluster, seconds: f64) -> BoxResult<(f64, Latencies)> {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None).await?;
+    let mut latencies = Latencies::new();
     let started = Instant::now();
     let mut n = 0u64;
     while started.elapsed().as_secs_f64() < seconds {
+        let put = Instant::now();
         client.put("bench/b_write", n.to_string(), None).await?;
+        latencies.push(put.elapsed());
         n += 1;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
 }
 
 /// Runs `n` contenders until `seconds` pass; returns grants in the window.
@@ -103,15 +144,25 @@ async fn lockline_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &str)
     }
     let (events_before, deletes_before) = server_counts(cluster);
     let mutexes = Arc::new(mutexes);
+    let handoffs = Arc::new(Handoffs::default());
+    let acquires = Arc::new(std::sync::Mutex::new(Latencies::new()));
     let grants_per_sec = window(n, seconds, |i, stop, grants| {
-        let mutexes = Arc::clone(&mutexes);
+        let (mutexes, handoffs, acquires) = (Arc::clone(&mutexes), Arc::clone(&handoffs), Arc::clone(&acquires));
         async move {
             let mutex = &mutexes[i];
+            let mut mine = Latencies::new();
             while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
                 let guard = mutex.lock().await?;
+                mine.push(started.elapsed());
+                if n > 1 {
+                    handoffs.granted();
+                }
                 grants.fetch_add(1, Ordering::Relaxed);
+                handoffs.releasing();
                 guard.release().await?;
             }
+            acquires.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
             Ok(())
         }
     })
@@ -124,17 +175,22 @@ async fn lockline_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &str)
     for mutex in mutexes.iter() {
         mutex.session().close().await?;
     }
+    let acquire = std::mem::take(&mut *acquires.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(Run {
         grants_per_sec,
         wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
         server_events_per_release: (events_after - events_before) / (deletes_after - deletes_before).max(1.0),
+        acquire,
+        handoff: handoffs.take(),
     })
 }
 
 async fn server_lock_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static str) -> BoxResult<Run> {
     let endpoints = cluster.endpoints();
+    let handoffs = Arc::new(Handoffs::default());
+    let all = Arc::clone(&handoffs);
     let grants_per_sec = window(n, seconds, move |_, stop, grants| {
-        let endpoints = endpoints.clone();
+        let (endpoints, handoffs) = (endpoints.clone(), Arc::clone(&all));
         async move {
             let mut client = etcd_client::Client::connect(endpoints, None).await?;
             let lease = client.lease_grant(10, None).await?.id();
@@ -149,7 +205,11 @@ async fn server_lock_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'
             });
             while !stop.load(Ordering::Relaxed) {
                 let locked = client.lock(name, Some(LockOptions::new().with_lease(lease))).await?;
+                if n > 1 {
+                    handoffs.granted();
+                }
                 grants.fetch_add(1, Ordering::Relaxed);
+                handoffs.releasing();
                 client.unlock(locked.key().to_vec()).await?;
             }
             keepalive.abort();
@@ -160,6 +220,7 @@ async fn server_lock_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'
     .await?;
     Ok(Run {
         grants_per_sec,
+        handoff: handoffs.take(),
         ..Run::default()
     })
 }
@@ -230,6 +291,7 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
         grants_per_sec,
         wakeups_per_release: wakeups.load(Ordering::SeqCst) as f64 / releases.load(Ordering::SeqCst).max(1) as f64,
         server_events_per_release: (events_after - events_before) / (deletes_after - deletes_before).max(1.0),
+        ..Run::default()
     })
 }
 
@@ -248,8 +310,11 @@ async fn main() -> BoxResult<()> {
         "etcd handoff benchmark: single-node etcd on {}, {seconds} s per measurement",
         cluster.endpoint(0)
     );
-    let b_write = b_write(&cluster, seconds).await?;
-    println!("B_write (one client's sequential puts/s): {b_write:.0}");
+    let (b_write, put_latency) = b_write(&cluster, seconds).await?;
+    println!(
+        "B_write (one client's sequential puts/s): {b_write:.0}; put latency p50 / p99: {} ms",
+        put_latency.p50_p99()
+    );
     println!();
     println!(
         "| N | lockline grants/s | server-lock grants/s | lockline / server-lock | lockline / B_write | \
@@ -257,6 +322,7 @@ async fn main() -> BoxResult<()> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut uncontended = None;
+    let mut latency_rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_run(&cluster, n, seconds, &format!("bench/lockline-{round}")).await?;
         let name: &'static str = Box::leak(format!("bench/server-{round}").into_boxed_str());
@@ -264,8 +330,9 @@ async fn main() -> BoxResult<()> {
         let herd_name: &'static str = Box::leak(format!("bench/herd-{round}").into_boxed_str());
         let herd = herd_run(&cluster, n, seconds, herd_name).await?;
         if n == 1 {
-            uncontended = Some(ours.grants_per_sec);
+            uncontended = Some((ours.grants_per_sec, ours.acquire.clone()));
         }
+        latency_rows.push((n, ours.handoff.clone(), server.handoff.clone()));
         println!(
             "| {n} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} |",
             ours.grants_per_sec,
@@ -279,12 +346,24 @@ async fn main() -> BoxResult<()> {
             herd.server_events_per_release,
         );
     }
-    if let Some(cycles) = uncontended {
+    if let Some((cycles, acquire)) = uncontended {
         println!();
         println!(
-            "uncontended acquire+release cycles/s: {cycles:.0} = {:.2} x B_write/2 (one round trip each way)",
-            cycles / (b_write / 2.0)
+            "uncontended acquire+release cycles/s: {cycles:.0} = {:.2} x B_write/2 (one round trip each way); \
+             uncontended acquire p50 / p99: {} ms",
+            cycles / (b_write / 2.0),
+            acquire.p50_p99()
         );
+    }
+    println!();
+    println!("handoff latency, release started -> next holder granted, p50 / p99 in ms:");
+    println!();
+    println!("| N | lockline | server-lock | lockline p99 / B_write p50 |");
+    println!("|---:|---:|---:|---:|");
+    let put_p50 = put_latency.quantile(0.5).map_or(f64::NAN, ms);
+    for (n, ours, server) in latency_rows.iter().filter(|(n, _, _)| *n > 1) {
+        let ratio = ours.quantile(0.99).map_or(f64::NAN, ms) / put_p50;
+        println!("| {n} | {} | {} | {ratio:.1} |", ours.p50_p99(), server.p50_p99());
     }
     Ok(())
 }
