@@ -36,6 +36,36 @@ pub(crate) struct EtcdSession {
     markers: String,
     /// The key prefix every lock directory gets ([`Etcd::with_namespace`](crate::Etcd::with_namespace)).
     namespace: String,
+    /// Entries a read of this session showed to exist, by (key, create
+    /// revision), with the revision of that read: a watch on one of them that
+    /// the server started at or before that revision sees every later
+    /// deletion, so it needs no read of its own (see [`Seen`]).
+    seen: std::sync::Mutex<Seen>,
+}
+
+/// The revisions at which reads showed entries to exist, for the watches about
+/// to be opened on them: this session's own new entry and the entry it will
+/// wait on. Taken by the first watch on the entry; bounded, since an acquire
+/// may end without watching (granted at once, a `try_lock` that found the lock
+/// taken): dropping what it holds only costs the watches a read.
+#[derive(Debug, Default)]
+struct Seen(HashMap<(String, i64), i64>);
+
+impl Seen {
+    /// At most this many entries are remembered.
+    const LIMIT: usize = 4096;
+
+    fn insert(&mut self, entry: &Entry, revision: Option<i64>) {
+        let Some(revision) = revision else { return };
+        if self.0.len() >= Self::LIMIT {
+            self.0.clear();
+        }
+        self.0.insert((entry.key.clone(), entry.order), revision);
+    }
+
+    fn take(&mut self, entry: &Entry) -> Option<i64> {
+        self.0.remove(&(entry.key.clone(), entry.order))
+    }
 }
 
 /// Which acquire attempt uses a session's one key of a name.
@@ -98,6 +128,7 @@ impl EtcdSession {
             shared_keys: std::sync::Mutex::default(),
             markers,
             namespace,
+            seen: std::sync::Mutex::default(),
         }))
     }
 
@@ -402,6 +433,7 @@ impl BackendSession for EtcdSession {
         if !response.succeeded() {
             return Ok(Earlier::Gone);
         }
+        let mut read_at = response.header().map(|h| h.revision());
         let ops = response.op_responses();
         let first = get_response(ops.first())?;
         let mut found: Vec<Entry> = Self::entries(dir, first)
@@ -413,12 +445,19 @@ impl BackendSession for EtcdSession {
             // a lock someone else holds. Keys created before mine can only
             // go away, so a later read is a subset, never a superset.
             let all = self.get(&prefix, Some(below_mine().with_keys_only()), "read").await?;
+            read_at = all.header().map(|h| h.revision());
             found = Self::entries(dir, &all)
                 .into_iter()
                 .filter(|e| conflicts.includes(e.kind))
                 .collect();
         }
         found.truncate(count);
+        if let Some(blocker) = found.get(count - 1) {
+            self.seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(blocker, read_at);
+        }
         Ok(Earlier::Entries(found))
     }
 
@@ -434,7 +473,7 @@ impl BackendSession for EtcdSession {
         let mut watch = self.hub.watch_prefix(&layout::prefix(dir));
         loop {
             match watch.next().await {
-                Signal::Created => {
+                Signal::Created { .. } => {
                     if !self.list(dir).await?.is_empty() {
                         return Ok(());
                     }
@@ -456,11 +495,17 @@ impl BackendSession for EtcdSession {
     /// can serve the watch from a revision before it, and a key name outlives
     /// its entries (a session re-acquiring writes the same key again).
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner).take(entry);
         let mut watch = self.hub.watch(&entry.key, false);
         loop {
             match watch.next().await {
-                Signal::Created => {
-                    if !self.exists(entry).await? {
+                Signal::Created { revision } => {
+                    // A read showed the entry at `seen`, and the watch started
+                    // at `revision + 1` ≤ `seen + 1`: any deletion since is an
+                    // event still to come, so no read is needed. Otherwise
+                    // the entry may have gone in between: read.
+                    let covered = seen.is_some_and(|seen| revision <= seen);
+                    if !covered && !self.exists(entry).await? {
                         return Ok(());
                     }
                 }
@@ -597,7 +642,7 @@ impl BackendSession for EtcdSession {
         let mut watch = self.hub.watch(&entry.key, true);
         loop {
             match watch.next().await {
-                Signal::Created => match self.get_value(entry).await? {
+                Signal::Created { .. } => match self.get_value(entry).await? {
                     None => return Ok(None),
                     Some(value) if value != seen => return Ok(Some(value)),
                     Some(_) => {}
@@ -754,6 +799,15 @@ impl EtcdSession {
             nearest.truncate(request.nearest);
             Some(nearest)
         });
+        // What this read showed exists, for the watches the wait opens next:
+        // on this entry, and on the one it will wait for.
+        let read_at = response.header().map(|h| h.revision());
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.insert(&entry, read_at);
+        if let Some(blocker) = nearest.as_ref().and_then(|n| n.get(request.nearest.max(1) - 1)) {
+            seen.insert(blocker, read_at);
+        }
+        drop(seen);
         Ok(Appended { entry, nearest })
     }
 

@@ -15,8 +15,9 @@ use tokio::sync::mpsc;
 /// What a watch reports.
 #[derive(Debug)]
 pub(crate) enum Signal {
-    /// The server created the watch; events after `revision` follow.
-    Created,
+    /// The server created the watch: every event after `revision` (the
+    /// member's revision when it took the watch) follows.
+    Created { revision: i64 },
     /// A key was written (the watched key, or one under the watched prefix).
     Put {
         key: Vec<u8>,
@@ -215,7 +216,11 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                     let Some(watcher) = watchers.get(&id) else { continue };
                     let mut alive = true;
                     if response.created() {
-                        alive &= watcher.send(Signal::Created).is_ok();
+                        // etcd answers a create with the revision it read just
+                        // before registering the watch, which then starts
+                        // one revision later. Without a header, claim nothing.
+                        let revision = response.header().map_or(i64::MAX, |h| h.revision());
+                        alive &= watcher.send(Signal::Created { revision }).is_ok();
                     }
                     for event in response.events() {
                         events.fetch_add(1, Ordering::Relaxed);
