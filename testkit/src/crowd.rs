@@ -412,12 +412,13 @@ impl Children {
     }
 
     /// The next line of any child, before `deadline`.
-    fn next(&self, deadline: Instant, waiting_for: &str) -> Result<(usize, String)> {
+    fn next(&mut self, deadline: Instant, waiting_for: &str) -> Result<(usize, String)> {
         let left = deadline.saturating_duration_since(Instant::now());
         match self.lines.recv_timeout(left) {
             Ok((i, Some(line))) => Ok((i, line)),
             Ok((i, None)) => Err(invalid(format!(
-                "crowd child {i} exited while the parent waited for {waiting_for}"
+                "crowd child {i} closed its output ({}) while the parent waited for {waiting_for}",
+                self.exit_status(i)
             ))),
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -426,8 +427,22 @@ impl Children {
         }
     }
 
+    /// How child `i` exited (waiting a little for it), for an error message.
+    fn exit_status(&mut self, i: usize) -> String {
+        let child = &mut self.procs[i].0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return format!("it exited with {status}"),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) => return "it still runs".to_owned(),
+                Err(error) => return format!("its status is unknown: {error}"),
+            }
+        }
+    }
+
     /// Waits until every child has said `word`.
-    fn expect_all(&self, word: &str, within: Duration) -> Result<()> {
+    fn expect_all(&mut self, word: &str, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         let mut heard = vec![false; self.procs.len()];
         while heard.iter().any(|h| !h) {
@@ -442,7 +457,7 @@ impl Children {
     }
 
     /// Reads every child's report.
-    fn reports(&self, within: Duration) -> Result<(Vec<CrowdCounts>, Vec<GrantRecord>)> {
+    fn reports(&mut self, within: Duration) -> Result<(Vec<CrowdCounts>, Vec<GrantRecord>)> {
         let deadline = Instant::now() + within;
         let mut counts = vec![None; self.procs.len()];
         let mut done = vec![false; self.procs.len()];
