@@ -411,20 +411,23 @@ impl Children {
         Ok(())
     }
 
-    /// The next line of any child, before `deadline`.
-    fn next(&mut self, deadline: Instant, waiting_for: &str) -> Result<(usize, String)> {
+    /// The next line of any child before `deadline`, or `None` when that
+    /// child closed its output.
+    fn next(&mut self, deadline: Instant, waiting_for: &str) -> Result<(usize, Option<String>)> {
         let left = deadline.saturating_duration_since(Instant::now());
-        match self.lines.recv_timeout(left) {
-            Ok((i, Some(line))) => Ok((i, line)),
-            Ok((i, None)) => Err(invalid(format!(
-                "crowd child {i} closed its output ({}) while the parent waited for {waiting_for}",
-                self.exit_status(i)
-            ))),
-            Err(_) => Err(std::io::Error::new(
+        self.lines.recv_timeout(left).map_err(|_| {
+            std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("crowd children did not send {waiting_for} in time"),
-            )),
-        }
+            )
+        })
+    }
+
+    fn closed_early(&mut self, i: usize, waiting_for: &str) -> std::io::Error {
+        invalid(format!(
+            "crowd child {i} closed its output ({}) while the parent waited for {waiting_for}",
+            self.exit_status(i)
+        ))
     }
 
     /// How child `i` exited (waiting a little for it), for an error message.
@@ -446,7 +449,11 @@ impl Children {
         let deadline = Instant::now() + within;
         let mut heard = vec![false; self.procs.len()];
         while heard.iter().any(|h| !h) {
-            let (i, line) = self.next(deadline, &format!("`{word}`"))?;
+            let waiting_for = format!("`{word}`");
+            let (i, line) = self.next(deadline, &waiting_for)?;
+            let Some(line) = line else {
+                return Err(self.closed_early(i, &waiting_for));
+            };
             if line == word {
                 heard[i] = true;
             } else {
@@ -464,6 +471,13 @@ impl Children {
         let mut records = Vec::new();
         while done.iter().any(|d| !d) {
             let (i, line) = self.next(deadline, "their reports")?;
+            let Some(line) = line else {
+                // A child that has reported closes its sessions and exits.
+                if done[i] {
+                    continue;
+                }
+                return Err(self.closed_early(i, "their reports"));
+            };
             match parse_report_line(&line) {
                 Some(ReportLine::Counts(c)) => counts[i] = Some(c),
                 Some(ReportLine::Grant(record)) => records.push(record),
