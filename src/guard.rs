@@ -4,9 +4,10 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::task::AbortHandle;
 
 use crate::session::SessionInner;
@@ -43,21 +44,65 @@ enum Loss {
 ///
 /// A monitor task watches the session and the entry; whichever ends first marks
 /// the hold lost. Dropped without `release`, it releases in the background.
+///
+/// One session may hold very many of these (DESIGN §8: bounded memory per
+/// lock), so what each keeps is small: the entry is shared with the monitor,
+/// not copied; the monitor's and the guard's common state is one allocation;
+/// and the monitor's rare steps are boxed when they happen, so that the task
+/// every hold keeps stays small while it waits.
 pub(crate) struct Hold {
     session: Session,
-    entry: Entry,
-    loss: watch::Receiver<Option<Loss>>,
+    entry: Arc<Entry>,
+    shared: Arc<HoldShared>,
     monitor: AbortHandle,
-    /// The same-session queue permit, shared with the monitor: it lets go once
-    /// the entry is gone (released, or lost), never before.
-    local: LocalPermit,
     released: bool,
 }
 
-type LocalPermit = Arc<std::sync::Mutex<Option<OwnedMutexGuard<()>>>>;
+/// What a hold and its monitor task share.
+struct HoldShared {
+    cell: std::sync::Mutex<HoldCell>,
+    /// Notified (to every waiter) whenever `cell.loss` or `cell.monitor_gone` changes.
+    changed: Notify,
+}
 
-fn take_permit(permit: &LocalPermit) -> Option<OwnedMutexGuard<()>> {
-    permit.lock().unwrap_or_else(PoisonError::into_inner).take()
+struct HoldCell {
+    /// Why it may no longer be held, once known.
+    loss: Option<Loss>,
+    /// The monitor task has ended, or was dropped without ending (the
+    /// runtime is shutting down): no further loss will be reported.
+    monitor_gone: bool,
+    /// The same-session queue permit: it lets go once the entry is gone
+    /// (released, or lost), never before.
+    local: Option<OwnedMutexGuard<()>>,
+}
+
+impl HoldShared {
+    fn cell(&self) -> std::sync::MutexGuard<'_, HoldCell> {
+        self.cell.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn loss(&self) -> Option<Loss> {
+        self.cell().loss
+    }
+
+    fn set_loss(&self, loss: Loss) {
+        self.cell().loss = Some(loss);
+        self.changed.notify_waiters();
+    }
+
+    fn take_permit(&self) -> Option<OwnedMutexGuard<()>> {
+        self.cell().local.take()
+    }
+}
+
+/// Marks the monitor gone when its task ends or is dropped.
+struct MonitorGone(Arc<HoldShared>);
+
+impl Drop for MonitorGone {
+    fn drop(&mut self) {
+        self.0.cell().monitor_gone = true;
+        self.0.changed.notify_waiters();
+    }
 }
 
 impl fmt::Debug for Hold {
@@ -70,6 +115,88 @@ impl fmt::Debug for Hold {
     }
 }
 
+/// Watches the session and the entry until either ends the hold; then
+/// reports the loss and lets the same-session queue go on.
+///
+/// Its task lives as long as the hold, so its state is kept small: nothing
+/// but the two waits is kept across them, and the rare steps are boxed.
+async fn monitor(inner: Arc<SessionInner>, entry: Arc<Entry>, shared: Arc<HoldShared>, watch: Option<EntryWatch>) {
+    let _gone = MonitorGone(Arc::clone(&shared));
+    // The backend's watch borrows the entry the task owns: no copy of it.
+    let mut watch: Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> = match watch {
+        Some(watch) => watch,
+        None => inner.remote.wait_gone(&entry),
+    };
+    let mut backoff = REWATCH_BACKOFF;
+    // One wait for the session's end over the whole hold, polled before the
+    // entry's watch each time (as a `biased` select! would).
+    let mut ended = std::pin::pin!(inner.ended());
+    let mut loss = loop {
+        let watched = std::future::poll_fn(|cx| match ended.as_mut().poll(cx) {
+            Poll::Ready(state) => Poll::Ready(Err(state)),
+            Poll::Pending => watch.as_mut().poll(cx).map(Ok),
+        });
+        let watched = watched.await;
+        // The end signal is set by another task: a session the backend
+        // already reports over is taken as over here too, as the entry's
+        // end is likely its doing (a Redis session's loss wakes its holds;
+        // a closed ZooKeeper session fails their watches).
+        let state = inner.state();
+        let failed = match watched {
+            Err(state) => break Loss::Session(state),
+            Ok(_) if state.is_over() => break Loss::Session(state),
+            Ok(Ok(())) => break Loss::Vanished,
+            Ok(Err(error)) => error,
+        };
+        // A failed watch is not a loss; the session's own liveness tracking
+        // decides that. Watch again shortly, backing off (capped) so a
+        // server that is down is not hammered; the session ending stops the
+        // wait.
+        tracing::debug!(key = %entry.key, error = %failed, ?backoff, "watch on a held entry failed; re-watching");
+        drop(failed);
+        let mut pause = pause(backoff);
+        let paused = std::future::poll_fn(|cx| match ended.as_mut().poll(cx) {
+            Poll::Ready(state) => Poll::Ready(Some(state)),
+            Poll::Pending => pause.as_mut().poll(cx).map(|()| None),
+        });
+        if let Some(state) = paused.await {
+            break Loss::Session(state);
+        }
+        backoff = (backoff * 2).min(REWATCH_MAX_BACKOFF);
+        inner.counters.bump(|c| &c.rewatches);
+        watch = inner.remote.wait_gone(&entry);
+    };
+    if loss == Loss::Vanished {
+        // Lost now, whatever the reason: stop the holder's work at once,
+        // then find out why.
+        shared.set_loss(loss);
+        loss = vanished(&inner, &entry.key).await;
+    }
+    tracing::debug!(key = %entry.key, ?loss, "lock lost");
+    shared.set_loss(loss);
+    // The entry is gone: a same-session contender may queue again.
+    drop(shared.take_permit());
+}
+
+// The monitor's rare steps, boxed by plain functions: a future built inside
+// the monitor's own body would take room in every held lock's task, even
+// boxed, for as long as the lock is held.
+
+/// Why a held entry vanished: deleted by someone else, or its session ended.
+fn vanished<'a>(inner: &'a SessionInner, key: &'a str) -> Pin<Box<dyn Future<Output = Loss> + Send + 'a>> {
+    Box::pin(async move {
+        match inner.vanished_error(key).await {
+            Error::LockLost { .. } => Loss::EntryDeleted,
+            _ => Loss::Session(inner.state()),
+        }
+    })
+}
+
+/// The pause before re-watching a held entry.
+fn pause(backoff: Duration) -> Pin<Box<tokio::time::Sleep>> {
+    Box::pin(tokio::time::sleep(backoff))
+}
+
 impl Hold {
     /// `watch` is the watch on `entry` the acquire already had open while
     /// queued, if any: the monitor carries it on instead of opening another.
@@ -79,58 +206,27 @@ impl Hold {
         local: Option<OwnedMutexGuard<()>>,
         watch: Option<EntryWatch>,
     ) -> Self {
-        let (tx, loss) = watch::channel(None);
-        let inner = session.inner.clone();
-        let watched = entry.clone();
-        let local: LocalPermit = Arc::new(std::sync::Mutex::new(local));
-        let monitor_permit = Arc::clone(&local);
-        let monitor = tokio::spawn(async move {
-            let mut watch = watch.unwrap_or_else(|| watch_entry(&inner, &watched));
-            let mut backoff = REWATCH_BACKOFF;
-            let loss = loop {
-                tokio::select! {
-                    biased;
-                    state = inner.over() => break Loss::Session(state),
-                    gone = watch.as_mut() => match gone {
-                        Ok(()) => {
-                            // Lost now, whatever the reason: stop the holder's
-                            // work at once, then find out why.
-                            tx.send_replace(Some(Loss::Vanished));
-                            break match inner.vanished_error(&watched.key).await {
-                                Error::LockLost { .. } => Loss::EntryDeleted,
-                                _ => Loss::Session(inner.state()),
-                            };
-                        }
-                        Err(error) => {
-                            // A failed watch is not a loss; the session's own
-                            // liveness tracking decides that. Watch again shortly.
-                            // Back off (capped) so a server that is down is not
-                            // hammered; the session ending stops the wait.
-                            tracing::debug!(key = %watched.key, %error, ?backoff, "watch on a held entry failed; re-watching");
-                            tokio::select! {
-                                biased;
-                                state = inner.over() => break Loss::Session(state),
-                                () = tokio::time::sleep(backoff) => {}
-                            }
-                            backoff = (backoff * 2).min(REWATCH_MAX_BACKOFF);
-                            inner.counters.bump(|c| &c.rewatches);
-                            watch = watch_entry(&inner, &watched);
-                        }
-                    },
-                }
-            };
-            tracing::debug!(key = %watched.key, ?loss, "lock lost");
-            tx.send_replace(Some(loss));
-            // The entry is gone: a same-session contender may queue again.
-            drop(take_permit(&monitor_permit));
-        })
+        let entry = Arc::new(entry);
+        let shared = Arc::new(HoldShared {
+            cell: std::sync::Mutex::new(HoldCell {
+                loss: None,
+                monitor_gone: false,
+                local,
+            }),
+            changed: Notify::new(),
+        });
+        let monitor = tokio::spawn(monitor(
+            session.inner.clone(),
+            Arc::clone(&entry),
+            Arc::clone(&shared),
+            watch,
+        ))
         .abort_handle();
         Hold {
             session,
             entry,
-            loss,
+            shared,
             monitor,
-            local,
             released: false,
         }
     }
@@ -152,15 +248,29 @@ impl Hold {
     }
 
     pub(crate) fn is_held(&self) -> bool {
-        self.loss.borrow().is_none() && !self.session.state().is_over()
+        self.shared.loss().is_none() && !self.session.state().is_over()
     }
 
     pub(crate) async fn lost(&self) {
-        let mut loss = self.loss.clone();
-        if loss.wait_for(Option::is_some).await.is_err() {
-            // The monitor is gone (the runtime is shutting down): fall back to
-            // the session alone.
-            self.session.lost().await;
+        loop {
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so no change in between is missed.
+            changed.as_mut().enable();
+            let (loss, monitor_gone) = {
+                let cell = self.shared.cell();
+                (cell.loss, cell.monitor_gone)
+            };
+            if loss.is_some() {
+                return;
+            }
+            if monitor_gone {
+                // The monitor is gone (the runtime is shutting down): fall back to
+                // the session alone.
+                self.session.lost().await;
+                return;
+            }
+            changed.await;
         }
     }
 
@@ -183,7 +293,7 @@ impl Hold {
         }
         crate::write::refuse_duplicates(&writes)?;
         // Known lost already: say so without asking the server.
-        let known = *self.loss.borrow();
+        let known = self.shared.loss();
         if let Some(loss) = known {
             return Err(self.loss_error(loss).await);
         }
@@ -200,7 +310,7 @@ impl Hold {
     pub(crate) async fn release(mut self) -> Result<()> {
         self.monitor.abort();
         let inner = self.session.inner.clone();
-        let known = *self.loss.borrow();
+        let known = self.shared.loss();
         if let Some(loss) = known {
             self.released = true;
             return Err(self.loss_error(loss).await);
@@ -255,7 +365,7 @@ impl Hold {
             },
             Err(error) => {
                 // Keep trying in the background; the caller hears of the failure.
-                inner.spawn_remove(self.entry.clone(), "release", take_permit(&self.local));
+                inner.spawn_remove((*self.entry).clone(), "release", self.shared.take_permit());
                 Err(error)
             }
         }
@@ -265,11 +375,13 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         self.monitor.abort();
-        let permit = take_permit(&self.local);
+        let permit = self.shared.take_permit();
         if self.released {
             drop(permit);
         } else {
-            self.session.inner.spawn_remove(self.entry.clone(), "release", permit);
+            self.session
+                .inner
+                .spawn_remove((*self.entry).clone(), "release", permit);
         }
     }
 }
@@ -408,3 +520,35 @@ macro_rules! guard_surface {
     };
 }
 pub(crate) use guard_surface;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    /// Every held lock keeps one monitor task for as long as it is held
+    /// (DESIGN §8: bounded memory per lock). It was 704 bytes before its
+    /// rare steps were boxed and it waited on the session's one end signal
+    /// instead of following the session's state itself.
+    #[tokio::test]
+    async fn a_held_lock_keeps_a_small_monitor() {
+        let session = crate::Client::memory().session().await.expect("session");
+        let entry = Arc::new(crate::Entry {
+            key: "a/1".into(),
+            kind: crate::EntryKind::Mutex,
+            order: 1,
+            token: crate::FencingToken::new(1),
+            owner: None,
+        });
+        let shared = Arc::new(super::HoldShared {
+            cell: std::sync::Mutex::new(super::HoldCell {
+                loss: None,
+                monitor_gone: false,
+                local: None,
+            }),
+            changed: tokio::sync::Notify::new(),
+        });
+        let monitor = super::monitor(Arc::clone(&session.inner), entry, shared, None);
+        let size = std::mem::size_of_val(&monitor);
+        assert!(size <= 512, "the monitor's future is {size} bytes");
+    }
+}

@@ -50,7 +50,93 @@ impl Orphan {
 }
 
 /// Same-session FIFO queues by (name, kind); weak, so idle ones go away.
-type LocalQueues = HashMap<(String, EntryKind), Weak<tokio::sync::Mutex<()>>>;
+#[derive(Default)]
+struct LocalQueues {
+    queues: HashMap<(String, EntryKind), Weak<tokio::sync::Mutex<()>>>,
+    /// How many queues the map may hold before idle ones are dropped again:
+    /// twice those left by the last pruning, so that pruning costs O(1) per
+    /// call, amortised (pruning on every call was O(names), which made a
+    /// session taking many locks quadratic).
+    prune_at: usize,
+}
+
+/// Where a session stands given its backend's state and whether it was closed.
+fn state_of(remote: SessionState, closed: bool) -> SessionState {
+    // A session lost before it was closed stays lost: its locks may have
+    // been held by others since, and `close()` cannot undo that.
+    if remote == SessionState::Lost {
+        return remote;
+    }
+    if closed {
+        return SessionState::Closed;
+    }
+    remote
+}
+
+/// A session's end, once known, for the waits that only need to learn of
+/// it: every held lock's monitor. One task per session follows the state
+/// and sets it; each monitor keeps one small wait on it instead of following
+/// the state itself, which would also wake every monitor at each change
+/// short of the end (`Suspended` and back).
+#[derive(Default)]
+pub(crate) struct EndSignal {
+    cell: std::sync::Mutex<EndCell>,
+    /// Notified (to every waiter) when the cell changes.
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct EndCell {
+    /// How the session ended, once it has.
+    ended: Option<SessionState>,
+    /// The following task is gone without having seen the end.
+    unfollowed: bool,
+}
+
+impl EndSignal {
+    fn cell(&self) -> std::sync::MutexGuard<'_, EndCell> {
+        self.cell.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update(&self, change: impl FnOnce(&mut EndCell)) {
+        change(&mut self.cell());
+        self.changed.notify_waiters();
+    }
+}
+
+/// Sets `end` once the session is over, as [`SessionInner::over`] sees it.
+async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch::Receiver<bool>, end: Arc<EndSignal>) {
+    struct Unfollowed(Arc<EndSignal>);
+    impl Drop for Unfollowed {
+        fn drop(&mut self) {
+            self.0.update(|cell| cell.unfollowed = cell.ended.is_none());
+        }
+    }
+    let _unfollowed = Unfollowed(Arc::clone(&end));
+    loop {
+        let state = state_of(*remote.borrow_and_update(), *closed.borrow_and_update());
+        if state.is_over() {
+            end.update(|cell| cell.ended = Some(state));
+            return;
+        }
+        tokio::select! {
+            changed = remote.changed() => {
+                if changed.is_err() {
+                    // As `over`: a backend that dropped its state sender can
+                    // no longer confirm the session.
+                    end.update(|cell| cell.ended = Some(SessionState::Lost));
+                    return;
+                }
+            }
+            changed = closed.changed() => {
+                if changed.is_err() {
+                    // The session itself is gone: nothing waits on its end.
+                    return;
+                }
+            }
+        }
+    }
+}
 
 /// A liveness scope on the server: an etcd lease kept alive by this process, or
 /// a ZooKeeper session.
@@ -86,6 +172,8 @@ pub(crate) struct SessionInner {
     runtime: Handle,
     closed: AtomicBool,
     closed_tx: watch::Sender<bool>,
+    /// The session's end, set by one task per session (see [`EndSignal`]).
+    end: Arc<EndSignal>,
     background: watch::Sender<usize>,
     local_queues: std::sync::Mutex<LocalQueues>,
     orphans: std::sync::Mutex<Vec<Orphan>>,
@@ -109,15 +197,22 @@ impl Session {
         options: SessionOptions,
         counters: Arc<Counters>,
     ) -> Self {
+        let runtime = Handle::current();
+        let closed_tx = watch::Sender::new(false);
+        let end = Arc::new(EndSignal::default());
+        // Holds only receivers: it keeps neither the session nor its backend
+        // session alive, and ends with the session.
+        runtime.spawn(follow_end(remote.state(), closed_tx.subscribe(), Arc::clone(&end)));
         Session {
             inner: Arc::new(SessionInner {
                 backend,
                 remote,
                 options,
                 counters,
-                runtime: Handle::current(),
+                runtime,
                 closed: AtomicBool::new(false),
-                closed_tx: watch::Sender::new(false),
+                closed_tx,
+                end,
                 background: watch::Sender::new(0),
                 local_queues: std::sync::Mutex::default(),
                 orphans: std::sync::Mutex::default(),
@@ -331,15 +426,35 @@ impl SessionInner {
 
     pub(crate) fn state(&self) -> SessionState {
         let remote = *self.remote.state().borrow();
-        // A session lost before it was closed stays lost: its locks may have
-        // been held by others since, and `close()` cannot undo that.
-        if remote == SessionState::Lost {
-            return remote;
+        state_of(remote, self.closed.load(Ordering::SeqCst))
+    }
+
+    /// Resolves when the session is over, as [`over`](Self::over) does, but
+    /// through the session's one [`EndSignal`]: a small wait that no state
+    /// change short of the end wakes. For the waits every held lock keeps.
+    pub(crate) async fn ended(&self) -> SessionState {
+        loop {
+            let changed = self.end.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so a change in between is not missed.
+            changed.as_mut().enable();
+            let cell = *self.end.cell();
+            if let Some(state) = cell.ended {
+                return state;
+            }
+            if cell.unfollowed {
+                // The task that follows the state is gone (its runtime shut
+                // down): follow it here.
+                return self.over_boxed().await;
+            }
+            changed.await;
         }
-        if self.closed.load(Ordering::SeqCst) {
-            return SessionState::Closed;
-        }
-        remote
+    }
+
+    /// [`over`](Self::over), boxed by a plain function so that the waits
+    /// that fall back on it keep no room for it until they do.
+    fn over_boxed(&self) -> std::pin::Pin<Box<dyn Future<Output = SessionState> + Send + '_>> {
+        Box::pin(self.over())
     }
 
     pub(crate) async fn over(&self) -> SessionState {
@@ -438,14 +553,17 @@ impl SessionInner {
     /// The in-process FIFO queue that same-session contenders for one name pass
     /// through before the session's entry is written (DESIGN §5).
     pub(crate) fn local_queue(&self, name: &str, kind: EntryKind) -> Arc<tokio::sync::Mutex<()>> {
-        let mut queues = self.local_queues.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut local = self.local_queues.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (name.to_owned(), kind);
-        if let Some(queue) = queues.get(&key).and_then(Weak::upgrade) {
+        if let Some(queue) = local.queues.get(&key).and_then(Weak::upgrade) {
             return queue;
         }
         let queue = Arc::new(tokio::sync::Mutex::new(()));
-        queues.retain(|_, weak| weak.strong_count() > 0);
-        queues.insert(key, Arc::downgrade(&queue));
+        if local.queues.len() >= local.prune_at {
+            local.queues.retain(|_, weak| weak.strong_count() > 0);
+            local.prune_at = (local.queues.len() * 2).max(16);
+        }
+        local.queues.insert(key, Arc::downgrade(&queue));
         queue
     }
 
