@@ -2,13 +2,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use redis::{Pipeline, ScriptInvocation, Value};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -34,10 +35,10 @@ pub(crate) struct ReplicaAcks {
     pub(crate) timeout: Duration,
 }
 
-/// One of the session's own entries, renewed with it.
+/// One of the session's own entries, renewed with it; tracked by its key
+/// (`{name}:e:<attempt>`), which also gives its name and attempt. Kept small:
+/// a session may hold very many (DESIGN §8).
 struct Tracked {
-    name: String,
-    attempt: String,
     /// Whether the append was answered (an unanswered one may still land).
     known: bool,
     /// Its order, once the append was answered.
@@ -45,7 +46,41 @@ struct Tracked {
     /// Whether the entry owns the plain key (a mutex at the head).
     plain: bool,
     /// Set when the entry is found gone.
-    gone: watch::Sender<bool>,
+    gone: Arc<Gone>,
+}
+
+/// A flag set once an entry is found gone, and the waiters to wake then: a
+/// fraction of a `watch` channel's size, and all a held entry's wait needs.
+#[derive(Default)]
+struct Gone {
+    set: AtomicBool,
+    changed: Notify,
+}
+
+impl Gone {
+    fn signal(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so a signal in between is not missed.
+            changed.as_mut().enable();
+            if self.set.load(Ordering::SeqCst) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// The name and attempt of one of our tracked entry keys.
+fn name_and_attempt(key: &str) -> (&str, &str) {
+    // Every tracked key was made by `layout::entry_key`.
+    layout::parse_entry_key(key).unwrap_or((key, ""))
 }
 
 pub(crate) struct Shared {
@@ -267,7 +302,7 @@ impl Shared {
     /// Marks one of our entries gone, and stops renewing it.
     fn forget(&self, key: &str) {
         if let Some(tracked) = self.entries().remove(key) {
-            tracked.gone.send_replace(true);
+            tracked.gone.signal();
         }
         self.heads.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
     }
@@ -298,7 +333,8 @@ impl Shared {
                 // An entry whose append was never answered is removed as an
                 // abandoned attempt (leaving a tombstone against a late append).
                 let order = t.order.map(|o| o.to_string()).unwrap_or_default();
-                (key.clone(), t.name.clone(), t.attempt.clone(), order)
+                let (name, attempt) = name_and_attempt(key);
+                (key.clone(), name.to_owned(), attempt.to_owned(), order)
             })
             .collect();
         let removals = owned
@@ -347,13 +383,14 @@ impl Shared {
     /// entries found gone.
     async fn renew(&self) -> Result<(bool, Vec<String>)> {
         let ttl = self.ttl_ms();
-        let tracked: Vec<(String, String, String, bool, bool)> = self
+        let tracked: Vec<(String, bool, bool)> = self
             .entries()
             .iter()
-            .map(|(key, t)| (key.clone(), t.name.clone(), t.attempt.clone(), t.plain, t.known))
+            .map(|(key, t)| (key.clone(), t.plain, t.known))
             .collect();
         let scripts = Arc::clone(&self.scripts);
-        let holder = |key: &str, name: &str, attempt: &str| {
+        let holder = |key: &str| {
+            let (name, attempt) = name_and_attempt(key);
             let mut invocation = scripts.renew_holder.key(key);
             invocation
                 .key(name)
@@ -374,7 +411,7 @@ impl Shared {
             session.arg(layout::session_key(&self.id)).arg(ttl);
             let invocations: Vec<Option<ScriptInvocation<'_>>> = tracked
                 .iter()
-                .map(|(key, name, attempt, plain, _)| plain.then(|| holder(key, name, attempt)))
+                .map(|(key, plain, _)| plain.then(|| holder(key)))
                 .collect();
             let entries = tracked.iter().zip(&invocations).map(|((key, ..), invocation)| {
                 let mut conn = conn.clone();
@@ -403,12 +440,12 @@ impl Shared {
             // loaded first in case the server lost it (a restart).
             let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
             pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
-            if tracked.iter().any(|t| t.3) {
+            if tracked.iter().any(|t| t.1) {
                 pipe.load_script(&scripts.renew_holder).ignore();
             }
-            for (key, name, attempt, plain, _) in &tracked {
+            for (key, plain, _) in &tracked {
                 if *plain {
-                    pipe.invoke_script(&holder(key, name, attempt));
+                    pipe.invoke_script(&holder(key));
                 } else {
                     pipe.cmd("PEXPIRE").arg(key).arg(ttl);
                 }
@@ -421,7 +458,7 @@ impl Shared {
         let mut replies = replies.into_iter();
         let session_alive = replies.next().and_then(|v| int(&v)) == Some(1);
         let mut gone = Vec::new();
-        for (key, _, _, _, known) in &tracked {
+        for (key, _, known) in &tracked {
             let renewed = replies.next().as_ref().and_then(int) == Some(1);
             if !renewed && *known {
                 gone.push(key.clone());
@@ -507,7 +544,7 @@ impl Shared {
 
     fn signal_gone_all(&self) {
         for tracked in self.entries().values() {
-            tracked.gone.send_replace(true);
+            tracked.gone.signal();
         }
     }
 
@@ -562,6 +599,45 @@ impl RedisSession {
         }
     }
 
+    /// Waits until an entry that is not one of our tracked ones is gone:
+    /// a foreign owner's plain key, or another session's entry.
+    async fn wait_gone_elsewhere(&self, entry: &Entry) -> Result<()> {
+        let shared = &self.shared;
+        if layout::is_plain_blocker(entry) {
+            return shared.wait_plain(&entry.key).await;
+        }
+        let (name, attempt) = self.name_of(entry)?;
+        let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
+        loop {
+            let Some(left) = shared.status(entry).await? else {
+                return Ok(());
+            };
+            // Gone at its TTL unless renewed: look again then.
+            let recheck = if left >= 0 {
+                Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
+            } else {
+                no_ttl_recheck(&shared.options)
+            };
+            tokio::select! {
+                () = messages.changed() => {
+                    // A release or a reaping says so once the entry is
+                    // deleted: no need to read it again.
+                    if messages.heard_gone() {
+                        // It may also say that one of ours holds now.
+                        if let Some(head) = messages.announced_head() {
+                            let key = layout::entry_key(name, &head);
+                            if shared.entries().contains_key(&key) {
+                                shared.heads.lock().unwrap_or_else(PoisonError::into_inner).insert(key);
+                            }
+                        }
+                        return Ok(());
+                    }
+                }
+                () = tokio::time::sleep(recheck) => {}
+            }
+        }
+    }
+
     fn mark_plain(&self, key: &str, nearest: &[Entry], kind: EntryKind) {
         if kind == EntryKind::Mutex && nearest.is_empty() {
             if let Some(tracked) = self.shared.entries().get_mut(key) {
@@ -587,12 +663,10 @@ impl BackendSession for RedisSession {
         let name = request.dir;
         let key = layout::entry_key(name, request.attempt);
         shared.entries().entry(key.clone()).or_insert_with(|| Tracked {
-            name: name.to_owned(),
-            attempt: request.attempt.to_owned(),
             known: false,
             order: None,
             plain: false,
-            gone: watch::Sender::new(false),
+            gone: Arc::default(),
         });
         let scripts = Arc::clone(&shared.scripts);
         let mut invocation = scripts.append.key(layout::queue(name));
@@ -713,51 +787,21 @@ impl BackendSession for RedisSession {
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         let shared = &self.shared;
-        if layout::is_plain_blocker(entry) {
-            return shared.wait_plain(&entry.key).await;
-        }
-        let (name, attempt) = self.name_of(entry)?;
         if entry.owner.as_deref() == Some(shared.id.as_str()) {
             // Our own entries are renewed by us, and each renewal says which
             // of them are gone (deleted by anyone, or expired); our own
             // removals say so at once. No subscription, no read. One we do
             // not track (an append that landed after its attempt was given
             // up) is waited on like anyone else's, at its TTL.
-            let gone = shared.entries().get(&entry.key).map(|t| t.gone.subscribe());
-            if let Some(mut gone) = gone {
-                let _ = gone.wait_for(|gone| *gone).await;
+            let gone = shared.entries().get(&entry.key).map(|t| Arc::clone(&t.gone));
+            if let Some(gone) = gone {
+                gone.wait().await;
                 return Ok(());
             }
         }
-        let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
-        loop {
-            let Some(left) = shared.status(entry).await? else {
-                return Ok(());
-            };
-            // Gone at its TTL unless renewed: look again then.
-            let recheck = if left >= 0 {
-                Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
-            } else {
-                no_ttl_recheck(&shared.options)
-            };
-            tokio::select! {
-                () = messages.changed() => {
-                    // A release or a reaping says so once the entry is
-                    // deleted: no need to read it again.
-                    if messages.heard_gone() {
-                        // It may also say that one of ours holds now.
-                        if let Some(head) = messages.announced_head() {
-                            let key = layout::entry_key(name, &head);
-                            if shared.entries().contains_key(&key) {
-                                shared.heads.lock().unwrap_or_else(PoisonError::into_inner).insert(key);
-                            }
-                        }
-                        return Ok(());
-                    }
-                }
-                () = tokio::time::sleep(recheck) => {}
-            }
-        }
+        // Boxed: its state is many times the size of the wait above, which
+        // every held lock keeps for as long as it is held.
+        Box::pin(self.wait_gone_elsewhere(entry)).await
     }
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {
