@@ -94,11 +94,28 @@ impl ScaleArgs {
 /// static HEAP: lockline_testkit::CountingAlloc = lockline_testkit::CountingAlloc::new();
 /// ```
 ///
-/// Two relaxed atomic additions per allocation and per free.
-#[derive(Debug, Default)]
+/// A few relaxed atomic additions per allocation and per free. Live blocks
+/// are also counted by size, in classes of [`SIZE_CLASS`] bytes, to tell
+/// which objects a measurement's heap went to.
+#[derive(Debug)]
 pub struct CountingAlloc {
     bytes: AtomicUsize,
     blocks: AtomicUsize,
+    by_size: [AtomicUsize; SIZE_CLASSES],
+}
+
+/// The width of [`CountingAlloc`]'s size classes, in bytes.
+pub const SIZE_CLASS: usize = 16;
+const SIZE_CLASSES: usize = 256;
+
+fn size_class(size: usize) -> usize {
+    (size.saturating_sub(1) / SIZE_CLASS).min(SIZE_CLASSES - 1)
+}
+
+impl Default for CountingAlloc {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl CountingAlloc {
@@ -107,7 +124,53 @@ impl CountingAlloc {
         CountingAlloc {
             bytes: AtomicUsize::new(0),
             blocks: AtomicUsize::new(0),
+            by_size: [const { AtomicUsize::new(0) }; SIZE_CLASSES],
         }
+    }
+
+    /// Live blocks by size class: element `i` counts blocks of
+    /// `i * SIZE_CLASS + 1 ..= (i + 1) * SIZE_CLASS` bytes; the last element
+    /// also every larger block.
+    pub fn live_blocks_by_size(&self) -> Vec<usize> {
+        self.by_size.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+    }
+
+    /// The size classes whose live blocks grew by at least `min_per_unit`
+    /// per unit (per held lock, say) from `before` (an earlier
+    /// [`live_blocks_by_size`](Self::live_blocks_by_size)) to now, largest
+    /// growth first, as `"≤48 B ×3.00"` items.
+    pub fn growth_by_size(&self, before: &[usize], units: usize, min_per_unit: f64) -> Vec<String> {
+        let now = self.live_blocks_by_size();
+        let mut grown: Vec<(usize, f64)> = now
+            .iter()
+            .zip(before)
+            .enumerate()
+            .map(|(class, (now, before))| (class, (*now as f64 - *before as f64) / units.max(1) as f64))
+            .filter(|(_, per)| *per >= min_per_unit)
+            .collect();
+        grown.sort_by(|a, b| b.1.total_cmp(&a.1));
+        grown
+            .iter()
+            .map(|(class, per)| {
+                if *class == SIZE_CLASSES - 1 {
+                    format!(">{} B ×{per:.2}", class * SIZE_CLASS)
+                } else {
+                    format!("≤{} B ×{per:.2}", (class + 1) * SIZE_CLASS)
+                }
+            })
+            .collect()
+    }
+
+    fn count(&self, size: usize) {
+        self.bytes.fetch_add(size, Ordering::Relaxed);
+        self.blocks.fetch_add(1, Ordering::Relaxed);
+        self.by_size[size_class(size)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn uncount(&self, size: usize) {
+        self.bytes.fetch_sub(size, Ordering::Relaxed);
+        self.blocks.fetch_sub(1, Ordering::Relaxed);
+        self.by_size[size_class(size)].fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Heap bytes allocated and not yet freed (as requested, before the
@@ -128,8 +191,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: the caller's contract is `System`'s.
         let block = unsafe { System.alloc(layout) };
         if !block.is_null() {
-            self.bytes.fetch_add(layout.size(), Ordering::Relaxed);
-            self.blocks.fetch_add(1, Ordering::Relaxed);
+            self.count(layout.size());
         }
         block
     }
@@ -138,8 +200,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: the caller's contract is `System`'s.
         let block = unsafe { System.alloc_zeroed(layout) };
         if !block.is_null() {
-            self.bytes.fetch_add(layout.size(), Ordering::Relaxed);
-            self.blocks.fetch_add(1, Ordering::Relaxed);
+            self.count(layout.size());
         }
         block
     }
@@ -147,16 +208,15 @@ unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract is `System`'s.
         unsafe { System.dealloc(block, layout) };
-        self.bytes.fetch_sub(layout.size(), Ordering::Relaxed);
-        self.blocks.fetch_sub(1, Ordering::Relaxed);
+        self.uncount(layout.size());
     }
 
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract is `System`'s.
         let moved = unsafe { System.realloc(block, layout, new_size) };
         if !moved.is_null() {
-            self.bytes.fetch_add(new_size, Ordering::Relaxed);
-            self.bytes.fetch_sub(layout.size(), Ordering::Relaxed);
+            self.uncount(layout.size());
+            self.count(new_size);
         }
         moved
     }
