@@ -465,6 +465,37 @@ impl ZkSession {
         }
     }
 
+    /// As [`create`](Self::create), with the directory's listing requested
+    /// right behind the create, in the same round trip; the listing goes to
+    /// `listed` when the first create succeeded (a missing directory takes
+    /// the slow way, and no listing).
+    async fn create_and_list(
+        &self,
+        client: &Client,
+        prefix: &str,
+        dir: &str,
+        value: &[u8],
+        listed: &mut Option<Result<Vec<Contender>>>,
+    ) -> Result<(String, i64)> {
+        let node = CreateMode::EphemeralSequential.with_acls(Acls::new(&self.acls));
+        // Both requests are sent here, in this order; then both answers awaited.
+        let created = client.create(prefix, value, &node);
+        let children = client.list_children(dir);
+        let (created, children) = tokio::join!(created, children);
+        match created {
+            Ok((stat, sequence)) => {
+                *listed = Some(match children {
+                    Ok(children) => Ok(layout::contenders(&children)),
+                    Err(ZkError::NoNode) => Ok(Vec::new()),
+                    Err(error) => Err(self.err_on(error, "read", dir)),
+                });
+                Ok((format!("{prefix}{sequence}"), stat.czxid))
+            }
+            Err(ZkError::NoNode) => self.create(client, prefix, dir, value).await,
+            Err(error) => Err(self.err_on(error, "queue on", dir)),
+        }
+    }
+
     /// Creates the ephemeral-sequential node, creating missing parents as
     /// container nodes (deleted by the server once empty), all with the
     /// policy's ACLs.
@@ -592,11 +623,18 @@ impl BackendSession for ZkSession {
         } else {
             None
         };
+        // The listing, sent right behind the create when there is one: the
+        // server applies a session's requests in order, so it shows the new
+        // node, and the acquire costs one round trip instead of two.
+        let mut listed = None;
         let (key, czxid, sequence) = match found {
             Some(found) => found,
             None => {
                 lock(&self.uncertain).insert(request.attempt.to_owned());
-                let (key, czxid) = match self.create(&client, &prefix, &dir, request.value).await {
+                let (key, czxid) = match self
+                    .create_and_list(&client, &prefix, &dir, request.value, &mut listed)
+                    .await
+                {
                     Ok(created) => created,
                     // The server refused: no node was made (a session's
                     // requests are applied in order, so no earlier try of the
@@ -620,7 +658,11 @@ impl BackendSession for ZkSession {
             token: FencingToken::new(u64::try_from(czxid).unwrap_or(0)),
             owner: Some(self.id.clone()),
         };
-        let contenders = match self.children(&client, &dir).await {
+        let contenders = match listed {
+            Some(listed) => listed,
+            None => self.children(&client, &dir).await,
+        };
+        let contenders = match contenders {
             Ok(contenders) => contenders,
             // Allowed to queue but not to read the queue: take the node back
             // at once rather than leave it to a cleanup that cannot list. The
