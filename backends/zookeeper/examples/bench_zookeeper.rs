@@ -18,7 +18,12 @@
 //! - `lockline`: grants/s of lockline's mutex;
 //! - `kazoo`: grants/s of kazoo's `Lock`, N kazoo clients driven by one Python
 //!   process (`examples/bench_kazoo.py`, Debian's `python3-kazoo`);
-//! - `B_write`: one client's sequential `set_data`/s.
+//! - `B_write`: one client's sequential `set_data`/s;
+//! - the bare cycle: one zookeeper-client client creating an
+//!   ephemeral-sequential node, listing its directory and deleting the node,
+//!   one call after the other (what an uncontended acquire and release must
+//!   do), cycles/s, compared with lockline's uncontended acquire + release
+//!   (N = 1).
 //!
 //! Wakeups per release are counted by lockline's clients (`stats()`) and on the
 //! server (`mntr`: watchers triggered by node deletions, per deletion).
@@ -71,6 +76,25 @@ async fn b_write(ensemble: &ZkEnsemble, seconds: f64, path: &str) -> BoxResult<(
         n += 1;
     }
     Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
+}
+
+/// One client's bare create + list + delete cycles/s under `dir`.
+async fn bare_cycle(ensemble: &ZkEnsemble, seconds: f64, dir: &str) -> BoxResult<f64> {
+    let client = zk::Client::connect(&ensemble.connect_string()).await?;
+    client
+        .create(dir, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
+        .await?;
+    let node = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let prefix = format!("{dir}/entry-");
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        let (_, sequence) = client.create(&prefix, b"", &node).await?;
+        client.list_children(dir).await?;
+        client.delete(&format!("{prefix}{sequence}"), None).await?;
+        n += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 struct Run {
@@ -273,8 +297,12 @@ async fn main() -> BoxResult<()> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut latency_rows = Vec::new();
+    let mut uncontended = None;
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_run(&ensemble, n, seconds, &format!("bench/lockline-{round}")).await?;
+        if n == 1 {
+            uncontended = Some(ours.grants_per_sec);
+        }
         let kazoo = kazoo_run(&ensemble, n, seconds, &format!("/bench/kazoo-{round}"))?;
         println!(
             "| {n} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
@@ -286,6 +314,15 @@ async fn main() -> BoxResult<()> {
             ours.server_watches_per_release,
         );
         latency_rows.push((n, ours, kazoo));
+    }
+    if let Some(cycles) = uncontended {
+        let bare = bare_cycle(&ensemble, seconds, "/bench-bare").await?;
+        println!();
+        println!(
+            "uncontended acquire + release: lockline {cycles:.0}/s, bare create + list + delete {bare:.0}/s: \
+             {:.2} x (target >= 0.9)",
+            cycles / bare
+        );
     }
     println!();
     println!("Latency, ms, p50 / p99 (acquire: each lock() call, uncontended at N = 1; handoff: release start → another contender granted):");
