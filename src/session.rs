@@ -116,7 +116,9 @@ async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch
     loop {
         let state = state_of(*remote.borrow_and_update(), *closed.borrow_and_update());
         if state.is_over() {
-            end.update(|cell| cell.ended = Some(state));
+            end.update(|cell| {
+                cell.ended.get_or_insert(state);
+            });
             return;
         }
         tokio::select! {
@@ -124,7 +126,9 @@ async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch
                 if changed.is_err() {
                     // As `over`: a backend that dropped its state sender can
                     // no longer confirm the session.
-                    end.update(|cell| cell.ended = Some(SessionState::Lost));
+                    end.update(|cell| {
+                        cell.ended.get_or_insert(SessionState::Lost);
+                    });
                     return;
                 }
             }
@@ -399,6 +403,13 @@ impl Session {
     pub async fn close(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.closed_tx.send_replace(true);
+        // Told here, not one task later: a held lock's monitor lets go of
+        // the backend's watch at once (on ZooKeeper, a request in flight
+        // there keeps the session open until it is dropped).
+        let state = self.inner.state();
+        self.inner.end.update(|cell| {
+            cell.ended.get_or_insert(state);
+        });
         let timeout = self.inner.options.request_timeout();
         match tokio::time::timeout(timeout, self.inner.remote.close()).await {
             Ok(result) => result,
