@@ -1,0 +1,267 @@
+//! Scale of one session holding many locks, and of many sessions in one
+//! process (issue 12, modes b and c), against a standalone ZooKeeper this
+//! program starts itself, with `zkServer.sh`'s JVM settings (1000 MiB heap).
+//!
+//! ```text
+//! cargo run --release -p lockline-zookeeper --example scale_zookeeper [-- --locks 100000 --sessions 1000 --in-flight 64 --ttl 10 --ttls 2]
+//! ```
+//!
+//! **Many locks on one session** (`--locks N`, default 100,000; 0 skips it):
+//! one session acquires N mutexes `/scale/0 .. /scale/N-1`, `--in-flight`
+//! (default 64) acquires at once, spread over 64 tasks that each take the
+//! next number until none is left. Printed: the time and rate; the client's
+//! resident memory (`VmRSS`) and live heap (a counting global allocator)
+//! per held lock, measured just before the first acquire and just after the
+//! last. Both include everything the program keeps per lock: the guard and
+//! its slot in the `Vec` of guards, the core's per-hold state (its monitor
+//! task, the same-session queue), and the backend's watch on the entry (the
+//! ZooKeeper client's watcher); the mutex handles are dropped once locked.
+//! They also include allocator growth that is not per lock (glibc's arenas,
+//! the client's buffers). Then the server's view (`mntr`, `wchs`, `dump`):
+//! client connections, sessions with ephemeral nodes, ephemeral nodes,
+//! watches and the connections they are on; whether every lock is still held
+//! after two keepalive intervals, and how long `session.close()` (the
+//! ZooKeeper session's close) takes.
+//!
+//! **Many sessions** (`--sessions M`, default 1,000; 0 skips it): one client
+//! opens M sessions (each its own ZooKeeper session and connection, through
+//! a byte-counting proxy), each holding one lock. After one keepalive
+//! interval to settle, the server's `zk_packets_received` and
+//! `zk_packets_sent` and the bytes each way are counted over `--ttls` TTLs
+//! and printed per session per TTL: the ZooKeeper client's pings and
+//! lockline's own `sync` every keepalive interval, which confirms the
+//! session through the leader.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use lockline::{Client, MutexGuard, Session, SessionOptions};
+use lockline_testkit::scale::{CountingAlloc, CountingProxy, ScaleArgs};
+use lockline_testkit::{rss_kib, ZkEnsemble, ZkJvm, ZkOptions};
+use lockline_zookeeper::ZooKeeper;
+
+#[global_allocator]
+static HEAP: CountingAlloc = CountingAlloc::new();
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+#[tokio::main]
+async fn main() -> BoxResult<()> {
+    let args = ScaleArgs::from_env()?;
+    let ensemble = ZkEnsemble::start_with(
+        1,
+        &ZkOptions {
+            jvm: ZkJvm::Production,
+            ..ZkOptions::default()
+        },
+    )?;
+    if args.locks > 0 {
+        many_locks(&ensemble, &args).await?;
+    }
+    if args.sessions > 0 {
+        many_sessions(&ensemble, &args).await?;
+    }
+    Ok(())
+}
+
+/// Takes `count` locks named `{prefix}{i}` with `in_flight` tasks, each taking
+/// the next number until none is left; the guards in number order.
+async fn acquire_all(session: &Session, prefix: &str, count: usize, in_flight: usize) -> BoxResult<Vec<MutexGuard>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..in_flight.min(count) {
+        let (session, next, prefix) = (session.clone(), Arc::clone(&next), prefix.to_owned());
+        workers.spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return Ok::<_, lockline::Error>(held);
+                }
+                held.push((i, session.mutex(&format!("{prefix}{i}"))?.lock().await?));
+            }
+        });
+    }
+    let mut guards: Vec<Option<MutexGuard>> = Vec::with_capacity(count);
+    guards.resize_with(count, || None);
+    while let Some(done) = workers.join_next().await {
+        for (i, guard) in done?? {
+            guards[i] = Some(guard);
+        }
+    }
+    Ok(guards.into_iter().flatten().collect())
+}
+
+fn per(total: f64, count: usize) -> f64 {
+    total / count.max(1) as f64
+}
+
+/// One number from `mntr`.
+fn mntr(ensemble: &ZkEnsemble, field: &str) -> BoxResult<u64> {
+    let text = ensemble.four_letter(0, "mntr").ok_or("no answer to mntr")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix('\t')?.trim().parse().ok())
+        .ok_or_else(|| format!("no {field} in mntr").into())
+}
+
+/// `wchs`: how many connections watch how many paths, and the watches.
+fn watch_summary(ensemble: &ZkEnsemble) -> String {
+    ensemble
+        .four_letter(0, "wchs")
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Sessions that own ephemeral nodes, from `dump`.
+fn sessions_with_ephemerals(ensemble: &ZkEnsemble) -> String {
+    let dump = ensemble.four_letter(0, "dump").unwrap_or_default();
+    dump.lines()
+        .find_map(|l| l.trim().strip_prefix("Sessions with Ephemerals ("))
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or("?")
+        .to_owned()
+}
+
+/// The server's view; `mntr`'s own connection is not counted.
+fn server_view(ensemble: &ZkEnsemble) -> BoxResult<String> {
+    Ok(format!(
+        "{} client connection(s), {} session(s) with ephemeral nodes, {} ephemeral nodes; watches: {}",
+        mntr(ensemble, "zk_num_alive_connections")?.saturating_sub(1),
+        sessions_with_ephemerals(ensemble),
+        mntr(ensemble, "zk_ephemerals_count")?,
+        watch_summary(ensemble),
+    ))
+}
+
+async fn many_locks(ensemble: &ZkEnsemble, args: &ScaleArgs) -> BoxResult<()> {
+    let locks = args.locks;
+    let options = SessionOptions::new().with_ttl(args.ttl);
+    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    let session = client.session_with(options.clone()).await?;
+    println!(
+        "== {locks} locks on one session (TTL {:?}, {} acquires in flight) ==",
+        args.ttl, args.in_flight
+    );
+    let (rss_before, heap_before, blocks_before) = (rss_kib(), HEAP.live_bytes(), HEAP.live_blocks());
+    let sizes_before = HEAP.live_blocks_by_size();
+    let started = Instant::now();
+    let guards = acquire_all(&session, "/scale/", locks, args.in_flight).await?;
+    let took = started.elapsed();
+    let (rss_after, heap_after, blocks_after) = (rss_kib(), HEAP.live_bytes(), HEAP.live_blocks());
+    println!(
+        "acquired {} locks in {took:.2?} ({:.0}/s)",
+        guards.len(),
+        guards.len() as f64 / took.as_secs_f64()
+    );
+    println!(
+        "client RSS {rss_before} -> {rss_after} KiB: {:.2} KiB per held lock; live heap {:.0} bytes in {:.1} blocks per held lock",
+        per(rss_after.saturating_sub(rss_before) as f64, locks),
+        per(heap_after.saturating_sub(heap_before) as f64, locks),
+        per(blocks_after.saturating_sub(blocks_before) as f64, locks),
+    );
+    println!(
+        "  live heap blocks per held lock by size: {}",
+        HEAP.growth_by_size(&sizes_before, locks, 0.05).join(", ")
+    );
+    println!(
+        "  (a guard is {} bytes in the Vec of guards)",
+        std::mem::size_of::<MutexGuard>()
+    );
+    println!("server: {}", server_view(ensemble)?);
+    // Two renewals, looked at halfway to the third (not during one).
+    let waited = options.keepalive_interval() * 5 / 2;
+    tokio::time::sleep(waited).await;
+    let held = guards.iter().filter(|g| g.is_held()).count();
+    println!(
+        "after two keepalive intervals ({waited:.1?}): {held} of {locks} still held; client RSS {} KiB, live heap {:.0} bytes per held lock",
+        rss_kib(),
+        per(HEAP.live_bytes().saturating_sub(heap_before) as f64, locks),
+    );
+    let started = Instant::now();
+    session.close().await?;
+    println!(
+        "session.close() in {:.2?}; {} ephemeral nodes left",
+        started.elapsed(),
+        mntr(ensemble, "zk_ephemerals_count")?
+    );
+    drop(guards);
+    Ok(())
+}
+
+async fn many_sessions(ensemble: &ZkEnsemble, args: &ScaleArgs) -> BoxResult<()> {
+    let count = args.sessions;
+    let options = SessionOptions::new().with_ttl(args.ttl);
+    let proxy = CountingProxy::start(&ensemble.address(0))?;
+    let client = Client::new(ZooKeeper::new(proxy.address()));
+    println!(
+        "== {count} sessions, one lock each (TTL {:?}, keepalive every {:?}) ==",
+        args.ttl,
+        options.keepalive_interval()
+    );
+    let started = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..args.in_flight.min(count) {
+        let (client, options, next) = (client.clone(), options.clone(), Arc::clone(&next));
+        workers.spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return Ok::<_, lockline::Error>(held);
+                }
+                let session = client.session_with(options.clone()).await?;
+                let guard = session.mutex(&format!("/sessions/{i}"))?.lock().await?;
+                held.push((session, guard));
+            }
+        });
+    }
+    let mut held = Vec::with_capacity(count);
+    while let Some(done) = workers.join_next().await {
+        held.extend(done??);
+    }
+    println!(
+        "opened {count} sessions and took a lock on each in {:.2?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(options.keepalive_interval()).await;
+    println!("server: {}", server_view(ensemble)?);
+    // Each `mntr` is one packet received and one sent on its own connection.
+    let (received_before, sent_before) = (
+        mntr(ensemble, "zk_packets_received")?,
+        mntr(ensemble, "zk_packets_sent")?,
+    );
+    let (up_before, down_before) = (proxy.bytes_to_server(), proxy.bytes_to_client());
+    let window = args.ttl * args.ttls;
+    tokio::time::sleep(window).await;
+    let (up, down) = (
+        proxy.bytes_to_server() - up_before,
+        proxy.bytes_to_client() - down_before,
+    );
+    let received = mntr(ensemble, "zk_packets_received")? - received_before - 2;
+    let sent = mntr(ensemble, "zk_packets_sent")? - sent_before - 2;
+    let ttls = window.as_secs_f64() / args.ttl.as_secs_f64();
+    let per_session_ttl = |n: u64| n as f64 / count as f64 / ttls;
+    println!(
+        "keepalive per session per TTL (counted over {window:?}): server received {:.2} packets and sent {:.2}; \
+         client sent {:.0} bytes, received {:.0} bytes",
+        per_session_ttl(received),
+        per_session_ttl(sent),
+        per_session_ttl(up),
+        per_session_ttl(down),
+    );
+    let still = held.iter().filter(|(_, guard)| guard.is_held()).count();
+    println!("{still} of {count} locks still held");
+    let started = Instant::now();
+    let closes = held.iter().map(|(session, _)| session.close());
+    for closed in futures::future::join_all(closes).await {
+        closed?;
+    }
+    println!("closed {count} sessions (all at once) in {:.2?}", started.elapsed());
+    Ok(())
+}
