@@ -246,7 +246,11 @@ impl Hold {
     }
 
     pub(crate) fn is_held(&self) -> bool {
-        self.shared.loss().is_none() && !self.session.state().is_over()
+        let watched = {
+            let cell = self.shared.cell();
+            cell.loss.is_none() && !cell.monitor_gone
+        };
+        watched && !self.session.state().is_over()
     }
 
     pub(crate) async fn lost(&self) {
@@ -263,9 +267,9 @@ impl Hold {
                 return;
             }
             if monitor_gone {
-                // The monitor is gone (the runtime is shutting down): fall back to
-                // the session alone.
-                self.session.lost().await;
+                // The monitor is gone without a loss: the runtime it ran on
+                // shut down. Nothing watches the entry or the session for
+                // this lock any more, so it may no longer be held.
                 return;
             }
             changed.await;
@@ -415,8 +419,10 @@ macro_rules! guard_surface {
 
             /// Resolves when it may no longer be held: the session expired or was
             /// closed, the session went unconfirmed past its loss deadline
-            /// (`ttl - safety margin`), or the entry was deleted by someone else.
-            /// Stop using the protected resource when it does.
+            /// (`ttl - safety margin`), the entry was deleted by someone else, or
+            /// the tokio runtime that kept the session alive or watched this
+            /// lock (the one `lock()` ran on) shut down. Stop using the
+            /// protected resource when it does.
             ///
             /// # Cancel safety
             ///

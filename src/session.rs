@@ -437,7 +437,14 @@ impl SessionInner {
 
     pub(crate) fn state(&self) -> SessionState {
         let remote = *self.remote.state().borrow();
-        state_of(remote, self.closed.load(Ordering::SeqCst))
+        let state = state_of(remote, self.closed.load(Ordering::SeqCst));
+        if !state.is_over() && self.end.cell().unfollowed {
+            // The runtime the session was opened on has shut down: the tasks
+            // that kept it alive and followed it are gone, so nothing confirms
+            // it any more and the server will end it.
+            return SessionState::Lost;
+        }
+        state
     }
 
     /// Resolves when the session is over, as [`over`](Self::over) does, but
@@ -472,11 +479,17 @@ impl SessionInner {
         let mut remote = self.remote.state();
         let mut closed = self.closed_tx.subscribe();
         loop {
+            // The end signal's task going away (its runtime shut down) is a
+            // change of state too.
+            let unfollowed = self.end.changed.notified();
+            tokio::pin!(unfollowed);
+            unfollowed.as_mut().enable();
             let state = self.state();
             if state.is_over() {
                 return state;
             }
             tokio::select! {
+                () = &mut unfollowed => {}
                 changed = remote.changed() => {
                     if changed.is_err() {
                         // The backend dropped its state sender: it can no longer
