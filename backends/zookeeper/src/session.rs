@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError, Permission,
-    SessionState as ZkState,
+    Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
+    OneshotWatcher, Permission, SessionState as ZkState,
 };
 
 use crate::error::{denied, map};
@@ -417,6 +417,24 @@ impl ZkSession {
     /// attempt id. Any further node of the attempt (there should be none) is
     /// deleted, so one attempt never holds two places in the queue. Errors are
     /// returned, never taken for "no node": the caller would create a second one.
+    /// An exists-watch on `entry`'s node, or `None` when the node is gone.
+    ///
+    /// Boxed by a plain function: `wait_gone`'s future, which every held
+    /// lock keeps for as long as it is held, then keeps no room for this
+    /// request, only for the wait on the watch (DESIGN §8).
+    fn watch_existing<'a>(
+        &'a self,
+        entry: &'a Entry,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<OneshotWatcher>>> + Send + 'a>> {
+        Box::pin(async move {
+            // The client clone is dropped before the wait, as in
+            // `wait_for_entry`.
+            let client = self.client()?;
+            let (stat, watcher) = client.check_and_watch_stat(&entry.key).await.map_err(|e| self.err(e))?;
+            Ok(stat.is_some().then_some(watcher))
+        })
+    }
+
     async fn find_attempt(&self, client: &Client, dir: &str, attempt: &str) -> Result<Option<(String, i64, i32)>> {
         // After a lost answer the client may have reconnected to a member that
         // has not applied the create yet: catch it up with the leader first.
@@ -794,14 +812,9 @@ impl BackendSession for ZkSession {
     /// it is still there), then its deletion event.
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         loop {
-            // The client clone is dropped before the wait, as in
-            // `wait_for_entry`.
-            let client = self.client()?;
-            let (stat, watcher) = client.check_and_watch_stat(&entry.key).await.map_err(|e| self.err(e))?;
-            drop(client);
-            if stat.is_none() {
+            let Some(watcher) = self.watch_existing(entry).await? else {
                 return Ok(());
-            }
+            };
             let event = watcher.changed().await;
             match event.event_type {
                 EventType::NodeDeleted => return Ok(()),
