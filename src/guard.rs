@@ -95,7 +95,9 @@ impl HoldShared {
     }
 }
 
-/// Marks the monitor gone when its task ends or is dropped.
+/// Marks the monitor gone when its task ends or is dropped. The task's
+/// future owns it from its creation, so a task dropped before it was ever
+/// polled (its runtime shut down at once) marks it too.
 struct MonitorGone(Arc<HoldShared>);
 
 impl Drop for MonitorGone {
@@ -120,8 +122,8 @@ impl fmt::Debug for Hold {
 ///
 /// Its task lives as long as the hold, so its state is kept small: nothing
 /// but the two waits is kept across them, and the rare steps are boxed.
-async fn monitor(inner: Arc<SessionInner>, entry: Arc<Entry>, shared: Arc<HoldShared>, watch: Option<EntryWatch>) {
-    let _gone = MonitorGone(Arc::clone(&shared));
+async fn monitor(inner: Arc<SessionInner>, entry: Arc<Entry>, gone: MonitorGone, watch: Option<EntryWatch>) {
+    let shared = &gone.0;
     // The backend's watch borrows the entry the task owns: no copy of it.
     let mut watch: Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> = match watch {
         Some(watch) => watch,
@@ -216,7 +218,7 @@ impl Hold {
         let monitor = tokio::spawn(monitor(
             session.inner.clone(),
             Arc::clone(&entry),
-            Arc::clone(&shared),
+            MonitorGone(Arc::clone(&shared)),
             watch,
         ))
         .abort_handle();
@@ -553,7 +555,7 @@ mod tests {
             }),
             changed: tokio::sync::Notify::new(),
         });
-        let monitor = super::monitor(Arc::clone(&session.inner), entry, shared, None);
+        let monitor = super::monitor(Arc::clone(&session.inner), entry, super::MonitorGone(shared), None);
         let size = std::mem::size_of_val(&monitor);
         assert!(size <= 384, "the monitor's future is {size} bytes");
     }

@@ -104,15 +104,21 @@ impl EndSignal {
     }
 }
 
-/// Sets `end` once the session is over, as [`SessionInner::over`] sees it.
-async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch::Receiver<bool>, end: Arc<EndSignal>) {
-    struct Unfollowed(Arc<EndSignal>);
-    impl Drop for Unfollowed {
-        fn drop(&mut self) {
-            self.0.update(|cell| cell.unfollowed = cell.ended.is_none());
-        }
+/// The end signal, as the task that follows the session holds it: marks it
+/// unfollowed when the task is dropped before the end. The task's future
+/// owns it from its creation, so a task dropped before it was ever polled
+/// (its runtime shut down at once) marks it too.
+struct Following(Arc<EndSignal>);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.0.update(|cell| cell.unfollowed = cell.ended.is_none());
     }
-    let _unfollowed = Unfollowed(Arc::clone(&end));
+}
+
+/// Sets `end` once the session is over, as [`SessionInner::over`] sees it.
+async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch::Receiver<bool>, end: Following) {
+    let end = &end.0;
     loop {
         let state = state_of(*remote.borrow_and_update(), *closed.borrow_and_update());
         if state.is_over() {
@@ -206,7 +212,11 @@ impl Session {
         let end = Arc::new(EndSignal::default());
         // Holds only receivers: it keeps neither the session nor its backend
         // session alive, and ends with the session.
-        runtime.spawn(follow_end(remote.state(), closed_tx.subscribe(), Arc::clone(&end)));
+        runtime.spawn(follow_end(
+            remote.state(),
+            closed_tx.subscribe(),
+            Following(Arc::clone(&end)),
+        ));
         Session {
             inner: Arc::new(SessionInner {
                 backend,
