@@ -351,6 +351,18 @@ fn article(kind: EntryKind) -> &'static str {
     }
 }
 
+/// A request future on the heap. Every held lock keeps a [`wait_gone`]
+/// future for as long as it is held; a request made inline there (a gRPC
+/// call's future is kilobytes) would take room in each of them, even while
+/// it only waits for an event.
+///
+/// [`wait_gone`]: BackendSession::wait_gone
+fn boxed<'a, T>(
+    call: impl std::future::Future<Output = T> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>> {
+    Box::pin(call)
+}
+
 fn first_created(limit: usize) -> GetOptions {
     GetOptions::new()
         .with_prefix()
@@ -479,10 +491,10 @@ impl BackendSession for EtcdSession {
                     }
                 }
                 // Keys of other locks nested under the prefix do not count.
-                Signal::Put { key, .. } if layout::is_entry(dir, &key) => return Ok(()),
-                Signal::Put { .. } => {}
+                Signal::Put(written) if layout::is_entry(dir, &written.key) => return Ok(()),
+                Signal::Put(_) => {}
                 Signal::Delete { .. } => {}
-                Signal::Broken(reason) => return Err(self.broken(reason, &layout::prefix(dir)).await),
+                Signal::Broken(reason) => return Err(self.broken(reason.into(), &layout::prefix(dir)).await),
             }
         }
     }
@@ -505,13 +517,13 @@ impl BackendSession for EtcdSession {
                     // event still to come, so no read is needed. Otherwise
                     // the entry may have gone in between: read.
                     let covered = seen.is_some_and(|seen| revision <= seen);
-                    if !covered && !self.exists(entry).await? {
+                    if !covered && !boxed(self.exists(entry)).await? {
                         return Ok(());
                     }
                 }
                 Signal::Delete { revision } if revision > entry.order => return Ok(()),
-                Signal::Delete { .. } | Signal::Put { .. } => {}
-                Signal::Broken(reason) => return Err(self.broken(reason, &entry.key).await),
+                Signal::Delete { .. } | Signal::Put(_) => {}
+                Signal::Broken(reason) => return Err(boxed(self.broken(reason.into(), &entry.key)).await),
             }
         }
     }
@@ -649,21 +661,19 @@ impl BackendSession for EtcdSession {
                 },
                 Signal::Delete { revision } if revision > entry.order => return Ok(None),
                 Signal::Delete { .. } => {}
-                Signal::Put {
-                    create_revision, value, ..
-                } => {
+                Signal::Put(written) => {
                     // An older key under the same name: not this entry.
-                    if create_revision < entry.order {
+                    if written.create_revision < entry.order {
                         continue;
                     }
-                    if create_revision > entry.order {
+                    if written.create_revision > entry.order {
                         return Ok(None);
                     }
-                    if value != seen {
-                        return Ok(Some(value));
+                    if written.value != seen {
+                        return Ok(Some(written.value));
                     }
                 }
-                Signal::Broken(reason) => return Err(self.broken(reason, &entry.key).await),
+                Signal::Broken(reason) => return Err(self.broken(reason.into(), &entry.key).await),
             }
         }
     }
@@ -694,6 +704,8 @@ impl BackendSession for EtcdSession {
 
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
+        // No watch of this session may be left to hear the revoke's deletions.
+        self.hub.close().await;
         let was_lost = *self.state.borrow() == SessionState::Lost;
         let revoked = self.client.lease_client().revoke(self.lease).await;
         // A session already lost stays lost: closing it does not undo that.

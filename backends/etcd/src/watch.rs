@@ -19,15 +19,21 @@ pub(crate) enum Signal {
     /// member's revision when it took the watch) follows.
     Created { revision: i64 },
     /// A key was written (the watched key, or one under the watched prefix).
-    Put {
-        key: Vec<u8>,
-        create_revision: i64,
-        value: Vec<u8>,
-    },
+    /// Boxed, as is `Broken`'s reason: every watch has a channel of these,
+    /// and a session may hold 100,000 locks, each watching its entry.
+    Put(Box<Written>),
     /// The key was deleted, at this revision.
     Delete { revision: i64 },
     /// The watch ended without an event (stream broken, watch canceled by the server).
-    Broken(String),
+    Broken(Box<str>),
+}
+
+/// A written key, as a [`Signal::Put`] reports it.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub(crate) key: Vec<u8>,
+    pub(crate) create_revision: i64,
+    pub(crate) value: Vec<u8>,
 }
 
 enum Command {
@@ -35,7 +41,7 @@ enum Command {
         key: Vec<u8>,
         prefix: bool,
         puts: bool,
-        signals: mpsc::UnboundedSender<Signal>,
+        signals: SignalSender,
         id: i64,
     },
     Cancel {
@@ -45,6 +51,12 @@ enum Command {
     /// a new one, with the client's current token.
     Reset {
         reason: String,
+    },
+    /// Ends the stream for good (the session is closing): every watch on it,
+    /// and every watch opened later, gets `Broken`. `done` is answered once
+    /// the stream is dropped.
+    Close {
+        done: tokio::sync::oneshot::Sender<()>,
     },
 }
 
@@ -57,11 +69,97 @@ pub(crate) struct Hub {
     pub(crate) events: Arc<AtomicU64>,
 }
 
+/// The signals of one watch, from the hub to its `Watch`: a queue that
+/// allocates only for what it holds. A session holding 100,000 locks keeps
+/// one per lock (each watches its entry), and tokio's channels allocate a
+/// block of 32 slots up front.
+#[derive(Debug, Default)]
+struct Mailbox {
+    state: std::sync::Mutex<MailboxState>,
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct MailboxState {
+    signals: VecDeque<Signal>,
+    sender_gone: bool,
+    receiver_gone: bool,
+}
+
+impl Mailbox {
+    fn state(&self) -> std::sync::MutexGuard<'_, MailboxState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The hub's end of a [`Mailbox`].
+#[derive(Debug)]
+struct SignalSender(Arc<Mailbox>);
+
+/// A watch's end of a [`Mailbox`].
+#[derive(Debug)]
+struct SignalReceiver(Arc<Mailbox>);
+
+fn mailbox() -> (SignalSender, SignalReceiver) {
+    let mailbox = Arc::new(Mailbox::default());
+    (SignalSender(Arc::clone(&mailbox)), SignalReceiver(mailbox))
+}
+
+impl SignalSender {
+    /// Queues `signal`; gives it back when the watch is gone.
+    fn send(&self, signal: Signal) -> Result<(), Signal> {
+        {
+            let mut state = self.0.state();
+            if state.receiver_gone {
+                return Err(signal);
+            }
+            state.signals.push_back(signal);
+        }
+        // One receiver: a permit is kept if it is not waiting yet.
+        self.0.ready.notify_one();
+        Ok(())
+    }
+}
+
+impl Drop for SignalSender {
+    fn drop(&mut self) {
+        self.0.state().sender_gone = true;
+        self.0.ready.notify_one();
+    }
+}
+
+impl SignalReceiver {
+    /// The next signal; `None` once the hub let go of the watch and every
+    /// signal was taken.
+    async fn recv(&mut self) -> Option<Signal> {
+        loop {
+            {
+                let mut state = self.0.state();
+                if let Some(signal) = state.signals.pop_front() {
+                    return Some(signal);
+                }
+                if state.sender_gone {
+                    return None;
+                }
+            }
+            self.0.ready.notified().await;
+        }
+    }
+}
+
+impl Drop for SignalReceiver {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.receiver_gone = true;
+        state.signals.clear();
+    }
+}
+
 /// One open watch; dropping it cancels the watch on the server.
 #[derive(Debug)]
 pub(crate) struct Watch {
     id: i64,
-    signals: mpsc::UnboundedReceiver<Signal>,
+    signals: SignalReceiver,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -105,6 +203,19 @@ impl Hub {
         self.open(prefix, true, true)
     }
 
+    /// Ends the stream for good, before the session's lease is revoked: the
+    /// server then has no watcher of this session left to send the revoke's
+    /// deletions to. A session holding 100,000 locks would otherwise be sent
+    /// 100,000 small events at once, which the HTTP/2 layer takes for a flood
+    /// of small frames and answers by closing the connection, the revoke's
+    /// answer with it. Returns once the stream is dropped.
+    pub(crate) async fn close(&self) {
+        let (done, closed) = tokio::sync::oneshot::channel();
+        if self.commands.send(Command::Close { done }).is_ok() {
+            let _ = closed.await;
+        }
+    }
+
     /// Ends the current stream, so that the next watch opens a new one.
     pub(crate) fn reset(&self, reason: &str) {
         let _ = self.commands.send(Command::Reset {
@@ -113,7 +224,7 @@ impl Hub {
     }
 
     fn open(&self, key: &str, prefix: bool, puts: bool) -> Watch {
-        let (signals, receiver) = mpsc::unbounded_channel();
+        let (signals, receiver) = mailbox();
         let id = i64::try_from(self.next_id.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
         let command = Command::Watch {
             key: key.as_bytes().to_vec(),
@@ -133,6 +244,9 @@ impl Hub {
     }
 }
 
+/// Why the watches of a closed session end.
+const SESSION_CLOSED: &str = "the session was closed";
+
 struct Stream {
     sender: WatchRequestSender,
     responses: WatchResponseStream,
@@ -140,11 +254,12 @@ struct Stream {
 
 async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Command>, events: Arc<AtomicU64>) {
     let mut stream: Option<Stream> = None;
-    let mut watchers: HashMap<i64, mpsc::UnboundedSender<Signal>> = HashMap::new();
+    let mut watchers: HashMap<i64, SignalSender> = HashMap::new();
     // Watches sent and not yet answered `created`, in the order sent: a
     // refused create comes back with watch id -1, and the server answers
     // creates in order.
     let mut pending: VecDeque<i64> = VecDeque::new();
+    let mut closed = false;
     loop {
         let response = async {
             match stream.as_mut() {
@@ -157,6 +272,14 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                 None => return,
                 Some(Command::Reset { reason }) => {
                     break_stream(&mut stream, &mut watchers, &mut pending, &reason);
+                }
+                Some(Command::Close { done }) => {
+                    closed = true;
+                    break_stream(&mut stream, &mut watchers, &mut pending, SESSION_CLOSED);
+                    let _ = done.send(());
+                }
+                Some(Command::Watch { signals, .. }) if closed => {
+                    let _ = signals.send(Signal::Broken(SESSION_CLOSED.into()));
                 }
                 Some(Command::Cancel { id }) => {
                     if watchers.remove(&id).is_some() {
@@ -192,7 +315,7 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                             pending.push_back(id);
                         }
                         Err(reason) => {
-                            let _ = signals.send(Signal::Broken(reason.clone()));
+                            let _ = signals.send(Signal::Broken(reason.clone().into()));
                             break_stream(&mut stream, &mut watchers, &mut pending, &reason);
                         }
                     }
@@ -225,11 +348,11 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                     for event in response.events() {
                         events.fetch_add(1, Ordering::Relaxed);
                         let signal = match (event.event_type(), event.kv()) {
-                            (EventType::Put, Some(kv)) => Signal::Put {
+                            (EventType::Put, Some(kv)) => Signal::Put(Box::new(Written {
                                 key: kv.key().to_vec(),
                                 create_revision: kv.create_revision(),
                                 value: kv.value().to_vec(),
-                            },
+                            })),
                             (EventType::Put, None) => continue,
                             (EventType::Delete, kv) => Signal::Delete {
                                 revision: kv.map_or(i64::MAX, |kv| kv.mod_revision()),
@@ -239,7 +362,7 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                     }
                     if response.canceled() {
                         let reason = format!("watch canceled by the server: {}", response.cancel_reason());
-                        let _ = watcher.send(Signal::Broken(reason));
+                        let _ = watcher.send(Signal::Broken(reason.into()));
                         watchers.remove(&id);
                     } else if !alive {
                         // Its `Watch` is gone (its cancel may still be queued
@@ -268,13 +391,13 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
 /// opens a new stream.
 fn break_stream(
     stream: &mut Option<Stream>,
-    watchers: &mut HashMap<i64, mpsc::UnboundedSender<Signal>>,
+    watchers: &mut HashMap<i64, SignalSender>,
     pending: &mut VecDeque<i64>,
     reason: &str,
 ) {
     *stream = None;
     pending.clear();
     for (_, watcher) in watchers.drain() {
-        let _ = watcher.send(Signal::Broken(reason.to_owned()));
+        let _ = watcher.send(Signal::Broken(reason.into()));
     }
 }
