@@ -436,24 +436,38 @@ impl Shared {
                 .collect::<redis::RedisResult<Vec<_>>>()
                 .map_err(map_error)?
         } else {
-            // One round trip however many entries: the holders' script is
-            // loaded first in case the server lost it (a restart).
-            let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
-            pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
-            if tracked.iter().any(|t| t.1) {
-                pipe.load_script(&scripts.renew_holder).ignore();
-            }
-            for (key, plain, _) in &tracked {
-                if *plain {
-                    pipe.invoke_script(&holder(key));
-                } else {
-                    pipe.cmd("PEXPIRE").arg(key).arg(ttl);
+            // One round trip however many entries. The holders' script is
+            // called by its hash; only when the server does not know it (it
+            // restarted) is it sent along, and the renewal (every command of
+            // which may be repeated) made again. Sending it every time cost
+            // each session some 2.5 KB per TTL.
+            let pipeline = |load: bool| {
+                let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
+                pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
+                if load && tracked.iter().any(|t| t.1) {
+                    pipe.load_script(&scripts.renew_holder).ignore();
                 }
+                for (key, plain, _) in &tracked {
+                    if *plain {
+                        pipe.invoke_script(&holder(key));
+                    } else {
+                        pipe.cmd("PEXPIRE").arg(key).arg(ttl);
+                    }
+                }
+                if let Some(acks) = self.acks {
+                    pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
+                }
+                pipe
+            };
+            match pipeline(false).query_async::<Vec<Value>>(&mut conn).await {
+                Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    pipeline(true)
+                        .query_async::<Vec<Value>>(&mut conn)
+                        .await
+                        .map_err(map_error)?
+                }
+                other => other.map_err(map_error)?,
             }
-            if let Some(acks) = self.acks {
-                pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
-            }
-            pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(map_error)?
         };
         let mut replies = replies.into_iter();
         let session_alive = replies.next().and_then(|v| int(&v)) == Some(1);
