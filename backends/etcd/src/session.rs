@@ -332,6 +332,10 @@ impl EtcdSession {
     }
 }
 
+/// How long `close()` waits for the watch hub to end its stream before it
+/// revokes the lease anyway.
+const HUB_CLOSE_WAIT: Duration = Duration::from_millis(250);
+
 /// What a released claim must match.
 #[derive(Debug, Clone, Copy)]
 enum Owner<'a> {
@@ -705,7 +709,10 @@ impl BackendSession for EtcdSession {
     async fn close(&self) -> Result<()> {
         self.keepalive.abort();
         // No watch of this session may be left to hear the revoke's deletions.
-        self.hub.close().await;
+        // The hub answers at once unless it is stuck on a request of its own
+        // (a stream opening under a partition): then revoke without waiting,
+        // rather than let the close run out of time before the revoke is sent.
+        let _ = tokio::time::timeout(HUB_CLOSE_WAIT, self.hub.close()).await;
         let was_lost = *self.state.borrow() == SessionState::Lost;
         let revoked = self.client.lease_client().revoke(self.lease).await;
         // A session already lost stays lost: closing it does not undo that.
