@@ -89,9 +89,11 @@ impl ScaleArgs {
 /// A global allocator that counts the heap this process has allocated and
 /// not yet freed, over the system allocator:
 ///
-/// ```ignore
+/// ```no_run
 /// #[global_allocator]
-/// static HEAP: lockline_testkit::CountingAlloc = lockline_testkit::CountingAlloc::new();
+/// static HEAP: lockline_testkit::scale::CountingAlloc = lockline_testkit::scale::CountingAlloc::new();
+///
+/// fn main() {}
 /// ```
 ///
 /// A few relaxed atomic additions per allocation and per free. Live blocks
