@@ -3,8 +3,18 @@
 //! [`EtcdCluster`] and [`ZkEnsemble`] start Debian's `etcd` and ZooKeeper (run
 //! with `java -cp /usr/share/java/zookeeper.jar`) with 1 or 3 members on free
 //! loopback ports and temporary data directories; [`RedisServer`] and
-//! [`RedisCluster`] do the same with Debian's `redis-server`. A member can be stopped
-//! (SIGTERM), killed (SIGKILL), paused (SIGSTOP) and resumed (SIGCONT).
+//! [`RedisCluster`] do the same with Debian's `redis-server`, [`PgServer`] with
+//! Debian's PostgreSQL (`initdb` and `postgres` from the highest
+//! `/usr/lib/postgresql/MAJOR/bin`) and [`MariaDbServer`] with Debian's
+//! `mariadb-install-db` and `mariadbd`. A member can be stopped (SIGTERM),
+//! killed (SIGKILL), paused (SIGSTOP) and resumed (SIGCONT).
+//!
+//! PostgreSQL refuses to run as root, so when the tests run as root the SQL
+//! servers run as their Debian system users (`postgres`, `mysql`), which then
+//! own their temporary directories; each has a superuser with a password over
+//! TCP and a CLI helper ([`PgServer::psql`], [`MariaDbServer::sql`]) over its
+//! Unix socket. The test kit itself has no SQL client: it drives the servers'
+//! own command-line tools.
 //!
 //! Clean-up is unconditional: dropping a cluster (also while a test panics)
 //! kills its processes and deletes its directories, and every server is started
@@ -21,11 +31,14 @@ mod bench;
 mod crowd;
 mod etcd;
 mod lines;
+mod mariadb;
 mod peers;
+mod postgres;
 mod process;
 mod proxy;
 mod redis;
 pub mod scale;
+mod sql;
 mod tls;
 mod zookeeper;
 
@@ -35,9 +48,12 @@ pub use crowd::{
 };
 pub use etcd::EtcdCluster;
 pub use lines::LineChild;
+pub use mariadb::{MariaDbOptions, MariaDbServer};
+pub use postgres::{PgOptions, PgServer};
 pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::TcpProxy;
 pub use redis::{RedisCluster, RedisOptions, RedisServer};
+pub use sql::LockCounts;
 pub use tls::{openssl_installed, Issued, TestCa};
 pub use zookeeper::{ClientAuth, ZkEnsemble, ZkJvm, ZkOptions, ZkTlsOptions};
 
@@ -50,6 +66,26 @@ pub type Result<T> = std::io::Result<T>;
 /// Whether Debian's `etcd` binary is installed.
 pub fn etcd_installed() -> bool {
     std::path::Path::new(etcd::ETCD).exists()
+}
+
+/// Whether Debian's MariaDB server is installed: `mariadbd`,
+/// `mariadb-install-db`, the `mariadb` client and the `metadata_lock_info`
+/// plugin.
+pub fn mariadb_installed() -> bool {
+    [
+        mariadb::MARIADBD,
+        mariadb::MARIADB_INSTALL_DB,
+        mariadb::MARIADB,
+        mariadb::METADATA_LOCK_INFO,
+    ]
+    .iter()
+    .all(|path| std::path::Path::new(path).exists())
+}
+
+/// Whether Debian's PostgreSQL server is installed: `postgres`, `initdb`,
+/// `psql` and `pg_isready` in one `/usr/lib/postgresql/MAJOR/bin`.
+pub fn postgres_installed() -> bool {
+    postgres::bin_dir().is_some()
 }
 
 /// Whether Debian's `redis-server` is installed.

@@ -106,10 +106,97 @@ pub fn spawn_tied_to_this_process(mut command: Command) -> Result<Child> {
     rx.recv().map_err(|_| Error::other("spawner thread is gone"))?
 }
 
+/// A system account a server runs as because it refuses to run as root
+/// (PostgreSQL) or should not (MariaDB).
+///
+/// The switch is made by the forked child before it execs (`setgid`,
+/// `setgroups(0)`, `setuid`), and `PR_SET_PDEATHSIG` is set after it: a
+/// change of credentials clears that signal, so a server that switched users
+/// by itself (`mariadbd --user`) would outlive a killed test process.
+#[derive(Debug, Clone)]
+pub(crate) struct SystemUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl SystemUser {
+    /// The account `name` when this process runs as root, `None` otherwise (the
+    /// server then runs as the current user).
+    ///
+    /// # Errors
+    ///
+    /// When this process is root and the account does not exist.
+    pub(crate) fn for_server(name: &str) -> Result<Option<Self>> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        Self::lookup(name).map(Some)
+    }
+
+    /// Looks `name` up in the password database (`getpwnam_r`).
+    fn lookup(name: &str) -> Result<Self> {
+        let c_name = std::ffi::CString::new(name).map_err(Error::other)?;
+        let mut buffer = vec![0u8; 4096];
+        loop {
+            // SAFETY: an all-zero passwd is a valid value to be overwritten.
+            let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+            let mut found: *mut libc::passwd = std::ptr::null_mut();
+            // SAFETY: every pointer is valid for the call; the buffer's length is passed.
+            let code = unsafe {
+                libc::getpwnam_r(
+                    c_name.as_ptr(),
+                    &mut entry,
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    &mut found,
+                )
+            };
+            if code == libc::ERANGE && buffer.len() < 1 << 20 {
+                buffer.resize(buffer.len() * 2, 0);
+                continue;
+            }
+            if code != 0 {
+                return Err(Error::from_raw_os_error(code));
+            }
+            if found.is_null() {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("no system user {name:?} (its Debian package creates it)"),
+                ));
+            }
+            return Ok(SystemUser {
+                name: name.to_owned(),
+                uid: entry.pw_uid,
+                gid: entry.pw_gid,
+            });
+        }
+    }
+
+    /// The account's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Makes `command` run as this account.
+    pub(crate) fn apply(&self, command: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        command.uid(self.uid).gid(self.gid);
+    }
+
+    /// Gives `path` (not what is under it) to this account.
+    pub(crate) fn chown(&self, path: &Path) -> Result<()> {
+        std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
+            .map_err(|e| Error::new(e.kind(), format!("chown {} to {}: {e}", path.display(), self.name)))
+    }
+}
+
 /// One server process of a cluster, with its log file.
 pub struct Member {
     name: String,
     command: Command,
+    user: Option<SystemUser>,
     child: Option<Child>,
     log: PathBuf,
     paused: bool,
@@ -127,11 +214,28 @@ impl fmt::Debug for Member {
 
 impl Member {
     pub(crate) fn start(name: &str, program: &str, args: &[String], log: PathBuf, cwd: &Path) -> Result<Self> {
+        Self::start_as(name, program, args, log, cwd, None)
+    }
+
+    /// Like [`Member::start`], but as `user` when one is given (every start
+    /// and restart), with `HOME` set to `cwd`.
+    pub(crate) fn start_as(
+        name: &str,
+        program: &str,
+        args: &[String],
+        log: PathBuf,
+        cwd: &Path,
+        user: Option<&SystemUser>,
+    ) -> Result<Self> {
         let mut command = Command::new(program);
         command.args(args).current_dir(cwd).stdin(Stdio::null());
+        if user.is_some() {
+            command.env("HOME", cwd);
+        }
         let mut member = Member {
             name: name.to_owned(),
             command,
+            user: user.cloned(),
             child: None,
             log,
             paused: false,
@@ -157,6 +261,9 @@ impl Member {
                 Some(value) => command.env(key, value),
                 None => command.env_remove(key),
             };
+        }
+        if let Some(user) = &self.user {
+            user.apply(&mut command);
         }
         self.child = Some(spawn_tied_to_this_process(command).map_err(|e| {
             Error::new(
