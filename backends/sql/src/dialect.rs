@@ -1,0 +1,163 @@
+//! What each database engine must do; the session is written once over it.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use lockline::Write;
+
+/// A result of a dialect's statement: the driver's error, mapped by the
+/// session with what it was doing.
+pub(crate) type DbResult<T> = std::result::Result<T, sqlx::Error>;
+
+/// An earlier entry as the statements return it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub(crate) id: i64,
+    pub(crate) kind: String,
+    pub(crate) session: String,
+}
+
+/// What to append.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Append<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) session: &'a str,
+    pub(crate) attempt: &'a str,
+    pub(crate) value: &'a [u8],
+    /// Read locks pass over shared entries.
+    pub(crate) skip_shared: bool,
+    pub(crate) count: i32,
+}
+
+/// How one wait on a guard ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// The guard was free (at once, or when its owner let go).
+    Released,
+    /// The wait ran to the owner's renewal deadline as read when it began
+    /// (or the fallback bound): look at the owner again.
+    TimedOut,
+    /// The owner's session is past its renewal deadline by the database's
+    /// clock.
+    OwnerExpired,
+}
+
+/// What a look at a silent owner found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reaped {
+    /// The session is not in the table (closed, or reaped by someone else).
+    Gone,
+    /// It renewed after all.
+    Renewed,
+    /// It was past its deadline: its connection was ended and its rows deleted.
+    Ended,
+}
+
+/// The purpose of a connection: the session's own, which holds every guard,
+/// or one of its wait connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    Owner,
+    Wait,
+}
+
+/// One engine's statements over one set of tables.
+#[async_trait]
+pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
+    /// A connection of this engine.
+    type Conn: Send + 'static;
+
+    /// The backend's name in errors (`postgres`, `mysql`).
+    fn backend(&self) -> &'static str;
+
+    /// Opens a connection with lockline's per-connection settings. Returns
+    /// it and its server-side id (PostgreSQL backend pid, MySQL connection id).
+    async fn connect(&self, purpose: Purpose) -> DbResult<(Self::Conn, i64)>;
+
+    /// Checks the tables (creating them when missing and allowed), and
+    /// moves the id counter past anything handed out before a server restart.
+    async fn prepare(&self, conn: &mut Self::Conn) -> std::result::Result<(), lockline::Error>;
+
+    /// Registers a session owned by this connection.
+    async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<()>;
+
+    /// Renews the session; `Some(n)`: renewed, and it owns `n` entries;
+    /// `None`: the session is gone (or this connection no longer owns it).
+    async fn heartbeat(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Option<i64>>;
+
+    /// The ids of the session's entries.
+    async fn own_ids(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Vec<i64>>;
+
+    /// Appends (or finds the earlier append of the same attempt): the new
+    /// entry's id and the nearest earlier live entries.
+    async fn append(&self, conn: &mut Self::Conn, append: &Append<'_>) -> DbResult<(i64, Vec<Row>)>;
+
+    /// The nearest earlier live entries before `id`, removing dead ones on
+    /// the way; `None` when `id` itself is gone.
+    async fn earlier(
+        &self,
+        conn: &mut Self::Conn,
+        id: i64,
+        name: &str,
+        session: &str,
+        skip_shared: bool,
+        count: i32,
+    ) -> DbResult<Option<Vec<Row>>>;
+
+    /// Every live entry of `name`, first first.
+    async fn list(&self, conn: &mut Self::Conn, name: &str, session: &str) -> DbResult<Vec<Row>>;
+
+    /// Deletes entry `id` if `session` owns it; lets go of its guard when
+    /// `unlock` (the caller's session holds it). Whether it deleted it.
+    async fn remove(&self, conn: &mut Self::Conn, id: i64, session: &str, unlock: bool) -> DbResult<bool>;
+
+    /// Deletes the entry of `attempt` and lets go of its guard.
+    async fn abandon(&self, conn: &mut Self::Conn, attempt: &str, session: &str) -> DbResult<Option<i64>>;
+
+    /// Waits until the guard of entry `id` is free, for at most the time
+    /// `owner` has left by the database's clock (`fallback_ms` when the
+    /// owner's session row is gone).
+    async fn wait(&self, conn: &mut Self::Conn, id: i64, owner: &str, fallback_ms: i64) -> DbResult<Waited>;
+
+    /// As [`wait`](Self::wait), on the lock an election entry's owner holds
+    /// for its value's `version`.
+    async fn wait_version(
+        &self,
+        conn: &mut Self::Conn,
+        id: i64,
+        version: i64,
+        owner: &str,
+        fallback_ms: i64,
+    ) -> DbResult<Waited>;
+
+    /// Looks at a silent owner whose entry `id` a wait timed out on; ends
+    /// its connection and deletes its rows when it is past its deadline.
+    async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64) -> DbResult<Reaped>;
+
+    /// Ends the statement running on connection `server_id` (a wait).
+    async fn cancel(&self, conn: &mut Self::Conn, server_id: i64) -> DbResult<()>;
+
+    /// Lets go of anything a cancelled wait may have left held.
+    async fn reset(&self, conn: &mut Self::Conn) -> DbResult<()>;
+
+    /// Replaces an election entry's value; whether `session` still owns it.
+    async fn set_value(&self, conn: &mut Self::Conn, id: i64, session: &str, value: &[u8]) -> DbResult<bool>;
+
+    /// A live entry's value and version; `None` when gone.
+    async fn get_value(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>>;
+
+    /// Applies `writes` to the data table if `session` still owns entry `id`.
+    async fn write_if_held(&self, conn: &mut Self::Conn, id: i64, session: &str, writes: &[Write]) -> DbResult<bool>;
+
+    /// A key of the data table.
+    async fn read(&self, conn: &mut Self::Conn, key: &str) -> DbResult<Option<Vec<u8>>>;
+
+    /// Deletes the session's entries and its row.
+    async fn close(&self, conn: &mut Self::Conn, session: &str) -> DbResult<()>;
+}
+
+/// Turns a row-shape problem into the driver's decode error.
+pub(crate) fn shape(detail: impl Into<String>) -> sqlx::Error {
+    sqlx::Error::Decode(detail.into().into())
+}

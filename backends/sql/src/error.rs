@@ -1,0 +1,137 @@
+//! Database errors mapped onto lockline's by meaning.
+
+use std::time::Duration;
+
+use lockline::Error;
+
+/// What a statement was doing, for messages: the operation and where.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Doing<'a> {
+    pub(crate) backend: &'static str,
+    pub(crate) what: &'a str,
+    pub(crate) target: &'a str,
+}
+
+/// Maps an error of a statement to ours.
+pub(crate) fn map(doing: Doing<'_>, error: sqlx::Error) -> Error {
+    let Doing { backend, what, target } = doing;
+    match &error {
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            let message = db.message().to_owned();
+            match code.as_str() {
+                // invalid_password, invalid_authorization_specification;
+                // MySQL's "Access denied for user" (28000 too).
+                "28P01" | "28000" => Error::AuthenticationFailed {
+                    backend,
+                    reason: format!("{target} refused the credentials ({what}): {message}"),
+                },
+                // insufficient_privilege; MySQL's command/table/column
+                // access denied errors (42000 with these words).
+                "42501" => Error::PermissionDenied {
+                    backend,
+                    operation: "run",
+                    key: what.to_owned(),
+                    reason: privilege_hint(&message),
+                },
+                "42000" if message.contains("denied") => Error::PermissionDenied {
+                    backend,
+                    operation: "run",
+                    key: what.to_owned(),
+                    reason: privilege_hint(&message),
+                },
+                // Server shutting down, too many connections, cannot
+                // connect now, lock wait timeouts on a row, a killed
+                // connection: a retry may succeed.
+                "57P01" | "57P02" | "57P03" | "53300" | "08006" | "08001" | "08004" | "55P03" | "HY000"
+                    if transient_words(&message) || code != "HY000" =>
+                {
+                    Error::unavailable_because(backend, format!("{what} on {target}"), error)
+                }
+                _ => Error::Backend {
+                    backend,
+                    reason: format!("{what} on {target}: {message} (SQLSTATE {code})"),
+                    source: Box::new(error),
+                },
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => Error::unavailable_because(backend, format!("{what} on {target}"), error),
+        sqlx::Error::Configuration(_) => Error::InvalidOptions {
+            reason: format!("{what} on {target}: {error}"),
+        },
+        _ => Error::Backend {
+            backend,
+            reason: format!("{what} on {target}: {error}"),
+            source: Box::new(error),
+        },
+    }
+}
+
+/// Whether a MySQL `HY000` message says the server is going away or busy.
+fn transient_words(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    [
+        "lock wait timeout",
+        "server shutdown",
+        "gone away",
+        "lost connection",
+        "deadlock",
+    ]
+    .iter()
+    .any(|w| message.contains(w))
+}
+
+/// The server's words, with the privilege lockline needs named where the
+/// message is about one of the privileges it documents.
+fn privilege_hint(message: &str) -> String {
+    let lower = message.to_ascii_lowercase();
+    let hint = if lower.contains("terminate") || lower.contains("signal") {
+        " (ending a silent holder's connection needs the same database user, or membership in pg_signal_backend)"
+    } else if lower.contains("kill") || lower.contains("thread") {
+        " (ending a silent holder's connection needs the same database user, or the CONNECTION ADMIN privilege)"
+    } else if lower.contains("schema") || lower.contains("create") {
+        " (lockline creates its tables on first use, which needs CREATE on the schema; or create them with the DDL script)"
+    } else if lower.contains("sequence") {
+        " (the entries' id sequence needs USAGE and UPDATE)"
+    } else {
+        ""
+    };
+    format!("{message}{hint}")
+}
+
+/// Whether the error is the given SQLSTATE.
+pub(crate) fn has_code(error: &sqlx::Error, wanted: &str) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some(wanted))
+}
+
+/// Whether the error says the connection is gone (reset, closed, broken):
+/// a session whose owning connection is gone has lost every guard.
+pub(crate) fn connection_gone(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => {
+            matches!(
+                db.code().as_deref(),
+                // admin_shutdown, crash_shutdown, connection failure
+                Some("57P01" | "57P02" | "08006" | "08003" | "70100")
+            ) && !db
+                .message()
+                .to_ascii_lowercase()
+                .contains("query execution was interrupted")
+        }
+        _ => false,
+    }
+}
+
+/// A statement that got no answer within the request timeout.
+pub(crate) fn timed_out(doing: Doing<'_>, timeout: Duration) -> Error {
+    Error::unavailable(
+        doing.backend,
+        format!("{} on {}: no answer within {timeout:?}", doing.what, doing.target),
+    )
+}

@@ -1,0 +1,136 @@
+//! Where lockline keeps its rows, and how entries are named.
+
+use lockline::{Error, Result};
+
+/// The version of the tables and functions lockline expects; kept in the
+/// `meta` table, checked at every session open.
+pub(crate) const LAYOUT_VERSION: i32 = 1;
+
+/// The default prefix of lockline's table names.
+pub(crate) const DEFAULT_PREFIX: &str = "lockline_";
+
+/// The names of one set of lockline tables, and the salt that keeps the
+/// server-wide lock keys of two sets apart.
+#[derive(Debug, Clone)]
+pub(crate) struct Tables {
+    /// `"schema".` on PostgreSQL (empty: resolved to `current_schema()`), the
+    /// database on MariaDB (empty: the connection's).
+    pub(crate) qualifier: String,
+    pub(crate) prefix: String,
+}
+
+impl Tables {
+    pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Result<Self> {
+        check_identifier("table prefix", prefix, true)?;
+        if let Some(schema) = schema {
+            check_identifier("schema", schema, false)?;
+        }
+        Ok(Tables {
+            qualifier: schema.map(str::to_owned).unwrap_or_default(),
+            prefix: prefix.to_owned(),
+        })
+    }
+}
+
+/// Refuses a schema or prefix that is not a plain lower-case identifier:
+/// they are written into statements, so nothing else is let in.
+fn check_identifier(what: &str, value: &str, may_be_empty: bool) -> Result<()> {
+    let ok_start = |c: char| c.is_ascii_lowercase() || c == '_';
+    let ok = |c: char| ok_start(c) || c.is_ascii_digit();
+    let valid = if value.is_empty() {
+        may_be_empty
+    } else {
+        value.len() <= 40 && value.chars().next().is_some_and(ok_start) && value.chars().all(ok)
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidOptions {
+            reason: format!(
+                "{what} {value:?} must be a lower-case identifier of at most 40 characters (a-z, 0-9, _; not starting with a digit)"
+            ),
+        })
+    }
+}
+
+/// FNV-1a, 64 bits: a hash that stays the same across Rust versions and
+/// machines, for the salt of the server-wide lock keys.
+pub(crate) fn fnv64(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// An entry's key as users see it: the lock's name, `/`, the entry's id.
+pub(crate) fn entry_key(name: &str, id: i64) -> String {
+    format!("{name}/{id}")
+}
+
+/// The name and id of an entry key made by [`entry_key`].
+pub(crate) fn parse_entry_key(key: &str) -> Option<(&str, i64)> {
+    let (name, id) = key.rsplit_once('/')?;
+    let id: i64 = id.parse().ok()?;
+    (id > 0 && !name.is_empty()).then_some((name, id))
+}
+
+/// The label stored for each kind.
+pub(crate) fn kind_label(kind: lockline::EntryKind) -> &'static str {
+    use lockline::EntryKind;
+    match kind {
+        EntryKind::Read => "read",
+        EntryKind::Write => "write",
+        EntryKind::Semaphore => "semaphore",
+        EntryKind::Election => "election",
+        EntryKind::Mutex => "mutex",
+        _ => "foreign",
+    }
+}
+
+/// The kind of a stored label; an unknown label (a newer lockline's kind)
+/// queues with nothing.
+pub(crate) fn kind_from_label(label: &str) -> lockline::EntryKind {
+    use lockline::EntryKind;
+    match label {
+        "mutex" => EntryKind::Mutex,
+        "read" => EntryKind::Read,
+        "write" => EntryKind::Write,
+        "semaphore" => EntryKind::Semaphore,
+        "election" => EntryKind::Election,
+        _ => EntryKind::Foreign,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_keys_round_trip_with_slashes_in_the_name() {
+        let key = entry_key("jobs/nightly/", 42);
+        assert_eq!(key, "jobs/nightly//42");
+        assert_eq!(parse_entry_key(&key), Some(("jobs/nightly/", 42)));
+        assert_eq!(parse_entry_key("jobs"), None);
+        assert_eq!(parse_entry_key("jobs/x"), None);
+        assert_eq!(parse_entry_key("/0"), None);
+    }
+
+    #[test]
+    fn identifiers_are_checked() {
+        assert!(Tables::new(None, "lockline_").is_ok());
+        assert!(Tables::new(Some("locks"), "").is_ok());
+        for bad in ["Lockline", "a-b", "1a", "a b", "a\"b", &"x".repeat(41)] {
+            assert!(Tables::new(None, bad).is_err(), "{bad:?}");
+            assert!(Tables::new(Some(bad), "p_").is_err(), "{bad:?}");
+        }
+        assert!(Tables::new(Some(""), "p_").is_err());
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv64(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv64("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,382 @@
+//! The SQL backend of [lockline](https://docs.rs/lockline): the same fair,
+//! herd-free, fenced queue as on etcd and ZooKeeper, on the PostgreSQL or
+//! MariaDB/MySQL database a team already runs, behind the same
+//! `Client`/`Session`/`Mutex` API.
+//!
+//! ```no_run
+//! use lockline_sql::{lockline::Client, Sql};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockline::Result<()> {
+//! let client = Client::new(Sql::new("postgres://app:secret@db.internal/app"));
+//! let session = client.session().await?; // one connection, renewed in the background
+//! let guard = session.mutex("billing/nightly")?.lock().await?;
+//! println!("held with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it uses the database
+//!
+//! - **Entries are rows** of `lockline_entries`; the identity column's value
+//!   orders each lock's queue and is the fencing token (strictly increasing
+//!   across the table).
+//! - **Each entry is guarded by a named lock** its session's connection holds
+//!   (a PostgreSQL session-level advisory lock, a MariaDB `GET_LOCK`), so the
+//!   server frees it the moment that connection dies. A row whose guard is
+//!   free is dead; whoever meets it deletes it before going past it.
+//! - **A waiter blocks on the server** on its predecessor's guard only (shared
+//!   on PostgreSQL): a release wakes exactly one waiter, nothing polls.
+//! - **A silent owner cannot hold forever.** Each session renews a heartbeat
+//!   (one statement per keepalive interval, however many locks it holds),
+//!   judged by the database's clock. A waiter whose predecessor's session has
+//!   not renewed for its TTL ends that session's connection
+//!   (`pg_terminate_backend`, `KILL CONNECTION`) and deletes its rows; the
+//!   owner has told its holders `lost()` at `ttl - safety margin` after the
+//!   send time of its last answered heartbeat, before that.
+//! - **Bounded connections.** A session has one connection that holds its
+//!   guards and at most [`Sql::with_wait_connections`] more for its waiters
+//!   (16 by default), given to the waiters nearest the heads of their queues.
+//!
+//! The tables are created on first use (or by a DBA with the script from
+//! [`Sql::ddl`]); the README's SQL section gives the layout, the privileges
+//! and the server settings.
+//!
+//! # Fenced transactions
+//!
+//! [`FencedTransaction`] runs a transaction on the application's own
+//! database that commits only if the lock is still held at commit time: the
+//! entry row is checked and locked in that transaction, so neither a reaper
+//! nor the next holder can slip between the check and the commit.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod dialect;
+mod error;
+mod fenced;
+mod layout;
+#[cfg(feature = "mysql")]
+mod my;
+#[cfg(feature = "postgres")]
+mod pg;
+mod pool;
+mod session;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockline::backend::{Backend, BackendSession};
+use lockline::{Error, Result, SessionOptions};
+
+pub use lockline;
+
+pub use crate::fenced::FencedTransaction;
+use crate::layout::Tables;
+use crate::session::SqlSession;
+
+/// The number of wait connections a session keeps at most, unless set.
+pub const DEFAULT_WAIT_CONNECTIONS: usize = 16;
+
+/// The database engines the backend speaks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Engine {
+    /// PostgreSQL 14 or later.
+    Postgres,
+    /// MariaDB 10.6 or later, or MySQL 8.
+    MySql,
+}
+
+/// What every connection of a session is set up with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// How long the owning connection may wait for a row lock.
+    pub(crate) owner_lock_timeout: Duration,
+    /// How often a PostgreSQL server checks that a waiting client is still
+    /// there (`client_connection_check_interval`).
+    pub(crate) check_interval: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) create_tables: bool,
+}
+
+/// The SQL backend: one PostgreSQL or MariaDB/MySQL database.
+///
+/// ```
+/// use lockline_sql::Sql;
+///
+/// let postgres = Sql::new("postgres://app:secret@127.0.0.1:5432/app");
+/// let mariadb = Sql::new("mysql://app:secret@127.0.0.1:3306/app")
+///     .with_table_prefix("locks_")
+///     .with_wait_connections(4);
+/// assert!(postgres.ddl().unwrap().contains("CREATE UNLOGGED TABLE"));
+/// assert!(mariadb.ddl().unwrap().contains("ENGINE=InnoDB"));
+/// ```
+#[derive(Clone)]
+pub struct Sql {
+    url: String,
+    schema: Option<String>,
+    prefix: String,
+    wait_connections: usize,
+    create_tables: bool,
+}
+
+impl fmt::Debug for Sql {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sql")
+            .field("url", &redact(&self.url))
+            .field("schema", &self.schema)
+            .field("prefix", &self.prefix)
+            .field("wait_connections", &self.wait_connections)
+            .field("create_tables", &self.create_tables)
+            .finish()
+    }
+}
+
+/// A URL with its password (if any) replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let authority = match authority.rsplit_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            if credentials.contains(':') {
+                format!("{user}:***@{host}")
+            } else {
+                format!("{user}@{host}")
+            }
+        }
+        None => authority.to_owned(),
+    };
+    let query = path.split_once('?').map_or(path, |(p, _)| p);
+    if path.is_empty() {
+        format!("{scheme}://{authority}")
+    } else {
+        format!("{scheme}://{authority}/{query}")
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) fn pg_target(options: &sqlx::postgres::PgConnectOptions) -> String {
+    format!(
+        "postgres://{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+#[cfg(feature = "mysql")]
+pub(crate) fn my_target(options: &sqlx::mysql::MySqlConnectOptions) -> String {
+    format!(
+        "mysql://{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+impl Sql {
+    /// A database by URL: `postgres://` or `postgresql://` for PostgreSQL,
+    /// `mysql://` or `mariadb://` for MariaDB and MySQL, with the user,
+    /// password, host, port and database
+    /// (`postgres://USER:PASSWORD@HOST:PORT/DATABASE`), and the driver's
+    /// query options (`?sslmode=require`, `?ssl-mode=REQUIRED`, ...).
+    /// Nothing is connected until a session opens.
+    pub fn new(url: impl Into<String>) -> Self {
+        Sql {
+            url: url.into(),
+            schema: None,
+            prefix: layout::DEFAULT_PREFIX.to_owned(),
+            wait_connections: DEFAULT_WAIT_CONNECTIONS,
+            create_tables: true,
+        }
+    }
+
+    /// Keeps lockline's tables in this PostgreSQL schema (default: the
+    /// connection's current schema) or MariaDB/MySQL database (default: the
+    /// URL's). A lower-case identifier.
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// Names lockline's tables `PREFIX` + `entries`, `sessions`, `meta`,
+    /// `data` (default `lockline_`). A lower-case identifier, possibly empty.
+    pub fn with_table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many connections a session may open for its waiters, besides the
+    /// one that holds its locks (default [`DEFAULT_WAIT_CONNECTIONS`]). A
+    /// session waits on the server for at most this many locks at once;
+    /// further waiters queue in the process, nearest the head first.
+    pub fn with_wait_connections(mut self, connections: usize) -> Self {
+        self.wait_connections = connections;
+        self
+    }
+
+    /// Never creates tables: a session fails to open unless the tables from
+    /// [`ddl`](Self::ddl) exist (for users without the right to create them).
+    pub fn without_creating_tables(mut self) -> Self {
+        self.create_tables = false;
+        self
+    }
+
+    /// The engine the URL names.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a URL of another scheme.
+    pub fn engine(&self) -> Result<Engine> {
+        let scheme = self.url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("postgres" | "postgresql") => Ok(Engine::Postgres),
+            Some("mysql" | "mariadb") => Ok(Engine::MySql),
+            _ => Err(Error::InvalidOptions {
+                reason: format!(
+                    "invalid database URL {:?}: expected postgres://, postgresql://, mysql:// or mariadb://",
+                    redact(&self.url)
+                ),
+            }),
+        }
+    }
+
+    /// The script that creates lockline's tables (and, on PostgreSQL, its
+    /// functions), for a DBA who creates them rather than letting lockline
+    /// do it on first use. It names the schema given with
+    /// [`with_schema`](Self::with_schema) (`public` when none is given on
+    /// PostgreSQL; the URL's database on MariaDB/MySQL).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for an unknown URL scheme, a bad schema or
+    /// prefix, or a MariaDB/MySQL URL without a database.
+    pub fn ddl(&self) -> Result<String> {
+        let tables = Tables::new(self.schema.as_deref(), &self.prefix)?;
+        let settings = self.settings(&SessionOptions::default());
+        match self.engine()? {
+            #[cfg(feature = "postgres")]
+            Engine::Postgres => pg::Postgres::new(&self.url, tables, settings)?.ddl(None),
+            #[cfg(feature = "mysql")]
+            Engine::MySql => my::MySql::new(&self.url, tables, settings)?.ddl(None),
+            #[allow(unreachable_patterns)]
+            engine => Err(disabled(engine)),
+        }
+    }
+
+    fn settings(&self, options: &SessionOptions) -> Settings {
+        let keepalive = options.keepalive_interval();
+        Settings {
+            owner_lock_timeout: (keepalive / 2).clamp(Duration::from_millis(100), Duration::from_secs(2)),
+            check_interval: keepalive.clamp(Duration::from_millis(500), Duration::from_secs(5)),
+            request_timeout: options.request_timeout(),
+            create_tables: self.create_tables,
+        }
+    }
+
+    fn target(&self) -> String {
+        redact(&self.url)
+    }
+
+    fn check(&self) -> Result<(Engine, Tables)> {
+        let engine = self.engine()?;
+        let tables = Tables::new(self.schema.as_deref(), &self.prefix)?;
+        if self.wait_connections == 0 {
+            return Err(Error::InvalidOptions {
+                reason: "a session needs at least one wait connection".into(),
+            });
+        }
+        Ok((engine, tables))
+    }
+}
+
+#[allow(dead_code)]
+fn disabled(engine: Engine) -> Error {
+    Error::InvalidOptions {
+        reason: format!("lockline-sql was built without the cargo feature for {engine:?}"),
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Sql {
+    fn name(&self) -> &'static str {
+        match self.engine() {
+            Ok(Engine::MySql) => "mysql",
+            _ => "postgres",
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.target()
+    }
+
+    fn validate_key(&self, key: &str) -> Result<()> {
+        if matches!(self.engine(), Ok(Engine::MySql)) && key.chars().count() > 768 {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: "a fenced-write key on MariaDB/MySQL is at most 768 characters".into(),
+            });
+        }
+        if key.contains('\0') {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: "a key cannot hold a NUL character".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
+        options.validate()?;
+        let (engine, tables) = self.check()?;
+        let settings = self.settings(options);
+        let target = self.target();
+        match engine {
+            #[cfg(feature = "postgres")]
+            Engine::Postgres => {
+                let dialect = Arc::new(pg::Postgres::new(&self.url, tables, settings)?);
+                let session = SqlSession::open(dialect, target, options.clone(), self.wait_connections).await?;
+                Ok(Arc::new(session))
+            }
+            #[cfg(feature = "mysql")]
+            Engine::MySql => {
+                let dialect = Arc::new(my::MySql::new(&self.url, tables, settings)?);
+                let session = SqlSession::open(dialect, target, options.clone(), self.wait_connections).await?;
+                Ok(Arc::new(session))
+            }
+            #[allow(unreachable_patterns)]
+            engine => Err(disabled(engine)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact("postgres://app:secret@db:5432/app?sslmode=require&password=x"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(redact("mysql://root@127.0.0.1/x"), "mysql://root@127.0.0.1/x");
+        assert_eq!(redact("postgres://db"), "postgres://db");
+        assert!(!format!("{:?}", Sql::new("postgres://u:hunter2@h/d")).contains("hunter2"));
+    }
+
+    #[test]
+    fn engines_come_from_the_scheme() {
+        assert_eq!(Sql::new("postgresql://h/d").engine().ok(), Some(Engine::Postgres));
+        assert_eq!(Sql::new("mariadb://h/d").engine().ok(), Some(Engine::MySql));
+        assert!(matches!(
+            Sql::new("redis://h").engine(),
+            Err(Error::InvalidOptions { .. })
+        ));
+    }
+}

@@ -1,0 +1,966 @@
+//! MariaDB and MySQL: entries in an InnoDB table, guards as `GET_LOCK`
+//! locks of the owning connection, order checked with a locking read.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use lockline::{Error, Write};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
+
+use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Waited};
+use crate::error::{has_code, Doing};
+use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
+use crate::Settings;
+
+/// The server's clock in microseconds since the epoch.
+const NOW_US: &str = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)";
+
+/// How far apart two readings of the server's start time (its clock minus
+/// its `Uptime`, in whole seconds) may be and still be the same start.
+const SAME_START_US: i64 = 2_500_000;
+
+/// The names and statements of one set of tables.
+#[derive(Debug)]
+struct Names {
+    database: String,
+    entries: String,
+    sessions: String,
+    meta: String,
+    data: String,
+    /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
+    /// (the names are server-wide, at most 64 characters).
+    lock_prefix: String,
+    sql: Statements,
+}
+
+#[derive(Debug)]
+struct Statements {
+    heartbeat: Arc<str>,
+    count_own: Arc<str>,
+    own_ids: Arc<str>,
+    insert: Arc<str>,
+    find: Arc<str>,
+    nearest: Arc<str>,
+    exists: Arc<str>,
+    delete_dead: Arc<str>,
+    list: Arc<str>,
+    remove: Arc<str>,
+    attempt_of: Arc<str>,
+    wait: Arc<str>,
+    reap_read: Arc<str>,
+    reap_entries: Arc<str>,
+    reap_session: Arc<str>,
+    value_of: Arc<str>,
+    bump_value: Arc<str>,
+    get_value: Arc<str>,
+    held: Arc<str>,
+    put: Arc<str>,
+    delete: Arc<str>,
+    read: Arc<str>,
+    close_entries: Arc<str>,
+    close_session: Arc<str>,
+    open: Arc<str>,
+    check: Arc<str>,
+}
+
+/// The MariaDB/MySQL dialect for one database URL and table set.
+pub(crate) struct MySql {
+    connect: MySqlConnectOptions,
+    tables: Tables,
+    settings: Settings,
+    names: OnceLock<Names>,
+}
+
+impl std::fmt::Debug for MySql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySql")
+            .field("host", &self.connect.get_host())
+            .field("port", &self.connect.get_port())
+            .field("database", &self.connect.get_database())
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Names {
+    fn new(database: &str, prefix: &str) -> Self {
+        let table = |t: &str| format!("`{database}`.`{prefix}{t}`");
+        let salt = fnv64(&format!("mysql/{database}.{prefix}"));
+        let lock_prefix = format!("ll:{:012x}:", salt >> 16);
+        let entries = table("entries");
+        let sessions = table("sessions");
+        let meta = table("meta");
+        let data = table("data");
+        let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
+        let sql = Statements {
+            heartbeat: format!(
+                "UPDATE {sessions} SET renewed_us = {NOW_US} WHERE id = ? AND conn = CONNECTION_ID()"
+            )
+            .into(),
+            count_own: format!("SELECT COUNT(*) FROM {entries} WHERE session = ?").into(),
+            own_ids: format!("SELECT id FROM {entries} WHERE session = ?").into(),
+            insert: format!(
+                "INSERT INTO {entries} (name, kind, session, attempt, value) VALUES (?, ?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE id = id"
+            )
+            .into(),
+            find: format!("SELECT id FROM {entries} WHERE attempt = ? AND session = ?").into(),
+            // A locking read: it waits for an append with a smaller id still
+            // in flight, so no earlier entry is missed.
+            nearest: format!(
+                "SELECT e.id, e.kind, e.session, IS_USED_LOCK({guard}) IS NOT NULL OR e.session = ? \
+                 FROM {entries} e WHERE e.name = ? AND e.id < ? ORDER BY e.id DESC LIMIT ? LOCK IN SHARE MODE"
+            )
+            .into(),
+            exists: format!("SELECT COUNT(*) FROM {entries} WHERE id = ?").into(),
+            delete_dead: format!(
+                "DELETE FROM {entries} WHERE id = ? AND session <> ? AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', attempt))"
+            )
+            .into(),
+            list: format!(
+                "SELECT e.id, e.kind, e.session FROM {entries} e WHERE e.name = ? \
+                 AND (e.session = ? OR IS_USED_LOCK({guard}) IS NOT NULL) ORDER BY e.id"
+            )
+            .into(),
+            remove: format!("DELETE FROM {entries} WHERE id = ? AND session = ?").into(),
+            attempt_of: format!("SELECT attempt, kind, version FROM {entries} WHERE id = ?").into(),
+            wait: format!(
+                "SELECT CASE WHEN w.left_ms <= 0 THEN 2 \
+                 ELSE (CASE GET_LOCK(?, w.left_ms / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 WHEN 0 THEN 1 END) END \
+                 FROM (SELECT COALESCE((SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) DIV 1000 \
+                 FROM {sessions} s WHERE s.id = ?), ?) AS left_ms) w"
+            )
+            .into(),
+            reap_read: format!(
+                "SELECT conn, renewed_us + ttl_ms * 1000 > {NOW_US} FROM {sessions} WHERE id = ? FOR UPDATE"
+            )
+            .into(),
+            reap_entries: format!("DELETE FROM {entries} WHERE session = ?").into(),
+            reap_session: format!("DELETE FROM {sessions} WHERE id = ?").into(),
+            value_of: format!("SELECT version FROM {entries} WHERE id = ? AND session = ? FOR UPDATE").into(),
+            bump_value: format!("UPDATE {entries} SET value = ?, version = version + 1 WHERE id = ?").into(),
+            get_value: format!(
+                "SELECT e.value, e.version FROM {entries} e WHERE e.id = ? \
+                 AND (e.session = ? OR IS_USED_LOCK({guard}) IS NOT NULL) LOCK IN SHARE MODE"
+            )
+            .into(),
+            held: format!("SELECT COUNT(*) FROM {entries} WHERE id = ? AND session = ? LOCK IN SHARE MODE").into(),
+            put: format!(
+                "INSERT INTO {data} (`key`, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE value = VALUES(value)"
+            )
+            .into(),
+            delete: format!("DELETE FROM {data} WHERE `key` = ?").into(),
+            read: format!("SELECT value FROM {data} WHERE `key` = ?").into(),
+            close_entries: format!("DELETE FROM {entries} WHERE session = ?").into(),
+            close_session: format!("DELETE FROM {sessions} WHERE id = ?").into(),
+            open: format!(
+                "INSERT INTO {sessions} (id, conn, ttl_ms, renewed_us) VALUES (?, CONNECTION_ID(), ?, {NOW_US})"
+            )
+            .into(),
+            check: format!(
+                "SELECT COUNT(*) FROM {entries} e JOIN {sessions} s ON s.id = e.session \
+                 WHERE e.id = ? AND e.session = ? AND IS_USED_LOCK({guard}) = s.conn LOCK IN SHARE MODE"
+            )
+            .into(),
+        };
+        Names {
+            database: database.to_owned(),
+            entries,
+            sessions,
+            meta,
+            data,
+            lock_prefix,
+            sql,
+        }
+    }
+
+    fn guard(&self, attempt: &str) -> String {
+        format!("{}e:{attempt}", self.lock_prefix)
+    }
+
+    fn version_lock(&self, id: i64, version: i64) -> String {
+        format!("{}v:{id}:{version}", self.lock_prefix)
+    }
+
+    fn ddl(&self) -> String {
+        let Names {
+            database,
+            entries,
+            sessions,
+            meta,
+            data,
+            ..
+        } = self;
+        let version = LAYOUT_VERSION;
+        format!(
+            r#"-- lockline's tables (layout {version}) for MariaDB 10.6 or later, or MySQL 8, in database `{database}`.
+-- InnoDB for all: the entries' row locks make a fenced commit and the next grant
+-- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
+CREATE TABLE IF NOT EXISTS {meta} (
+    singleton TINYINT NOT NULL PRIMARY KEY,
+    layout INT NOT NULL,
+    started_us BIGINT NULL
+) ENGINE=InnoDB;
+INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
+CREATE TABLE IF NOT EXISTS {entries} (
+    id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
+    session VARCHAR(64) CHARACTER SET ascii NOT NULL,
+    attempt VARCHAR(64) CHARACTER SET ascii NOT NULL,
+    value LONGBLOB NOT NULL,
+    version BIGINT NOT NULL DEFAULT 0,
+    UNIQUE KEY entries_attempt (attempt),
+    KEY entries_name (name, id),
+    KEY entries_session (session)
+) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS {sessions} (
+    id VARCHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+    conn BIGINT NOT NULL,
+    ttl_ms BIGINT NOT NULL,
+    renewed_us BIGINT NOT NULL
+) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS {data} (
+    `key` VARCHAR(768) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    value LONGBLOB NOT NULL
+) ENGINE=InnoDB;
+"#
+        )
+    }
+}
+
+impl MySql {
+    pub(crate) fn new(url: &str, tables: Tables, settings: Settings) -> lockline::Result<Self> {
+        let url = url
+            .strip_prefix("mariadb://")
+            .map_or_else(|| url.to_owned(), |rest| format!("mysql://{rest}"));
+        let connect: MySqlConnectOptions = url.parse().map_err(|e: sqlx::Error| Error::InvalidOptions {
+            reason: format!("invalid MySQL/MariaDB URL {:?}: {e}", crate::redact(&url)),
+        })?;
+        if connect.get_database().is_none() && tables.qualifier.is_empty() {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "the MySQL/MariaDB URL {:?} names no database: add /DATABASE to it",
+                    crate::redact(&url)
+                ),
+            });
+        }
+        Ok(MySql {
+            connect,
+            tables,
+            settings,
+            names: OnceLock::new(),
+        })
+    }
+
+    fn names(&self) -> DbResult<&Names> {
+        self.names
+            .get()
+            .ok_or_else(|| sqlx::Error::Configuration("the tables' database is not resolved yet".into()))
+    }
+
+    fn database(&self) -> String {
+        if self.tables.qualifier.is_empty() {
+            self.connect.get_database().unwrap_or_default().to_owned()
+        } else {
+            self.tables.qualifier.clone()
+        }
+    }
+
+    pub(crate) fn ddl(&self, database: Option<&str>) -> lockline::Result<String> {
+        let database = database.map_or_else(|| self.database(), str::to_owned);
+        check_database(&database)?;
+        Ok(Names::new(&database, &self.tables.prefix).ddl())
+    }
+
+    pub(crate) fn check_sql(&self) -> DbResult<(Arc<str>, String)> {
+        let names = self.names()?;
+        Ok((Arc::clone(&names.sql.check), names.lock_prefix.clone()))
+    }
+
+    fn doing<'a>(&self, what: &'a str, target: &'a str) -> Doing<'a> {
+        Doing {
+            backend: "mysql",
+            what,
+            target,
+        }
+    }
+
+    async fn create(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<()> {
+        let lock = format!("{}ddl", names.lock_prefix);
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 30)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(shape("another connection is creating lockline's tables"));
+        }
+        let created = conn.execute(sqlx::raw_sql(AssertSqlSafe(names.ddl()))).await;
+        sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await?;
+        created.map(drop)
+    }
+
+    async fn check_columns(
+        &self,
+        conn: &mut MySqlConnection,
+        names: &Names,
+        table: &str,
+        expected: &[(&str, &str)],
+    ) -> DbResult<Option<String>> {
+        let rows = sqlx::query(
+            "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
+             WHERE table_schema = ? AND table_name = ?",
+        )
+        .bind(&names.database)
+        .bind(format!("{}{table}", self.tables.prefix))
+        .fetch_all(&mut *conn)
+        .await?;
+        let found: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
+            .collect::<DbResult<_>>()?;
+        for (column, kind) in expected {
+            match found.iter().find(|(c, _)| c.eq_ignore_ascii_case(column)) {
+                None => return Ok(Some(format!("it has no column {column:?}"))),
+                Some((_, t)) if !t.eq_ignore_ascii_case(kind) => {
+                    return Ok(Some(format!("its column {column:?} is {t}, not {kind}")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Moves the id counter past the server's clock in microseconds when the
+    /// server started since the last session was opened.
+    async fn bump_after_restart(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<()> {
+        let (uptime_s, now_us): (i64, i64) = {
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SELECT CAST(VARIABLE_VALUE AS SIGNED), {NOW_US} FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = 'UPTIME'"
+            )))
+            .fetch_optional(&mut *conn)
+            .await;
+            match row {
+                Ok(Some(row)) => (row.try_get(0)?, row.try_get(1)?),
+                // MySQL 8 keeps status variables in performance_schema.
+                Ok(None) | Err(_) => {
+                    let row = sqlx::query(AssertSqlSafe(format!(
+                        "SELECT CAST(VARIABLE_VALUE AS SIGNED), {NOW_US} FROM performance_schema.global_status \
+                         WHERE VARIABLE_NAME = 'Uptime'"
+                    )))
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    (row.try_get(0)?, row.try_get(1)?)
+                }
+            }
+        };
+        let started_us = now_us - uptime_s * 1_000_000;
+        let same = |seen: Option<i64>| seen.is_some_and(|s| (s - started_us).abs() <= SAME_START_US);
+        let seen: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT started_us FROM {}", names.meta)))
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
+        if same(seen) {
+            return Ok(());
+        }
+        let mut tx = conn.begin().await?;
+        let seen: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT started_us FROM {} FOR UPDATE",
+            names.meta
+        )))
+        .fetch_optional(&mut *tx)
+        .await?
+        .flatten();
+        if !same(seen) {
+            // An explicit id above the counter moves it there (InnoDB keeps
+            // the largest); the row itself is deleted at once.
+            let marker = format!("restart-{}", uuid::Uuid::new_v4().simple());
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {e} (id, name, kind, session, attempt, value) \
+                 SELECT GREATEST({NOW_US}, COALESCE(MAX(id), 0) + 1), '', 'restart', '', ?, '' FROM {e}",
+                e = names.entries
+            )))
+            .bind(&marker)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {} WHERE attempt = ?",
+                names.entries
+            )))
+            .bind(&marker)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(AssertSqlSafe(format!("UPDATE {} SET started_us = ?", names.meta)))
+                .bind(started_us)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+
+    /// The guard and version of entry `id`, for letting go of its locks.
+    async fn locks_of(&self, conn: &mut MySqlConnection, id: i64) -> DbResult<Option<(String, String, i64)>> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.attempt_of)))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .transpose()
+    }
+
+    async fn release(&self, conn: &mut MySqlConnection, name: &str) -> DbResult<()> {
+        sqlx::query("DO RELEASE_LOCK(?)").bind(name).execute(conn).await?;
+        Ok(())
+    }
+
+    async fn wait_on(&self, conn: &mut MySqlConnection, lock: &str, owner: &str, fallback_ms: i64) -> DbResult<Waited> {
+        let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
+            .bind(lock)
+            .bind(lock)
+            .bind(owner)
+            .bind(fallback_ms)
+            .fetch_one(conn)
+            .await?;
+        match code {
+            Some(0) => Ok(Waited::Released),
+            Some(1) => Ok(Waited::TimedOut),
+            Some(2) => Ok(Waited::OwnerExpired),
+            // GET_LOCK ended by KILL QUERY answers NULL.
+            None => Err(sqlx::Error::Protocol("the wait was interrupted (KILL QUERY)".into())),
+            Some(other) => Err(shape(format!("wait returned {other}"))),
+        }
+    }
+}
+
+fn check_database(database: &str) -> lockline::Result<()> {
+    let ok = !database.is_empty()
+        && database.len() <= 64
+        && database
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidOptions {
+            reason: format!(
+                "database {database:?} must be a plain name of at most 64 characters (letters, digits, _, $, -)"
+            ),
+        })
+    }
+}
+
+fn rows(found: &[MySqlRow]) -> DbResult<Vec<(Row, bool)>> {
+    found
+        .iter()
+        .map(|r| {
+            let live: Option<i64> = r.try_get(3)?;
+            Ok((
+                Row {
+                    id: r.try_get(0)?,
+                    kind: r.try_get(1)?,
+                    session: r.try_get(2)?,
+                },
+                live == Some(1),
+            ))
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Dialect for MySql {
+    type Conn = MySqlConnection;
+
+    fn backend(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn connect(&self, purpose: Purpose) -> DbResult<(MySqlConnection, i64)> {
+        let mut conn = self.connect.clone().connect().await?;
+        let row_wait_s = match purpose {
+            Purpose::Owner => self.settings.owner_lock_timeout.as_secs().max(1),
+            Purpose::Wait => self.settings.request_timeout.as_secs().max(1),
+        };
+        // A year: an idle holder must not be disconnected (and lose its
+        // locks) by the server's wait_timeout.
+        conn.execute(sqlx::raw_sql(AssertSqlSafe(format!(
+            "SET SESSION wait_timeout = 31536000, innodb_lock_wait_timeout = {row_wait_s}; \
+             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+        ))))
+        .await?;
+        let (id, version): (i64, String) = {
+            let row = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED), VERSION()")
+                .fetch_one(&mut conn)
+                .await?;
+            (row.try_get(0)?, row.try_get(1)?)
+        };
+        if version.contains("MariaDB") {
+            conn.execute("SET SESSION max_statement_time = 0").await?;
+        }
+        Ok((conn, id))
+    }
+
+    async fn prepare(&self, conn: &mut MySqlConnection) -> lockline::Result<()> {
+        let target = crate::my_target(&self.connect);
+        let doing = |what| self.doing(what, &target);
+        let map = |what, e| crate::error::map(doing(what), e);
+        if self.names.get().is_none() {
+            let database = self.database();
+            check_database(&database)?;
+            let _ = self.names.set(Names::new(&database, &self.tables.prefix));
+        }
+        let names = self.names().map_err(|e| map("resolve the tables", e))?;
+        let layout = sqlx::query_scalar::<_, i32>(AssertSqlSafe(format!("SELECT layout FROM {}", names.meta)))
+            .fetch_optional(&mut *conn)
+            .await;
+        let layout = match layout {
+            // ER_NO_SUCH_TABLE
+            Err(error) if has_code(&error, "42S02") => {
+                if !self.settings.create_tables {
+                    return Err(Error::InvalidOptions {
+                        reason: format!(
+                            "{target}: the table {} does not exist; create lockline's tables with the DDL script (Sql::ddl) or allow lockline to create them",
+                            names.meta
+                        ),
+                    });
+                }
+                self.create(conn, names).await.map_err(|e| match map("create lockline's tables", e) {
+                    Error::PermissionDenied { backend, reason, .. } => Error::PermissionDenied {
+                        backend,
+                        operation: "create tables in",
+                        key: format!("database {}", names.database),
+                        reason: format!(
+                            "{reason}; lockline creates its tables on first use, which needs the CREATE privilege on the database (or run the DDL script from Sql::ddl as a user who has it)"
+                        ),
+                    },
+                    other => other,
+                })?;
+                Some(LAYOUT_VERSION)
+            }
+            other => other.map_err(|e| map("read lockline's layout version", e))?,
+        };
+        if layout != Some(LAYOUT_VERSION) {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "{target}: {} holds layout {layout:?}, this lockline uses layout {LAYOUT_VERSION}",
+                    names.meta
+                ),
+            });
+        }
+        let expected: [(&str, &[(&str, &str)]); 3] = [
+            (
+                "entries",
+                &[
+                    ("id", "bigint"),
+                    ("name", "varchar"),
+                    ("kind", "varchar"),
+                    ("session", "varchar"),
+                    ("attempt", "varchar"),
+                    ("value", "longblob"),
+                    ("version", "bigint"),
+                ],
+            ),
+            (
+                "sessions",
+                &[
+                    ("id", "varchar"),
+                    ("conn", "bigint"),
+                    ("ttl_ms", "bigint"),
+                    ("renewed_us", "bigint"),
+                ],
+            ),
+            ("data", &[("key", "varchar"), ("value", "longblob")]),
+        ];
+        for (table, columns) in expected {
+            let problem = self
+                .check_columns(conn, names, table, columns)
+                .await
+                .map_err(|e| map("check lockline's tables", e))?;
+            if let Some(problem) = problem {
+                return Err(Error::InvalidOptions {
+                    reason: format!(
+                        "{target}: the table {}.{}{table} is not lockline's: {problem}; pick another table prefix (Sql::with_table_prefix) or database",
+                        names.database, self.tables.prefix
+                    ),
+                });
+            }
+        }
+        self.bump_after_restart(conn, names)
+            .await
+            .map_err(|e| map("move the id counter past a server restart", e))
+    }
+
+    async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<()> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.open)))
+            .bind(session)
+            .bind(ttl_ms)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn heartbeat(&self, conn: &mut MySqlConnection, session: &str) -> DbResult<Option<i64>> {
+        let names = self.names()?;
+        let renewed = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.heartbeat)))
+            .bind(session)
+            .execute(&mut *conn)
+            .await?;
+        if renewed.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.count_own)))
+            .bind(session)
+            .fetch_one(conn)
+            .await?;
+        Ok(Some(count))
+    }
+
+    async fn own_ids(&self, conn: &mut MySqlConnection, session: &str) -> DbResult<Vec<i64>> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.own_ids)))
+            .bind(session)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn append(&self, conn: &mut MySqlConnection, append: &Append<'_>) -> DbResult<(i64, Vec<Row>)> {
+        let names = self.names()?;
+        let guard = names.guard(append.attempt);
+        // Held before the row exists: a visible entry always has its guard
+        // held while its owner lives. Taken once per attempt (GET_LOCK counts
+        // a connection's repeated takes).
+        let got: Option<i64> = sqlx::query_scalar("SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))")
+            .bind(&guard)
+            .bind(&guard)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "the guard {guard} of a new entry is held by another connection"
+            )));
+        }
+        let inserted = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.insert)))
+            .bind(append.name)
+            .bind(append.kind)
+            .bind(append.session)
+            .bind(append.attempt)
+            .bind(append.value)
+            .execute(&mut *conn)
+            .await?;
+        let id = if inserted.rows_affected() == 1 {
+            i64::try_from(inserted.last_insert_id()).map_err(|_| shape("id out of range"))?
+        } else {
+            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.find)))
+                .bind(append.attempt)
+                .bind(append.session)
+                .fetch_one(&mut *conn)
+                .await?
+        };
+        if append.kind == "election" {
+            let version = names.version_lock(id, 0);
+            sqlx::query("SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))")
+                .bind(&version)
+                .bind(&version)
+                .execute(&mut *conn)
+                .await?;
+        }
+        let nearest = self
+            .earlier(conn, id, append.name, append.session, append.skip_shared, append.count)
+            .await?
+            .unwrap_or_default();
+        Ok((id, nearest))
+    }
+
+    async fn earlier(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        name: &str,
+        session: &str,
+        skip_shared: bool,
+        count: i32,
+    ) -> DbResult<Option<Vec<Row>>> {
+        let names = self.names()?;
+        let exists: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.exists)))
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let wanted = usize::try_from(count).unwrap_or(0);
+        let mut nearest = Vec::new();
+        if wanted == 0 {
+            return Ok(Some(nearest));
+        }
+        let mut below = id;
+        let batch = i64::from(count) + 16;
+        loop {
+            let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.nearest)))
+                .bind(session)
+                .bind(name)
+                .bind(below)
+                .bind(batch)
+                .fetch_all(&mut *conn)
+                .await?;
+            let found = rows(&found)?;
+            let full = i64::try_from(found.len()).unwrap_or(i64::MAX) >= batch;
+            for (row, live) in found {
+                below = row.id;
+                if !live {
+                    // Its guard is free: released, or its owner's connection
+                    // ended. Delete it before going past it (this waits for a
+                    // fenced commit of its holder still in flight); a guard
+                    // taken again meanwhile (never, for a dead entry) spares it.
+                    sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.delete_dead)))
+                        .bind(row.id)
+                        .bind(session)
+                        .execute(&mut *conn)
+                        .await?;
+                    continue;
+                }
+                if skip_shared && row.kind == "read" {
+                    continue;
+                }
+                nearest.push(row);
+                if nearest.len() >= wanted {
+                    return Ok(Some(nearest));
+                }
+            }
+            if !full {
+                return Ok(Some(nearest));
+            }
+        }
+    }
+
+    async fn list(&self, conn: &mut MySqlConnection, name: &str, session: &str) -> DbResult<Vec<Row>> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.list)))
+            .bind(name)
+            .bind(session)
+            .fetch_all(conn)
+            .await?;
+        found
+            .iter()
+            .map(|r| {
+                Ok(Row {
+                    id: r.try_get(0)?,
+                    kind: r.try_get(1)?,
+                    session: r.try_get(2)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn remove(&self, conn: &mut MySqlConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {
+        let names = self.names()?;
+        let locks = if unlock { self.locks_of(conn, id).await? } else { None };
+        let removed = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.remove)))
+            .bind(id)
+            .bind(session)
+            .execute(&mut *conn)
+            .await?;
+        if let Some((attempt, kind, version)) = locks {
+            self.release(conn, &names.guard(&attempt)).await?;
+            if kind == "election" {
+                self.release(conn, &names.version_lock(id, version)).await?;
+            }
+        }
+        Ok(removed.rows_affected() == 1)
+    }
+
+    async fn abandon(&self, conn: &mut MySqlConnection, attempt: &str, session: &str) -> DbResult<Option<i64>> {
+        let names = self.names()?;
+        let id: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.find)))
+            .bind(attempt)
+            .bind(session)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(id) = id {
+            self.remove(conn, id, session, true).await?;
+        } else {
+            // The append may have taken the guard and never inserted.
+            self.release(conn, &names.guard(attempt)).await?;
+        }
+        Ok(id)
+    }
+
+    async fn wait(&self, conn: &mut MySqlConnection, id: i64, owner: &str, fallback_ms: i64) -> DbResult<Waited> {
+        let names = self.names()?;
+        let Some((attempt, ..)) = self.locks_of(conn, id).await? else {
+            return Ok(Waited::Released);
+        };
+        self.wait_on(conn, &names.guard(&attempt), owner, fallback_ms).await
+    }
+
+    async fn wait_version(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        version: i64,
+        owner: &str,
+        fallback_ms: i64,
+    ) -> DbResult<Waited> {
+        let lock = self.names()?.version_lock(id, version);
+        self.wait_on(conn, &lock, owner, fallback_ms).await
+    }
+
+    async fn reap(&self, conn: &mut MySqlConnection, owner: &str, id: i64) -> DbResult<Reaped> {
+        let names = self.names()?;
+        let guard = self
+            .locks_of(conn, id)
+            .await?
+            .map(|(attempt, ..)| names.guard(&attempt));
+        let mut tx = conn.begin().await?;
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_read)))
+            .bind(owner)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            tx.commit().await?;
+            return Ok(Reaped::Gone);
+        };
+        let (owner_conn, renewed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        if renewed == 1 {
+            tx.commit().await?;
+            return Ok(Reaped::Renewed);
+        }
+        if let Some(guard) = guard {
+            let holder: Option<i64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+                .bind(&guard)
+                .fetch_one(&mut *tx)
+                .await?;
+            if holder == Some(owner_conn) {
+                let kill = tx
+                    .execute(sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {owner_conn}"))))
+                    .await;
+                // Already gone between the look and the kill: nothing to end.
+                if let Err(error) = kill {
+                    if !has_code(&error, "HY000") {
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_entries)))
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_session)))
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Reaped::Ended)
+    }
+
+    async fn cancel(&self, conn: &mut MySqlConnection, server_id: i64) -> DbResult<()> {
+        conn.execute(sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {server_id}"))))
+            .await?;
+        Ok(())
+    }
+
+    async fn reset(&self, conn: &mut MySqlConnection) -> DbResult<()> {
+        conn.execute("DO RELEASE_ALL_LOCKS()").await?;
+        Ok(())
+    }
+
+    async fn set_value(&self, conn: &mut MySqlConnection, id: i64, session: &str, value: &[u8]) -> DbResult<bool> {
+        let names = self.names()?;
+        let mut tx = conn.begin().await?;
+        let old: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.value_of)))
+            .bind(id)
+            .bind(session)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(old) = old else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.bump_value)))
+            .bind(value)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        // Committed first: a watcher woken by the old version's lock reads
+        // the new value.
+        let next = names.version_lock(id, old + 1);
+        sqlx::query("SELECT GET_LOCK(?, 0)")
+            .bind(&next)
+            .execute(&mut *conn)
+            .await?;
+        self.release(conn, &names.version_lock(id, old)).await?;
+        Ok(true)
+    }
+
+    async fn get_value(&self, conn: &mut MySqlConnection, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.get_value)))
+            .bind(id)
+            .bind(session)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    }
+
+    async fn write_if_held(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        session: &str,
+        writes: &[Write],
+    ) -> DbResult<bool> {
+        let names = self.names()?;
+        let mut tx = conn.begin().await?;
+        let held: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.held)))
+            .bind(id)
+            .bind(session)
+            .fetch_one(&mut *tx)
+            .await?;
+        if held == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        for write in writes {
+            match write {
+                Write::Put { key, value } => {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.put)))
+                        .bind(key)
+                        .bind(value)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                other => {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.delete)))
+                        .bind(other.key())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn read(&self, conn: &mut MySqlConnection, key: &str) -> DbResult<Option<Vec<u8>>> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.read)))
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn close(&self, conn: &mut MySqlConnection, session: &str) -> DbResult<()> {
+        let names = self.names()?;
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.close_entries)))
+            .bind(session)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.close_session)))
+            .bind(session)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,932 @@
+//! PostgreSQL: entries in an unlogged table, guards as session-level
+//! advisory locks of the owning connection, every step one function call.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use lockline::{Error, Write};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row as _};
+
+use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Waited};
+use crate::error::{has_code, Doing};
+use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
+use crate::Settings;
+
+/// The database's clock in microseconds since the epoch.
+const NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+
+/// The names and statements of one set of tables, once its schema is known.
+#[derive(Debug)]
+struct Names {
+    schema: String,
+    entries: String,
+    sessions: String,
+    meta: String,
+    data: String,
+    /// `"schema".prefix` for functions: `{functions}append`.
+    functions: String,
+    /// XORed into an entry's id to make its guard's advisory-lock key
+    /// (`bigint` space): keeps keys of two table sets apart and away from
+    /// the small numbers applications lock.
+    salt: i64,
+    /// The first key of the two-`int4` advisory-lock space lockline uses
+    /// (serializing appends to one name, creating the tables).
+    class: i32,
+    sql: Statements,
+}
+
+#[derive(Debug)]
+struct Statements {
+    heartbeat: Arc<str>,
+    own_ids: Arc<str>,
+    append: Arc<str>,
+    earlier: Arc<str>,
+    list: Arc<str>,
+    remove: Arc<str>,
+    abandon: Arc<str>,
+    wait: Arc<str>,
+    wait_version: Arc<str>,
+    reap: Arc<str>,
+    set_value: Arc<str>,
+    get_value: Arc<str>,
+    write: Arc<str>,
+    read: Arc<str>,
+    close: Arc<str>,
+    open: Arc<str>,
+    check: Arc<str>,
+}
+
+/// The PostgreSQL dialect for one database URL and table set.
+pub(crate) struct Postgres {
+    connect: PgConnectOptions,
+    tables: Tables,
+    settings: Settings,
+    names: OnceLock<Names>,
+}
+
+impl std::fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Postgres")
+            .field("host", &self.connect.get_host())
+            .field("port", &self.connect.get_port())
+            .field("database", &self.connect.get_database())
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+fn quote(identifier: &str) -> String {
+    // Identifiers are checked to be [a-z0-9_] (layout::Tables), so quoting
+    // only keeps them from being taken as keywords.
+    format!("\"{identifier}\"")
+}
+
+impl Names {
+    fn new(schema: &str, prefix: &str) -> Self {
+        let q = quote(schema);
+        let table = |t: &str| format!("{q}.{}", quote(&format!("{prefix}{t}")));
+        let hash = fnv64(&format!("postgres/{schema}.{prefix}"));
+        // Bits 53..62: ids stay below 2^53 (microseconds until the year
+        // 2255), so keys of two sets differ unless these ten bits match.
+        let mut salt = (hash & 0x7fe0_0000_0000_0000) as i64;
+        if salt == 0 {
+            salt = 1 << 53;
+        }
+        let class = (hash >> 32) as u32 as i32;
+        let entries = table("entries");
+        let sessions = table("sessions");
+        let meta = table("meta");
+        let data = table("data");
+        let functions = format!("{q}.\"{prefix}");
+        // `"schema"."prefix` + `append"`: a function name quoted whole.
+        let f = |name: &str| format!("{functions}{name}\"");
+        let sql = Statements {
+            heartbeat: format!(
+                "UPDATE {sessions} s SET renewed_us = {NOW_US} WHERE s.id = $1 AND s.pid = pg_backend_pid() \
+                 RETURNING (SELECT count(*) FROM {entries} e WHERE e.session = $1)"
+            )
+            .into(),
+            own_ids: format!("SELECT e.id FROM {entries} e WHERE e.session = $1").into(),
+            append: format!(
+                "SELECT e_id, e_kind, e_session FROM {}($1, $2, $3, $4, $5, $6, $7)",
+                f("append")
+            )
+            .into(),
+            earlier: format!(
+                "SELECT e_id, e_kind, e_session FROM {}($1, $2, $3, $4, $5)",
+                f("earlier")
+            )
+            .into(),
+            list: format!(
+                "SELECT e.id, e.kind, e.session FROM {entries} e WHERE e.name = $1 \
+                 AND (e.session = $2 OR NOT pg_try_advisory_xact_lock_shared(e.id # {salt})) ORDER BY e.id"
+            )
+            .into(),
+            remove: format!("SELECT {}($1, $2, $3)", f("remove")).into(),
+            abandon: format!("SELECT {}($1, $2)", f("abandon")).into(),
+            wait: format!("SELECT {}($1 # {salt}, $2, $3)", f("wait")).into(),
+            wait_version: format!(
+                "SELECT {}(hashtextextended($1::text || ':' || $2::text, {salt}), $3, $4)",
+                f("wait")
+            )
+            .into(),
+            reap: format!("SELECT {}($1, $2 # {salt})", f("reap")).into(),
+            set_value: format!("SELECT {}($1, $2, $3)", f("set_value")).into(),
+            get_value: format!(
+                "SELECT e.value, e.version FROM {entries} e WHERE e.id = $1 \
+                 AND (e.session = $2 OR NOT pg_try_advisory_xact_lock_shared(e.id # {salt})) FOR SHARE OF e"
+            )
+            .into(),
+            write: format!("SELECT {}($1, $2, $3, $4, $5)", f("write")).into(),
+            read: format!("SELECT d.value FROM {data} d WHERE d.key = $1").into(),
+            close: format!("SELECT {}($1)", f("close")).into(),
+            open: format!("SELECT {}($1, $2)", f("open")).into(),
+            check: format!(
+                "SELECT 1 FROM {entries} e WHERE e.id = $1 AND e.session = $2 \
+                 AND NOT pg_try_advisory_xact_lock_shared(e.id # {salt}) FOR SHARE OF e"
+            )
+            .into(),
+        };
+        Names {
+            schema: schema.to_owned(),
+            entries,
+            sessions,
+            meta,
+            data,
+            functions,
+            salt,
+            class,
+            sql,
+        }
+    }
+
+    fn function(&self, name: &str) -> String {
+        format!("{}{name}\"", self.functions)
+    }
+
+    /// The tables and functions, as a script a DBA can run.
+    fn ddl(&self) -> String {
+        let Names {
+            entries,
+            sessions,
+            meta,
+            data,
+            salt,
+            class,
+            ..
+        } = self;
+        let f = |name: &str| self.function(name);
+        let (append, nearest, earlier, remove, abandon, wait, reap, set_value, write, close, open) = (
+            f("append"),
+            f("nearest"),
+            f("earlier"),
+            f("remove"),
+            f("abandon"),
+            f("wait"),
+            f("reap"),
+            f("set_value"),
+            f("write"),
+            f("close"),
+            f("open"),
+        );
+        let entries_text = entries.replace('\'', "''");
+        let prefix = entries.rsplit_once('.').map_or("", |(_, t)| t).trim_matches('"');
+        let prefix = prefix.strip_suffix("entries").unwrap_or(prefix);
+        let schema = quote(&self.schema);
+        let version = LAYOUT_VERSION;
+        format!(
+            r#"-- lockline's tables and functions (layout {version}), for PostgreSQL 14 or later.
+-- Entries and sessions die with their owners' connections, so they are UNLOGGED:
+-- an acquire or a release writes no WAL and waits for no disk flush. The fencing
+-- token (an entry's id) never repeats: the first session opened after each server
+-- start moves the id counter past the server's clock in microseconds.
+CREATE TABLE IF NOT EXISTS {meta} (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    layout integer NOT NULL,
+    started_at timestamptz
+);
+INSERT INTO {meta} (layout) VALUES ({version}) ON CONFLICT DO NOTHING;
+CREATE UNLOGGED TABLE IF NOT EXISTS {entries} (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL,
+    kind text NOT NULL,
+    session text NOT NULL,
+    attempt text NOT NULL,
+    value bytea NOT NULL DEFAULT '\x',
+    version bigint NOT NULL DEFAULT 0
+);
+CREATE UNIQUE INDEX IF NOT EXISTS "{prefix}entries_attempt" ON {entries} (attempt);
+CREATE INDEX IF NOT EXISTS "{prefix}entries_name" ON {entries} (name, id);
+CREATE INDEX IF NOT EXISTS "{prefix}entries_session" ON {entries} (session);
+CREATE UNLOGGED TABLE IF NOT EXISTS {sessions} (
+    id text PRIMARY KEY,
+    pid integer NOT NULL,
+    ttl_ms bigint NOT NULL,
+    renewed_us bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {data} (
+    key text PRIMARY KEY,
+    value bytea NOT NULL
+);
+
+-- The nearest live entries before p_id under p_name (read locks pass over
+-- shared ones), nearest first. An entry whose guard is free is dead (released,
+-- or its owner's connection ended): it is deleted before anyone goes past it,
+-- which waits for a fenced commit of its holder still in flight.
+CREATE OR REPLACE FUNCTION {nearest}(p_id bigint, p_name text, p_session text, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (e_id bigint, e_kind text, e_session text) LANGUAGE plpgsql AS $fn$
+DECLARE
+    r record;
+    n integer := 0;
+BEGIN
+    IF p_count <= 0 THEN RETURN; END IF;
+    FOR r IN SELECT e.id, e.kind, e.session FROM {entries} e
+             WHERE e.name = p_name AND e.id < p_id ORDER BY e.id DESC LOOP
+        IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # {salt}) THEN
+            DELETE FROM {entries} e WHERE e.id = r.id;
+            CONTINUE;
+        END IF;
+        IF p_skip_shared AND r.kind = 'read' THEN CONTINUE; END IF;
+        e_id := r.id; e_kind := r.kind; e_session := r.session;
+        RETURN NEXT;
+        n := n + 1;
+        EXIT WHEN n >= p_count;
+    END LOOP;
+END
+$fn$;
+
+-- Appends an entry (or finds the one this attempt appended before), takes its
+-- guard, and returns it followed by the nearest earlier live entries. Appends to
+-- one name are serialized, so ids under a name become visible in their order.
+CREATE OR REPLACE FUNCTION {append}(p_name text, p_kind text, p_session text, p_attempt text, p_value bytea, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (e_id bigint, e_kind text, e_session text) LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock({class}, hashtext(p_name));
+    SELECT e.id INTO v_id FROM {entries} e WHERE e.attempt = p_attempt AND e.session = p_session;
+    IF v_id IS NULL THEN
+        INSERT INTO {entries} (name, kind, session, attempt, value)
+        VALUES (p_name, p_kind, p_session, p_attempt, p_value) RETURNING id INTO v_id;
+        IF NOT pg_try_advisory_lock(v_id # {salt}) THEN
+            RAISE EXCEPTION 'the guard (advisory lock %) of entry % is held by another connection', v_id # {salt}, v_id
+                USING ERRCODE = '55P03';
+        END IF;
+        IF p_kind = 'election' THEN
+            PERFORM pg_advisory_lock(hashtextextended(v_id::text || ':0', {salt}));
+        END IF;
+    END IF;
+    e_id := v_id; e_kind := p_kind; e_session := p_session;
+    RETURN NEXT;
+    RETURN QUERY SELECT * FROM {nearest}(v_id, p_name, p_session, p_skip_shared, p_count);
+END
+$fn$;
+
+-- p_id itself (an empty kind) and the nearest earlier live entries; no row at
+-- all when p_id is gone.
+CREATE OR REPLACE FUNCTION {earlier}(p_id bigint, p_name text, p_session text, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (e_id bigint, e_kind text, e_session text) LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {entries} e WHERE e.id = p_id) THEN RETURN; END IF;
+    e_id := p_id; e_kind := ''; e_session := p_session;
+    RETURN NEXT;
+    RETURN QUERY SELECT * FROM {nearest}(p_id, p_name, p_session, p_skip_shared, p_count);
+END
+$fn$;
+
+-- Deletes an entry of p_session; lets go of its guard when p_unlock (called on
+-- the owning connection).
+CREATE OR REPLACE FUNCTION {remove}(p_id bigint, p_session text, p_unlock boolean)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM {entries} e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.version INTO v_kind, v_version;
+    IF p_unlock THEN
+        PERFORM pg_advisory_unlock(p_id # {salt});
+        IF v_kind = 'election' THEN
+            PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, {salt}));
+        END IF;
+    END IF;
+    RETURN v_kind IS NOT NULL;
+END
+$fn$;
+
+-- Deletes the entry an attempt appended, if any, and lets go of its guard.
+CREATE OR REPLACE FUNCTION {abandon}(p_attempt text, p_session text)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM {entries} e WHERE e.attempt = p_attempt AND e.session = p_session
+    RETURNING e.id, e.kind, e.version INTO v_id, v_kind, v_version;
+    IF v_id IS NOT NULL THEN
+        PERFORM pg_advisory_unlock(v_id # {salt});
+        IF v_kind = 'election' THEN
+            PERFORM pg_advisory_unlock(hashtextextended(v_id::text || ':' || v_version::text, {salt}));
+        END IF;
+    END IF;
+    RETURN v_id;
+END
+$fn$;
+
+-- Waits until the advisory lock p_key is free, for at most the time the owner's
+-- session has left by this server's clock (p_fallback_ms when its row is gone).
+-- 0: free; 1: the time ran out (look at the owner again); 2: the owner is past
+-- its deadline already.
+CREATE OR REPLACE FUNCTION {wait}(p_key bigint, p_owner text, p_fallback_ms bigint)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_left bigint;
+BEGIN
+    SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) / 1000 INTO v_left FROM {sessions} s WHERE s.id = p_owner;
+    IF NOT FOUND THEN
+        v_left := p_fallback_ms;
+    ELSIF v_left <= 0 THEN
+        RETURN 2;
+    END IF;
+    PERFORM set_config('lock_timeout', greatest(v_left, 1)::text || 'ms', true);
+    PERFORM pg_advisory_lock_shared(p_key);
+    PERFORM pg_advisory_unlock_shared(p_key);
+    RETURN 0;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN 1;
+END
+$fn$;
+
+-- Ends a session that has not renewed within its TTL by this server's clock: its
+-- owning connection is terminated (if it still holds the guard p_key) and its
+-- rows are deleted. 0: no such session; 1: it renewed; 2: ended.
+CREATE OR REPLACE FUNCTION {reap}(p_owner text, p_key bigint)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    s record;
+BEGIN
+    SELECT x.pid, x.ttl_ms, x.renewed_us INTO s FROM {sessions} x WHERE x.id = p_owner FOR UPDATE;
+    IF NOT FOUND THEN RETURN 0; END IF;
+    IF s.renewed_us + s.ttl_ms * 1000 > {NOW_US} THEN RETURN 1; END IF;
+    IF EXISTS (SELECT 1 FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.pid = s.pid AND l.granted AND l.mode = 'ExclusiveLock'
+                 AND l.objsubid = 1 AND l.classid = (p_key >> 32)::oid AND l.objid = (p_key & 4294967295)::oid
+                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+        PERFORM pg_terminate_backend(s.pid, 5000);
+    END IF;
+    DELETE FROM {entries} e WHERE e.session = p_owner;
+    DELETE FROM {sessions} x WHERE x.id = p_owner;
+    RETURN 2;
+END
+$fn$;
+
+-- Replaces an election entry's value: takes the lock of the next version before
+-- letting go of the current one, which wakes the value's watchers.
+CREATE OR REPLACE FUNCTION {set_value}(p_id bigint, p_session text, p_value bytea)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_old bigint;
+BEGIN
+    SELECT e.version INTO v_old FROM {entries} e WHERE e.id = p_id AND e.session = p_session FOR UPDATE;
+    IF NOT FOUND THEN RETURN false; END IF;
+    UPDATE {entries} e SET value = p_value, version = v_old + 1 WHERE e.id = p_id;
+    PERFORM pg_advisory_lock(hashtextextended(p_id::text || ':' || (v_old + 1)::text, {salt}));
+    PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_old::text, {salt}));
+    RETURN true;
+END
+$fn$;
+
+-- Applies fenced writes to the data table, only while p_session's entry p_id
+-- exists (called on the owning connection, which holds its guard).
+CREATE OR REPLACE FUNCTION {write}(p_id bigint, p_session text, p_keys text[], p_values bytea[], p_deletes boolean[])
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM 1 FROM {entries} e WHERE e.id = p_id AND e.session = p_session FOR SHARE;
+    IF NOT FOUND THEN RETURN false; END IF;
+    FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+        IF p_deletes[i] THEN
+            DELETE FROM {data} d WHERE d.key = p_keys[i];
+        ELSE
+            INSERT INTO {data} (key, value) VALUES (p_keys[i], p_values[i])
+            ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+        END IF;
+    END LOOP;
+    RETURN true;
+END
+$fn$;
+
+-- Deletes a session's entries and its row.
+CREATE OR REPLACE FUNCTION {close}(p_session text)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM {entries} e WHERE e.session = p_session;
+    DELETE FROM {sessions} s WHERE s.id = p_session;
+END
+$fn$;
+
+-- Registers a session owned by the calling connection. The first session
+-- opened after a server start moves the id counter past the server's clock in
+-- microseconds, above every token handed out before (the counter of an
+-- unlogged table restarts after a crash).
+CREATE OR REPLACE FUNCTION {open}(p_session text, p_ttl_ms bigint)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_started timestamptz := pg_postmaster_start_time();
+    v_seen timestamptz;
+    v_seq regclass;
+BEGIN
+    SELECT m.started_at INTO v_seen FROM {meta} m;
+    IF v_seen IS DISTINCT FROM v_started THEN
+        SELECT m.started_at INTO v_seen FROM {meta} m FOR UPDATE;
+        IF v_seen IS DISTINCT FROM v_started THEN
+            v_seq := pg_get_serial_sequence('{entries_text}', 'id')::regclass;
+            PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), {NOW_US}));
+            UPDATE {meta} SET started_at = v_started;
+        END IF;
+    END IF;
+    INSERT INTO {sessions} (id, pid, ttl_ms, renewed_us) VALUES (p_session, pg_backend_pid(), p_ttl_ms, {NOW_US});
+    RETURN pg_backend_pid();
+END
+$fn$;
+-- (schema {schema})
+"#
+        )
+    }
+}
+
+impl Postgres {
+    pub(crate) fn new(url: &str, tables: Tables, settings: Settings) -> lockline::Result<Self> {
+        let connect: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| Error::InvalidOptions {
+            reason: format!("invalid PostgreSQL URL {:?}: {e}", crate::redact(url)),
+        })?;
+        Ok(Postgres {
+            connect,
+            tables,
+            settings,
+            names: OnceLock::new(),
+        })
+    }
+
+    fn names(&self) -> DbResult<&Names> {
+        self.names
+            .get()
+            .ok_or_else(|| sqlx::Error::Configuration("the tables' schema is not resolved yet".into()))
+    }
+
+    /// The DDL script for `schema` (or the configured one).
+    pub(crate) fn ddl(&self, schema: Option<&str>) -> lockline::Result<String> {
+        let schema = match (schema, self.tables.qualifier.as_str()) {
+            (Some(s), _) => s.to_owned(),
+            (None, "") => "public".to_owned(),
+            (None, q) => q.to_owned(),
+        };
+        Tables::new(Some(&schema), &self.tables.prefix)?;
+        Ok(Names::new(&schema, &self.tables.prefix).ddl())
+    }
+
+    /// The check a fenced transaction makes before it commits.
+    pub(crate) fn check_sql(&self) -> DbResult<Arc<str>> {
+        Ok(Arc::clone(&self.names()?.sql.check))
+    }
+
+    fn doing<'a>(&self, what: &'a str, target: &'a str) -> Doing<'a> {
+        Doing {
+            backend: "postgres",
+            what,
+            target,
+        }
+    }
+
+    /// Creates the tables and functions, one creator at a time.
+    async fn create(&self, conn: &mut PgConnection, names: &Names) -> DbResult<()> {
+        let mut tx = conn.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
+            .bind(names.class)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(names.ddl())).execute(&mut *tx).await?;
+        tx.commit().await
+    }
+
+    /// What is wrong with the columns of an existing table, if anything.
+    async fn check_columns(
+        &self,
+        conn: &mut PgConnection,
+        names: &Names,
+        table: &str,
+        expected: &[(&str, &str)],
+    ) -> DbResult<Option<String>> {
+        let rows = sqlx::query(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+        )
+        .bind(&names.schema)
+        .bind(format!("{}{table}", self.tables.prefix))
+        .fetch_all(&mut *conn)
+        .await?;
+        let found: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
+            .collect::<DbResult<_>>()?;
+        for (column, kind) in expected {
+            match found.iter().find(|(c, _)| c == column) {
+                None => return Ok(Some(format!("it has no column {column:?}"))),
+                Some((_, t)) if t != kind => {
+                    return Ok(Some(format!("its column {column:?} is {t}, not {kind}")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn rows(found: Vec<PgRow>) -> DbResult<Vec<Row>> {
+    found
+        .iter()
+        .map(|r| {
+            Ok(Row {
+                id: r.try_get(0)?,
+                kind: r.try_get(1)?,
+                session: r.try_get(2)?,
+            })
+        })
+        .collect()
+}
+
+fn waited(code: i32) -> DbResult<Waited> {
+    match code {
+        0 => Ok(Waited::Released),
+        1 => Ok(Waited::TimedOut),
+        2 => Ok(Waited::OwnerExpired),
+        other => Err(shape(format!("wait returned {other}"))),
+    }
+}
+
+#[async_trait]
+impl Dialect for Postgres {
+    type Conn = PgConnection;
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn connect(&self, purpose: Purpose) -> DbResult<(PgConnection, i64)> {
+        let Settings {
+            owner_lock_timeout,
+            check_interval,
+            ..
+        } = self.settings;
+        let lock_timeout = match purpose {
+            // The owning connection never waits long on a row (a fenced
+            // commit in flight): its renewals queue behind it.
+            Purpose::Owner => format!("{}ms", owner_lock_timeout.as_millis().max(1)),
+            Purpose::Wait => "0".to_owned(),
+        };
+        let check = format!("{}ms", check_interval.as_millis().max(1));
+        let options = self.connect.clone().application_name("lockline").options([
+            ("idle_session_timeout", "0"),
+            ("idle_in_transaction_session_timeout", "0"),
+            ("statement_timeout", "0"),
+            ("lock_timeout", lock_timeout.as_str()),
+            ("client_connection_check_interval", check.as_str()),
+            ("standard_conforming_strings", "on"),
+        ]);
+        let mut conn = options.connect().await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await?;
+        Ok((conn, i64::from(pid)))
+    }
+
+    async fn prepare(&self, conn: &mut PgConnection) -> lockline::Result<()> {
+        let target = crate::pg_target(&self.connect);
+        let doing = |what| self.doing(what, &target);
+        let map = |what, e| crate::error::map(doing(what), e);
+        if self.names.get().is_none() {
+            let schema = if self.tables.qualifier.is_empty() {
+                let current: Option<String> = sqlx::query_scalar("SELECT current_schema()::text")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| map("read the current schema", e))?;
+                current.ok_or_else(|| Error::InvalidOptions {
+                    reason: format!(
+                        "{target}: the connection has no current schema (an empty search_path); name one with Sql::with_schema"
+                    ),
+                })?
+            } else {
+                self.tables.qualifier.clone()
+            };
+            if Tables::new(Some(&schema), &self.tables.prefix).is_err() {
+                return Err(Error::InvalidOptions {
+                    reason: format!(
+                        "{target}: the current schema {schema:?} is not a plain lower-case identifier; name one with Sql::with_schema"
+                    ),
+                });
+            }
+            let _ = self.names.set(Names::new(&schema, &self.tables.prefix));
+        }
+        let names = self.names().map_err(|e| map("resolve the tables", e))?;
+        let layout = sqlx::query_scalar::<_, i32>(AssertSqlSafe(format!("SELECT layout FROM {}", names.meta)))
+            .fetch_optional(&mut *conn)
+            .await;
+        let layout = match layout {
+            Err(error) if has_code(&error, "42P01") => {
+                // No meta table: a first use. Create everything.
+                if !self.settings.create_tables {
+                    return Err(Error::InvalidOptions {
+                        reason: format!(
+                            "{target}: the table {} does not exist; create lockline's tables with the DDL script (Sql::ddl) or allow lockline to create them",
+                            names.meta
+                        ),
+                    });
+                }
+                self.create(conn, names).await.map_err(|e| match map("create lockline's tables", e) {
+                    Error::PermissionDenied { backend, reason, .. } => Error::PermissionDenied {
+                        backend,
+                        operation: "create tables in",
+                        key: format!("schema {}", names.schema),
+                        reason: format!(
+                            "{reason}; lockline creates its tables on first use, which needs CREATE on the schema (or run the DDL script from Sql::ddl as a user who has it)"
+                        ),
+                    },
+                    other => other,
+                })?;
+                Some(LAYOUT_VERSION)
+            }
+            other => other.map_err(|e| map("read lockline's layout version", e))?,
+        };
+        if layout != Some(LAYOUT_VERSION) {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "{target}: {} holds layout {layout:?}, this lockline uses layout {LAYOUT_VERSION}",
+                    names.meta
+                ),
+            });
+        }
+        let expected: [(&str, &[(&str, &str)]); 3] = [
+            (
+                "entries",
+                &[
+                    ("id", "bigint"),
+                    ("name", "text"),
+                    ("kind", "text"),
+                    ("session", "text"),
+                    ("attempt", "text"),
+                    ("value", "bytea"),
+                    ("version", "bigint"),
+                ],
+            ),
+            (
+                "sessions",
+                &[
+                    ("id", "text"),
+                    ("pid", "integer"),
+                    ("ttl_ms", "bigint"),
+                    ("renewed_us", "bigint"),
+                ],
+            ),
+            ("data", &[("key", "text"), ("value", "bytea")]),
+        ];
+        for (table, columns) in expected {
+            let problem = self
+                .check_columns(conn, names, table, columns)
+                .await
+                .map_err(|e| map("check lockline's tables", e))?;
+            if let Some(problem) = problem {
+                return Err(Error::InvalidOptions {
+                    reason: format!(
+                        "{target}: the table {}.{}{table} is not lockline's: {problem}; pick another table prefix (Sql::with_table_prefix) or schema",
+                        names.schema, self.tables.prefix
+                    ),
+                });
+            }
+        }
+        let missing: Option<String> =
+            sqlx::query_scalar("SELECT f FROM unnest($1::text[]) f WHERE to_regproc(f) IS NULL LIMIT 1")
+                .bind(
+                    [
+                        "append",
+                        "nearest",
+                        "earlier",
+                        "remove",
+                        "abandon",
+                        "wait",
+                        "reap",
+                        "set_value",
+                        "write",
+                        "close",
+                        "open",
+                    ]
+                    .map(|f| names.function(f))
+                    .to_vec(),
+                )
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| map("check lockline's functions", e))?;
+        if let Some(function) = missing {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "{target}: lockline's function {function} is missing; run the DDL script (Sql::ddl) again"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    async fn open(&self, conn: &mut PgConnection, session: &str, ttl_ms: i64) -> DbResult<()> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.open)))
+            .bind(session)
+            .bind(ttl_ms)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn heartbeat(&self, conn: &mut PgConnection, session: &str) -> DbResult<Option<i64>> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.heartbeat)))
+            .bind(session)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn own_ids(&self, conn: &mut PgConnection, session: &str) -> DbResult<Vec<i64>> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.own_ids)))
+            .bind(session)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn append(&self, conn: &mut PgConnection, append: &Append<'_>) -> DbResult<(i64, Vec<Row>)> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.append)))
+            .bind(append.name)
+            .bind(append.kind)
+            .bind(append.session)
+            .bind(append.attempt)
+            .bind(append.value)
+            .bind(append.skip_shared)
+            .bind(append.count)
+            .fetch_all(conn)
+            .await?;
+        let mut found = rows(found)?.into_iter();
+        let mine = found.next().ok_or_else(|| shape("append returned no row"))?;
+        Ok((mine.id, found.collect()))
+    }
+
+    async fn earlier(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        name: &str,
+        session: &str,
+        skip_shared: bool,
+        count: i32,
+    ) -> DbResult<Option<Vec<Row>>> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.earlier)))
+            .bind(id)
+            .bind(name)
+            .bind(session)
+            .bind(skip_shared)
+            .bind(count)
+            .fetch_all(conn)
+            .await?;
+        let mut found = rows(found)?.into_iter();
+        Ok(found.next().map(|_mine| found.collect()))
+    }
+
+    async fn list(&self, conn: &mut PgConnection, name: &str, session: &str) -> DbResult<Vec<Row>> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.list)))
+            .bind(name)
+            .bind(session)
+            .fetch_all(conn)
+            .await?;
+        rows(found)
+    }
+
+    async fn remove(&self, conn: &mut PgConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.remove)))
+            .bind(id)
+            .bind(session)
+            .bind(unlock)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn abandon(&self, conn: &mut PgConnection, attempt: &str, session: &str) -> DbResult<Option<i64>> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.abandon)))
+            .bind(attempt)
+            .bind(session)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn wait(&self, conn: &mut PgConnection, id: i64, owner: &str, fallback_ms: i64) -> DbResult<Waited> {
+        let code: i32 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
+            .bind(id)
+            .bind(owner)
+            .bind(fallback_ms)
+            .fetch_one(conn)
+            .await?;
+        waited(code)
+    }
+
+    async fn wait_version(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        version: i64,
+        owner: &str,
+        fallback_ms: i64,
+    ) -> DbResult<Waited> {
+        let code: i32 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait_version)))
+            .bind(id)
+            .bind(version)
+            .bind(owner)
+            .bind(fallback_ms)
+            .fetch_one(conn)
+            .await?;
+        waited(code)
+    }
+
+    async fn reap(&self, conn: &mut PgConnection, owner: &str, id: i64) -> DbResult<Reaped> {
+        let code: i32 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.reap)))
+            .bind(owner)
+            .bind(id)
+            .fetch_one(conn)
+            .await?;
+        match code {
+            0 => Ok(Reaped::Gone),
+            1 => Ok(Reaped::Renewed),
+            2 => Ok(Reaped::Ended),
+            other => Err(shape(format!("reap returned {other}"))),
+        }
+    }
+
+    async fn cancel(&self, conn: &mut PgConnection, server_id: i64) -> DbResult<()> {
+        let pid = i32::try_from(server_id).map_err(|_| shape(format!("pid {server_id} out of range")))?;
+        sqlx::query("SELECT pg_cancel_backend($1)")
+            .bind(pid)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn reset(&self, conn: &mut PgConnection) -> DbResult<()> {
+        sqlx::query("SELECT pg_advisory_unlock_all()").execute(conn).await?;
+        Ok(())
+    }
+
+    async fn set_value(&self, conn: &mut PgConnection, id: i64, session: &str, value: &[u8]) -> DbResult<bool> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.set_value)))
+            .bind(id)
+            .bind(session)
+            .bind(value)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn get_value(&self, conn: &mut PgConnection, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.get_value)))
+            .bind(id)
+            .bind(session)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    }
+
+    async fn write_if_held(&self, conn: &mut PgConnection, id: i64, session: &str, writes: &[Write]) -> DbResult<bool> {
+        let keys: Vec<&str> = writes.iter().map(Write::key).collect();
+        let values: Vec<&[u8]> = writes
+            .iter()
+            .map(|w| match w {
+                Write::Put { value, .. } => value.as_slice(),
+                _ => &[][..],
+            })
+            .collect();
+        let deletes: Vec<bool> = writes.iter().map(|w| !matches!(w, Write::Put { .. })).collect();
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.write)))
+            .bind(id)
+            .bind(session)
+            .bind(keys)
+            .bind(values)
+            .bind(deletes)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn read(&self, conn: &mut PgConnection, key: &str) -> DbResult<Option<Vec<u8>>> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.read)))
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn close(&self, conn: &mut PgConnection, session: &str) -> DbResult<()> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.close)))
+            .bind(session)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}

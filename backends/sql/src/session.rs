@@ -1,0 +1,828 @@
+//! A session: one connection that holds every guard and renews a heartbeat,
+//! and a bounded pool of connections its waiters block on.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::dialect::{Append, DbResult, Dialect, Purpose, Reaped, Row, Waited};
+use crate::error::{connection_gone, map, timed_out, Doing};
+use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
+use crate::pool::{Idle, Lease, Stop, WaitPool};
+
+/// How often an election observer looks again at a queue with no candidate
+/// (the one wait that has nothing on the server to block on).
+pub(crate) const EMPTY_QUEUE_RECHECK: Duration = Duration::from_millis(100);
+
+/// A flag set once one of the session's own entries is found gone.
+#[derive(Default)]
+struct Gone {
+    set: AtomicBool,
+    changed: Notify,
+}
+
+impl Gone {
+    fn signal(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.set.load(Ordering::SeqCst) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// What the session and its tasks share.
+pub(crate) struct Shared<D: Dialect> {
+    dialect: Arc<D>,
+    id: String,
+    target: String,
+    options: SessionOptions,
+    state: watch::Sender<SessionState>,
+    /// The connection that holds every guard; `None` once the session is over.
+    owner: tokio::sync::Mutex<Option<D::Conn>>,
+    owner_server_id: i64,
+    waits: WaitPool<D::Conn>,
+    /// The session's own entries by id: whether their guard is held, and
+    /// the flag their holders wait on.
+    entries: std::sync::Mutex<HashMap<i64, Arc<Gone>>>,
+}
+
+/// A session of the [`Sql`](crate::Sql) backend.
+pub(crate) struct SqlSession<D: Dialect> {
+    shared: Arc<Shared<D>>,
+    state: watch::Receiver<SessionState>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl<D: Dialect> fmt::Debug for SqlSession<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlSession")
+            .field("id", &self.shared.id)
+            .field("target", &self.shared.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dialect> Drop for SqlSession<D> {
+    /// Every handle is gone, as if the process died: renewals stop. The
+    /// owning connection closes when the last task lets go of it, and the
+    /// server frees every guard with it.
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.shared.waits.close();
+    }
+}
+
+/// Runs one statement on the owning connection, bounded by the request
+/// timeout; a connection found gone loses the session.
+macro_rules! on_owner {
+    ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
+        let shared = &$shared;
+        let what: &str = $what;
+        let timeout = shared.options.request_timeout();
+        let run = async {
+            let mut guard = shared.owner.lock().await;
+            let Some($conn) = guard.as_mut() else {
+                return Err(shared.over_error());
+            };
+            let $dialect = &*shared.dialect;
+            let result: DbResult<_> = $call.await;
+            match result {
+                Ok(value) => Ok(value),
+                Err(error) => {
+                    let gone = connection_gone(&error);
+                    let mapped = map(shared.doing(what), error);
+                    if gone {
+                        // Every guard went with the connection.
+                        guard.take();
+                        drop(guard);
+                        shared.lose("the session's connection ended");
+                        return Err(shared.over_error());
+                    }
+                    Err(mapped)
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(shared.doing(what), timeout)),
+        }
+    }};
+}
+
+impl<D: Dialect> Shared<D> {
+    fn doing<'a>(&'a self, what: &'a str) -> Doing<'a> {
+        Doing {
+            backend: self.dialect.backend(),
+            what,
+            target: &self.target,
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<Gone>>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn over_error(&self) -> Error {
+        match *self.state.borrow() {
+            SessionState::Closed => Error::Closed {
+                session: self.id.clone(),
+            },
+            _ => Error::SessionLost {
+                session: self.id.clone(),
+            },
+        }
+    }
+
+    fn check_live(&self) -> Result<()> {
+        if self.state.borrow().is_over() {
+            Err(self.over_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.options.ttl().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Marks one of our entries gone.
+    fn forget(&self, id: i64) {
+        if let Some(gone) = self.entries().remove(&id) {
+            gone.signal();
+        }
+    }
+
+    fn signal_gone_all(&self) {
+        for gone in self.entries().values() {
+            gone.signal();
+        }
+    }
+
+    /// Declares the session lost: its holders and waiters learn it at once;
+    /// the owning connection is closed (the server frees its guards) and its
+    /// rows deleted as far as the server answers.
+    fn lose(self: &Arc<Self>, why: &str) {
+        // Lost first, then its entries gone: a holder woken by its entry
+        // going must find the session over, not an entry deleted by someone.
+        let lost = advance(&self.state, SessionState::Lost);
+        self.signal_gone_all();
+        if lost {
+            tracing::warn!(session = %self.id, target = %self.target, "session lost: {why}");
+            for idle in self.waits.close() {
+                drop(idle);
+            }
+            let shared = Arc::clone(self);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { shared.end_on_server().await });
+            }
+        }
+    }
+
+    /// Closes the owning connection (once a statement in flight on it is
+    /// done or timed out) and deletes the session's rows through a new
+    /// connection, best effort: a session declared lost must not block
+    /// anyone later (DESIGN §6.11).
+    async fn end_on_server(&self) {
+        let timeout = self.options.request_timeout();
+        if let Ok(mut owner) = tokio::time::timeout(timeout, self.owner.lock()).await {
+            owner.take();
+        }
+        let cleanup = async {
+            let (mut conn, _) = self.dialect.connect(Purpose::Wait).await?;
+            self.dialect.close(&mut conn, &self.id).await
+        };
+        if let Ok(Err(error)) = tokio::time::timeout(timeout, cleanup).await {
+            tracing::debug!(session = %self.id, %error, "could not delete a lost session's rows");
+        }
+    }
+
+    /// One renewal: `Ok(true)` renewed, `Ok(false)` the session is gone.
+    async fn renew(self: &Arc<Self>) -> Result<bool> {
+        let count = on_owner!(self, "renew the session", |d, conn| d.heartbeat(conn, &self.id))?;
+        let Some(count) = count else {
+            return Ok(false);
+        };
+        let tracked = self.entries().len();
+        if usize::try_from(count).unwrap_or(usize::MAX) < tracked {
+            // Someone deleted one of our entries: find which.
+            let ids = on_owner!(self, "list the session's entries", |d, conn| d.own_ids(conn, &self.id))?;
+            let ids: std::collections::HashSet<i64> = ids.into_iter().collect();
+            let gone: Vec<i64> = self.entries().keys().copied().filter(|id| !ids.contains(id)).collect();
+            for id in gone {
+                tracing::debug!(session = %self.id, id, "entry found gone at renewal");
+                // Still guarded by us: let go of the guard.
+                let _ = on_owner!(self, "let go of a deleted entry's guard", |d, conn| d
+                    .remove(conn, id, &self.id, true));
+                self.forget(id);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Renews until the session ends: `Suspended` while renewals fail,
+    /// `Lost` once none has been confirmed for `ttl - safety margin`,
+    /// counted from the send time of the last confirmed one.
+    async fn keep_alive(self: Arc<Self>, opened_at: Instant) {
+        let interval = self.options.keepalive_interval();
+        let loss_after = self.options.loss_deadline();
+        let mut confirmed = opened_at;
+        loop {
+            tokio::time::sleep_until((Instant::now() + interval).min(confirmed + loss_after)).await;
+            if self.state.borrow().is_over() {
+                return;
+            }
+            let sent = Instant::now();
+            let deadline = confirmed + loss_after;
+            let renewal = self.renew();
+            tokio::pin!(renewal);
+            let mut overdue = true;
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut renewal => break Some(outcome),
+                    () = tokio::time::sleep_until(sent + interval), if overdue => {
+                        overdue = false;
+                        advance(&self.state, SessionState::Suspended);
+                    }
+                    () = tokio::time::sleep_until(deadline) => break None,
+                }
+            };
+            match outcome {
+                Some(Ok(true)) => {
+                    confirmed = sent;
+                    advance(&self.state, SessionState::Live);
+                }
+                Some(Ok(false)) => {
+                    self.lose("the database no longer has the session (ended by another client after its TTL)");
+                    return;
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(session = %self.id, %error, "renewal failed");
+                    if self.state.borrow().is_over() {
+                        return;
+                    }
+                    advance(&self.state, SessionState::Suspended);
+                }
+                None => {}
+            }
+            if Instant::now() >= confirmed + loss_after {
+                self.lose("no renewal confirmed within ttl - safety margin");
+                return;
+            }
+        }
+    }
+
+    /// A wait connection for a waiter with `priority`, opened if the pool
+    /// has room.
+    async fn lease(&self, priority: i64) -> Result<Lease<D::Conn>> {
+        let mut lease = self.waits.acquire(priority).await.ok_or_else(|| self.over_error())?;
+        if lease.conn.is_none() {
+            let timeout = self.options.connect_timeout();
+            match tokio::time::timeout(timeout, self.dialect.connect(Purpose::Wait)).await {
+                Ok(Ok((conn, server_id))) => lease.conn = Some(Idle { conn, server_id }),
+                Ok(Err(error)) => {
+                    self.waits.release(lease.key, None);
+                    return Err(map(self.doing("open a wait connection"), error));
+                }
+                Err(_) => {
+                    self.waits.release(lease.key, None);
+                    return Err(timed_out(self.doing("open a wait connection"), timeout));
+                }
+            }
+        }
+        Ok(lease)
+    }
+
+    /// Waits on the server until the lock `on` names is free, on one wait
+    /// connection, in a task of its own so that a waiter dropped midway
+    /// still ends the server-side wait (cancel) and gets the connection back.
+    async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<()> {
+        loop {
+            self.check_live()?;
+            let lease = self.lease(priority).await?;
+            let stop = Arc::new(Stop::default());
+            let (tx, rx) = oneshot::channel();
+            let task = WaitTask {
+                shared: Arc::clone(self),
+                on,
+                owner: owner.to_owned(),
+                stop: Arc::clone(&stop),
+            };
+            tokio::spawn(task.run(lease, tx));
+            let _stop_on_drop = StopOnDrop(stop);
+            match rx.await {
+                Ok(TaskOutcome::Released) => return Ok(()),
+                Ok(TaskOutcome::Preempted) => {}
+                Ok(TaskOutcome::Failed(error)) => return Err(error),
+                Err(_) => return Err(self.over_error()),
+            }
+        }
+    }
+}
+
+/// What a wait blocks on.
+#[derive(Debug, Clone, Copy)]
+enum WaitOn {
+    Guard(i64),
+    Version(i64, i64),
+}
+
+/// How one server-side wait ended: on its own, or stopped (and then
+/// whether the statement finished cleanly after the cancel, if it finished).
+enum Step {
+    Done(DbResult<Waited>),
+    Stopped(Option<bool>),
+}
+
+enum TaskOutcome {
+    Released,
+    Preempted,
+    Failed(Error),
+}
+
+/// Signals a wait task to stop when the waiter goes away.
+struct StopOnDrop(Arc<Stop>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.signal();
+    }
+}
+
+struct WaitTask<D: Dialect> {
+    shared: Arc<Shared<D>>,
+    on: WaitOn,
+    owner: String,
+    stop: Arc<Stop>,
+}
+
+impl<D: Dialect> WaitTask<D> {
+    async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>) {
+        let Some(mut idle) = lease.conn.take() else {
+            self.shared.waits.release(lease.key, None);
+            return;
+        };
+        let (outcome, keep) = self.wait(&mut idle, &lease.preempt).await;
+        self.shared.waits.release(lease.key, keep.then_some(idle));
+        let _ = reply.send(outcome);
+    }
+
+    /// Returns the outcome and whether the connection may be used again.
+    async fn wait(&self, idle: &mut Idle<D::Conn>, preempt: &Stop) -> (TaskOutcome, bool) {
+        let shared = &self.shared;
+        let dialect = &*shared.dialect;
+        let fallback_ms = shared.ttl_ms();
+        loop {
+            let stopped = async {
+                tokio::select! {
+                    () = self.stop.wait() => {}
+                    () = preempt.wait() => {}
+                }
+            };
+            let server_id = idle.server_id;
+            let step = {
+                let call = async {
+                    match self.on {
+                        WaitOn::Guard(id) => dialect.wait(&mut idle.conn, id, &self.owner, fallback_ms).await,
+                        WaitOn::Version(id, version) => {
+                            dialect
+                                .wait_version(&mut idle.conn, id, version, &self.owner, fallback_ms)
+                                .await
+                        }
+                    }
+                };
+                tokio::pin!(call);
+                tokio::select! {
+                    result = &mut call => Step::Done(result),
+                    () = stopped => {
+                        // End the server-side wait, then read what it
+                        // answered: a wait that ended on its own just before
+                        // is harmless (it let go of what it took).
+                        let cancelled = on_owner!(shared, "cancel a wait", |d, conn| d.cancel(conn, server_id));
+                        let finished = if cancelled.is_ok() {
+                            tokio::time::timeout(shared.options.request_timeout(), &mut call).await.ok()
+                        } else {
+                            None
+                        };
+                        Step::Stopped(finished.map(|r| r.is_ok()))
+                    }
+                }
+            };
+            let waited = match step {
+                Step::Done(waited) => waited,
+                Step::Stopped(finished) => {
+                    let timeout = shared.options.request_timeout();
+                    let usable = match finished {
+                        Some(true) => true,
+                        Some(false) => tokio::time::timeout(timeout, dialect.reset(&mut idle.conn))
+                            .await
+                            .is_ok_and(|r| r.is_ok()),
+                        None => false,
+                    };
+                    let outcome = if self.stop.is_set() {
+                        TaskOutcome::Failed(shared.over_error())
+                    } else {
+                        TaskOutcome::Preempted
+                    };
+                    return (outcome, usable && !shared.state.borrow().is_over());
+                }
+            };
+            match waited {
+                Ok(Waited::Released) => return (TaskOutcome::Released, true),
+                Ok(Waited::TimedOut | Waited::OwnerExpired) => {
+                    // The owner did not let go within its deadline as read
+                    // when the wait began: look at it by the database's clock,
+                    // and end it if it is past its TTL.
+                    let id = match self.on {
+                        WaitOn::Guard(id) | WaitOn::Version(id, _) => id,
+                    };
+                    let reaped = tokio::time::timeout(
+                        shared.options.request_timeout(),
+                        dialect.reap(&mut idle.conn, &self.owner, id),
+                    )
+                    .await;
+                    match reaped {
+                        Ok(Ok(Reaped::Renewed)) => {}
+                        Ok(Ok(Reaped::Gone | Reaped::Ended)) => {
+                            if let Ok(Ok(Reaped::Ended)) = reaped {
+                                tracing::info!(session = %shared.id, owner = %self.owner, "ended a session that stopped renewing");
+                            }
+                            // Its guard is free, or will be once the server
+                            // has ended its connection: wait for that too.
+                            if matches!(self.on, WaitOn::Guard(_)) {
+                                continue;
+                            }
+                            return (TaskOutcome::Released, true);
+                        }
+                        Ok(Err(error)) => {
+                            let gone = connection_gone(&error);
+                            return (
+                                TaskOutcome::Failed(map(shared.doing("end a silent holder's session"), error)),
+                                !gone,
+                            );
+                        }
+                        Err(_) => {
+                            return (
+                                TaskOutcome::Failed(timed_out(
+                                    shared.doing("end a silent holder's session"),
+                                    shared.options.request_timeout(),
+                                )),
+                                false,
+                            );
+                        }
+                    }
+                }
+                Err(error) => {
+                    let gone = connection_gone(&error);
+                    return (TaskOutcome::Failed(map(shared.doing("wait on a guard"), error)), !gone);
+                }
+            }
+        }
+    }
+}
+
+impl<D: Dialect> SqlSession<D> {
+    /// Opens a session: the owning connection, the tables checked, the
+    /// session registered, the heartbeat started.
+    pub(crate) async fn open(
+        dialect: Arc<D>,
+        target: String,
+        options: SessionOptions,
+        wait_connections: usize,
+    ) -> Result<Self> {
+        let doing = Doing {
+            backend: dialect.backend(),
+            what: "open a session",
+            target: &target,
+        };
+        let connect_timeout = options.connect_timeout();
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let opened_at = Instant::now();
+        let opening = async {
+            let (mut conn, server_id) = dialect.connect(Purpose::Owner).await.map_err(|e| map(doing, e))?;
+            dialect.prepare(&mut conn).await?;
+            let ttl_ms = i64::try_from(options.ttl().as_millis()).unwrap_or(i64::MAX);
+            dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
+            Ok::<_, Error>((conn, server_id))
+        };
+        let (conn, owner_server_id) = match tokio::time::timeout(connect_timeout, opening).await {
+            Ok(opened) => opened?,
+            Err(_) => {
+                return Err(Error::unavailable(
+                    dialect.backend(),
+                    format!("no session opened on {target} within the connect timeout {connect_timeout:?}"),
+                ))
+            }
+        };
+        let shared = Arc::new(Shared {
+            dialect,
+            id,
+            target,
+            options,
+            state: watch::Sender::new(SessionState::Live),
+            owner: tokio::sync::Mutex::new(Some(conn)),
+            owner_server_id,
+            waits: WaitPool::new(wait_connections),
+            entries: std::sync::Mutex::new(HashMap::new()),
+        });
+        let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
+        let state = shared.state.subscribe();
+        Ok(SqlSession {
+            shared,
+            state,
+            tasks: vec![keepalive],
+        })
+    }
+
+    fn id_of(&self, entry: &Entry) -> Result<(String, i64)> {
+        parse_entry_key(&entry.key)
+            .map(|(name, id)| (name.to_owned(), id))
+            .ok_or_else(|| Error::InvalidName {
+                name: entry.key.clone(),
+                reason: "not an entry of the SQL layout (NAME/ID)".into(),
+            })
+    }
+
+    fn entry_from(&self, name: &str, row: &Row) -> Entry {
+        Entry {
+            key: entry_key(name, row.id),
+            kind: kind_from_label(&row.kind),
+            order: row.id,
+            token: FencingToken::new(row.id.unsigned_abs()),
+            owner: Some(row.session.clone()),
+        }
+    }
+
+    /// The session's owning connection's server-side id.
+    #[allow(dead_code)]
+    pub(crate) fn owner_server_id(&self) -> i64 {
+        self.shared.owner_server_id
+    }
+
+    /// The session's dialect (its tables' names and statements).
+    pub(crate) fn dialect(&self) -> &D {
+        &self.shared.dialect
+    }
+
+    /// Where the session is connected, for messages.
+    pub(crate) fn target(&self) -> &str {
+        &self.shared.target
+    }
+}
+
+fn count_of(count: usize) -> i32 {
+    i32::try_from(count.max(1)).unwrap_or(i32::MAX)
+}
+
+#[async_trait::async_trait]
+impl<D: Dialect> BackendSession for SqlSession<D> {
+    fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    fn state(&self) -> watch::Receiver<SessionState> {
+        self.state.clone()
+    }
+
+    async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        let append = Append {
+            name: request.dir,
+            kind: kind_label(request.kind),
+            session: &shared.id,
+            attempt: request.attempt,
+            value: request.value,
+            skip_shared: request.conflicts == Conflicts::Exclusive,
+            count: count_of(request.nearest),
+        };
+        let (id, nearest) = on_owner!(shared, "append to the queue", |d, conn| d.append(conn, &append))?;
+        shared.entries().entry(id).or_default();
+        if shared.state.borrow().is_over() {
+            shared.check_live()?;
+        }
+        let mut nearest: Vec<Entry> = nearest.iter().map(|row| self.entry_from(request.dir, row)).collect();
+        nearest.truncate(request.nearest);
+        Ok(Appended {
+            entry: Entry {
+                key: entry_key(request.dir, id),
+                kind: request.kind,
+                order: id,
+                token: FencingToken::new(id.unsigned_abs()),
+                owner: Some(shared.id.clone()),
+            },
+            nearest: Some(nearest),
+        })
+    }
+
+    async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {
+        let (name, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let found = on_owner!(shared, "read the queue", |d, conn| d.earlier(
+            conn,
+            id,
+            &name,
+            &shared.id,
+            conflicts == Conflicts::Exclusive,
+            count_of(count)
+        ))?;
+        Ok(match found {
+            None => Earlier::Gone,
+            Some(rows) => {
+                let mut nearest: Vec<Entry> = rows.iter().map(|row| self.entry_from(&name, row)).collect();
+                nearest.truncate(count);
+                Earlier::Entries(nearest)
+            }
+        })
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let shared = &self.shared;
+        let rows = on_owner!(shared, "list the queue", |d, conn| d.list(conn, dir, &shared.id))?;
+        Ok(rows.iter().map(|row| self.entry_from(dir, row)).collect())
+    }
+
+    async fn wait_for_entry(&self, dir: &str) -> Result<()> {
+        // Nothing on the server to block on until someone appends: look
+        // again every so often (election observers, while nobody leads).
+        loop {
+            if !self.list(dir).await?.is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(EMPTY_QUEUE_RECHECK).await;
+        }
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let shared = &self.shared;
+        let (_, id) = self.id_of(entry)?;
+        if entry.owner.as_deref() == Some(shared.id.as_str()) {
+            // Our own entries: their guard is ours; renewals and our own
+            // removals say when they are gone.
+            let gone = shared.entries().get(&id).map(Arc::clone);
+            return match gone {
+                Some(gone) => {
+                    gone.wait().await;
+                    Ok(())
+                }
+                None => Ok(()),
+            };
+        }
+        let owner = entry.owner.clone().unwrap_or_default();
+        shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await
+    }
+
+    async fn remove(&self, entry: &Entry) -> Result<bool> {
+        let (_, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let owner = entry.owner.as_deref().unwrap_or_default();
+        let ours = owner == shared.id;
+        let unlock = ours && shared.entries().contains_key(&id);
+        let removed = on_owner!(shared, "remove the entry", |d, conn| d.remove(conn, id, owner, unlock))?;
+        if ours {
+            shared.forget(id);
+        }
+        Ok(removed)
+    }
+
+    async fn abandon(&self, _dir: &str, _kind: EntryKind, attempt: &str) -> Result<()> {
+        let shared = &self.shared;
+        let id = on_owner!(shared, "abandon an acquire", |d, conn| d
+            .abandon(conn, attempt, &shared.id))?;
+        if let Some(id) = id {
+            shared.forget(id);
+        }
+        Ok(())
+    }
+
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
+        let (_, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let owner = entry.owner.as_deref().unwrap_or_default();
+        let set = on_owner!(shared, "set the entry's value", |d, conn| d
+            .set_value(conn, id, owner, value))?;
+        if set {
+            Ok(())
+        } else {
+            Err(Error::LockLost { key: entry.key.clone() })
+        }
+    }
+
+    async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
+        let (_, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let found = on_owner!(shared, "read the entry's value", |d, conn| d
+            .get_value(conn, id, &shared.id))?;
+        Ok(found.map(|(value, _)| value))
+    }
+
+    async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let (_, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let owner = entry.owner.clone().unwrap_or_default();
+        loop {
+            let found = on_owner!(shared, "read the entry's value", |d, conn| d
+                .get_value(conn, id, &shared.id))?;
+            let Some((value, version)) = found else {
+                return Ok(None);
+            };
+            if value != seen {
+                return Ok(Some(value));
+            }
+            // The owner holds a lock for the value's version and lets go of
+            // it when the value changes or the entry goes.
+            shared
+                .wait_on(WaitOn::Version(id, version), &owner, entry.order)
+                .await?;
+        }
+    }
+
+    async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {
+        let (name, id) = self.id_of(entry)?;
+        let below = format!("{name}/");
+        if let Some(write) = writes.iter().find(|w| w.key().starts_with(&below)) {
+            return Err(Error::InvalidName {
+                name: write.key().to_owned(),
+                reason: format!("the key lies under the lock {name:?}'s own entries ({name}/...)"),
+            });
+        }
+        let shared = &self.shared;
+        let owner = entry.owner.as_deref().unwrap_or_default();
+        on_owner!(shared, "write fenced on the entry", |d, conn| d
+            .write_if_held(conn, id, owner, writes))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        on_owner!(shared, "read a key", |d, conn| d.read(conn, key))
+    }
+
+    async fn confirm(&self) -> Result<SessionState> {
+        let shared = &self.shared;
+        if shared.state.borrow().is_over() {
+            return Ok(*shared.state.borrow());
+        }
+        if !shared.renew().await? {
+            shared.lose("the database no longer has the session");
+        }
+        Ok(*shared.state.borrow())
+    }
+
+    async fn close(&self) -> Result<()> {
+        let shared = &self.shared;
+        advance(&shared.state, SessionState::Closed);
+        shared.signal_gone_all();
+        for task in &self.tasks {
+            task.abort();
+        }
+        shared.waits.close();
+        let timeout = shared.options.request_timeout();
+        let mut owner = match tokio::time::timeout(timeout, shared.owner.lock()).await {
+            Ok(owner) => owner,
+            Err(_) => return Err(timed_out(shared.doing("close the session"), timeout)),
+        };
+        let Some(conn) = owner.as_mut() else {
+            // Lost before: its connection is closed already; its rows were
+            // deleted by the loss, or are left to the reaping.
+            return Ok(());
+        };
+        let closed = tokio::time::timeout(timeout, shared.dialect.close(conn, &shared.id)).await;
+        // Closing the connection lets go of every guard it held.
+        owner.take();
+        match closed {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(map(shared.doing("close the session"), error)),
+            Err(_) => Err(timed_out(shared.doing("close the session"), timeout)),
+        }
+    }
+
+    fn give_up(&self, why: &str) {
+        self.shared.lose(why);
+    }
+}
+
+/// The kinds of entries as stored (for tests of the layout).
+#[allow(dead_code)]
+pub(crate) fn label(kind: EntryKind) -> &'static str {
+    layout::kind_label(kind)
+}

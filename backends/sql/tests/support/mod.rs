@@ -1,0 +1,118 @@
+//! Real PostgreSQL and MariaDB servers for the SQL backend's tests, and the
+//! conformance fixtures over them.
+
+#![allow(dead_code)]
+
+use lockline::conformance::Fixture;
+use lockline::{Client, Session};
+use lockline_sql::Sql;
+use lockline_testkit::{MariaDbOptions, MariaDbServer, PgOptions, PgServer};
+
+/// A PostgreSQL server for one test: fsync off (a test never survives a
+/// machine crash), everything else as shipped.
+pub fn postgres() -> PgServer {
+    PgServer::start_with(&PgOptions {
+        durable: false,
+        ..PgOptions::default()
+    })
+    .expect("start postgres")
+}
+
+/// A MariaDB server for one test with a database `lockline`, and its URL.
+pub fn mariadb() -> (MariaDbServer, String) {
+    let server = MariaDbServer::start_with(&MariaDbOptions {
+        innodb_flush_log_at_trx_commit: 2,
+        ..MariaDbOptions::default()
+    })
+    .expect("start mariadb");
+    server.create_database("lockline").expect("create database");
+    let url = format!("{}/lockline", server.url());
+    (server, url)
+}
+
+/// Runs blocking harness work (a CLI call) off the async workers.
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work).await.expect("blocking work")
+}
+
+pub struct PgFixture {
+    pub server: std::sync::Arc<PgServer>,
+}
+
+impl PgFixture {
+    pub fn start() -> Self {
+        PgFixture {
+            server: std::sync::Arc::new(postgres()),
+        }
+    }
+}
+
+#[lockline::async_trait]
+impl Fixture for PgFixture {
+    async fn client(&self) -> Client {
+        Client::new(Sql::new(self.server.url()))
+    }
+
+    /// Ends the session as a waiter ending a silent owner would: its
+    /// connection terminated, its rows deleted.
+    async fn expire(&self, session: &Session) {
+        let id = session.id().to_owned();
+        let server = std::sync::Arc::clone(&self.server);
+        blocking(move || {
+            server
+                .psql(&format!(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM lockline_sessions WHERE id = '{id}';
+                     DELETE FROM lockline_entries WHERE session = '{id}';
+                     DELETE FROM lockline_sessions WHERE id = '{id}';"
+                ))
+                .expect("expire the session")
+        })
+        .await;
+    }
+}
+
+pub struct MyFixture {
+    pub server: std::sync::Arc<MariaDbServer>,
+    pub url: String,
+}
+
+impl MyFixture {
+    pub fn start() -> Self {
+        let (server, url) = mariadb();
+        MyFixture {
+            server: std::sync::Arc::new(server),
+            url,
+        }
+    }
+}
+
+#[lockline::async_trait]
+impl Fixture for MyFixture {
+    async fn client(&self) -> Client {
+        Client::new(Sql::new(self.url.clone()))
+    }
+
+    async fn expire(&self, session: &Session) {
+        let id = session.id().to_owned();
+        let server = std::sync::Arc::clone(&self.server);
+        blocking(move || {
+            let conn = server
+                .sql(&format!(
+                    "SELECT conn FROM lockline.lockline_sessions WHERE id = '{id}'"
+                ))
+                .expect("read the session");
+            let conn = conn.trim();
+            if !conn.is_empty() {
+                // Already gone is fine.
+                let _ = server.sql(&format!("KILL CONNECTION {conn}"));
+            }
+            server
+                .sql(&format!(
+                    "DELETE FROM lockline.lockline_entries WHERE session = '{id}'; \
+                     DELETE FROM lockline.lockline_sessions WHERE id = '{id}'"
+                ))
+                .expect("expire the session");
+        })
+        .await;
+    }
+}
