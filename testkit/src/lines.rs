@@ -59,6 +59,21 @@ impl LineChild {
         Ok(())
     }
 
+    /// Writes `line` and a newline to the program's standard input.
+    ///
+    /// # Errors
+    ///
+    /// When its standard input is closed or the write fails.
+    pub fn send_line(&mut self, line: &str) -> Result<()> {
+        use std::io::Write;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("standard input is closed"))?;
+        writeln!(stdin, "{line}")?;
+        stdin.flush()
+    }
+
     /// Closes the program's standard input.
     pub fn close_stdin(&mut self) {
         self.stdin = None;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod db;
+
 use lockline::conformance::Fixture;
 use lockline::{Client, Session};
 use lockline_sql::Sql;

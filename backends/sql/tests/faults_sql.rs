@@ -1,0 +1,293 @@
+//! The SQL backend when things go wrong, on PostgreSQL and on MariaDB: a
+//! killed holder, a silently partitioned one, a paused one with a fenced
+//! transaction open, a database restart, a crowd of cancelled waiters.
+
+use std::time::{Duration, Instant};
+
+use lockline::conformance::{bounded, until};
+use lockline::{Client, Error, SessionOptions, SessionState};
+use lockline_sql::Sql;
+use lockline_testkit::TcpProxy;
+
+mod support;
+
+use support::db::{spawn_probe, Db};
+
+fn options(ttl_ms: u64) -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_millis(ttl_ms))
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_request_timeout(Duration::from_secs(2))
+}
+
+/// Declares each case once per engine: `mod postgres` and `mod mariadb`.
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::postgres()).await;
+                }
+            )*
+        }
+        mod mariadb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::mariadb()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    a_killed_holder_is_replaced_within_a_second,
+    a_blackholed_holder_is_told_before_the_next_grant,
+    a_restart_ends_every_session_and_tokens_keep_growing,
+    a_thousand_cancelled_waiters_leave_nothing_on_the_server,
+    a_paused_holder_cannot_commit_after_the_next_grant,
+    a_healthy_holder_commits_its_fenced_transaction,
+);
+
+/// A holder process killed outright: the server sees its connection reset
+/// and frees its guard, so the next waiter is granted at once (well within
+/// a second), woken once.
+async fn a_killed_holder_is_replaced_within_a_second(db: Db) {
+    let url = db.url();
+    let (mut holder, first) = spawn_probe(&url, "killed", "hold", 30_000);
+    let token: u64 = first
+        .strip_prefix("held ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("the probe said {first:?}"));
+    let client = Client::new(Sql::new(url));
+    let session = client.session_with(options(30_000)).await.expect("session");
+    let waiter = {
+        let mutex = session.mutex("killed").expect("mutex");
+        tokio::spawn(async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let killed_at = Instant::now();
+    holder.signal_and_wait(libc::SIGKILL).expect("kill the holder");
+    let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("lock");
+    let took = granted_at - killed_at;
+    assert!(
+        took < Duration::from_secs(1),
+        "the next holder was granted {took:?} after the holder was killed"
+    );
+    assert!(guard.token().get() > token);
+    assert_eq!(client.stats().wakeups, 1, "{:?}", client.stats());
+    guard.release().await.expect("release");
+    until("the dead holder's row is gone", || db.entries() == 0).await;
+}
+
+/// A silent partition (packets dropped, no reset; the server's TCP
+/// keepalives at their defaults): the holder is told at `ttl - margin`
+/// after its last answered renewal, before the waiter ends its connection
+/// at the TTL by the database's clock and is granted, within TTL + slack.
+async fn a_blackholed_holder_is_told_before_the_next_grant(db: Db) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = Client::new(Sql::new(db.url_via(&proxy.address())));
+    let near = Client::new(Sql::new(db.url()));
+    let ttl = 2000;
+    let holder_session = far.session_with(options(ttl)).await.expect("session");
+    let held = holder_session
+        .mutex("partition")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let other = near.session_with(options(ttl)).await.expect("session");
+    let waiter = {
+        let mutex = other.mutex("partition").expect("mutex");
+        tokio::spawn(async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+    };
+    near.wait_for_stats(|s| s.waits >= 1).await;
+    let cut_at = Instant::now();
+    proxy.blackhole();
+    bounded("the holder hears of it", held.lost()).await;
+    let lost_at = Instant::now();
+    let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("lock");
+    assert!(
+        lost_at <= granted_at,
+        "the next holder was granted {:?} before the partitioned holder was told",
+        lost_at - granted_at
+    );
+    let took = granted_at - cut_at;
+    assert!(
+        took < Duration::from_millis(ttl) + Duration::from_secs(3),
+        "the next holder was granted {took:?} after the partition (TTL {ttl} ms)"
+    );
+    assert!(guard.token() > held.token());
+    assert_eq!(holder_session.state(), SessionState::Lost);
+    guard.release().await.expect("release");
+    proxy.heal();
+    drop(holder_session);
+}
+
+/// A database crash and restart: every connection is gone with its guards.
+/// Holders hear `lost()`, waiters fail with `SessionLost`, nothing hangs; no
+/// row left from before blocks anyone; and the tokens handed out after the
+/// restart are above every token handed out before (the id counter of an
+/// unlogged table restarts after a crash: the backend moves it past the
+/// server's clock at the first session after each start).
+async fn a_restart_ends_every_session_and_tokens_keep_growing(mut db: Db) {
+    let client = Client::new(Sql::new(db.url()));
+    let (a, b) = (
+        client.session_with(options(3000)).await.expect("session"),
+        client.session_with(options(3000)).await.expect("session"),
+    );
+    let mut highest = 0;
+    for round in 0..40 {
+        let guard = a
+            .mutex(&format!("before/{round}"))
+            .expect("mutex")
+            .lock()
+            .await
+            .expect("lock");
+        highest = highest.max(guard.token().get());
+        guard.release().await.expect("release");
+    }
+    let held = a.mutex("restart").expect("mutex").lock().await.expect("lock");
+    highest = highest.max(held.token().get());
+    let waiter = {
+        let mutex = b.mutex("restart").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let crashed = tokio::task::spawn_blocking(move || {
+        db.crash_and_restart();
+        db
+    });
+    bounded("the holder hears of it", held.lost()).await;
+    match bounded("the waiter fails", waiter).await.expect("task") {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("a waiter whose connection died must fail with SessionLost, got {other:?}"),
+    }
+    let db = crashed.await.expect("restart");
+    assert_eq!(a.state(), SessionState::Lost);
+    assert_eq!(b.state(), SessionState::Lost);
+    let fresh = bounded("a new session", client.session_with(options(3000)))
+        .await
+        .expect("a new session");
+    let again = bounded("the lock again", fresh.mutex("restart").expect("mutex").lock())
+        .await
+        .expect("lock again");
+    assert!(
+        again.token().get() > highest,
+        "token {} after the restart is not above {highest} from before",
+        again.token()
+    );
+    again.release().await.expect("release");
+    fresh.close().await.expect("close");
+    until("no row is left", || db.entries() == 0).await;
+}
+
+/// 1,000 waiters queued behind a holder, from 4 sessions with 4 wait
+/// connections each, all cancelled: no row, no wait and no named lock but
+/// the holder's guard is left on the server. (Write locks: a mutex's
+/// contenders of one session queue in the process first, one entry each.)
+async fn a_thousand_cancelled_waiters_leave_nothing_on_the_server(db: Db) {
+    let url = db.url();
+    let client = Client::new(Sql::new(url.clone()).with_wait_connections(4));
+    let holder = client.session_with(options(10_000)).await.expect("session");
+    let held = holder.rwlock("crowd").expect("rwlock").write().await.expect("lock");
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        sessions.push(client.session_with(options(10_000)).await.expect("session"));
+    }
+    let mut waiters = Vec::new();
+    for i in 0..1000 {
+        let lock = sessions[i % 4].rwlock("crowd").expect("rwlock");
+        waiters.push(tokio::spawn(async move { lock.write().await }));
+    }
+    until("every waiter has queued", || db.entries() == 1001).await;
+    // Each session blocks on the server with its 4 wait connections.
+    until("the sessions wait on the server", || db.locks().waiting == 16).await;
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    for waiter in waiters {
+        assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
+    }
+    until("the cancelled waiters' rows are gone", || db.entries() == 1).await;
+    until("no wait is left on the server", || {
+        let locks = db.locks();
+        locks.waiting == 0 && locks.held == 1
+    })
+    .await;
+    held.release().await.expect("release");
+    until("no row is left", || db.entries() == 0).await;
+    until("no lock is left", || db.locks() == Default::default()).await;
+    assert!(sessions.iter().all(|s| s.state() == SessionState::Live));
+}
+
+fn create_probe_table(db: &Db) {
+    db.sql("CREATE TABLE probe_writes (token bigint NOT NULL)");
+}
+
+/// A holder paused (SIGSTOP) past its TTL with a fenced transaction open:
+/// the next holder is granted meanwhile, and when the paused holder wakes
+/// and commits, its commit is refused and nothing it wrote lands.
+async fn a_paused_holder_cannot_commit_after_the_next_grant(db: Db) {
+    create_probe_table(&db);
+    let url = db.url();
+    let (mut probe, first) = spawn_probe(&url, "fenced", "fenced", 2000);
+    let stale: i64 = first
+        .strip_prefix("ready ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("the probe said {first:?}"));
+    probe.signal(libc::SIGSTOP).expect("pause the holder");
+    let client = Client::new(Sql::new(url));
+    let session = client.session_with(options(2000)).await.expect("session");
+    let next = bounded(
+        "the next holder is granted",
+        session.mutex("fenced").expect("mutex").lock(),
+    )
+    .await
+    .expect("lock");
+    assert!(next.token().get() > u64::try_from(stale).expect("token"));
+    probe.signal(libc::SIGCONT).expect("resume the holder");
+    probe.send_line("commit").expect("tell it to commit");
+    let said = probe.line(Duration::from_secs(20)).expect("the probe's answer");
+    let said = if said == "lost" {
+        probe.line(Duration::from_secs(20)).expect("the probe's answer")
+    } else {
+        said
+    };
+    assert!(
+        said.starts_with("refused: LockLost") || said.starts_with("refused: SessionLost"),
+        "a paused holder's fenced commit must be refused, it said {said:?}"
+    );
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM probe_writes WHERE token = {stale}")),
+        0,
+        "the stale holder's write landed"
+    );
+    next.release().await.expect("release");
+}
+
+/// A holder that keeps its lock commits its fenced transaction.
+async fn a_healthy_holder_commits_its_fenced_transaction(db: Db) {
+    create_probe_table(&db);
+    let (mut probe, first) = spawn_probe(&db.url(), "healthy", "fenced", 10_000);
+    let token: i64 = first
+        .strip_prefix("ready ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("the probe said {first:?}"));
+    probe.send_line("commit").expect("tell it to commit");
+    assert_eq!(probe.line(Duration::from_secs(20)).as_deref(), Some("committed"));
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM probe_writes WHERE token = {token}")),
+        1
+    );
+}
