@@ -1,0 +1,194 @@
+//! Bad input gets a typed error, on PostgreSQL and on MariaDB: an
+//! unreachable server, a wrong password, missing privileges, a foreign
+//! table of the same name. And the DBA's way: tables made from the DDL
+//! script, used by a user who may create nothing.
+
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, Error, SessionOptions};
+use lockline_sql::Sql;
+use lockline_testkit::{free_port, TcpProxy};
+
+mod support;
+
+use support::db::Db;
+
+fn options() -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_secs(5))
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(2))
+}
+
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::postgres()).await;
+                }
+            )*
+        }
+        mod mariadb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::mariadb()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    a_wrong_password_is_an_authentication_failure,
+    a_silent_server_fails_within_the_connect_timeout,
+    a_user_who_may_not_create_tables_is_told_which_privilege,
+    a_foreign_table_of_the_same_name_is_refused,
+    tables_made_by_a_dba_serve_a_user_who_may_create_nothing,
+    the_longest_names_and_any_characters_are_separate_locks,
+);
+
+async fn open(url: String) -> lockline::Result<lockline::Session> {
+    bounded("open a session", Client::new(Sql::new(url)).session_with(options())).await
+}
+
+async fn a_wrong_password_is_an_authentication_failure(db: Db) {
+    db.create_user("app", "right");
+    let url = db.url_for("app", "wrong");
+    match open(url).await {
+        Err(error @ Error::AuthenticationFailed { .. }) => {
+            let text = error.to_string();
+            assert!(!text.contains("wrong"), "the password leaked into {text:?}");
+        }
+        other => panic!("a wrong password must be AuthenticationFailed, got {other:?}"),
+    }
+}
+
+async fn a_silent_server_fails_within_the_connect_timeout(db: Db) {
+    // Nobody listens: refused at once.
+    let closed = db.url().replace(&db.port().to_string(), &free_port().expect("port").to_string());
+    let started = Instant::now();
+    match open(closed).await {
+        Err(error @ Error::Unavailable { .. }) => assert!(error.is_transient()),
+        other => panic!("a closed port must be Unavailable, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // A server that accepts and never answers (a silent partition).
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    proxy.blackhole();
+    let started = Instant::now();
+    match open(db.url_via(&proxy.address())).await {
+        Err(Error::Unavailable { reason, .. }) => {
+            assert!(reason.contains("connect timeout"), "{reason}");
+        }
+        other => panic!("a silent server must be Unavailable, got {other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "gave up after {took:?} with a 2 s connect timeout"
+    );
+    proxy.heal();
+}
+
+async fn a_user_who_may_not_create_tables_is_told_which_privilege(db: Db) {
+    db.create_user("app", "secret");
+    if !db.is_postgres() {
+        // The MariaDB user may use the test database's tables, not create them.
+        assert!(db.sql("SHOW GRANTS FOR 'app'@'%'").contains("SELECT, INSERT, UPDATE, DELETE"));
+    }
+    match open(db.url_for("app", "secret")).await {
+        Err(Error::PermissionDenied { operation, key, reason, .. }) => {
+            assert_eq!(operation, "create tables in");
+            assert!(key.contains("public") || key.contains("lockline"), "{key}");
+            assert!(reason.contains("CREATE"), "the reason must name the privilege: {reason}");
+            assert!(reason.contains("Sql::ddl"), "the reason must say how else: {reason}");
+        }
+        other => panic!("a user who may not create tables must get PermissionDenied, got {other:?}"),
+    }
+}
+
+async fn a_foreign_table_of_the_same_name_is_refused(db: Db) {
+    db.sql("CREATE TABLE lockline_meta (singleton int PRIMARY KEY, layout int NOT NULL, started_at int)");
+    db.sql("INSERT INTO lockline_meta VALUES (1, 1, NULL)");
+    db.sql("CREATE TABLE lockline_entries (id bigint PRIMARY KEY, owner text)");
+    match open(db.url()).await {
+        Err(Error::InvalidOptions { reason }) => {
+            assert!(reason.contains("lockline_entries is not lockline's"), "{reason}");
+            assert!(reason.contains("with_table_prefix"), "{reason}");
+        }
+        other => panic!("a foreign table must be refused, got {other:?}"),
+    }
+    // Another prefix sets lockline beside it.
+    let session = bounded(
+        "open a session",
+        Client::new(Sql::new(db.url()).with_table_prefix("locks_")).session_with(options()),
+    )
+    .await
+    .expect("a session with another prefix");
+    let guard = session.mutex("beside").expect("mutex").lock().await.expect("lock");
+    guard.release().await.expect("release");
+    assert_eq!(db.count("SELECT count(*) FROM lockline_entries"), 0);
+}
+
+async fn tables_made_by_a_dba_serve_a_user_who_may_create_nothing(db: Db) {
+    let ddl = Sql::new(db.url()).ddl().expect("ddl");
+    db.sql(&ddl);
+    db.create_user("app", "secret");
+    if db.is_postgres() {
+        db.sql(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data TO app; \
+             GRANT USAGE, SELECT, UPDATE ON SEQUENCE lockline_entries_id_seq TO app;",
+        );
+    }
+    let url = db.url_for("app", "secret");
+    let client = Client::new(Sql::new(url).without_creating_tables());
+    let (a, b) = (
+        client.session_with(options()).await.expect("session"),
+        client.session_with(options()).await.expect("session"),
+    );
+    let first = a.mutex("dba").expect("mutex").lock().await.expect("lock");
+    let second = {
+        let mutex = b.mutex("dba").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let token = first.token();
+    first.release().await.expect("release");
+    let second = bounded("the waiter", second).await.expect("task").expect("lock");
+    assert!(second.token() > token);
+    second.release().await.expect("release");
+    // Without the tables, a user who may not create them is told what to do.
+    let bare = Sql::new(db.url_for("app", "secret"))
+        .with_table_prefix("missing_")
+        .without_creating_tables();
+    match Client::new(bare).session_with(options()).await {
+        Err(Error::InvalidOptions { reason }) => assert!(reason.contains("DDL script"), "{reason}"),
+        other => panic!("missing tables must be refused, got {other:?}"),
+    }
+}
+
+async fn the_longest_names_and_any_characters_are_separate_locks(db: Db) {
+    let session = open(db.url()).await.expect("session");
+    let long = "ü".repeat(lockline::MAX_NAME_LEN / 2);
+    let names = [long.as_str(), "Case", "case", "a/b", "a", "quote'\"\\;--", "日本/語"];
+    let mut guards = Vec::new();
+    for name in names {
+        let guard = session
+            .mutex(name)
+            .expect("mutex")
+            .try_lock()
+            .await
+            .expect("try_lock")
+            .unwrap_or_else(|| panic!("{name:?} is taken by another name's holder"));
+        assert!(guard.key().starts_with(name), "{} for {name:?}", guard.key());
+        guards.push(guard);
+    }
+    assert_eq!(db.entries(), i64::try_from(names.len()).expect("count"));
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+}
