@@ -1,5 +1,5 @@
-//! `lockline`: distributed locks and leader election on etcd or ZooKeeper,
-//! for scripts.
+//! `lockline`: distributed locks and leader election on etcd, ZooKeeper,
+//! Redis, PostgreSQL or MariaDB/MySQL, for scripts.
 //!
 //! ```text
 //! lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
@@ -36,8 +36,13 @@
 //!
 //! # Options
 //!
-//! One server: `--etcd URL[,URL...]` (`http[s]://HOST:PORT`) or `--zookeeper
-//! HOST:PORT[,...][/CHROOT]`; both together are refused. `--ttl SECS` (the
+//! One server: `--etcd URL[,URL...]` (`http[s]://HOST:PORT`), `--zookeeper
+//! HOST:PORT[,...][/CHROOT]`, `--redis URL`, `--postgres URL`
+//! (`postgres://` or `postgresql://`) or `--mysql URL` (`mysql://` or
+//! `mariadb://`, MariaDB or MySQL); two of them together are refused, and so
+//! is a URL of the other engine. Redis and SQL servers take their
+//! credentials and TLS in the URL (`?sslmode=require`): the TLS and
+//! credential flags below are refused with them. `--ttl SECS` (the
 //! session's TTL, default 10), `--timeout SECS` (lock and elect: give up
 //! waiting, status 124), `--kill-after SECS` (the command group's grace,
 //! below), `--print-key` (with a command: the held key on standard output
@@ -53,7 +58,11 @@
 //! Read, flags first: `ETCDCTL_ENDPOINTS` stands in for `--etcd` and
 //! `ZOOKEEPER_CONNECT` for `--zookeeper`; when both are set and no flag
 //! picks a server, `lockline` refuses in one line naming both rather than
-//! guess (status 123). etcdctl's `ETCDCTL_CACERT`, `ETCDCTL_CERT`,
+//! guess (status 123). When neither is set and no flag picks a server,
+//! `DATABASE_URL` stands in for `--postgres` or `--mysql`, as its scheme says;
+//! one of another scheme (or no URL at all) is refused with status 123, in a
+//! line naming the scheme it has and those it may have (never the URL: it
+//! may hold a password). etcdctl's `ETCDCTL_CACERT`, `ETCDCTL_CERT`,
 //! `ETCDCTL_KEY`, `ETCDCTL_USER` and `ETCDCTL_PASSWORD` fill in what the
 //! flags leave out (etcd only), and `LOCKLINE_ZK_AUTH` the ZooKeeper
 //! credentials.
@@ -173,7 +182,12 @@
 //! `lockline elect` and `etcdctl elect` (Go's `concurrency.Election`) see
 //! each other's leaders and queue together. On ZooKeeper it uses Curator's
 //! layout under the path `/NAME` (a `LeaderLatch` for elections), and queues
-//! with Curator's `InterProcessMutex` and kazoo's `Lock` there.
+//! with Curator's `InterProcessMutex` and kazoo's `Lock` there. On
+//! PostgreSQL and MariaDB/MySQL it uses `lockline-sql`'s tables (created on
+//! first use unless a DBA made them): keys are `NAME/ID`, ID being the
+//! entry's id and fencing token; an entry is guarded by a named lock of its
+//! session's connection, so a `lockline` killed outright lets go as soon as
+//! the server sees its connection close, not after the TTL.
 
 #[macro_use]
 mod output;
@@ -188,6 +202,7 @@ use futures::StreamExt;
 use lockline::{Client, Error, FencingToken, Leadership, MutexGuard, Session, SessionOptions, Tls};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
+use lockline_sql::Sql;
 use lockline_zookeeper::{AclPolicy, ZooKeeper};
 
 use crate::group::{signal_status, ProcessGroup};
@@ -201,7 +216,8 @@ const USAGE: &str = "usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]
 
 /// What `--help` prints, on standard output.
 const HELP: &str = "\
-lockline: distributed locks and leader election on etcd, ZooKeeper or Redis, for scripts.
+lockline: distributed locks and leader election on etcd, ZooKeeper, Redis,
+PostgreSQL or MariaDB/MySQL, for scripts.
 
 usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
        lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
@@ -235,6 +251,11 @@ Server (one of):
   --zookeeper HOST:PORT[,...][/CHROOT]
                                 a ZooKeeper connect string (or ZOOKEEPER_CONNECT)
   --redis URL                   a Redis node, redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)
+  --postgres URL                a PostgreSQL database, postgres[ql]://USER:PASSWORD@HOST:PORT/DATABASE
+                                (TLS: ?sslmode=require, or verify-full&sslrootcert=FILE)
+  --mysql URL                   a MariaDB or MySQL database, mysql|mariadb://USER:PASSWORD@HOST:PORT/DATABASE
+                                (TLS: ?ssl-mode=REQUIRED, or VERIFY_IDENTITY&ssl-ca=FILE)
+  (or DATABASE_URL, a postgres[ql]://, mysql:// or mariadb:// URL)
 
 Options:
   --ttl SECS                    session TTL (default 10)
@@ -243,7 +264,8 @@ Options:
   --kill-after SECS             grace between SIGTERM and SIGKILL for COMMAND's group (default 2; 0: SIGKILL at once)
   --print-key                   with COMMAND: print the held key on standard output too
   -l, --listen                  elect: print the leaders instead of campaigning
-  --cacert FILE                 TLS: the CA that signed the servers' certificates
+  --cacert FILE                 TLS: the CA that signed the servers' certificates (etcd, ZooKeeper;
+                                Redis and SQL take TLS and credentials in the URL)
   --cert FILE --key FILE        TLS: a client certificate and its key
   --user NAME[:PASSWORD]        etcd user
   --password PASSWORD           etcd password
@@ -256,9 +278,11 @@ Options:
 
 Read from the environment (flags win): ETCDCTL_ENDPOINTS (stands in for
 --etcd), ZOOKEEPER_CONNECT (stands in for --zookeeper; with both set and no
-flag, lockline refuses to guess), ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
-ETCDCTL_USER, ETCDCTL_PASSWORD (etcd only), and LOCKLINE_ZK_AUTH (ZooKeeper
-credentials, digest|sasl:USER:PASSWORD).
+flag, lockline refuses to guess), DATABASE_URL (stands in for --postgres or
+--mysql, by its scheme, when no flag and neither of those two picks a
+server), ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER,
+ETCDCTL_PASSWORD (etcd only), and LOCKLINE_ZK_AUTH (ZooKeeper credentials,
+digest|sasl:USER:PASSWORD). Passwords are never printed.
 
 Set for COMMAND: LOCKLINE_KEY (the held key) and LOCKLINE_TOKEN (the fencing
 token: pass it to whatever the lock protects, which refuses lower tokens).
@@ -305,10 +329,12 @@ fn informational(args: &[String]) -> Option<String> {
 }
 
 /// The options followed by a value of their own.
-const TAKES_VALUE: [&str; 14] = [
+const TAKES_VALUE: [&str; 16] = [
     "--etcd",
     "--redis",
     "--zookeeper",
+    "--postgres",
+    "--mysql",
     "--ttl",
     "--timeout",
     "--kill-after",
@@ -360,11 +386,162 @@ const LOST_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// a lost lock the command runs unprotected during it.
 const MAX_KILL_AFTER: Duration = Duration::from_secs(3600);
 
-#[derive(Debug, PartialEq)]
+#[derive(PartialEq)]
 enum Server {
     Etcd(Vec<String>),
     ZooKeeper(String),
     Redis(String),
+    /// A `postgres://` or `postgresql://` URL.
+    Postgres(String),
+    /// A `mysql://` or `mariadb://` URL (MariaDB or MySQL).
+    MySql(String),
+}
+
+impl Server {
+    /// The flag that names this kind of server.
+    fn flag(&self) -> &'static str {
+        match self {
+            Server::Etcd(_) => "--etcd",
+            Server::ZooKeeper(_) => "--zookeeper",
+            Server::Redis(_) => "--redis",
+            Server::Postgres(_) => "--postgres",
+            Server::MySql(_) => "--mysql",
+        }
+    }
+
+    /// The order the flags are named in, in messages.
+    fn rank(&self) -> u8 {
+        match self {
+            Server::Etcd(_) => 0,
+            Server::ZooKeeper(_) => 1,
+            Server::Redis(_) => 2,
+            Server::Postgres(_) => 3,
+            Server::MySql(_) => 4,
+        }
+    }
+}
+
+/// URLs may hold a password: `Debug` shows only their scheme.
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = |url: &str| format!("{}://…", scheme(url).unwrap_or("?"));
+        match self {
+            Server::Etcd(endpoints) => f.debug_tuple("Etcd").field(endpoints).finish(),
+            Server::ZooKeeper(hosts) => f.debug_tuple("ZooKeeper").field(hosts).finish(),
+            Server::Redis(address) => f.debug_tuple("Redis").field(&url(address)).finish(),
+            Server::Postgres(address) => f.debug_tuple("Postgres").field(&url(address)).finish(),
+            Server::MySql(address) => f.debug_tuple("MySql").field(&url(address)).finish(),
+        }
+    }
+}
+
+/// The scheme of `url` (what comes before `://`), when it looks like one: a
+/// letter, then letters, digits, `+`, `-` or `.`. Anything else is not
+/// shown, since it may be part of a password.
+fn scheme(url: &str) -> Option<&str> {
+    let (scheme, _) = url.split_once("://")?;
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && scheme.len() <= 32;
+    valid.then_some(scheme)
+}
+
+/// The SQL server a database URL names, by its scheme (any case), or what
+/// is wrong with it; `origin` is the flag or variable it came from. The URL
+/// itself is never part of the message: it may hold a password.
+fn database(origin: &str, url: &str) -> Result<Server, String> {
+    let expected = "postgres://, postgresql://, mysql:// or mariadb://";
+    let Some(found) = scheme(url) else {
+        return Err(format!(
+            "{origin} is not a URL (no SCHEME://); expected {expected}, e.g. postgres://USER:PASSWORD@HOST:5432/DATABASE"
+        ));
+    };
+    let server = match found.to_ascii_lowercase().as_str() {
+        "postgres" | "postgresql" => Server::Postgres(url.to_owned()),
+        "mysql" | "mariadb" => Server::MySql(url.to_owned()),
+        _ => {
+            return Err(format!(
+                "{origin} has the scheme {found}://, which lockline does not speak; expected {expected}"
+            ))
+        }
+    };
+    match (origin, &server) {
+        ("--postgres", Server::MySql(_)) => Err(format!(
+            "--postgres takes a postgres:// or postgresql:// URL; a {found}:// URL goes to --mysql"
+        )),
+        ("--mysql", Server::Postgres(_)) => Err(format!(
+            "--mysql takes a mysql:// or mariadb:// URL; a {found}:// URL goes to --postgres"
+        )),
+        _ => Ok(server),
+    }
+}
+
+/// The passwords a database or Redis URL may hold, as written and
+/// percent-decoded: the user information's (`USER:PASSWORD@`, for a password
+/// written with an unencoded `/`, `?` or `@` too) and `password=` query
+/// parameters'. A candidate too many is harmless: it is only hidden.
+fn url_secrets(url: &str) -> Vec<String> {
+    let Some((_, rest)) = url.split_once("://") else {
+        // Not a URL: nothing is connected, and nothing can tell where a
+        // password would be; hide it all.
+        return vec![url.to_owned()];
+    };
+    let mut secrets = Vec::new();
+    for at in [rest.find('@'), rest.rfind('@')].into_iter().flatten() {
+        if let Some((_, password)) = rest[..at].split_once(':') {
+            secrets.push(password.to_owned());
+        }
+    }
+    if let Some((_, query)) = rest.split_once('?') {
+        for pair in query.split('&') {
+            if let Some((name, value)) = pair.split_once('=') {
+                if name.eq_ignore_ascii_case("password") {
+                    secrets.push(value.to_owned());
+                }
+            }
+        }
+    }
+    let decoded: Vec<String> = secrets.iter().filter_map(|s| percent_decoded(s)).collect();
+    secrets.extend(decoded);
+    secrets.sort();
+    secrets.dedup();
+    secrets
+}
+
+/// `text` with its `%XX` escapes decoded, when that changes it and gives
+/// UTF-8.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if let (b'%', Some(high), Some(low)) = (bytes[i], hex(i + 1), hex(i + 2)) {
+            out.push(u8::try_from(high * 16 + low).unwrap_or(b'%'));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let decoded = String::from_utf8(out).ok()?;
+    (decoded != text).then_some(decoded)
+}
+
+/// Records the server a flag names; a flag of another server given before is
+/// refused (the same flag twice: the last one counts).
+fn pick(chosen: &mut Option<Server>, server: Server) -> Result<(), String> {
+    if let Some(other) = chosen.as_ref().filter(|other| other.flag() != server.flag()) {
+        let (first, second) = if other.rank() < server.rank() {
+            (other.flag(), server.flag())
+        } else {
+            (server.flag(), other.flag())
+        };
+        return Err(format!("{first} and {second} cannot be used together: pick one server"));
+    }
+    *chosen = Some(server);
+    Ok(())
 }
 
 /// TLS and credentials, from flags and `ETCDCTL_*` variables. Passwords
@@ -426,6 +603,18 @@ struct Args {
 }
 
 impl Args {
+    /// Every password given, in every form a message might show it, for
+    /// [`output::hide`].
+    fn secrets(&self) -> Vec<String> {
+        let mut secrets = match &self.server {
+            Server::Redis(url) | Server::Postgres(url) | Server::MySql(url) => url_secrets(url),
+            Server::Etcd(_) | Server::ZooKeeper(_) => Vec::new(),
+        };
+        secrets.extend(self.security.user.iter().map(|(_, password)| password.clone()));
+        secrets.extend(self.security.zk_auth.iter().map(|(_, _, password)| password.clone()));
+        secrets
+    }
+
     /// The command to run while holding (empty: none).
     fn command(&self) -> &[String] {
         match &self.mode {
@@ -518,36 +707,16 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                 if endpoints.is_empty() {
                     return Err("--etcd needs endpoints".into());
                 }
-                if matches!(server, Some(Server::ZooKeeper(_))) {
-                    return Err("--etcd and --zookeeper cannot be used together: pick one server".into());
-                }
-                if matches!(server, Some(Server::Redis(_))) {
-                    return Err("--etcd and --redis cannot be used together: pick one server".into());
-                }
-                server = Some(Server::Etcd(endpoints));
+                pick(&mut server, Server::Etcd(endpoints))?;
             }
             "--zookeeper" => {
                 let hosts = args.next().ok_or("--zookeeper needs a connect string")?;
-                if matches!(server, Some(Server::Etcd(_))) {
-                    return Err("--etcd and --zookeeper cannot be used together: pick one server".into());
-                }
-                if matches!(server, Some(Server::Redis(_))) {
-                    return Err("--zookeeper and --redis cannot be used together: pick one server".into());
-                }
-                server = Some(Server::ZooKeeper(hosts));
+                pick(&mut server, Server::ZooKeeper(hosts))?;
             }
-            "--redis" => {
-                let url = value("--redis", args.next())?;
-                match server {
-                    Some(Server::Etcd(_)) => {
-                        return Err("--etcd and --redis cannot be used together: pick one server".into())
-                    }
-                    Some(Server::ZooKeeper(_)) => {
-                        return Err("--zookeeper and --redis cannot be used together: pick one server".into())
-                    }
-                    _ => {}
-                }
-                server = Some(Server::Redis(url));
+            "--redis" => pick(&mut server, Server::Redis(value("--redis", args.next())?))?,
+            flag @ ("--postgres" | "--mysql") => {
+                let url = value(flag, args.next())?;
+                pick(&mut server, database(flag, &url)?)?;
             }
             "--cacert" => security.cacert = Some(value("--cacert", args.next())?),
             "--cert" => security.cert = Some(value("--cert", args.next())?),
@@ -598,8 +767,11 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
             }
         }
     }
-    // ETCDCTL_ENDPOINTS and ZOOKEEPER_CONNECT stand in for the flags; etcdctl's
-    // other variables fill in what the flags left out, for etcd only.
+    // ETCDCTL_ENDPOINTS and ZOOKEEPER_CONNECT stand in for the flags, and
+    // DATABASE_URL (set for many an application, so the more specific ones
+    // win) when neither is set; etcdctl's other variables fill in what the
+    // flags left out, for etcd only.
+    let mut database_url = false;
     let server = match server {
         Some(server) => server,
         None => match (env("ETCDCTL_ENDPOINTS"), env("ZOOKEEPER_CONNECT")) {
@@ -614,16 +786,37 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                 Server::Etcd(endpoints)
             }
             (None, Some(hosts)) => Server::ZooKeeper(hosts),
-            (None, None) => {
-                return Err(format!(
-                    "--etcd, --zookeeper, --redis, ETCDCTL_ENDPOINTS or ZOOKEEPER_CONNECT is required\n{USAGE}"
-                ))
-            }
+            (None, None) => match env("DATABASE_URL") {
+                Some(url) => {
+                    database_url = true;
+                    database("DATABASE_URL", &url)?
+                }
+                None => {
+                    return Err(format!(
+                        "a server is required: --etcd, --zookeeper, --redis, --postgres or --mysql, or one of ETCDCTL_ENDPOINTS, ZOOKEEPER_CONNECT or DATABASE_URL\n{USAGE}"
+                    ))
+                }
+            },
         },
     };
-    if matches!(server, Server::Redis(_)) {
-        if security != Security::default() || user_spec.is_some() || password.is_some() {
-            return Err("TLS and credential flags are for --etcd and --zookeeper; with --redis put them in the URL (redis://:PASSWORD@HOST:PORT, rediss:// for TLS)".to_owned());
+    let flagged = security != Security::default() || user_spec.is_some() || password.is_some();
+    if let Server::Redis(_) | Server::Postgres(_) | Server::MySql(_) = server {
+        if flagged {
+            let given = if database_url {
+                format!("with DATABASE_URL ({})", server.flag())
+            } else {
+                format!("with {}", server.flag())
+            };
+            let example = match server {
+                Server::Postgres(_) => {
+                    "postgres://USER:PASSWORD@HOST:5432/DATABASE?sslmode=verify-full&sslrootcert=ca.pem"
+                }
+                Server::MySql(_) => "mysql://USER:PASSWORD@HOST:3306/DATABASE?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem",
+                _ => "redis://:PASSWORD@HOST:PORT, rediss:// for TLS",
+            };
+            return Err(format!(
+                "TLS and credential flags are for --etcd and --zookeeper; {given} put them in the URL ({example})"
+            ));
         }
     } else if matches!(server, Server::Etcd(_)) {
         security.cacert = security.cacert.or_else(|| env("ETCDCTL_CACERT"));
@@ -730,7 +923,10 @@ fn main() -> ExitCode {
         };
     }
     let code = match parse(argv.into_iter(), |name| std::env::var(name).ok()) {
-        Ok(args) => start(args),
+        Ok(args) => {
+            output::hide(args.secrets());
+            start(args)
+        }
         Err(message) => {
             note!("lockline: {message}");
             USAGE_ERROR
@@ -886,6 +1082,8 @@ fn backend(args: &Args) -> lockline::Result<Client> {
             Client::new(zk)
         }
         Server::Redis(url) => Client::new(Redis::new(url.clone())),
+        // Credentials and TLS are in the URL.
+        Server::Postgres(url) | Server::MySql(url) => Client::new(Sql::new(url.clone())),
     })
 }
 
@@ -1478,6 +1676,141 @@ mod tests {
             let error = args(line).expect_err("refused");
             assert!(!error.contains("SECRET-3"), "{line}: {error}");
         }
+    }
+
+    #[test]
+    fn takes_postgres_and_mysql_urls_of_their_own_schemes() {
+        let pg = args("lock --postgres postgres://u:p@db:5432/app x").expect("parse");
+        assert_eq!(pg.server, super::Server::Postgres("postgres://u:p@db:5432/app".into()));
+        let pg = args("list --postgres=POSTGRESQL://db/app x").expect("parse");
+        assert_eq!(pg.server, super::Server::Postgres("POSTGRESQL://db/app".into()));
+        for url in ["mysql://u:p@db:3306/app", "mariadb://db/app"] {
+            let my = args(&format!("elect --mysql {url} x p")).expect("parse");
+            assert_eq!(my.server, super::Server::MySql(url.into()));
+        }
+        for (line, says) in [
+            ("lock --postgres mysql://db/app x", "goes to --mysql"),
+            ("lock --mysql postgres://db/app x", "goes to --postgres"),
+            ("lock --mysql redis://db x", "scheme redis://"),
+            ("lock --postgres db:5432/app x", "not a URL"),
+            ("lock --postgres", "--postgres needs a value"),
+            (
+                "lock --postgres postgres://db/a --mysql mysql://db/a x",
+                "--postgres and --mysql cannot be used together",
+            ),
+            (
+                "lock --mysql mysql://db/a --etcd http://e:1 x",
+                "--etcd and --mysql cannot be used together",
+            ),
+            (
+                "lock --zookeeper z:1 --postgres postgres://db/a x",
+                "--zookeeper and --postgres cannot be used together",
+            ),
+            (
+                "lock --postgres postgres://db/a --redis redis://r x",
+                "--redis and --postgres cannot be used together",
+            ),
+            // The existing pairs keep their words.
+            (
+                "lock --zookeeper z:1 --etcd http://e:1 x",
+                "--etcd and --zookeeper cannot be used together",
+            ),
+            (
+                "lock --redis redis://r --etcd http://e:1 x",
+                "--etcd and --redis cannot be used together",
+            ),
+        ] {
+            let error = args(line).expect_err(line);
+            assert!(error.contains(says) && !error.contains('\n'), "{line}: {error}");
+        }
+        // The same flag twice: the last one counts.
+        let twice = args("lock --postgres postgres://a/x --postgres postgres://b/x x").expect("parse");
+        assert_eq!(twice.server, super::Server::Postgres("postgres://b/x".into()));
+    }
+
+    #[test]
+    fn database_url_is_the_last_fallback_and_its_scheme_is_checked() {
+        let pg = with_env("lock x", &[("DATABASE_URL", "postgresql://u:p@db/app")]).expect("parse");
+        assert_eq!(pg.server, super::Server::Postgres("postgresql://u:p@db/app".into()));
+        let my = with_env("lock x", &[("DATABASE_URL", "mariadb://u:p@db/app")]).expect("parse");
+        assert_eq!(my.server, super::Server::MySql("mariadb://u:p@db/app".into()));
+        // Flags and the other servers' variables win; a DATABASE_URL they
+        // override is not even read.
+        let bad = ("DATABASE_URL", "sqlite://app.db");
+        let etcd = with_env("lock x", &[bad, ("ETCDCTL_ENDPOINTS", "http://e:1")]).expect("parse");
+        assert_eq!(etcd.server, super::Server::Etcd(vec!["http://e:1".into()]));
+        let zk = with_env("lock x", &[bad, ("ZOOKEEPER_CONNECT", "z:1")]).expect("parse");
+        assert_eq!(zk.server, super::Server::ZooKeeper("z:1".into()));
+        let flag = with_env("lock --mysql mysql://db/a x", &[bad]).expect("parse");
+        assert_eq!(flag.server, super::Server::MySql("mysql://db/a".into()));
+        for (url, says) in [
+            (
+                "sqlite://app.db",
+                "DATABASE_URL has the scheme sqlite://, which lockline does not speak; expected postgres://, postgresql://, mysql:// or mariadb://",
+            ),
+            ("redis://:SECRET-5@r:6379", "DATABASE_URL has the scheme redis://"),
+            ("host=db user=app password=SECRET-5", "DATABASE_URL is not a URL (no SCHEME://)"),
+            ("app:SECRET-5://db", "DATABASE_URL is not a URL"),
+        ] {
+            let error = with_env("lock x", &[("DATABASE_URL", url)]).expect_err(url);
+            assert!(error.contains(says), "{url}: {error}");
+            assert!(!error.contains("SECRET-5") && !error.contains('\n'), "{url}: {error}");
+        }
+        // An empty one is not set.
+        let error = with_env("lock x", &[("DATABASE_URL", "")]).expect_err("no server");
+        assert!(
+            error.contains("a server is required") && error.contains("DATABASE_URL"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn sql_servers_take_tls_and_credentials_in_the_url() {
+        for line in [
+            "lock --postgres postgres://db/a --cacert ca.pem x",
+            "lock --postgres postgres://db/a --user alice:pw x",
+            "lock --mysql mysql://db/a --password pw x",
+            "lock --mysql mysql://db/a --zk-auth digest:a:b x",
+            "lock --postgres postgres://db/a --marker-prefix p/ x",
+        ] {
+            let error = args(line).expect_err(line);
+            assert!(error.contains("put them in the URL"), "{line}: {error}");
+        }
+        let error = args("lock --postgres postgres://db/a --cacert ca.pem x").expect_err("TLS flag");
+        assert!(
+            error.contains("with --postgres") && error.contains("sslmode="),
+            "{error}"
+        );
+        let error = args("lock --mysql mysql://db/a --cacert ca.pem x").expect_err("TLS flag");
+        assert!(error.contains("with --mysql") && error.contains("ssl-mode="), "{error}");
+        let error = with_env("lock --cacert ca.pem x", &[("DATABASE_URL", "postgres://db/a")]).expect_err("TLS flag");
+        assert!(error.contains("with DATABASE_URL (--postgres)"), "{error}");
+        // etcdctl's variables are for etcd: they do not stop a SQL server.
+        let vars = [("ETCDCTL_CACERT", "ca.pem"), ("ETCDCTL_USER", "alice:pw")];
+        let parsed = with_env("lock --postgres postgres://db/a x", &vars).expect("parse");
+        assert_eq!(parsed.security, super::Security::default());
+    }
+
+    #[test]
+    fn never_shows_a_database_password() {
+        let parsed = args("lock --postgres postgres://app:SECRET-6@db/app x").expect("parse");
+        let shown = format!("{parsed:?}");
+        assert!(shown.contains("postgres://") && !shown.contains("SECRET-6"), "{shown}");
+        let parsed = args("lock --redis redis://:SECRET-6@r:6379 x").expect("parse");
+        assert!(!format!("{parsed:?}").contains("SECRET-6"));
+        let hidden = super::url_secrets;
+        assert_eq!(hidden("postgres://app:s3cret@db/app"), ["s3cret"]);
+        assert_eq!(hidden("postgres://app:s%40c@db/app"), ["s%40c", "s@c"]);
+        // Unencoded '/' and '@' in a password, a password in the query.
+        assert!(hidden("postgres://app:pa/ss@db/app").contains(&"pa/ss".to_owned()));
+        assert!(hidden("mysql://app:p@ss@db/app").contains(&"p@ss".to_owned()));
+        assert_eq!(
+            hidden("postgres://app@db?password=q%2Fw&sslmode=require"),
+            ["q%2Fw", "q/w"]
+        );
+        assert!(hidden("postgres://db/app").is_empty());
+        let parsed = args("lock --etcd http://e:1 --user alice:pw-1 x").expect("parse");
+        assert_eq!(parsed.secrets(), ["pw-1"]);
     }
 
     #[test]

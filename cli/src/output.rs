@@ -7,6 +7,10 @@
 //! reader that stopped reading costs at most the lines that could not be
 //! written. Write errors are ignored (a failure to print the key is reported
 //! on standard error); lines that find the queue full are dropped.
+//!
+//! Diagnostics never show a password `lockline` was given: each one (see
+//! [`hide`]) is replaced by `***` in every diagnostic, whoever wrote the
+//! message (a backend's error included).
 
 use std::fmt;
 use std::io::{self, Write};
@@ -91,10 +95,32 @@ pub(crate) async fn stdout_failed() {
     }
 }
 
+/// The passwords `lockline` was given, longest first.
+static SECRETS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// From now on, every diagnostic shows `***` in place of each of `secrets`
+/// (the empty ones are ignored). Only the first call counts.
+pub(crate) fn hide(secrets: Vec<String>) {
+    let mut secrets: Vec<String> = secrets.into_iter().filter(|s| !s.is_empty()).collect();
+    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    secrets.dedup();
+    let _ = SECRETS.set(secrets);
+}
+
+/// `text` with every secret given to [`hide`] replaced by `***`.
+fn without_secrets(mut text: String) -> String {
+    for secret in SECRETS.get().into_iter().flatten() {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), "***");
+        }
+    }
+    text
+}
+
 /// Queues a diagnostic line for standard error, never waiting; `note!` calls
 /// it.
 pub(crate) fn diagnostic(text: fmt::Arguments<'_>) {
-    send(Line::Diagnostic(text.to_string()));
+    send(Line::Diagnostic(without_secrets(text.to_string())));
 }
 
 /// Waits at most `within` for the lines queued so far to be written, so that

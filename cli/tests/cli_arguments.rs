@@ -13,6 +13,7 @@ fn lockline(args: &[&str]) -> Output {
         .env_remove("ETCDCTL_USER")
         .env_remove("ETCDCTL_PASSWORD")
         .env_remove("LOCKLINE_ZK_AUTH")
+        .env_remove("DATABASE_URL")
         .output()
         .expect("run lockline")
 }
@@ -179,6 +180,10 @@ fn help_and_version_go_to_stdout_with_status_0() {
             "--print-key",
             "--zookeeper",
             "ZOOKEEPER_CONNECT",
+            "--postgres URL",
+            "--mysql URL",
+            "DATABASE_URL",
+            "sslmode=require",
             "--kill-after",
             "--cacert",
             "--zk-auth",
@@ -270,5 +275,90 @@ fn usage_errors_exit_123() {
             !stderr.contains("panicked") && output.stdout.is_empty(),
             "{args:?}: {stderr}"
         );
+    }
+}
+
+/// SQL servers on the command line: two servers at once, a URL given to the
+/// other engine's flag, TLS or credential flags (they go in the URL), and a
+/// `DATABASE_URL` of another scheme or no URL at all. Each is refused in one
+/// line, status 123, before anything is contacted, without the password.
+#[test]
+fn sql_servers_refuse_bad_combinations_in_one_line() {
+    let pg = format!("postgres://app:{SECRET}@127.0.0.1:1/app");
+    let my = format!("mysql://app:{SECRET}@127.0.0.1:1/app");
+    for (args, says) in [
+        (
+            vec!["lock", "--postgres", &pg, "--mysql", &my, "x"],
+            "--postgres and --mysql cannot be used together",
+        ),
+        (
+            vec!["lock", "--etcd", "http://127.0.0.1:2379", "--postgres", &pg, "x"],
+            "--etcd and --postgres cannot be used together",
+        ),
+        (
+            vec!["list", "--mysql", &my, "--zookeeper", "127.0.0.1:2181", "x"],
+            "--zookeeper and --mysql cannot be used together",
+        ),
+        (vec!["lock", "--postgres", &my, "x"], "goes to --mysql"),
+        (vec!["lock", "--mysql", &pg, "x"], "goes to --postgres"),
+        (
+            vec!["lock", "--postgres", &pg, "--cacert", "ca.pem", "x"],
+            "put them in the URL",
+        ),
+        (
+            vec!["lock", "--mysql", &my, "--user", "app", "x"],
+            "put them in the URL",
+        ),
+    ] {
+        let stderr = assert_refused_without_secret(&args, 123);
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    for (url, says) in [
+        (
+            format!("sqlite://{SECRET}.db"),
+            "DATABASE_URL has the scheme sqlite://, which lockline does not speak",
+        ),
+        (format!("host=db password={SECRET}"), "DATABASE_URL is not a URL"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_lockline"))
+            .args(["lock", "x", "true"])
+            .env_remove("ETCDCTL_ENDPOINTS")
+            .env_remove("ZOOKEEPER_CONNECT")
+            .env("DATABASE_URL", &url)
+            .output()
+            .expect("run lockline");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(123), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says) && !stderr.contains(SECRET), "{stderr}");
+    }
+}
+
+/// The backend's own messages pass through `lockline`: a password it might
+/// show (an unencoded `/` in it, or one in the query of a URL without a
+/// path) is hidden all the same.
+#[test]
+fn a_database_password_is_hidden_in_every_message() {
+    for args in [
+        vec![
+            "lock",
+            "--postgres",
+            "postgres://app:a/hunter2-Qv93@127.0.0.1:1/app",
+            "x",
+        ],
+        vec![
+            "lock",
+            "--postgres",
+            "postgres://app@127.0.0.1:1?password=hunter2-Qv93",
+            "x",
+        ],
+        vec!["lock", "--mysql", "mysql://app@127.0.0.1:1?password=hunter2-Qv93", "x"],
+        vec!["lock", "--mysql", "mysql://app:hunter2-Qv93@127.0.0.1:1/app", "x"],
+    ] {
+        let output = lockline(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(matches!(output.status.code(), Some(122 | 123)), "{args:?}: {stderr}");
+        assert!(!stderr.is_empty() && !stderr.contains(SECRET), "{args:?}: {stderr}");
     }
 }

@@ -2,7 +2,9 @@
 //! process group is stopped (SIGTERM, then SIGKILL after `--kill-after`) when
 //! `lockline` is signalled or the lock is lost, the lock is released only once
 //! the group is gone, the command dies with a SIGKILLed `lockline`, and a
-//! signal while waiting leaves no entry in the queue. Real etcd and ZooKeeper.
+//! signal while waiting leaves no entry in the queue. Real etcd and ZooKeeper,
+//! and PostgreSQL and MariaDB for the group's stop on a signal or a loss and
+//! for a signal while waiting.
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,8 @@ use std::time::{Duration, Instant};
 use lockline::conformance::{bounded, spawn_queued};
 use lockline::{Client, Mutex, Session, SessionOptions};
 use lockline_etcd::Etcd;
-use lockline_testkit::{EtcdCluster, TcpProxy, ZkEnsemble};
+use lockline_sql::Sql;
+use lockline_testkit::{EtcdCluster, MariaDbServer, PgOptions, PgServer, TcpProxy, ZkEnsemble};
 use lockline_zookeeper::ZooKeeper;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -31,10 +34,14 @@ struct Server {
 enum Kind {
     Etcd,
     ZooKeeper,
+    Postgres,
+    MariaDb,
 }
 
 impl Server {
     fn start(kind: Kind, proxied: bool) -> Server {
+        // A database URL, with `{address}` where the host and port go.
+        let mut url = String::new();
         let (address, server, client, flag): (String, Box<dyn Any>, Client, &str) = match kind {
             Kind::Etcd => {
                 let cluster = EtcdCluster::start().expect("start etcd");
@@ -48,12 +55,33 @@ impl Server {
                 let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
                 (address, Box::new(ensemble), client, "--zookeeper")
             }
+            Kind::Postgres => {
+                let options = PgOptions {
+                    durable: false,
+                    ..Default::default()
+                };
+                let server = PgServer::start_with(&options).expect("start PostgreSQL");
+                let address = format!("127.0.0.1:{}", server.port());
+                url = server.url().replacen(&address, "{address}", 1);
+                let client = Client::new(Sql::new(server.url()));
+                (address, Box::new(server), client, "--postgres")
+            }
+            Kind::MariaDb => {
+                let server = MariaDbServer::start().expect("start MariaDB");
+                server.create_database("cli").expect("create database");
+                let address = format!("127.0.0.1:{}", server.port());
+                let direct = format!("{}/cli", server.url());
+                url = direct.replacen(&address, "{address}", 1);
+                let client = Client::new(Sql::new(direct));
+                (address, Box::new(server), client, "--mysql")
+            }
         };
         let proxy = proxied.then(|| TcpProxy::start(&address).expect("start the proxy"));
         let reached = proxy.as_ref().map_or(address, TcpProxy::address);
         let reached = match kind {
             Kind::Etcd => format!("http://{reached}"),
             Kind::ZooKeeper => reached,
+            Kind::Postgres | Kind::MariaDb => url.replacen("{address}", &reached, 1),
         };
         Server {
             cli: vec![flag.to_owned(), reached],
@@ -283,6 +311,16 @@ async fn sigterm_stops_the_group_before_the_next_holder_on_zookeeper() {
     sigterm_stops_the_group_before_the_next_holder(Kind::ZooKeeper).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_group_before_the_next_holder_on_postgres() {
+    sigterm_stops_the_group_before_the_next_holder(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_group_before_the_next_holder_on_mariadb() {
+    sigterm_stops_the_group_before_the_next_holder(Kind::MariaDb).await;
+}
+
 /// The lock lost while held (the holder's connection silently cut until its
 /// session is declared lost): `lockline` exits 120 and the whole group, shell
 /// grandchild and SIGTERM-ignoring command included, is gone by then.
@@ -323,6 +361,16 @@ async fn a_lost_lock_stops_the_group_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lock_stops_the_group_on_zookeeper() {
     a_lost_lock_stops_the_group(Kind::ZooKeeper).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_stops_the_group_on_postgres() {
+    a_lost_lock_stops_the_group(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_stops_the_group_on_mariadb() {
+    a_lost_lock_stops_the_group(Kind::MariaDb).await;
 }
 
 /// SIGINT while `lockline` waits in line: it exits 130 at once and its entry
@@ -376,6 +424,16 @@ async fn sigint_while_waiting_leaves_the_queue_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_while_waiting_leaves_the_queue_on_zookeeper() {
     sigint_while_waiting_leaves_the_queue(Kind::ZooKeeper).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_waiting_leaves_the_queue_on_postgres() {
+    sigint_while_waiting_leaves_the_queue(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_waiting_leaves_the_queue_on_mariadb() {
+    sigint_while_waiting_leaves_the_queue(Kind::MariaDb).await;
 }
 
 /// `lockline` killed with SIGKILL (it can clean nothing up): the kernel kills

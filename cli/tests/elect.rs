@@ -1,5 +1,5 @@
 //! `lockline elect NAME PROPOSAL [COMMAND]` and `lockline elect -l NAME` on
-//! etcd and ZooKeeper: a leader without a command prints its key and leads
+//! etcd, ZooKeeper, Redis, PostgreSQL and MariaDB: a leader without a command prints its key and leads
 //! until a signal, then resigns (exit 0); a candidate with a command runs it
 //! once elected, with `LOCKLINE_KEY` and `LOCKLINE_TOKEN`, its output alone on
 //! standard output; a listener prints every leader's key and value; a lost
@@ -229,4 +229,16 @@ fn a_signal_while_campaigning_leaves_the_queue_on_etcd() {
 fn a_signal_while_campaigning_leaves_the_queue_on_zookeeper() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     a_signal_while_campaigning_leaves_the_queue(&["--zookeeper".to_owned(), ensemble.connect_string()]);
+}
+
+#[test]
+fn leaders_follow_each_other_on_postgres() {
+    let (_server, args) = support::postgres();
+    leaders_follow_each_other(&args, "jobs/leader/");
+}
+
+#[test]
+fn leaders_follow_each_other_on_mariadb() {
+    let (_server, args) = support::mariadb();
+    leaders_follow_each_other(&args, "jobs/leader/");
 }

@@ -2,7 +2,8 @@
 //! cluster out of reach (a closed port, a blackholed one), 123 for bad
 //! arguments, 124 for `--timeout`, 125 for a session lost while waiting,
 //! 126 and 127 for a command that cannot be run or is not found, and a
-//! command's own status 1 passed through. Real etcd and ZooKeeper.
+//! command's own status 1 passed through. Real etcd, ZooKeeper, Redis,
+//! PostgreSQL and MariaDB.
 //! (120, a lost lock, is in `command_dies_with_lock.rs`,
 //! `output_and_status.rs` and `elect.rs`; 121, refused credentials, in
 //! `secure_cli.rs`.)
@@ -204,4 +205,16 @@ fn a_release_that_cannot_reach_the_cluster_exits_125() {
     proxy.blackhole();
     std::fs::write(&go, "\n").expect("let the command finish");
     assert_eq!(holder.exits().code(), Some(125), "a failed release");
+}
+
+#[test]
+fn statuses_on_postgres() {
+    let (_server, args) = support::postgres();
+    statuses(&args);
+}
+
+#[test]
+fn statuses_on_mariadb() {
+    let (_server, args) = support::mariadb();
+    statuses(&args);
 }

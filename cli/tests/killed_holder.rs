@@ -1,5 +1,6 @@
 //! A `lockline` holder killed with SIGKILL is replaced within the session's
-//! TTL + 1 s, with one wakeup, on etcd, ZooKeeper and Redis.
+//! TTL + 1 s, with one wakeup, on etcd, ZooKeeper, Redis, PostgreSQL and
+//! MariaDB.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -9,7 +10,8 @@ use lockline::conformance::{bounded, spawn_queued};
 use lockline::{Client, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
-use lockline_testkit::{EtcdCluster, RedisServer, ZkEnsemble};
+use lockline_sql::Sql;
+use lockline_testkit::{EtcdCluster, MariaDbServer, PgOptions, PgServer, RedisServer, ZkEnsemble};
 use lockline_zookeeper::ZooKeeper;
 
 /// Starts `lockline lock <server...> --ttl 2 killed/lock`, queues a waiter on
@@ -71,4 +73,24 @@ async fn on_redis() {
     let server = RedisServer::start().expect("start redis");
     let client = Client::new(Redis::new(server.url()));
     killed_holder_is_replaced(&["--redis", &server.url()], client, "{killed/lock}:e:").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let options = PgOptions {
+        durable: false,
+        ..Default::default()
+    };
+    let server = PgServer::start_with(&options).expect("start PostgreSQL");
+    let client = Client::new(Sql::new(server.url()));
+    killed_holder_is_replaced(&["--postgres", &server.url()], client, "killed/lock/").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mariadb() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    server.create_database("cli").expect("create database");
+    let url = format!("{}/cli", server.url());
+    let client = Client::new(Sql::new(url.clone()));
+    killed_holder_is_replaced(&["--mysql", &url], client, "killed/lock/").await;
 }

@@ -1,6 +1,6 @@
 //! `lockline list NAME` prints the queue in order, the holder first, one
 //! tab-separated line per contender (key, owner, fencing token, kind), no
-//! header; on etcd, ZooKeeper and Redis. A listing that cannot be written exits 125.
+//! header; on etcd, ZooKeeper, Redis, PostgreSQL and MariaDB. A listing that cannot be written exits 125.
 
 mod support;
 
@@ -83,4 +83,16 @@ fn the_holder_is_listed_first_on_zookeeper() {
 fn the_holder_is_listed_first_on_redis() {
     let server = RedisServer::start().expect("start redis");
     the_holder_is_listed_first(&["--redis".to_owned(), server.url()]);
+}
+
+#[test]
+fn the_holder_is_listed_first_on_postgres() {
+    let (_server, args) = support::postgres();
+    the_holder_is_listed_first(&args);
+}
+
+#[test]
+fn the_holder_is_listed_first_on_mariadb() {
+    let (_server, args) = support::mariadb();
+    the_holder_is_listed_first(&args);
 }

@@ -1,8 +1,9 @@
 //! With a COMMAND, standard output is the command's alone: the held key goes
 //! to standard error, and to standard output only with `--print-key`.
 //! Without a command the key is printed on standard output, as `etcdctl lock`
-//! does. For `lock` and `elect`, on etcd and ZooKeeper; on ZooKeeper the
-//! server comes from `ZOOKEEPER_CONNECT`.
+//! does. For `lock` and `elect`, on etcd, ZooKeeper, PostgreSQL and MariaDB;
+//! on ZooKeeper the server comes from `ZOOKEEPER_CONNECT`, on the databases
+//! from `DATABASE_URL`.
 
 mod support;
 
@@ -85,4 +86,16 @@ fn only_the_commands_output_reaches_stdout_on_zookeeper_named_by_zookeeper_conne
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let connect = ensemble.connect_string();
     only_the_commands_output_reaches_stdout(&[], Some(("ZOOKEEPER_CONNECT", &connect)), "/");
+}
+
+#[test]
+fn only_the_commands_output_reaches_stdout_on_postgres_named_by_database_url() {
+    let (_server, args) = support::postgres();
+    only_the_commands_output_reaches_stdout(&[], Some(("DATABASE_URL", &args[1])), "");
+}
+
+#[test]
+fn only_the_commands_output_reaches_stdout_on_mariadb_named_by_database_url() {
+    let (_server, args) = support::mariadb();
+    only_the_commands_output_reaches_stdout(&[], Some(("DATABASE_URL", &args[1])), "");
 }

@@ -14,9 +14,10 @@ pub const BOUND: Duration = Duration::from_secs(30);
 
 /// The variables `lockline` reads, removed so that the test's own
 /// environment does not leak in.
-pub const VARIABLES: [&str; 8] = [
+pub const VARIABLES: [&str; 9] = [
     "ETCDCTL_ENDPOINTS",
     "ZOOKEEPER_CONNECT",
+    "DATABASE_URL",
     "ETCDCTL_CACERT",
     "ETCDCTL_CERT",
     "ETCDCTL_KEY",
@@ -174,4 +175,25 @@ pub fn revoke(cluster: &lockline_testkit::EtcdCluster, key: &str) {
         .output()
         .expect("etcdctl");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A throwaway PostgreSQL (no fsync: its data does not outlive the test) and
+/// the `--postgres URL` arguments for it, as its superuser.
+pub fn postgres() -> (lockline_testkit::PgServer, Vec<String>) {
+    let options = lockline_testkit::PgOptions {
+        durable: false,
+        ..Default::default()
+    };
+    let server = lockline_testkit::PgServer::start_with(&options).expect("start PostgreSQL");
+    let args = vec!["--postgres".to_owned(), server.url()];
+    (server, args)
+}
+
+/// A throwaway MariaDB with a database `cli`, and the `--mysql URL`
+/// arguments for it, as root.
+pub fn mariadb() -> (lockline_testkit::MariaDbServer, Vec<String>) {
+    let server = lockline_testkit::MariaDbServer::start().expect("start MariaDB");
+    server.create_database("cli").expect("create database cli");
+    let args = vec!["--mysql".to_owned(), format!("{}/cli", server.url())];
+    (server, args)
 }
