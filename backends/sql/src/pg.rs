@@ -200,7 +200,7 @@ impl Names {
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing
 -- token (an entry's id) never repeats: the first session opened after each server
--- start moves the id counter past the server's clock in microseconds.
+-- start or crash recovery moves the id counter past the server's clock in microseconds.
 CREATE TABLE IF NOT EXISTS {meta} (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     layout integer NOT NULL,
@@ -428,19 +428,21 @@ $fn$;
 -- Registers a session owned by the calling connection. The first session
 -- opened after a server start moves the id counter past the server's clock in
 -- microseconds, above every token handed out before (the counter of an
--- unlogged table restarts after a crash).
+-- unlogged table restarts after a crash). So does the first one after the
+-- postmaster reinitialized following a backend's crash (the OOM killer): that
+-- keeps pg_postmaster_start_time() but empties unlogged tables and restarts
+-- their counter, which has then handed nothing out (its last value is NULL).
 CREATE OR REPLACE FUNCTION {open}(p_session text, p_ttl_ms bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     v_started timestamptz := pg_postmaster_start_time();
     v_seen timestamptz;
-    v_seq regclass;
+    v_seq regclass := pg_get_serial_sequence('{entries_text}', 'id')::regclass;
 BEGIN
     SELECT m.started_at INTO v_seen FROM {meta} m;
-    IF v_seen IS DISTINCT FROM v_started THEN
+    IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
         SELECT m.started_at INTO v_seen FROM {meta} m FOR UPDATE;
-        IF v_seen IS DISTINCT FROM v_started THEN
-            v_seq := pg_get_serial_sequence('{entries_text}', 'id')::regclass;
+        IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
             PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), {NOW_US}));
             UPDATE {meta} SET started_at = v_started;
         END IF;
