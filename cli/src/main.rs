@@ -161,7 +161,9 @@
 //! - When `lockline` is killed with SIGKILL only the command's own process
 //!   (the direct child) is killed: processes it started (a shell's children)
 //!   keep running, and the lock is freed by the server only when the session's
-//!   TTL runs out.
+//!   TTL runs out (on PostgreSQL and MariaDB/MySQL as soon as the server sees
+//!   the connection close: those processes may then overlap with the next
+//!   holder at once).
 //! - SIGSTOP sent to `lockline` itself cannot be caught: the command runs on
 //!   while `lockline` is stopped.
 //! - Processes that leave the group (`setsid`, `setpgid`, daemons that detach)

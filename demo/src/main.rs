@@ -4,7 +4,8 @@
 //! increasing, and reports wakeups per release.
 //!
 //! ```text
-//! cargo run -p lockline-demo --release -- [--workers N] [--rounds N] [--etcd ENDPOINTS | --etcd-local | --zookeeper HOSTS | --redis [URL]]
+//! cargo run -p lockline-demo --release -- [--workers N] [--rounds N] [--etcd ENDPOINTS | --etcd-local | --zookeeper HOSTS | --redis [URL]
+//!     | --postgres URL | --postgres-local | --mysql URL | --mariadb-local]
 //! ```
 //!
 //! The memory backend by default; `--etcd http://host:2379[,...]` runs it on an
@@ -12,6 +13,12 @@
 //! `etcd-server`) on a free loopback port, `--zookeeper HOST:PORT[,...]` on a
 //! ZooKeeper ensemble, `--redis redis://HOST:PORT` on a Redis node you have,
 //! and `--redis` alone on a throwaway `redis-server` it starts.
+//! `--postgres postgres://USER:PASSWORD@HOST:PORT/DATABASE` and `--mysql
+//! mysql://USER:PASSWORD@HOST:PORT/DATABASE` (or `mariadb://`) run it on a
+//! database you have (lockline creates its tables there on first use);
+//! `--postgres-local` and `--mariadb-local` on a throwaway PostgreSQL or
+//! MariaDB it starts through the test kit (Debian's `postgresql`,
+//! `mariadb-server`) on a free loopback port with a temporary data directory.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -20,7 +27,8 @@ use std::time::{Duration, Instant};
 use lockline::{Client, FencingToken, Result, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
-use lockline_testkit::{EtcdCluster, RedisServer};
+use lockline_sql::Sql;
+use lockline_testkit::{EtcdCluster, MariaDbServer, PgOptions, PgServer, RedisServer};
 use lockline_zookeeper::ZooKeeper;
 
 struct Args {
@@ -36,10 +44,16 @@ enum Backend {
     ZooKeeper(String),
     Redis(String),
     RedisLocal,
+    /// A PostgreSQL or MariaDB/MySQL database by URL.
+    Sql(String),
+    PostgresLocal,
+    MariaDbLocal,
 }
 
 const USAGE: &str = "usage: lockline-demo [--workers N (2..=64, default 5)] [--rounds N (1..=1000, default 3)] \
-                     [--etcd http://HOST:PORT[,...] | --etcd-local | --zookeeper HOST:PORT[,...] | --redis [redis://HOST:PORT]]";
+                     [--etcd http://HOST:PORT[,...] | --etcd-local | --zookeeper HOST:PORT[,...] | --redis [redis://HOST:PORT] \
+                     | --postgres postgres://USER:PASSWORD@HOST:PORT/DB | --postgres-local \
+                     | --mysql mysql://USER:PASSWORD@HOST:PORT/DB | --mariadb-local]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = Args {
@@ -80,6 +94,21 @@ fn parse_args() -> std::result::Result<Args, String> {
                     None => Backend::RedisLocal,
                 };
             }
+            flag @ ("--postgres" | "--mysql") => {
+                let url = it.next().ok_or_else(|| format!("{flag} needs a URL"))?;
+                let schemes: &[&str] = if flag == "--postgres" {
+                    &["postgres://", "postgresql://"]
+                } else {
+                    &["mysql://", "mariadb://"]
+                };
+                if !schemes.iter().any(|s| url.to_ascii_lowercase().starts_with(s)) {
+                    // Not the URL itself: it may hold a password.
+                    return Err(format!("{flag} takes a {} URL", schemes.join(" or ")));
+                }
+                args.backend = Backend::Sql(url);
+            }
+            "--postgres-local" => args.backend = Backend::PostgresLocal,
+            "--mariadb-local" => args.backend = Backend::MariaDbLocal,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -127,6 +156,8 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<bool> {
     let mut _local = None;
     let mut _local_redis = None;
+    let mut _local_postgres = None;
+    let mut _local_mariadb = None;
     let client = match &args.backend {
         Backend::Memory => Client::memory(),
         Backend::Etcd(endpoints) => Client::new(Etcd::new(endpoints.clone())),
@@ -146,6 +177,31 @@ async fn run(args: Args) -> Result<bool> {
             println!("started a throwaway redis-server at {}", server.url());
             let client = Client::new(Redis::new(server.url()));
             _local_redis = Some(server);
+            client
+        }
+        Backend::Sql(url) => Client::new(Sql::new(url.clone())),
+        Backend::PostgresLocal => {
+            // A throwaway: its data need not survive a crash of the machine.
+            let options = PgOptions {
+                durable: false,
+                ..Default::default()
+            };
+            let server = PgServer::start_with(&options)
+                .map_err(|e| lockline::Error::unavailable_because("postgres", "starting a throwaway PostgreSQL", e))?;
+            println!("started a throwaway PostgreSQL at 127.0.0.1:{}", server.port());
+            let client = Client::new(Sql::new(server.url()));
+            _local_postgres = Some(server);
+            client
+        }
+        Backend::MariaDbLocal => {
+            let server = MariaDbServer::start()
+                .map_err(|e| lockline::Error::unavailable_because("mysql", "starting a throwaway MariaDB", e))?;
+            server
+                .create_database("demo")
+                .map_err(|e| lockline::Error::unavailable_because("mysql", "creating the database demo", e))?;
+            println!("started a throwaway MariaDB at 127.0.0.1:{}", server.port());
+            let client = Client::new(Sql::new(format!("{}/demo", server.url())));
+            _local_mariadb = Some(server);
             client
         }
     };
