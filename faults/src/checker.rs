@@ -1,18 +1,28 @@
 //! The checker: reads a run's history and says what went wrong.
 //!
-//! - **Register**: the register never accepted a lower token after a higher one,
-//!   and grants (in the order they happened) carry strictly increasing tokens.
+//! - **Register**: the register never accepted a lower token after a higher one
+//!   (writes taken in the order of their times), and grants (in the order they
+//!   happened) carry strictly increasing tokens.
 //! - **Overlaps**: a critical section runs from a grant until its holder stops
 //!   using the lock (`lost()` seen, release or drop started, process killed).
 //!   When a later grant falls inside an earlier section, the overlap is
 //!   *explained* only if every write the earlier holder made after that grant
-//!   was rejected by the register (fenced), or it made none (it was frozen);
-//!   a frozen holder's write accepted before any newer holder wrote counts as
-//!   fenced too (the resource saw the holders in token order).
+//!   was rejected (fenced), or it made none (it was frozen). Where the test's
+//!   token register decided ([`Fence::Token`]), a frozen holder's write
+//!   accepted before any newer holder wrote counts as fenced too (the resource
+//!   saw the holders in token order); where the backend's own fence decided
+//!   ([`Fence::Held`]: the write commits only while the lock is held), no
+//!   write of the earlier holder may land after the later grant at all.
 //! - **`lost()` first**: a holder whose process ran (was not SIGSTOPped) must
 //!   have seen `lost()` before anyone else was granted the lock: any overlap
 //!   with a running holder is a violation, whatever its writes; silently
-//!   blackholed holders are the case this is about.
+//!   blackholed holders are the case this is about. One bounded exception,
+//!   [`Bounds::reset_notice`]: where the server frees a lock the moment its
+//!   holder's connection resets (lockline-sql: the connection holds the
+//!   lock), a holder whose connections were reset (a cut, a server crash)
+//!   learns it only at its next request; it must stop holding within that
+//!   bound of the reset, and every write it made after the next grant must
+//!   still have been refused. Such cases are counted, not hidden.
 //! - **Recovery**: after every fault a grant follows within the bound (TTL +
 //!   election time + slack), counted from the fault's start (from its end for
 //!   an outage of the whole cluster), and no quiet stretch without a fault
@@ -25,7 +35,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
 use crate::clock::secs;
-use crate::history::{Event, Tag, What, Write};
+use crate::history::{Event, Fence, Tag, What, Write};
 use crate::nemesis::{Fault, FaultKind};
 
 /// One critical section.
@@ -55,10 +65,17 @@ pub struct Report {
     pub writes_accepted: usize,
     /// Writes the register rejected.
     pub writes_rejected: usize,
+    /// Writes whose writer got no answer to its commit, read back from the
+    /// backend's store (set by the runner).
+    pub writes_read_back: usize,
     /// Holders that saw `lost()`.
     pub lost: usize,
     /// Holders silently blackholed, and how many of them saw `lost()` before the next grant.
     pub blackholed_holders: (usize, usize),
+    /// Holders whose connections were reset and who still held when the
+    /// next holder was granted, within [`Bounds::reset_notice`] of the reset,
+    /// and the longest they held on after it (s).
+    pub reset_holders_late: (usize, f64),
     /// The longest time from a fault to the next grant (s) and the fault's kind.
     pub worst_recovery: Option<(f64, String)>,
     /// The longest gap between grants with no fault active (s).
@@ -96,14 +113,21 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "register writes: {} accepted, {} rejected",
-            self.writes_accepted, self.writes_rejected
+            "register writes: {} accepted, {} rejected ({} without an answer, read back)",
+            self.writes_accepted, self.writes_rejected, self.writes_read_back
         )?;
         writeln!(
             f,
             "lost() seen: {}   blackholed holders: {} ({} saw lost() before the next grant)",
             self.lost, self.blackholed_holders.0, self.blackholed_holders.1
         )?;
+        if self.reset_holders_late.0 > 0 {
+            writeln!(
+                f,
+                "holders still holding at the next grant after their connections were reset: {} (stopped at most {:.2}s after the reset; every later write refused)",
+                self.reset_holders_late.0, self.reset_holders_late.1
+            )?;
+        }
         match &self.worst_recovery {
             Some((s, kind)) => writeln!(f, "worst recovery: {s:.2}s (after {kind})")?,
             None => writeln!(f, "worst recovery: -")?,
@@ -140,6 +164,12 @@ pub struct Bounds {
     pub stop: u64,
     /// TTL + election time + slack (ns).
     pub recovery: u64,
+    /// How long after its connections were reset (a cut, a crash of the
+    /// server) a running holder may go on holding (ns): 0 where a reset frees
+    /// nothing on the server (etcd, ZooKeeper: the session outlives its
+    /// connection); on a backend whose server frees the lock with the
+    /// connection, the time the holder takes to notice (its next request).
+    pub reset_notice: u64,
 }
 
 /// Checks a history.
@@ -214,23 +244,41 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= to && b >= from))
     };
 
-    // The register and the tokens.
+    // The register and the tokens. Writes in the order of their times: the
+    // register's own are recorded in that order already; a backend-fenced
+    // write is reported by its writer after its commit, possibly after a
+    // newer holder's.
+    let mut writes: Vec<&Write> = writes.iter().collect();
+    writes.sort_by_key(|w| w.t);
+    // A write whose writer got no answer counts as landed, unless read back.
+    let landed = |w: &Write| w.accepted || w.unsure;
     let mut highest = 0;
-    for write in writes {
-        if write.accepted {
+    // One violation per grant that wrote below the highest, with a count.
+    let mut backwards: Vec<((Tag, u64), u64, u64, usize)> = Vec::new();
+    for write in &writes {
+        if landed(write) {
             if write.token < highest {
-                report.violations.push(format!(
-                    "register accepted token {} from {} at {:.3}s after token {highest}",
-                    write.token,
-                    write.tag,
-                    rel(write.t)
-                ));
+                match backwards.iter_mut().find(|(g, ..)| *g == (write.tag, write.token)) {
+                    Some((.., count)) => *count += 1,
+                    None => backwards.push(((write.tag, write.token), write.t, highest, 1)),
+                }
             }
             highest = highest.max(write.token);
             report.writes_accepted += 1;
         } else {
             report.writes_rejected += 1;
         }
+    }
+    for ((tag, token), t, above, count) in backwards {
+        let more = if count > 1 {
+            format!(" ({} more of that grant's writes after it)", count - 1)
+        } else {
+            String::new()
+        };
+        report.violations.push(format!(
+            "register accepted token {token} from {tag} at {:.3}s after token {above}{more}",
+            rel(t)
+        ));
     }
     for pair in sections.windows(2) {
         if pair[1].token == pair[0].token && pair[1].tag == pair[0].tag {
@@ -271,6 +319,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             report.overlaps_raw += 1;
             let after: Vec<&Write> = writes
                 .iter()
+                .copied()
                 .filter(|w| w.tag == a.tag && w.token == a.token && w.t > b.grant)
                 .collect();
             let frozen = was_paused(a.tag, a.grant, b.grant);
@@ -279,13 +328,13 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             // write of a newer holder is ordered, not overlapping.
             let newer_wrote = writes
                 .iter()
-                .filter(|w| w.accepted && w.token > a.token)
+                .filter(|w| landed(w) && w.token > a.token)
                 .map(|w| w.t)
                 .min()
                 .unwrap_or(u64::MAX);
             let accepted = after
                 .iter()
-                .filter(|w| w.accepted && !(frozen && w.t < newer_wrote))
+                .filter(|w| landed(w) && !(frozen && w.fence == Fence::Token && w.t < newer_wrote))
                 .count();
             let when_lost = match a.lost {
                 Some(l) => format!("its lost() fired {:.3}s later", secs(l.saturating_sub(b.grant))),
@@ -311,9 +360,22 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             } else {
                 report.overlaps_fenced += 1;
             }
+            // A reset of the holder's connections that the server saw
+            // before it granted the lock again.
+            let reset = faults
+                .iter()
+                .filter(|f| f.kind.resets_connections() && f.holder.is_none_or(|h| h == a.tag))
+                .filter(|f| f.start >= a.grant && f.start <= b.grant)
+                .map(|f| f.start)
+                .min();
+            let noticed = reset.filter(|&r| bounds.reset_notice > 0 && end <= r.saturating_add(bounds.reset_notice));
             if !frozen && !late_reported.contains(&(a.tag, a.token)) {
                 late_reported.push((a.tag, a.token));
-                report.violations.push(format!(
+                if let Some(r) = noticed {
+                    report.reset_holders_late.0 += 1;
+                    report.reset_holders_late.1 = report.reset_holders_late.1.max(secs(end.saturating_sub(r)));
+                } else {
+                    report.violations.push(format!(
                     "lost() after the next grant: {} (token {}, granted {:.3}s, not frozen) still held when {} (token {}) was granted at {:.3}s; {when_lost}; {} of its writes rejected; {context}",
                     a.tag,
                     a.token,
@@ -323,6 +385,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                     rel(b.grant),
                     after.len() - accepted,
                 ));
+                }
             }
         }
     }
@@ -482,6 +545,15 @@ mod tests {
             token,
             seq: 0,
             accepted,
+            fence: Fence::Token,
+            unsure: false,
+        }
+    }
+
+    fn held_write(t: u64, slot: usize, token: u64, accepted: bool) -> Write {
+        Write {
+            fence: Fence::Held,
+            ..write(t, slot, token, accepted)
         }
     }
 
@@ -490,6 +562,7 @@ mod tests {
             start: 0,
             stop,
             recovery: 8 * S,
+            reset_notice: 0,
         }
     }
 
@@ -577,6 +650,141 @@ mod tests {
         assert_eq!(report.violations, Vec::<String>::new(), "{report}");
         assert_eq!((report.overlaps_raw, report.overlaps_fenced), (1, 1));
         assert_eq!(report.worst_recovery.map(|(s, _)| s.round()), Some(3.0));
+    }
+
+    #[test]
+    fn a_frozen_holder_s_write_landing_after_the_next_grant_is_caught_where_the_lock_fences() {
+        // A frozen holder wakes up after the next grant and writes before the
+        // newer holder does: the token register orders that write before the
+        // newer holder's; a backend that fences on the lock itself must refuse it.
+        let events = vec![
+            grant(S, 0, 10),
+            ev(S + 1, 0, What::Paused),
+            grant(4 * S, 1, 11),
+            ev(5 * S, 0, What::Resumed),
+            ev(5 * S + 10, 0, What::Lost { token: 10 }),
+        ];
+        let faults = vec![Fault {
+            kind: FaultKind::PauseHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: S + 1,
+            end: Some(5 * S),
+        }];
+        let token = check(
+            &events,
+            &[write(5 * S + 5, 0, 10, true), write(5 * S + 9, 1, 11, true)],
+            &faults,
+            bounds(10 * S),
+        );
+        assert_eq!(token.violations, Vec::<String>::new(), "{token}");
+        let held = check(
+            &events,
+            &[held_write(5 * S + 5, 0, 10, true), held_write(5 * S + 9, 1, 11, true)],
+            &faults,
+            bounds(10 * S),
+        );
+        assert_eq!(held.violations.len(), 1, "{held}");
+        assert!(held.violations[0].starts_with("unfenced overlap"), "{held}");
+        // Refused by the backend: explained.
+        let refused = check(
+            &events,
+            &[held_write(5 * S + 5, 0, 10, false), held_write(5 * S + 9, 1, 11, true)],
+            &faults,
+            bounds(10 * S),
+        );
+        assert_eq!(refused.violations, Vec::<String>::new(), "{refused}");
+        assert_eq!(refused.overlaps_fenced, 1);
+    }
+
+    #[test]
+    fn a_reset_holder_may_hold_on_only_as_long_as_the_backend_takes_to_notice() {
+        // The holder's connections are reset at 2 s; the server frees the lock
+        // at once and grants it at 2.1 s; the holder notices at 2.6 s.
+        let events = vec![
+            grant(S, 0, 10),
+            grant(2 * S + S / 10, 1, 11),
+            ev(2 * S + 6 * S / 10, 0, What::Lost { token: 10 }),
+        ];
+        let cut = vec![Fault {
+            kind: FaultKind::CutHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: 2 * S,
+            end: Some(3 * S),
+        }];
+        let refused = [held_write(2 * S + S / 5, 0, 10, false)];
+        // A backend where a reset frees nothing: lost() must come first.
+        let strict = check(&events, &refused, &cut, bounds(4 * S));
+        assert!(
+            strict.violations[0].starts_with("lost() after the next grant"),
+            "{strict}"
+        );
+        // Noticed within the bound, every later write refused: counted, not a violation.
+        let lenient = Bounds {
+            reset_notice: S,
+            ..bounds(4 * S)
+        };
+        let report = check(&events, &refused, &cut, lenient);
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!(report.reset_holders_late.0, 1);
+        // A write that landed after the next grant is still a violation.
+        let landed = [held_write(2 * S + S / 5, 0, 10, true)];
+        let report = check(&events, &landed, &cut, lenient);
+        assert_eq!(report.violations.len(), 1, "{report}");
+        assert!(report.violations[0].starts_with("unfenced overlap"), "{report}");
+        // Noticed too late.
+        let tight = Bounds {
+            reset_notice: S / 2,
+            ..lenient
+        };
+        let report = check(&events, &refused, &cut, tight);
+        assert!(
+            report.violations[0].starts_with("lost() after the next grant"),
+            "{report}"
+        );
+        // Reset of another holder: no excuse.
+        let other = vec![Fault {
+            holder: Some(tag(2)),
+            ..cut[0].clone()
+        }];
+        let report = check(&events, &refused, &other, lenient);
+        assert!(
+            report.violations[0].starts_with("lost() after the next grant"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn writes_are_judged_in_the_order_of_their_times() {
+        // A backend-fenced write of the older holder, reported after the newer
+        // holder's: no token went back.
+        let events = vec![
+            grant(S, 0, 10),
+            ev(
+                2 * S,
+                0,
+                What::Release {
+                    token: 10,
+                    dropped: false,
+                },
+            ),
+            grant(2 * S + 1, 1, 11),
+        ];
+        let writes = vec![held_write(2 * S + 5, 1, 11, true), held_write(S + 5, 0, 10, true)];
+        let report = check(&events, &writes, &[], bounds(3 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        // An unsure write counts as landed: a lower token after a higher one.
+        let mut late = held_write(2 * S + 9, 0, 10, false);
+        late.unsure = true;
+        let report = check(&events, &[held_write(2 * S + 5, 1, 11, true), late], &[], bounds(3 * S));
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.starts_with("register accepted token 10")),
+            "{report}"
+        );
     }
 
     #[test]

@@ -12,6 +12,11 @@
 //! Either way the time `lost()` resolved is reported as it happened.
 //! A session that is over is given up and a new one opened.
 //!
+//! On PostgreSQL each write to the register is a row inserted into the
+//! database's register table in a lockline-sql `FencedTransaction` (commits
+//! only while the lock is held) over the contender's own connection; the
+//! harness is told what the commit answered, stamped just before the commit.
+//!
 //! SIGTERM stops it: it releases what it holds, cancels what it waits for,
 //! waits for the session's background cleanup and reports `idle`; when its
 //! standard input closes it closes the session, reports `closed` and exits.
@@ -20,7 +25,10 @@ use std::time::Duration;
 
 use lockline::{Client, Error, MutexGuard, Session, SessionOptions, SessionState};
 use lockline_etcd::Etcd;
+use lockline_sql::{FencedTransaction, Sql};
 use lockline_zookeeper::ZooKeeper;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::ConnectOptions;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -35,9 +43,10 @@ const HANG_SLACK: Duration = Duration::from_secs(5);
 /// What the harness tells a contender on its command line.
 #[derive(Debug, Clone)]
 pub struct ContenderArgs {
-    /// etcd or ZooKeeper.
+    /// etcd, ZooKeeper or PostgreSQL.
     pub backend: Backend,
-    /// etcd endpoints (comma-separated URLs) or a ZooKeeper connect string.
+    /// etcd endpoints (comma-separated URLs), a ZooKeeper connect string or a
+    /// PostgreSQL URL.
     pub endpoints: String,
     /// The lock's name.
     pub name: String,
@@ -146,12 +155,148 @@ impl Register {
     /// Writes with `token`; whether the register asks the holder to stay.
     async fn write(&mut self, token: u64, seq: u64) -> std::io::Result<bool> {
         let request = format!("W {} {token} {seq}\n", self.tag);
+        self.exchange(&request).await
+    }
+
+    /// Tells the harness what the backend's fence decided about a write
+    /// asked to commit at `t`; whether the register asks the holder to stay.
+    async fn fenced(&mut self, t: u64, token: u64, seq: u64, verdict: Verdict) -> std::io::Result<bool> {
+        let request = format!("F {} {t} {token} {seq} {}\n", self.tag, verdict.word());
+        self.exchange(&request).await
+    }
+
+    async fn exchange(&mut self, request: &str) -> std::io::Result<bool> {
         self.writer.write_all(request.as_bytes()).await?;
         self.line.clear();
         if self.reader.read_line(&mut self.line).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         Ok(self.line.trim_end().ends_with(" stay"))
+    }
+}
+
+/// What the backend's fence answered to one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The commit succeeded.
+    Committed,
+    /// The commit was refused: the lock was not held (`Error::LockLost`).
+    Refused,
+    /// The commit was asked for and got no answer (or an error): it may
+    /// have landed. The harness reads the table.
+    Unsure,
+    /// It failed before the commit was asked for: nothing landed.
+    Failed,
+}
+
+impl Verdict {
+    fn word(self) -> &'static str {
+        match self {
+            Verdict::Committed => "ok",
+            Verdict::Refused => "refused",
+            Verdict::Unsure => "unsure",
+            Verdict::Failed => "failed",
+        }
+    }
+}
+
+/// The fenced register on PostgreSQL: a row per write in the register
+/// table, inserted in a `FencedTransaction` over this contender's own
+/// connection to the database (through its proxy, so faults cut it too).
+struct DbRegister {
+    options: PgConnectOptions,
+    conn: Option<PgConnection>,
+    /// How long one step (connect, begin and insert, commit) may take before
+    /// the contender calls it a hang: past a blackhole, a frozen server and a
+    /// reaper waiting on the transaction's row lock.
+    bound: Duration,
+}
+
+impl DbRegister {
+    fn new(url: &str, ttl: Duration, request_timeout: Duration) -> Result<Self, sqlx::Error> {
+        let options: PgConnectOptions = url.parse()?;
+        Ok(DbRegister {
+            options: options.application_name("lockline-faults-register"),
+            conn: None,
+            bound: ttl * 2 + request_timeout + HANG_SLACK,
+        })
+    }
+
+    /// One write while holding `guard`: the verdict, the time just before
+    /// the commit was asked for, and what went wrong, if anything (starting
+    /// with `hang:` when a step outran its bound).
+    async fn write(&mut self, guard: &MutexGuard, tag: &str, token: u64, seq: u64) -> (Verdict, u64, Option<String>) {
+        let bound = self.bound;
+        if self.conn.is_none() {
+            match tokio::time::timeout(bound, self.options.connect()).await {
+                Ok(Ok(conn)) => self.conn = Some(conn),
+                Ok(Err(error)) => {
+                    return (
+                        Verdict::Failed,
+                        now_ns(),
+                        Some(format!("fenced write: connect: {error}")),
+                    )
+                }
+                Err(_) => {
+                    return (
+                        Verdict::Failed,
+                        now_ns(),
+                        Some(format!(
+                            "hang: fenced write: connecting to the database did not finish within {bound:?}"
+                        )),
+                    )
+                }
+            }
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return (Verdict::Failed, now_ns(), Some("fenced write: no connection".into()));
+        };
+        let outcome = async {
+            let begun = tokio::time::timeout(bound, async {
+                let mut tx = FencedTransaction::begin_postgres(guard, &mut *conn)
+                    .await
+                    .map_err(|e| format!("fenced write: begin: {e}"))?;
+                sqlx::query(crate::servers::PG_REGISTER_INSERT)
+                    .bind(tag)
+                    .bind(i64::try_from(token).unwrap_or(i64::MAX))
+                    .bind(i64::try_from(seq).unwrap_or(i64::MAX))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| format!("fenced write: insert: {e}"))?;
+                Ok::<_, String>(tx)
+            })
+            .await;
+            let tx = match begun {
+                Ok(Ok(tx)) => tx,
+                Ok(Err(error)) => return (Verdict::Failed, now_ns(), Some(error)),
+                Err(_) => {
+                    return (
+                        Verdict::Failed,
+                        now_ns(),
+                        Some(format!(
+                            "hang: fenced write: begin and insert did not finish within {bound:?}"
+                        )),
+                    )
+                }
+            };
+            let asked = now_ns();
+            match tokio::time::timeout(bound, tx.commit()).await {
+                Ok(Ok(())) => (Verdict::Committed, asked, None),
+                Ok(Err(Error::LockLost { .. })) => (Verdict::Refused, asked, None),
+                Ok(Err(error)) => (Verdict::Unsure, asked, Some(format!("fenced write: commit: {error}"))),
+                Err(_) => (
+                    Verdict::Unsure,
+                    asked,
+                    Some(format!("hang: fenced write: commit did not finish within {bound:?}")),
+                ),
+            }
+        }
+        .await;
+        if !matches!(outcome.0, Verdict::Committed | Verdict::Refused) {
+            // In an unknown state: a new connection next time.
+            self.conn = None;
+        }
+        outcome
     }
 }
 
@@ -190,8 +335,16 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
     let client = match args.backend {
         Backend::Etcd => Client::new(Etcd::new(args.endpoints.split(',').map(str::to_owned))),
         Backend::ZooKeeper => Client::new(ZooKeeper::new(args.endpoints.clone())),
+        Backend::Postgres => Client::new(Sql::new(args.endpoints.clone())),
     };
     let options = SessionOptions::new().with_ttl(args.ttl);
+    let db = match args.backend {
+        Backend::Postgres => Some(
+            DbRegister::new(&args.endpoints, args.ttl, options.request_timeout())
+                .map_err(|e| std::io::Error::other(format!("the register's database URL: {e}")))?,
+        ),
+        _ => None,
+    };
     let mut rng = Rng::new(args.seed, 0);
     let mut worker = Worker {
         client,
@@ -200,6 +353,7 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
         reporter: reporter.clone(),
         stop,
         session: None,
+        db,
     };
     worker.contend(&mut rng, &mut register).await;
 
@@ -234,6 +388,8 @@ struct Worker {
     reporter: Reporter,
     stop: watch::Receiver<bool>,
     session: Option<Session>,
+    /// PostgreSQL: the register is a table written in fenced transactions.
+    db: Option<DbRegister>,
 }
 
 impl Worker {
@@ -352,15 +508,29 @@ impl Worker {
         // its stale token, and only fencing stops that write.
         let careless = rng.chance(0.5);
         let mut lost_at = None;
+        let mut db = self.db.take();
         {
             let lost = guard.lost();
             tokio::pin!(lost);
             let mut seq = 0u64;
+            let reporter = self.reporter.clone();
             // Write first, then look at the clock: a holder frozen in its
             // pause between writes wakes up and writes before it looks.
             'holding: loop {
                 // Write, noticing loss (with its time) while the write is in flight.
-                let write = register.write(token, seq);
+                let write = {
+                    let (db, register, guard, reporter) = (&mut db, &mut *register, &guard, &reporter);
+                    async move {
+                        let Some(db) = db.as_mut() else {
+                            return register.write(token, seq).await;
+                        };
+                        let (verdict, asked, error) = db.write(guard, &reporter.tag, token, seq).await;
+                        if let Some(error) = error {
+                            reporter.now(&format!("error {error}"));
+                        }
+                        register.fenced(asked, token, seq, verdict).await
+                    }
+                };
                 tokio::pin!(write);
                 let written = loop {
                     tokio::select! {
@@ -392,6 +562,7 @@ impl Worker {
                 }
             }
         }
+        self.db = db;
         if let Some(t) = lost_at {
             self.reporter.at(t, &format!("lost {token}"));
             // Fenced: it cannot remove a newer holder's entry.

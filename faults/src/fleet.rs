@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 
 use lockline_testkit::{spawn_tied_to_this_process, TcpProxy};
 
+use crate::clock::now_ns;
 use crate::contender::ContenderArgs;
 use crate::history::{History, Tag, What};
 
@@ -119,12 +120,16 @@ impl Fleet {
         Ok(())
     }
 
-    /// SIGKILLs a slot's process and reaps it.
+    /// SIGKILLs a slot's process and reaps it. The kill is recorded at the
+    /// time the signal was sent: where the server frees a dead process's
+    /// locks at once (PostgreSQL sees its connections close), the next holder
+    /// can be granted before the harness has reaped the process.
     pub fn kill(&mut self, slot: usize) -> std::io::Result<()> {
         if let Some(mut child) = self.slots[slot].child.take() {
+            let sent = now_ns();
             child.kill()?;
             child.wait()?;
-            self.history.note(self.slots[slot].tag, What::Killed);
+            self.history.note_at(sent, self.slots[slot].tag, What::Killed);
         }
         Ok(())
     }

@@ -11,7 +11,14 @@
 //!   `REJECT <highest>`. The register accepts a token at least as high as the
 //!   highest it accepted, and stamps the write when it decides. An answer
 //!   ending in ` stay` asks the holder to keep holding (the nemesis is about
-//!   to fault it and wants it to be still holding when the fault bites).
+//!   to fault it and wants it to be still holding when the fault bites);
+//! - `F <tag> <time> <token> <seq> <ok|refused|unsure|failed>`: a write the
+//!   backend itself fenced (on PostgreSQL, a row inserted in a
+//!   `FencedTransaction`, which commits only while the lock is held), with
+//!   the contender's time just before it asked to commit and what the commit
+//!   answered (`unsure`: no answer, resolved later from the database; `failed`:
+//!   it never got as far as committing, and is not recorded). Answered `OK`,
+//!   with ` stay` as above.
 //!
 //! The harness adds its own events (spawn, kill, pause, blackhole, ...) with
 //! the same clock. A condition variable lets the harness await events (a grant,
@@ -141,10 +148,24 @@ pub struct Event {
     pub what: What,
 }
 
-/// A write the register decided on.
+/// What decided whether a write landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// The test's register, by token: it accepts a token at least as high as
+    /// the highest it accepted. A stale holder's write accepted before any
+    /// newer holder wrote is ordered, not overlapping.
+    Token,
+    /// The backend, by the lock itself: the write commits only if the lock is
+    /// still held when it commits (lockline-sql's `FencedTransaction`). No
+    /// write of a stale holder may land once the next holder was granted.
+    Held,
+}
+
+/// A write the register (or the backend's fence) decided on.
 #[derive(Debug, Clone)]
 pub struct Write {
-    /// When the register decided (ns).
+    /// When the register decided (ns); for a [`Fence::Held`] write, the
+    /// writer's time just before it asked to commit (the decision came later).
     pub t: u64,
     /// Who wrote.
     pub tag: Tag,
@@ -154,6 +175,11 @@ pub struct Write {
     pub seq: u64,
     /// Whether it was accepted.
     pub accepted: bool,
+    /// What decided.
+    pub fence: Fence,
+    /// The writer got no answer to its commit: whether it landed is read back
+    /// from the backend's store before the check (counted as accepted until then).
+    pub unsure: bool,
 }
 
 /// Everything recorded so far.
@@ -234,7 +260,12 @@ impl History {
 
     /// Records a harness event now.
     pub fn note(&self, tag: Tag, what: What) {
-        self.push(Event { t: now_ns(), tag, what });
+        self.note_at(now_ns(), tag, what);
+    }
+
+    /// Records a harness event that happened at `t`.
+    pub fn note_at(&self, t: u64, tag: Tag, what: What) {
+        self.push(Event { t, tag, what });
     }
 
     fn push(&self, event: Event) {
@@ -304,6 +335,14 @@ impl History {
                 if reply.write_all(answer.as_bytes()).is_err() {
                     return;
                 }
+            } else if let Some(rest) = line.strip_prefix("F ") {
+                let Some(answer) = self.fenced(rest) else {
+                    self.lock().garbled.push(line);
+                    return;
+                };
+                if reply.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
             } else if let Some(rest) = line.strip_prefix("E ") {
                 match parse_event(rest) {
                     Some(event) => self.push(event),
@@ -333,6 +372,8 @@ impl History {
             token,
             seq,
             accepted,
+            fence: Fence::Token,
+            unsure: false,
         });
         let stay = if record.stay.contains(&tag) { " stay" } else { "" };
         drop(record);
@@ -342,6 +383,39 @@ impl History {
         } else {
             format!("REJECT {highest}{stay}\n")
         })
+    }
+
+    /// A write the backend fenced: recorded as the contender saw it decided.
+    fn fenced(&self, rest: &str) -> Option<String> {
+        let mut fields = rest.split(' ');
+        let tag: Tag = fields.next()?.parse().ok()?;
+        let t: u64 = fields.next()?.parse().ok()?;
+        let token: u64 = fields.next()?.parse().ok()?;
+        let seq: u64 = fields.next()?.parse().ok()?;
+        // accepted, unsure; None: it never reached its commit.
+        let decided = match fields.next()? {
+            "ok" => Some((true, false)),
+            "refused" => Some((false, false)),
+            "unsure" => Some((true, true)),
+            "failed" => None,
+            _ => return None,
+        };
+        let mut record = self.lock();
+        if let Some((accepted, unsure)) = decided {
+            record.writes.push(Write {
+                t,
+                tag,
+                token,
+                seq,
+                accepted,
+                fence: Fence::Held,
+                unsure,
+            });
+        }
+        let stay = if record.stay.contains(&tag) { " stay" } else { "" };
+        drop(record);
+        self.shared.changed.notify_all();
+        Some(format!("OK{stay}\n"))
     }
 }
 
@@ -435,5 +509,19 @@ mod tests {
         let record = history.lock();
         let accepted: Vec<bool> = record.writes.iter().map(|w| w.accepted).collect();
         assert_eq!(accepted, [true, true, false, true]);
+    }
+
+    #[test]
+    fn fenced_writes_are_recorded_as_the_backend_decided() {
+        let history = History { shared: Arc::default() };
+        assert_eq!(history.fenced("c0.0 100 5 1 ok").as_deref(), Some("OK\n"));
+        assert_eq!(history.fenced("c0.0 200 5 2 refused").as_deref(), Some("OK\n"));
+        assert_eq!(history.fenced("c0.0 300 5 3 unsure").as_deref(), Some("OK\n"));
+        assert_eq!(history.fenced("c0.0 400 5 4 failed").as_deref(), Some("OK\n"));
+        assert!(history.fenced("c0.0 400 5 4 maybe").is_none());
+        let record = history.lock();
+        let seen: Vec<(u64, bool, bool)> = record.writes.iter().map(|w| (w.t, w.accepted, w.unsure)).collect();
+        assert_eq!(seen, [(100, true, false), (200, false, false), (300, true, true)]);
+        assert!(record.writes.iter().all(|w| w.fence == Fence::Held));
     }
 }

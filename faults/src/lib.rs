@@ -1,24 +1,39 @@
 //! lockline's randomized fault test (DESIGN §7), in the manner of Jepsen.
 //!
-//! A run starts a 3-member etcd cluster or ZooKeeper ensemble on loopback,
-//! a fenced register and history server in this process, and N contender
-//! *processes* (this crate's binary, `lockline-faults contender ...`), each
-//! reaching the members through its own [`TcpProxy`](lockline_testkit::TcpProxy)s.
-//! Contenders take one lock over and over with lockline's public API and write
-//! to the register with their fencing token while they hold it (see
-//! [`contender`]). A seeded [`nemesis`] pauses and kills holders, kills
-//! waiters, kills and pauses members (the leader half the time), kills a
-//! quorum for a moment, and silently blackholes a holder's connections. The [`checker`] then reads the history:
-//! tokens never go back, overlapping critical sections only where fencing
-//! caught the stale holder (or it was frozen and wrote nothing), `lost()` seen
-//! by every running holder before the next grant, a grant within the
-//! recovery bound after every fault, and no entry left at the end.
+//! A run starts a 3-member etcd cluster or ZooKeeper ensemble, or one
+//! PostgreSQL server, on loopback, a fenced register and history server in
+//! this process, and N contender *processes* (this crate's binary,
+//! `lockline-faults contender ...`), each reaching the members through its own
+//! [`TcpProxy`](lockline_testkit::TcpProxy)s. Contenders take one lock over and
+//! over with lockline's public API and write to the register with their
+//! fencing token while they hold it (see [`contender`]). A seeded [`nemesis`]
+//! pauses and kills holders, kills waiters, kills and pauses members (the
+//! leader half the time), kills a quorum for a moment, and silently
+//! blackholes a holder's connections; on PostgreSQL it also resets a holder's
+//! connections, kills the whole server and restarts it, crashes one backend
+//! (the postmaster then restarts every session) and freezes the whole server.
+//! The [`checker`] then reads the history: tokens never go back, overlapping
+//! critical sections only where fencing caught the stale holder (or it was
+//! frozen and wrote nothing), `lost()` seen by every running holder before
+//! the next grant, a grant within the recovery bound after every fault, and
+//! no entry left at the end.
+//!
+//! On etcd and ZooKeeper the register is the test's own: it accepts a token
+//! at least as high as the highest it accepted. On PostgreSQL each write is a
+//! row inserted into a table of the database in lockline-sql's
+//! `FencedTransaction`, over the contender's own connection (through its
+//! proxy), which commits only while the lock is still held: the guarantee a
+//! team that locks its own tables relies on, and the stronger fence (a stale
+//! write is refused as soon as the lock is gone, not only once a newer holder
+//! has written). A write whose commit got no answer is read back from the
+//! table before the check.
 //!
 //! The short run is an integration test (`tests/faults_randomized.rs`, part of
 //! `cargo test --workspace`); the long one is the binary:
 //!
 //! ```text
 //! cargo run --release -p lockline-faults -- --backend etcd --seconds 600 --seed 7
+//! cargo run --release -p lockline-faults -- --backend postgres --seconds 600 --seed 7
 //! ```
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -53,6 +68,13 @@ pub enum Backend {
     Etcd,
     /// ZooKeeper (`lockline-zookeeper`).
     ZooKeeper,
+    /// PostgreSQL (`lockline-sql`).
+    Postgres,
+}
+
+impl Backend {
+    /// Every backend the test runs on.
+    pub const ALL: [Backend; 3] = [Backend::Etcd, Backend::ZooKeeper, Backend::Postgres];
 }
 
 impl fmt::Display for Backend {
@@ -60,6 +82,7 @@ impl fmt::Display for Backend {
         f.write_str(match self {
             Backend::Etcd => "etcd",
             Backend::ZooKeeper => "zookeeper",
+            Backend::Postgres => "postgres",
         })
     }
 }
@@ -71,7 +94,8 @@ impl std::str::FromStr for Backend {
         match s {
             "etcd" => Ok(Backend::Etcd),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
-            other => Err(format!("unknown backend {other:?} (etcd or zookeeper)")),
+            "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
+            other => Err(format!("unknown backend {other:?} (etcd, zookeeper or postgres)")),
         }
     }
 }
@@ -84,6 +108,26 @@ impl Backend {
             Backend::Etcd => Duration::from_secs(1),
             // tickTime 200 ms; followers resync after the election.
             Backend::ZooKeeper => Duration::from_secs(2),
+            // No election: one server, whose outages are counted from their
+            // end. A second for the sessions to connect again.
+            Backend::Postgres => Duration::from_secs(1),
+        }
+    }
+
+    /// How long a holder whose connections were reset (a cut, a crash of the
+    /// server) may go on holding after the reset. Zero on etcd and ZooKeeper:
+    /// a session outlives its connections, a reset frees nothing. On
+    /// PostgreSQL the connection holds the lock: the server frees it the
+    /// moment the connection resets and may grant it at once (as it must for
+    /// a killed holder), while lockline-sql notices only at the session's
+    /// next statement on it, a renewal within one keepalive interval
+    /// (TTL / 3 for the contenders) — plus a second for a loaded machine.
+    /// Writes are not excused: the backend's fence must refuse every one made
+    /// after the next grant.
+    pub fn reset_notice(self, ttl: Duration) -> Duration {
+        match self {
+            Backend::Etcd | Backend::ZooKeeper => Duration::ZERO,
+            Backend::Postgres => ttl / 3 + Duration::from_secs(1),
         }
     }
 }
@@ -138,6 +182,12 @@ impl Config {
     pub fn recovery_bound(&self) -> Duration {
         self.ttl + self.backend.election_time() + self.slack
     }
+
+    /// How long a holder whose connections were reset may go on holding
+    /// once the server freed its lock (see [`Backend::reset_notice`]).
+    pub fn reset_notice(&self) -> Duration {
+        self.backend.reset_notice(self.ttl)
+    }
 }
 
 /// The lock every contender takes.
@@ -155,13 +205,16 @@ pub fn run(config: &Config) -> Result<Report, String> {
             eprintln!("[{}] {line}", config.backend);
         }
     };
+    if let Some(kind) = config.kinds.iter().find(|k| !k.applies_to(config.backend)) {
+        return Err(format!("the fault {kind} cannot be injected on {}", config.backend));
+    }
     let (history, address) = History::start().map_err(|e| format!("register: {e}"))?;
     let logs = tempfile::Builder::new()
         .prefix("lockline-faults-")
         .tempdir()
         .map_err(|e| e.to_string())?;
     let mut servers = Servers::start(config.backend, 3).map_err(|e| format!("{} servers: {e}", config.backend))?;
-    say(&format!("{} cluster of 3 up", config.backend));
+    say(&format!("{} up", servers.describe()));
     let members: Vec<String> = (0..servers.size()).map(|i| servers.address(i)).collect();
     let template = ContenderArgs {
         backend: config.backend,
@@ -172,7 +225,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         tag: String::new(),
         seed: config.seed,
     };
-    let endpoints = |addresses: &[String]| servers_endpoints(config.backend, addresses);
+    let endpoints = |addresses: &[String]| servers.endpoints(addresses);
     let mut fleet = Fleet::start(
         config.contenders,
         &config.program,
@@ -299,6 +352,20 @@ pub fn run(config: &Config) -> Result<Report, String> {
     }
     history.stop(&address);
 
+    // Writes whose commit got no answer: the backend's store says whether they landed.
+    let mut read_back = 0;
+    let mut disagreements = Vec::new();
+    if let Some(committed) = servers.committed_writes() {
+        match committed {
+            Ok(rows) => {
+                let mut record = history.lock();
+                read_back = record.writes.iter().filter(|w| w.unsure).count();
+                disagreements = reconcile(&mut record.writes, &rows);
+            }
+            Err(error) => problems.push(error),
+        }
+    }
+
     let record = history.lock();
     let mut report = check(
         &record.events,
@@ -308,11 +375,20 @@ pub fn run(config: &Config) -> Result<Report, String> {
             start: run_start,
             stop,
             recovery: ns(bound),
+            reset_notice: ns(config.reset_notice()),
         },
     );
     report.orphans = orphans.len();
+    report.writes_read_back = read_back;
     if !orphans.is_empty() {
         add_violation(&mut report, "entries left behind:", &orphans);
+    }
+    if !disagreements.is_empty() {
+        add_violation(
+            &mut report,
+            "the fenced writes' answers and the database disagree:",
+            &disagreements,
+        );
     }
     if !record.garbled.is_empty() {
         add_violation(&mut report, "unreadable lines from contenders:", &record.garbled);
@@ -326,7 +402,12 @@ pub fn run(config: &Config) -> Result<Report, String> {
         .iter()
         .map(|e| (e.t, format!("{} {:?}", e.tag, e.what)))
         .chain(record.writes.iter().map(|w| {
-            let verdict = if w.accepted { "accepted" } else { "REJECTED" };
+            let verdict = match (w.accepted, w.fence) {
+                (true, history::Fence::Token) => "accepted",
+                (false, history::Fence::Token) => "REJECTED",
+                (true, history::Fence::Held) => "committed",
+                (false, history::Fence::Held) => "REFUSED (lock not held)",
+            };
             (
                 w.t,
                 format!("{} write token {} seq {} {verdict}", w.tag, w.token, w.seq),
@@ -358,15 +439,31 @@ pub fn run(config: &Config) -> Result<Report, String> {
     Ok(report)
 }
 
-fn servers_endpoints(backend: Backend, addresses: &[String]) -> String {
-    match backend {
-        Backend::Etcd => addresses
-            .iter()
-            .map(|a| format!("http://{a}"))
-            .collect::<Vec<_>>()
-            .join(","),
-        Backend::ZooKeeper => addresses.join(","),
+/// Settles the writes whose writer got no answer to its commit by what the
+/// backend's store holds (`committed`: writer, token, seq), and checks the
+/// answered ones against it. Returns what disagrees: a write answered as
+/// committed that is not there, or one refused that is.
+fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let stored: std::collections::BTreeSet<_> = committed.iter().copied().collect();
+    for write in writes.iter_mut().filter(|w| w.fence == history::Fence::Held) {
+        let there = stored.contains(&(write.tag, write.token, write.seq));
+        if write.unsure {
+            write.unsure = false;
+            write.accepted = there;
+        } else if write.accepted && !there {
+            problems.push(format!(
+                "the write of {} with token {} (seq {}) was answered as committed but is not in the database",
+                write.tag, write.token, write.seq
+            ));
+        } else if !write.accepted && there {
+            problems.push(format!(
+                "the write of {} with token {} (seq {}) was refused (lock not held) but is in the database",
+                write.tag, write.token, write.seq
+            ));
+        }
     }
+    problems
 }
 
 /// Each contender's current session (opened and not given up), by id.
@@ -401,4 +498,58 @@ fn all_sessions(history: &History) -> BTreeMap<String, history::Tag> {
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reconcile;
+    use crate::history::{Fence, Tag, Write};
+
+    fn write(seq: u64, accepted: bool, unsure: bool, fence: Fence) -> Write {
+        Write {
+            t: seq,
+            tag: Tag {
+                slot: 0,
+                incarnation: 0,
+            },
+            token: 7,
+            seq,
+            accepted,
+            fence,
+            unsure,
+        }
+    }
+
+    #[test]
+    fn unanswered_writes_are_settled_by_the_store_and_answered_ones_checked_against_it() {
+        let tag = Tag {
+            slot: 0,
+            incarnation: 0,
+        };
+        let mut writes = vec![
+            write(0, true, false, Fence::Held),  // committed, stored: fine
+            write(1, true, true, Fence::Held),   // unsure, stored: landed
+            write(2, true, true, Fence::Held),   // unsure, not stored: did not land
+            write(3, true, false, Fence::Held),  // committed, not stored: lost
+            write(4, false, false, Fence::Held), // refused, stored: landed anyway
+            write(5, true, false, Fence::Token), // the test's register: not in the store
+        ];
+        let stored = [(tag, 7, 0), (tag, 7, 1), (tag, 7, 4)];
+        let problems = reconcile(&mut writes, &stored);
+        let settled: Vec<(bool, bool)> = writes.iter().map(|w| (w.accepted, w.unsure)).collect();
+        assert_eq!(
+            settled,
+            [
+                (true, false),
+                (true, false),
+                (false, false),
+                (true, false),
+                (false, false),
+                (true, false)
+            ]
+        );
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("seq 3") && problems[0].contains("not in the database"));
+        assert!(problems[1].contains("seq 4") && problems[1].contains("refused"));
+    }
 }

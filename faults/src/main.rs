@@ -1,16 +1,21 @@
 //! `lockline-faults`: lockline's randomized fault test, long mode.
 //!
 //! ```text
-//! lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N]
+//! lockline-faults [--backend etcd|zookeeper|postgres|all[,...]] [--seconds N] [--seed N]
 //!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]
 //! ```
 //!
+//! `--backend` takes one backend, several separated by commas, `all`, or
+//! `both` (etcd and ZooKeeper, as before PostgreSQL was added).
 //! `--faults` limits the nemesis to some kinds: pause-holder, kill-holder,
-//! kill-waiter, blackhole-holder, kill-member, pause-member, kill-quorum.
+//! kill-waiter, blackhole-holder and cut-holder on every backend;
+//! kill-member, pause-member and kill-quorum on etcd and ZooKeeper;
+//! kill-server, pause-server and crash-backend on PostgreSQL. Unless named,
+//! a backend gets every kind it can have, cut-holder on PostgreSQL only.
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
 //! every violation, and exits with status 1 when there is one. The defaults
-//! are the test suite's short run (both backends, 60 s, seed 1, 5 contenders,
+//! are the test suite's short run (every backend, 60 s, seed 1, 5 contenders,
 //! TTL 3 s). `lockline-faults contender ...` is the contender program the run
 //! starts; it is not meant to be run by hand.
 
@@ -20,8 +25,14 @@ use std::time::Duration;
 use lockline_faults::contender::{self, ContenderArgs};
 use lockline_faults::{run, Backend, Config};
 
-const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|both] [--seconds N] [--seed N] \
-                     [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]";
+const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|postgres|all[,...]] [--seconds N] [--seed N] \
+                     [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]
+  --backend   one or more of etcd, zookeeper, postgres (comma-separated), all, or both (etcd and zookeeper);
+              default all
+  --faults    pause-holder, kill-holder, kill-waiter, blackhole-holder, cut-holder (every backend);
+              kill-member, pause-member, kill-quorum (etcd, zookeeper);
+              kill-server, pause-server, crash-backend (postgres);
+              default: every kind the backend can have (cut-holder on postgres only)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
@@ -71,7 +82,7 @@ fn main() -> ExitCode {
 fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config), String> {
     let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut config = Config::short(Backend::Etcd, program);
-    let mut backends = vec![Backend::Etcd, Backend::ZooKeeper];
+    let mut backends = Backend::ALL.to_vec();
     while let Some(flag) = args.next() {
         if flag == "--quiet" {
             config.verbose = false;
@@ -93,8 +104,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
         match flag.as_str() {
             "--backend" => {
                 backends = match value.as_str() {
+                    "all" => Backend::ALL.to_vec(),
                     "both" => vec![Backend::Etcd, Backend::ZooKeeper],
-                    one => vec![one.parse()?],
+                    list => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
                 }
             }
             "--seconds" => config.duration = Duration::from_secs(number(&value)?),
@@ -106,6 +118,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
                 config.kinds = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
             }
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
+        }
+    }
+    for backend in &backends {
+        if let Some(kind) = config.kinds.iter().find(|k| !k.applies_to(*backend)) {
+            return Err(format!("--faults: {kind} cannot be injected on {backend}\n{USAGE}"));
         }
     }
     Ok((backends, config))

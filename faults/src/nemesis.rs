@@ -12,7 +12,7 @@ use crate::fleet::Fleet;
 use crate::history::{History, Tag, What};
 use crate::rng::Rng;
 use crate::servers::Servers;
-use crate::Config;
+use crate::{Backend, Config};
 
 /// The kinds of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -26,6 +26,9 @@ pub enum FaultKind {
     /// Silently cut a holder's connections (no byte either way, no reset) for
     /// TTL + 1–2.5 s, then heal.
     BlackholeHolder,
+    /// Reset a holder's connections (its proxies cut them and refuse new ones)
+    /// for 0.5–2 s, then let it connect again.
+    CutHolder,
     /// SIGKILL a member (the leader half the time); restart it 2–4 s later.
     KillMember,
     /// SIGSTOP a member (the leader half the time) for 2–5 s, then SIGCONT.
@@ -34,24 +37,76 @@ pub enum FaultKind {
     /// restart both: a short outage of the whole cluster, which background
     /// cleanup must outlast.
     KillQuorum,
+    /// PostgreSQL: SIGKILL every process of the server (a crash: every session
+    /// is lost, unlogged tables are emptied); restart it 1.5–3 s later.
+    KillServer,
+    /// PostgreSQL: SIGSTOP the postmaster and every backend for 1–4 s, then
+    /// SIGCONT: the database's clock runs on while no session renews.
+    PauseServer,
+    /// PostgreSQL: SIGKILL one client backend, as the OOM killer does: the
+    /// postmaster ends every other session and reinitializes (crash recovery,
+    /// unlogged tables emptied) without restarting itself.
+    CrashBackend,
 }
 
 impl FaultKind {
     /// Every kind, in schedule order.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::PauseHolder,
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
         FaultKind::BlackholeHolder,
+        FaultKind::CutHolder,
         FaultKind::KillMember,
         FaultKind::PauseMember,
         FaultKind::KillQuorum,
+        FaultKind::KillServer,
+        FaultKind::PauseServer,
+        FaultKind::CrashBackend,
     ];
 
-    /// Whether the cluster is unavailable while it lasts (recovery then
+    /// Whether the servers are unavailable while it lasts (recovery then
     /// counts from its end).
     pub fn is_outage(self) -> bool {
-        self == FaultKind::KillQuorum
+        matches!(
+            self,
+            FaultKind::KillQuorum | FaultKind::KillServer | FaultKind::PauseServer | FaultKind::CrashBackend
+        )
+    }
+
+    /// Whether it resets the connections of a holder (its own for holder
+    /// faults, everyone's for a server crash): where the connection holds the
+    /// lock, the server frees it at once and the holder learns later.
+    pub fn resets_connections(self) -> bool {
+        matches!(
+            self,
+            FaultKind::CutHolder | FaultKind::KillServer | FaultKind::CrashBackend
+        )
+    }
+
+    /// Whether the kind can be injected on `backend`: member faults need a
+    /// cluster, server faults the one PostgreSQL server.
+    pub fn applies_to(self, backend: Backend) -> bool {
+        match self {
+            FaultKind::PauseHolder
+            | FaultKind::KillHolder
+            | FaultKind::KillWaiter
+            | FaultKind::BlackholeHolder
+            | FaultKind::CutHolder => true,
+            FaultKind::KillMember | FaultKind::PauseMember | FaultKind::KillQuorum => backend != Backend::Postgres,
+            FaultKind::KillServer | FaultKind::PauseServer | FaultKind::CrashBackend => backend == Backend::Postgres,
+        }
+    }
+
+    /// The kinds a run on `backend` deals when none are named. A reset of a
+    /// holder's connections is dealt on PostgreSQL only, where the
+    /// connection holds the lock: etcd and ZooKeeper sessions outlive their
+    /// connections, as a blackhole already shows.
+    pub fn defaults(backend: Backend) -> Vec<FaultKind> {
+        FaultKind::ALL
+            .into_iter()
+            .filter(|k| k.applies_to(backend) && (*k != FaultKind::CutHolder || backend == Backend::Postgres))
+            .collect()
     }
 }
 
@@ -73,9 +128,13 @@ impl fmt::Display for FaultKind {
             FaultKind::KillHolder => "kill-holder",
             FaultKind::KillWaiter => "kill-waiter",
             FaultKind::BlackholeHolder => "blackhole-holder",
+            FaultKind::CutHolder => "cut-holder",
             FaultKind::KillMember => "kill-member",
             FaultKind::PauseMember => "pause-member",
             FaultKind::KillQuorum => "kill-quorum",
+            FaultKind::KillServer => "kill-server",
+            FaultKind::PauseServer => "pause-server",
+            FaultKind::CrashBackend => "crash-backend",
         })
     }
 }
@@ -132,7 +191,7 @@ impl<'a> Nemesis<'a> {
             ttl: config.ttl,
             recovery: config.recovery_bound(),
             kinds: if config.kinds.is_empty() {
-                FaultKind::ALL.to_vec()
+                FaultKind::defaults(config.backend)
             } else {
                 config.kinds.clone()
             },
@@ -312,6 +371,76 @@ impl<'a> Nemesis<'a> {
                     proxy.heal();
                 }
                 self.history.note(tag, What::Healed);
+                self.end();
+                Some(start)
+            }
+            FaultKind::CutHolder => {
+                let (slot, tag) = self.pick_holder()?;
+                let down = self.rng.millis(500, 2000);
+                let start = self.begin(kind, tag.to_string(), Some(tag));
+                for proxy in &self.fleet.slots[slot].proxies {
+                    proxy.block();
+                }
+                thread::sleep(down);
+                for proxy in &self.fleet.slots[slot].proxies {
+                    proxy.unblock();
+                }
+                self.end();
+                Some(start)
+            }
+            FaultKind::KillServer => {
+                let down = self.rng.millis(1500, 3000);
+                let start = self.begin(kind, "the server".into(), None);
+                if let Err(error) = self.servers.kill_server() {
+                    self.problems.push(format!("killing the server: {error}"));
+                }
+                thread::sleep(down);
+                if let Err(error) = self.servers.restart_server() {
+                    self.problems.push(format!("restarting the server: {error}"));
+                }
+                // The outage ends when the server serves again.
+                self.end();
+                Some(start)
+            }
+            FaultKind::PauseServer => {
+                let hold = self.rng.millis(1000, 4000);
+                let start = self.begin(kind, "the server".into(), None);
+                match self.servers.pause_server() {
+                    Ok(0) => self.problems.push("pausing the server froze no backend".into()),
+                    Ok(frozen) => self.say(&format!("froze the postmaster and {frozen} more processes")),
+                    Err(error) => self.problems.push(format!("pausing the server: {error}")),
+                }
+                thread::sleep(hold);
+                if let Err(error) = self.servers.resume_server() {
+                    self.problems.push(format!("resuming the server: {error}"));
+                }
+                self.end();
+                if let Err(error) = self.servers.wait_serving(0) {
+                    self.problems.push(format!("the server did not come back: {error}"));
+                }
+                Some(start)
+            }
+            FaultKind::CrashBackend => {
+                let choice = self.rng.next_u64();
+                let restarts = self.servers.crash_restarts();
+                let start = self.begin(kind, "a backend".into(), None);
+                match self.servers.crash_backend(|n| (choice % n as u64) as usize) {
+                    Ok(pid) => {
+                        if let Some(fault) = self.faults.last_mut() {
+                            fault.target = format!("backend {pid}");
+                        }
+                        // The postmaster reinitializes on its own: await
+                        // that (its log says so), then its readiness.
+                        if let Err(error) = self.servers.wait_crash_restart(restarts) {
+                            self.problems.push(format!("crash of backend {pid}: {error}"));
+                        }
+                        if let Err(error) = self.servers.wait_serving(0) {
+                            self.problems
+                                .push(format!("the server did not come back after a backend crash: {error}"));
+                        }
+                    }
+                    Err(error) => self.problems.push(format!("crashing a backend: {error}")),
+                }
                 self.end();
                 Some(start)
             }

@@ -1,10 +1,13 @@
 //! The servers under test: a 3-member etcd cluster or ZooKeeper ensemble,
-//! its leader, and a fresh client's view of the lock's entries.
+//! its leader, and a fresh client's view of the lock's entries; or one
+//! PostgreSQL server, with the faults one server can have (a crash of the
+//! whole server, a crash of one backend, a pause of every process).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use lockline_testkit::{EtcdCluster, Member, ZkEnsemble, ZkOptions};
+use lockline_testkit::{EtcdCluster, Member, PgOptions, PgServer, ZkEnsemble, ZkOptions};
 
+use crate::history::Tag;
 use crate::Backend;
 
 /// A running cluster of one backend.
@@ -14,6 +17,198 @@ pub enum Servers {
     Etcd(EtcdCluster),
     /// ZooKeeper.
     ZooKeeper(ZkEnsemble),
+    /// PostgreSQL.
+    Postgres(Postgres),
+}
+
+/// The role, its password and the database the PostgreSQL contenders use: an
+/// ordinary role that owns its database (lockline creates its tables there
+/// and ends a silent holder's connection as the same role), no superuser.
+const PG_ROLE: &str = "faults";
+const PG_PASSWORD: &str = "faults-password";
+const PG_DATABASE: &str = "faults";
+
+/// The PostgreSQL contenders' fenced register: one row per write that
+/// committed. A logged table: a committed write survives a crash.
+pub const PG_REGISTER: &str = "faults_register";
+
+/// A write found in the backend's own register: the writer, its token and
+/// its sequence number for that grant.
+pub type StoredWrite = (Tag, u64, u64);
+
+/// A write to [`PG_REGISTER`]: the writer's tag, token and sequence number.
+pub const PG_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES ($1, $2, $3)";
+
+/// One PostgreSQL server (fsync off: the nemesis kills processes, never the
+/// machine, and `synchronous_commit` stays on), with the role, database and
+/// register table of the run.
+#[derive(Debug)]
+pub struct Postgres {
+    server: PgServer,
+}
+
+impl Postgres {
+    fn start() -> std::io::Result<Self> {
+        let server = PgServer::start_with(&PgOptions {
+            durable: false,
+            ..PgOptions::default()
+        })?;
+        server.create_user(PG_ROLE, PG_PASSWORD)?;
+        server.create_database(PG_DATABASE, PG_ROLE)?;
+        server.psql_on(
+            PG_DATABASE,
+            &format!(
+                "CREATE TABLE {PG_REGISTER} (id bigserial PRIMARY KEY, tag text NOT NULL, \
+                 token bigint NOT NULL, seq bigint NOT NULL); \
+                 ALTER TABLE {PG_REGISTER} OWNER TO {PG_ROLE};"
+            ),
+        )?;
+        Ok(Postgres { server })
+    }
+
+    /// The contenders' URL through `address` (a proxy, or the server itself).
+    pub fn url(address: &str) -> String {
+        format!("postgres://{PG_ROLE}:{PG_PASSWORD}@{address}/{PG_DATABASE}")
+    }
+
+    /// The server's processes besides the postmaster: its children (every
+    /// backend and auxiliary process is forked by the postmaster).
+    fn children(&mut self) -> Vec<libc::pid_t> {
+        let Some(parent) = self.server.member().pid() else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|pid| {
+                // The fourth field of /proc/PID/stat, after the command's
+                // parenthesised name (which may hold spaces), is the parent.
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                        == Some(parent)
+                })
+            })
+            .collect()
+    }
+
+    /// Sends `signal` to the server's children; how many it reached.
+    fn signal_children(&mut self, signal: libc::c_int) -> usize {
+        self.children()
+            .into_iter()
+            // SAFETY: kill(2) on a process of the server this run started.
+            .filter(|&pid| unsafe { libc::kill(pid, signal) } == 0)
+            .count()
+    }
+
+    /// SIGKILLs every process of the server at once, as a crash of the
+    /// machine or container it runs in would (its clients see their
+    /// connections reset).
+    fn kill(&mut self) -> std::io::Result<()> {
+        // Frozen first, so that it forks nothing while its children are
+        // listed and reacts to none of their deaths; the children before it,
+        // so that none notices its death and says goodbye to its client.
+        self.server.member().pause()?;
+        self.signal_children(libc::SIGKILL);
+        self.server.member().kill()
+    }
+
+    /// SIGSTOPs the postmaster and every backend: the whole server freezes
+    /// (stopping the postmaster alone would only stop new connections).
+    /// Returns how many processes besides the postmaster it froze.
+    fn pause(&mut self) -> std::io::Result<usize> {
+        self.server.member().pause()?;
+        Ok(self.signal_children(libc::SIGSTOP))
+    }
+
+    fn resume(&mut self) -> std::io::Result<()> {
+        self.signal_children(libc::SIGCONT);
+        self.server.member().resume()
+    }
+
+    /// SIGKILLs one client backend of the contenders' role, as the OOM killer
+    /// would: the postmaster then ends every other session and reinitializes
+    /// (crash recovery, unlogged tables emptied) without itself restarting.
+    /// Returns the backend's pid.
+    fn crash_backend(&mut self, pick: impl FnOnce(usize) -> usize) -> std::io::Result<u32> {
+        let out = self.server.psql(&format!(
+            "SELECT pid FROM pg_stat_activity WHERE usename = '{PG_ROLE}' \
+             AND backend_type = 'client backend' ORDER BY pid;"
+        ))?;
+        let pids: Vec<u32> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.is_empty() {
+            return Err(std::io::Error::other("no client backend to crash"));
+        }
+        let pid = pids[pick(pids.len())];
+        let target = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+        // SAFETY: kill(2) on a backend of the server this run started.
+        if unsafe { libc::kill(target, libc::SIGKILL) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(pid)
+    }
+
+    /// How many times the postmaster has reinitialized after a backend's
+    /// crash, as its log says.
+    fn crash_restarts(&mut self) -> usize {
+        self.server
+            .member()
+            .log_tail(u64::MAX)
+            .matches("all server processes terminated; reinitializing")
+            .count()
+    }
+
+    /// Waits until the postmaster has reinitialized once more than
+    /// `before`, up to 30 s.
+    fn wait_crash_restart(&mut self, before: usize) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.crash_restarts() <= before {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(
+                    "the postmaster did not reinitialize within 30 s of a backend's crash",
+                ));
+            }
+            // Another process's log: nothing to await but its growth.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Waits until the server answers a query again (after a restart, a
+    /// resume or a crash recovery), up to 30 s.
+    fn wait_serving(&self) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.server.psql("SELECT 1;") {
+                Ok(_) => return Ok(()),
+                Err(error) if Instant::now() > deadline => return Err(error),
+                // No event to await from another process: probe again.
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Every write that committed to the register: (writer, token, seq).
+    fn committed_writes(&self) -> Result<Vec<StoredWrite>, String> {
+        let out = self
+            .server
+            .psql_on(PG_DATABASE, &format!("SELECT tag, token, seq FROM {PG_REGISTER};"))
+            .map_err(|e| format!("reading the register: {e}"))?;
+        out.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| {
+                let mut fields = line.trim().split('|');
+                let parsed = (|| {
+                    let tag: Tag = fields.next()?.parse().ok()?;
+                    Some((tag, fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+                })();
+                parsed.ok_or_else(|| format!("unreadable register row {line:?}"))
+            })
+            .collect()
+    }
 }
 
 /// An entry found under the lock: its key or path and its owner's session
@@ -32,10 +227,16 @@ impl Servers {
     /// # Errors
     ///
     /// When the servers cannot be started.
+    /// Starts `size` members (PostgreSQL: one server, whatever `size`).
+    ///
+    /// # Errors
+    ///
+    /// When the servers cannot be started.
     pub fn start(backend: Backend, size: usize) -> std::io::Result<Self> {
         Ok(match backend {
             Backend::Etcd => Servers::Etcd(EtcdCluster::start_cluster(size)?),
             Backend::ZooKeeper => Servers::ZooKeeper(ZkEnsemble::start_with(size, &ZkOptions::default())?),
+            Backend::Postgres => Servers::Postgres(Postgres::start()?),
         })
     }
 
@@ -44,6 +245,16 @@ impl Servers {
         match self {
             Servers::Etcd(cluster) => cluster.size(),
             Servers::ZooKeeper(ensemble) => ensemble.size(),
+            Servers::Postgres(_) => 1,
+        }
+    }
+
+    /// What runs, for the log: "etcd cluster of 3".
+    pub fn describe(&self) -> String {
+        match self {
+            Servers::Etcd(cluster) => format!("etcd cluster of {}", cluster.size()),
+            Servers::ZooKeeper(ensemble) => format!("ZooKeeper ensemble of {}", ensemble.size()),
+            Servers::Postgres(pg) => format!("PostgreSQL server on port {}", pg.server.port()),
         }
     }
 
@@ -52,14 +263,112 @@ impl Servers {
         match self {
             Servers::Etcd(cluster) => format!("127.0.0.1:{}", cluster.client_port(i)),
             Servers::ZooKeeper(ensemble) => ensemble.address(i),
+            Servers::Postgres(pg) => format!("127.0.0.1:{}", pg.server.port()),
         }
     }
 
-    /// Member `i`.
+    /// What a contender is given to reach the members at `addresses` (its
+    /// proxies): etcd endpoints, a ZooKeeper connect string, a database URL.
+    pub fn endpoints(&self, addresses: &[String]) -> String {
+        match self {
+            Servers::Etcd(_) => addresses
+                .iter()
+                .map(|a| format!("http://{a}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            Servers::ZooKeeper(_) => addresses.join(","),
+            Servers::Postgres(_) => Postgres::url(addresses.first().map_or("", String::as_str)),
+        }
+    }
+
+    /// Member `i` (PostgreSQL: the postmaster).
     pub fn member(&mut self, i: usize) -> &mut Member {
         match self {
             Servers::Etcd(cluster) => cluster.member(i),
             Servers::ZooKeeper(ensemble) => ensemble.member(i),
+            Servers::Postgres(pg) => pg.server.member(),
+        }
+    }
+
+    fn postgres(&mut self) -> std::io::Result<&mut Postgres> {
+        match self {
+            Servers::Postgres(pg) => Ok(pg),
+            _ => Err(std::io::Error::other(
+                "a fault of a PostgreSQL server, on another backend",
+            )),
+        }
+    }
+
+    /// PostgreSQL: SIGKILLs every process of the server.
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when the server is not running.
+    pub fn kill_server(&mut self) -> std::io::Result<()> {
+        self.postgres()?.kill()
+    }
+
+    /// PostgreSQL: starts the server again after [`kill_server`](Self::kill_server)
+    /// (crash recovery) and waits until it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when it does not come back.
+    pub fn restart_server(&mut self) -> std::io::Result<()> {
+        self.postgres()?.server.restart()
+    }
+
+    /// PostgreSQL: freezes every process of the server (SIGSTOP); returns
+    /// how many besides the postmaster.
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when the server is not running.
+    pub fn pause_server(&mut self) -> std::io::Result<usize> {
+        self.postgres()?.pause()
+    }
+
+    /// PostgreSQL: thaws what [`pause_server`](Self::pause_server) froze.
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when the server is not running.
+    pub fn resume_server(&mut self) -> std::io::Result<()> {
+        self.postgres()?.resume()
+    }
+
+    /// PostgreSQL: SIGKILLs one client backend, chosen by `pick(count)`; the
+    /// postmaster then restarts every session (crash recovery). Returns its pid.
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when no backend can be found or killed.
+    pub fn crash_backend(&mut self, pick: impl FnOnce(usize) -> usize) -> std::io::Result<u32> {
+        self.postgres()?.crash_backend(pick)
+    }
+
+    /// PostgreSQL: how many times the postmaster has reinitialized after a
+    /// backend's crash so far (0 on other backends).
+    pub fn crash_restarts(&mut self) -> usize {
+        self.postgres().map_or(0, |pg| pg.crash_restarts())
+    }
+
+    /// PostgreSQL: waits until the postmaster has reinitialized after a
+    /// backend's crash once more than `before` (from [`crash_restarts`](Self::crash_restarts)).
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when it does not within 30 s.
+    pub fn wait_crash_restart(&mut self, before: usize) -> std::io::Result<()> {
+        self.postgres()?.wait_crash_restart(before)
+    }
+
+    /// Every write that committed to the backend's own register, when the
+    /// backend keeps one (PostgreSQL): (writer, token, seq).
+    pub fn committed_writes(&self) -> Option<Result<Vec<StoredWrite>, String>> {
+        match self {
+            Servers::Postgres(pg) => Some(pg.committed_writes()),
+            _ => None,
         }
     }
 
@@ -75,6 +384,7 @@ impl Servers {
                     .metrics(i)
                     .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1")),
                 Servers::ZooKeeper(ensemble) => ensemble.mode(i).as_deref() == Some("leader"),
+                Servers::Postgres(_) => true,
             }
         })
     }
@@ -88,6 +398,7 @@ impl Servers {
         match self {
             Servers::Etcd(cluster) => cluster.wait_healthy(i),
             Servers::ZooKeeper(ensemble) => ensemble.wait_serving(i),
+            Servers::Postgres(pg) => pg.wait_serving(),
         }
     }
 
@@ -106,6 +417,9 @@ impl Servers {
             match self {
                 Servers::Etcd(cluster) => etcd_entries(cluster.endpoints(), name).await,
                 Servers::ZooKeeper(ensemble) => zookeeper_entries(&ensemble.connect_string(), name).await,
+                Servers::Postgres(pg) => {
+                    postgres_entries(&Postgres::url(&format!("127.0.0.1:{}", pg.server.port())), name).await
+                }
             }
         };
         runtime
@@ -158,4 +472,27 @@ async fn zookeeper_entries(connect: &str, name: &str) -> Result<Vec<Entry>, Stri
         }
     }
     Ok(entries)
+}
+
+/// The lock's live entries as lockline-sql itself lists them: rows whose
+/// guard (the owner connection's advisory lock) is held. A row whose guard
+/// is free is dead by the backend's rules (its owner's connection ended):
+/// whoever meets it deletes it, and it blocks nobody.
+async fn postgres_entries(url: &str, name: &str) -> Result<Vec<Entry>, String> {
+    use lockline::Client;
+    use lockline_sql::Sql;
+    let session = Client::new(Sql::new(url))
+        .session()
+        .await
+        .map_err(|e| format!("PostgreSQL session: {e}"))?;
+    let listed = session.backend_session().list(name).await;
+    let _ = session.close().await;
+    Ok(listed
+        .map_err(|e| format!("PostgreSQL list {name:?}: {e}"))?
+        .into_iter()
+        .map(|entry| Entry {
+            key: entry.key,
+            owner: entry.owner.unwrap_or_default(),
+        })
+        .collect())
 }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use lockline_faults::{run, Backend, Config};
 
-/// The two runs take turns: each wants the machine to itself for its timing.
+/// The runs take turns: each wants the machine to itself for its timing.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn short_run(backend: Backend) {
@@ -34,4 +34,9 @@ fn etcd_survives_the_nemesis() {
 #[test]
 fn zookeeper_survives_the_nemesis() {
     short_run(Backend::ZooKeeper);
+}
+
+#[test]
+fn postgres_survives_the_nemesis() {
+    short_run(Backend::Postgres);
 }
