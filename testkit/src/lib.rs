@@ -27,8 +27,6 @@
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
-mod bench;
-mod crowd;
 mod etcd;
 mod lines;
 mod mariadb;
@@ -37,15 +35,10 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
-pub mod scale;
 mod sql;
 mod tls;
 mod zookeeper;
 
-pub use bench::{ms, rss_kib, BenchArgs, Latencies};
-pub use crowd::{
-    run_plan, unix_nanos, Crowd, CrowdArgs, CrowdChild, CrowdCounts, CrowdResult, GrantRecord, Window, CHILD_FLAG,
-};
 pub use etcd::EtcdCluster;
 pub use lines::LineChild;
 pub use mariadb::{MariaDbOptions, MariaDbServer};

@@ -24,17 +24,18 @@
 //! herd's own counter) and on the server (`etcd_debugging_mvcc_events_total`,
 //! watch events sent, per `etcd_debugging_mvcc_delete_total`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockline::{Client, SessionOptions};
+use lockline::Client;
+use lockline_bench::{ms, sequential, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
 use lockline_etcd::etcd_client::{
     self, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
 use lockline_etcd::Etcd;
-use lockline_testkit::{ms, BenchArgs, EtcdCluster, Latencies};
+use lockline_testkit::EtcdCluster;
 
 #[derive(Default, Clone)]
 struct Run {
@@ -46,36 +47,6 @@ struct Run {
     /// Release started → the next holder granted (N ≥ 2).
     handoff: Latencies,
 }
-
-/// When the current holder started releasing: the next grant takes it and
-/// records a handoff.
-#[derive(Default)]
-struct Handoffs {
-    released_at: std::sync::Mutex<Option<Instant>>,
-    latencies: std::sync::Mutex<Latencies>,
-}
-
-impl Handoffs {
-    fn releasing(&self) {
-        *self.released_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-    }
-
-    fn granted(&self) {
-        let started = self.released_at.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(started) = started {
-            self.latencies
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(started.elapsed());
-        }
-    }
-
-    fn take(&self) -> Latencies {
-        std::mem::take(&mut *self.latencies.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn metric(cluster: &EtcdCluster, name: &str) -> f64 {
     cluster
@@ -98,99 +69,34 @@ fn server_counts(cluster: &EtcdCluster) -> (f64, f64) {
 /// One client's sequential puts: puts/s and each put's latency.
 async fn b_write(cluster: &EtcdCluster, seconds: f64) -> BoxResult<(f64, Latencies)> {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None).await?;
-    let mut latencies = Latencies::new();
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed().as_secs_f64() < seconds {
-        let put = Instant::now();
-        client.put("bench/b_write", n.to_string(), None).await?;
-        latencies.push(put.elapsed());
-        n += 1;
-    }
-    Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
-}
-
-/// Runs `n` contenders until `seconds` pass; returns grants in the window.
-async fn window<F, Fut>(n: usize, seconds: f64, contender: F) -> BoxResult<f64>
-where
-    F: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
-    Fut: std::future::Future<Output = BoxResult<()>> + Send + 'static,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        tasks.push(tokio::spawn(contender(i, Arc::clone(&stop), Arc::clone(&grants))));
-    }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let counted = grants.load(Ordering::SeqCst);
-    stop.store(true, Ordering::SeqCst);
-    for task in tasks {
-        task.await??;
-    }
-    Ok(counted as f64 / seconds)
+    Ok(sequential(seconds, async |n| {
+        client.put("bench/b_write", n.to_string(), None).await.map(drop)
+    })
+    .await?)
 }
 
 async fn lockline_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &str) -> BoxResult<Run> {
-    let mut clients = Vec::new();
-    let mut mutexes = Vec::new();
-    for _ in 0..n {
-        let client = Client::new(Etcd::new(cluster.endpoints()));
-        let session = client
-            .session_with(SessionOptions::new().with_ttl(Duration::from_secs(10)))
-            .await?;
-        mutexes.push(session.mutex(name)?);
-        clients.push(client);
-    }
+    let contenders = Contenders::open(n, name, || Client::new(Etcd::new(cluster.endpoints()))).await?;
     let (events_before, deletes_before) = server_counts(cluster);
-    let mutexes = Arc::new(mutexes);
-    let handoffs = Arc::new(Handoffs::default());
-    let acquires = Arc::new(std::sync::Mutex::new(Latencies::new()));
-    let grants_per_sec = window(n, seconds, |i, stop, grants| {
-        let (mutexes, handoffs, acquires) = (Arc::clone(&mutexes), Arc::clone(&handoffs), Arc::clone(&acquires));
-        async move {
-            let mutex = &mutexes[i];
-            let mut mine = Latencies::new();
-            while !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let guard = mutex.lock().await?;
-                mine.push(started.elapsed());
-                if n > 1 {
-                    handoffs.granted();
-                }
-                grants.fetch_add(1, Ordering::Relaxed);
-                handoffs.releasing();
-                guard.release().await?;
-            }
-            acquires.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
-            Ok(())
-        }
-    })
-    .await?;
+    let mut contest = contenders.contest(Sampling::UntilStopped);
+    contest.run_for(seconds).await;
+    let outcome = contest.stop().await?;
     let (events_after, deletes_after) = server_counts(cluster);
-    let (wakeups, releases) = clients.iter().fold((0, 0), |(w, r), c| {
-        let s = c.stats();
-        (w + s.wakeups, r + s.releases)
-    });
-    for mutex in mutexes.iter() {
-        mutex.session().close().await?;
-    }
-    let acquire = std::mem::take(&mut *acquires.lock().unwrap_or_else(|e| e.into_inner()));
+    let wakeups_per_release = contenders.wakeups_per_release();
+    contenders.close().await?;
     Ok(Run {
-        grants_per_sec,
-        wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
+        grants_per_sec: outcome.grants_per_sec(),
+        wakeups_per_release,
         server_events_per_release: (events_after - events_before) / (deletes_after - deletes_before).max(1.0),
-        acquire,
-        handoff: handoffs.take(),
+        acquire: outcome.acquire,
+        handoff: outcome.handoff,
     })
 }
 
 async fn server_lock_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static str) -> BoxResult<Run> {
     let endpoints = cluster.endpoints();
-    let handoffs = Arc::new(Handoffs::default());
-    let all = Arc::clone(&handoffs);
-    let grants_per_sec = window(n, seconds, move |_, stop, grants| {
-        let (endpoints, handoffs) = (endpoints.clone(), Arc::clone(&all));
+    let mut contest = Contest::start(n, Sampling::UntilStopped, move |mut contender| {
+        let endpoints = endpoints.clone();
         async move {
             let mut client = etcd_client::Client::connect(endpoints, None).await?;
             let lease = client.lease_grant(10, None).await?.id();
@@ -203,24 +109,23 @@ async fn server_lock_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'
                     }
                 }
             });
-            while !stop.load(Ordering::Relaxed) {
+            while contender.running() {
+                let started = Instant::now();
                 let locked = client.lock(name, Some(LockOptions::new().with_lease(lease))).await?;
-                if n > 1 {
-                    handoffs.granted();
-                }
-                grants.fetch_add(1, Ordering::Relaxed);
-                handoffs.releasing();
+                contender.granted(started);
+                contender.releasing();
                 client.unlock(locked.key().to_vec()).await?;
             }
             keepalive.abort();
             client.lease_revoke(lease).await?;
-            Ok(())
+            Ok::<_, etcd_client::Error>(())
         }
-    })
-    .await?;
+    });
+    contest.run_for(seconds).await;
+    let outcome = contest.stop().await?;
     Ok(Run {
-        grants_per_sec,
-        handoff: handoffs.take(),
+        grants_per_sec: outcome.grants_per_sec(),
+        handoff: outcome.handoff,
         ..Run::default()
     })
 }
@@ -233,7 +138,7 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
     let releases = Arc::new(AtomicU64::new(0));
     let (events_before, deletes_before) = server_counts(cluster);
     let (w, r) = (Arc::clone(&wakeups), Arc::clone(&releases));
-    let grants_per_sec = window(n, seconds, move |_, stop, grants| {
+    let mut contest = Contest::start(n, Sampling::UntilStopped, move |mut contender| {
         let endpoints = endpoints.clone();
         let (wakeups, releases) = (Arc::clone(&w), Arc::clone(&r));
         async move {
@@ -241,7 +146,8 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
             let lease = client.lease_grant(30, None).await?.id();
             let prefix = format!("{name}/");
             let key = format!("{prefix}{lease:x}");
-            while !stop.load(Ordering::Relaxed) {
+            while contender.running() {
+                let started = Instant::now();
                 client
                     .put(key.clone(), "", Some(PutOptions::new().with_lease(lease)))
                     .await?;
@@ -275,20 +181,21 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
                     }
                     wakeups.fetch_add(1, Ordering::Relaxed);
                 }
-                grants.fetch_add(1, Ordering::Relaxed);
+                contender.granted(started);
                 client
                     .txn(Txn::new().and_then([TxnOp::delete(key.clone(), None)]))
                     .await?;
                 releases.fetch_add(1, Ordering::Relaxed);
             }
             client.lease_revoke(lease).await?;
-            Ok(())
+            Ok::<_, etcd_client::Error>(())
         }
-    })
-    .await?;
+    });
+    contest.run_for(seconds).await;
+    let outcome = contest.stop().await?;
     let (events_after, deletes_after) = server_counts(cluster);
     Ok(Run {
-        grants_per_sec,
+        grants_per_sec: outcome.grants_per_sec(),
         wakeups_per_release: wakeups.load(Ordering::SeqCst) as f64 / releases.load(Ordering::SeqCst).max(1) as f64,
         server_events_per_release: (events_after - events_before) / (deletes_after - deletes_before).max(1.0),
         ..Run::default()
@@ -297,13 +204,7 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let args = match BenchArgs::from_env() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}\nusage: bench_etcd [--seconds S] [--contenders 1,2,4,16,64]");
-            std::process::exit(2);
-        }
-    };
+    let args = BenchArgs::from_env_or_exit("bench_etcd", "");
     let cluster = EtcdCluster::start()?;
     let seconds = args.seconds;
     println!(

@@ -26,8 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockline::{Client, SessionOptions};
+use lockline_bench::BenchArgs;
 use lockline_etcd::{etcd_client, Etcd};
-use lockline_testkit::{BenchArgs, EtcdCluster};
+use lockline_testkit::EtcdCluster;
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 

@@ -32,235 +32,135 @@
 //! and the bytes each way are counted over `--ttls` TTLs and printed per
 //! session per TTL.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
-use lockline::{Client, MutexGuard, Session, SessionOptions};
+use lockline::Client;
+use lockline_bench::scale::{self, CountingAlloc, CountingProxy, ScaleArgs, ScaleServer};
+use lockline_bench::BoxResult;
 use lockline_etcd::{etcd_client, Etcd};
-use lockline_testkit::scale::{CountingAlloc, CountingProxy, ScaleArgs};
-use lockline_testkit::{rss_kib, EtcdCluster};
+use lockline_testkit::EtcdCluster;
 
 #[global_allocator]
 static HEAP: CountingAlloc = CountingAlloc::new();
 
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
 #[tokio::main]
 async fn main() -> BoxResult<()> {
     let args = ScaleArgs::from_env()?;
-    let cluster = EtcdCluster::start()?;
-    if args.locks > 0 {
-        many_locks(&cluster, &args).await?;
+    let mut server = Server {
+        cluster: EtcdCluster::start()?,
+        leases_before: 0,
+        keepalive_start: (0.0, 0.0),
+    };
+    scale::run(&mut server, &args, &HEAP).await
+}
+
+/// The etcd server, and its counts before the sessions and at the
+/// keepalive window's start.
+struct Server {
+    cluster: EtcdCluster,
+    leases_before: usize,
+    keepalive_start: (f64, f64),
+}
+
+const KEEPALIVE: &str = "grpc_method=\"LeaseKeepAlive\"";
+
+impl Server {
+    /// The sum of the samples of metric `name` whose labels contain `labels`.
+    fn metric(&self, name: &str, labels: &str) -> f64 {
+        let text = self.cluster.metrics(0).unwrap_or_default();
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                    && l.contains(labels)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
-    if args.sessions > 0 {
-        many_sessions(&cluster, &args).await?;
+
+    /// gRPC streams the server has open for `method` (started, not yet handled).
+    fn open_streams(&self, method: &str) -> f64 {
+        let label = format!("grpc_method=\"{method}\"");
+        self.metric("grpc_server_started_total", &label) - self.metric("grpc_server_handled_total", &label)
     }
-    Ok(())
-}
 
-/// Takes `count` locks named `{prefix}{i}` with `in_flight` tasks, each taking
-/// the next number until none is left; the guards in number order.
-async fn acquire_all(session: &Session, prefix: &str, count: usize, in_flight: usize) -> BoxResult<Vec<MutexGuard>> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..in_flight.min(count) {
-        let (session, next, prefix) = (session.clone(), Arc::clone(&next), prefix.to_owned());
-        workers.spawn(async move {
-            let mut held = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
-                    return Ok::<_, lockline::Error>(held);
-                }
-                held.push((i, session.mutex(&format!("{prefix}{i}"))?.lock().await?));
-            }
-        });
+    async fn leases(&self) -> BoxResult<usize> {
+        let mut client = etcd_client::Client::connect(self.cluster.endpoints(), None).await?;
+        Ok(client.leases().await?.leases().len())
     }
-    let mut guards: Vec<Option<MutexGuard>> = Vec::with_capacity(count);
-    guards.resize_with(count, || None);
-    while let Some(done) = workers.join_next().await {
-        for (i, guard) in done?? {
-            guards[i] = Some(guard);
-        }
+
+    /// LeaseKeepAlive messages received and leases renewed.
+    fn keepalive_counts(&self) -> (f64, f64) {
+        (
+            self.metric("grpc_server_msg_received_total", KEEPALIVE),
+            self.metric("etcd_debugging_lease_renewed_total", ""),
+        )
     }
-    Ok(guards.into_iter().flatten().collect())
 }
 
-fn per(total: f64, count: usize) -> f64 {
-    total / count.max(1) as f64
-}
-
-/// The sum of the samples of metric `name` whose labels contain `labels`.
-fn metric(cluster: &EtcdCluster, name: &str, labels: &str) -> f64 {
-    let text = cluster.metrics(0).unwrap_or_default();
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-                && l.contains(labels)
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// gRPC streams the server has open for `method` (started, not yet handled).
-fn open_streams(cluster: &EtcdCluster, method: &str) -> f64 {
-    let label = format!("grpc_method=\"{method}\"");
-    metric(cluster, "grpc_server_started_total", &label) - metric(cluster, "grpc_server_handled_total", &label)
-}
-
-async fn leases(cluster: &EtcdCluster) -> BoxResult<usize> {
-    let mut client = etcd_client::Client::connect(cluster.endpoints(), None).await?;
-    Ok(client.leases().await?.leases().len())
-}
-
-async fn many_locks(cluster: &EtcdCluster, args: &ScaleArgs) -> BoxResult<()> {
-    let locks = args.locks;
-    let options = SessionOptions::new().with_ttl(args.ttl);
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let session = client.session_with(options.clone()).await?;
-    println!(
-        "== {locks} locks on one session (TTL {:?}, {} acquires in flight) ==",
-        args.ttl, args.in_flight
-    );
-    let (rss_before, heap_before, blocks_before) = (rss_kib(), HEAP.live_bytes(), HEAP.live_blocks());
-    let sizes_before = HEAP.live_blocks_by_size();
-    let started = Instant::now();
-    let guards = acquire_all(&session, "scale/", locks, args.in_flight).await?;
-    let took = started.elapsed();
-    let (rss_after, heap_after, blocks_after) = (rss_kib(), HEAP.live_bytes(), HEAP.live_blocks());
-    println!(
-        "acquired {} locks in {took:.2?} ({:.0}/s)",
-        guards.len(),
-        guards.len() as f64 / took.as_secs_f64()
-    );
-    println!(
-        "client RSS {rss_before} -> {rss_after} KiB: {:.2} KiB per held lock; live heap {:.0} bytes in {:.1} blocks per held lock",
-        per(rss_after.saturating_sub(rss_before) as f64, locks),
-        per(heap_after.saturating_sub(heap_before) as f64, locks),
-        per(blocks_after.saturating_sub(blocks_before) as f64, locks),
-    );
-    println!(
-        "  live heap blocks per held lock by size: {}",
-        HEAP.growth_by_size(&sizes_before, locks, 0.05).join(", ")
-    );
-    println!(
-        "  (a guard is {} bytes in the Vec of guards)",
-        std::mem::size_of::<MutexGuard>()
-    );
-    println!(
-        "server: {} lease(s); {} watch stream(s) with {} watchers; open gRPC streams: {} LeaseKeepAlive, {} Watch",
-        leases(cluster).await?,
-        metric(cluster, "etcd_debugging_mvcc_watch_stream_total", ""),
-        metric(cluster, "etcd_debugging_mvcc_watcher_total", ""),
-        open_streams(cluster, "LeaseKeepAlive"),
-        open_streams(cluster, "Watch"),
-    );
-    // Two renewals, looked at halfway to the third (not during one).
-    let waited = options.keepalive_interval() * 5 / 2;
-    tokio::time::sleep(waited).await;
-    let held = guards.iter().filter(|g| g.is_held()).count();
-    println!(
-        "after two keepalive intervals ({waited:.1?}): {held} of {locks} still held; client RSS {} KiB, live heap {:.0} bytes per held lock",
-        rss_kib(),
-        per(HEAP.live_bytes().saturating_sub(heap_before) as f64, locks),
-    );
-    let started = Instant::now();
-    let closed = session.close().await;
-    println!(
-        "session.close() (the lease's revoke) {} in {:.2?}; {} lease(s) left",
-        closed.map_or_else(|e| format!("FAILED ({e})"), |()| "done".to_owned()),
-        started.elapsed(),
-        leases(cluster).await?
-    );
-    drop(guards);
-    Ok(())
-}
-
-async fn many_sessions(cluster: &EtcdCluster, args: &ScaleArgs) -> BoxResult<()> {
-    let count = args.sessions;
-    let options = SessionOptions::new().with_ttl(args.ttl);
-    let proxy = CountingProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0)))?;
-    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
-    println!(
-        "== {count} sessions, one lock each (TTL {:?}, keepalive every {:?}) ==",
-        args.ttl,
-        options.keepalive_interval()
-    );
-    let leases_before = leases(cluster).await?;
-    let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.in_flight.min(count) {
-        let (client, options, next) = (client.clone(), options.clone(), Arc::clone(&next));
-        workers.spawn(async move {
-            let mut held = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
-                    return Ok::<_, lockline::Error>(held);
-                }
-                let session = client.session_with(options.clone()).await?;
-                let guard = session.mutex(&format!("sessions/{i}"))?.lock().await?;
-                held.push((session, guard));
-            }
-        });
+impl ScaleServer for Server {
+    fn client(&self) -> Client {
+        Client::new(Etcd::new(self.cluster.endpoints()))
     }
-    let mut held = Vec::with_capacity(count);
-    while let Some(done) = workers.join_next().await {
-        held.extend(done??);
+
+    async fn locks_view(&mut self) -> BoxResult<String> {
+        Ok(format!(
+            "server: {} lease(s); {} watch stream(s) with {} watchers; open gRPC streams: {} LeaseKeepAlive, {} Watch",
+            self.leases().await?,
+            self.metric("etcd_debugging_mvcc_watch_stream_total", ""),
+            self.metric("etcd_debugging_mvcc_watcher_total", ""),
+            self.open_streams("LeaseKeepAlive"),
+            self.open_streams("Watch"),
+        ))
     }
-    println!(
-        "opened {count} sessions and took a lock on each in {:.2?}",
-        started.elapsed()
-    );
-    tokio::time::sleep(options.keepalive_interval()).await;
-    println!(
-        "server: {} leases; {} watch streams with {} watchers; open gRPC streams: {} LeaseKeepAlive, {} Watch; {} client connection(s)",
-        leases(cluster).await? - leases_before,
-        metric(cluster, "etcd_debugging_mvcc_watch_stream_total", ""),
-        metric(cluster, "etcd_debugging_mvcc_watcher_total", ""),
-        open_streams(cluster, "LeaseKeepAlive"),
-        open_streams(cluster, "Watch"),
-        proxy.connections(),
-    );
-    let keepalive = "grpc_method=\"LeaseKeepAlive\"";
-    let received = || metric(cluster, "grpc_server_msg_received_total", keepalive);
-    let renewed = || metric(cluster, "etcd_debugging_lease_renewed_total", "");
-    let (received_before, renewed_before) = (received(), renewed());
-    let (up_before, down_before) = (proxy.bytes_to_server(), proxy.bytes_to_client());
-    let window = args.ttl * args.ttls;
-    tokio::time::sleep(window).await;
-    let (up, down) = (
-        proxy.bytes_to_server() - up_before,
-        proxy.bytes_to_client() - down_before,
-    );
-    let (received, renewed) = (received() - received_before, renewed() - renewed_before);
-    let ttls = window.as_secs_f64() / args.ttl.as_secs_f64();
-    let per_session_ttl = |n: f64| n / count as f64 / ttls;
-    println!(
-        "keepalive per session per TTL (counted over {window:?}): server received {:.2} LeaseKeepAlive requests and renewed {:.2} times; \
-         client sent {:.0} bytes, received {:.0} bytes",
-        per_session_ttl(received),
-        per_session_ttl(renewed),
-        per_session_ttl(up as f64),
-        per_session_ttl(down as f64),
-    );
-    let still = held.iter().filter(|(_, guard)| guard.is_held()).count();
-    println!("{still} of {count} locks still held");
-    let started = Instant::now();
-    let closes = held.iter().map(|(session, _)| session.close());
-    let failed: Vec<lockline::Error> = futures::future::join_all(closes)
-        .await
-        .into_iter()
-        .filter_map(Result::err)
-        .collect();
-    println!(
-        "closed {count} sessions (all at once) in {:.2?}; {} failed{}",
-        started.elapsed(),
-        failed.len(),
-        failed.first().map(|e| format!(", the first: {e}")).unwrap_or_default()
-    );
-    Ok(())
+
+    async fn closed_line(&mut self, outcome: &str, took: Duration) -> BoxResult<String> {
+        Ok(format!(
+            "session.close() (the lease's revoke) {outcome} in {took:.2?}; {} lease(s) left",
+            self.leases().await?
+        ))
+    }
+
+    fn proxy_target(&self) -> String {
+        format!("127.0.0.1:{}", self.cluster.client_port(0))
+    }
+
+    fn proxied_client(&self, proxy: &str) -> Client {
+        Client::new(Etcd::new([format!("http://{proxy}")]))
+    }
+
+    async fn before_sessions(&mut self) -> BoxResult<()> {
+        self.leases_before = self.leases().await?;
+        Ok(())
+    }
+
+    async fn sessions_view(&mut self, proxy: &CountingProxy) -> BoxResult<String> {
+        Ok(format!(
+            "server: {} leases; {} watch streams with {} watchers; open gRPC streams: {} LeaseKeepAlive, {} Watch; {} client connection(s)",
+            self.leases().await? - self.leases_before,
+            self.metric("etcd_debugging_mvcc_watch_stream_total", ""),
+            self.metric("etcd_debugging_mvcc_watcher_total", ""),
+            self.open_streams("LeaseKeepAlive"),
+            self.open_streams("Watch"),
+            proxy.connections(),
+        ))
+    }
+
+    async fn keepalive_start(&mut self) -> BoxResult<()> {
+        self.keepalive_start = self.keepalive_counts();
+        Ok(())
+    }
+
+    async fn keepalive_end(&mut self, per_session_ttl: &dyn Fn(f64) -> f64) -> BoxResult<(String, Vec<String>)> {
+        let (received_before, renewed_before) = self.keepalive_start;
+        let (received, renewed) = self.keepalive_counts();
+        Ok((
+            format!(
+                "server received {:.2} LeaseKeepAlive requests and renewed {:.2} times",
+                per_session_ttl(received - received_before),
+                per_session_ttl(renewed - renewed_before),
+            ),
+            Vec::new(),
+        ))
+    }
 }

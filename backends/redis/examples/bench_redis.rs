@@ -40,15 +40,14 @@
 //! largest N with B_write's p50.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockline::{Client, SessionOptions};
+use lockline::Client;
+use lockline_bench::report::{p99_over, p99_target_line, ratio};
+use lockline_bench::{ms, sequential, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
 use lockline_redis::Redis;
-use lockline_testkit::{ms, BenchArgs, Latencies, RedisServer};
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use lockline_testkit::RedisServer;
 
 async fn connection(server: &RedisServer) -> BoxResult<redis::aio::MultiplexedConnection> {
     Ok(redis::Client::open(server.url())?
@@ -80,40 +79,14 @@ async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f6
 /// One client's sequential `SET`s/s, and each one's latency.
 async fn b_write(server: &RedisServer, seconds: f64) -> BoxResult<(f64, Latencies)> {
     let mut conn = connection(server).await?;
-    let mut latencies = Latencies::new();
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed().as_secs_f64() < seconds {
-        let call = Instant::now();
-        let () = redis::cmd("SET")
+    Ok(sequential(seconds, async |n| {
+        redis::cmd("SET")
             .arg("bench-b-write")
             .arg(n)
-            .query_async(&mut conn)
-            .await?;
-        latencies.push(call.elapsed());
-        n += 1;
-    }
-    Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
-}
-
-/// Who released last and when the release began, for the next grant to take.
-#[derive(Default)]
-struct HandoffSlot(std::sync::Mutex<Option<(usize, Instant)>>);
-
-impl HandoffSlot {
-    /// Contender `who` is about to release.
-    fn releasing(&self, who: usize) {
-        *self.0.lock().expect("handoff slot") = Some((who, Instant::now()));
-    }
-
-    /// Contender `who` was granted at `granted`: the handoff latency, when
-    /// another contender released before.
-    fn granted(&self, who: usize, granted: Instant) -> Option<Duration> {
-        match self.0.lock().expect("handoff slot").take() {
-            Some((releaser, at)) if releaser != who => Some(granted - at),
-            _ => None,
-        }
-    }
+            .query_async::<()>(&mut conn)
+            .await
+    })
+    .await?)
 }
 
 /// Acquire and handoff latencies of one run.
@@ -121,47 +94,6 @@ impl HandoffSlot {
 struct Latency {
     acquire: Latencies,
     handoff: Latencies,
-}
-
-impl Latency {
-    /// Records a grant to `who` of an acquire begun at `started`, unless the
-    /// run is over.
-    fn granted(&mut self, slot: &HandoffSlot, who: usize, started: Instant, stop: &AtomicBool) {
-        let granted = Instant::now();
-        let handed = slot.granted(who, granted);
-        if !stop.load(Ordering::Relaxed) {
-            self.acquire.push(granted - started);
-            handed.into_iter().for_each(|latency| self.handoff.push(latency));
-        }
-    }
-
-    fn extend(&mut self, other: Latency) {
-        self.acquire.extend(other.acquire);
-        self.handoff.extend(other.handoff);
-    }
-}
-
-/// Counts grants, and handoffs: grants to another contender than the last.
-#[derive(Default)]
-struct Tally {
-    grants: AtomicU64,
-    handoffs: AtomicU64,
-    last: std::sync::atomic::AtomicUsize,
-}
-
-impl Tally {
-    /// Called by contender `who` while it holds the lock.
-    fn granted(&self, who: usize) {
-        self.grants.fetch_add(1, Ordering::Relaxed);
-        let before = self.last.swap(who + 1, Ordering::Relaxed);
-        if before != 0 && before != who + 1 {
-            self.handoffs.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (self.grants.load(Ordering::SeqCst), self.handoffs.load(Ordering::SeqCst))
-    }
 }
 
 struct Run {
@@ -174,61 +106,28 @@ struct Run {
 }
 
 async fn lockline_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> BoxResult<Run> {
-    let mut clients = Vec::new();
-    let mut mutexes = Vec::new();
-    for _ in 0..n {
-        let client = Client::new(Redis::new(server.url()));
-        let session = client
-            .session_with(SessionOptions::new().with_ttl(Duration::from_secs(10)))
-            .await?;
-        mutexes.push(session.mutex(name)?);
-        clients.push(client);
-    }
+    let contenders = Contenders::open(n, name, || Client::new(Redis::new(server.url()))).await?;
     let mut side = connection(server).await?;
     let before = commands_processed(&mut side).await?;
     let published_before = publishes(&mut side).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Arc::new(Tally::default());
-    let slot = Arc::new(HandoffSlot::default());
-    let mut tasks = Vec::new();
-    for (who, mutex) in mutexes.iter().enumerate() {
-        let (mutex, stop, tally, slot) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&tally), Arc::clone(&slot));
-        tasks.push(tokio::spawn(async move {
-            let mut latency = Latency::default();
-            while !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let guard = mutex.lock().await?;
-                latency.granted(&slot, who, started, &stop);
-                tally.granted(who);
-                slot.releasing(who);
-                guard.release().await?;
-            }
-            Ok::<_, lockline::Error>(latency)
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let (counted, handed) = tally.counts();
+    let mut contest = contenders.contest(Sampling::Window);
+    contest.run_for(seconds).await;
     let after = commands_processed(&mut side).await?;
     let published_after = publishes(&mut side).await?;
-    stop.store(true, Ordering::SeqCst);
-    let mut latency = Latency::default();
-    for task in tasks {
-        latency.extend(task.await??);
-    }
-    let (wakeups, releases) = clients.iter().fold((0, 0), |(w, r), c| {
-        let s = c.stats();
-        (w + s.wakeups, r + s.releases)
-    });
-    for mutex in &mutexes {
-        mutex.session().close().await?;
-    }
+    let outcome = contest.stop().await?;
+    let counted = outcome.grants;
+    let wakeups_per_release = contenders.wakeups_per_release();
+    contenders.close().await?;
     Ok(Run {
-        grants_per_sec: counted as f64 / seconds,
-        handoffs_per_sec: handed as f64 / seconds,
-        wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
+        grants_per_sec: outcome.grants_per_sec(),
+        handoffs_per_sec: outcome.handoffs_per_sec(),
+        wakeups_per_release,
         commands_per_grant: (after - before) / counted.max(1) as f64,
         releases_published: (published_after - published_before) / counted.max(1) as f64,
-        latency,
+        latency: Latency {
+            acquire: outcome.acquire,
+            handoff: outcome.handoff,
+        },
     })
 }
 
@@ -251,23 +150,14 @@ async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> B
     let release = Arc::new(release);
     let mut side = connection(server).await?;
     let before = commands_processed(&mut side).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Arc::new(Tally::default());
-    let slot = Arc::new(HandoffSlot::default());
-    let mut tasks = Vec::new();
+    let mut contest = Contest::new(n, Sampling::Window);
     for i in 0..n {
         let mut conn = connection(server).await?;
-        let (stop, tally, release, name, slot) = (
-            Arc::clone(&stop),
-            Arc::clone(&tally),
-            Arc::clone(&release),
-            name.to_owned(),
-            Arc::clone(&slot),
-        );
-        tasks.push(tokio::spawn(async move {
+        let (release, name) = (Arc::clone(&release), name.to_owned());
+        let mut contender = contest.enter();
+        contest.spawn(async move {
             let mut round = 0u64;
-            let mut latency = Latency::default();
-            while !stop.load(Ordering::Relaxed) {
+            while contender.running() {
                 let token = format!("{i}-{round}");
                 round += 1;
                 let started = Instant::now();
@@ -283,35 +173,29 @@ async fn spin_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> B
                     if taken.is_some() {
                         break;
                     }
-                    if stop.load(Ordering::Relaxed) {
-                        return Ok(latency);
+                    if !contender.running() {
+                        return Ok(());
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                latency.granted(&slot, i, started, &stop);
-                tally.granted(i);
-                slot.releasing(i);
+                contender.granted(started);
+                contender.releasing();
                 let _: i64 = release.key(&name).arg(&token).invoke_async(&mut conn).await?;
             }
-            Ok::<_, redis::RedisError>(latency)
-        }));
+            Ok::<_, redis::RedisError>(())
+        });
     }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let (counted, handed) = tally.counts();
+    contest.run_for(seconds).await;
     let after = commands_processed(&mut side).await?;
-    stop.store(true, Ordering::SeqCst);
-    let mut latency = Latency::default();
-    for task in tasks {
-        latency.extend(task.await??);
-    }
+    let outcome = contest.stop().await?;
     Ok((
         Baseline {
-            grants_per_sec: counted as f64 / seconds,
-            handoffs_per_sec: handed as f64 / seconds,
-            acquire: latency.acquire.p50_p99(),
-            handoff: latency.handoff.p50_p99(),
+            grants_per_sec: outcome.grants_per_sec(),
+            handoffs_per_sec: outcome.handoffs_per_sec(),
+            acquire: outcome.acquire.p50_p99(),
+            handoff: outcome.handoff.p50_p99(),
         },
-        (after - before) / counted.max(1) as f64,
+        (after - before) / outcome.grants.max(1) as f64,
     ))
 }
 
@@ -355,13 +239,7 @@ fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> Box
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let args = match BenchArgs::from_env() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}\nusage: bench_redis [--seconds S] [--contenders 1,2,4,16,64]");
-            std::process::exit(2);
-        }
-    };
+    let args = BenchArgs::from_env_or_exit("bench_redis", "");
     let server = RedisServer::start()?;
     let seconds = args.seconds;
     println!(
@@ -380,15 +258,6 @@ async fn main() -> BoxResult<()> {
          wakeups/release (client) | release messages/release (server) | server commands/grant: lockline | spin |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let ratio = |a: f64, b: f64| {
-        if b > 0.0 {
-            format!("{:.1}", a / b)
-        } else if a > 0.0 {
-            "∞".to_owned()
-        } else {
-            "-".to_owned()
-        }
-    };
     let mut latency_rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_run(&server, n, seconds, &format!("bench/lockline-{round}")).await?;
@@ -433,23 +302,15 @@ async fn main() -> BoxResult<()> {
             ours.handoff.p50_p99(),
             py.handoff,
             spin.handoff,
-            ours.handoff
-                .quantile(0.99)
-                .map_or("-".to_owned(), |p99| format!("{:.2}", ms(p99) / b_write_p50)),
+            p99_over(&ours.handoff, b_write_p50),
         );
     }
-    if let Some((n, ours, _, _)) = latency_rows
-        .iter()
-        .rev()
-        .find(|(_, ours, _, _)| !ours.handoff.is_empty())
-    {
-        let p99 = ours.handoff.quantile(0.99).map(ms).unwrap_or(f64::NAN);
-        let ratio = p99 / b_write_p50;
+    if let Some(line) = p99_target_line(
+        latency_rows.iter().map(|(n, ours, _, _)| (*n, &ours.handoff)),
+        b_write_p50,
+    ) {
         println!();
-        println!(
-            "target p99 handoff ≤ 3 × p50 B_write latency at N = {n}: {p99:.2} ms / {b_write_p50:.2} ms = {ratio:.2} ({})",
-            if ratio <= 3.0 { "met" } else { "missed" }
-        );
+        println!("{line}");
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 //! cargo run --release -p lockline-redis --example crowd_redis [-- --seconds 5 --processes 4 --crowd 1000 --compare 16,64]
 //! ```
 //!
-//! The program re-runs itself as child processes (`lockline_testkit::Crowd`),
+//! The program re-runs itself as child processes (`lockline_bench::Crowd`),
 //! each running its share of the contenders (each its own client and
 //! session), which take and release one lock with zero hold time. Measured
 //! once every contender has queued: grants/s, wakeups per release (the
@@ -16,29 +16,18 @@
 //! distorts; then `--crowd` contenders run in `--processes`, against the
 //! largest `--compare` count.
 
-use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
-
-use lockline::{Client, SessionOptions};
+use lockline::Client;
+use lockline_bench::{run_plan, usage_exit, BoxResult, CrowdArgs, CrowdChild};
 use lockline_redis::Redis;
-use lockline_testkit::{run_plan, unix_nanos, CrowdArgs, CrowdChild, CrowdCounts, GrantRecord, RedisServer};
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use lockline_testkit::RedisServer;
 
 fn main() -> BoxResult<()> {
     if let Some(child) = CrowdChild::from_env()? {
-        return tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(contend(child));
+        let url = child.args.first().ok_or("crowd child: no Redis URL")?.clone();
+        return child.contend(|| Client::new(Redis::new(url.clone())));
     }
-    let args = match CrowdArgs::from_env(&[], 0.0) {
-        Ok((args, _)) => args,
-        Err(message) => {
-            eprintln!("{message}\nusage: crowd_redis {}", CrowdArgs::USAGE);
-            std::process::exit(2);
-        }
-    };
+    let (args, _) =
+        CrowdArgs::from_env(&[], 0.0).unwrap_or_else(|message| usage_exit(&message, "crowd_redis", CrowdArgs::USAGE));
     let server = RedisServer::start()?;
     println!(
         "Redis crowd benchmark: redis-server on 127.0.0.1:{} (no persistence), {} s per measurement, \
@@ -48,87 +37,4 @@ fn main() -> BoxResult<()> {
     );
     run_plan(&args, &[server.url()])?;
     Ok(())
-}
-
-fn counts(clients: &[Client]) -> CrowdCounts {
-    clients.iter().fold(CrowdCounts::default(), |sum, client| {
-        let stats = client.stats();
-        CrowdCounts {
-            grants: sum.grants + stats.grants,
-            wakeups: sum.wakeups + stats.wakeups,
-            releases: sum.releases + stats.releases,
-        }
-    })
-}
-
-/// A child: its contenders loop lock → release on `crowd/RUN`.
-async fn contend(child: CrowdChild) -> BoxResult<()> {
-    let url = child.args.first().ok_or("crowd child: no Redis URL")?.clone();
-    let name = format!("crowd/{}", child.run);
-    let mut clients = Vec::new();
-    let mut mutexes = Vec::new();
-    for _ in 0..child.contenders {
-        let client = Client::new(Redis::new(url.clone()));
-        let session = client
-            .session_with(SessionOptions::new().with_ttl(Duration::from_secs(10)))
-            .await?;
-        mutexes.push(session.mutex(&name)?);
-        clients.push(client);
-    }
-    child.ready()?;
-    let records = Arc::new(StdMutex::new(Vec::<GrantRecord>::new()));
-    let tasks: Vec<_> = mutexes
-        .iter()
-        .map(|mutex| tokio::spawn(contender(mutex.clone(), Arc::clone(&records))))
-        .collect();
-    tokio::time::timeout(Duration::from_secs(120), async {
-        for client in &clients {
-            client.wait_for_stats(|s| s.appends >= 1).await;
-        }
-    })
-    .await
-    .map_err(|_| "crowd child: contenders did not queue within 120 s")?;
-    let window = child.queued()?;
-    tokio::time::sleep(window.until_start()).await;
-    let before = counts(&clients);
-    tokio::time::sleep(window.until_end()).await;
-    let during = counts(&clients).since(before);
-    for task in &tasks {
-        task.abort();
-    }
-    for task in tasks {
-        if let Ok(Err(error)) = task.await {
-            return Err(format!("crowd child: a contender failed: {error}").into());
-        }
-    }
-    let records = std::mem::take(&mut *records.lock().expect("records"));
-    child.report(during, &records, window)?;
-    let closes: Vec<_> = mutexes
-        .into_iter()
-        .map(|mutex| tokio::spawn(async move { mutex.session().close().await }))
-        .collect();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        for close in closes {
-            let _ = close.await;
-        }
-    })
-    .await
-    .map_err(|_| "crowd child: sessions did not close within 30 s")?;
-    Ok(())
-}
-
-/// One contender: lock → record → release, until aborted.
-async fn contender(mutex: lockline::Mutex, records: Arc<StdMutex<Vec<GrantRecord>>>) -> lockline::Result<()> {
-    loop {
-        let guard = mutex.lock().await?;
-        let granted_ns = unix_nanos();
-        let token = guard.token().get();
-        let release_started_ns = unix_nanos();
-        records.lock().expect("records").push(GrantRecord {
-            token,
-            granted_ns,
-            release_started_ns,
-        });
-        guard.release().await?;
-    }
 }

@@ -35,16 +35,14 @@
 //! target line compares the handoff p99 at the largest N with B_write's p50.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use lockline::{Client, SessionOptions};
-use lockline_testkit::{ms, BenchArgs, Latencies, ZkEnsemble, ZkJvm, ZkOptions};
+use lockline::Client;
+use lockline_bench::report::{p99_over, p99_target_line};
+use lockline_bench::{ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Latencies, OwnFlags, Sampling};
+use lockline_testkit::{ZkEnsemble, ZkJvm, ZkOptions};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// `zk_sum_node_deleted_watch_count` and `zk_cnt_node_deleted_watch_count`.
 fn deleted_watches(ensemble: &ZkEnsemble) -> (f64, f64) {
@@ -66,16 +64,10 @@ async fn b_write(ensemble: &ZkEnsemble, seconds: f64, path: &str) -> BoxResult<(
     client
         .create(path, b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()))
         .await?;
-    let mut latencies = Latencies::new();
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed().as_secs_f64() < seconds {
-        let call = Instant::now();
-        client.set_data(path, n.to_string().as_bytes(), None).await?;
-        latencies.push(call.elapsed());
-        n += 1;
-    }
-    Ok((n as f64 / started.elapsed().as_secs_f64(), latencies))
+    Ok(sequential(seconds, async |n| {
+        client.set_data(path, n.to_string().as_bytes(), None).await.map(drop)
+    })
+    .await?)
 }
 
 /// One client's bare create + list + delete cycles/s under `dir`.
@@ -86,15 +78,13 @@ async fn bare_cycle(ensemble: &ZkEnsemble, seconds: f64, dir: &str) -> BoxResult
         .await?;
     let node = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     let prefix = format!("{dir}/entry-");
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed().as_secs_f64() < seconds {
+    let (cycles, _) = sequential(seconds, async |_| {
         let (_, sequence) = client.create(&prefix, b"", &node).await?;
         client.list_children(dir).await?;
-        client.delete(&format!("{prefix}{sequence}"), None).await?;
-        n += 1;
-    }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+        client.delete(&format!("{prefix}{sequence}"), None).await
+    })
+    .await?;
+    Ok(cycles)
 }
 
 struct Run {
@@ -105,85 +95,21 @@ struct Run {
     handoff: Latencies,
 }
 
-/// Who released last and when the release began, for the next grant to take.
-#[derive(Default)]
-struct HandoffSlot(std::sync::Mutex<Option<(usize, Instant)>>);
-
-impl HandoffSlot {
-    /// Contender `who` is about to release.
-    fn releasing(&self, who: usize) {
-        *self.0.lock().expect("handoff slot") = Some((who, Instant::now()));
-    }
-
-    /// Contender `who` was granted at `granted`: the handoff latency, when
-    /// another contender released before.
-    fn granted(&self, who: usize, granted: Instant) -> Option<Duration> {
-        match self.0.lock().expect("handoff slot").take() {
-            Some((releaser, at)) if releaser != who => Some(granted - at),
-            _ => None,
-        }
-    }
-}
-
 async fn lockline_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, name: &str) -> BoxResult<Run> {
-    let mut clients = Vec::new();
-    let mut mutexes = Vec::new();
-    for _ in 0..n {
-        let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
-        let session = client
-            .session_with(SessionOptions::new().with_ttl(Duration::from_secs(10)))
-            .await?;
-        mutexes.push(session.mutex(name)?);
-        clients.push(client);
-    }
+    let contenders = Contenders::open(n, name, || Client::new(ZooKeeper::new(ensemble.connect_string()))).await?;
     let (sum_before, _) = deleted_watches(ensemble);
-    let stop = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(AtomicU64::new(0));
-    let slot = Arc::new(HandoffSlot::default());
-    let mut tasks = Vec::new();
-    for (who, mutex) in mutexes.iter().enumerate() {
-        let (mutex, stop, grants, slot) = (mutex.clone(), Arc::clone(&stop), Arc::clone(&grants), Arc::clone(&slot));
-        tasks.push(tokio::spawn(async move {
-            let (mut acquire, mut handoff) = (Latencies::new(), Latencies::new());
-            while !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let guard = mutex.lock().await?;
-                let granted = Instant::now();
-                let handed = slot.granted(who, granted);
-                if !stop.load(Ordering::Relaxed) {
-                    acquire.push(granted - started);
-                    handed.into_iter().for_each(|latency| handoff.push(latency));
-                }
-                grants.fetch_add(1, Ordering::Relaxed);
-                slot.releasing(who);
-                guard.release().await?;
-            }
-            Ok::<_, lockline::Error>((acquire, handoff))
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let counted = grants.load(Ordering::SeqCst);
-    stop.store(true, Ordering::SeqCst);
-    let (mut acquire, mut handoff) = (Latencies::new(), Latencies::new());
-    for task in tasks {
-        let (a, h) = task.await??;
-        acquire.extend(a);
-        handoff.extend(h);
-    }
+    let mut contest = contenders.contest(Sampling::Window);
+    contest.run_for(seconds).await;
+    let outcome = contest.stop().await?;
     let (sum_after, _) = deleted_watches(ensemble);
-    let (wakeups, releases) = clients.iter().fold((0, 0), |(w, r), c| {
-        let s = c.stats();
-        (w + s.wakeups, r + s.releases)
-    });
-    for mutex in &mutexes {
-        mutex.session().close().await?;
-    }
+    let counts = contenders.counts();
+    contenders.close().await?;
     Ok(Run {
-        grants_per_sec: counted as f64 / seconds,
-        wakeups_per_release: wakeups as f64 / releases.max(1) as f64,
-        server_watches_per_release: (sum_after - sum_before) / releases.max(1) as f64,
-        acquire,
-        handoff,
+        grants_per_sec: outcome.grants_per_sec(),
+        wakeups_per_release: counts.wakeups as f64 / counts.releases.max(1) as f64,
+        server_watches_per_release: (sum_after - sum_before) / counts.releases.max(1) as f64,
+        acquire: outcome.acquire,
+        handoff: outcome.handoff,
     })
 }
 
@@ -222,40 +148,37 @@ fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxRe
     }
 }
 
-/// Takes this example's own flags (`--fast-start`, `--warmup S`) out of the
-/// arguments; the rest are [`BenchArgs`].
-fn own_flags(args: Vec<String>) -> Result<(ZkJvm, f64, Vec<String>), String> {
-    let (mut jvm, mut warmup, mut rest) = (ZkJvm::Production, 20.0, Vec::new());
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--fast-start" => jvm = ZkJvm::FastStart,
-            "--warmup" => {
-                let value = it.next().ok_or("--warmup needs a value")?;
-                warmup = value.parse().map_err(|_| format!("bad --warmup {value:?}"))?;
-                if !(0.0..=600.0).contains(&warmup) {
-                    return Err("--warmup must be within 0..=600".into());
-                }
+/// This example's own flags (`--fast-start`, `--warmup S`) and the
+/// [`BenchArgs`].
+fn parse_args() -> Result<(ZkJvm, f64, BenchArgs), String> {
+    let (own, rest) = OwnFlags::take(std::env::args().skip(1), &["--fast-start"], &["--warmup"])?;
+    let jvm = if own.switch("--fast-start") {
+        ZkJvm::FastStart
+    } else {
+        ZkJvm::Production
+    };
+    let warmup = match own.value("--warmup") {
+        None => 20.0,
+        Some(value) => {
+            let warmup: f64 = value.parse().map_err(|_| format!("bad --warmup {value:?}"))?;
+            if !(0.0..=600.0).contains(&warmup) {
+                return Err("--warmup must be within 0..=600".into());
             }
-            _ => rest.push(arg),
+            warmup
         }
-    }
-    Ok((jvm, warmup, rest))
+    };
+    Ok((jvm, warmup, BenchArgs::parse(rest)?))
 }
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let parsed = own_flags(std::env::args().skip(1).collect())
-        .and_then(|(jvm, warmup, rest)| Ok((jvm, warmup, BenchArgs::parse(rest)?)));
-    let (jvm, warmup, args) = match parsed {
-        Ok(parsed) => parsed,
-        Err(message) => {
-            eprintln!(
-                "{message}\nusage: bench_zookeeper [--seconds S] [--contenders 1,2,4,16,64] [--warmup S] [--fast-start]"
-            );
-            std::process::exit(2);
-        }
-    };
+    let (jvm, warmup, args) = parse_args().unwrap_or_else(|message| {
+        usage_exit(
+            &message,
+            "bench_zookeeper",
+            &BenchArgs::usage("[--warmup S] [--fast-start]"),
+        )
+    });
     let ensemble = ZkEnsemble::start_with(
         1,
         &ZkOptions {
@@ -337,19 +260,12 @@ async fn main() -> BoxResult<()> {
             kazoo.acquire,
             ours.handoff.p50_p99(),
             kazoo.handoff,
-            ours.handoff
-                .quantile(0.99)
-                .map_or("-".to_owned(), |p99| format!("{:.2}", ms(p99) / b_write_p50)),
+            p99_over(&ours.handoff, b_write_p50),
         );
     }
-    if let Some((n, ours, _)) = latency_rows.iter().rev().find(|(_, ours, _)| !ours.handoff.is_empty()) {
-        let p99 = ours.handoff.quantile(0.99).map(ms).unwrap_or(f64::NAN);
-        let ratio = p99 / b_write_p50;
+    if let Some(line) = p99_target_line(latency_rows.iter().map(|(n, ours, _)| (*n, &ours.handoff)), b_write_p50) {
         println!();
-        println!(
-            "target p99 handoff ≤ 3 × p50 B_write latency at N = {n}: {p99:.2} ms / {b_write_p50:.2} ms = {ratio:.2} ({})",
-            if ratio <= 3.0 { "met" } else { "missed" }
-        );
+        println!("{line}");
     }
     Ok(())
 }

@@ -32,19 +32,16 @@
 //! lockline's own `sync` every keepalive interval, which confirms the
 //! session through the leader.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
-use lockline::{Client, MutexGuard, Session, SessionOptions};
-use lockline_testkit::scale::{CountingAlloc, CountingProxy, ScaleArgs};
-use lockline_testkit::{rss_kib, ZkEnsemble, ZkJvm, ZkOptions};
+use lockline::Client;
+use lockline_bench::scale::{self, CountingAlloc, CountingProxy, ScaleArgs, ScaleServer};
+use lockline_bench::BoxResult;
+use lockline_testkit::{ZkEnsemble, ZkJvm, ZkOptions};
 use lockline_zookeeper::ZooKeeper;
 
 #[global_allocator]
 static HEAP: CountingAlloc = CountingAlloc::new();
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
@@ -56,220 +53,116 @@ async fn main() -> BoxResult<()> {
             ..ZkOptions::default()
         },
     )?;
-    if args.locks > 0 {
-        many_locks(&ensemble, &args).await?;
+    let mut server = Server {
+        ensemble,
+        keepalive_start: (0, 0),
+    };
+    scale::run(&mut server, &args, &HEAP).await
+}
+
+/// The ZooKeeper server, and its packet counts at the keepalive window's
+/// start.
+struct Server {
+    ensemble: ZkEnsemble,
+    keepalive_start: (u64, u64),
+}
+
+impl Server {
+    /// One number from `mntr`.
+    fn mntr(&self, field: &str) -> BoxResult<u64> {
+        let text = self.ensemble.four_letter(0, "mntr").ok_or("no answer to mntr")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix('\t')?.trim().parse().ok())
+            .ok_or_else(|| format!("no {field} in mntr").into())
     }
-    if args.sessions > 0 {
-        many_sessions(&ensemble, &args).await?;
+
+    /// `wchs`: how many connections watch how many paths, and the watches.
+    fn watch_summary(&self) -> String {
+        self.ensemble
+            .four_letter(0, "wchs")
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ")
     }
-    Ok(())
-}
 
-/// Takes `count` locks named `{prefix}{i}` with `in_flight` tasks, each taking
-/// the next number until none is left; the guards in number order.
-async fn acquire_all(session: &Session, prefix: &str, count: usize, in_flight: usize) -> BoxResult<Vec<MutexGuard>> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..in_flight.min(count) {
-        let (session, next, prefix) = (session.clone(), Arc::clone(&next), prefix.to_owned());
-        workers.spawn(async move {
-            let mut held = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
-                    return Ok::<_, lockline::Error>(held);
-                }
-                held.push((i, session.mutex(&format!("{prefix}{i}"))?.lock().await?));
-            }
-        });
+    /// Sessions that own ephemeral nodes, from `dump`.
+    fn sessions_with_ephemerals(&self) -> String {
+        let dump = self.ensemble.four_letter(0, "dump").unwrap_or_default();
+        dump.lines()
+            .find_map(|l| l.trim().strip_prefix("Sessions with Ephemerals ("))
+            .and_then(|rest| rest.split(')').next())
+            .unwrap_or("?")
+            .to_owned()
     }
-    let mut guards: Vec<Option<MutexGuard>> = Vec::with_capacity(count);
-    guards.resize_with(count, || None);
-    while let Some(done) = workers.join_next().await {
-        for (i, guard) in done?? {
-            guards[i] = Some(guard);
-        }
+
+    /// The server's view; `mntr`'s own connection is not counted.
+    fn server_view(&self) -> BoxResult<String> {
+        Ok(format!(
+            "{} client connection(s), {} session(s) with ephemeral nodes, {} ephemeral nodes; watches: {}",
+            self.mntr("zk_num_alive_connections")?.saturating_sub(1),
+            self.sessions_with_ephemerals(),
+            self.mntr("zk_ephemerals_count")?,
+            self.watch_summary(),
+        ))
     }
-    Ok(guards.into_iter().flatten().collect())
 }
 
-fn per(total: f64, count: usize) -> f64 {
-    total / count.max(1) as f64
-}
-
-/// One number from `mntr`.
-fn mntr(ensemble: &ZkEnsemble, field: &str) -> BoxResult<u64> {
-    let text = ensemble.four_letter(0, "mntr").ok_or("no answer to mntr")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix('\t')?.trim().parse().ok())
-        .ok_or_else(|| format!("no {field} in mntr").into())
-}
-
-/// `wchs`: how many connections watch how many paths, and the watches.
-fn watch_summary(ensemble: &ZkEnsemble) -> String {
-    ensemble
-        .four_letter(0, "wchs")
-        .unwrap_or_default()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Sessions that own ephemeral nodes, from `dump`.
-fn sessions_with_ephemerals(ensemble: &ZkEnsemble) -> String {
-    let dump = ensemble.four_letter(0, "dump").unwrap_or_default();
-    dump.lines()
-        .find_map(|l| l.trim().strip_prefix("Sessions with Ephemerals ("))
-        .and_then(|rest| rest.split(')').next())
-        .unwrap_or("?")
-        .to_owned()
-}
-
-/// The server's view; `mntr`'s own connection is not counted.
-fn server_view(ensemble: &ZkEnsemble) -> BoxResult<String> {
-    Ok(format!(
-        "{} client connection(s), {} session(s) with ephemeral nodes, {} ephemeral nodes; watches: {}",
-        mntr(ensemble, "zk_num_alive_connections")?.saturating_sub(1),
-        sessions_with_ephemerals(ensemble),
-        mntr(ensemble, "zk_ephemerals_count")?,
-        watch_summary(ensemble),
-    ))
-}
-
-async fn many_locks(ensemble: &ZkEnsemble, args: &ScaleArgs) -> BoxResult<()> {
-    let locks = args.locks;
-    let options = SessionOptions::new().with_ttl(args.ttl);
-    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
-    let session = client.session_with(options.clone()).await?;
-    println!(
-        "== {locks} locks on one session (TTL {:?}, {} acquires in flight) ==",
-        args.ttl, args.in_flight
-    );
-    let (rss_before, heap_before, blocks_before) = (rss_kib(), HEAP.live_bytes(), HEAP.live_blocks());
-    let sizes_before = HEAP.live_blocks_by_size();
-    let started = Instant::now();
-    let guards = acquire_all(&session, "/scale/", locks, args.in_flight).await?;
-    let took = started.elapsed();
-    let (rss_after, heap_after, blocks_after) = (rss_kib(), HEAP.live_bytes(), HEAP.live_blocks());
-    println!(
-        "acquired {} locks in {took:.2?} ({:.0}/s)",
-        guards.len(),
-        guards.len() as f64 / took.as_secs_f64()
-    );
-    println!(
-        "client RSS {rss_before} -> {rss_after} KiB: {:.2} KiB per held lock; live heap {:.0} bytes in {:.1} blocks per held lock",
-        per(rss_after.saturating_sub(rss_before) as f64, locks),
-        per(heap_after.saturating_sub(heap_before) as f64, locks),
-        per(blocks_after.saturating_sub(blocks_before) as f64, locks),
-    );
-    println!(
-        "  live heap blocks per held lock by size: {}",
-        HEAP.growth_by_size(&sizes_before, locks, 0.05).join(", ")
-    );
-    println!(
-        "  (a guard is {} bytes in the Vec of guards)",
-        std::mem::size_of::<MutexGuard>()
-    );
-    println!("server: {}", server_view(ensemble)?);
-    // Two renewals, looked at halfway to the third (not during one).
-    let waited = options.keepalive_interval() * 5 / 2;
-    tokio::time::sleep(waited).await;
-    let held = guards.iter().filter(|g| g.is_held()).count();
-    println!(
-        "after two keepalive intervals ({waited:.1?}): {held} of {locks} still held; client RSS {} KiB, live heap {:.0} bytes per held lock",
-        rss_kib(),
-        per(HEAP.live_bytes().saturating_sub(heap_before) as f64, locks),
-    );
-    let started = Instant::now();
-    let closed = session.close().await;
-    println!(
-        "session.close() {} in {:.2?}; {} ephemeral nodes left",
-        closed.map_or_else(|e| format!("FAILED ({e})"), |()| "done".to_owned()),
-        started.elapsed(),
-        mntr(ensemble, "zk_ephemerals_count")?
-    );
-    drop(guards);
-    Ok(())
-}
-
-async fn many_sessions(ensemble: &ZkEnsemble, args: &ScaleArgs) -> BoxResult<()> {
-    let count = args.sessions;
-    let options = SessionOptions::new().with_ttl(args.ttl);
-    let proxy = CountingProxy::start(&ensemble.address(0))?;
-    let client = Client::new(ZooKeeper::new(proxy.address()));
-    println!(
-        "== {count} sessions, one lock each (TTL {:?}, keepalive every {:?}) ==",
-        args.ttl,
-        options.keepalive_interval()
-    );
-    let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.in_flight.min(count) {
-        let (client, options, next) = (client.clone(), options.clone(), Arc::clone(&next));
-        workers.spawn(async move {
-            let mut held = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
-                    return Ok::<_, lockline::Error>(held);
-                }
-                let session = client.session_with(options.clone()).await?;
-                let guard = session.mutex(&format!("/sessions/{i}"))?.lock().await?;
-                held.push((session, guard));
-            }
-        });
+impl ScaleServer for Server {
+    fn client(&self) -> Client {
+        Client::new(ZooKeeper::new(self.ensemble.connect_string()))
     }
-    let mut held = Vec::with_capacity(count);
-    while let Some(done) = workers.join_next().await {
-        held.extend(done??);
+
+    fn locks_prefix(&self) -> &str {
+        "/scale/"
     }
-    println!(
-        "opened {count} sessions and took a lock on each in {:.2?}",
-        started.elapsed()
-    );
-    tokio::time::sleep(options.keepalive_interval()).await;
-    println!("server: {}", server_view(ensemble)?);
-    // Each `mntr` is one packet received and one sent on its own connection.
-    let (received_before, sent_before) = (
-        mntr(ensemble, "zk_packets_received")?,
-        mntr(ensemble, "zk_packets_sent")?,
-    );
-    let (up_before, down_before) = (proxy.bytes_to_server(), proxy.bytes_to_client());
-    let window = args.ttl * args.ttls;
-    tokio::time::sleep(window).await;
-    let (up, down) = (
-        proxy.bytes_to_server() - up_before,
-        proxy.bytes_to_client() - down_before,
-    );
-    let received = mntr(ensemble, "zk_packets_received")? - received_before - 2;
-    let sent = mntr(ensemble, "zk_packets_sent")? - sent_before - 2;
-    let ttls = window.as_secs_f64() / args.ttl.as_secs_f64();
-    let per_session_ttl = |n: u64| n as f64 / count as f64 / ttls;
-    println!(
-        "keepalive per session per TTL (counted over {window:?}): server received {:.2} packets and sent {:.2}; \
-         client sent {:.0} bytes, received {:.0} bytes",
-        per_session_ttl(received),
-        per_session_ttl(sent),
-        per_session_ttl(up),
-        per_session_ttl(down),
-    );
-    let still = held.iter().filter(|(_, guard)| guard.is_held()).count();
-    println!("{still} of {count} locks still held");
-    let started = Instant::now();
-    let closes = held.iter().map(|(session, _)| session.close());
-    let failed: Vec<lockline::Error> = futures::future::join_all(closes)
-        .await
-        .into_iter()
-        .filter_map(Result::err)
-        .collect();
-    println!(
-        "closed {count} sessions (all at once) in {:.2?}; {} failed{}",
-        started.elapsed(),
-        failed.len(),
-        failed.first().map(|e| format!(", the first: {e}")).unwrap_or_default()
-    );
-    Ok(())
+
+    fn sessions_prefix(&self) -> &str {
+        "/sessions/"
+    }
+
+    async fn locks_view(&mut self) -> BoxResult<String> {
+        Ok(format!("server: {}", self.server_view()?))
+    }
+
+    async fn closed_line(&mut self, outcome: &str, took: Duration) -> BoxResult<String> {
+        Ok(format!(
+            "session.close() {outcome} in {took:.2?}; {} ephemeral nodes left",
+            self.mntr("zk_ephemerals_count")?
+        ))
+    }
+
+    fn proxy_target(&self) -> String {
+        self.ensemble.address(0)
+    }
+
+    fn proxied_client(&self, proxy: &str) -> Client {
+        Client::new(ZooKeeper::new(proxy))
+    }
+
+    async fn sessions_view(&mut self, _proxy: &CountingProxy) -> BoxResult<String> {
+        Ok(format!("server: {}", self.server_view()?))
+    }
+
+    async fn keepalive_start(&mut self) -> BoxResult<()> {
+        // Each `mntr` is one packet received and one sent on its own connection.
+        self.keepalive_start = (self.mntr("zk_packets_received")?, self.mntr("zk_packets_sent")?);
+        Ok(())
+    }
+
+    async fn keepalive_end(&mut self, per_session_ttl: &dyn Fn(f64) -> f64) -> BoxResult<(String, Vec<String>)> {
+        let (received_before, sent_before) = self.keepalive_start;
+        let received = self.mntr("zk_packets_received")? - received_before - 2;
+        let sent = self.mntr("zk_packets_sent")? - sent_before - 2;
+        Ok((
+            format!(
+                "server received {:.2} packets and sent {:.2}",
+                per_session_ttl(received as f64),
+                per_session_ttl(sent as f64),
+            ),
+            Vec::new(),
+        ))
+    }
 }

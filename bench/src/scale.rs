@@ -1,5 +1,7 @@
-//! What the three `scale_*` examples share: their flags, a counting global
-//! allocator, and a TCP proxy that counts the bytes crossing it.
+//! What the `scale_*` examples share: their flags, a counting global
+//! allocator, a TCP proxy that counts the bytes crossing it, and the two
+//! modes themselves ([`many_locks`], [`many_sessions`]), to which each
+//! backend brings its client and its server's view ([`ScaleServer`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
@@ -8,7 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Result;
+mod modes;
+
+pub use modes::{acquire_all, many_locks, many_sessions, run, ScaleServer};
+
+type Result<T> = std::io::Result<T>;
 
 /// The options of the scale examples:
 /// `[--locks N] [--in-flight K] [--sessions M] [--ttl SECONDS] [--ttls T]`.
@@ -91,7 +97,7 @@ impl ScaleArgs {
 ///
 /// ```no_run
 /// #[global_allocator]
-/// static HEAP: lockline_testkit::scale::CountingAlloc = lockline_testkit::scale::CountingAlloc::new();
+/// static HEAP: lockline_bench::scale::CountingAlloc = lockline_bench::scale::CountingAlloc::new();
 ///
 /// fn main() {}
 /// ```

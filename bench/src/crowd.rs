@@ -32,9 +32,11 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::bench::{ms, Latencies};
-use crate::process::spawn_tied_to_this_process;
-use crate::Result;
+use lockline_testkit::spawn_tied_to_this_process;
+
+use crate::latency::{ms, Latencies};
+
+type Result<T> = std::io::Result<T>;
 
 /// The first argument of a child process.
 pub const CHILD_FLAG: &str = "--crowd-child";
@@ -684,6 +686,33 @@ impl fmt::Display for CrowdResult {
     }
 }
 
+/// Columns a crowd example adds to [`run_plan`]'s table: figures it
+/// measures itself around each run (a server's connections, say).
+pub trait ExtraColumns {
+    /// The added columns' headers.
+    fn headers(&self) -> Vec<String>;
+    /// Called just before each run starts its children.
+    fn before_run(&mut self);
+    /// The added cells of the run that just ended.
+    fn after_run(&mut self, result: &CrowdResult) -> Vec<String>;
+}
+
+/// No added columns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoExtraColumns;
+
+impl ExtraColumns for NoExtraColumns {
+    fn headers(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn before_run(&mut self) {}
+
+    fn after_run(&mut self, _: &CrowdResult) -> Vec<String> {
+        Vec::new()
+    }
+}
+
 /// Runs the plan of a crowd example and prints it as it goes: the warm-up
 /// (when asked for), each `compare` count in one process and in
 /// `processes`, then the crowd in `processes`; then the comparisons (one
@@ -694,6 +723,19 @@ impl fmt::Display for CrowdResult {
 ///
 /// When a run fails ([`Crowd::run`]).
 pub fn run_plan(args: &CrowdArgs, child_args: &[String]) -> Result<Vec<CrowdResult>> {
+    run_plan_with(args, child_args, &mut NoExtraColumns)
+}
+
+/// [`run_plan`], with `extra` columns in the table.
+///
+/// # Errors
+///
+/// When a run fails ([`Crowd::run`]).
+pub fn run_plan_with(
+    args: &CrowdArgs,
+    child_args: &[String],
+    extra: &mut dyn ExtraColumns,
+) -> Result<Vec<CrowdResult>> {
     let mut run = 0;
     let mut crowd = |contenders: usize, processes: usize, seconds: f64| {
         run += 1;
@@ -716,22 +758,30 @@ pub fn run_plan(args: &CrowdArgs, child_args: &[String]) -> Result<Vec<CrowdResu
             warm.processes
         );
     }
+    let headers = extra.headers();
     println!();
     println!(
-        "| N | processes | grants/s | wakeups/release (client) | handoff p50 / p99 (ms) | handoffs measured | overlapping holds |"
+        "| N | processes | grants/s | wakeups/release (client) | handoff p50 / p99 (ms) | handoffs measured | overlapping holds |{}",
+        headers.iter().map(|h| format!(" {h} |")).collect::<String>()
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|{}", "---:|".repeat(headers.len()));
     let mut results = Vec::new();
+    let mut measured = |contenders: usize, processes: usize, extra: &mut dyn ExtraColumns| {
+        extra.before_run();
+        let result = crowd(contenders, processes, args.seconds)?;
+        let cells = extra.after_run(&result);
+        println!(
+            "{result}{}",
+            cells.iter().map(|c| format!(" {c} |")).collect::<String>()
+        );
+        Ok::<_, std::io::Error>(result)
+    };
     for &n in &args.compare {
         for processes in [1, args.processes] {
-            let result = crowd(n, processes, args.seconds)?;
-            println!("{result}");
-            results.push(result);
+            results.push(measured(n, processes, extra)?);
         }
     }
-    let crowd_result = crowd(args.crowd, args.processes, args.seconds)?;
-    println!("{crowd_result}");
-    results.push(crowd_result);
+    results.push(measured(args.crowd, args.processes, extra)?);
     println!();
     for line in comparisons(&results, args) {
         println!("{line}");
