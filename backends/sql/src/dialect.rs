@@ -155,6 +155,12 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
 
     /// Deletes the session's entries and its row.
     async fn close(&self, conn: &mut Self::Conn, session: &str) -> DbResult<()>;
+
+    /// Ends a lost session from another connection: its old owning
+    /// connection (`owner_server_id`) is ended if it still holds a guard of
+    /// the session, then its rows are deleted. `false` when the old
+    /// connection would not end in time (its rows are then left alone).
+    async fn end(&self, conn: &mut Self::Conn, session: &str, owner_server_id: i64) -> DbResult<bool>;
 }
 
 /// Turns a row-shape problem into the driver's decode error.

@@ -134,28 +134,40 @@ impl fmt::Debug for Sql {
     }
 }
 
-/// A URL with its password (if any) replaced by `***`.
+/// A URL with its password (if any) replaced by `***` and its query
+/// (which may hold `password=`) left out. Robust to passwords that hold
+/// unencoded `/`, `?` or `@`: everything up to the last `@` is credentials.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return "(not a URL)".to_owned();
     };
-    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-    let authority = match authority.rsplit_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split(':').next().unwrap_or_default();
-            if credentials.contains(':') {
-                format!("{user}:***@{host}")
+    let (credentials, place) = match rest.rsplit_once('@') {
+        Some((credentials, place)) => (Some(credentials), place),
+        None => (None, rest),
+    };
+    let place = place.split_once('?').map_or(place, |(p, _)| p);
+    match credentials {
+        Some(credentials) => {
+            let user = credentials.split([':', '/', '?']).next().unwrap_or_default();
+            if credentials.len() > user.len() {
+                format!("{scheme}://{user}:***@{place}")
             } else {
-                format!("{user}@{host}")
+                format!("{scheme}://{user}@{place}")
             }
         }
-        None => authority.to_owned(),
-    };
-    let query = path.split_once('?').map_or(path, |(p, _)| p);
-    if path.is_empty() {
-        format!("{scheme}://{authority}")
-    } else {
-        format!("{scheme}://{authority}/{query}")
+        None => format!("{scheme}://{place}"),
+    }
+}
+
+/// A hint for a URL whose credentials hold characters that must be
+/// percent-encoded.
+pub(crate) fn encoding_hint(url: &str) -> &'static str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    match rest.rsplit_once('@') {
+        Some((credentials, _)) if credentials.contains(['/', '?', '@', '#']) => {
+            " (percent-encode /, ?, @ and # in the user name and password: / is %2F)"
+        }
+        _ => "",
     }
 }
 
@@ -367,7 +379,25 @@ mod tests {
         );
         assert_eq!(redact("mysql://root@127.0.0.1/x"), "mysql://root@127.0.0.1/x");
         assert_eq!(redact("postgres://db"), "postgres://db");
-        assert!(!format!("{:?}", Sql::new("postgres://u:hunter2@h/d")).contains("hunter2"));
+        assert_eq!(
+            redact("postgres://app:pa/ss@127.0.0.1:1/app"),
+            "postgres://app:***@127.0.0.1:1/app"
+        );
+        assert_eq!(redact("postgres://app:p@ss?w@h:1/app"), "postgres://app:***@h:1/app");
+        assert_eq!(
+            redact("postgres://app@127.0.0.1:1?password=s3cret"),
+            "postgres://app@127.0.0.1:1"
+        );
+        assert_eq!(redact("postgres://h?password=s3cret"), "postgres://h");
+        assert_eq!(redact("secret"), "(not a URL)");
+        for url in [
+            "postgres://u:hunter2@h/d",
+            "mysql://u:hun/ter2@h/d",
+            "postgres://h:1?password=hunter2",
+        ] {
+            assert!(!format!("{:?}", Sql::new(url)).contains("hunter2"), "{url}");
+            assert!(!format!("{:?}", Sql::new(url)).contains("hun/ter2"), "{url}");
+        }
     }
 
     #[test]

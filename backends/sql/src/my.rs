@@ -179,6 +179,10 @@ impl Names {
         format!("{}e:{attempt}", self.lock_prefix)
     }
 
+    fn session_lock(&self, session: &str) -> String {
+        format!("{}s:{session}", self.lock_prefix)
+    }
+
     fn version_lock(&self, id: i64, version: i64) -> String {
         format!("{}v:{id}:{version}", self.lock_prefix)
     }
@@ -236,7 +240,11 @@ impl MySql {
             .strip_prefix("mariadb://")
             .map_or_else(|| url.to_owned(), |rest| format!("mysql://{rest}"));
         let connect: MySqlConnectOptions = url.parse().map_err(|e: sqlx::Error| Error::InvalidOptions {
-            reason: format!("invalid MySQL/MariaDB URL {:?}: {e}", crate::redact(&url)),
+            reason: format!(
+                "invalid MySQL/MariaDB URL {:?}: {e}{}",
+                crate::redact(&url),
+                crate::encoding_hint(&url)
+            ),
         })?;
         if connect.get_database().is_none() && tables.qualifier.is_empty() {
             return Err(Error::InvalidOptions {
@@ -595,12 +603,65 @@ impl Dialect for MySql {
     }
 
     async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<()> {
-        sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.open)))
+        let names = self.names()?;
+        // Sessions of processes that died a minute or more past their TTL,
+        // whose connection is gone (its session lock with it): their rows go.
+        let stale = format!(
+            "s.renewed_us + s.ttl_ms * 1000 < {NOW_US} - 60000000 AND IS_FREE_LOCK(CONCAT('{}s:', s.id))",
+            names.lock_prefix
+        );
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE e FROM {} e JOIN {} s ON s.id = e.session WHERE {stale}",
+            names.entries, names.sessions
+        )))
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE s FROM {} s WHERE {stale}",
+            names.sessions
+        )))
+        .execute(&mut *conn)
+        .await?;
+        // The session's own lock: held by its connection while it lives.
+        let lock = names.session_lock(session);
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(shape(format!("the session lock {lock} is taken")));
+        }
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.open)))
             .bind(session)
             .bind(ttl_ms)
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    async fn end(&self, conn: &mut MySqlConnection, session: &str, owner_server_id: i64) -> DbResult<bool> {
+        let names = self.names()?;
+        let holder: Option<i64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+            .bind(names.session_lock(session))
+            .fetch_one(&mut *conn)
+            .await?;
+        if holder == Some(owner_server_id) {
+            let kill = conn
+                .execute(sqlx::raw_sql(AssertSqlSafe(format!(
+                    "KILL CONNECTION {owner_server_id}"
+                ))))
+                .await;
+            if let Err(error) = kill {
+                if !has_code(&error, "HY000") {
+                    return Err(error);
+                }
+            }
+        } else if holder.is_some() {
+            // Not the connection this session opened: leave it alone.
+            return Ok(false);
+        }
+        self.close(conn, session).await?;
+        Ok(true)
     }
 
     async fn heartbeat(&self, conn: &mut MySqlConnection, session: &str) -> DbResult<Option<i64>> {

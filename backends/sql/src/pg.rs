@@ -53,6 +53,7 @@ struct Statements {
     write: Arc<str>,
     read: Arc<str>,
     close: Arc<str>,
+    end: Arc<str>,
     open: Arc<str>,
     check: Arc<str>,
 }
@@ -141,6 +142,7 @@ impl Names {
             write: format!("SELECT {}($1, $2, $3, $4, $5)", f("write")).into(),
             read: format!("SELECT d.value FROM {data} d WHERE d.key = $1").into(),
             close: format!("SELECT {}($1)", f("close")).into(),
+            end: format!("SELECT {}($1, $2)", f("end")).into(),
             open: format!("SELECT {}($1, $2)", f("open")).into(),
             check: format!(
                 "SELECT 1 FROM {entries} e WHERE e.id = $1 AND e.session = $2 \
@@ -177,6 +179,7 @@ impl Names {
             ..
         } = self;
         let f = |name: &str| self.function(name);
+        let end = f("end");
         let (append, nearest, earlier, remove, abandon, wait, reap, set_value, write, close, open) = (
             f("append"),
             f("nearest"),
@@ -425,6 +428,28 @@ BEGIN
 END
 $fn$;
 
+-- Ends a lost session from another connection: its old owning connection is
+-- terminated if it still holds a guard of the session's entries (a connection
+-- the server still believes in, behind a silent partition), then its rows are
+-- deleted. false when that connection would not end within 5 s.
+CREATE OR REPLACE FUNCTION {end}(p_session text, p_pid integer)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {entries} e JOIN pg_locks l
+                 ON l.locktype = 'advisory' AND l.objsubid = 1
+                AND l.classid = ((e.id # {salt}) >> 32)::oid AND l.objid = ((e.id # {salt}) & 4294967295)::oid
+               WHERE e.session = p_session AND l.pid = p_pid AND l.granted AND l.mode = 'ExclusiveLock'
+                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+        IF NOT pg_terminate_backend(p_pid, 5000) THEN
+            RETURN false;
+        END IF;
+    END IF;
+    DELETE FROM {entries} e WHERE e.session = p_session;
+    DELETE FROM {sessions} s WHERE s.id = p_session;
+    RETURN true;
+END
+$fn$;
+
 -- Registers a session owned by the calling connection. The first session
 -- opened after a server start moves the id counter past the server's clock in
 -- microseconds, above every token handed out before (the counter of an
@@ -447,6 +472,14 @@ BEGIN
             UPDATE {meta} SET started_at = v_started;
         END IF;
     END IF;
+    -- Sessions of processes that died a minute or more past their TTL, whose
+    -- connection is gone (their guards with it): their rows go.
+    DELETE FROM {entries} e USING {sessions} s
+     WHERE e.session = s.id AND s.renewed_us + s.ttl_ms * 1000 < {NOW_US} - 60000000
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid);
+    DELETE FROM {sessions} s
+     WHERE s.renewed_us + s.ttl_ms * 1000 < {NOW_US} - 60000000
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid);
     INSERT INTO {sessions} (id, pid, ttl_ms, renewed_us) VALUES (p_session, pg_backend_pid(), p_ttl_ms, {NOW_US});
     RETURN pg_backend_pid();
 END
@@ -460,7 +493,11 @@ $fn$;
 impl Postgres {
     pub(crate) fn new(url: &str, tables: Tables, settings: Settings) -> lockline::Result<Self> {
         let connect: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| Error::InvalidOptions {
-            reason: format!("invalid PostgreSQL URL {:?}: {e}", crate::redact(url)),
+            reason: format!(
+                "invalid PostgreSQL URL {:?}: {e}{}",
+                crate::redact(url),
+                crate::encoding_hint(url)
+            ),
         })?;
         Ok(Postgres {
             connect,
@@ -921,6 +958,15 @@ impl Dialect for Postgres {
         sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.read)))
             .bind(key)
             .fetch_optional(conn)
+            .await
+    }
+
+    async fn end(&self, conn: &mut PgConnection, session: &str, owner_server_id: i64) -> DbResult<bool> {
+        let pid = i32::try_from(owner_server_id).map_err(|_| shape(format!("pid {owner_server_id} out of range")))?;
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.end)))
+            .bind(session)
+            .bind(pid)
+            .fetch_one(conn)
             .await
     }
 

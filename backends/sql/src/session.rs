@@ -199,9 +199,12 @@ impl<D: Dialect> Shared<D> {
     }
 
     /// Closes the owning connection (once a statement in flight on it is
-    /// done or timed out) and deletes the session's rows through a new
-    /// connection, best effort: a session declared lost must not block
-    /// anyone later (DESIGN §6.11).
+    /// done or timed out) and ends the session on the server through a new
+    /// connection, best effort: its old connection, which the server may
+    /// still believe in behind a silent partition, is ended first, then its
+    /// rows are deleted. A session declared lost must not block anyone later
+    /// (DESIGN §6.11); what cannot be done here is left to the waiters, who
+    /// end a session past its TTL themselves.
     async fn end_on_server(&self) {
         let timeout = self.options.request_timeout();
         if let Ok(mut owner) = tokio::time::timeout(timeout, self.owner.lock()).await {
@@ -209,10 +212,15 @@ impl<D: Dialect> Shared<D> {
         }
         let cleanup = async {
             let (mut conn, _) = self.dialect.connect(Purpose::Wait).await?;
-            self.dialect.close(&mut conn, &self.id).await
+            self.dialect.end(&mut conn, &self.id, self.owner_server_id).await
         };
-        if let Ok(Err(error)) = tokio::time::timeout(timeout, cleanup).await {
-            tracing::debug!(session = %self.id, %error, "could not delete a lost session's rows");
+        match tokio::time::timeout(timeout + Duration::from_secs(5), cleanup).await {
+            Ok(Ok(true)) => tracing::debug!(session = %self.id, "lost session ended on the server"),
+            Ok(Ok(false)) => {
+                tracing::debug!(session = %self.id, "a lost session's connection would not end; left to the waiters")
+            }
+            Ok(Err(error)) => tracing::debug!(session = %self.id, %error, "could not end a lost session on the server"),
+            Err(_) => tracing::debug!(session = %self.id, "could not reach the server to end a lost session"),
         }
     }
 

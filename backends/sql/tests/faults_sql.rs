@@ -220,14 +220,20 @@ async fn a_thousand_cancelled_waiters_leave_nothing_on_the_server(db: Db) {
         assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
     }
     until("the cancelled waiters' rows are gone", || db.entries() == 1).await;
+    // On MariaDB each session's connection also holds a lock of its own.
+    let per_session = if db.is_postgres() { 0 } else { 5 };
     until("no wait is left on the server", || {
         let locks = db.locks();
-        locks.waiting == 0 && locks.held == 1
+        locks.waiting == 0 && locks.held == 1 + per_session
     })
     .await;
     held.release().await.expect("release");
     until("no row is left", || db.entries() == 0).await;
-    until("no lock is left", || db.locks() == Default::default()).await;
+    until("no lock is left but the sessions' own", || {
+        let locks = db.locks();
+        locks.waiting == 0 && locks.held == per_session
+    })
+    .await;
     assert!(sessions.iter().all(|s| s.state() == SessionState::Live));
 }
 

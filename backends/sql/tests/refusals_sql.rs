@@ -69,7 +69,9 @@ async fn a_wrong_password_is_an_authentication_failure(db: Db) {
 
 async fn a_silent_server_fails_within_the_connect_timeout(db: Db) {
     // Nobody listens: refused at once.
-    let closed = db.url().replace(&db.port().to_string(), &free_port().expect("port").to_string());
+    let closed = db
+        .url()
+        .replace(&db.port().to_string(), &free_port().expect("port").to_string());
     let started = Instant::now();
     match open(closed).await {
         Err(error @ Error::Unavailable { .. }) => assert!(error.is_transient()),
@@ -98,13 +100,20 @@ async fn a_user_who_may_not_create_tables_is_told_which_privilege(db: Db) {
     db.create_user("app", "secret");
     if !db.is_postgres() {
         // The MariaDB user may use the test database's tables, not create them.
-        assert!(db.sql("SHOW GRANTS FOR 'app'@'%'").contains("SELECT, INSERT, UPDATE, DELETE"));
+        assert!(db
+            .sql("SHOW GRANTS FOR 'app'@'%'")
+            .contains("SELECT, INSERT, UPDATE, DELETE"));
     }
     match open(db.url_for("app", "secret")).await {
-        Err(Error::PermissionDenied { operation, key, reason, .. }) => {
+        Err(Error::PermissionDenied {
+            operation, key, reason, ..
+        }) => {
             assert_eq!(operation, "create tables in");
             assert!(key.contains("public") || key.contains("lockline"), "{key}");
-            assert!(reason.contains("CREATE"), "the reason must name the privilege: {reason}");
+            assert!(
+                reason.contains("CREATE"),
+                "the reason must name the privilege: {reason}"
+            );
             assert!(reason.contains("Sql::ddl"), "the reason must say how else: {reason}");
         }
         other => panic!("a user who may not create tables must get PermissionDenied, got {other:?}"),

@@ -1,0 +1,286 @@
+-- lockline's tables and functions (layout 1), for PostgreSQL 14 or later.
+-- Entries and sessions die with their owners' connections, so they are UNLOGGED:
+-- an acquire or a release writes no WAL and waits for no disk flush. The fencing
+-- token (an entry's id) never repeats: the first session opened after each server
+-- start or crash recovery moves the id counter past the server's clock in microseconds.
+CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    layout integer NOT NULL,
+    started_at timestamptz
+);
+INSERT INTO "public"."lockline_meta" (layout) VALUES (1) ON CONFLICT DO NOTHING;
+CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL,
+    kind text NOT NULL,
+    session text NOT NULL,
+    attempt text NOT NULL,
+    value bytea NOT NULL DEFAULT '\x',
+    version bigint NOT NULL DEFAULT 0
+);
+CREATE UNIQUE INDEX IF NOT EXISTS "lockline_entries_attempt" ON "public"."lockline_entries" (attempt);
+CREATE INDEX IF NOT EXISTS "lockline_entries_name" ON "public"."lockline_entries" (name, id);
+CREATE INDEX IF NOT EXISTS "lockline_entries_session" ON "public"."lockline_entries" (session);
+CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_sessions" (
+    id text PRIMARY KEY,
+    pid integer NOT NULL,
+    ttl_ms bigint NOT NULL,
+    renewed_us bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS "public"."lockline_data" (
+    key text PRIMARY KEY,
+    value bytea NOT NULL
+);
+
+-- The nearest live entries before p_id under p_name (read locks pass over
+-- shared ones), nearest first. An entry whose guard is free is dead (released,
+-- or its owner's connection ended): it is deleted before anyone goes past it,
+-- which waits for a fenced commit of its holder still in flight.
+CREATE OR REPLACE FUNCTION "public"."lockline_nearest"(p_id bigint, p_name text, p_session text, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (e_id bigint, e_kind text, e_session text) LANGUAGE plpgsql AS $fn$
+DECLARE
+    r record;
+    n integer := 0;
+BEGIN
+    IF p_count <= 0 THEN RETURN; END IF;
+    FOR r IN SELECT e.id, e.kind, e.session FROM "public"."lockline_entries" e
+             WHERE e.name = p_name AND e.id < p_id ORDER BY e.id DESC LOOP
+        IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # 2026619832316723200) THEN
+            DELETE FROM "public"."lockline_entries" e WHERE e.id = r.id;
+            CONTINUE;
+        END IF;
+        IF p_skip_shared AND r.kind = 'read' THEN CONTINUE; END IF;
+        e_id := r.id; e_kind := r.kind; e_session := r.session;
+        RETURN NEXT;
+        n := n + 1;
+        EXIT WHEN n >= p_count;
+    END LOOP;
+END
+$fn$;
+
+-- Appends an entry (or finds the one this attempt appended before), takes its
+-- guard, and returns it followed by the nearest earlier live entries. Appends to
+-- one name are serialized, so ids under a name become visible in their order.
+CREATE OR REPLACE FUNCTION "public"."lockline_append"(p_name text, p_kind text, p_session text, p_attempt text, p_value bytea, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (e_id bigint, e_kind text, e_session text) LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(472486338, hashtext(p_name));
+    SELECT e.id INTO v_id FROM "public"."lockline_entries" e WHERE e.attempt = p_attempt AND e.session = p_session;
+    IF v_id IS NULL THEN
+        INSERT INTO "public"."lockline_entries" (name, kind, session, attempt, value)
+        VALUES (p_name, p_kind, p_session, p_attempt, p_value) RETURNING id INTO v_id;
+        IF NOT pg_try_advisory_lock(v_id # 2026619832316723200) THEN
+            RAISE EXCEPTION 'the guard (advisory lock %) of entry % is held by another connection', v_id # 2026619832316723200, v_id
+                USING ERRCODE = '55P03';
+        END IF;
+        IF p_kind = 'election' THEN
+            PERFORM pg_advisory_lock(hashtextextended(v_id::text || ':0', 2026619832316723200));
+        END IF;
+    END IF;
+    e_id := v_id; e_kind := p_kind; e_session := p_session;
+    RETURN NEXT;
+    RETURN QUERY SELECT * FROM "public"."lockline_nearest"(v_id, p_name, p_session, p_skip_shared, p_count);
+END
+$fn$;
+
+-- p_id itself (an empty kind) and the nearest earlier live entries; no row at
+-- all when p_id is gone.
+CREATE OR REPLACE FUNCTION "public"."lockline_earlier"(p_id bigint, p_name text, p_session text, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (e_id bigint, e_kind text, e_session text) LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM "public"."lockline_entries" e WHERE e.id = p_id) THEN RETURN; END IF;
+    e_id := p_id; e_kind := ''; e_session := p_session;
+    RETURN NEXT;
+    RETURN QUERY SELECT * FROM "public"."lockline_nearest"(p_id, p_name, p_session, p_skip_shared, p_count);
+END
+$fn$;
+
+-- Deletes an entry of p_session; lets go of its guard when p_unlock (called on
+-- the owning connection).
+CREATE OR REPLACE FUNCTION "public"."lockline_remove"(p_id bigint, p_session text, p_unlock boolean)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.version INTO v_kind, v_version;
+    IF p_unlock THEN
+        PERFORM pg_advisory_unlock(p_id # 2026619832316723200);
+        IF v_kind = 'election' THEN
+            PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, 2026619832316723200));
+        END IF;
+    END IF;
+    RETURN v_kind IS NOT NULL;
+END
+$fn$;
+
+-- Deletes the entry an attempt appended, if any, and lets go of its guard.
+CREATE OR REPLACE FUNCTION "public"."lockline_abandon"(p_attempt text, p_session text)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM "public"."lockline_entries" e WHERE e.attempt = p_attempt AND e.session = p_session
+    RETURNING e.id, e.kind, e.version INTO v_id, v_kind, v_version;
+    IF v_id IS NOT NULL THEN
+        PERFORM pg_advisory_unlock(v_id # 2026619832316723200);
+        IF v_kind = 'election' THEN
+            PERFORM pg_advisory_unlock(hashtextextended(v_id::text || ':' || v_version::text, 2026619832316723200));
+        END IF;
+    END IF;
+    RETURN v_id;
+END
+$fn$;
+
+-- Waits until the advisory lock p_key is free, for at most the time the owner's
+-- session has left by this server's clock (p_fallback_ms when its row is gone).
+-- 0: free; 1: the time ran out (look at the owner again); 2: the owner is past
+-- its deadline already.
+CREATE OR REPLACE FUNCTION "public"."lockline_wait"(p_key bigint, p_owner text, p_fallback_ms bigint)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_left bigint;
+BEGIN
+    SELECT (s.renewed_us + s.ttl_ms * 1000 - (extract(epoch from clock_timestamp()) * 1000000)::bigint) / 1000 INTO v_left FROM "public"."lockline_sessions" s WHERE s.id = p_owner;
+    IF NOT FOUND THEN
+        v_left := p_fallback_ms;
+    ELSIF v_left <= 0 THEN
+        RETURN 2;
+    END IF;
+    PERFORM set_config('lock_timeout', greatest(v_left, 1)::text || 'ms', true);
+    PERFORM pg_advisory_lock_shared(p_key);
+    PERFORM pg_advisory_unlock_shared(p_key);
+    RETURN 0;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN 1;
+END
+$fn$;
+
+-- Ends a session that has not renewed within its TTL by this server's clock: its
+-- owning connection is terminated (if it still holds the guard p_key) and its
+-- rows are deleted. 0: no such session; 1: it renewed; 2: ended.
+CREATE OR REPLACE FUNCTION "public"."lockline_reap"(p_owner text, p_key bigint)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    s record;
+BEGIN
+    SELECT x.pid, x.ttl_ms, x.renewed_us INTO s FROM "public"."lockline_sessions" x WHERE x.id = p_owner FOR UPDATE;
+    IF NOT FOUND THEN RETURN 0; END IF;
+    IF s.renewed_us + s.ttl_ms * 1000 > (extract(epoch from clock_timestamp()) * 1000000)::bigint THEN RETURN 1; END IF;
+    IF EXISTS (SELECT 1 FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.pid = s.pid AND l.granted AND l.mode = 'ExclusiveLock'
+                 AND l.objsubid = 1 AND l.classid = (p_key >> 32)::oid AND l.objid = (p_key & 4294967295)::oid
+                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+        PERFORM pg_terminate_backend(s.pid, 5000);
+    END IF;
+    DELETE FROM "public"."lockline_entries" e WHERE e.session = p_owner;
+    DELETE FROM "public"."lockline_sessions" x WHERE x.id = p_owner;
+    RETURN 2;
+END
+$fn$;
+
+-- Replaces an election entry's value: takes the lock of the next version before
+-- letting go of the current one, which wakes the value's watchers.
+CREATE OR REPLACE FUNCTION "public"."lockline_set_value"(p_id bigint, p_session text, p_value bytea)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_old bigint;
+BEGIN
+    SELECT e.version INTO v_old FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session FOR UPDATE;
+    IF NOT FOUND THEN RETURN false; END IF;
+    UPDATE "public"."lockline_entries" e SET value = p_value, version = v_old + 1 WHERE e.id = p_id;
+    PERFORM pg_advisory_lock(hashtextextended(p_id::text || ':' || (v_old + 1)::text, 2026619832316723200));
+    PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_old::text, 2026619832316723200));
+    RETURN true;
+END
+$fn$;
+
+-- Applies fenced writes to the data table, only while p_session's entry p_id
+-- exists (called on the owning connection, which holds its guard).
+CREATE OR REPLACE FUNCTION "public"."lockline_write"(p_id bigint, p_session text, p_keys text[], p_values bytea[], p_deletes boolean[])
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session FOR SHARE;
+    IF NOT FOUND THEN RETURN false; END IF;
+    FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+        IF p_deletes[i] THEN
+            DELETE FROM "public"."lockline_data" d WHERE d.key = p_keys[i];
+        ELSE
+            INSERT INTO "public"."lockline_data" (key, value) VALUES (p_keys[i], p_values[i])
+            ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+        END IF;
+    END LOOP;
+    RETURN true;
+END
+$fn$;
+
+-- Deletes a session's entries and its row.
+CREATE OR REPLACE FUNCTION "public"."lockline_close"(p_session text)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM "public"."lockline_entries" e WHERE e.session = p_session;
+    DELETE FROM "public"."lockline_sessions" s WHERE s.id = p_session;
+END
+$fn$;
+
+-- Ends a lost session from another connection: its old owning connection is
+-- terminated if it still holds a guard of the session's entries (a connection
+-- the server still believes in, behind a silent partition), then its rows are
+-- deleted. false when that connection would not end within 5 s.
+CREATE OR REPLACE FUNCTION "public"."lockline_end"(p_session text, p_pid integer)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM "public"."lockline_entries" e JOIN pg_locks l
+                 ON l.locktype = 'advisory' AND l.objsubid = 1
+                AND l.classid = ((e.id # 2026619832316723200) >> 32)::oid AND l.objid = ((e.id # 2026619832316723200) & 4294967295)::oid
+               WHERE e.session = p_session AND l.pid = p_pid AND l.granted AND l.mode = 'ExclusiveLock'
+                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+        IF NOT pg_terminate_backend(p_pid, 5000) THEN
+            RETURN false;
+        END IF;
+    END IF;
+    DELETE FROM "public"."lockline_entries" e WHERE e.session = p_session;
+    DELETE FROM "public"."lockline_sessions" s WHERE s.id = p_session;
+    RETURN true;
+END
+$fn$;
+
+-- Registers a session owned by the calling connection. The first session
+-- opened after a server start moves the id counter past the server's clock in
+-- microseconds, above every token handed out before (the counter of an
+-- unlogged table restarts after a crash). So does the first one after the
+-- postmaster reinitialized following a backend's crash (the OOM killer): that
+-- keeps pg_postmaster_start_time() but empties unlogged tables and restarts
+-- their counter, which has then handed nothing out (its last value is NULL).
+CREATE OR REPLACE FUNCTION "public"."lockline_open"(p_session text, p_ttl_ms bigint)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_started timestamptz := pg_postmaster_start_time();
+    v_seen timestamptz;
+    v_seq regclass := pg_get_serial_sequence('"public"."lockline_entries"', 'id')::regclass;
+BEGIN
+    SELECT m.started_at INTO v_seen FROM "public"."lockline_meta" m;
+    IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
+        SELECT m.started_at INTO v_seen FROM "public"."lockline_meta" m FOR UPDATE;
+        IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
+            PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), (extract(epoch from clock_timestamp()) * 1000000)::bigint));
+            UPDATE "public"."lockline_meta" SET started_at = v_started;
+        END IF;
+    END IF;
+    -- Sessions of processes that died a minute or more past their TTL, whose
+    -- connection is gone (their guards with it): their rows go.
+    DELETE FROM "public"."lockline_entries" e USING "public"."lockline_sessions" s
+     WHERE e.session = s.id AND s.renewed_us + s.ttl_ms * 1000 < (extract(epoch from clock_timestamp()) * 1000000)::bigint - 60000000
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid);
+    DELETE FROM "public"."lockline_sessions" s
+     WHERE s.renewed_us + s.ttl_ms * 1000 < (extract(epoch from clock_timestamp()) * 1000000)::bigint - 60000000
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid);
+    INSERT INTO "public"."lockline_sessions" (id, pid, ttl_ms, renewed_us) VALUES (p_session, pg_backend_pid(), p_ttl_ms, (extract(epoch from clock_timestamp()) * 1000000)::bigint);
+    RETURN pg_backend_pid();
+END
+$fn$;
+-- (schema "public")
