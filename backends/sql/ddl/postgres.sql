@@ -46,6 +46,11 @@ BEGIN
     FOR r IN SELECT e.id, e.kind, e.session FROM "public"."lockline_entries" e
              WHERE e.name = p_name AND e.id < p_id ORDER BY e.id DESC LOOP
         IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # 2026619832316723200) THEN
+            -- Free to this backend: dead, unless this very backend is its
+            -- owner's, as behind a transaction-pooling proxy.
+            IF EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = r.session AND s.pid = pg_backend_pid()) THEN
+                RAISE EXCEPTION 'two connections of lockline share one server backend: a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) is in front of the database; the locks of lockline belong to a connection, so it needs a direct connection or a session-mode pool' USING ERRCODE = 'LL001';
+            END IF;
             DELETE FROM "public"."lockline_entries" e WHERE e.id = r.id;
             CONTINUE;
         END IF;
@@ -144,8 +149,12 @@ CREATE OR REPLACE FUNCTION "public"."lockline_wait"(p_key bigint, p_owner text, 
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     v_left bigint;
+    v_pid integer;
 BEGIN
-    SELECT (s.renewed_us + s.ttl_ms * 1000 - (extract(epoch from clock_timestamp()) * 1000000)::bigint) / 1000 INTO v_left FROM "public"."lockline_sessions" s WHERE s.id = p_owner;
+    SELECT (s.renewed_us + s.ttl_ms * 1000 - (extract(epoch from clock_timestamp()) * 1000000)::bigint) / 1000, s.pid INTO v_left, v_pid FROM "public"."lockline_sessions" s WHERE s.id = p_owner;
+    IF v_pid = pg_backend_pid() THEN
+        RAISE EXCEPTION 'two connections of lockline share one server backend: a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) is in front of the database; the locks of lockline belong to a connection, so it needs a direct connection or a session-mode pool' USING ERRCODE = 'LL001';
+    END IF;
     IF NOT FOUND THEN
         v_left := p_fallback_ms;
     ELSIF v_left <= 0 THEN

@@ -34,6 +34,28 @@ pub(crate) fn map(doing: Doing<'_>, error: sqlx::Error) -> Error {
                     key: what.to_owned(),
                     reason: privilege_hint(&message),
                 },
+                // Two connections on one backend (pg.rs POOLED).
+                "LL001" => Error::InvalidOptions {
+                    reason: format!("{what} on {target}: {message}"),
+                },
+                // PgBouncer refusing the per-connection settings lockline
+                // sends at connect.
+                "08P01" if message.contains("unsupported startup parameter") => Error::InvalidOptions {
+                    reason: format!(
+                        "{what} on {target}: {message}: a connection pooler (PgBouncer?) refused the settings lockline \
+                         sends with each connection; lockline's locks belong to a connection, so it needs a direct \
+                         connection or a session-mode pool (with ignore_startup_parameters = options)"
+                    ),
+                },
+                // MariaDB/MySQL refusing KILL of another user's connection.
+                "HY000" if message.contains("not owner of thread") => Error::PermissionDenied {
+                    backend,
+                    operation: "run",
+                    key: what.to_owned(),
+                    reason: format!(
+                        "{message} (ending a silent holder's connection needs the same database user, or the CONNECTION ADMIN privilege)"
+                    ),
+                },
                 "42000" if message.contains("denied") => Error::PermissionDenied {
                     backend,
                     operation: "run",

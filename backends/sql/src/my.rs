@@ -126,7 +126,7 @@ impl Names {
             remove: format!("DELETE FROM {entries} WHERE id = ? AND session = ?").into(),
             attempt_of: format!("SELECT attempt, kind, version FROM {entries} WHERE id = ?").into(),
             wait: format!(
-                "SELECT CASE WHEN w.left_ms <= 0 THEN 2 \
+                "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 3 WHEN w.left_ms <= 0 THEN 2 \
                  ELSE (CASE GET_LOCK(?, w.left_ms / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 WHEN 0 THEN 1 END) END \
                  FROM (SELECT COALESCE((SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) DIV 1000 \
                  FROM {sessions} s WHERE s.id = ?), ?) AS left_ms) w"
@@ -430,6 +430,7 @@ impl MySql {
         let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
             .bind(lock)
             .bind(lock)
+            .bind(lock)
             .bind(owner)
             .bind(fallback_ms)
             .fetch_one(conn)
@@ -438,10 +439,30 @@ impl MySql {
             Some(0) => Ok(Waited::Released),
             Some(1) => Ok(Waited::TimedOut),
             Some(2) => Ok(Waited::OwnerExpired),
+            // This connection holds the lock it would wait for: two of
+            // lockline's connections are one server connection (a
+            // multiplexing proxy in front of the server).
+            Some(3) => Err(sqlx::Error::Configuration(
+                "two connections of lockline share one server connection: a multiplexing proxy (ProxySQL, \
+                 MaxScale) is in front of the database; the locks of lockline belong to a connection, so it needs \
+                 a direct connection"
+                    .into(),
+            )),
             // GET_LOCK ended by KILL QUERY answers NULL.
             None => Err(sqlx::Error::Protocol("the wait was interrupted (KILL QUERY)".into())),
             Some(other) => Err(shape(format!("wait returned {other}"))),
         }
+    }
+}
+
+/// Whether `KILL` failed because the connection is gone already
+/// (ER_NO_SUCH_THREAD), not because it was refused.
+fn no_such_connection(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1094),
+        _ => false,
     }
 }
 
@@ -652,7 +673,7 @@ impl Dialect for MySql {
                 ))))
                 .await;
             if let Err(error) = kill {
-                if !has_code(&error, "HY000") {
+                if !no_such_connection(&error) {
                     return Err(error);
                 }
             }
@@ -897,9 +918,11 @@ impl Dialect for MySql {
                 let kill = tx
                     .execute(sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {owner_conn}"))))
                     .await;
-                // Already gone between the look and the kill: nothing to end.
+                // Already gone between the look and the kill: nothing to
+                // end. Refused (another user's connection): the rows stay,
+                // and the waiter hears why.
                 if let Err(error) = kill {
-                    if !has_code(&error, "HY000") {
+                    if !no_such_connection(&error) {
                         return Err(error);
                     }
                 }

@@ -16,6 +16,12 @@ use crate::Settings;
 /// The database's clock in microseconds since the epoch.
 const NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
+/// What a statement says when two of lockline's connections turn out to be
+/// one server backend (SQLSTATE `LL001`).
+pub(crate) const POOLED: &str = "two connections of lockline share one server backend: a transaction-pooling proxy \
+     (PgBouncer pool_mode=transaction or statement) is in front of the database; the locks of lockline belong to a \
+     connection, so it needs a direct connection or a session-mode pool";
+
 /// The names and statements of one set of tables, once its schema is known.
 #[derive(Debug)]
 struct Names {
@@ -247,6 +253,11 @@ BEGIN
     FOR r IN SELECT e.id, e.kind, e.session FROM {entries} e
              WHERE e.name = p_name AND e.id < p_id ORDER BY e.id DESC LOOP
         IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # {salt}) THEN
+            -- Free to this backend: dead, unless this very backend is its
+            -- owner's, as behind a transaction-pooling proxy.
+            IF EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = r.session AND s.pid = pg_backend_pid()) THEN
+                RAISE EXCEPTION '{POOLED}' USING ERRCODE = 'LL001';
+            END IF;
             DELETE FROM {entries} e WHERE e.id = r.id;
             CONTINUE;
         END IF;
@@ -345,8 +356,12 @@ CREATE OR REPLACE FUNCTION {wait}(p_key bigint, p_owner text, p_fallback_ms bigi
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     v_left bigint;
+    v_pid integer;
 BEGIN
-    SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) / 1000 INTO v_left FROM {sessions} s WHERE s.id = p_owner;
+    SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) / 1000, s.pid INTO v_left, v_pid FROM {sessions} s WHERE s.id = p_owner;
+    IF v_pid = pg_backend_pid() THEN
+        RAISE EXCEPTION '{POOLED}' USING ERRCODE = 'LL001';
+    END IF;
     IF NOT FOUND THEN
         v_left := p_fallback_ms;
     ELSIF v_left <= 0 THEN

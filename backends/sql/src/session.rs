@@ -482,10 +482,11 @@ impl<D: Dialect> WaitTask<D> {
                             return (TaskOutcome::Released, true);
                         }
                         Ok(Err(error)) => {
-                            let gone = connection_gone(&error);
+                            // Not reused: a statement that failed may have
+                            // left a transaction (and its row locks) open.
                             return (
                                 TaskOutcome::Failed(map(shared.doing("end a silent holder's session"), error)),
-                                !gone,
+                                false,
                             );
                         }
                         Err(_) => {
@@ -500,8 +501,7 @@ impl<D: Dialect> WaitTask<D> {
                     }
                 }
                 Err(error) => {
-                    let gone = connection_gone(&error);
-                    return (TaskOutcome::Failed(map(shared.doing("wait on a guard"), error)), !gone);
+                    return (TaskOutcome::Failed(map(shared.doing("wait on a guard"), error)), false);
                 }
             }
         }

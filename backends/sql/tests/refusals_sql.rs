@@ -49,6 +49,7 @@ on_both!(
     a_foreign_table_of_the_same_name_is_refused,
     tables_made_by_a_dba_serve_a_user_who_may_create_nothing,
     the_longest_names_and_any_characters_are_separate_locks,
+    ending_another_users_silent_holder_needs_a_privilege,
 );
 
 async fn open(url: String) -> lockline::Result<lockline::Session> {
@@ -200,4 +201,69 @@ async fn the_longest_names_and_any_characters_are_separate_locks(db: Db) {
     for guard in guards {
         guard.release().await.expect("release");
     }
+}
+
+/// A waiter ends a silent holder's connection only if the server lets it:
+/// the same database user, or one with the privilege. Without it the
+/// waiter's `lock()` fails with `PermissionDenied` naming the privilege
+/// (rather than waiting for TCP to give up); with it, the waiter is granted.
+async fn ending_another_users_silent_holder_needs_a_privilege(db: Db) {
+    let ddl = Sql::new(db.url()).ddl().expect("ddl");
+    db.sql(&ddl);
+    for user in ["alice", "bob"] {
+        db.create_user(user, "secret");
+        if db.is_postgres() {
+            db.sql(&format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data TO {user}; \
+                 GRANT USAGE, SELECT, UPDATE ON SEQUENCE lockline_entries_id_seq TO {user};"
+            ));
+        }
+    }
+    let short = SessionOptions::new()
+        .with_ttl(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(2));
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let alice_url = db
+        .url_for("alice", "secret")
+        .replace(&format!("127.0.0.1:{}", db.port()), &proxy.address());
+    let alice = Client::new(Sql::new(alice_url).without_creating_tables())
+        .session_with(short.clone())
+        .await
+        .expect("alice's session");
+    let held = alice.mutex("shared").expect("mutex").lock().await.expect("lock");
+    proxy.blackhole();
+    let bob = Client::new(Sql::new(db.url_for("bob", "secret")).without_creating_tables())
+        .session_with(short.clone())
+        .await
+        .expect("bob's session");
+    match bounded("bob's wait ends", bob.mutex("shared").expect("mutex").lock()).await {
+        Err(Error::PermissionDenied { reason, .. }) => {
+            let names = if db.is_postgres() {
+                "pg_signal_backend"
+            } else {
+                "CONNECTION ADMIN"
+            };
+            assert!(reason.contains(names), "the reason must name {names}: {reason}");
+        }
+        other => {
+            panic!("ending another user's connection without the privilege must be PermissionDenied, got {other:?}")
+        }
+    }
+    bounded("alice hears of her loss", held.lost()).await;
+    if db.is_postgres() {
+        db.sql("GRANT pg_signal_backend TO bob");
+    } else {
+        db.sql("GRANT CONNECTION ADMIN ON *.* TO 'bob'@'%'");
+    }
+    let bob = Client::new(Sql::new(db.url_for("bob", "secret")).without_creating_tables())
+        .session_with(short)
+        .await
+        .expect("bob's session");
+    let taken = bounded("bob is granted", bob.mutex("shared").expect("mutex").lock())
+        .await
+        .expect("lock");
+    assert!(taken.token() > held.token());
+    taken.release().await.expect("release");
+    proxy.heal();
 }
