@@ -1,12 +1,6 @@
 -- lockline's tables (layout 1) for MariaDB 10.6 or later, or MySQL 8, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
-CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
-    singleton TINYINT NOT NULL PRIMARY KEY,
-    layout INT NOT NULL,
-    started_us BIGINT NULL
-) ENGINE=InnoDB;
-INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 1);
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_entries` (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -25,7 +19,17 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_sessions` (
     ttl_ms BIGINT NOT NULL,
     renewed_us BIGINT NOT NULL
 ) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS `lockline`.`lockline_names` (
+    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY
+) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_data` (
     `key` VARCHAR(768) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
+-- Created last: its row says the rest exists (MariaDB DDL is not transactional).
+CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
+    singleton TINYINT NOT NULL PRIMARY KEY,
+    layout INT NOT NULL,
+    started_us BIGINT NULL
+) ENGINE=InnoDB;
+INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 1);

@@ -28,6 +28,8 @@ struct Names {
     sessions: String,
     meta: String,
     data: String,
+    /// One row per lock name: appends to a name lock it (see `append`).
+    names_table: String,
     /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
     /// (the names are server-wide, at most 64 characters).
     lock_prefix: String,
@@ -39,6 +41,7 @@ struct Statements {
     heartbeat: Arc<str>,
     count_own: Arc<str>,
     own_ids: Arc<str>,
+    name_lock: Arc<str>,
     insert: Arc<str>,
     find: Arc<str>,
     nearest: Arc<str>,
@@ -92,6 +95,7 @@ impl Names {
         let sessions = table("sessions");
         let meta = table("meta");
         let data = table("data");
+        let names_table = table("names");
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         let sql = Statements {
             heartbeat: format!(
@@ -100,6 +104,7 @@ impl Names {
             .into(),
             count_own: format!("SELECT COUNT(*) FROM {entries} WHERE session = ?").into(),
             own_ids: format!("SELECT id FROM {entries} WHERE session = ?").into(),
+            name_lock: format!("INSERT INTO {names_table} (name) VALUES (?) ON DUPLICATE KEY UPDATE name = name").into(),
             insert: format!(
                 "INSERT INTO {entries} (name, kind, session, attempt, value) VALUES (?, ?, ?, ?, ?) \
                  ON DUPLICATE KEY UPDATE id = id"
@@ -170,6 +175,7 @@ impl Names {
             sessions,
             meta,
             data,
+            names_table,
             lock_prefix,
             sql,
         }
@@ -194,6 +200,7 @@ impl Names {
             sessions,
             meta,
             data,
+            names_table,
             ..
         } = self;
         let version = LAYOUT_VERSION;
@@ -201,12 +208,6 @@ impl Names {
             r#"-- lockline's tables (layout {version}) for MariaDB 10.6 or later, or MySQL 8, in database `{database}`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
-CREATE TABLE IF NOT EXISTS {meta} (
-    singleton TINYINT NOT NULL PRIMARY KEY,
-    layout INT NOT NULL,
-    started_us BIGINT NULL
-) ENGINE=InnoDB;
-INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
 CREATE TABLE IF NOT EXISTS {entries} (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -225,10 +226,20 @@ CREATE TABLE IF NOT EXISTS {sessions} (
     ttl_ms BIGINT NOT NULL,
     renewed_us BIGINT NOT NULL
 ) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS {names_table} (
+    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY
+) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS {data} (
     `key` VARCHAR(768) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
+-- Created last: its row says the rest exists (MariaDB DDL is not transactional).
+CREATE TABLE IF NOT EXISTS {meta} (
+    singleton TINYINT NOT NULL PRIMARY KEY,
+    layout INT NOT NULL,
+    started_us BIGINT NULL
+) ENGINE=InnoDB;
+INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
 "#
         )
     }
@@ -453,6 +464,62 @@ impl MySql {
             Some(other) => Err(shape(format!("wait returned {other}"))),
         }
     }
+
+    /// The nearest earlier live entries before `id`, removing dead ones on
+    /// the way.
+    async fn nearest(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        name: &str,
+        session: &str,
+        skip_shared: bool,
+        count: i32,
+    ) -> DbResult<Vec<Row>> {
+        let names = self.names()?;
+        let wanted = usize::try_from(count).unwrap_or(0);
+        let mut nearest = Vec::new();
+        if wanted == 0 {
+            return Ok(nearest);
+        }
+        let mut below = id;
+        let batch = i64::from(count) + 16;
+        loop {
+            let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.nearest)))
+                .bind(session)
+                .bind(name)
+                .bind(below)
+                .bind(batch)
+                .fetch_all(&mut *conn)
+                .await?;
+            let found = rows(&found)?;
+            let full = i64::try_from(found.len()).unwrap_or(i64::MAX) >= batch;
+            for (row, live) in found {
+                below = row.id;
+                if !live {
+                    // Its guard is free: released, or its owner's connection
+                    // ended. Delete it before going past it (this waits for a
+                    // fenced commit of its holder still in flight).
+                    sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.delete_dead)))
+                        .bind(row.id)
+                        .bind(session)
+                        .execute(&mut *conn)
+                        .await?;
+                    continue;
+                }
+                if skip_shared && row.kind == "read" {
+                    continue;
+                }
+                nearest.push(row);
+                if nearest.len() >= wanted {
+                    return Ok(nearest);
+                }
+            }
+            if !full {
+                return Ok(nearest);
+            }
+        }
+    }
 }
 
 /// Whether `KILL` failed because the connection is gone already
@@ -547,7 +614,9 @@ impl Dialect for MySql {
             .fetch_optional(&mut *conn)
             .await;
         let layout = match layout {
-            // ER_NO_SUCH_TABLE
+            // ER_NO_SUCH_TABLE, or the table without its row: not created
+            // yet, or being created by another session right now (the DDL
+            // runs under a lock and makes the meta row last).
             Err(error) if has_code(&error, "42S02") => {
                 if !self.settings.create_tables {
                     return Err(Error::InvalidOptions {
@@ -570,6 +639,12 @@ impl Dialect for MySql {
                 })?;
                 Some(LAYOUT_VERSION)
             }
+            Ok(None) if self.settings.create_tables => {
+                self.create(conn, names)
+                    .await
+                    .map_err(|e| map("create lockline's tables", e))?;
+                Some(LAYOUT_VERSION)
+            }
             other => other.map_err(|e| map("read lockline's layout version", e))?,
         };
         if layout != Some(LAYOUT_VERSION) {
@@ -580,7 +655,7 @@ impl Dialect for MySql {
                 ),
             });
         }
-        let expected: [(&str, &[(&str, &str)]); 3] = [
+        let expected: [(&str, &[(&str, &str)]); 4] = [
             (
                 "entries",
                 &[
@@ -603,6 +678,7 @@ impl Dialect for MySql {
                 ],
             ),
             ("data", &[("key", "varchar"), ("value", "longblob")]),
+            ("names", &[("name", "varchar")]),
         ];
         for (table, columns) in expected {
             let problem = self
@@ -724,13 +800,23 @@ impl Dialect for MySql {
                 "the guard {guard} of a new entry is held by another connection"
             )));
         }
+        // Appends to one name are serialized by a row lock on the name, held
+        // from before the id is allocated until the entry is committed: ids
+        // under a name become visible in their order, so a contender never
+        // misses an earlier entry still on its way (InnoDB allocates an id
+        // before the row reaches the index a reader scans).
+        let mut tx = conn.begin().await?;
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.name_lock)))
+            .bind(append.name)
+            .execute(&mut *tx)
+            .await?;
         let inserted = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.insert)))
             .bind(append.name)
             .bind(append.kind)
             .bind(append.session)
             .bind(append.attempt)
             .bind(append.value)
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await?;
         let id = if inserted.rows_affected() == 1 {
             i64::try_from(inserted.last_insert_id()).map_err(|_| shape("id out of range"))?
@@ -738,9 +824,10 @@ impl Dialect for MySql {
             sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.find)))
                 .bind(append.attempt)
                 .bind(append.session)
-                .fetch_one(&mut *conn)
+                .fetch_one(&mut *tx)
                 .await?
         };
+        tx.commit().await?;
         if append.kind == "election" {
             let version = names.version_lock(id, 0);
             sqlx::query("SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))")
@@ -750,9 +837,8 @@ impl Dialect for MySql {
                 .await?;
         }
         let nearest = self
-            .earlier(conn, id, append.name, append.session, append.skip_shared, append.count)
-            .await?
-            .unwrap_or_default();
+            .nearest(conn, id, append.name, append.session, append.skip_shared, append.count)
+            .await?;
         Ok((id, nearest))
     }
 
@@ -773,49 +859,9 @@ impl Dialect for MySql {
         if exists == 0 {
             return Ok(None);
         }
-        let wanted = usize::try_from(count).unwrap_or(0);
-        let mut nearest = Vec::new();
-        if wanted == 0 {
-            return Ok(Some(nearest));
-        }
-        let mut below = id;
-        let batch = i64::from(count) + 16;
-        loop {
-            let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.nearest)))
-                .bind(session)
-                .bind(name)
-                .bind(below)
-                .bind(batch)
-                .fetch_all(&mut *conn)
-                .await?;
-            let found = rows(&found)?;
-            let full = i64::try_from(found.len()).unwrap_or(i64::MAX) >= batch;
-            for (row, live) in found {
-                below = row.id;
-                if !live {
-                    // Its guard is free: released, or its owner's connection
-                    // ended. Delete it before going past it (this waits for a
-                    // fenced commit of its holder still in flight); a guard
-                    // taken again meanwhile (never, for a dead entry) spares it.
-                    sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.delete_dead)))
-                        .bind(row.id)
-                        .bind(session)
-                        .execute(&mut *conn)
-                        .await?;
-                    continue;
-                }
-                if skip_shared && row.kind == "read" {
-                    continue;
-                }
-                nearest.push(row);
-                if nearest.len() >= wanted {
-                    return Ok(Some(nearest));
-                }
-            }
-            if !full {
-                return Ok(Some(nearest));
-            }
-        }
+        self.nearest(conn, id, name, session, skip_shared, count)
+            .await
+            .map(Some)
     }
 
     async fn list(&self, conn: &mut MySqlConnection, name: &str, session: &str) -> DbResult<Vec<Row>> {
