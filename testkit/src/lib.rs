@@ -6,15 +6,16 @@
 //! [`RedisCluster`] do the same with Debian's `redis-server`, [`PgServer`] with
 //! Debian's PostgreSQL (`initdb` and `postgres` from the highest
 //! `/usr/lib/postgresql/MAJOR/bin`) and [`MariaDbServer`] with Debian's
-//! `mariadb-install-db` and `mariadbd`. A member can be stopped (SIGTERM),
+//! `mariadb-install-db` and `mariadbd`; [`PgBouncer`] puts Debian's PgBouncer
+//! in front of a [`PgServer`]. A member can be stopped (SIGTERM),
 //! killed (SIGKILL), paused (SIGSTOP) and resumed (SIGCONT).
 //!
-//! PostgreSQL refuses to run as root, so when the tests run as root the SQL
-//! servers run as their Debian system users (`postgres`, `mysql`), which then
-//! own their temporary directories; each has a superuser with a password over
-//! TCP and a CLI helper ([`PgServer::psql`], [`MariaDbServer::sql`]) over its
-//! Unix socket. The test kit itself has no SQL client: it drives the servers'
-//! own command-line tools.
+//! PostgreSQL and PgBouncer refuse to run as root, so when the tests run as
+//! root they run as the Debian system user `postgres`, and MariaDB as `mysql`,
+//! which then own their temporary directories. Each SQL server has a superuser
+//! with a password over TCP and a CLI helper ([`PgServer::psql`],
+//! [`MariaDbServer::sql`]) over its Unix socket. The test kit itself has no
+//! SQL client: it drives the servers' own command-line tools.
 //!
 //! Clean-up is unconditional: dropping a cluster (also while a test panics)
 //! kills its processes and deletes its directories, and every server is started
@@ -31,6 +32,7 @@ mod etcd;
 mod lines;
 mod mariadb;
 mod peers;
+mod pgbouncer;
 mod postgres;
 mod process;
 mod proxy;
@@ -42,6 +44,7 @@ mod zookeeper;
 pub use etcd::EtcdCluster;
 pub use lines::LineChild;
 pub use mariadb::{MariaDbOptions, MariaDbServer};
+pub use pgbouncer::{PgBouncer, PgBouncerOptions, PoolMode};
 pub use postgres::{PgOptions, PgServer};
 pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::TcpProxy;
@@ -73,6 +76,11 @@ pub fn mariadb_installed() -> bool {
     ]
     .iter()
     .all(|path| std::path::Path::new(path).exists())
+}
+
+/// Whether Debian's PgBouncer is installed (`/usr/sbin/pgbouncer`).
+pub fn pgbouncer_installed() -> bool {
+    std::path::Path::new(pgbouncer::PGBOUNCER).exists()
 }
 
 /// Whether Debian's PostgreSQL server is installed: `postgres`, `initdb`,

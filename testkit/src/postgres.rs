@@ -14,8 +14,8 @@ use crate::Result;
 const POSTGRESQL_LIB: &str = "/usr/lib/postgresql";
 
 /// The superuser's name and password.
-const SUPERUSER: &str = "postgres";
-const SUPERUSER_PASSWORD: &str = "lockline-postgres";
+pub(crate) const SUPERUSER: &str = "postgres";
+pub(crate) const SUPERUSER_PASSWORD: &str = "lockline-postgres";
 
 /// How long a server may take to accept connections (a restart after a kill
 /// includes crash recovery).
@@ -506,7 +506,7 @@ fn processes_in(dir: &Path) -> Vec<u32> {
 }
 
 /// `value` quoted for a libpq connection string's single quotes.
-fn conninfo_escape(value: &str) -> String {
+pub(crate) fn conninfo_escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('\'', "\\'")
 }
 
