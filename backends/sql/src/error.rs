@@ -38,6 +38,17 @@ pub(crate) fn map(doing: Doing<'_>, error: sqlx::Error) -> Error {
                 "LL001" => Error::InvalidOptions {
                     reason: format!("{what} on {target}: {message}"),
                 },
+                // The driver's prepared statements colliding on a server
+                // backend another client prepared them on: two connections
+                // share one backend.
+                "42P05" | "26000" if message.contains("sqlx_s_") => Error::InvalidOptions {
+                    reason: format!(
+                        "{what} on {target}: {message}: two connections of lockline share one server backend: a \
+                         transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) is in front of \
+                         the database; the locks of lockline belong to a connection, so it needs a direct \
+                         connection or a session-mode pool"
+                    ),
+                },
                 // PgBouncer refusing the per-connection settings lockline
                 // sends at connect.
                 "08P01" if message.contains("unsupported startup parameter") => Error::InvalidOptions {

@@ -639,18 +639,30 @@ impl Dialect for Postgres {
             Purpose::Wait => "0".to_owned(),
         };
         let check = format!("{}ms", check_interval.as_millis().max(1));
-        let options = self.connect.clone().application_name("lockline").options([
+        // Nothing lockline reads is a float: no extra_float_digits, one
+        // startup parameter fewer for a pooler to refuse before `options`.
+        let settings = [
             ("idle_session_timeout", "0"),
             ("idle_in_transaction_session_timeout", "0"),
             ("statement_timeout", "0"),
             ("lock_timeout", lock_timeout.as_str()),
             ("client_connection_check_interval", check.as_str()),
             ("standard_conforming_strings", "on"),
-        ]);
+        ];
+        let options = self
+            .connect
+            .clone()
+            .application_name("lockline")
+            .extra_float_digits(None)
+            .options(settings);
         let mut conn = options.connect().await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut conn)
-            .await?;
+        // Set again in the session: a session-mode pool started with
+        // `ignore_startup_parameters = options` drops the startup ones.
+        let mut set = String::from("SELECT pg_backend_pid()");
+        for (name, value) in settings {
+            set.push_str(&format!(", set_config('{name}', '{value}', false)"));
+        }
+        let pid: i32 = sqlx::query_scalar(AssertSqlSafe(set)).fetch_one(&mut conn).await?;
         Ok((conn, i64::from(pid)))
     }
 

@@ -280,7 +280,10 @@ impl<D: Dialect> Shared<D> {
                     advance(&self.state, SessionState::Live);
                 }
                 Some(Ok(false)) => {
-                    self.lose("the database no longer has the session (ended by another client after its TTL)");
+                    self.lose(
+                        "the database no longer has the session on this connection (ended by another client after \
+                         its TTL, or a transaction-pooling proxy moved the connection to another server backend)",
+                    );
                     return;
                 }
                 Some(Err(error)) => {
