@@ -50,6 +50,7 @@ on_both!(
     tables_made_by_a_dba_serve_a_user_who_may_create_nothing,
     the_longest_names_and_any_characters_are_separate_locks,
     ending_another_users_silent_holder_needs_a_privilege,
+    an_unprivileged_user_of_its_own_database_creates_the_tables,
 );
 
 async fn open(url: String) -> lockline::Result<lockline::Session> {
@@ -266,4 +267,25 @@ async fn ending_another_users_silent_holder_needs_a_privilege(db: Db) {
     assert!(taken.token() > held.token());
     taken.release().await.expect("release");
     proxy.heal();
+}
+
+/// On a stock server, an unprivileged user with a database of its own
+/// (PostgreSQL: its owner; MariaDB: all rights on it) needs nothing else:
+/// the tables are made on first use, by two sessions opening at once.
+async fn an_unprivileged_user_of_its_own_database_creates_the_tables(db: Db) {
+    let url = db.owned_database_url("owner", "secret");
+    let client = Client::new(Sql::new(url));
+    let (a, b) = tokio::join!(client.session_with(options()), client.session_with(options()));
+    let (a, b) = (a.expect("session"), b.expect("session"));
+    let first = a.mutex("mine").expect("mutex").lock().await.expect("lock");
+    let second = {
+        let mutex = b.mutex("mine").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let token = first.token();
+    first.release().await.expect("release");
+    let second = bounded("the waiter", second).await.expect("task").expect("lock");
+    assert!(second.token() > token);
+    second.release().await.expect("release");
 }

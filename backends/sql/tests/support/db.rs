@@ -100,6 +100,24 @@ impl Db {
         }
     }
 
+    /// A stock server's unprivileged user `user` who owns (PostgreSQL) or
+    /// has every right on (MariaDB) a database of its own, `owned`: its URL.
+    pub fn owned_database_url(&self, user: &str, password: &str) -> String {
+        match self {
+            Db::Pg(server) => {
+                server.create_user(user, password).expect("create user");
+                server.create_database("owned", user).expect("create database");
+                server.url_for(user, password, "owned")
+            }
+            Db::My(server) => {
+                server.create_user(user, password).expect("create user");
+                server.create_database("owned").expect("create database");
+                server.grant_all_on("owned", user).expect("grant");
+                server.url_for(user, password, "owned")
+            }
+        }
+    }
+
     /// Creates a user who may log in and use the test database's tables
     /// once they exist, but may create nothing.
     pub fn create_user(&self, user: &str, password: &str) {
