@@ -421,14 +421,20 @@ impl<'a> Nemesis<'a> {
                 Some(start)
             }
             FaultKind::CrashBackend => {
-                let choice = self.rng.next_u64();
+                let pids = match self.servers.client_backends() {
+                    Ok(pids) if !pids.is_empty() => pids,
+                    Ok(_) => return None,
+                    Err(error) => {
+                        self.problems.push(format!("listing the server's backends: {error}"));
+                        return None;
+                    }
+                };
+                let pid = pids[self.rng.below(pids.len())];
                 let restarts = self.servers.crash_restarts();
-                let start = self.begin(kind, "a backend".into(), None);
-                match self.servers.crash_backend(|n| (choice % n as u64) as usize) {
-                    Ok(pid) => {
-                        if let Some(fault) = self.faults.last_mut() {
-                            fault.target = format!("backend {pid}");
-                        }
+                // Begun as the signal goes, not before the backends were listed.
+                let start = self.begin(kind, format!("backend {pid}"), None);
+                match self.servers.kill_backend(pid) {
+                    Ok(()) => {
                         // The postmaster reinitializes on its own: await
                         // that (its log says so), then its readiness.
                         if let Err(error) = self.servers.wait_crash_restart(restarts) {
@@ -439,7 +445,7 @@ impl<'a> Nemesis<'a> {
                                 .push(format!("the server did not come back after a backend crash: {error}"));
                         }
                     }
-                    Err(error) => self.problems.push(format!("crashing a backend: {error}")),
+                    Err(error) => self.problems.push(format!("killing backend {pid}: {error}")),
                 }
                 self.end();
                 Some(start)

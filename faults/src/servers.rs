@@ -129,26 +129,28 @@ impl Postgres {
         self.server.member().resume()
     }
 
-    /// SIGKILLs one client backend of the contenders' role, as the OOM killer
-    /// would: the postmaster then ends every other session and reinitializes
-    /// (crash recovery, unlogged tables emptied) without itself restarting.
-    /// Returns the backend's pid.
-    fn crash_backend(&mut self, pick: impl FnOnce(usize) -> usize) -> std::io::Result<u32> {
+    /// The client backends of the contenders' role, in pid order.
+    fn client_backends(&self) -> std::io::Result<Vec<u32>> {
         let out = self.server.psql(&format!(
             "SELECT pid FROM pg_stat_activity WHERE usename = '{PG_ROLE}' \
              AND backend_type = 'client backend' ORDER BY pid;"
         ))?;
-        let pids: Vec<u32> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
-        if pids.is_empty() {
-            return Err(std::io::Error::other("no client backend to crash"));
-        }
-        let pid = pids[pick(pids.len())];
+        Ok(out.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    /// SIGKILLs backend `pid`, as the OOM killer would: the postmaster then
+    /// ends every other session and reinitializes (crash recovery, unlogged
+    /// tables emptied) without itself restarting.
+    fn kill_backend(&mut self, pid: u32) -> std::io::Result<()> {
         let target = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+        if !self.children().contains(&target) {
+            return Err(std::io::Error::other(format!("{pid} is not a process of the server")));
+        }
         // SAFETY: kill(2) on a backend of the server this run started.
         if unsafe { libc::kill(target, libc::SIGKILL) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(pid)
+        Ok(())
     }
 
     /// How many times the postmaster has reinitialized after a backend's
@@ -337,14 +339,25 @@ impl Servers {
         self.postgres()?.resume()
     }
 
-    /// PostgreSQL: SIGKILLs one client backend, chosen by `pick(count)`; the
-    /// postmaster then restarts every session (crash recovery). Returns its pid.
+    /// PostgreSQL: the client backends of the contenders' role (pids).
     ///
     /// # Errors
     ///
-    /// On another backend, or when no backend can be found or killed.
-    pub fn crash_backend(&mut self, pick: impl FnOnce(usize) -> usize) -> std::io::Result<u32> {
-        self.postgres()?.crash_backend(pick)
+    /// On another backend, or when the server cannot be asked.
+    pub fn client_backends(&mut self) -> std::io::Result<Vec<u32>> {
+        self.postgres()?.client_backends()
+    }
+
+    /// PostgreSQL: SIGKILLs backend `pid` (one of
+    /// [`client_backends`](Self::client_backends)); the postmaster then ends
+    /// every session and reinitializes (crash recovery).
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when it is not a process of the server or
+    /// cannot be killed.
+    pub fn kill_backend(&mut self, pid: u32) -> std::io::Result<()> {
+        self.postgres()?.kill_backend(pid)
     }
 
     /// PostgreSQL: how many times the postmaster has reinitialized after a
