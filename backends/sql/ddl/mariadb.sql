@@ -1,9 +1,11 @@
 -- lockline's tables (layout 1) for MariaDB 10.6 or later, or MySQL 8, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
+-- Names and keys are VARBINARY: compared byte for byte (a PAD SPACE collation
+-- would make `a` and `a ` one lock).
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_entries` (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    name VARBINARY(512) NOT NULL,
     kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
     session VARCHAR(64) CHARACTER SET ascii NOT NULL,
     attempt VARCHAR(64) CHARACTER SET ascii NOT NULL,
@@ -20,10 +22,10 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_sessions` (
     renewed_us BIGINT NOT NULL
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_names` (
-    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY
+    name VARBINARY(512) NOT NULL PRIMARY KEY
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_data` (
-    `key` VARCHAR(768) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
 -- Created last: its row says the rest exists (MariaDB DDL is not transactional).

@@ -73,20 +73,29 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock(472486338, hashtext(p_name));
     SELECT e.id INTO v_id FROM "public"."lockline_entries" e WHERE e.attempt = p_attempt AND e.session = p_session;
-    IF v_id IS NULL THEN
-        INSERT INTO "public"."lockline_entries" (name, kind, session, attempt, value)
-        VALUES (p_name, p_kind, p_session, p_attempt, p_value) RETURNING id INTO v_id;
-        IF NOT pg_try_advisory_lock(v_id # 2026619832316723200) THEN
-            RAISE EXCEPTION 'the guard (advisory lock %) of entry % is held by another connection', v_id # 2026619832316723200, v_id
-                USING ERRCODE = '55P03';
-        END IF;
-        IF p_kind = 'election' THEN
-            PERFORM pg_advisory_lock(hashtextextended(v_id::text || ':0', 2026619832316723200));
-        END IF;
+    IF v_id IS NOT NULL THEN
+        -- A retry: the entry and its guard are there already.
+        e_id := v_id; e_kind := p_kind; e_session := p_session;
+        RETURN NEXT;
+        RETURN QUERY SELECT * FROM "public"."lockline_nearest"(v_id, p_name, p_session, p_skip_shared, p_count);
+        RETURN;
     END IF;
+    INSERT INTO "public"."lockline_entries" (name, kind, session, attempt, value)
+    VALUES (p_name, p_kind, p_session, p_attempt, p_value) RETURNING id INTO v_id;
     e_id := v_id; e_kind := p_kind; e_session := p_session;
     RETURN NEXT;
     RETURN QUERY SELECT * FROM "public"."lockline_nearest"(v_id, p_name, p_session, p_skip_shared, p_count);
+    -- The guard last, still before the entry is visible (at commit): a step
+    -- that fails before it leaves no session-level lock behind (a rolled
+    -- back transaction does not let go of one).
+    IF NOT pg_try_advisory_lock(v_id # 2026619832316723200) THEN
+        RAISE EXCEPTION 'the guard (advisory lock %) of entry % is held by another connection', v_id # 2026619832316723200, v_id
+            USING ERRCODE = '55P03';
+    END IF;
+    IF p_kind = 'election' AND NOT pg_try_advisory_lock(hashtextextended(v_id::text || ':0', 2026619832316723200)) THEN
+        PERFORM pg_advisory_unlock(v_id # 2026619832316723200);
+        RAISE EXCEPTION 'the value lock of entry % is held by another connection', v_id USING ERRCODE = '55P03';
+    END IF;
 END
 $fn$;
 

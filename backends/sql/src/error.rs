@@ -150,8 +150,10 @@ pub(crate) fn connection_gone(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             matches!(
                 db.code().as_deref(),
-                // admin_shutdown, crash_shutdown, connection failure
-                Some("57P01" | "57P02" | "08006" | "08003" | "70100")
+                // admin_shutdown, crash_shutdown, connection failure;
+                // MySQL's communication errors (a packet too large: the
+                // server closes the connection) and a killed connection.
+                Some("57P01" | "57P02" | "08006" | "08003" | "08S01" | "70100")
             ) && !db
                 .message()
                 .to_ascii_lowercase()

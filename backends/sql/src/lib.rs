@@ -328,10 +328,10 @@ impl Backend for Sql {
     }
 
     fn validate_key(&self, key: &str) -> Result<()> {
-        if matches!(self.engine(), Ok(Engine::MySql)) && key.chars().count() > 768 {
+        if matches!(self.engine(), Ok(Engine::MySql)) && key.len() > 3072 {
             return Err(Error::InvalidName {
                 name: key.to_owned(),
-                reason: "a fenced-write key on MariaDB/MySQL is at most 768 characters".into(),
+                reason: "a fenced-write key on MariaDB/MySQL is at most 3072 bytes".into(),
             });
         }
         if key.contains('\0') {

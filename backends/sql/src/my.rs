@@ -73,6 +73,9 @@ pub(crate) struct MySql {
     tables: Tables,
     settings: Settings,
     names: OnceLock<Names>,
+    /// The server's `max_allowed_packet`: a larger statement makes it close
+    /// the connection, so larger values are refused before they are sent.
+    max_packet: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for MySql {
@@ -208,9 +211,11 @@ impl Names {
             r#"-- lockline's tables (layout {version}) for MariaDB 10.6 or later, or MySQL 8, in database `{database}`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
+-- Names and keys are VARBINARY: compared byte for byte (a PAD SPACE collation
+-- would make `a` and `a ` one lock).
 CREATE TABLE IF NOT EXISTS {entries} (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    name VARBINARY(512) NOT NULL,
     kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
     session VARCHAR(64) CHARACTER SET ascii NOT NULL,
     attempt VARCHAR(64) CHARACTER SET ascii NOT NULL,
@@ -227,10 +232,10 @@ CREATE TABLE IF NOT EXISTS {sessions} (
     renewed_us BIGINT NOT NULL
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS {names_table} (
-    name VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY
+    name VARBINARY(512) NOT NULL PRIMARY KEY
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS {data} (
-    `key` VARCHAR(768) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
 -- Created last: its row says the rest exists (MariaDB DDL is not transactional).
@@ -270,6 +275,7 @@ impl MySql {
             tables,
             settings,
             names: OnceLock::new(),
+            max_packet: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -296,6 +302,22 @@ impl MySql {
     pub(crate) fn check_sql(&self) -> DbResult<(Arc<str>, String)> {
         let names = self.names()?;
         Ok((Arc::clone(&names.sql.check), names.lock_prefix.clone()))
+    }
+
+    /// Refuses a statement carrying `bytes` of data that the server would
+    /// not take (`max_allowed_packet`, less room for the statement itself).
+    fn check_size(&self, bytes: usize) -> DbResult<()> {
+        let max = self.max_packet.load(std::sync::atomic::Ordering::Relaxed);
+        let room = max.saturating_sub(16 * 1024);
+        if u64::try_from(bytes).unwrap_or(u64::MAX) > room {
+            return Err(sqlx::Error::Configuration(
+                format!(
+                    "the value is too large for the server: {bytes} bytes, and its max_allowed_packet is {max} bytes"
+                )
+                .into(),
+            ));
+        }
+        Ok(())
     }
 
     fn doing<'a>(&self, what: &'a str, target: &'a str) -> Doing<'a> {
@@ -588,12 +610,17 @@ impl Dialect for MySql {
              SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
         ))))
         .await?;
-        let (id, version): (i64, String) = {
-            let row = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED), VERSION()")
-                .fetch_one(&mut conn)
-                .await?;
-            (row.try_get(0)?, row.try_get(1)?)
+        let (id, version, max_packet): (i64, String, i64) = {
+            let row =
+                sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED), VERSION(), CAST(@@max_allowed_packet AS SIGNED)")
+                    .fetch_one(&mut conn)
+                    .await?;
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)
         };
+        self.max_packet.store(
+            u64::try_from(max_packet).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if version.contains("MariaDB") {
             conn.execute("SET SESSION max_statement_time = 0").await?;
         }
@@ -660,7 +687,7 @@ impl Dialect for MySql {
                 "entries",
                 &[
                     ("id", "bigint"),
-                    ("name", "varchar"),
+                    ("name", "varbinary"),
                     ("kind", "varchar"),
                     ("session", "varchar"),
                     ("attempt", "varchar"),
@@ -677,8 +704,8 @@ impl Dialect for MySql {
                     ("renewed_us", "bigint"),
                 ],
             ),
-            ("data", &[("key", "varchar"), ("value", "longblob")]),
-            ("names", &[("name", "varchar")]),
+            ("data", &[("key", "varbinary"), ("value", "longblob")]),
+            ("names", &[("name", "varbinary")]),
         ];
         for (table, columns) in expected {
             let problem = self
@@ -785,6 +812,7 @@ impl Dialect for MySql {
     }
 
     async fn append(&self, conn: &mut MySqlConnection, append: &Append<'_>) -> DbResult<(i64, Vec<Row>)> {
+        self.check_size(append.value.len() + append.name.len())?;
         let names = self.names()?;
         let guard = names.guard(append.attempt);
         // Held before the row exists: a visible entry always has its guard
@@ -796,7 +824,7 @@ impl Dialect for MySql {
             .fetch_one(&mut *conn)
             .await?;
         if got != Some(1) {
-            return Err(sqlx::Error::Protocol(format!(
+            return Err(shape(format!(
                 "the guard {guard} of a new entry is held by another connection"
             )));
         }
@@ -998,6 +1026,7 @@ impl Dialect for MySql {
     }
 
     async fn set_value(&self, conn: &mut MySqlConnection, id: i64, session: &str, value: &[u8]) -> DbResult<bool> {
+        self.check_size(value.len())?;
         let names = self.names()?;
         let mut tx = conn.begin().await?;
         let old: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.value_of)))
@@ -1042,6 +1071,13 @@ impl Dialect for MySql {
         session: &str,
         writes: &[Write],
     ) -> DbResult<bool> {
+        for write in writes {
+            let value = match write {
+                Write::Put { value, .. } => value.len(),
+                _ => 0,
+            };
+            self.check_size(write.key().len() + value)?;
+        }
         let names = self.names()?;
         let mut tx = conn.begin().await?;
         let held: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.held)))

@@ -85,8 +85,13 @@ async fn a_silent_server_fails_within_the_connect_timeout(db: Db) {
     proxy.blackhole();
     let started = Instant::now();
     match open(db.url_via(&proxy.address())).await {
+        // Said by the backend or by the client's own bound on the open,
+        // whichever comes first: both name the deadline.
         Err(Error::Unavailable { reason, .. }) => {
-            assert!(reason.contains("connect timeout"), "{reason}");
+            assert!(
+                reason.contains("connect timeout") || reason.contains("within 2s"),
+                "{reason}"
+            );
         }
         other => panic!("a silent server must be Unavailable, got {other:?}"),
     }
