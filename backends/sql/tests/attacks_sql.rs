@@ -77,65 +77,7 @@ async fn mariadb_racing_try_locks_never_grant_two() {
     racing_try_locks_never_grant_two(Db::mariadb()).await;
 }
 
-/// An append whose row takes long to write (a candidate with an 8 MB value:
-/// its blob is written between the id's allocation and the row's entry in
-/// the (name, id) index) and a quick append behind it: the quick one, with
-/// the larger id, must find the slow one before it and wait.
-async fn a_slow_append_with_a_smaller_id_is_not_passed(db: Db) {
-    let url = db.url();
-    let client = Client::new(Sql::new(url.clone()));
-    let (slow, quick) = (
-        client.session_with(options(10_000)).await.expect("session"),
-        client.session_with(options(10_000)).await.expect("session"),
-    );
-    let mut side = Side::connect(&url).await;
-    let big = vec![7u8; 8 << 20];
-    let slow_campaign = {
-        let election = slow.election("leader").expect("election");
-        tokio::spawn(async move { election.campaign(&big).await })
-    };
-    // The slow candidate's INSERT is executing on the server.
-    let running = if db.is_postgres() {
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT e_id, e_kind, e_session FROM %append%' AND state = 'active'"
-    } else {
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `lockline`.`lockline_entries`%'"
-    };
-    side.until("the slow append runs", running, |n| n > 0).await;
-    let quick_campaign = {
-        let election = quick.election("leader").expect("election");
-        tokio::spawn(async move { election.campaign(b"quick").await })
-    };
-    let first = step("the slow candidate's campaign", slow_campaign)
-        .await
-        .expect("task")
-        .expect("campaign");
-    // The slow candidate leads: the quick one, behind it, must still wait.
-    let second = within(Duration::from_secs(2), quick_campaign).await;
-    if let Some(second) = second {
-        let second = second.expect("task").expect("campaign");
-        panic!(
-            "two leaders at once: token {} (slow append) and token {} (quick append), both held: {} {}",
-            first.token(),
-            second.token(),
-            first.is_held(),
-            second.is_held()
-        );
-    }
-    first.resign().await.expect("resign");
-}
-
-// DEFECT (safety, MariaDB): see a_slow_append_with_a_smaller_id_is_not_passed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_a_slow_append_with_a_smaller_id_is_not_passed() {
-    a_slow_append_with_a_smaller_id_is_not_passed(Db::mariadb()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_slow_append_with_a_smaller_id_is_not_passed() {
-    a_slow_append_with_a_smaller_id_is_not_passed(Db::postgres()).await;
-}
-
-/// The same race made certain: an append (A) whose id is allocated and
+/// Two appends racing on MariaDB, made certain: an append (A) whose id is allocated and
 /// whose row is in the table but not yet in the (name, id) index, held
 /// there by a REPEATABLE READ transaction of the test's own that gap-locks
 /// part of the `attempt` index (an insert into that gap waits after the row
@@ -536,6 +478,16 @@ async fn postgres_campaigns_do_not_starve_a_mutex_waiter() {
     campaigns_do_not_starve_a_mutex_waiter(Db::postgres()).await;
 }
 
+// DEFECT (resource leak, PostgreSQL): pg.rs `lockline_append` took the
+// entry's session-level guard (pg_try_advisory_lock) inside the function's
+// transaction, before `nearest`; when `nearest` then failed (its DELETE of a
+// dead entry hitting lock_timeout on a row a fenced commit holds FOR SHARE,
+// or LL001), the INSERT rolled back but the session-level lock stayed, and
+// each retry of the append leaked one more: entries in the server's shared
+// lock table (max_locks_per_transaction x max_connections, shared with every
+// table lock of every application) for as long as the session lives.
+// (Fails at 2dbe68e; the author's uncommitted work in backends/sql/src at the
+// time of writing fixes it: then a regression test.)
 /// An append on PostgreSQL that fails after taking its entry's guard: the
 /// entry before it is dead and its row is locked FOR SHARE by a fenced
 /// commit in flight (here a transaction of the test's own), so the
@@ -631,6 +583,8 @@ async fn postgres_trailing_spaces_make_different_names() {
 // differ in trailing spaces share one queue (and mixed kinds refuse each
 // other), and a fenced write to "cfg  " overwrites "cfg". PostgreSQL keeps
 // them apart. (utf8mb4_nopad_bin, or VARBINARY, would.)
+// (Fails at 2dbe68e; the author's uncommitted work in backends/sql/src at the
+// time of writing fixes it: then a regression test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_trailing_spaces_make_different_names() {
     trailing_spaces_make_different_names(Db::mariadb()).await;
@@ -700,6 +654,8 @@ async fn postgres_a_value_too_big_never_grants_a_held_lock_unannounced() {
 // it for the connection's end, so session.rs `on_owner!` leaves the session
 // Live: its holders keep is_held() and hear lost() only at the next
 // heartbeat, up to a keepalive interval (3.3 s here) after the next grant.
+// (Fails at 2dbe68e; the author's uncommitted work in backends/sql/src at the
+// time of writing fixes it: then a regression test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_value_too_big_never_grants_a_held_lock_unannounced() {
     a_value_too_big_never_grants_a_held_lock_unannounced(Db::mariadb()).await;
@@ -1664,4 +1620,65 @@ async fn postgres_a_dropped_first_acquire_keeps_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_dropped_first_acquire_keeps_the_session() {
     a_dropped_first_acquire_keeps_the_session(Db::mariadb()).await;
+}
+
+/// A holder whose connection is reset (a load balancer, a NAT or a proxy
+/// in between dropping it; the test proxy's `block`, which cuts every
+/// connection): the holder must hear lost() before the next grant, as it
+/// does on etcd and ZooKeeper, whose sessions outlive a connection.
+async fn a_reset_holder_is_told_before_the_next_grant(db: Db) {
+    let url = db.url();
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let h = Client::new(Sql::new(db.url_via(&proxy.address())))
+        .session_with(options(10_000))
+        .await
+        .expect("session");
+    let held = h.mutex("reset").expect("mutex").lock().await.expect("lock");
+    let near = Client::new(Sql::new(url.clone()));
+    let w = near.session_with(options(10_000)).await.expect("session");
+    let waiter = {
+        let mutex = w.mutex("reset").expect("mutex");
+        tokio::spawn(async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+    };
+    near.wait_for_stats(|s| s.waits >= 1).await;
+    let lost = tokio::spawn(async move {
+        held.lost().await;
+        (Instant::now(), held.is_held())
+    });
+    proxy.block();
+    let (granted_at, guard) = step("the waiter is granted", waiter).await.expect("task");
+    let (lost_at, _) = step("the holder hears of it", lost).await.expect("task");
+    guard.expect("lock").release().await.expect("release");
+    assert!(
+        lost_at <= granted_at,
+        "the waiter was granted {:?} before the holder, whose connection was reset, heard lost()",
+        lost_at - granted_at
+    );
+    proxy.unblock();
+}
+
+// DEFECT (safety, both engines; design): guards are named locks of the
+// owning connection, so the server frees them the moment that connection
+// ends, and a waiter is granted at once; but an idle client learns that its
+// connection ended only at its next statement, the heartbeat, up to a
+// keepalive interval (ttl / 3: 3.3 s by default) later. Meanwhile the old
+// holder's is_held() is true and its lost() has not fired: two holders, the
+// first not told. The README promises lost() "when its connection ends
+// (every guard went with it)" and, on every backend, lost() before the next
+// grant; etcd and ZooKeeper keep a session across a reset connection until
+// its TTL. (A waiter that finds a predecessor's guard free while its
+// session's heartbeat is still within the TTL would have to wait for the
+// TTL, or the client would have to watch its idle connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_reset_holder_is_told_before_the_next_grant() {
+    a_reset_holder_is_told_before_the_next_grant(Db::postgres()).await;
+}
+
+// DEFECT: as postgres_a_reset_holder_is_told_before_the_next_grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_reset_holder_is_told_before_the_next_grant() {
+    a_reset_holder_is_told_before_the_next_grant(Db::mariadb()).await;
 }
