@@ -486,8 +486,7 @@ async fn postgres_campaigns_do_not_starve_a_mutex_waiter() {
 // each retry of the append leaked one more: entries in the server's shared
 // lock table (max_locks_per_transaction x max_connections, shared with every
 // table lock of every application) for as long as the session lives.
-// (Fails at 2dbe68e; the author's uncommitted work in backends/sql/src at the
-// time of writing fixes it: then a regression test.)
+// (Fails at 2dbe68e; fixed by 9cd4858: now a regression test.)
 /// An append on PostgreSQL that fails after taking its entry's guard: the
 /// entry before it is dead and its row is locked FOR SHARE by a fenced
 /// commit in flight (here a transaction of the test's own), so the
@@ -583,8 +582,7 @@ async fn postgres_trailing_spaces_make_different_names() {
 // differ in trailing spaces share one queue (and mixed kinds refuse each
 // other), and a fenced write to "cfg  " overwrites "cfg". PostgreSQL keeps
 // them apart. (utf8mb4_nopad_bin, or VARBINARY, would.)
-// (Fails at 2dbe68e; the author's uncommitted work in backends/sql/src at the
-// time of writing fixes it: then a regression test.)
+// (Fails at 2dbe68e; fixed by 9cd4858: now a regression test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_trailing_spaces_make_different_names() {
     trailing_spaces_make_different_names(Db::mariadb()).await;
@@ -654,8 +652,7 @@ async fn postgres_a_value_too_big_never_grants_a_held_lock_unannounced() {
 // it for the connection's end, so session.rs `on_owner!` leaves the session
 // Live: its holders keep is_held() and hear lost() only at the next
 // heartbeat, up to a keepalive interval (3.3 s here) after the next grant.
-// (Fails at 2dbe68e; the author's uncommitted work in backends/sql/src at the
-// time of writing fixes it: then a regression test.)
+// (Fails at 2dbe68e; fixed by 9cd4858: now a regression test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_value_too_big_never_grants_a_held_lock_unannounced() {
     a_value_too_big_never_grants_a_held_lock_unannounced(Db::mariadb()).await;
