@@ -25,7 +25,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_sessions" (
     id text PRIMARY KEY,
     pid integer NOT NULL,
     ttl_ms bigint NOT NULL,
-    renewed_us bigint NOT NULL
+    renewed_us bigint NOT NULL,
+    backend_start timestamptz
 );
 CREATE TABLE IF NOT EXISTS "public"."lockline_data" (
     key text PRIMARY KEY,
@@ -179,20 +180,26 @@ END
 $fn$;
 
 -- Ends a session that has not renewed within its TTL by this server's clock: its
--- owning connection is terminated (if it still holds the guard p_key) and its
--- rows are deleted. 0: no such session; 1: it renewed; 2: ended.
+-- owning connection is terminated (if it is still there: its pid and its
+-- start time, or the guard p_key the caller waited on that it holds; a pid
+-- used again is never taken for it) and its rows are deleted. 0: no such
+-- session; 1: it renewed; 2: ended.
 CREATE OR REPLACE FUNCTION "public"."lockline_reap"(p_owner text, p_key bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     s record;
 BEGIN
-    SELECT x.pid, x.ttl_ms, x.renewed_us INTO s FROM "public"."lockline_sessions" x WHERE x.id = p_owner FOR UPDATE;
+    SELECT x.pid, x.ttl_ms, x.renewed_us, x.backend_start INTO s FROM "public"."lockline_sessions" x WHERE x.id = p_owner FOR UPDATE;
     IF NOT FOUND THEN RETURN 0; END IF;
     IF s.renewed_us + s.ttl_ms * 1000 > (extract(epoch from clock_timestamp()) * 1000000)::bigint THEN RETURN 1; END IF;
-    IF EXISTS (SELECT 1 FROM pg_locks l
-               WHERE l.locktype = 'advisory' AND l.pid = s.pid AND l.granted AND l.mode = 'ExclusiveLock'
-                 AND l.objsubid = 1 AND l.classid = (p_key >> 32)::oid AND l.objid = (p_key & 4294967295)::oid
-                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+    -- Its connection, if still there: known by its pid and start time (seen
+    -- only by the same database user), or by the guard it still holds
+    -- (pg_locks shows every user's).
+    IF EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid AND a.backend_start = s.backend_start)
+       OR EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.pid = s.pid AND l.granted AND l.mode = 'ExclusiveLock'
+                    AND l.objsubid = 1 AND l.classid = (p_key >> 32)::oid AND l.objid = (p_key & 4294967295)::oid
+                    AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
         PERFORM pg_terminate_backend(s.pid, 5000);
     END IF;
     DELETE FROM "public"."lockline_entries" e WHERE e.session = p_owner;
@@ -246,17 +253,15 @@ END
 $fn$;
 
 -- Ends a lost session from another connection: its old owning connection is
--- terminated if it still holds a guard of the session's entries (a connection
--- the server still believes in, behind a silent partition), then its rows are
+-- terminated if it is still there (a connection the server still believes in,
+-- behind a silent partition; its pid and start time), then its rows are
 -- deleted. false when that connection would not end within 5 s.
 CREATE OR REPLACE FUNCTION "public"."lockline_end"(p_session text, p_pid integer)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 BEGIN
-    IF EXISTS (SELECT 1 FROM "public"."lockline_entries" e JOIN pg_locks l
-                 ON l.locktype = 'advisory' AND l.objsubid = 1
-                AND l.classid = ((e.id # 2026619832316723200) >> 32)::oid AND l.objid = ((e.id # 2026619832316723200) & 4294967295)::oid
-               WHERE e.session = p_session AND l.pid = p_pid AND l.granted AND l.mode = 'ExclusiveLock'
-                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+    IF EXISTS (SELECT 1 FROM "public"."lockline_sessions" s JOIN pg_stat_activity a
+                 ON a.pid = s.pid AND a.backend_start = s.backend_start
+               WHERE s.id = p_session AND s.pid = p_pid) THEN
         IF NOT pg_terminate_backend(p_pid, 5000) THEN
             RETURN false;
         END IF;
@@ -297,7 +302,9 @@ BEGIN
     DELETE FROM "public"."lockline_sessions" s
      WHERE s.renewed_us + s.ttl_ms * 1000 < (extract(epoch from clock_timestamp()) * 1000000)::bigint - 60000000
        AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid);
-    INSERT INTO "public"."lockline_sessions" (id, pid, ttl_ms, renewed_us) VALUES (p_session, pg_backend_pid(), p_ttl_ms, (extract(epoch from clock_timestamp()) * 1000000)::bigint);
+    INSERT INTO "public"."lockline_sessions" (id, pid, ttl_ms, renewed_us, backend_start)
+    SELECT p_session, pg_backend_pid(), p_ttl_ms, (extract(epoch from clock_timestamp()) * 1000000)::bigint, a.backend_start
+      FROM pg_stat_activity a WHERE a.pid = pg_backend_pid();
     RETURN pg_backend_pid();
 END
 $fn$;

@@ -54,12 +54,25 @@ pub(crate) enum Reaped {
     Ended,
 }
 
-/// The purpose of a connection: the session's own, which holds every guard,
-/// or one of its wait connections.
+/// The purpose of a connection: the session's own, which holds every guard;
+/// its control connection (heartbeats, cancels, looks at waits); or one of
+/// its wait connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
     Owner,
+    Control,
     Wait,
+}
+
+/// What became of an entry a waiter waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Gone, or its guard is free.
+    Free,
+    /// Held by a live session.
+    Held,
+    /// Held by a session past its TTL by the database's clock.
+    Stale,
 }
 
 /// One engine's statements over one set of tables.
@@ -82,9 +95,24 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// Registers a session owned by this connection.
     async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<()>;
 
-    /// Renews the session; `Some(n)`: renewed, and it owns `n` entries;
-    /// `None`: the session is gone (or this connection no longer owns it).
+    /// Renews the session from its control connection (not the one that
+    /// holds its guards); `Some(n)`: renewed, and it owns `n` entries;
+    /// `None`: the session's row is gone, or its owning connection is gone
+    /// on the server (checked in the same statement), or this connection is
+    /// that very connection (a pooler).
     async fn heartbeat(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Option<i64>>;
+
+    /// What became of the entries some waiters wait on, given as (id,
+    /// value version or -1): each with its [`Status`] (an entry whose row is
+    /// gone, whose guard is free, or whose value moved past the version is
+    /// [`Status::Free`]) and its owner's session id.
+    async fn statuses(&self, conn: &mut Self::Conn, ids: &[(i64, i64)]) -> DbResult<Vec<(i64, i64, Status, String)>>;
+
+    /// Ends every session past its TTL by the database's clock (its
+    /// connection, if it still holds its locks, and its rows): for
+    /// something a silent session holds that no waiter blocks on (a row
+    /// lock of a transaction it was in when it went silent). How many.
+    async fn reap_stale(&self, conn: &mut Self::Conn) -> DbResult<u64>;
 
     /// The ids of the session's entries.
     async fn own_ids(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Vec<i64>>;

@@ -170,3 +170,16 @@ pub(crate) fn timed_out(doing: Doing<'_>, timeout: Duration) -> Error {
         format!("{} on {}: no answer within {timeout:?}", doing.what, doing.target),
     )
 }
+
+/// Whether a statement gave up waiting for a row or named lock another
+/// transaction holds (PostgreSQL `lock_timeout`, InnoDB's
+/// `innodb_lock_wait_timeout`).
+pub(crate) fn is_lock_timeout(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("55P03")
+                || db.message().to_ascii_lowercase().contains("lock wait timeout exceeded")
+        }
+        _ => false,
+    }
+}

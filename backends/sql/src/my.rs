@@ -1,6 +1,7 @@
 //! MariaDB and MySQL: entries in an InnoDB table, guards as `GET_LOCK`
 //! locks of the owning connection, order checked with a locking read.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
@@ -8,13 +9,17 @@ use lockline::{Error, Write};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
-use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Waited};
+use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
 
 /// The server's clock in microseconds since the epoch.
 const NOW_US: &str = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)";
+
+/// Takes a named lock unless this connection holds it already (`GET_LOCK`
+/// counts a connection's repeated takes, each needing its own release).
+const TAKE_ONCE: &str = "SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))";
 
 /// How far apart two readings of the server's start time (its clock minus
 /// its `Uptime`, in whole seconds) may be and still be the same start.
@@ -102,7 +107,8 @@ impl Names {
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         let sql = Statements {
             heartbeat: format!(
-                "UPDATE {sessions} SET renewed_us = {NOW_US} WHERE id = ? AND conn = CONNECTION_ID()"
+                "UPDATE {sessions} SET renewed_us = {NOW_US} WHERE id = ? AND conn <> CONNECTION_ID() \
+                 AND IS_USED_LOCK(CONCAT('{lock_prefix}s:', id)) = conn"
             )
             .into(),
             count_own: format!("SELECT COUNT(*) FROM {entries} WHERE session = ?").into(),
@@ -141,11 +147,11 @@ impl Names {
             )
             .into(),
             reap_read: format!(
-                "SELECT conn, renewed_us + ttl_ms * 1000 > {NOW_US} FROM {sessions} WHERE id = ? FOR UPDATE"
+                "SELECT conn, renewed_us + ttl_ms * 1000 > {NOW_US}, renewed_us FROM {sessions} WHERE id = ?"
             )
             .into(),
             reap_entries: format!("DELETE FROM {entries} WHERE session = ?").into(),
-            reap_session: format!("DELETE FROM {sessions} WHERE id = ?").into(),
+            reap_session: format!("DELETE FROM {sessions} WHERE id = ? AND renewed_us = ?").into(),
             value_of: format!("SELECT version FROM {entries} WHERE id = ? AND session = ? FOR UPDATE").into(),
             bump_value: format!("UPDATE {entries} SET value = ?, version = version + 1 WHERE id = ?").into(),
             get_value: format!(
@@ -601,7 +607,7 @@ impl Dialect for MySql {
         let mut conn = self.connect.clone().connect().await?;
         let row_wait_s = match purpose {
             Purpose::Owner => self.settings.owner_lock_timeout.as_secs().max(1),
-            Purpose::Wait => self.settings.request_timeout.as_secs().max(1),
+            Purpose::Control | Purpose::Wait => self.settings.request_timeout.as_secs().max(1),
         };
         // A year: an idle holder must not be disconnected (and lose its
         // locks) by the server's wait_timeout.
@@ -723,7 +729,43 @@ impl Dialect for MySql {
         }
         self.bump_after_restart(conn, names)
             .await
-            .map_err(|e| map("move the id counter past a server restart", e))
+            .map_err(|e| map("move the id counter past a server restart", e))?;
+        // Every statement the owning connection runs for a caller, prepared
+        // now: the driver recovers from a caller that goes away while a
+        // statement executes, not while it is being prepared (which happens
+        // at a statement's first use), and a broken owning connection loses
+        // the session.
+        let sql = &names.sql;
+        let owner_statements: [&str; 22] = [
+            &sql.insert,
+            &sql.find,
+            &sql.name_lock,
+            &sql.exists,
+            &sql.nearest,
+            &sql.delete_dead,
+            &sql.list,
+            &sql.remove,
+            &sql.attempt_of,
+            &sql.value_of,
+            &sql.bump_value,
+            &sql.get_value,
+            &sql.held,
+            &sql.put,
+            &sql.delete,
+            &sql.read,
+            &sql.close_entries,
+            &sql.close_session,
+            TAKE_ONCE,
+            "DO RELEASE_LOCK(?)",
+            "SELECT GET_LOCK(?, 0)",
+            "SELECT CAST(IS_USED_LOCK(?) AS SIGNED)",
+        ];
+        for statement in owner_statements {
+            conn.prepare(sqlx::SqlSafeStr::into_sql_str(AssertSqlSafe(statement.to_owned())))
+                .await
+                .map_err(|e| map("prepare lockline's statements", e))?;
+        }
+        Ok(())
     }
 
     async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<()> {
@@ -818,7 +860,7 @@ impl Dialect for MySql {
         // Held before the row exists: a visible entry always has its guard
         // held while its owner lives. Taken once per attempt (GET_LOCK counts
         // a connection's repeated takes).
-        let got: Option<i64> = sqlx::query_scalar("SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))")
+        let got: Option<i64> = sqlx::query_scalar(TAKE_ONCE)
             .bind(&guard)
             .bind(&guard)
             .fetch_one(&mut *conn)
@@ -858,7 +900,7 @@ impl Dialect for MySql {
         tx.commit().await?;
         if append.kind == "election" {
             let version = names.version_lock(id, 0);
-            sqlx::query("SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))")
+            sqlx::query(TAKE_ONCE)
                 .bind(&version)
                 .bind(&version)
                 .execute(&mut *conn)
@@ -963,55 +1005,113 @@ impl Dialect for MySql {
         self.wait_on(conn, &lock, owner, fallback_ms).await
     }
 
-    async fn reap(&self, conn: &mut MySqlConnection, owner: &str, id: i64) -> DbResult<Reaped> {
+    async fn reap(&self, conn: &mut MySqlConnection, owner: &str, _id: i64) -> DbResult<Reaped> {
+        // Statement by statement, no transaction: nothing is held between
+        // them, so a reaper cut off midway leaves no row lock behind. A
+        // renewal racing the look is harmless: an owner past its TTL by the
+        // database's clock declared itself lost before (at ttl - margin from
+        // an earlier send) and never takes its locks back.
         let names = self.names()?;
-        let guard = self
-            .locks_of(conn, id)
-            .await?
-            .map(|(attempt, ..)| names.guard(&attempt));
-        let mut tx = conn.begin().await?;
         let row = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_read)))
             .bind(owner)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else {
-            tx.commit().await?;
             return Ok(Reaped::Gone);
         };
-        let (owner_conn, renewed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let (owner_conn, renewed, seen): (i64, i64, i64) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
         if renewed == 1 {
-            tx.commit().await?;
             return Ok(Reaped::Renewed);
         }
-        if let Some(guard) = guard {
-            let holder: Option<i64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
-                .bind(&guard)
-                .fetch_one(&mut *tx)
-                .await?;
-            if holder == Some(owner_conn) {
-                let kill = tx
-                    .execute(sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {owner_conn}"))))
-                    .await;
-                // Already gone between the look and the kill: nothing to
-                // end. Refused (another user's connection): the rows stay,
-                // and the waiter hears why.
-                if let Err(error) = kill {
-                    if !no_such_connection(&error) {
-                        return Err(error);
-                    }
+        // Its connection, known by the session's own lock: ended if still there.
+        let holder: Option<i64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+            .bind(names.session_lock(owner))
+            .fetch_one(&mut *conn)
+            .await?;
+        if holder == Some(owner_conn) {
+            let kill = conn
+                .execute(sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {owner_conn}"))))
+                .await;
+            // Already gone between the look and the kill: nothing to end.
+            // Refused (another user's connection): the rows stay, and the
+            // waiter hears why.
+            if let Err(error) = kill {
+                if !no_such_connection(&error) {
+                    return Err(error);
                 }
             }
         }
         sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_entries)))
             .bind(owner)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
         sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_session)))
             .bind(owner)
-            .execute(&mut *tx)
+            .bind(seen)
+            .execute(&mut *conn)
             .await?;
-        tx.commit().await?;
         Ok(Reaped::Ended)
+    }
+
+    async fn statuses(
+        &self,
+        conn: &mut MySqlConnection,
+        ids: &[(i64, i64)],
+    ) -> DbResult<Vec<(i64, i64, Status, String)>> {
+        let names = self.names()?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = ids.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
+        let found = sqlx::query(AssertSqlSafe(format!(
+            "SELECT e.id, e.version, CASE WHEN IS_FREE_LOCK(CONCAT('{p}e:', e.attempt)) THEN 0 \
+             WHEN s.renewed_us + s.ttl_ms * 1000 < {NOW_US} THEN 2 ELSE 1 END, e.session \
+             FROM {entries} e LEFT JOIN {sessions} s ON s.id = e.session WHERE e.id IN ({list})",
+            p = names.lock_prefix,
+            entries = names.entries,
+            sessions = names.sessions,
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut rows = HashMap::new();
+        for row in found {
+            let (id, version, code, owner): (i64, i64, i64, String) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
+            rows.insert(id, (version, code, owner));
+        }
+        Ok(ids
+            .iter()
+            .map(|&(id, wanted)| match rows.get(&id) {
+                None => (id, wanted, Status::Free, String::new()),
+                Some((version, code, owner)) => {
+                    let status = if *code == 0 || (wanted >= 0 && *version != wanted) {
+                        Status::Free
+                    } else if *code == 2 {
+                        Status::Stale
+                    } else {
+                        Status::Held
+                    };
+                    (id, wanted, status, owner.clone())
+                }
+            })
+            .collect())
+    }
+
+    async fn reap_stale(&self, conn: &mut MySqlConnection) -> DbResult<u64> {
+        let names = self.names()?;
+        let stale: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT id FROM {} WHERE renewed_us + ttl_ms * 1000 < {NOW_US}",
+            names.sessions
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut ended = 0;
+        for owner in stale {
+            if self.reap(conn, &owner, 0).await? == Reaped::Ended {
+                ended += 1;
+            }
+        }
+        Ok(ended)
     }
 
     async fn cancel(&self, conn: &mut MySqlConnection, server_id: i64) -> DbResult<()> {

@@ -8,7 +8,7 @@ use lockline::{Error, Write};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row as _};
 
-use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Waited};
+use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
@@ -45,6 +45,8 @@ struct Names {
 #[derive(Debug)]
 struct Statements {
     heartbeat: Arc<str>,
+    statuses: Arc<str>,
+    stale: Arc<str>,
     own_ids: Arc<str>,
     append: Arc<str>,
     earlier: Arc<str>,
@@ -110,8 +112,23 @@ impl Names {
         let f = |name: &str| format!("{functions}{name}\"");
         let sql = Statements {
             heartbeat: format!(
-                "UPDATE {sessions} s SET renewed_us = {NOW_US} WHERE s.id = $1 AND s.pid = pg_backend_pid() \
+                "UPDATE {sessions} s SET renewed_us = {NOW_US} WHERE s.id = $1 AND s.pid <> pg_backend_pid() \
+                 AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid AND a.backend_start = s.backend_start) \
                  RETURNING (SELECT count(*) FROM {entries} e WHERE e.session = $1)"
+            )
+            .into(),
+            statuses: format!(
+                "SELECT x.id, x.version, CASE WHEN e.id IS NULL OR pg_try_advisory_xact_lock_shared(x.id # {salt}) \
+                 OR (x.version >= 0 AND e.version <> x.version) THEN 0 \
+                 WHEN s.renewed_us + s.ttl_ms * 1000 < {NOW_US} THEN 2 ELSE 1 END::integer, \
+                 COALESCE(e.session, '') \
+                 FROM unnest($1::bigint[], $2::bigint[]) AS x(id, version) LEFT JOIN {entries} e ON e.id = x.id \
+                 LEFT JOIN {sessions} s ON s.id = e.session"
+            )
+            .into(),
+            stale: format!(
+                "SELECT s.id, COALESCE((SELECT e.id FROM {entries} e WHERE e.session = s.id LIMIT 1), 0) \
+                 FROM {sessions} s WHERE s.renewed_us + s.ttl_ms * 1000 < {NOW_US}"
             )
             .into(),
             own_ids: format!("SELECT e.id FROM {entries} e WHERE e.session = $1").into(),
@@ -232,7 +249,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {sessions} (
     id text PRIMARY KEY,
     pid integer NOT NULL,
     ttl_ms bigint NOT NULL,
-    renewed_us bigint NOT NULL
+    renewed_us bigint NOT NULL,
+    backend_start timestamptz
 );
 CREATE TABLE IF NOT EXISTS {data} (
     key text PRIMARY KEY,
@@ -386,20 +404,26 @@ END
 $fn$;
 
 -- Ends a session that has not renewed within its TTL by this server's clock: its
--- owning connection is terminated (if it still holds the guard p_key) and its
--- rows are deleted. 0: no such session; 1: it renewed; 2: ended.
+-- owning connection is terminated (if it is still there: its pid and its
+-- start time, or the guard p_key the caller waited on that it holds; a pid
+-- used again is never taken for it) and its rows are deleted. 0: no such
+-- session; 1: it renewed; 2: ended.
 CREATE OR REPLACE FUNCTION {reap}(p_owner text, p_key bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     s record;
 BEGIN
-    SELECT x.pid, x.ttl_ms, x.renewed_us INTO s FROM {sessions} x WHERE x.id = p_owner FOR UPDATE;
+    SELECT x.pid, x.ttl_ms, x.renewed_us, x.backend_start INTO s FROM {sessions} x WHERE x.id = p_owner FOR UPDATE;
     IF NOT FOUND THEN RETURN 0; END IF;
     IF s.renewed_us + s.ttl_ms * 1000 > {NOW_US} THEN RETURN 1; END IF;
-    IF EXISTS (SELECT 1 FROM pg_locks l
-               WHERE l.locktype = 'advisory' AND l.pid = s.pid AND l.granted AND l.mode = 'ExclusiveLock'
-                 AND l.objsubid = 1 AND l.classid = (p_key >> 32)::oid AND l.objid = (p_key & 4294967295)::oid
-                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+    -- Its connection, if still there: known by its pid and start time (seen
+    -- only by the same database user), or by the guard it still holds
+    -- (pg_locks shows every user's).
+    IF EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid AND a.backend_start = s.backend_start)
+       OR EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.pid = s.pid AND l.granted AND l.mode = 'ExclusiveLock'
+                    AND l.objsubid = 1 AND l.classid = (p_key >> 32)::oid AND l.objid = (p_key & 4294967295)::oid
+                    AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
         PERFORM pg_terminate_backend(s.pid, 5000);
     END IF;
     DELETE FROM {entries} e WHERE e.session = p_owner;
@@ -453,17 +477,15 @@ END
 $fn$;
 
 -- Ends a lost session from another connection: its old owning connection is
--- terminated if it still holds a guard of the session's entries (a connection
--- the server still believes in, behind a silent partition), then its rows are
+-- terminated if it is still there (a connection the server still believes in,
+-- behind a silent partition; its pid and start time), then its rows are
 -- deleted. false when that connection would not end within 5 s.
 CREATE OR REPLACE FUNCTION {end}(p_session text, p_pid integer)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 BEGIN
-    IF EXISTS (SELECT 1 FROM {entries} e JOIN pg_locks l
-                 ON l.locktype = 'advisory' AND l.objsubid = 1
-                AND l.classid = ((e.id # {salt}) >> 32)::oid AND l.objid = ((e.id # {salt}) & 4294967295)::oid
-               WHERE e.session = p_session AND l.pid = p_pid AND l.granted AND l.mode = 'ExclusiveLock'
-                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
+    IF EXISTS (SELECT 1 FROM {sessions} s JOIN pg_stat_activity a
+                 ON a.pid = s.pid AND a.backend_start = s.backend_start
+               WHERE s.id = p_session AND s.pid = p_pid) THEN
         IF NOT pg_terminate_backend(p_pid, 5000) THEN
             RETURN false;
         END IF;
@@ -504,7 +526,9 @@ BEGIN
     DELETE FROM {sessions} s
      WHERE s.renewed_us + s.ttl_ms * 1000 < {NOW_US} - 60000000
        AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid);
-    INSERT INTO {sessions} (id, pid, ttl_ms, renewed_us) VALUES (p_session, pg_backend_pid(), p_ttl_ms, {NOW_US});
+    INSERT INTO {sessions} (id, pid, ttl_ms, renewed_us, backend_start)
+    SELECT p_session, pg_backend_pid(), p_ttl_ms, {NOW_US}, a.backend_start
+      FROM pg_stat_activity a WHERE a.pid = pg_backend_pid();
     RETURN pg_backend_pid();
 END
 $fn$;
@@ -618,6 +642,14 @@ fn rows(found: Vec<PgRow>) -> DbResult<Vec<Row>> {
         .collect()
 }
 
+fn status(code: i32) -> Status {
+    match code {
+        0 => Status::Free,
+        2 => Status::Stale,
+        _ => Status::Held,
+    }
+}
+
 fn waited(code: i32) -> DbResult<Waited> {
     match code {
         0 => Ok(Waited::Released),
@@ -645,7 +677,7 @@ impl Dialect for Postgres {
             // The owning connection never waits long on a row (a fenced
             // commit in flight): its renewals queue behind it.
             Purpose::Owner => format!("{}ms", owner_lock_timeout.as_millis().max(1)),
-            Purpose::Wait => "0".to_owned(),
+            Purpose::Control | Purpose::Wait => "0".to_owned(),
         };
         let check = format!("{}ms", check_interval.as_millis().max(1));
         // Nothing lockline reads is a float: no extra_float_digits, one
@@ -760,6 +792,7 @@ impl Dialect for Postgres {
                     ("pid", "integer"),
                     ("ttl_ms", "bigint"),
                     ("renewed_us", "bigint"),
+                    ("backend_start", "timestamp with time zone"),
                 ],
             ),
             ("data", &[("key", "text"), ("value", "bytea")]),
@@ -824,6 +857,33 @@ impl Dialect for Postgres {
             .bind(session)
             .fetch_optional(conn)
             .await
+    }
+
+    async fn statuses(&self, conn: &mut PgConnection, ids: &[(i64, i64)]) -> DbResult<Vec<(i64, i64, Status, String)>> {
+        let (entries, versions): (Vec<i64>, Vec<i64>) = ids.iter().copied().unzip();
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.statuses)))
+            .bind(entries)
+            .bind(versions)
+            .fetch_all(conn)
+            .await?;
+        found
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, status(r.try_get(2)?), r.try_get(3)?)))
+            .collect()
+    }
+
+    async fn reap_stale(&self, conn: &mut PgConnection) -> DbResult<u64> {
+        let stale = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.stale)))
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut ended = 0;
+        for row in stale {
+            let (owner, id): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+            if self.reap(conn, &owner, id).await? == Reaped::Ended {
+                ended += 1;
+            }
+        }
+        Ok(ended)
     }
 
     async fn own_ids(&self, conn: &mut PgConnection, session: &str) -> DbResult<Vec<i64>> {

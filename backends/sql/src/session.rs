@@ -13,7 +13,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::dialect::{Append, DbResult, Dialect, Purpose, Reaped, Row, Waited};
+use crate::dialect::{Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{connection_gone, map, timed_out, Doing};
 use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
 use crate::pool::{Idle, Lease, Stop, WaitPool};
@@ -58,7 +58,18 @@ pub(crate) struct Shared<D: Dialect> {
     /// The connection that holds every guard; `None` once the session is over.
     owner: tokio::sync::Mutex<Option<D::Conn>>,
     owner_server_id: i64,
+    /// The connection that renews the session, sends cancels and looks at
+    /// waits: never queued behind the owner's statements (a row-lock wait
+    /// there must not starve the heartbeat). Opened again when it breaks:
+    /// it holds nothing.
+    control: tokio::sync::Mutex<Option<D::Conn>>,
     waits: WaitPool<D::Conn>,
+    /// Waiters with no wait connection yet: the entry each waits on, and
+    /// the flag the overflow check sets once that entry is gone.
+    overflow: std::sync::Mutex<HashMap<u64, Overflow>>,
+    next_overflow: std::sync::atomic::AtomicU64,
+    /// Owners being ended by the overflow check, so each once at a time.
+    reaping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The session's own entries by id: whether their guard is held, and
     /// the flag their holders wait on.
     entries: std::sync::Mutex<HashMap<i64, Arc<Gone>>>,
@@ -110,6 +121,9 @@ macro_rules! on_owner {
                 Ok(value) => Ok(value),
                 Err(error) => {
                     let gone = connection_gone(&error);
+                    if crate::error::is_lock_timeout(&error) {
+                        shared.spawn_reap_stale();
+                    }
                     let mapped = map(shared.doing(what), error);
                     if gone {
                         // Every guard went with the connection.
@@ -128,6 +142,64 @@ macro_rules! on_owner {
         }
     }};
 }
+
+/// Runs one statement on the control connection (opened if it is not),
+/// bounded by the request timeout; a broken one is dropped, to be opened
+/// again next time.
+macro_rules! on_control {
+    ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
+        let shared = &$shared;
+        let what: &str = $what;
+        let timeout = shared.options.request_timeout();
+        let run = async {
+            let mut guard = shared.control.lock().await;
+            if guard.is_none() {
+                let (conn, _) = shared
+                    .dialect
+                    .connect(Purpose::Control)
+                    .await
+                    .map_err(|e| map(shared.doing("open the control connection"), e))?;
+                *guard = Some(conn);
+            }
+            let Some($conn) = guard.as_mut() else {
+                return Err(shared.over_error());
+            };
+            let $dialect = &*shared.dialect;
+            let result: DbResult<_> = $call.await;
+            match result {
+                Ok(value) => Ok(value),
+                Err(error) => {
+                    if connection_gone(&error) {
+                        guard.take();
+                    }
+                    Err(map(shared.doing(what), error))
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => {
+                // Cut off in the middle of a statement: start afresh.
+                if let Ok(mut guard) = shared.control.try_lock() {
+                    guard.take();
+                }
+                Err(timed_out(shared.doing(what), timeout))
+            }
+        }
+    }};
+}
+
+/// A waiter with no wait connection (see `Shared::overflow`).
+struct Overflow {
+    id: i64,
+    version: Option<i64>,
+    gone: Arc<Stop>,
+}
+
+/// How often waiters with no wait connection have their entries looked at
+/// (one statement for all of a session's): only while a session has more
+/// waiters than wait connections.
+pub(crate) const OVERFLOW_RECHECK: Duration = Duration::from_millis(100);
 
 impl<D: Dialect> Shared<D> {
     fn doing<'a>(&'a self, what: &'a str) -> Doing<'a> {
@@ -226,14 +298,14 @@ impl<D: Dialect> Shared<D> {
 
     /// One renewal: `Ok(true)` renewed, `Ok(false)` the session is gone.
     async fn renew(self: &Arc<Self>) -> Result<bool> {
-        let count = on_owner!(self, "renew the session", |d, conn| d.heartbeat(conn, &self.id))?;
+        let count = on_control!(self, "renew the session", |d, conn| d.heartbeat(conn, &self.id))?;
         let Some(count) = count else {
             return Ok(false);
         };
         let tracked = self.entries().len();
         if usize::try_from(count).unwrap_or(usize::MAX) < tracked {
             // Someone deleted one of our entries: find which.
-            let ids = on_owner!(self, "list the session's entries", |d, conn| d.own_ids(conn, &self.id))?;
+            let ids = on_control!(self, "list the session's entries", |d, conn| d.own_ids(conn, &self.id))?;
             let ids: std::collections::HashSet<i64> = ids.into_iter().collect();
             let gone: Vec<i64> = self.entries().keys().copied().filter(|id| !ids.contains(id)).collect();
             for id in gone {
@@ -281,8 +353,9 @@ impl<D: Dialect> Shared<D> {
                 }
                 Some(Ok(false)) => {
                     self.lose(
-                        "the database no longer has the session on this connection (ended by another client after \
-                         its TTL, or a transaction-pooling proxy moved the connection to another server backend)",
+                        "the database no longer has the session, or its connection (ended by another client after \
+                         its TTL, or by the server), or a transaction-pooling proxy put two of its connections on one \
+                         server backend",
                     );
                     return;
                 }
@@ -329,7 +402,21 @@ impl<D: Dialect> Shared<D> {
     async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<()> {
         loop {
             self.check_live()?;
-            let lease = self.lease(priority).await?;
+            // While no wait connection is free, the overflow check looks at
+            // the entry (with every other such waiter's, in one statement)
+            // and says when it is gone: a waiter beyond the connections is
+            // not stuck behind waits that may last long (another lock held
+            // for hours, an election).
+            let (key, gone) = self.register_overflow(on);
+            let lease = tokio::select! {
+                lease = self.lease(priority) => lease,
+                () = gone.wait() => {
+                    self.unregister_overflow(key);
+                    return Ok(());
+                }
+            };
+            self.unregister_overflow(key);
+            let lease = lease?;
             let stop = Arc::new(Stop::default());
             let (tx, rx) = oneshot::channel();
             let task = WaitTask {
@@ -347,6 +434,145 @@ impl<D: Dialect> Shared<D> {
                 Err(_) => return Err(self.over_error()),
             }
         }
+    }
+
+    fn register_overflow(&self, on: WaitOn) -> (u64, Arc<Stop>) {
+        let key = self.next_overflow.fetch_add(1, Ordering::Relaxed);
+        let gone = Arc::new(Stop::default());
+        let (id, version) = match on {
+            WaitOn::Guard(id) => (id, None),
+            WaitOn::Version(id, version) => (id, Some(version)),
+        };
+        self.overflow.lock().unwrap_or_else(PoisonError::into_inner).insert(
+            key,
+            Overflow {
+                id,
+                version,
+                gone: Arc::clone(&gone),
+            },
+        );
+        (key, gone)
+    }
+
+    fn unregister_overflow(&self, key: u64) {
+        self.overflow
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+    }
+
+    /// Looks at the entries of waiters that have no wait connection, every
+    /// [`OVERFLOW_RECHECK`] while there are any: wakes those whose entry is
+    /// gone (or whose value changed), and ends the sessions past their TTL
+    /// that hold the others (as a waiter with a connection would).
+    async fn check_overflow(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(OVERFLOW_RECHECK).await;
+            if self.state.borrow().is_over() {
+                return;
+            }
+            let waiting: Vec<(i64, Option<i64>, Arc<Stop>)> = self
+                .overflow
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .map(|o| (o.id, o.version, Arc::clone(&o.gone)))
+                .collect();
+            if waiting.is_empty() {
+                continue;
+            }
+            let mut ids: Vec<(i64, i64)> = waiting.iter().map(|(id, v, _)| (*id, v.unwrap_or(-1))).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let statuses = match on_control!(self, "look at queued waits", |d, conn| d.statuses(conn, &ids)) {
+                Ok(statuses) => statuses,
+                Err(error) => {
+                    tracing::debug!(session = %self.id, %error, "could not look at queued waits");
+                    continue;
+                }
+            };
+            for (id, version, status, owner) in statuses {
+                match status {
+                    Status::Free => {
+                        for (_, _, gone) in waiting
+                            .iter()
+                            .filter(|(i, v, _)| *i == id && v.unwrap_or(-1) == version)
+                        {
+                            gone.signal();
+                        }
+                    }
+                    Status::Stale => self.spawn_reap(owner, id),
+                    Status::Held => {}
+                }
+            }
+        }
+    }
+
+    /// Ends a session past its TTL that holds an entry a waiter without a
+    /// connection waits on, through a connection of its own (the step can
+    /// take seconds: the server ends the connection first).
+    fn spawn_reap(self: &Arc<Self>, owner: String, id: i64) {
+        if !self
+            .reaping
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(owner.clone())
+        {
+            return;
+        }
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let timeout = shared.options.request_timeout() + Duration::from_secs(5);
+            let reap = async {
+                let (mut conn, _) = shared.dialect.connect(Purpose::Wait).await?;
+                shared.dialect.reap(&mut conn, &owner, id).await
+            };
+            match tokio::time::timeout(timeout, reap).await {
+                Ok(Ok(Reaped::Ended)) => {
+                    tracing::info!(session = %shared.id, %owner, "ended a session that stopped renewing");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(session = %shared.id, %owner, %error, "could not end a silent session")
+                }
+                Err(_) => tracing::debug!(session = %shared.id, %owner, "ending a silent session took too long"),
+            }
+            shared
+                .reaping
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&owner);
+        });
+    }
+
+    /// Ends every session past its TTL, in the background (once at a
+    /// time): after a statement of this session waited too long on a row
+    /// lock, which a silent session may hold from a transaction it was in
+    /// when it went silent.
+    fn spawn_reap_stale(self: &Arc<Self>) {
+        if !self
+            .reaping
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(String::new())
+        {
+            return;
+        }
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let timeout = shared.options.request_timeout() + Duration::from_secs(10);
+            let reap = async {
+                let (mut conn, _) = shared.dialect.connect(Purpose::Wait).await?;
+                shared.dialect.reap_stale(&mut conn).await
+            };
+            match tokio::time::timeout(timeout, reap).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => tracing::info!(session = %shared.id, ended = n, "ended sessions that stopped renewing"),
+                Ok(Err(error)) => tracing::debug!(session = %shared.id, %error, "could not end silent sessions"),
+                Err(_) => tracing::debug!(session = %shared.id, "ending silent sessions took too long"),
+            }
+            shared.reaping.lock().unwrap_or_else(PoisonError::into_inner).remove("");
+        });
     }
 }
 
@@ -428,7 +654,7 @@ impl<D: Dialect> WaitTask<D> {
                         // End the server-side wait, then read what it
                         // answered: a wait that ended on its own just before
                         // is harmless (it let go of what it took).
-                        let cancelled = on_owner!(shared, "cancel a wait", |d, conn| d.cancel(conn, server_id));
+                        let cancelled = on_control!(shared, "cancel a wait", |d, conn| d.cancel(conn, server_id));
                         let finished = if cancelled.is_ok() {
                             tokio::time::timeout(shared.options.request_timeout(), &mut call).await.ok()
                         } else {
@@ -533,9 +759,10 @@ impl<D: Dialect> SqlSession<D> {
             dialect.prepare(&mut conn).await?;
             let ttl_ms = i64::try_from(options.ttl().as_millis()).unwrap_or(i64::MAX);
             dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
-            Ok::<_, Error>((conn, server_id))
+            let (control, _) = dialect.connect(Purpose::Control).await.map_err(|e| map(doing, e))?;
+            Ok::<_, Error>((conn, server_id, control))
         };
-        let (conn, owner_server_id) = match tokio::time::timeout(connect_timeout, opening).await {
+        let (conn, owner_server_id, control) = match tokio::time::timeout(connect_timeout, opening).await {
             Ok(opened) => opened?,
             Err(_) => {
                 return Err(Error::unavailable(
@@ -552,15 +779,20 @@ impl<D: Dialect> SqlSession<D> {
             state: watch::Sender::new(SessionState::Live),
             owner: tokio::sync::Mutex::new(Some(conn)),
             owner_server_id,
+            control: tokio::sync::Mutex::new(Some(control)),
             waits: WaitPool::new(wait_connections),
+            overflow: std::sync::Mutex::new(HashMap::new()),
+            next_overflow: std::sync::atomic::AtomicU64::new(0),
+            reaping: std::sync::Mutex::new(std::collections::HashSet::new()),
             entries: std::sync::Mutex::new(HashMap::new()),
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
+        let overflow = tokio::spawn(Arc::clone(&shared).check_overflow()).abort_handle();
         let state = shared.state.subscribe();
         Ok(SqlSession {
             shared,
             state,
-            tasks: vec![keepalive],
+            tasks: vec![keepalive, overflow],
         })
     }
 
