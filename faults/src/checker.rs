@@ -20,9 +20,10 @@
 //!   [`Bounds::reset_notice`]: where the server frees a lock the moment its
 //!   holder's connection resets (lockline-sql: the connection holds the
 //!   lock), a holder whose connections were reset (a cut, a server crash)
-//!   learns it only at its next request; it must stop holding within that
-//!   bound of the reset, and every write it made after the next grant must
-//!   still have been refused. Such cases are counted, not hidden.
+//!   learns it only from a later request, or when its loss deadline passes;
+//!   it must stop holding within that bound of the reset, and every write it
+//!   made after the next grant must still have been refused. Such cases are
+//!   counted, with the worst one named, not hidden.
 //! - **Recovery**: after every fault a grant follows within the bound (TTL +
 //!   election time + slack), counted from the fault's start (from its end for
 //!   an outage of the whole cluster), and no quiet stretch without a fault
@@ -76,6 +77,8 @@ pub struct Report {
     /// next holder was granted, within [`Bounds::reset_notice`] of the reset,
     /// and the longest they held on after it (s).
     pub reset_holders_late: (usize, f64),
+    /// The case of that longest hold, in words.
+    pub reset_worst: String,
     /// The longest time from a fault to the next grant (s) and the fault's kind.
     pub worst_recovery: Option<(f64, String)>,
     /// The longest gap between grants with no fault active (s).
@@ -124,8 +127,8 @@ impl fmt::Display for Report {
         if self.reset_holders_late.0 > 0 {
             writeln!(
                 f,
-                "holders still holding at the next grant after their connections were reset: {} (stopped at most {:.2}s after the reset; every later write refused)",
-                self.reset_holders_late.0, self.reset_holders_late.1
+                "holders still holding at the next grant after their connections were reset: {} (stopped at most {:.2}s after the reset: {}; every later write refused)",
+                self.reset_holders_late.0, self.reset_holders_late.1, self.reset_worst
             )?;
         }
         match &self.worst_recovery {
@@ -376,7 +379,20 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                 late_reported.push((a.tag, a.token));
                 if let Some(r) = noticed {
                     report.reset_holders_late.0 += 1;
-                    report.reset_holders_late.1 = report.reset_holders_late.1.max(secs(end.saturating_sub(r)));
+                    let held_on = secs(end.saturating_sub(r));
+                    if held_on >= report.reset_holders_late.1 {
+                        report.reset_holders_late.1 = held_on;
+                        let how = if a.lost.is_some() { "saw lost()" } else { "stopped" };
+                        report.reset_worst = format!(
+                            "{} (token {}) {how} at {:.3}s, reset at {:.3}s, {} granted at {:.3}s; {context}",
+                            a.tag,
+                            a.token,
+                            rel(end),
+                            rel(r),
+                            b.tag,
+                            rel(b.grant)
+                        );
+                    }
                 } else {
                     report.violations.push(format!(
                     "lost() after the next grant: {} (token {}, granted {:.3}s, not frozen) still held when {} (token {}) was granted at {:.3}s; {when_lost}; {} of its writes rejected; {context}",

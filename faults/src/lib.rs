@@ -119,15 +119,17 @@ impl Backend {
     /// a session outlives its connections, a reset frees nothing. On
     /// PostgreSQL the connection holds the lock: the server frees it the
     /// moment the connection resets and may grant it at once (as it must for
-    /// a killed holder), while lockline-sql notices only at the session's
-    /// next statement on it, a renewal within one keepalive interval
-    /// (TTL / 3 for the contenders) — plus a second for a loaded machine.
-    /// Writes are not excused: the backend's fence must refuse every one made
-    /// after the next grant.
+    /// a killed holder), while lockline-sql learns of it only from a later
+    /// request (a renewal, within a keepalive interval when it can reach the
+    /// server) and at the latest when its loss deadline passes (TTL − safety
+    /// margin from the last confirmed renewal, which came before the reset):
+    /// that deadline, plus a second for a loaded machine. Writes are not
+    /// excused: the backend's fence must refuse every one made after the next
+    /// grant.
     pub fn reset_notice(self, ttl: Duration) -> Duration {
         match self {
             Backend::Etcd | Backend::ZooKeeper => Duration::ZERO,
-            Backend::Postgres => ttl / 3 + Duration::from_secs(1),
+            Backend::Postgres => lockline::SessionOptions::new().with_ttl(ttl).loss_deadline() + Duration::from_secs(1),
         }
     }
 }
