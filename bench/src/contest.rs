@@ -170,6 +170,17 @@ impl std::fmt::Debug for Contest {
     }
 }
 
+impl Drop for Contest {
+    /// A contest dropped before [`stop`](Contest::stop) (its program failed
+    /// meanwhile) stops its contenders' tasks.
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 /// What a contest measured.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
@@ -177,6 +188,9 @@ pub struct Outcome {
     pub grants: u64,
     /// Grants within the window to another contender than the one before.
     pub handoffs: u64,
+    /// Grants until the contenders stopped (the window's and the drain's
+    /// after it), for figures per grant counted over the whole run.
+    pub all_grants: u64,
     /// The window's length.
     pub seconds: f64,
     /// Each acquire, from its start to its grant.
@@ -273,17 +287,31 @@ impl Contest {
     ///
     /// # Errors
     ///
-    /// The first contender that failed (or panicked).
-    pub async fn stop(self) -> BoxResult<Outcome> {
+    /// The first contender that failed (or panicked); the others are
+    /// aborted then, so that none goes on holding its client.
+    pub async fn stop(mut self) -> BoxResult<Outcome> {
         self.shared.stop.store(true, Ordering::SeqCst);
-        for task in self.tasks {
-            task.await??;
+        let mut failed = None;
+        for task in std::mem::take(&mut self.tasks) {
+            if failed.is_some() {
+                task.abort();
+                continue;
+            }
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => failed = Some(error),
+                Err(panicked) => failed = Some(panicked.into()),
+            }
+        }
+        if let Some(error) = failed {
+            return Err(error);
         }
         let (grants, handoffs, seconds) = self.window.unwrap_or((0, 0, f64::NAN));
         let (acquire, handoff) = std::mem::take(&mut *lock(&self.shared.samples));
         Ok(Outcome {
             grants,
             handoffs,
+            all_grants: self.shared.grants.load(Ordering::SeqCst),
             seconds,
             acquire,
             handoff,
@@ -352,7 +380,7 @@ mod tests {
         });
         contest.run_for(0.01).await;
         let outcome = contest.stop().await.expect("contest");
-        assert_eq!(outcome.grants, 12);
+        assert_eq!((outcome.grants, outcome.all_grants), (12, 12));
         assert_eq!(outcome.acquire.len(), 12);
         assert!(outcome.handoff.len() <= 11);
     }
