@@ -3,20 +3,21 @@
 //! from 4 processes within 100 server connections).
 //!
 //! ```text
-//! cargo run --release -p lockline-sql --example crowd_sql [-- --seconds 5 --processes 4 --crowd 1000 --compare 16,64 --engine both --sessions-per-process 8 --wait-connections 1 --max-connections 100]
+//! cargo run --release -p lockline-sql --example crowd_sql [-- --seconds 5 --processes 4 --crowd 1000 --compare 16,64 --engine both --sessions-per-process 6 --wait-connections 1 --max-connections 100]
 //! ```
 //!
 //! The program re-runs itself as child processes (`lockline_bench::Crowd`),
 //! each running its share of the contenders, which take and release one
-//! lock with zero hold time. A session holds one connection, so a session
-//! per contender would need 1,000 connections: here each process opens
-//! `--sessions-per-process` sessions (default 8), each with at most
-//! `--wait-connections` wait connections (default 1), and spreads its
-//! contenders over them in turn. Contenders of one session queue in the
-//! process first (a session has one entry per lock), so the server's queue
-//! holds at most one entry per session and a process uses at most
-//! K × (1 + W) connections. The servers are started with
-//! `--max-connections` (default 100), so a run that needed more would fail.
+//! lock with zero hold time. A session holds connections of its own (its
+//! guard connection and its control connection), so a session per contender
+//! would need thousands: here each process opens `--sessions-per-process`
+//! sessions (default 6), each with at most `--wait-connections` wait
+//! connections (default 1), and spreads its contenders over them in turn.
+//! Contenders of one session queue in the process first (a session has one
+//! entry per lock), so the server's queue holds at most one entry per
+//! session, and a process uses at most K × (2 + W) connections (72 for 4
+//! processes). The servers are started with `--max-connections` (default
+//! 100), so a run that needed more would fail.
 //!
 //! Measured once every session has queued: grants/s, wakeups per release
 //! (the clients' `stats()`), handoff latency (a grant's time minus the
@@ -46,7 +47,7 @@ use support::{Db, Engine, Server};
 const SAMPLE: Duration = Duration::from_millis(25);
 
 const OWN_USAGE: &str =
-    "[--engine postgres|mariadb|both] [--sessions-per-process 8] [--wait-connections 1] [--max-connections 100]";
+    "[--engine postgres|mariadb|both] [--sessions-per-process 6] [--wait-connections 1] [--max-connections 100]";
 
 struct Plan {
     engines: Vec<Engine>,
@@ -78,7 +79,7 @@ fn parse_args() -> Result<(CrowdArgs, Plan), String> {
     };
     let plan = Plan {
         engines: Engine::parse_list(own.value("--engine"))?,
-        sessions: number("--sessions-per-process", 8, 1000)?,
+        sessions: number("--sessions-per-process", 6, 1000)?,
         waits: number("--wait-connections", 1, 64)?,
         max_connections: number("--max-connections", 100, 10_000)? as u32,
     };
@@ -177,7 +178,8 @@ fn crowd(engine: Engine, args: &CrowdArgs, plan: &Plan) -> BoxResult<()> {
             let mut db = Db::connect(engine, &server.monitor_url()).await?;
             server.describe(&mut db).await
         })?;
-    let per_process = plan.sessions * (1 + plan.waits);
+    // A session's guard and control connections, and its wait connections.
+    let per_process = plan.sessions * (2 + plan.waits);
     println!(
         "{} crowd benchmark: {describe} on 127.0.0.1:{}, {} s per measurement",
         engine.name(),
@@ -185,8 +187,8 @@ fn crowd(engine: Engine, args: &CrowdArgs, plan: &Plan) -> BoxResult<()> {
         args.seconds
     );
     println!(
-        "each process: {} session(s) shared by its contenders in turn, each one connection plus at most {} wait \
-         connection(s): at most {per_process} connections per process, {} for {} processes",
+        "each process: {} session(s) shared by its contenders in turn, each its guard and control connections \
+         plus at most {} wait connection(s): at most {per_process} connections per process, {} for {} processes",
         plan.sessions,
         plan.waits,
         per_process * args.processes,
