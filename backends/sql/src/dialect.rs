@@ -163,6 +163,9 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// its connection and deletes its rows when it is past its deadline.
     async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64) -> DbResult<Reaped>;
 
+    /// A statement that does nothing: whether the connection still works.
+    async fn ping(&self, conn: &mut Self::Conn) -> DbResult<()>;
+
     /// Ends the statement running on connection `server_id` (a wait).
     async fn cancel(&self, conn: &mut Self::Conn, server_id: i64) -> DbResult<()>;
 

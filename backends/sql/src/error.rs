@@ -88,6 +88,13 @@ pub(crate) fn map(doing: Doing<'_>, error: sqlx::Error) -> Error {
                 },
             }
         }
+        sqlx::Error::Protocol(message) if message.contains("SSLRequest") => Error::unavailable_because(
+            backend,
+            format!(
+                "{what} on {target}: the connection was closed during the handshake (is a PostgreSQL server up behind that address?)"
+            ),
+            error,
+        ),
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut

@@ -1114,6 +1114,10 @@ impl Dialect for MySql {
         Ok(ended)
     }
 
+    async fn ping(&self, conn: &mut MySqlConnection) -> DbResult<()> {
+        conn.execute("SELECT 1").await.map(drop)
+    }
+
     async fn cancel(&self, conn: &mut MySqlConnection, server_id: i64) -> DbResult<()> {
         conn.execute(sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {server_id}"))))
             .await?;

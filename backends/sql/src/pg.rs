@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use lockline::{Error, Write};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row as _};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{has_code, Doing};
@@ -996,6 +996,10 @@ impl Dialect for Postgres {
             2 => Ok(Reaped::Ended),
             other => Err(shape(format!("reap returned {other}"))),
         }
+    }
+
+    async fn ping(&self, conn: &mut PgConnection) -> DbResult<()> {
+        conn.execute("SELECT 1").await.map(drop)
     }
 
     async fn cancel(&self, conn: &mut PgConnection, server_id: i64) -> DbResult<()> {

@@ -298,7 +298,20 @@ impl<D: Dialect> Shared<D> {
 
     /// One renewal: `Ok(true)` renewed, `Ok(false)` the session is gone.
     async fn renew(self: &Arc<Self>) -> Result<bool> {
-        let count = on_control!(self, "renew the session", |d, conn| d.heartbeat(conn, &self.id))?;
+        let renewed = on_control!(self, "renew the session", |d, conn| d.heartbeat(conn, &self.id));
+        let count = match renewed {
+            Ok(count) => count,
+            Err(error) => {
+                if self.control.lock().await.is_none() {
+                    // The control connection broke: if the path to the server
+                    // was reset, the guard connection was reset with it and
+                    // every guard is gone. Ask it now rather than at the loss
+                    // deadline (a reconnect may be refused meanwhile).
+                    let _ = on_owner!(self, "check the session's connection", |d, conn| d.ping(conn));
+                }
+                return Err(error);
+            }
+        };
         let Some(count) = count else {
             return Ok(false);
         };
