@@ -33,7 +33,8 @@
 //! the server's statements (PostgreSQL: transactions in
 //! `pg_stat_database`; MariaDB: `Questions`, this program's own left out)
 //! and the bytes each way are counted over `--ttls` TTLs and printed per
-//! session per TTL. The servers are started with room for M connections.
+//! session per TTL. The servers are started with room for 2 × M connections
+//! (a session's guard connection and its control connection).
 //!
 //! With both engines, each runs in a process of its own (this program
 //! again), so that the second one's memory figures do not start from the
@@ -81,7 +82,8 @@ async fn main() -> BoxResult<()> {
 }
 
 async fn scale_engine(engine: Engine, args: &ScaleArgs) -> BoxResult<()> {
-    let max_connections = (args.sessions + 100).max(300);
+    // A session's guard and control connections.
+    let max_connections = (2 * args.sessions + 100).max(300);
     // Every held entry holds one advisory lock; room for the run's locks and
     // sessions, and as much again.
     let needed = (args.locks + args.sessions) * 2;
@@ -204,10 +206,17 @@ impl ScaleServer for SqlScale {
 
     async fn closed_line(&mut self, outcome: &str, took: Duration) -> BoxResult<String> {
         let rows = self.rows("entries").await?;
-        // The named locks go with the connection, which closes right after.
-        self.monitor.wait_connections_at_most(self.connections_before).await?;
+        // The named locks go with the session's connections, which close
+        // right after (or, while its guards are still referenced, when they
+        // are dropped: said so).
+        let waited = std::time::Duration::from_secs(5);
+        let open = self.monitor.connections_left(self.connections_before, waited).await? - self.connections_before;
+        let connections = match open {
+            0 => "once its connections were gone".to_owned(),
+            open => format!("{open} of its connections still open {waited:?} later (its guards not yet dropped)"),
+        };
         Ok(format!(
-            "session.close() {outcome} in {took:.2?}; {rows} entry rows left; once its connection was gone, {} {} held",
+            "session.close() {outcome} in {took:.2?}; {rows} entry rows left; {connections}, {} {} held",
             self.named_locks().await?,
             self.named_lock_name(),
         ))

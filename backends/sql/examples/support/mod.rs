@@ -362,14 +362,21 @@ impl Db {
     /// of a run closed: a PostgreSQL backend has flushed its statistics when
     /// it leaves `pg_stat_activity`), up to 30 s.
     pub async fn wait_connections_at_most(&mut self, count: i64) -> BoxResult<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let left = self.connections_left(count, Duration::from_secs(30)).await?;
+        if left > count {
+            return Err(format!("{left} connections still open 30 s after their clients closed them").into());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `within` until at most `count` other client connections
+    /// are left; returns how many are.
+    pub async fn connections_left(&mut self, count: i64, within: Duration) -> BoxResult<i64> {
+        let deadline = Instant::now() + within;
         loop {
             let now = self.connections().await?;
-            if now <= count {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{now} connections still open 30 s after their clients closed them").into());
+            if now <= count || Instant::now() > deadline {
+                return Ok(now);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
