@@ -76,7 +76,10 @@ pub(crate) fn map(doing: Doing<'_>, error: sqlx::Error) -> Error {
                 // Server shutting down, too many connections, cannot
                 // connect now, lock wait timeouts on a row, a killed
                 // connection: a retry may succeed.
-                "57P01" | "57P02" | "57P03" | "53300" | "08006" | "08001" | "08004" | "55P03" | "HY000"
+                // serialization_failure / deadlock_detected (InnoDB's
+                // deadlock victim too): the statement was rolled back whole.
+                "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "08006" | "08001" | "08004" | "55P03"
+                | "HY000"
                     if transient_words(&message) || code != "HY000" =>
                 {
                     Error::unavailable_because(backend, format!("{what} on {target}"), error)

@@ -120,11 +120,13 @@ impl Names {
             )
             .into(),
             find: format!("SELECT id FROM {entries} WHERE attempt = ? AND session = ?").into(),
-            // A locking read: it waits for an append with a smaller id still
-            // in flight, so no earlier entry is missed.
+            // A plain read: appends to one name commit in their id order
+            // (the name's row lock), so every earlier entry is visible. (A
+            // locking read here deadlocked with removals: index record then
+            // row, against row then index record.)
             nearest: format!(
                 "SELECT e.id, e.kind, e.session, IS_USED_LOCK({guard}) IS NOT NULL OR e.session = ? \
-                 FROM {entries} e WHERE e.name = ? AND e.id < ? ORDER BY e.id DESC LIMIT ? LOCK IN SHARE MODE"
+                 FROM {entries} e WHERE e.name = ? AND e.id < ? ORDER BY e.id DESC LIMIT ?"
             )
             .into(),
             exists: format!("SELECT COUNT(*) FROM {entries} WHERE id = ?").into(),
@@ -776,18 +778,32 @@ impl Dialect for MySql {
             "s.renewed_us + s.ttl_ms * 1000 < {NOW_US} - 60000000 AND IS_FREE_LOCK(CONCAT('{}s:', s.id))",
             names.lock_prefix
         );
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE e FROM {} e JOIN {} s ON s.id = e.session WHERE {stale}",
-            names.entries, names.sessions
-        )))
-        .execute(&mut *conn)
-        .await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE s FROM {} s WHERE {stale}",
+        // Best effort, one session at a time: it must never fail the open
+        // (a deadlock with a removal under way is retried at the next open).
+        let stale_sessions: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT s.id, s.renewed_us FROM {} s WHERE {stale} LIMIT 100",
             names.sessions
         )))
-        .execute(&mut *conn)
-        .await?;
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+        for (stale_id, renewed_us) in stale_sessions {
+            let cleaned = async {
+                sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_entries)))
+                    .bind(&stale_id)
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_session)))
+                    .bind(&stale_id)
+                    .bind(renewed_us)
+                    .execute(&mut *conn)
+                    .await
+            }
+            .await;
+            if let Err(error) = cleaned {
+                tracing::debug!(session = %stale_id, %error, "could not clean up a dead session's rows");
+            }
+        }
         // The session's own lock: held by its connection while it lives.
         let lock = names.session_lock(session);
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
