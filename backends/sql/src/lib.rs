@@ -26,17 +26,23 @@
 //!   server frees it the moment that connection dies. A row whose guard is
 //!   free is dead; whoever meets it deletes it before going past it.
 //! - **A waiter blocks on the server** on its predecessor's guard only (shared
-//!   on PostgreSQL): a release wakes exactly one waiter, nothing polls.
+//!   on PostgreSQL): a release wakes exactly one waiter.
 //! - **A silent owner cannot hold forever.** Each session renews a heartbeat
-//!   (one statement per keepalive interval, however many locks it holds),
-//!   judged by the database's clock. A waiter whose predecessor's session has
+//!   once per keepalive interval however many locks it holds, on a control
+//!   connection of its own that also checks the guard connection is still
+//!   there, judged by the database's clock. A waiter whose predecessor's session has
 //!   not renewed for its TTL ends that session's connection
 //!   (`pg_terminate_backend`, `KILL CONNECTION`) and deletes its rows; the
 //!   owner has told its holders `lost()` at `ttl - safety margin` after the
 //!   send time of its last answered heartbeat, before that.
 //! - **Bounded connections.** A session has one connection that holds its
-//!   guards and at most [`Sql::with_wait_connections`] more for its waiters
-//!   (16 by default), given to the waiters nearest the heads of their queues.
+//!   guards, its control connection, and at most
+//!   [`Sql::with_wait_connections`] more for its waiters (16 by default),
+//!   given to the waiters nearest the heads of their queues; waiters beyond
+//!   them have their predecessors looked at every 100 ms, in one statement.
+//! - **A reset connection frees its locks at once**, as a crash does: the
+//!   holder hears `lost()` at its next heartbeat, within a keepalive
+//!   interval (the README's SQL section says what this means).
 //!
 //! The tables are created on first use (or by a DBA with the script from
 //! [`Sql::ddl`]); the README's SQL section gives the layout, the privileges
