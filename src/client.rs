@@ -23,6 +23,9 @@ use crate::{Backend, ClientStats, Error, MemoryBackend, Result, Session, Session
 pub struct Client {
     backend: Arc<dyn Backend>,
     counters: Arc<Counters>,
+    /// The session [`check`](Client::check) reads through, opened at the
+    /// first check and kept for the next ones (shared by clones).
+    checker: Arc<tokio::sync::Mutex<Option<Session>>>,
 }
 
 impl Client {
@@ -53,6 +56,7 @@ impl Client {
         Client {
             backend,
             counters: Arc::default(),
+            checker: Arc::default(),
         }
     }
 
@@ -104,6 +108,62 @@ impl Client {
         self.counters.wait_for(predicate).await
     }
 
+    /// Asks the server whether `sequencer` is still current: whether the
+    /// entry it names still exists under its lock's name with its fencing
+    /// token, and holds by the wait rule (first in the queue for a mutex, a
+    /// write lock or a leadership; no earlier write entry for a read lock;
+    /// fewer than its permits of earlier entries for a semaphore permit) as
+    /// the server answers. One read of the lock's queue: linearizable on
+    /// etcd (a quorum read), on Redis (one node's state) and on PostgreSQL
+    /// and MariaDB (the primary); on ZooKeeper as current as the server the
+    /// client is connected to, which may lag the leader slightly; on the
+    /// memory backend exact.
+    ///
+    /// A resource that cannot remember the highest token it accepted asks
+    /// this before acting for a holder ([Chubby's
+    /// `CheckSequencer`](crate::Sequencer)); it needs no session of its own:
+    /// the client opens one at its first check and keeps it for the next.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockline::Result<()> {
+    /// let client = lockline::Client::memory();
+    /// let holder = client.session().await?;
+    /// let guard = holder.mutex("jobs/report")?.lock().await?;
+    /// let sequencer = guard.sequencer().to_string(); // sent to the resource
+    /// // The resource, with a client of its own on the same cluster:
+    /// assert!(client.check(&sequencer.parse()?).await?);
+    /// guard.release().await?;
+    /// assert!(!client.check(&sequencer.parse()?).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (a session opened for it is kept).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a name the backend cannot store;
+    /// [`Error::Unavailable`] when the cluster cannot be reached, or a
+    /// backend error when the read fails.
+    pub async fn check(&self, sequencer: &crate::Sequencer) -> Result<bool> {
+        self.check_name(sequencer.name())?;
+        let session = {
+            let mut checker = self.checker.lock().await;
+            match checker.as_ref() {
+                Some(session) if !session.state().is_over() => session.clone(),
+                _ => {
+                    let session = self.session().await?;
+                    *checker = Some(session.clone());
+                    session
+                }
+            }
+        };
+        let entries = session.queue(sequencer.name()).await?;
+        Ok(current(&entries, sequencer))
+    }
+
     /// Opens a session with the default [`SessionOptions`].
     ///
     /// # Cancel safety
@@ -152,4 +212,19 @@ impl Client {
             Arc::clone(&self.counters),
         ))
     }
+}
+
+/// Whether `sequencer`'s entry is in `queue` (first-created first) and
+/// holds by its mode's wait rule.
+fn current(queue: &[crate::Contender], sequencer: &crate::Sequencer) -> bool {
+    let mode = sequencer.mode();
+    let Some(at) = queue
+        .iter()
+        .position(|e| e.token == sequencer.token() && mode.matches(e.kind))
+    else {
+        return false;
+    };
+    let rule = mode.rule();
+    let earlier = queue[..at].iter().filter(|e| rule.conflicts().includes(e.kind)).count();
+    earlier < rule.depth()
 }

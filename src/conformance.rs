@@ -585,6 +585,116 @@ pub async fn session_loss<F: Fixture>(fixture: &F) {
     next.release().await.expect("release");
 }
 
+/// Checks a sequencer through a client with no session of its own, after
+/// a round trip through its text form.
+async fn current(checker: &Client, sequencer: &crate::Sequencer) -> bool {
+    let text = sequencer.to_string();
+    let parsed: crate::Sequencer = text.parse().expect("a sequencer's text parses");
+    assert_eq!(&parsed, sequencer, "{text} does not round-trip");
+    bounded("check a sequencer", checker.check(&parsed))
+        .await
+        .expect("check")
+}
+
+/// A sequencer is current while its holder holds, and not after a release,
+/// after the holder's session is lost, or once a later holder holds: for a
+/// mutex, the sides of a read/write lock, semaphore permits and a
+/// leadership, checked by a client with no session of its own.
+pub async fn sequencers_are_current_only_while_held<F: Fixture>(fixture: &F) {
+    let checker = fixture.client().await;
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let (sa, sb) = (session(fixture, &a).await, session(fixture, &b).await);
+
+    // A mutex: current while held; not after release; the next holder's is.
+    let name = unique("sequencer");
+    let first = lock(&sa.mutex(&name).expect("mutex")).await;
+    let old = first.sequencer();
+    assert_eq!(old.name(), name);
+    assert_eq!(old.mode(), crate::Mode::Mutex);
+    assert_eq!(old.token(), first.token());
+    assert!(current(&checker, &old).await, "a held mutex's sequencer is current");
+    let waiter = queue_waiter(&b, sb.mutex(&name).expect("mutex")).await;
+    assert!(current(&checker, &old).await, "a waiter does not make the holder stale");
+    first.release().await.expect("release");
+    let next = bounded("the waiter", waiter).await.expect("task").expect("lock");
+    assert!(!current(&checker, &old).await, "a released holder's sequencer is stale");
+    assert!(current(&checker, &next.sequencer()).await);
+    let forged = crate::Sequencer::new(&name, crate::Mode::Read, next.token());
+    assert!(!current(&checker, &forged).await, "another mode is not the holder's");
+    next.release().await.expect("release");
+
+    // Read/write: readers together, a writer behind them not yet.
+    let rw = unique("sequencer-rw");
+    let r1 = bounded("read", sa.rwlock(&rw).expect("rwlock").read())
+        .await
+        .expect("read");
+    let r2 = bounded("read", sb.rwlock(&rw).expect("rwlock").read())
+        .await
+        .expect("read");
+    assert_eq!(r1.sequencer().mode(), crate::Mode::Read);
+    assert!(current(&checker, &r1.sequencer()).await && current(&checker, &r2.sequencer()).await);
+    let writer = {
+        let lock = sa.rwlock(&rw).expect("rwlock");
+        spawn_queued(&a, async move { lock.write().await }).await
+    };
+    let (s1, s2) = (r1.sequencer(), r2.sequencer());
+    r1.release().await.expect("release");
+    assert!(!current(&checker, &s1).await);
+    assert!(current(&checker, &s2).await, "a reader still reading stays current");
+    r2.release().await.expect("release");
+    let w = bounded("the writer", writer).await.expect("task").expect("write");
+    assert_eq!(w.sequencer().mode(), crate::Mode::Write);
+    assert!(current(&checker, &w.sequencer()).await && !current(&checker, &s2).await);
+    w.release().await.expect("release");
+
+    // A semaphore of 2: two permits current, a third waits, then holds.
+    let sem = unique("sequencer-sem");
+    let p1 = bounded("acquire", sa.semaphore(&sem, 2).expect("semaphore").acquire())
+        .await
+        .expect("acquire");
+    let p2 = bounded("acquire", sb.semaphore(&sem, 2).expect("semaphore").acquire())
+        .await
+        .expect("acquire");
+    assert_eq!(p1.sequencer().mode(), crate::Mode::Permit { permits: 2 });
+    assert!(current(&checker, &p1.sequencer()).await && current(&checker, &p2.sequencer()).await);
+    let third = {
+        let semaphore = sa.semaphore(&sem, 2).expect("semaphore");
+        spawn_queued(&a, async move { semaphore.acquire().await }).await
+    };
+    let s1 = p1.sequencer();
+    p1.release().await.expect("release");
+    let p3 = bounded("the third permit", third)
+        .await
+        .expect("task")
+        .expect("acquire");
+    assert!(!current(&checker, &s1).await);
+    assert!(current(&checker, &p2.sequencer()).await && current(&checker, &p3.sequencer()).await);
+    p2.release().await.expect("release");
+    p3.release().await.expect("release");
+
+    // A leadership, then the leader's session lost.
+    let election = unique("sequencer-election");
+    let leader = bounded("campaign", sa.election(&election).expect("election").campaign(b"a"))
+        .await
+        .expect("campaign");
+    let sequencer = leader.sequencer();
+    assert_eq!(sequencer.mode(), crate::Mode::Leadership);
+    assert!(current(&checker, &sequencer).await);
+    let held = lock(&sa.mutex(&name).expect("mutex")).await;
+    let held_sequencer = held.sequencer();
+    fixture.expire(&sa).await;
+    bounded("the leader learns of the loss", leader.lost()).await;
+    bounded("the holder learns of the loss", held.lost()).await;
+    assert!(
+        !current(&checker, &sequencer).await,
+        "a lost leader's sequencer is stale"
+    );
+    assert!(
+        !current(&checker, &held_sequencer).await,
+        "a lost holder's sequencer is stale"
+    );
+}
+
 /// Several tasks of one session contend for one name: they exclude each other
 /// and all finish.
 pub async fn same_session_contention<F: Fixture>(fixture: &F) {
@@ -1590,6 +1700,7 @@ macro_rules! conformance_tests {
             fenced_write_refused_after_entry_deleted,
             fenced_write_batch_is_all_or_nothing,
             leader_selector_survives_leader_kills,
+            sequencers_are_current_only_while_held,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::task::AbortHandle;
 
+use crate::sequencer::{Mode, Sequencer};
 use crate::session::SessionInner;
 use crate::{Entry, Error, FencingToken, Result, Session, SessionState, Write};
 
@@ -56,6 +57,9 @@ pub(crate) struct Hold {
     shared: Arc<HoldShared>,
     monitor: AbortHandle,
     released: bool,
+    /// The lock's name and the mode it is held in, for its sequencer.
+    name: Box<str>,
+    mode: Mode,
 }
 
 /// What a hold and its monitor task share.
@@ -205,6 +209,8 @@ impl Hold {
         entry: Entry,
         local: Option<OwnedMutexGuard<()>>,
         watch: Option<EntryWatch>,
+        name: &str,
+        mode: Mode,
     ) -> Self {
         let entry = Arc::new(entry);
         let shared = Arc::new(HoldShared {
@@ -228,7 +234,13 @@ impl Hold {
             shared,
             monitor,
             released: false,
+            name: name.into(),
+            mode,
         }
+    }
+
+    pub(crate) fn sequencer(&self) -> Sequencer {
+        Sequencer::new(&*self.name, self.mode, self.entry.token)
     }
 
     pub(crate) fn entry(&self) -> &Entry {
@@ -406,6 +418,11 @@ macro_rules! guard_surface {
             /// The key (etcd) or path (ZooKeeper) of the entry that holds it.
             pub fn key(&self) -> &str {
                 self.hold.key()
+            }
+
+            #[doc = concat!("This ", $what, "'s [`Sequencer`](crate::Sequencer): the lock's name, the mode it is held in and its fencing token, for a resource to check with [`Client::check`](crate::Client::check).")]
+            pub fn sequencer(&self) -> $crate::Sequencer {
+                self.hold.sequencer()
             }
 
             /// Whether it is still held as far as this client knows: turns

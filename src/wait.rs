@@ -14,6 +14,7 @@ use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::guard::{watch_entry, EntryWatch, Hold};
+use crate::sequencer::Mode;
 use crate::session::SessionInner;
 use crate::{AppendRequest, Conflicts, Earlier, Entry, EntryKind, Error, Result, Session};
 
@@ -186,7 +187,17 @@ impl Acquire<'_> {
         let local = pending.local.take();
         pending.disarm();
         inner.counters.bump(|c| &c.grants);
-        Ok(Outcome::Held(Hold::new(self.session.clone(), mine, local, own_watch)))
+        let mode = match self.kind {
+            EntryKind::Read => Mode::Read,
+            EntryKind::Write => Mode::Write,
+            EntryKind::Semaphore => Mode::Permit {
+                permits: self.rule.depth(),
+            },
+            EntryKind::Election => Mode::Leadership,
+            _ => Mode::Mutex,
+        };
+        let held = Hold::new(self.session.clone(), mine, local, own_watch, self.name, mode);
+        Ok(Outcome::Held(held))
     }
 
     /// Waits until the rule lets `mine` hold (`Ok(None)`). `Ok(Some(Busy))`:
