@@ -163,6 +163,21 @@ pub enum Earlier {
     Entries(Vec<Entry>),
 }
 
+/// How an entry a contender waited on went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Departure {
+    /// Its owner released it (or the backend cannot tell).
+    Released,
+    /// It was lost with its owner's session (expired, cut off, its process
+    /// dead): seen gone at `noticed`.
+    Lost {
+        /// When this client saw it go (the server removed it at that time or
+        /// a little before).
+        noticed: tokio::time::Instant,
+    },
+}
+
 /// A backend: opens sessions against one cluster.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
@@ -334,6 +349,17 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
             backend: "this",
             operation: "reads",
         })
+    }
+
+    /// How `gone` went away: an entry this session waited on with
+    /// [`wait_gone`](Self::wait_gone) and then found gone. Asked by an
+    /// acquire with a lock-delay before it is granted after that wait, so
+    /// the answer must come from what the wait and the read after it
+    /// already saw (no request of its own: nothing new on the handoff path,
+    /// DESIGN §6.17). The default says [`Departure::Released`].
+    fn departure(&self, gone: &Entry) -> Departure {
+        let _ = gone;
+        Departure::Released
     }
 
     /// Asks the server now whether the session still lives (etcd: the lease's

@@ -785,6 +785,100 @@ pub async fn multi_locks_are_all_or_nothing_and_never_deadlock<F: Fixture>(fixtu
     drop(guard);
 }
 
+/// Lock-delay: a contender next in line after a holder whose session was
+/// lost (the fixture's expiry) is granted no sooner than its lock-delay
+/// after the loss, and shows as delayed in the queue meanwhile; after a
+/// clean `release()` or `close()` it is granted at once, with no
+/// lock-delay begun. A lock-delay over a minute is refused.
+pub async fn lock_delay_holds_back_after_an_involuntary_loss_only<F: Fixture>(fixture: &F) {
+    let delay = Duration::from_millis(1500);
+    let delayed = fixture.options().with_lock_delay(delay);
+    let (a, b) = (fixture.client().await, fixture.client().await);
+    let waiting_session = bounded("open a session", b.session_with(delayed.clone()))
+        .await
+        .expect("session");
+
+    // An involuntary loss: held back for the lock-delay, marked meanwhile.
+    let name = unique("lock-delay");
+    let lost_session = session(fixture, &a).await;
+    let holder = lock(&lost_session.mutex(&name).expect("mutex")).await;
+    let waiter = {
+        let mutex = waiting_session.mutex(&name).expect("mutex");
+        spawn_queued(&b, async move {
+            let guard = mutex.lock().await;
+            (tokio::time::Instant::now(), guard)
+        })
+        .await
+    };
+    let lost_at = tokio::time::Instant::now();
+    fixture.expire(&lost_session).await;
+    bounded("the lock-delay begins", b.wait_for_stats(|s| s.lock_delays >= 1)).await;
+    let queue = bounded("contenders", waiting_session.queue(&name))
+        .await
+        .expect("queue");
+    let first = queue.first().expect("the waiter is in the queue");
+    assert!(
+        first.delayed_until.is_some() || waiter.is_finished(),
+        "a contender in lock-delay shows it: {queue:?}"
+    );
+    let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("lock");
+    assert!(
+        granted_at - lost_at >= delay,
+        "granted {:?} after the holder's loss, within the lock-delay of {delay:?}",
+        granted_at - lost_at
+    );
+    assert!(guard.token() > holder.token());
+    let queue = bounded("contenders", waiting_session.queue(&name))
+        .await
+        .expect("queue");
+    assert!(
+        queue.iter().all(|c| c.delayed_until.is_none()),
+        "the mark is cleared: {queue:?}"
+    );
+    guard.release().await.expect("release");
+
+    // A clean release, then a clean close: handed on at once.
+    let before = b.stats().lock_delays;
+    for close in [false, true] {
+        let name = unique("lock-delay-clean");
+        let releasing = session(fixture, &a).await;
+        let holder = lock(&releasing.mutex(&name).expect("mutex")).await;
+        let waiter = {
+            let mutex = waiting_session.mutex(&name).expect("mutex");
+            spawn_queued(&b, async move { mutex.lock().await }).await
+        };
+        let released_at = tokio::time::Instant::now();
+        if close {
+            bounded("close", releasing.close()).await.expect("close");
+            drop(holder);
+        } else {
+            holder.release().await.expect("release");
+        }
+        let guard = bounded("the waiter is granted", waiter)
+            .await
+            .expect("task")
+            .expect("lock");
+        assert!(
+            released_at.elapsed() < delay,
+            "a clean {} was held back: granted {:?} after it",
+            if close { "close" } else { "release" },
+            released_at.elapsed()
+        );
+        guard.release().await.expect("release");
+    }
+    assert_eq!(
+        b.stats().lock_delays,
+        before,
+        "a lock-delay began after a clean hand-over"
+    );
+    let too_long = fixture.options().with_lock_delay(Duration::from_secs(61));
+    match b.session_with(too_long).await {
+        Err(Error::InvalidOptions { reason }) => assert!(reason.contains("lock-delay"), "{reason}"),
+        other => panic!("a lock-delay over a minute must be refused, got {other:?}"),
+    }
+}
+
 /// Several tasks of one session contend for one name: they exclude each other
 /// and all finish.
 pub async fn same_session_contention<F: Fixture>(fixture: &F) {
@@ -1792,6 +1886,7 @@ macro_rules! conformance_tests {
             leader_selector_survives_leader_kills,
             sequencers_are_current_only_while_held,
             multi_locks_are_all_or_nothing_and_never_deadlock,
+            lock_delay_holds_back_after_an_involuntary_loss_only,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -21,6 +21,12 @@ pub struct Contender {
     /// The session that owns the entry (etcd lease or ZooKeeper session id,
     /// in hex), when the server says.
     pub owner: Option<String>,
+    /// When the contender is in lock-delay (next in line after a holder
+    /// that lost its lock involuntarily, see
+    /// [`SessionOptions::with_lock_delay`](crate::SessionOptions::with_lock_delay)):
+    /// the time it will be granted at the earliest. It is not the holder
+    /// until then. Looked at for the first few contenders of a queue.
+    pub delayed_until: Option<std::time::SystemTime>,
 }
 
 impl From<Entry> for Contender {
@@ -30,6 +36,15 @@ impl From<Entry> for Contender {
             kind: entry.kind,
             token: entry.token,
             owner: entry.owner,
+            delayed_until: None,
         }
     }
+}
+
+/// The end of a lock-delay an entry's value marks, if it is still ahead.
+pub(crate) fn delayed_until(value: &[u8]) -> Option<std::time::SystemTime> {
+    let text = std::str::from_utf8(value).ok()?;
+    let ms: u64 = text.strip_prefix(crate::wait::DELAY_MARK)?.parse().ok()?;
+    let until = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    (until > std::time::SystemTime::now()).then_some(until)
 }

@@ -37,7 +37,7 @@ pub use memory::MemoryBackend;
 pub use multilock::{MultiGuard, MultiLock};
 pub use mutex::{Mutex, MutexGuard};
 pub use name::MAX_NAME_LEN;
-pub use options::{SessionOptions, SessionState, MAX_TTL, MIN_TTL};
+pub use options::{SessionOptions, SessionState, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use selector::{LeaderSelector, Term};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};

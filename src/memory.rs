@@ -75,6 +75,10 @@ struct State {
     sessions: HashMap<String, watch::Sender<SessionState>>,
     /// The keys written by fenced writes: persistent, apart from entries.
     data: BTreeMap<String, Vec<u8>>,
+    /// Entries deleted with their session's loss (not released), and when:
+    /// what a waiter's lock-delay asks (`departure`). Forgotten once asked,
+    /// or all at once when many pile up.
+    lost: HashMap<(String, i64), tokio::time::Instant>,
 }
 
 struct Record {
@@ -106,8 +110,16 @@ impl Store {
             .filter(|r| r.entry.owner.as_deref() == Some(id))
             .map(|r| r.entry.key.clone())
             .collect();
+        let lost = final_state == SessionState::Lost;
+        if lost && state.lost.len() > 4096 {
+            state.lost.clear();
+        }
         for key in owned {
-            state.delete(&key);
+            if let Some(entry) = state.delete(&key) {
+                if lost {
+                    state.lost.insert((entry.key, entry.order), tokio::time::Instant::now());
+                }
+            }
         }
         true
     }
@@ -332,6 +344,14 @@ impl BackendSession for MemorySession {
         // Ends when the entry is deleted (None sent, or the sender dropped).
         let _ = value.wait_for(Option::is_none).await;
         Ok(())
+    }
+
+    fn departure(&self, gone: &Entry) -> crate::backend::Departure {
+        let mut state = self.store.lock();
+        match state.lost.remove(&(gone.key.clone(), gone.order)) {
+            Some(noticed) => crate::backend::Departure::Lost { noticed },
+            None => crate::backend::Departure::Released,
+        }
     }
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {

@@ -9,6 +9,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The shortest TTL accepted: one second (etcd leases count whole seconds).
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 
+/// The longest lock-delay accepted: one minute, as Chubby bounds it.
+pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+
 /// How a session is kept alive and how quickly its loss is declared.
 ///
 /// ```
@@ -29,6 +32,7 @@ pub struct SessionOptions {
     keepalive_interval: Option<Duration>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    lock_delay: Duration,
 }
 
 impl Default for SessionOptions {
@@ -39,6 +43,7 @@ impl Default for SessionOptions {
             keepalive_interval: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -84,6 +89,29 @@ impl SessionOptions {
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
+    }
+
+    /// Sets the lock-delay (Chubby's, Consul's): a contender of this session
+    /// that is next in line after a holder who lost its lock *involuntarily*
+    /// (its session expired, was cut off or its process died) waits this
+    /// long, counted from when it saw the holder's entry go, before it is
+    /// granted, so that the old holder's requests still in flight drain
+    /// first. A holder's clean release (`release()`, `resign()`, `close()`)
+    /// hands on at once. Zero (the default) turns it off; at most
+    /// [`MAX_LOCK_DELAY`]. A heuristic for resources that cannot check
+    /// fencing tokens or sequencers: it bounds nothing if the old holder's
+    /// requests take longer.
+    ///
+    /// It is the waiting contender's setting: give it to every session that
+    /// takes the lock.
+    pub fn with_lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = delay;
+        self
+    }
+
+    /// The lock-delay (zero unless set).
+    pub fn lock_delay(&self) -> Duration {
+        self.lock_delay
     }
 
     /// The TTL.
@@ -145,6 +173,12 @@ impl SessionOptions {
             return invalid(format!(
                 "keepalive interval {keepalive:?} leaves no renewal before the loss deadline {:?} (ttl - safety margin)",
                 self.loss_deadline()
+            ));
+        }
+        if self.lock_delay > MAX_LOCK_DELAY {
+            return invalid(format!(
+                "lock-delay {:?} is longer than the maximum of one minute",
+                self.lock_delay
             ));
         }
         for (what, value) in [

@@ -544,7 +544,23 @@ impl SessionInner {
     pub(crate) async fn contenders(&self, name: &str) -> Result<Vec<Contender>> {
         self.check_usable()?;
         let entries = self.call(self.remote.list(name)).await?;
-        Ok(entries.into_iter().map(Contender::from).collect())
+        let mut contenders = Vec::with_capacity(entries.len());
+        for (place, entry) in entries.into_iter().enumerate() {
+            // A contender in lock-delay marks its own entry; only the first
+            // few of a queue can be next in line.
+            let delayed_until = if place < 4 && entry.kind != crate::EntryKind::Election {
+                match self.call(self.remote.get_value(&entry)).await {
+                    Ok(Some(value)) => crate::contender::delayed_until(&value),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            let mut contender = Contender::from(entry);
+            contender.delayed_until = delayed_until;
+            contenders.push(contender);
+        }
+        Ok(contenders)
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {

@@ -43,6 +43,10 @@ pub struct ClientStats {
     /// Watches on held entries re-opened after they failed (a server down or
     /// unreachable). Re-watching backs off, from 100 ms doubling to 2 s.
     pub rewatches: u64,
+    /// Lock-delays begun: a contender next in line after a holder that lost
+    /// its lock involuntarily held back before its grant
+    /// ([`SessionOptions::with_lock_delay`](crate::SessionOptions::with_lock_delay)).
+    pub lock_delays: u64,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +61,7 @@ pub(crate) struct Counters {
     pub(crate) cleanups: AtomicU64,
     pub(crate) cleanup_failures: AtomicU64,
     pub(crate) rewatches: AtomicU64,
+    pub(crate) lock_delays: AtomicU64,
 }
 
 impl Counters {
@@ -89,6 +94,7 @@ impl Counters {
             cleanups: get(&self.cleanups),
             cleanup_failures: get(&self.cleanup_failures),
             rewatches: get(&self.rewatches),
+            lock_delays: get(&self.lock_delays),
         }
     }
 }

@@ -211,6 +211,9 @@ impl Acquire<'_> {
     ) -> Result<Option<Outcome>> {
         let inner = &self.session.inner;
         let mut backoff = INITIAL_BACKOFF;
+        // The entry this contender last waited on and saw go: how it went
+        // decides a lock-delay.
+        let mut last_gone: Option<Entry> = None;
         // While queued, also watch my own entry (one watch for the whole wait,
         // handed on to the guard once granted): if it vanishes (session
         // expired, someone deleted it) the wait ends at once instead of when
@@ -244,6 +247,18 @@ impl Acquire<'_> {
                 let state = inner.state();
                 if state.is_over() {
                     return Err(inner.over_error(state));
+                }
+                // Next in line after a holder that lost its lock
+                // involuntarily: hold back for the lock-delay, then look
+                // once more.
+                let delay = inner.options.lock_delay();
+                if let Some(gone) = last_gone.take().filter(|_| !delay.is_zero()) {
+                    if let crate::backend::Departure::Lost { noticed } = inner.remote.departure(&gone) {
+                        if let Some(busy) = self.hold_back(mine, noticed + delay, pending, own_watch).await? {
+                            return Ok(Some(busy));
+                        }
+                        continue;
+                    }
                 }
                 return Ok(None);
             };
@@ -290,6 +305,7 @@ impl Acquire<'_> {
                     Ok(()) => {
                         inner.counters.bump(|c| &c.wakeups);
                         tracing::trace!(key = %mine.key, after = %blocker.key, "woken");
+                        last_gone = Some(blocker.clone());
                     }
                     // The watch broke (a member went down): look again once the
                     // cluster answers; the session's own tracking ends the wait
@@ -303,6 +319,56 @@ impl Acquire<'_> {
                 }
             }
         }
+    }
+
+    /// Waits until `until` before a grant (a lock-delay), still watching
+    /// the session, this contender's own entry and the deadline; marks the
+    /// entry meanwhile so that `contenders()` shows it (not an election
+    /// candidate's: its value is its proclamation). `Ok(Some(Busy))` never;
+    /// `Err` when the wait ends otherwise.
+    async fn hold_back(
+        &self,
+        mine: &Entry,
+        until: Instant,
+        pending: &mut PendingEntry<'_>,
+        own_watch: &mut Option<EntryWatch>,
+    ) -> Result<Option<Outcome>> {
+        let inner = &self.session.inner;
+        inner.counters.bump(|c| &c.lock_delays);
+        tracing::debug!(key = %mine.key, left = ?until.saturating_duration_since(Instant::now()), "lock-delay after an involuntary loss");
+        let marked = mine.kind != EntryKind::Election
+            && inner
+                .call(inner.remote.set_value(mine, &delay_mark(until)))
+                .await
+                .is_ok();
+        let deadline = async {
+            match self.patience {
+                Patience::Until(at, _) => tokio::time::sleep_until(at).await,
+                Patience::Forever | Patience::Never => std::future::pending().await,
+            }
+        };
+        let own = own_watch.get_or_insert_with(|| watch_entry(inner, mine));
+        let outcome = tokio::select! {
+            biased;
+            state = inner.over() => Err(inner.over_error(state)),
+            gone = own.as_mut() => match gone {
+                Ok(()) => {
+                    pending.disarm();
+                    Err(inner.vanished_error(&mine.key).await)
+                }
+                Err(error) => Err(error),
+            },
+            () = deadline => {
+                pending.remove_now().await;
+                Err(self.timeout_error(false))
+            }
+            () = tokio::time::sleep_until(until) => Ok(None),
+        };
+        if marked && outcome.is_ok() {
+            // Best effort: a mark left behind says a time already past.
+            let _ = inner.call(inner.remote.set_value(mine, b"")).await;
+        }
+        outcome
     }
 
     async fn local_permit(&self) -> Result<Option<OwnedMutexGuard<()>>> {
@@ -376,6 +442,19 @@ impl Acquire<'_> {
         }
     }
 }
+
+/// The value a contender in lock-delay gives its entry meanwhile:
+/// `lockline-delay-until:` and the end of the delay in milliseconds since
+/// the Unix epoch, as [`Contender::delayed_until`](crate::Contender) reads it.
+fn delay_mark(until: Instant) -> Vec<u8> {
+    let left = until.saturating_duration_since(Instant::now());
+    let at = std::time::SystemTime::now() + left;
+    let ms = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!("{DELAY_MARK}{ms}").into_bytes()
+}
+
+/// The head of a lock-delay mark (see `delay_mark`).
+pub(crate) const DELAY_MARK: &str = "lockline-delay-until:";
 
 /// An entry (or an append in flight) that is not yet a grant. Dropped armed, it
 /// removes the entry through the session's background cleanup: that is what
