@@ -1886,7 +1886,6 @@ macro_rules! conformance_tests {
             leader_selector_survives_leader_kills,
             sequencers_are_current_only_while_held,
             multi_locks_are_all_or_nothing_and_never_deadlock,
-            lock_delay_holds_back_after_an_involuntary_loss_only,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

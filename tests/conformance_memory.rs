@@ -22,3 +22,8 @@ impl Fixture for Memory {
 lockline::conformance_tests!(Memory {
     store: MemoryBackend::new()
 });
+
+// Lock-delay needs the backend to tell a release from a loss.
+lockline::conformance_tests!(@cases Memory {
+    store: MemoryBackend::new()
+}; lock_delay_holds_back_after_an_involuntary_loss_only);

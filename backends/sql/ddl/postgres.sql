@@ -153,9 +153,10 @@ $fn$;
 
 -- Waits until the advisory lock p_key is free, for at most the time the owner's
 -- session has left by this server's clock (p_fallback_ms when its row is gone).
--- 0: free; 1: the time ran out (look at the owner again); 2: the owner is past
--- its deadline already.
-CREATE OR REPLACE FUNCTION "public"."lockline_wait"(p_key bigint, p_owner text, p_fallback_ms bigint)
+-- 0: free, released by its owner; 3: free, lost with its owner's connection
+-- (p_entry, when given, still there); 1: the time ran out (look at the owner
+-- again); 2: the owner is past its deadline already.
+CREATE OR REPLACE FUNCTION "public"."lockline_wait"(p_key bigint, p_owner text, p_fallback_ms bigint, p_entry bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     v_left bigint;
@@ -173,6 +174,15 @@ BEGIN
     PERFORM set_config('lock_timeout', greatest(v_left, 1)::text || 'ms', true);
     PERFORM pg_advisory_lock_shared(p_key);
     PERFORM pg_advisory_unlock_shared(p_key);
+    -- Released (its owner deleted the row before letting go of the guard:
+    -- the row lock waits for that delete to commit) or lost (its connection
+    -- ended with the row still there)?
+    IF p_entry IS NOT NULL THEN
+        PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = p_entry FOR UPDATE;
+        IF FOUND THEN
+            RETURN 3;
+        END IF;
+    END IF;
     RETURN 0;
 EXCEPTION WHEN lock_not_available THEN
     RETURN 1;

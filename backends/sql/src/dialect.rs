@@ -33,8 +33,12 @@ pub(crate) struct Append<'a> {
 /// How one wait on a guard ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Waited {
-    /// The guard was free (at once, or when its owner let go).
+    /// The guard was free (at once, or when its owner let go), and the
+    /// entry's row gone: its owner released it.
     Released,
+    /// The guard was free with the entry's row still there: its owner's
+    /// connection ended (a crash, a reset, a kill).
+    Lost,
     /// The wait ran to the owner's renewal deadline as read when it began
     /// (or the fallback bound): look at the owner again.
     TimedOut,
@@ -67,8 +71,10 @@ pub(crate) enum Purpose {
 /// What became of an entry a waiter waits on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
-    /// Gone, or its guard is free.
+    /// Gone (released), or its value moved on.
     Free,
+    /// Its row is there and its guard free: lost with its owner's connection.
+    Dead,
     /// Held by a live session.
     Held,
     /// Held by a session past its TTL by the database's clock.

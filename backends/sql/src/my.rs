@@ -142,8 +142,9 @@ impl Names {
             remove: format!("DELETE FROM {entries} WHERE id = ? AND session = ?").into(),
             attempt_of: format!("SELECT attempt, kind, version FROM {entries} WHERE id = ?").into(),
             wait: format!(
-                "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 3 WHEN w.left_ms <= 0 THEN 2 \
-                 ELSE (CASE GET_LOCK(?, w.left_ms / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 WHEN 0 THEN 1 END) END \
+                "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 4 WHEN w.left_ms <= 0 THEN 2 \
+                 ELSE (CASE GET_LOCK(?, w.left_ms / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 \
+                 + 3 * (SELECT COUNT(*) FROM {entries} x WHERE x.id = ?) WHEN 0 THEN 1 END) END \
                  FROM (SELECT COALESCE((SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) DIV 1000 \
                  FROM {sessions} s WHERE s.id = ?), ?) AS left_ms) w"
             )
@@ -467,23 +468,51 @@ impl MySql {
         Ok(())
     }
 
-    async fn wait_on(&self, conn: &mut MySqlConnection, lock: &str, owner: &str, fallback_ms: i64) -> DbResult<Waited> {
+    /// Whether entry `id`'s row is there, read by a statement of its own.
+    async fn row_exists(&self, conn: &mut MySqlConnection, id: i64) -> DbResult<bool> {
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.exists)))
+            .bind(id)
+            .fetch_one(conn)
+            .await?;
+        Ok(count > 0)
+    }
+
+    async fn wait_on(
+        &self,
+        conn: &mut MySqlConnection,
+        lock: &str,
+        entry: Option<i64>,
+        owner: &str,
+        fallback_ms: i64,
+    ) -> DbResult<Waited> {
+        // The entry's row still there once its guard is free: its owner's
+        // connection ended (a release deletes the row first). 0 for a
+        // version lock, whose entry may live on.
         let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
             .bind(lock)
             .bind(lock)
             .bind(lock)
+            .bind(entry.unwrap_or(0))
             .bind(owner)
             .bind(fallback_ms)
-            .fetch_one(conn)
+            .fetch_one(&mut *conn)
             .await?;
         match code {
             Some(0) => Ok(Waited::Released),
+            // The statement's count may read a snapshot taken before the
+            // guard came free (a release deletes the row, then lets go of
+            // the guard): a statement of its own, a fresh snapshot, says
+            // whether the row outlived its guard.
+            Some(3) => match entry {
+                Some(id) if self.row_exists(conn, id).await? => Ok(Waited::Lost),
+                _ => Ok(Waited::Released),
+            },
             Some(1) => Ok(Waited::TimedOut),
             Some(2) => Ok(Waited::OwnerExpired),
             // This connection holds the lock it would wait for: two of
             // lockline's connections are one server connection (a
             // multiplexing proxy in front of the server).
-            Some(3) => Err(sqlx::Error::Configuration(
+            Some(4) => Err(sqlx::Error::Configuration(
                 "two connections of lockline share one server connection: a multiplexing proxy (ProxySQL, \
                  MaxScale) is in front of the database; the locks of lockline belong to a connection, so it needs \
                  a direct connection"
@@ -1006,7 +1035,8 @@ impl Dialect for MySql {
         let Some((attempt, ..)) = self.locks_of(conn, id).await? else {
             return Ok(Waited::Released);
         };
-        self.wait_on(conn, &names.guard(&attempt), owner, fallback_ms).await
+        self.wait_on(conn, &names.guard(&attempt), Some(id), owner, fallback_ms)
+            .await
     }
 
     async fn wait_version(
@@ -1018,7 +1048,7 @@ impl Dialect for MySql {
         fallback_ms: i64,
     ) -> DbResult<Waited> {
         let lock = self.names()?.version_lock(id, version);
-        self.wait_on(conn, &lock, owner, fallback_ms).await
+        self.wait_on(conn, &lock, None, owner, fallback_ms).await
     }
 
     async fn reap(&self, conn: &mut MySqlConnection, owner: &str, _id: i64) -> DbResult<Reaped> {
@@ -1095,13 +1125,27 @@ impl Dialect for MySql {
                 (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
             rows.insert(id, (version, code, owner));
         }
+        // A row read with a free guard may have been read from a snapshot
+        // older than a release (which deletes the row, then frees the
+        // guard): only a row a fresh statement still finds outlived its
+        // guard; the others were released.
+        for (id, (_, code, _)) in rows.iter_mut() {
+            if *code == 0 && !self.row_exists(conn, *id).await? {
+                *code = -1;
+            }
+        }
+        rows.retain(|_, (_, code, _)| *code != -1);
         Ok(ids
             .iter()
             .map(|&(id, wanted)| match rows.get(&id) {
                 None => (id, wanted, Status::Free, String::new()),
                 Some((version, code, owner)) => {
-                    let status = if *code == 0 || (wanted >= 0 && *version != wanted) {
+                    let status = if wanted >= 0 && *version != wanted {
                         Status::Free
+                    } else if *code == 0 {
+                        // The row is there and its guard free: its owner's
+                        // connection ended.
+                        Status::Dead
                     } else if *code == 2 {
                         Status::Stale
                     } else {

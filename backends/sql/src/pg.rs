@@ -118,8 +118,8 @@ impl Names {
             )
             .into(),
             statuses: format!(
-                "SELECT x.id, x.version, CASE WHEN e.id IS NULL OR pg_try_advisory_xact_lock_shared(x.id # {salt}) \
-                 OR (x.version >= 0 AND e.version <> x.version) THEN 0 \
+                "SELECT x.id, x.version, CASE WHEN e.id IS NULL OR (x.version >= 0 AND e.version <> x.version) THEN 0 \
+                 WHEN pg_try_advisory_xact_lock_shared(x.id # {salt}) THEN 3 \
                  WHEN s.renewed_us + s.ttl_ms * 1000 < {NOW_US} THEN 2 ELSE 1 END::integer, \
                  COALESCE(e.session, '') \
                  FROM unnest($1::bigint[], $2::bigint[]) AS x(id, version) LEFT JOIN {entries} e ON e.id = x.id \
@@ -149,9 +149,9 @@ impl Names {
             .into(),
             remove: format!("SELECT {}($1, $2, $3)", f("remove")).into(),
             abandon: format!("SELECT {}($1, $2)", f("abandon")).into(),
-            wait: format!("SELECT {}($1 # {salt}, $2, $3)", f("wait")).into(),
+            wait: format!("SELECT {}($1 # {salt}, $2, $3, $1)", f("wait")).into(),
             wait_version: format!(
-                "SELECT {}(hashtextextended($1::text || ':' || $2::text, {salt}), $3, $4)",
+                "SELECT {}(hashtextextended($1::text || ':' || $2::text, {salt}), $3, $4, NULL)",
                 f("wait")
             )
             .into(),
@@ -377,9 +377,10 @@ $fn$;
 
 -- Waits until the advisory lock p_key is free, for at most the time the owner's
 -- session has left by this server's clock (p_fallback_ms when its row is gone).
--- 0: free; 1: the time ran out (look at the owner again); 2: the owner is past
--- its deadline already.
-CREATE OR REPLACE FUNCTION {wait}(p_key bigint, p_owner text, p_fallback_ms bigint)
+-- 0: free, released by its owner; 3: free, lost with its owner's connection
+-- (p_entry, when given, still there); 1: the time ran out (look at the owner
+-- again); 2: the owner is past its deadline already.
+CREATE OR REPLACE FUNCTION {wait}(p_key bigint, p_owner text, p_fallback_ms bigint, p_entry bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     v_left bigint;
@@ -397,6 +398,15 @@ BEGIN
     PERFORM set_config('lock_timeout', greatest(v_left, 1)::text || 'ms', true);
     PERFORM pg_advisory_lock_shared(p_key);
     PERFORM pg_advisory_unlock_shared(p_key);
+    -- Released (its owner deleted the row before letting go of the guard:
+    -- the row lock waits for that delete to commit) or lost (its connection
+    -- ended with the row still there)?
+    IF p_entry IS NOT NULL THEN
+        PERFORM 1 FROM {entries} e WHERE e.id = p_entry FOR UPDATE;
+        IF FOUND THEN
+            RETURN 3;
+        END IF;
+    END IF;
     RETURN 0;
 EXCEPTION WHEN lock_not_available THEN
     RETURN 1;
@@ -645,6 +655,7 @@ fn rows(found: Vec<PgRow>) -> DbResult<Vec<Row>> {
 fn status(code: i32) -> Status {
     match code {
         0 => Status::Free,
+        3 => Status::Dead,
         2 => Status::Stale,
         _ => Status::Held,
     }
@@ -653,6 +664,7 @@ fn status(code: i32) -> Status {
 fn waited(code: i32) -> DbResult<Waited> {
     match code {
         0 => Ok(Waited::Released),
+        3 => Ok(Waited::Lost),
         1 => Ok(Waited::TimedOut),
         2 => Ok(Waited::OwnerExpired),
         other => Err(shape(format!("wait returned {other}"))),

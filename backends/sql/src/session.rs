@@ -68,6 +68,10 @@ pub(crate) struct Shared<D: Dialect> {
     /// the flag the overflow check sets once that entry is gone.
     overflow: std::sync::Mutex<HashMap<u64, Overflow>>,
     next_overflow: std::sync::atomic::AtomicU64,
+    /// Entries this session waited on that went with their owner's
+    /// connection or session, and when it saw them go: what a lock-delay
+    /// asks (`departure`). Forgotten once asked.
+    departures: std::sync::Mutex<HashMap<i64, Instant>>,
     /// Owners being ended by the overflow check, so each once at a time.
     reaping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The session's own entries by id: whether their guard is held, and
@@ -194,6 +198,8 @@ struct Overflow {
     id: i64,
     version: Option<i64>,
     gone: Arc<Stop>,
+    /// Set with `gone` when the entry was lost with its owner's connection.
+    lost: Arc<AtomicBool>,
 }
 
 /// How often waiters with no wait connection have their entries looked at
@@ -412,7 +418,9 @@ impl<D: Dialect> Shared<D> {
     /// Waits on the server until the lock `on` names is free, on one wait
     /// connection, in a task of its own so that a waiter dropped midway
     /// still ends the server-side wait (cancel) and gets the connection back.
-    async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<()> {
+    /// `Ok(true)` when the entry went with its owner's connection or
+    /// session (lost), `Ok(false)` when its owner released it.
+    async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
         loop {
             self.check_live()?;
             // While no wait connection is free, the overflow check looks at
@@ -420,12 +428,12 @@ impl<D: Dialect> Shared<D> {
             // and says when it is gone: a waiter beyond the connections is
             // not stuck behind waits that may last long (another lock held
             // for hours, an election).
-            let (key, gone) = self.register_overflow(on);
+            let (key, gone, lost) = self.register_overflow(on);
             let lease = tokio::select! {
                 lease = self.lease(priority) => lease,
                 () = gone.wait() => {
                     self.unregister_overflow(key);
-                    return Ok(());
+                    return Ok(lost.load(Ordering::SeqCst));
                 }
             };
             self.unregister_overflow(key);
@@ -441,7 +449,8 @@ impl<D: Dialect> Shared<D> {
             tokio::spawn(task.run(lease, tx));
             let _stop_on_drop = StopOnDrop(stop);
             match rx.await {
-                Ok(TaskOutcome::Released) => return Ok(()),
+                Ok(TaskOutcome::Released) => return Ok(false),
+                Ok(TaskOutcome::Lost) => return Ok(true),
                 Ok(TaskOutcome::Preempted) => {}
                 Ok(TaskOutcome::Failed(error)) => return Err(error),
                 Err(_) => return Err(self.over_error()),
@@ -449,9 +458,10 @@ impl<D: Dialect> Shared<D> {
         }
     }
 
-    fn register_overflow(&self, on: WaitOn) -> (u64, Arc<Stop>) {
+    fn register_overflow(&self, on: WaitOn) -> (u64, Arc<Stop>, Arc<AtomicBool>) {
         let key = self.next_overflow.fetch_add(1, Ordering::Relaxed);
         let gone = Arc::new(Stop::default());
+        let lost = Arc::new(AtomicBool::new(false));
         let (id, version) = match on {
             WaitOn::Guard(id) => (id, None),
             WaitOn::Version(id, version) => (id, Some(version)),
@@ -462,9 +472,10 @@ impl<D: Dialect> Shared<D> {
                 id,
                 version,
                 gone: Arc::clone(&gone),
+                lost: Arc::clone(&lost),
             },
         );
-        (key, gone)
+        (key, gone, lost)
     }
 
     fn unregister_overflow(&self, key: u64) {
@@ -484,17 +495,17 @@ impl<D: Dialect> Shared<D> {
             if self.state.borrow().is_over() {
                 return;
             }
-            let waiting: Vec<(i64, Option<i64>, Arc<Stop>)> = self
+            let waiting: Vec<(i64, Option<i64>, Arc<Stop>, Arc<AtomicBool>)> = self
                 .overflow
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .values()
-                .map(|o| (o.id, o.version, Arc::clone(&o.gone)))
+                .map(|o| (o.id, o.version, Arc::clone(&o.gone), Arc::clone(&o.lost)))
                 .collect();
             if waiting.is_empty() {
                 continue;
             }
-            let mut ids: Vec<(i64, i64)> = waiting.iter().map(|(id, v, _)| (*id, v.unwrap_or(-1))).collect();
+            let mut ids: Vec<(i64, i64)> = waiting.iter().map(|(id, v, ..)| (*id, v.unwrap_or(-1))).collect();
             ids.sort_unstable();
             ids.dedup();
             let statuses = match on_control!(self, "look at queued waits", |d, conn| d.statuses(conn, &ids)) {
@@ -506,11 +517,12 @@ impl<D: Dialect> Shared<D> {
             };
             for (id, version, status, owner) in statuses {
                 match status {
-                    Status::Free => {
-                        for (_, _, gone) in waiting
+                    Status::Free | Status::Dead => {
+                        for (_, _, gone, lost) in waiting
                             .iter()
-                            .filter(|(i, v, _)| *i == id && v.unwrap_or(-1) == version)
+                            .filter(|(i, v, ..)| *i == id && v.unwrap_or(-1) == version)
                         {
+                            lost.store(status == Status::Dead, Ordering::SeqCst);
                             gone.signal();
                         }
                     }
@@ -605,6 +617,8 @@ enum Step {
 
 enum TaskOutcome {
     Released,
+    /// Free because its owner's connection or session ended.
+    Lost,
     Preempted,
     Failed(Error),
 }
@@ -641,6 +655,9 @@ impl<D: Dialect> WaitTask<D> {
         let shared = &self.shared;
         let dialect = &*shared.dialect;
         let fallback_ms = shared.ttl_ms();
+        // Set once this wait ended the owner's session: what frees the
+        // entry then is that end, not a release.
+        let mut lost_by_reaping = false;
         loop {
             let stopped = async {
                 tokio::select! {
@@ -697,7 +714,9 @@ impl<D: Dialect> WaitTask<D> {
                 }
             };
             match waited {
+                Ok(Waited::Released) if lost_by_reaping => return (TaskOutcome::Lost, true),
                 Ok(Waited::Released) => return (TaskOutcome::Released, true),
+                Ok(Waited::Lost) => return (TaskOutcome::Lost, true),
                 Ok(Waited::TimedOut | Waited::OwnerExpired) => {
                     // The owner did not let go within its deadline as read
                     // when the wait began: look at it by the database's clock,
@@ -715,6 +734,7 @@ impl<D: Dialect> WaitTask<D> {
                         Ok(Ok(Reaped::Gone | Reaped::Ended)) => {
                             if let Ok(Ok(Reaped::Ended)) = reaped {
                                 tracing::info!(session = %shared.id, owner = %self.owner, "ended a session that stopped renewing");
+                                lost_by_reaping = true;
                             }
                             // Its guard is free, or will be once the server
                             // has ended its connection: wait for that too.
@@ -797,6 +817,7 @@ impl<D: Dialect> SqlSession<D> {
             overflow: std::sync::Mutex::new(HashMap::new()),
             next_overflow: std::sync::atomic::AtomicU64::new(0),
             reaping: std::sync::Mutex::new(std::collections::HashSet::new()),
+            departures: std::sync::Mutex::new(HashMap::new()),
             entries: std::sync::Mutex::new(HashMap::new()),
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
@@ -944,7 +965,30 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
             };
         }
         let owner = entry.owner.clone().unwrap_or_default();
-        shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await
+        if shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await? {
+            let mut departures = shared.departures.lock().unwrap_or_else(PoisonError::into_inner);
+            if departures.len() > 4096 {
+                departures.clear();
+            }
+            departures.insert(id, Instant::now());
+        }
+        Ok(())
+    }
+
+    fn departure(&self, gone: &Entry) -> lockline::backend::Departure {
+        let Ok((_, id)) = self.id_of(gone) else {
+            return lockline::backend::Departure::Released;
+        };
+        let noticed = self
+            .shared
+            .departures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        match noticed {
+            Some(noticed) => lockline::backend::Departure::Lost { noticed },
+            None => lockline::backend::Departure::Released,
+        }
     }
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {

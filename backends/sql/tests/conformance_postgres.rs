@@ -5,3 +5,6 @@ mod support;
 use support::PgFixture;
 
 lockline::conformance_tests!(PgFixture::start());
+
+// Lock-delay needs the backend to tell a release from a loss.
+lockline::conformance_tests!(@cases PgFixture::start(); lock_delay_holds_back_after_an_involuntary_loss_only);

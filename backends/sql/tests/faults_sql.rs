@@ -49,6 +49,7 @@ on_both!(
     a_thousand_cancelled_waiters_leave_nothing_on_the_server,
     a_paused_holder_cannot_commit_after_the_next_grant,
     a_healthy_holder_commits_its_fenced_transaction,
+    a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only,
 );
 
 /// A holder process killed outright: the server sees its connection reset
@@ -296,4 +297,84 @@ async fn a_healthy_holder_commits_its_fenced_transaction(db: Db) {
         db.count(&format!("SELECT count(*) FROM probe_writes WHERE token = {token}")),
         1
     );
+}
+
+/// With a lock-delay, a waiter behind a holder whose process was killed
+/// (SIGKILL: the server frees its guard at once) is granted no sooner than
+/// the delay after the kill; behind a holder cut off silently (ended by the
+/// waiter at its TTL), no sooner than the delay after that end; behind a
+/// clean release, at once.
+async fn a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only(db: Db) {
+    let delay = Duration::from_millis(1500);
+    let url = db.url();
+    let client = Client::new(Sql::new(url.clone()));
+    let waiting = client
+        .session_with(options(2000).with_lock_delay(delay))
+        .await
+        .expect("session");
+    let granted = |name: &str| {
+        let mutex = waiting.mutex(name).expect("mutex");
+        async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        }
+    };
+
+    // A killed holder process.
+    let (mut holder, first) = spawn_probe(&url, "delay/killed", "hold", 30_000);
+    assert!(first.starts_with("held "), "{first}");
+    let waiter = tokio::spawn(granted("delay/killed"));
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let killed_at = Instant::now();
+    holder.signal_and_wait(libc::SIGKILL).expect("kill the holder");
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(at - killed_at >= delay, "granted {:?} after the kill", at - killed_at);
+    guard.expect("lock").release().await.expect("release");
+
+    // A holder cut off silently: ended at its TTL, then the lock-delay.
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = Client::new(Sql::new(db.url_via(&proxy.address())));
+    let cut = far.session_with(options(2000)).await.expect("session");
+    let held = cut.mutex("delay/cut").expect("mutex").lock().await.expect("lock");
+    let waits = client.stats().waits;
+    let waiter = tokio::spawn(granted("delay/cut"));
+    client.wait_for_stats(|s| s.waits > waits).await;
+    let cut_at = Instant::now();
+    proxy.blackhole();
+    bounded("the holder hears of it", held.lost()).await;
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(
+        at - cut_at >= Duration::from_millis(2000) + delay,
+        "granted {:?} after the cut: the TTL (2 s) and the lock-delay ({delay:?}) had not both passed",
+        at - cut_at
+    );
+    guard.expect("lock").release().await.expect("release");
+    proxy.heal();
+
+    // A clean release: at once.
+    let delays = client.stats().lock_delays;
+    let releasing = client.session_with(options(2000)).await.expect("session");
+    let holder = releasing
+        .mutex("delay/clean")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let waits = client.stats().waits;
+    let waiter = tokio::spawn(granted("delay/clean"));
+    client.wait_for_stats(|s| s.waits > waits).await;
+    let released_at = Instant::now();
+    holder.release().await.expect("release");
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(
+        at - released_at < delay,
+        "a clean release was held back {:?}",
+        at - released_at
+    );
+    assert_eq!(
+        client.stats().lock_delays,
+        delays,
+        "a lock-delay began after a clean release"
+    );
+    guard.expect("lock").release().await.expect("release");
 }

@@ -55,17 +55,16 @@ impl Fixture for PgFixture {
         Client::new(Sql::new(self.server.url()))
     }
 
-    /// Ends the session as a waiter ending a silent owner would: its
-    /// connection terminated, its rows deleted.
+    /// Ends the session as its connection dying would (a crash, a reset):
+    /// the server terminates it, which frees every guard; its rows stay,
+    /// dead, for the next contender to pass over.
     async fn expire(&self, session: &Session) {
         let id = session.id().to_owned();
         let server = std::sync::Arc::clone(&self.server);
         blocking(move || {
             server
                 .psql(&format!(
-                    "SELECT pg_terminate_backend(pid, 5000) FROM lockline_sessions WHERE id = '{id}';
-                     DELETE FROM lockline_entries WHERE session = '{id}';
-                     DELETE FROM lockline_sessions WHERE id = '{id}';"
+                    "SELECT pg_terminate_backend(pid, 5000) FROM lockline_sessions WHERE id = '{id}';"
                 ))
                 .expect("expire the session")
         })
@@ -105,15 +104,9 @@ impl Fixture for MyFixture {
                 .expect("read the session");
             let conn = conn.trim();
             if !conn.is_empty() {
-                // Already gone is fine.
+                // As its connection dying would; already gone is fine.
                 let _ = server.sql(&format!("KILL CONNECTION {conn}"));
             }
-            server
-                .sql(&format!(
-                    "DELETE FROM lockline.lockline_entries WHERE session = '{id}'; \
-                     DELETE FROM lockline.lockline_sessions WHERE id = '{id}'"
-                ))
-                .expect("expire the session");
         })
         .await;
     }
