@@ -6,6 +6,7 @@
 //! lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
 //! lockline elect -l|--listen [OPTIONS] NAME
 //! lockline list [OPTIONS] NAME
+//! lockline check [OPTIONS] SEQUENCER
 //! lockline --help | --version
 //! ```
 //!
@@ -29,7 +30,20 @@
 //!   session's id (`-` when the backend cannot tell) and KIND is `mutex`,
 //!   `read`, `write`, `semaphore`, `election` or `foreign recipe`. There is no
 //!   header line, terminal or not: the output is meant for `cut` and `awk`.
-//!   A listing that cannot be written exits 125.
+//!   A contender in lock-delay (next in line after a holder that lost the
+//!   lock involuntarily: not the holder yet, and nobody holds until its delay
+//!   ends) has a fifth field, `lock-delay until TIME`, TIME in UTC as RFC 3339
+//!   with milliseconds; the core looks at the first four contenders of a
+//!   queue for it, and does not mark an election candidate (its value is its
+//!   proclamation). A listing that cannot be written exits 125.
+//! - `check` asks the server whether `SEQUENCER` (a holder's
+//!   `LOCKLINE_SEQUENCER`, `lockline1:MODE:TOKEN:NAME`) is still current: its
+//!   entry is still there with that token and holds by the wait rule. Exit 0
+//!   if it is, 1 if not (released, lost, a later holder's turn), as `test`
+//!   answers, and quietly: a resource runs `if lockline check "$SEQ"`. With
+//!   `--verbose` it also prints `current` or `not current` on standard
+//!   output. A malformed sequencer is refused (123) before anything is
+//!   contacted; a server out of reach is 122, as everywhere.
 //!
 //! `--` ends the options; one `--` between `NAME` (or `PROPOSAL`) and
 //! `COMMAND` is dropped, not run.
@@ -45,13 +59,16 @@
 //! credential flags below are refused with them. `--ttl SECS` (the
 //! session's TTL, default 10), `--timeout SECS` (lock and elect: give up
 //! waiting, status 124), `--kill-after SECS` (the command group's grace,
-//! below), `--print-key` (with a command: the held key on standard output
-//! too), `-l`/`--listen` (elect). On secure clusters: `--cacert FILE`,
-//! `--cert FILE`, `--key FILE` (TLS, both backends); `--user
-//! NAME[:PASSWORD]`, `--password PASSWORD` and `--marker-prefix PREFIX`
-//! (etcd); `--zk-auth digest|sasl:USER:PASSWORD` and `--zk-acl
-//! open|creator` (ZooKeeper). Options may be written `--flag=value`.
-//! Passwords are never printed.
+//! below), `--lock-delay SECS` (lock and elect: the session's lock-delay,
+//! at most 60, fractions allowed, default 0: after a holder lost the lock
+//! involuntarily, wait that much longer before taking it; a release hands
+//! on at once), `--print-key` (with a command: the held key on standard
+//! output too), `-l`/`--listen` (elect), `--verbose` (check). On secure
+//! clusters: `--cacert FILE`, `--cert FILE`, `--key FILE` (TLS, both
+//! backends); `--user NAME[:PASSWORD]`, `--password PASSWORD` and
+//! `--marker-prefix PREFIX` (etcd); `--zk-auth digest|sasl:USER:PASSWORD`
+//! and `--zk-acl open|creator` (ZooKeeper). Options may be written
+//! `--flag=value`. Passwords are never printed.
 //!
 //! # Environment
 //!
@@ -67,8 +84,10 @@
 //! flags leave out (etcd only), and `LOCKLINE_ZK_AUTH` the ZooKeeper
 //! credentials.
 //!
-//! Set for the command: `LOCKLINE_KEY` (the held key) and `LOCKLINE_TOKEN`
-//! (the fencing token).
+//! Set for the command: `LOCKLINE_KEY` (the held key), `LOCKLINE_TOKEN`
+//! (the fencing token) and `LOCKLINE_SEQUENCER` (the holder's sequencer,
+//! `lockline1:MODE:TOKEN:NAME`, MODE `mutex` under `lock` and `leader` under
+//! `elect`, for `lockline check`).
 //!
 //! # Output
 //!
@@ -94,11 +113,12 @@
 //! | status | meaning |
 //! |---|---|
 //! | the command's | the command exited by itself; 128 + N when it was killed by signal N |
-//! | 0 | without a command: released (resigned) after SIGINT, SIGTERM, SIGHUP or SIGQUIT; `elect -l` ended by one of them; `list` done |
+//! | 0 | without a command: released (resigned) after SIGINT, SIGTERM, SIGHUP or SIGQUIT; `elect -l` ended by one of them; `list` done; `check`: the sequencer is current |
+//! | 1 | `check`: the sequencer is not current |
 //! | 120 | the lock (or leadership) was lost while held |
 //! | 121 | credentials or permission refused |
 //! | 122 | the cluster could not be reached within the deadline |
-//! | 123 | bad arguments or options (an invalid name among them) |
+//! | 123 | bad arguments or options (an invalid name or a malformed sequencer among them) |
 //! | 124 | `--timeout` ran out (as timeout(1)) |
 //! | 125 | any other `lockline` failure: a session lost while waiting, a backend error, a release that failed for another reason than a loss (the key then goes when the session's TTL runs out) |
 //! | 126 | the command was found but could not be run |
@@ -201,7 +221,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lockline::{Client, Error, FencingToken, Leadership, MutexGuard, Session, SessionOptions, Tls};
+use lockline::{
+    Client, Error, FencingToken, Leadership, MutexGuard, Sequencer, Session, SessionOptions, Tls, MAX_LOCK_DELAY,
+};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
 use lockline_sql::Sql;
@@ -214,6 +236,7 @@ const USAGE: &str = "usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]
                      lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]\n       \
                      lockline elect -l|--listen [OPTIONS] NAME\n       \
                      lockline list [OPTIONS] NAME\n       \
+                     lockline check [OPTIONS] SEQUENCER\n       \
                      (lockline --help for the options)";
 
 /// What `--help` prints, on standard output.
@@ -225,6 +248,7 @@ usage: lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
        lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
        lockline elect -l|--listen [OPTIONS] NAME
        lockline list [OPTIONS] NAME
+       lockline check [OPTIONS] SEQUENCER
        lockline --help | --version | help
 
 OPTIONS come before NAME, as --flag VALUE or --flag=VALUE; a NAME that
@@ -239,7 +263,12 @@ elect    campaigns in the election NAME with PROPOSAL as the value; once
 elect -l prints the leader of NAME, its key and its value on two lines, at
          every change, until a signal (no leader: nothing is printed).
 list     prints the queue of NAME, the holder first: one line per contender,
-         KEY<TAB>OWNER<TAB>TOKEN<TAB>KIND, no header (OWNER - when unknown).
+         KEY<TAB>OWNER<TAB>TOKEN<TAB>KIND, no header (OWNER - when unknown);
+         a contender in lock-delay (not the holder yet: nobody holds until
+         then) has a fifth field, \"lock-delay until TIME\" (UTC, RFC 3339).
+check    asks the server whether SEQUENCER (a holder's LOCKLINE_SEQUENCER) is
+         still current: exit 0 if it is, 1 if not (released, lost, or a later
+         holder's turn); prints nothing unless --verbose.
 `--` ends the options; one `--` between NAME (PROPOSAL) and COMMAND is dropped.
 
 Standard output: with COMMAND it is COMMAND's alone; the held key goes to
@@ -264,8 +293,13 @@ Options:
   --timeout SECS                lock, elect: give up waiting in line after SECS (exit 124);
                                 connecting is bounded apart (5 s, exit 122)
   --kill-after SECS             grace between SIGTERM and SIGKILL for COMMAND's group (default 2; 0: SIGKILL at once)
+  --lock-delay SECS             lock, elect: after a holder lost the lock involuntarily (its
+                                process killed, its session expired or cut off), wait SECS
+                                more before taking it (default 0; at most 60); a release
+                                hands on at once
   --print-key                   with COMMAND: print the held key on standard output too
   -l, --listen                  elect: print the leaders instead of campaigning
+  --verbose                     check: print \"current\" or \"not current\" on standard output
   --cacert FILE                 TLS: the CA that signed the servers' certificates (etcd, ZooKeeper;
                                 Redis and SQL take TLS and credentials in the URL)
   --cert FILE --key FILE        TLS: a client certificate and its key
@@ -286,17 +320,20 @@ server), ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER,
 ETCDCTL_PASSWORD (etcd only), and LOCKLINE_ZK_AUTH (ZooKeeper credentials,
 digest|sasl:USER:PASSWORD). Passwords are never printed.
 
-Set for COMMAND: LOCKLINE_KEY (the held key) and LOCKLINE_TOKEN (the fencing
-token: pass it to whatever the lock protects, which refuses lower tokens).
+Set for COMMAND: LOCKLINE_KEY (the held key), LOCKLINE_TOKEN (the fencing
+token: pass it to whatever the lock protects, which refuses lower tokens) and
+LOCKLINE_SEQUENCER (lockline1:MODE:TOKEN:NAME: pass it to a resource that
+cannot keep tokens, which asks `lockline check` whether it is current).
 
 Exit statuses:
   COMMAND's own status, or 128+N when it was killed by signal N
   0     without COMMAND, released after SIGINT, SIGTERM, SIGHUP or SIGQUIT;
-        elect -l ended by a signal; list done
+        elect -l ended by a signal; list done; check: the sequencer is current
+  1     check: the sequencer is not current
   120   the lock (or leadership) was lost while held
   121   credentials or permission refused
   122   cluster unreachable within the deadline
-  123   bad arguments or options
+  123   bad arguments or options (a malformed SEQUENCER among them)
   124   --timeout ran out
   125   any other lockline failure (session lost while waiting, backend
         error, a release that failed, ...)
@@ -309,7 +346,7 @@ Exit statuses:
 /// name or `--`): what to print on standard output.
 fn informational(args: &[String]) -> Option<String> {
     let rest = match args.first().map(String::as_str) {
-        Some("lock" | "elect" | "list") => &args[1..],
+        Some("lock" | "elect" | "list" | "check") => &args[1..],
         Some("help") => return Some(HELP.to_owned()),
         _ => args,
     };
@@ -331,7 +368,7 @@ fn informational(args: &[String]) -> Option<String> {
 }
 
 /// The options followed by a value of their own.
-const TAKES_VALUE: [&str; 16] = [
+const TAKES_VALUE: [&str; 17] = [
     "--etcd",
     "--redis",
     "--zookeeper",
@@ -340,6 +377,7 @@ const TAKES_VALUE: [&str; 16] = [
     "--ttl",
     "--timeout",
     "--kill-after",
+    "--lock-delay",
     "--cacert",
     "--cert",
     "--key",
@@ -350,6 +388,9 @@ const TAKES_VALUE: [&str; 16] = [
     "--zk-acl",
 ];
 
+/// Exit status of `check` when the sequencer is not current (as test(1)'s
+/// false).
+const NOT_CURRENT: u8 = 1;
 /// Exit status when the lock (or leadership) was lost while held.
 const LOST: u8 = 120;
 /// Exit status when the server refused the credentials or a permission.
@@ -377,6 +418,8 @@ fn failure_status(error: &Error) -> u8 {
         _ => FAILURE,
     }
 }
+/// The session's TTL unless `--ttl` says.
+const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// How long the command's group has between SIGTERM and SIGKILL by default.
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 /// How long a `lockline` signalled while waiting waits for its entry to be
@@ -589,6 +632,8 @@ enum Mode {
     Listen,
     /// `list NAME`: print the queue.
     List,
+    /// `check SEQUENCER`: ask whether it is current.
+    Check { sequencer: Sequencer },
 }
 
 #[derive(Debug)]
@@ -598,8 +643,13 @@ struct Args {
     ttl: Duration,
     timeout: Option<Duration>,
     kill_after: Duration,
+    /// `--lock-delay`: the session's lock-delay (zero: none).
+    lock_delay: Duration,
     /// `--print-key`: the held key on standard output even with a command.
     print_key: bool,
+    /// `--verbose` (check): the answer on standard output too.
+    verbose: bool,
+    /// The lock's name (check: the sequencer's).
     name: String,
     mode: Mode,
 }
@@ -621,7 +671,7 @@ impl Args {
     fn command(&self) -> &[String] {
         match &self.mode {
             Mode::Lock { command } | Mode::Elect { command, .. } => command,
-            Mode::Listen | Mode::List => &[],
+            Mode::Listen | Mode::List | Mode::Check { .. } => &[],
         }
     }
 }
@@ -632,6 +682,7 @@ enum Subcommand {
     Lock,
     Elect,
     List,
+    Check,
 }
 
 fn seconds(flag: &str, value: Option<String>) -> Result<Duration, String> {
@@ -680,18 +731,22 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
         Some("lock") => Subcommand::Lock,
         Some("elect") => Subcommand::Elect,
         Some("list") => Subcommand::List,
+        Some("check") => Subcommand::Check,
         Some("-h" | "--help") | None => return Err(USAGE.to_owned()),
         Some(other) => return Err(format!("unknown command {other:?}\n{USAGE}")),
     };
     let mut listen = false;
     let mut print_key = false;
+    let mut verbose = false;
     let mut security = Security::default();
     let mut user_spec = None;
     let mut password = None;
     let mut server = None;
-    let mut ttl = Duration::from_secs(10);
+    // Given or not: `check` refuses what it has no use for.
+    let mut ttl = None;
     let mut timeout = None;
-    let mut kill_after = DEFAULT_KILL_AFTER;
+    let mut kill_after = None;
+    let mut lock_delay = None;
     let mut rest = Vec::new();
     while let Some(arg) = args.next() {
         // `--flag=value` (etcdctl's form) is `--flag value`. The value is
@@ -734,20 +789,30 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
                     other => return Err(format!("--zk-acl: {other:?} is not open or creator")),
                 });
             }
-            "--ttl" => ttl = seconds("--ttl", args.next())?,
+            "--ttl" => ttl = Some(seconds("--ttl", args.next())?),
             "--timeout" => timeout = Some(seconds("--timeout", args.next())?),
             "--kill-after" => {
-                kill_after = seconds("--kill-after", args.next())?;
-                if kill_after > MAX_KILL_AFTER {
+                let grace = seconds("--kill-after", args.next())?;
+                if grace > MAX_KILL_AFTER {
                     return Err(format!("--kill-after: at most {} seconds", MAX_KILL_AFTER.as_secs()));
                 }
+                kill_after = Some(grace);
             }
-            "-l" | "--listen" | "--print-key" => {
+            "--lock-delay" => {
+                let delay = seconds("--lock-delay", args.next())?;
+                if delay > MAX_LOCK_DELAY {
+                    return Err(format!("--lock-delay: at most {} seconds", MAX_LOCK_DELAY.as_secs()));
+                }
+                lock_delay = Some(delay);
+            }
+            "-l" | "--listen" | "--print-key" | "--verbose" => {
                 if has_inline {
                     return Err(format!("{arg} takes no value"));
                 }
                 match arg.as_str() {
                     "--print-key" => print_key = true,
+                    "--verbose" if subcommand == Subcommand::Check => verbose = true,
+                    "--verbose" => return Err(format!("--verbose is for check\n{USAGE}")),
                     _ if subcommand == Subcommand::Elect => listen = true,
                     _ => return Err(format!("{arg} is for elect\n{USAGE}")),
                 }
@@ -857,7 +922,10 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
         return Err("--cert and --key need --cacert (the CA that signed the servers' certificates)".to_owned());
     }
     let mut rest = rest.into_iter().peekable();
-    let name = rest.next().ok_or_else(|| format!("NAME is required\n{USAGE}"))?;
+    let name = rest.next().ok_or_else(|| match subcommand {
+        Subcommand::Check => format!("SEQUENCER is required\n{USAGE}"),
+        _ => format!("NAME is required\n{USAGE}"),
+    })?;
     // One `--` may separate the command from NAME (and PROPOSAL).
     let command = |mut rest: std::iter::Peekable<std::vec::IntoIter<String>>| {
         rest.next_if_eq("--");
@@ -889,7 +957,36 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
             Some(_) => return Err(format!("list takes NAME only\n{USAGE}")),
             None => Mode::List,
         },
+        Subcommand::Check => {
+            if rest.next().is_some() {
+                return Err(format!("check takes SEQUENCER only\n{USAGE}"));
+            }
+            // Malformed: refused before anything is contacted.
+            let sequencer = name.parse::<Sequencer>().map_err(|error| match error {
+                Error::InvalidOptions { reason } => format!("check: {reason}"),
+                other => format!("check: {other}"),
+            })?;
+            Mode::Check { sequencer }
+        }
     };
+    let name = match &mode {
+        Mode::Check { sequencer } => sequencer.name().to_owned(),
+        _ => name,
+    };
+    if let Mode::Check { .. } = mode {
+        let given = [
+            ("--ttl", ttl.is_some()),
+            ("--timeout", timeout.is_some()),
+            ("--kill-after", kill_after.is_some()),
+            ("--lock-delay", lock_delay.is_some()),
+            ("--print-key", print_key),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+            return Err(format!(
+                "{flag} is not for check, which takes the server options and --verbose"
+            ));
+        }
+    }
     if matches!(mode, Mode::Listen | Mode::List) {
         if print_key {
             return Err("--print-key is for lock and elect with a COMMAND".to_owned());
@@ -897,14 +994,19 @@ fn parse(args: impl Iterator<Item = String>, env: impl Fn(&str) -> Option<String
         if timeout.is_some() {
             return Err("--timeout is for lock and elect".to_owned());
         }
+        if lock_delay.is_some() {
+            return Err("--lock-delay is for lock and elect".to_owned());
+        }
     }
     Ok(Args {
         server,
         security,
-        ttl,
+        ttl: ttl.unwrap_or(DEFAULT_TTL),
         timeout,
-        kill_after,
+        kill_after: kill_after.unwrap_or(DEFAULT_KILL_AFTER),
+        lock_delay: lock_delay.unwrap_or(Duration::ZERO),
         print_key,
+        verbose,
         name,
         mode,
     })
@@ -989,16 +1091,25 @@ fn start(args: Args) -> u8 {
 
 async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
     let client = backend(&args)?;
+    if let Mode::Check { sequencer } = &args.mode {
+        return check(&args, &client, sequencer, signals).await;
+    }
+    let options = SessionOptions::new()
+        .with_ttl(args.ttl)
+        .with_lock_delay(args.lock_delay);
     let session = tokio::select! {
         biased;
         // Nothing is queued yet; a session being opened ends with its TTL.
         signal = signals.recv() => return Ok(signal_status(signal)),
-        session = client.session_with(SessionOptions::new().with_ttl(args.ttl)) => session?,
+        session = client.session_with(options) => session?,
     };
     let outcome = match &args.mode {
         Mode::Lock { .. } | Mode::Elect { .. } => hold(&args, &session, signals).await,
         Mode::Listen => listen(&args, &session, signals).await,
         Mode::List => list(&args, &session, signals).await,
+        // Answered above without this session (`Client::check` keeps one of
+        // its own); here it would give the same answer.
+        Mode::Check { sequencer } => check(&args, &client, sequencer, signals).await.map(Held::Released),
     };
     match outcome {
         Ok(Held::Released(code)) => {
@@ -1037,6 +1148,22 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
             Err(error)
         }
     }
+}
+
+/// `check`: asks the server whether `sequencer` is current; 0 if it is,
+/// [`NOT_CURRENT`] if not, quietly unless `--verbose`.
+async fn check(args: &Args, client: &Client, sequencer: &Sequencer, signals: &mut StopSignals) -> lockline::Result<u8> {
+    let current = tokio::select! {
+        biased;
+        // It only reads: nothing to undo.
+        signal = signals.recv() => return Ok(signal_status(signal)),
+        current = client.check(sequencer) => current?,
+    };
+    if args.verbose {
+        let answer: &[u8] = if current { b"current\n" } else { b"not current\n" };
+        output::output(answer.to_vec());
+    }
+    Ok(if current { 0 } else { NOT_CURRENT })
 }
 
 /// The backend the arguments name, with their TLS and credentials.
@@ -1127,6 +1254,13 @@ impl Holding {
         match self {
             Holding::Lock(guard) => guard.token(),
             Holding::Leader(leadership) => leadership.token(),
+        }
+    }
+
+    fn sequencer(&self) -> Sequencer {
+        match self {
+            Holding::Lock(guard) => guard.sequencer(),
+            Holding::Leader(leadership) => leadership.sequencer(),
         }
     }
 
@@ -1283,11 +1417,17 @@ async fn list(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
     for contender in queue {
         let owner = contender.owner.as_deref().unwrap_or("-");
         text.push_str(&format!(
-            "{}\t{owner}\t{}\t{}\n",
+            "{}\t{owner}\t{}\t{}",
             contender.key,
             contender.token,
             contender.kind.label()
         ));
+        // Next in line after a holder that lost the lock involuntarily: not
+        // the holder yet, whatever its place.
+        if let Some(until) = contender.delayed_until {
+            text.push_str(&format!("\tlock-delay until {}", output::utc(until)));
+        }
+        text.push('\n');
     }
     output::output(text.into_bytes());
     // The listing is all `list` is for: a listing that could not be written
@@ -1328,9 +1468,11 @@ async fn run_command(
         return Some(0);
     };
     let token = guard.token().to_string();
+    let sequencer = guard.sequencer().to_string();
     let env = [
         ("LOCKLINE_KEY", OsStr::new(guard.key())),
         ("LOCKLINE_TOKEN", OsStr::new(&token)),
+        ("LOCKLINE_SEQUENCER", OsStr::new(&sequencer)),
     ];
     // Listen before the command exists, so that a Ctrl-Z right after it
     // starts is not lockline's default stop, which would leave it running.
@@ -1813,6 +1955,84 @@ mod tests {
         assert!(hidden("postgres://db/app").is_empty());
         let parsed = args("lock --etcd http://e:1 --user alice:pw-1 x").expect("parse");
         assert_eq!(parsed.secrets(), ["pw-1"]);
+    }
+
+    #[test]
+    fn lock_delay_is_at_most_a_minute_for_lock_and_elect() {
+        let default = args("lock --etcd http://a:1 x").expect("parse");
+        assert!(default.lock_delay.is_zero());
+        let given = args("lock --etcd http://a:1 --lock-delay 1.5 x true").expect("parse");
+        assert_eq!(given.lock_delay.as_millis(), 1500);
+        let elect = args("elect --etcd http://a:1 --lock-delay=60 x p").expect("parse");
+        assert_eq!(elect.lock_delay.as_secs(), 60);
+        for bad in ["-1", "soon", "NaN", "inf", "60.5", "61", ""] {
+            let line = format!("lock --etcd http://a:1 --lock-delay={bad} x true");
+            let error = args(&line).expect_err(&line);
+            assert!(error.starts_with("--lock-delay"), "{line}: {error}");
+        }
+        assert!(args("lock --etcd http://a:1 --lock-delay").is_err(), "no value");
+        for line in [
+            "list --etcd http://a:1 --lock-delay 1 x",
+            "elect -l --etcd http://a:1 --lock-delay 1 x",
+        ] {
+            let error = args(line).expect_err(line);
+            assert!(error.contains("--lock-delay is for lock and elect"), "{line}: {error}");
+        }
+    }
+
+    #[test]
+    fn check_takes_one_well_formed_sequencer_and_the_server_options() {
+        let parsed = args("check --etcd http://a:1 lockline1:mutex:7:jobs/run%201").expect("parse");
+        let super::Mode::Check { sequencer } = &parsed.mode else {
+            panic!("not check: {:?}", parsed.mode);
+        };
+        assert_eq!(sequencer.name(), "jobs/run 1");
+        assert_eq!(sequencer.token().get(), 7);
+        assert_eq!(parsed.name, "jobs/run 1");
+        assert!(!parsed.verbose && parsed.command().is_empty());
+        let verbose = args("check --verbose --postgres postgres://db/a -- lockline1:leader:9:e").expect("parse");
+        assert!(verbose.verbose);
+        for (line, says) in [
+            ("check --etcd http://a:1", "SEQUENCER is required"),
+            (
+                "check --etcd http://a:1 lockline1:mutex:7:x extra",
+                "check takes SEQUENCER only",
+            ),
+            ("check --etcd http://a:1 jobs/x", "not a lockline sequencer"),
+            ("check --etcd http://a:1 lockline2:mutex:7:x", "version"),
+            ("check --etcd http://a:1 lockline1:mutex:seven:x", "not a number"),
+            ("check --etcd http://a:1 lockline1:exclusive:7:x", "unknown mode"),
+            ("check --etcd http://a:1 lockline1:mutex:7:", "the name is empty"),
+            (
+                "check --etcd http://a:1 --ttl 3 lockline1:mutex:7:x",
+                "--ttl is not for check",
+            ),
+            (
+                "check --etcd http://a:1 --timeout 3 lockline1:mutex:7:x",
+                "--timeout is not for check",
+            ),
+            (
+                "check --etcd http://a:1 --kill-after 3 lockline1:mutex:7:x",
+                "--kill-after is not for check",
+            ),
+            (
+                "check --etcd http://a:1 --lock-delay 3 lockline1:mutex:7:x",
+                "--lock-delay is not for check",
+            ),
+            (
+                "check --etcd http://a:1 --print-key lockline1:mutex:7:x",
+                "--print-key is not for check",
+            ),
+            ("check --etcd http://a:1 -l lockline1:mutex:7:x", "-l is for elect"),
+            ("lock --etcd http://a:1 --verbose x", "--verbose is for check"),
+            (
+                "check --etcd http://a:1 --verbose=yes lockline1:mutex:7:x",
+                "takes no value",
+            ),
+        ] {
+            let error = args(line).expect_err(line);
+            assert!(error.contains(says), "{line}: {error}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
@@ -166,10 +166,58 @@ fn write_lines(queue: &Receiver<Line>) {
     }
 }
 
+/// `at` in UTC as RFC 3339 with milliseconds (`2025-06-01T12:00:03.250Z`),
+/// as `list` shows the end of a lock-delay: readable, sortable, and read by
+/// `date -d`.
+pub(crate) fn utc(at: SystemTime) -> String {
+    let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, of_day) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = era * 400 + year_of_era + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3_600,
+        of_day / 60 % 60,
+        of_day % 60,
+        since.subsec_millis()
+    )
+}
+
 /// Writes a diagnostic line on standard error through the output thread;
 /// never waits, never fails, never panics.
 macro_rules! note {
     ($($arg:tt)*) => {
         $crate::output::diagnostic(format_args!($($arg)*))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::utc;
+
+    #[test]
+    fn utc_is_rfc_3339_with_milliseconds() {
+        let at = |secs: u64, millis: u64| utc(UNIX_EPOCH + Duration::from_millis(secs * 1_000 + millis));
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000Z");
+        // `date -u -d @951782400`: the leap day of a century's leap year.
+        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(at(1_709_251_199, 999), "2024-02-29T23:59:59.999Z");
+        assert_eq!(at(1_735_689_600, 250), "2025-01-01T00:00:00.250Z");
+        assert_eq!(at(4_102_444_799, 0), "2099-12-31T23:59:59.000Z");
+    }
 }
