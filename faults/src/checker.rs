@@ -91,6 +91,12 @@ pub struct Report {
     pub sessions: usize,
     /// Entries left at the end (reported by the runner).
     pub orphans: usize,
+    /// Lock-delay mode: grants checked against the lock-delay (each the next
+    /// grant after a holder lost the lock to a fault, to a contender that
+    /// waited through it).
+    pub lock_delay_checks: usize,
+    /// Lock-delay mode: the shortest time from such a fault to that grant (s).
+    pub lock_delay_shortest: Option<f64>,
     /// Every violation, in words, with times relative to the run's start.
     pub violations: Vec<String>,
 }
@@ -146,6 +152,14 @@ impl fmt::Display for Report {
             writeln!(f, "  {n:4} x {error}")?;
         }
         writeln!(f, "entries left at the end: {}", self.orphans)?;
+        if self.lock_delay_checks > 0 {
+            writeln!(
+                f,
+                "lock-delay: {} grant(s) after an involuntary loss checked, the soonest {:.2}s after its fault",
+                self.lock_delay_checks,
+                self.lock_delay_shortest.unwrap_or_default()
+            )?;
+        }
         if self.violations.is_empty() {
             writeln!(f, "violations: 0")
         } else {
@@ -173,6 +187,8 @@ pub struct Bounds {
     /// connection); on a backend whose server frees the lock with the
     /// connection, the time the holder takes to notice (its next request).
     pub reset_notice: u64,
+    /// The contenders' lock-delay (ns; 0: none, and nothing to check).
+    pub lock_delay: u64,
 }
 
 /// Checks a history.
@@ -469,6 +485,9 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     report.worst_recovery = worst.map(|(t, kind)| (secs(t), kind));
+    if bounds.lock_delay > 0 {
+        check_lock_delay(&events, &sections, faults, bounds, &mut report);
+    }
     let mut grants: Vec<u64> = sections.iter().map(|s| s.grant).collect();
     grants.push(bounds.stop);
     for pair in grants.windows(2) {
@@ -491,6 +510,71 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     report
+}
+
+/// Lock-delay: after a fault that took a holder's lock from it (the holder
+/// killed, or told `lost()` after a pause, a blackhole or a reset), the next
+/// grant must not come sooner than the lock-delay after the fault, when its
+/// contender was already waiting at the fault and waited through (the server
+/// removed the lost entry at the fault or later, and the waiter counts the
+/// delay from then). Not judged when some contender gave up waiting
+/// (`lock_timeout`) in between: a waiter that leaves cleanly hands on at once,
+/// lock-delay or not.
+fn check_lock_delay(events: &[&Event], sections: &[Section], faults: &[Fault], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    let takes_the_lock = |kind: FaultKind| {
+        matches!(
+            kind,
+            FaultKind::PauseHolder | FaultKind::KillHolder | FaultKind::BlackholeHolder | FaultKind::CutHolder
+        )
+    };
+    for fault in faults.iter().filter(|f| takes_the_lock(f.kind)) {
+        let Some(tag) = fault.holder else { continue };
+        let Some(section) = sections
+            .iter()
+            .find(|s| s.tag == tag && s.grant <= fault.start && s.end.is_none_or(|e| e >= fault.start))
+        else {
+            continue;
+        };
+        if fault.kind != FaultKind::KillHolder && section.lost.is_none() {
+            // It kept its lock (a short pause, a reset its session outlived).
+            continue;
+        }
+        let Some(next) = sections.iter().find(|s| s.grant > fault.start && s.tag != tag) else {
+            continue;
+        };
+        if next.grant >= bounds.stop {
+            continue;
+        }
+        let waited_through = events
+            .iter()
+            .filter(|e| e.tag == next.tag && e.t < next.grant && !matches!(e.what, What::Lost { .. }))
+            .next_back()
+            .is_some_and(|e| e.what == What::Waiting && e.t <= fault.start);
+        let gave_up = events
+            .iter()
+            .any(|e| e.t > fault.start && e.t < next.grant && e.what == What::Timeout);
+        if !waited_through || gave_up {
+            continue;
+        }
+        let gap = next.grant - fault.start;
+        report.lock_delay_checks += 1;
+        report.lock_delay_shortest = Some(report.lock_delay_shortest.map_or(secs(gap), |s: f64| s.min(secs(gap))));
+        if gap < bounds.lock_delay {
+            report.violations.push(format!(
+                "lock-delay broken: {} was granted token {} at {:.3}s, {:.3}s after {} {} at {:.3}s took token {}'s lock (lock-delay {:.1}s)",
+                next.tag,
+                next.token,
+                rel(next.grant),
+                secs(gap),
+                fault.kind,
+                fault.target,
+                rel(fault.start),
+                section.token,
+                secs(bounds.lock_delay)
+            ));
+        }
+    }
 }
 
 /// An error message with its ids and numbers blanked out (`#`), cut to 100
@@ -582,6 +666,7 @@ mod tests {
             stop,
             recovery: 8 * S,
             reset_notice: 0,
+            lock_delay: 0,
         }
     }
 
@@ -923,5 +1008,78 @@ mod tests {
             ["fencing token did not increase", "slow recovery", "stall"],
             "{report}"
         );
+    }
+
+    #[test]
+    fn a_grant_sooner_than_the_lock_delay_after_an_involuntary_loss_is_caught() {
+        let delay = 3 * S / 2;
+        let bounds = Bounds {
+            lock_delay: delay,
+            ..bounds(20 * S)
+        };
+        let kill = Fault {
+            kind: FaultKind::KillHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: 2 * S,
+            end: None,
+        };
+        let run = |granted: u64, extra: Vec<Event>| {
+            let mut events = vec![
+                grant(S, 0, 10),
+                ev(S + 1, 1, What::Waiting),
+                ev(2 * S, 0, What::Killed),
+                grant(granted, 1, 11),
+            ];
+            events.extend(extra);
+            check(&events, &[], std::slice::from_ref(&kill), bounds)
+        };
+        // Half a second after the kill: within the delay.
+        let early = run(2 * S + S / 2, Vec::new());
+        assert!(
+            early.violations.iter().any(|v| v.starts_with("lock-delay broken")),
+            "{early}"
+        );
+        assert_eq!(early.lock_delay_checks, 1);
+        // Past the delay: fine.
+        let late = run(4 * S, Vec::new());
+        assert!(late.violations.is_empty(), "{late}");
+        assert_eq!(late.lock_delay_checks, 1);
+        // Another waiter gave up in between: handed on at once, not judged.
+        let gave_up = run(2 * S + S / 2, vec![ev(2 * S + S / 4, 2, What::Timeout)]);
+        assert!(gave_up.violations.is_empty(), "{gave_up}");
+        assert_eq!(gave_up.lock_delay_checks, 0);
+        // A waiter that came after the fault: not judged either.
+        let mut events = vec![
+            grant(S, 0, 10),
+            ev(2 * S, 0, What::Killed),
+            ev(2 * S + 1, 1, What::Waiting),
+            grant(2 * S + S / 2, 1, 11),
+        ];
+        events.sort_by_key(|e| e.t);
+        let newcomer = check(&events, &[], std::slice::from_ref(&kill), bounds);
+        assert!(newcomer.violations.is_empty(), "{newcomer}");
+        assert_eq!(newcomer.lock_delay_checks, 0);
+        // A paused holder that kept its lock (no lost()), then released: not judged.
+        let pause = Fault {
+            kind: FaultKind::PauseHolder,
+            ..kill.clone()
+        };
+        let events = vec![
+            grant(S, 0, 10),
+            ev(S + 1, 1, What::Waiting),
+            ev(
+                2 * S + S / 4,
+                0,
+                What::Release {
+                    token: 10,
+                    dropped: false,
+                },
+            ),
+            grant(2 * S + S / 2, 1, 11),
+        ];
+        let kept = check(&events, &[], &[pause], bounds);
+        assert!(kept.violations.is_empty(), "{kept}");
+        assert_eq!(kept.lock_delay_checks, 0);
     }
 }

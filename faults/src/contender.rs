@@ -58,6 +58,8 @@ pub struct ContenderArgs {
     pub tag: String,
     /// Seeds this process's choices.
     pub seed: u64,
+    /// The sessions' lock-delay (zero: none).
+    pub lock_delay: Duration,
 }
 
 impl ContenderArgs {
@@ -78,6 +80,8 @@ impl ContenderArgs {
             self.tag.clone(),
             "--seed".into(),
             self.seed.to_string(),
+            "--lock-delay-ms".into(),
+            self.lock_delay.as_millis().to_string(),
         ]
     }
 
@@ -89,6 +93,7 @@ impl ContenderArgs {
     pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Self, String> {
         let (mut backend, mut endpoints, mut name, mut ttl, mut report, mut tag, mut seed) =
             (None, None, None, None, None, None, None);
+        let mut lock_delay = Duration::ZERO;
         while let Some(flag) = args.next() {
             let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
@@ -99,6 +104,9 @@ impl ContenderArgs {
                 "--report" => report = Some(value),
                 "--tag" => tag = Some(value),
                 "--seed" => seed = Some(value.parse().map_err(|_| "bad --seed")?),
+                "--lock-delay-ms" => {
+                    lock_delay = Duration::from_millis(value.parse().map_err(|_| "bad --lock-delay-ms")?)
+                }
                 other => return Err(format!("unknown contender argument {other:?}")),
             }
         }
@@ -110,6 +118,7 @@ impl ContenderArgs {
             report: report.ok_or("--report is required")?,
             tag: tag.ok_or("--tag is required")?,
             seed: seed.ok_or("--seed is required")?,
+            lock_delay,
         })
     }
 }
@@ -337,7 +346,9 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
         Backend::ZooKeeper => Client::new(ZooKeeper::new(args.endpoints.clone())),
         Backend::Postgres => Client::new(Sql::new(args.endpoints.clone())),
     };
-    let options = SessionOptions::new().with_ttl(args.ttl);
+    let options = SessionOptions::new()
+        .with_ttl(args.ttl)
+        .with_lock_delay(args.lock_delay);
     let db = match args.backend {
         Backend::Postgres => Some(
             DbRegister::new(&args.endpoints, args.ttl, options.request_timeout())

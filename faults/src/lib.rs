@@ -158,6 +158,10 @@ pub struct Config {
     /// Keep the contenders' logs and the history (`history.txt`) even when
     /// nothing is wrong (they are always kept when something is).
     pub keep_logs: bool,
+    /// The contenders' lock-delay (zero: none). With one, the checker also
+    /// checks that no contender already waiting when a holder lost the lock
+    /// involuntarily was granted it sooner than the delay after the fault.
+    pub lock_delay: Duration,
 }
 
 impl Config {
@@ -177,12 +181,36 @@ impl Config {
             verbose: true,
             kinds: Vec::new(),
             keep_logs: false,
+            lock_delay: Duration::ZERO,
         }
     }
 
-    /// TTL + election time + slack.
+    /// The lock-delay mode's short run: 40 s of the faults that take a
+    /// holder's lock from it (pause, kill, blackhole, and on PostgreSQL a
+    /// reset), with a lock-delay of 1.5 s.
+    pub fn short_with_lock_delay(backend: Backend, program: PathBuf) -> Self {
+        use nemesis::FaultKind;
+        let kinds = [
+            FaultKind::PauseHolder,
+            FaultKind::KillHolder,
+            FaultKind::BlackholeHolder,
+            FaultKind::CutHolder,
+        ];
+        Config {
+            duration: Duration::from_secs(40),
+            // A reset frees a lock only where the connection holds it.
+            kinds: kinds
+                .into_iter()
+                .filter(|&k| k != FaultKind::CutHolder || backend == Backend::Postgres)
+                .collect(),
+            lock_delay: Duration::from_millis(1500),
+            ..Config::short(backend, program)
+        }
+    }
+
+    /// TTL + election time + slack, and the lock-delay.
     pub fn recovery_bound(&self) -> Duration {
-        self.ttl + self.backend.election_time() + self.slack
+        self.ttl + self.backend.election_time() + self.slack + self.lock_delay
     }
 
     /// How long a holder whose connections were reset may go on holding
@@ -226,6 +254,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         report: address.clone(),
         tag: String::new(),
         seed: config.seed,
+        lock_delay: config.lock_delay,
     };
     let endpoints = |addresses: &[String]| servers.endpoints(addresses);
     let mut fleet = Fleet::start(
@@ -378,6 +407,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
             stop,
             recovery: ns(bound),
             reset_notice: ns(config.reset_notice()),
+            lock_delay: ns(config.lock_delay),
         },
     );
     report.orphans = orphans.len();

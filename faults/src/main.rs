@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! lockline-faults [--backend etcd|zookeeper|postgres|all[,...]] [--seconds N] [--seed N]
-//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]
+//!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--lock-delay SECS]
+//!                 [--quiet] [--keep-logs]
 //! ```
 //!
 //! `--backend` takes one backend, several separated by commas, `all`, or
@@ -12,6 +13,9 @@
 //! kill-member, pause-member and kill-quorum on etcd and ZooKeeper;
 //! kill-server, pause-server and crash-backend on PostgreSQL. Unless named,
 //! a backend gets every kind it can have, cut-holder on PostgreSQL only.
+//! `--lock-delay SECS` gives the contenders a lock-delay; the checker then
+//! also checks that a contender already waiting when a holder lost the lock
+//! to a fault is granted it no sooner than the delay after the fault.
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
 //! every violation, and exits with status 1 when there is one. The defaults
@@ -26,13 +30,17 @@ use lockline_faults::contender::{self, ContenderArgs};
 use lockline_faults::{run, Backend, Config};
 
 const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|postgres|all[,...]] [--seconds N] [--seed N] \
-                     [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--quiet] [--keep-logs]
+                     [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--lock-delay SECS] \
+                     [--quiet] [--keep-logs]
   --backend   one or more of etcd, zookeeper, postgres (comma-separated), all, or both (etcd and zookeeper);
               default all
   --faults    pause-holder, kill-holder, kill-waiter, blackhole-holder, cut-holder (every backend);
               kill-member, pause-member, kill-quorum (etcd, zookeeper);
               kill-server, pause-server, crash-backend (postgres);
-              default: every kind the backend can have (cut-holder on postgres only)";
+              default: every kind the backend can have (cut-holder on postgres only)
+  --lock-delay the contenders' lock-delay (seconds, fractions allowed, at most 60; default 0): the
+              checker then also checks that no contender waiting when a holder lost the lock to a
+              fault was granted it sooner than the delay after the fault";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
@@ -114,6 +122,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
             "--contenders" => config.contenders = usize::try_from(number(&value)?.clamp(2, 64)).unwrap_or(5),
             "--ttl" => config.ttl = Duration::from_secs(number(&value)?.max(1)),
             "--slack" => config.slack = Duration::from_secs(number(&value)?),
+            "--lock-delay" => {
+                let secs: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| (0.0..=60.0).contains(s))
+                    .ok_or_else(|| format!("--lock-delay: {value:?} is not a number of seconds from 0 to 60"))?;
+                config.lock_delay = Duration::from_secs_f64(secs);
+            }
             "--faults" => {
                 config.kinds = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
             }

@@ -11,9 +11,24 @@ use lockline_faults::{run, Backend, Config};
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn short_run(backend: Backend) {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let program = PathBuf::from(env!("CARGO_BIN_EXE_lockline-faults"));
-    let config = Config::short(backend, program);
+    run_checked(Config::short(backend, program));
+}
+
+/// The lock-delay mode: holders lose the lock to faults, and no contender
+/// waiting then may be granted it sooner than the lock-delay after the fault.
+fn lock_delay_run(backend: Backend) {
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_lockline-faults"));
+    let report = run_checked(Config::short_with_lock_delay(backend, program));
+    assert!(
+        report.lock_delay_checks >= 3,
+        "too few grants after an involuntary loss to check the lock-delay:\n{report}"
+    );
+}
+
+fn run_checked(config: Config) -> lockline_faults::checker::Report {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let backend = config.backend;
     let report = run(&config).unwrap_or_else(|error| panic!("the {backend} run could not start: {error}"));
     println!("{backend}, seed {}:\n{report}", config.seed);
     assert!(
@@ -24,6 +39,7 @@ fn short_run(backend: Backend) {
     );
     assert!(report.grants > 20, "too few grants to mean anything:\n{report}");
     assert!(report.faults.values().sum::<usize>() >= 6, "too few faults:\n{report}");
+    report
 }
 
 #[test]
@@ -39,4 +55,9 @@ fn zookeeper_survives_the_nemesis() {
 #[test]
 fn postgres_survives_the_nemesis() {
     short_run(Backend::Postgres);
+}
+
+#[test]
+fn postgres_with_a_lock_delay_survives_the_nemesis() {
+    lock_delay_run(Backend::Postgres);
 }
