@@ -20,12 +20,16 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// What was heard on a channel: how many messages, and whether one of them
-/// said the entry is gone (a release or a reaping publishes `gone` only
-/// once the entry is deleted: the server's own word).
+/// said the entry is gone (a release publishes `gone`, a removal with a lost
+/// session or a reaping `lost`, each only once the entry is deleted: the
+/// server's own word).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Heard {
     count: u64,
     gone: bool,
+    /// Whether the message that said so said `lost`: the entry went with
+    /// its owner's session, not by a release.
+    lost: bool,
     /// The attempt id a release named as now holding (`gone <attempt>`).
     head: Option<String>,
 }
@@ -66,9 +70,14 @@ pub(crate) struct Subscription {
 }
 
 impl Subscription {
-    /// Whether a message said the entry is gone.
+    /// Whether a message said the entry is gone (released or lost).
     pub(crate) fn heard_gone(&self) -> bool {
         self.messages.borrow().gone
+    }
+
+    /// Whether a message said the entry was lost with its owner's session.
+    pub(crate) fn heard_lost(&self) -> bool {
+        self.messages.borrow().lost
     }
 
     /// The attempt the release named as holding now, if it named one.
@@ -287,11 +296,14 @@ impl Hub {
                     if let Some(channel) = channels.get(message.get_channel_name()) {
                         let payload = String::from_utf8_lossy(message.get_payload_bytes());
                         let mut words = payload.split(' ');
-                        let gone = words.next() == Some("gone");
+                        let word = words.next();
+                        let lost = word == Some("lost");
+                        let gone = lost || word == Some("gone");
                         let head = words.next().filter(|_| gone).map(str::to_owned);
                         channel.messages.send_modify(|heard| {
                             heard.count += 1;
                             heard.gone |= gone;
+                            heard.lost |= lost;
                             if head.is_some() {
                                 heard.head = head;
                             }

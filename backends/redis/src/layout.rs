@@ -24,6 +24,12 @@ pub(crate) fn channel(name: &str, attempt: &str) -> String {
     format!("{{{name}}}:c:{attempt}")
 }
 
+/// `{n}:l:<attempt>`: left for a minute by the script that removed the
+/// entry of `attempt` with its owner's session (never by a release).
+pub(crate) fn lost_mark(name: &str, attempt: &str) -> String {
+    format!("{{{name}}}:l:{attempt}")
+}
+
 pub(crate) fn joined(name: &str) -> String {
     format!("{{{name}}}:joined")
 }
@@ -78,7 +84,8 @@ pub(crate) fn is_plain_blocker(entry: &Entry) -> bool {
 }
 
 /// Whether `key` has the shape of a lock's own keys: `{n}:q`, `{n}:seq`,
-/// `{n}:e:…`, `{n}:c:…`, `{n}:x:…`, `{n}:joined`, or a session key.
+/// `{n}:e:…`, `{n}:c:…`, `{n}:x:…`, `{n}:l:…`, `{n}:joined`, or a session
+/// key.
 pub(crate) fn is_layout_key(key: &str) -> bool {
     if key.starts_with("lockline:session:") {
         return true;
@@ -94,6 +101,7 @@ pub(crate) fn is_layout_key(key: &str) -> bool {
         || tail.starts_with(":e:")
         || tail.starts_with(":c:")
         || tail.starts_with(":x:")
+        || tail.starts_with(":l:")
 }
 
 /// Refuses names that would break the hash tag or the layout.

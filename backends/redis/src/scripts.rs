@@ -5,15 +5,43 @@
 //! `{n}:q` the queue (sorted set: attempt id scored by order), `{n}:seq` the
 //! counter, `{n}:e:<attempt>` an entry (hash: kind, owner, order, value,
 //! plain; with a TTL), `{n}:c:<attempt>` its channel, `{n}:joined` the
-//! channel an election candidate's append publishes on, and `n` itself, the plain key a mutex
-//! holder owns for clients of the single-key lock.
+//! channel an election candidate's append publishes on, `{n}:l:<attempt>`
+//! the mark of an entry lost with its owner's session, and `n` itself, the
+//! plain key a mutex holder owns for clients of the single-key lock.
+//!
+//! What an entry's channel carries says how the entry went, for a waiter's
+//! lock-delay: `gone` (or `gone <attempt>`) when its owner removed it (a
+//! release, a close, a cancelled acquire), `lost` (or `lost <attempt>`)
+//! when it went with its owner's session (removed by a session its client
+//! declared lost, or by another session, deleted under a holder whose plain
+//! key a foreign client took, or reaped after it expired), and `value` when
+//! its value changed. Every script that takes a lost entry's member out of
+//! the queue also leaves its mark `{n}:l:<attempt>` for a minute, so that a
+//! waiter that subscribed after the message still learns how it went from
+//! the one look it takes after subscribing (`STATUS`); a release leaves
+//! nothing.
 
 use redis::Script;
 
 /// Functions shared by the scripts that read the queue.
 const COMMON: &str = r#"
+-- Marks the entry of `member` lost with its owner's session, for a minute
+-- (the longest lock-delay): a waiter that subscribed after the message
+-- reads it in its look at the entry (STATUS).
+local function mark_lost(prefix, member)
+  redis.call('SET', prefix .. 'l:' .. member, '', 'PX', 60000)
+end
+
+-- Removes from the queue the member of an entry that expired (its owner
+-- stopped renewing) and tells its waiter, if any, that it was lost.
+local function reap(q, prefix, member)
+  redis.call('ZREM', q, member)
+  mark_lost(prefix, member)
+  redis.call('PUBLISH', prefix .. 'c:' .. member, 'lost')
+end
+
 -- The nearest earlier live entries that conflict, nearest first, at most
--- `count`; reaps members whose entry expired (their owner stopped renewing).
+-- `count`; reaps members whose entry expired.
 local function nearest(q, prefix, order, conflicts, count)
   local out = {}
   local upper = '(' .. order
@@ -25,7 +53,7 @@ local function nearest(q, prefix, order, conflicts, count)
       upper = '(' .. score
       local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'owner')
       if not fields[1] then
-        redis.call('ZREM', q, member)
+        reap(q, prefix, member)
       elseif conflicts == 'all' or fields[1] ~= 'read' then
         out[#out + 1] = {member, fields[1], score, fields[2]}
         if #out >= count then break end
@@ -122,9 +150,14 @@ return {1, head(out, plain, entry, ARGV[6], ARGV[7], prefix)}
 /// KEYS: queue, plain key. ARGV: prefix, attempt, order (empty: any, an
 /// abandoned attempt, which also leaves a tombstone `{n}:x:<attempt>` for a
 /// TTL so that its append, if still in flight, creates nothing), owner, ttl
-/// ms. Deletes the entry if it is still that one, gives up the
-/// plain key if the entry owned it, and wakes the entry's one waiter. The
-/// message is `gone`, or `gone <attempt>` when the queue's first live entry
+/// ms, and `lost` when the entry goes with its owner's session (absent for
+/// a release: the handoff's request is the same as without lock-delay).
+/// Deletes the entry if it is still that one, gives up the plain key if the
+/// entry owned it, and wakes the entry's one waiter. An entry found already
+/// gone but still queued expired: its member is reaped, marked lost, and
+/// its waiter told `lost`. The message is `gone` (`lost`, with the entry
+/// marked lost, when its owner's session was lost), or `gone <attempt>`
+/// (`lost <attempt>`) when the queue's first live entry
 /// is the one right after the deleted one (so it waits on this channel) and
 /// now holds by the exclusive rule (a mutex, write lock or candidate at the
 /// head; a mutex once it has the plain key, which this step takes for it):
@@ -140,7 +173,11 @@ if ARGV[3] == '' then
 end
 local fields = redis.call('HMGET', entry, 'order', 'owner', 'plain')
 if not fields[1] then
-  redis.pcall('ZREM', q, attempt)
+  -- Still queued without its entry: it expired.
+  if redis.pcall('ZREM', q, attempt) == 1 then
+    mark_lost(prefix, attempt)
+    redis.call('PUBLISH', prefix .. 'c:' .. attempt, 'lost')
+  end
   return 0
 end
 if (ARGV[3] ~= '' and fields[1] ~= ARGV[3]) or fields[2] ~= ARGV[4] then return 0 end
@@ -149,14 +186,19 @@ redis.pcall('ZREM', q, attempt)
 if fields[3] == '1' and redis.call('TYPE', plain)['ok'] == 'string' and redis.call('GET', plain) == entry then
   redis.call('DEL', plain)
 end
-local message = 'gone'
+local word = 'gone'
+if ARGV[6] == 'lost' then
+  word = 'lost'
+  mark_lost(prefix, attempt)
+end
+local message = word
 while redis.call('TYPE', q)['ok'] == 'zset' do
   local first = redis.call('ZRANGE', q, 0, 0, 'WITHSCORES')
   if #first == 0 then break end
   local head = prefix .. 'e:' .. first[1]
   local kind = redis.call('HGET', head, 'kind')
   if not kind then
-    redis.call('ZREM', q, first[1])
+    reap(q, prefix, first[1])
   else
     -- Only the entry right after the one deleted waits on its channel:
     -- an earlier head (the holder, or one waiting for something else) is
@@ -165,10 +207,10 @@ while redis.call('TYPE', q)['ok'] == 'zset' do
       break
     end
     if kind == 'write' or kind == 'election' then
-      message = 'gone ' .. first[1]
+      message = word .. ' ' .. first[1]
     elseif kind == 'mutex' and claim(plain, head, entry_ttl(head, ARGV[5]), prefix) then
       redis.call('HSET', head, 'plain', '1')
-      message = 'gone ' .. first[1]
+      message = word .. ' ' .. first[1]
     end
     break
   end
@@ -178,7 +220,8 @@ return 1
 "#;
 
 /// KEYS: queue, plain key. ARGV: prefix. Every live entry, first-created
-/// first, as `{attempt, kind, order, owner}`; reaps expired members.
+/// first, as `{attempt, kind, order, owner}`; reaps expired members (each
+/// marked lost, its waiter told so).
 const LIST: &str = r#"
 local q = KEYS[1]
 local prefix = ARGV[1]
@@ -190,23 +233,32 @@ for i = 1, #members, 2 do
   if fields[1] then
     out[#out + 1] = {member, fields[1], score, fields[2]}
   else
-    redis.call('ZREM', q, member)
+    reap(q, prefix, member)
   end
 end
 return out
 "#;
 
-/// KEYS: entry. ARGV: order. The entry's remaining TTL in ms (`PTTL`), or
-/// -2 when it is gone or is another entry.
+/// KEYS: entry, queue, the entry's lost mark. ARGV: order, attempt. The
+/// entry's remaining TTL in ms (`PTTL`, -1: none); when it is gone (or is
+/// another entry), -3 if it went with its owner's session (its member is
+/// still queued: it expired; or its lost mark is there), -2 if its owner
+/// let it go (every script that takes a member out of the queue deletes
+/// its entry with it, and marks it lost unless its owner let it go).
 const STATUS: &str = r#"
-if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then return -2 end
+if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then
+  if redis.call('ZSCORE', KEYS[2], ARGV[2]) or redis.call('EXISTS', KEYS[3]) == 1 then return -3 end
+  return -2
+end
 return redis.call('PTTL', KEYS[1])
 "#;
 
 /// KEYS: entry, plain key. ARGV: ttl ms, queue, channel, attempt. Renews an
 /// entry that owns the plain key, and the plain key with it. When a foreign
 /// client has taken the plain key (it was deleted under the holder), the
-/// holder's entry is deleted: the lock is no longer held. Returns 1 when
+/// holder's entry is deleted: the lock is no longer held, and was lost (its
+/// waiter is told `lost`, and the entry marked lost at `{n}:l:<attempt>`,
+/// `{n}:` being the entry key before `e:<attempt>`). Returns 1 when
 /// renewed, 0 when the entry is gone.
 const RENEW_HOLDER: &str = r#"
 local entry, plain = KEYS[1], KEYS[2]
@@ -222,7 +274,9 @@ if kind == 'string' and redis.call('GET', plain) == entry then
 end
 redis.call('DEL', entry)
 redis.call('ZREM', ARGV[2], ARGV[4])
-redis.call('PUBLISH', ARGV[3], 'gone')
+local prefix = string.sub(entry, 1, #entry - #ARGV[4] - 2)
+redis.call('SET', prefix .. 'l:' .. ARGV[4], '', 'PX', 60000)
+redis.call('PUBLISH', ARGV[3], 'lost')
 return 0
 "#;
 
@@ -280,7 +334,7 @@ impl Scripts {
             append: with_common(APPEND),
             earlier: with_common(EARLIER),
             remove: with_common(REMOVE),
-            list: Script::new(LIST),
+            list: with_common(LIST),
             status: Script::new(STATUS),
             renew_holder: Script::new(RENEW_HOLDER),
             set_value: Script::new(SET_VALUE),

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::backend::{
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+};
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use redis::{Pipeline, ScriptInvocation, Value};
 use tokio::sync::{watch, Notify};
@@ -27,6 +29,22 @@ fn no_ttl_recheck(options: &SessionOptions) -> Duration {
 
 /// A little past a key's TTL, when it is surely gone if not renewed.
 const EXPIRY_SLACK: Duration = Duration::from_millis(3);
+
+/// How many entries lost with their owner's session a session remembers
+/// for its lock-delay before it forgets the oldest (those it waited on and
+/// was never asked about: a wait that ended in a timeout or a cancel).
+const LOST_REMEMBERED: usize = 256;
+
+/// What a look at an entry another session owns found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// There, with this many ms left (-1: no TTL).
+    Live(i64),
+    /// Gone, let go by its owner (released, closed, cancelled).
+    Released,
+    /// Gone with its owner's session: expired, or removed as lost.
+    Lost,
+}
 
 /// Acknowledgement of writes by replicas (`WAIT`), when asked for.
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +117,10 @@ pub(crate) struct Shared {
     /// Our entries a release announced as holding now: their next
     /// `earlier` needs no read (the release's script made it).
     heads: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Entries of others this session waited on and saw go with their
+    /// owner's session (by entry key and order), and when: what
+    /// `departure` answers for a lock-delay. Kept only with a lock-delay.
+    lost: std::sync::Mutex<HashMap<(String, i64), Instant>>,
 }
 
 /// A session of the [`Redis`](crate::Redis) backend.
@@ -211,6 +233,7 @@ impl Shared {
             acks,
             entries: std::sync::Mutex::new(HashMap::new()),
             heads: std::sync::Mutex::new(std::collections::HashSet::new()),
+            lost: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -285,17 +308,54 @@ impl Shared {
         }
     }
 
-    /// The remaining TTL of this very entry in ms (`-1`: none), or `None`
-    /// when it is gone.
-    async fn status(&self, entry: &Entry) -> Result<Option<i64>> {
+    /// Looks at this very entry (of `name`, made by `attempt`): its
+    /// remaining TTL, or how it went.
+    async fn status(&self, name: &str, attempt: &str, entry: &Entry) -> Result<Status> {
         let scripts = Arc::clone(&self.scripts);
         let mut invocation = scripts.status.key(&entry.key);
-        invocation.arg(entry.order);
+        invocation
+            .key(layout::queue(name))
+            .key(layout::lost_mark(name, attempt))
+            .arg(entry.order)
+            .arg(attempt);
         let reply = self.run("read the entry", &scripts.status, &invocation, false).await?;
         match int(&reply) {
-            Some(-2) => Ok(None),
-            Some(ms) => Ok(Some(ms)),
-            None => Err(bad_reply("read the entry", &reply)),
+            Some(-2) => Ok(Status::Released),
+            Some(-3) => Ok(Status::Lost),
+            Some(ms) if ms >= -1 => Ok(Status::Live(ms)),
+            _ => Err(bad_reply("read the entry", &reply)),
+        }
+    }
+
+    /// Remembers, for a lock-delay, that `entry` was seen go with its
+    /// owner's session now.
+    fn note_lost(&self, entry: &Entry) {
+        if self.options.lock_delay().is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        if lost.len() >= LOST_REMEMBERED {
+            // A delay counted from longer ago than the longest one is over.
+            lost.retain(|_, at| now.saturating_duration_since(*at) < lockline::MAX_LOCK_DELAY);
+            if lost.len() >= LOST_REMEMBERED {
+                lost.clear();
+            }
+        }
+        lost.insert((entry.key.clone(), entry.order), now);
+    }
+
+    /// How `entry`, waited on and seen go, went: lost when the wait saw it
+    /// go with its owner's session (asked once).
+    fn departure(&self, entry: &Entry) -> Departure {
+        let noticed = self
+            .lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(entry.key.clone(), entry.order));
+        match noticed {
+            Some(noticed) => Departure::Lost { noticed },
+            None => Departure::Released,
         }
     }
 
@@ -364,7 +424,14 @@ impl Shared {
         self.remove_owned(name, attempt, order, &self.id).await
     }
 
+    /// Runs the removal script for an entry of `owner`. It goes with its
+    /// owner's session (its waiter told `lost`, for a lock-delay) when that
+    /// session is this one and was lost, or is another session (whose
+    /// holder did not let go); otherwise (a release, a close, a cancelled
+    /// acquire) its owner let it go, and the request is the same as without
+    /// lock-delay.
     async fn remove_owned(&self, name: &str, attempt: &str, order: &str, owner: &str) -> Result<bool> {
+        let lost = owner != self.id || *self.state.borrow() == SessionState::Lost;
         let scripts = Arc::clone(&self.scripts);
         let mut invocation = scripts.remove.key(layout::queue(name));
         invocation
@@ -374,6 +441,9 @@ impl Shared {
             .arg(order)
             .arg(owner)
             .arg(self.ttl_ms());
+        if lost {
+            invocation.arg("lost");
+        }
         let reply = self.run("remove the entry", &scripts.remove, &invocation, true).await?;
         Ok(int(&reply) == Some(1))
     }
@@ -618,13 +688,24 @@ impl RedisSession {
     async fn wait_gone_elsewhere(&self, entry: &Entry) -> Result<()> {
         let shared = &self.shared;
         if layout::is_plain_blocker(entry) {
-            return shared.wait_plain(&entry.key).await;
+            // A foreign client's lock: nothing says whether it was released
+            // or expired, so it counts as lost (a lock-delay only delays).
+            shared.wait_plain(&entry.key).await?;
+            shared.note_lost(entry);
+            return Ok(());
         }
         let (name, attempt) = self.name_of(entry)?;
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         loop {
-            let Some(left) = shared.status(entry).await? else {
-                return Ok(());
+            let left = match shared.status(name, attempt, entry).await? {
+                Status::Live(left) => left,
+                Status::Released => return Ok(()),
+                Status::Lost => {
+                    // Expired (seen here at its TTL, or as soon as this look
+                    // was made), or removed as lost before the subscription.
+                    shared.note_lost(entry);
+                    return Ok(());
+                }
             };
             // Gone at its TTL unless renewed: look again then.
             let recheck = if left >= 0 {
@@ -635,8 +716,11 @@ impl RedisSession {
             tokio::select! {
                 () = messages.changed() => {
                     // A release or a reaping says so once the entry is
-                    // deleted: no need to read it again.
+                    // deleted, and how it went: no need to read it again.
                     if messages.heard_gone() {
+                        if messages.heard_lost() {
+                            shared.note_lost(entry);
+                        }
                         // It may also say that one of ours holds now.
                         if let Some(head) = messages.announced_head() {
                             let key = layout::entry_key(name, &head);
@@ -885,8 +969,9 @@ impl BackendSession for RedisSession {
                 Some(value) if value != seen => return Ok(Some(value)),
                 Some(_) => {}
             }
-            let left = shared.status(entry).await?;
-            let Some(left) = left else { return Ok(None) };
+            let Status::Live(left) = shared.status(name, attempt, entry).await? else {
+                return Ok(None);
+            };
             let recheck = if left >= 0 {
                 Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
             } else {
@@ -975,5 +1060,9 @@ impl BackendSession for RedisSession {
 
     fn give_up(&self, why: &str) {
         self.shared.lose(why);
+    }
+
+    fn departure(&self, gone: &Entry) -> Departure {
+        self.shared.departure(gone)
     }
 }

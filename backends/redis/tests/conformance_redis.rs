@@ -27,3 +27,8 @@ impl Fixture for RedisFixture {
 lockline::conformance_tests!(RedisFixture {
     server: RedisServer::start().expect("start redis"),
 });
+
+// Lock-delay needs the backend to tell a release from a loss.
+lockline::conformance_tests!(@cases RedisFixture {
+    server: RedisServer::start().expect("start redis"),
+}; lock_delay_holds_back_after_an_involuntary_loss_only);

@@ -61,6 +61,7 @@ lockline::conformance_tests!(@cases ClusterFixture::start();
     election_observe_and_session_loss,
     recipe_words_and_nested_names_are_separate_locks,
     leader_selector_survives_leader_kills,
+    lock_delay_holds_back_after_an_involuntary_loss_only,
 );
 
 /// On a cluster a fenced write takes keys of the lock's slot (its hash tag
