@@ -27,6 +27,7 @@
 //! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
 //! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
 //! | `{n}:x:<attempt>` | string with a TTL | the tombstone of an acquire abandoned with its append in flight (a late append creates nothing) |
+//! | `{n}:l:<attempt>` | string with a TTL of a minute | the mark of an entry that went with its owner's session (for lock-delay) |
 //! | `{n}:joined` | channel | where election candidates' appends are published (for observers) |
 //! | `n` | string with a TTL | the plain key a mutex holder owns, as `SET n … NX PX` would |
 //! | `lockline:session:<id>` | string with a TTL | the session: while it exists the session lives |
@@ -53,6 +54,17 @@
 //!   the send time of the last confirmed one; `Suspended` while renewals
 //!   fail), the session key gone (expired, or a server restarted without its
 //!   data), or the entry gone.
+//! - **Lock-delay** ([`SessionOptions::with_lock_delay`](lockline::SessionOptions::with_lock_delay))
+//!   = told by the message that woke the waiter: a release, a close or a
+//!   cancelled acquire publishes `gone`; an entry removed by a session
+//!   declared lost (or by another session), deleted under a holder whose
+//!   plain key a foreign client took, or reaped after it expired publishes
+//!   `lost` and leaves the mark `{n}:l:<attempt>` for a minute, which the
+//!   waiter's one look at its predecessor after subscribing also reads (a
+//!   message sent before it subscribed is not missed). A predecessor that
+//!   expired with nobody reaping it is seen at the waiter's timer, at its
+//!   TTL: the delay counts from then. A release sends what it sent
+//!   without lock-delay; the waiter makes no request of its own.
 //! - **Single-key interop** = a mutex contender at the head of the queue also
 //!   takes the plain key `n` (`SET n <entry key> PX ttl`, only where `n` does
 //!   not exist), renews it with the entry and deletes it on release.
@@ -64,6 +76,14 @@
 //!   the server publishes them (`notify-keyspace-events` with `K` and `g`,
 //!   `x` or `A`), otherwise at its TTL. Read/write locks, semaphores and
 //!   elections do not take the plain key.
+//!
+//! Foreign clients of the plain key (redis-py's `Lock`, a `SET NX PX` lock
+//! such as node-redlock's) publish nothing lockline reads: a lock-delayed
+//! lockline waiter that waited on one cannot tell its release from its
+//! expiry, and holds back for the delay either way, counted from when it
+//! saw `n` go (a keyspace event, or its look at `n`'s TTL). A lockline
+//! holder's entry deleted because a foreign client took its plain key counts
+//! as lost too. Waiters without a lock-delay are not affected.
 //!
 //! # Limits
 //!
