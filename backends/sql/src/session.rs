@@ -18,6 +18,10 @@ use crate::error::{connection_gone, map, timed_out, Doing};
 use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
 use crate::pool::{Idle, Lease, Stop, WaitPool};
 
+/// How a waiter without a wait connection is woken: its signal, and the
+/// flag saying its predecessor was lost rather than released.
+type Wake = (Arc<Stop>, Arc<AtomicBool>);
+
 /// How often an election observer looks again at a queue with no candidate
 /// (the one wait that has nothing on the server to block on).
 pub(crate) const EMPTY_QUEUE_RECHECK: Duration = Duration::from_millis(100);
@@ -495,12 +499,16 @@ impl<D: Dialect> Shared<D> {
             if self.state.borrow().is_over() {
                 return;
             }
-            let waiting: Vec<(i64, Option<i64>, Arc<Stop>, Arc<AtomicBool>)> = self
+            // Each waiter's entry id, the version it waits for, and how to wake it.
+            let waiting: Vec<(i64, Option<i64>, Wake)> = self
                 .overflow
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .values()
-                .map(|o| (o.id, o.version, Arc::clone(&o.gone), Arc::clone(&o.lost)))
+                .map(|o| {
+                    let wake = (Arc::clone(&o.gone), Arc::clone(&o.lost));
+                    (o.id, o.version, wake)
+                })
                 .collect();
             if waiting.is_empty() {
                 continue;
@@ -518,7 +526,7 @@ impl<D: Dialect> Shared<D> {
             for (id, version, status, owner) in statuses {
                 match status {
                     Status::Free | Status::Dead => {
-                        for (_, _, gone, lost) in waiting
+                        for (_, _, (gone, lost)) in waiting
                             .iter()
                             .filter(|(i, v, ..)| *i == id && v.unwrap_or(-1) == version)
                         {
