@@ -189,7 +189,13 @@ fn help_and_version_go_to_stdout_with_status_0() {
             "--zk-auth",
             "ETCDCTL_ENDPOINTS",
             "LOCKLINE_TOKEN",
+            "LOCKLINE_SEQUENCER",
+            "lockline check [OPTIONS] SEQUENCER",
+            "--lock-delay SECS",
+            "--verbose",
+            "lock-delay until TIME",
             "Exit statuses",
+            "1     check: the sequencer is not current",
             "120   the lock (or leadership) was lost",
             "121   credentials or permission refused",
             "122   cluster unreachable",
@@ -227,6 +233,8 @@ fn help_and_version_go_to_stdout_with_status_0() {
         vec!["elect", "--help"],
         vec!["list", "-h"],
         vec!["elect", "-l", "--help"],
+        vec!["check", "--help"],
+        vec!["check", "--etcd", "http://127.0.0.1:1", "--verbose", "-h"],
     ] {
         let output = lockline(&args);
         assert_eq!(output.status.code(), Some(0), "{args:?}");
@@ -267,6 +275,46 @@ fn usage_errors_exit_123() {
         vec!["list", "--etcd", "http://127.0.0.1:1", "x", "extra"],
         vec!["lock", "-l", "--etcd", "http://127.0.0.1:1", "x"],
         vec!["lock", "--etcd", "http://127.0.0.1:1", "--ttl", "soon", "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lock-delay",
+            "61",
+            "x",
+            "true",
+        ],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lock-delay",
+            "-1",
+            "x",
+            "true",
+        ],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lock-delay",
+            "abc",
+            "x",
+            "true",
+        ],
+        vec!["elect", "--etcd", "http://127.0.0.1:1", "--lock-delay=61", "x", "p"],
+        vec!["list", "--etcd", "http://127.0.0.1:1", "--lock-delay", "1", "x"],
+        vec!["check", "--etcd", "http://127.0.0.1:1"],
+        vec!["check", "--etcd", "http://127.0.0.1:1", "lockline1:mutex:7:x", "extra"],
+        vec![
+            "check",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lock-delay",
+            "1",
+            "lockline1:mutex:7:x",
+        ],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--verbose", "x"],
     ] {
         let output = lockline(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -360,5 +408,84 @@ fn a_database_password_is_hidden_in_every_message() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(matches!(output.status.code(), Some(122 | 123)), "{args:?}: {stderr}");
         assert!(!stderr.is_empty() && !stderr.contains(SECRET), "{args:?}: {stderr}");
+    }
+}
+
+/// `--help`, the program's documentation and the README's section on the
+/// command name the same flags, variables and exit statuses.
+#[test]
+fn the_help_the_docs_and_the_readme_agree() {
+    let help = String::from_utf8(lockline(&["--help"]).stdout).expect("UTF-8 help");
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("## The `lockline` command")
+        .expect("the README's CLI section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |end| end + 3)];
+    let docs: String = include_str!("../src/main.rs")
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .map(|line| line.strip_prefix(' ').unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let words = |text: &str, keep: fn(&str) -> bool| {
+        let mut words: Vec<String> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .map(|word| word.trim_end_matches('-').to_owned())
+            .filter(|word| keep(word))
+            .collect();
+        words.sort();
+        words.dedup();
+        words
+    };
+    // `--flag` stands for any flag in the help's `--flag=VALUE`.
+    let flag = |word: &str| word.starts_with("--") && word.len() > 2 && word != "--flag";
+    // The environment's, not an example URL's `VERIFY_IDENTITY`.
+    let variable = |word: &str| {
+        ["LOCKLINE_", "ETCDCTL_", "ZOOKEEPER_", "DATABASE_"]
+            .iter()
+            .any(|prefix| word.starts_with(prefix))
+    };
+    let flags = words(&help, flag);
+    assert!(flags.contains(&"--lock-delay".to_owned()), "{flags:?}");
+    for flag in &flags {
+        assert!(
+            section.contains(flag.as_str()),
+            "{flag} is not in the README's CLI section"
+        );
+        assert!(docs.contains(flag.as_str()), "{flag} is not in the program's docs");
+    }
+    for flag in words(section, flag).iter().chain(&words(&docs, flag)) {
+        // `cargo install --path cli` is cargo's.
+        assert!(
+            help.contains(flag.as_str()) || flag == "--path",
+            "{flag} is documented but not in --help"
+        );
+    }
+    let variables = words(&help, variable);
+    assert!(variables.contains(&"LOCKLINE_SEQUENCER".to_owned()), "{variables:?}");
+    for variable in &variables {
+        assert!(readme.contains(variable.as_str()), "{variable} is not in the README");
+        assert!(
+            docs.contains(variable.as_str()),
+            "{variable} is not in the program's docs"
+        );
+    }
+    let statuses: Vec<&str> = help
+        .split_once("Exit statuses:")
+        .expect("the statuses")
+        .1
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|status| status.parse::<u8>().is_ok())
+        .collect();
+    assert!(statuses.contains(&"1") && statuses.contains(&"123"), "{statuses:?}");
+    for status in statuses {
+        let row = format!("\n| {status} |");
+        assert!(section.contains(&row), "status {status} is not in the README's table");
+        assert!(
+            docs.contains(&row),
+            "status {status} is not in the program's docs table"
+        );
     }
 }

@@ -121,6 +121,12 @@ impl Running {
         );
     }
 
+    /// Closes its standard input (started piped): a command that reads it
+    /// to the end then goes on.
+    pub fn close_stdin(&mut self) {
+        drop(self.child.stdin.take().expect("standard input was not piped"));
+    }
+
     /// Whether it has exited already (its status is then kept for `exits`).
     pub fn has_exited(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_some()

@@ -1,0 +1,174 @@
+//! `lockline lock --lock-delay SECS` and `lockline elect --lock-delay SECS`,
+//! process against process: a waiter behind a `lockline` holder killed with
+//! SIGKILL is granted no sooner than the delay after the kill, and `lockline
+//! list` shows it `lock-delay until TIME` meanwhile; behind a holder whose
+//! command exits (a release) it is granted at once. On PostgreSQL and
+//! MariaDB, whose backend tells a release from a loss.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::{eventually, lockline, Running, BOUND};
+
+const DELAY: Duration = Duration::from_millis(1500);
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The `list` lines of `name`, split on tabs.
+fn list(server: &[String], name: &str) -> Vec<Vec<String>> {
+    let out = lockline("list", server).arg(name).output().expect("run list");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|line| line.split('\t').map(str::to_owned).collect())
+        .collect()
+}
+
+fn millis(at: SystemTime) -> u128 {
+    at.duration_since(UNIX_EPOCH).expect("after 1970").as_millis()
+}
+
+/// The milliseconds since the epoch of a `lock-delay until TIME` field,
+/// checked to be UTC RFC 3339 with milliseconds, as `date -d` reads it.
+fn until_millis(field: &str) -> u128 {
+    let time = field
+        .strip_prefix("lock-delay until ")
+        .unwrap_or_else(|| panic!("not a lock-delay field: {field:?}"));
+    let shape = time.len() == 24
+        && time.char_indices().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            10 => c == 'T',
+            13 | 16 => c == ':',
+            19 => c == '.',
+            23 => c == 'Z',
+            _ => c.is_ascii_digit(),
+        });
+    assert!(shape, "not RFC 3339 UTC with milliseconds: {time:?}");
+    let out = Command::new("date")
+        .args(["-u", "-d", time, "+%s%3N"])
+        .output()
+        .expect("run date");
+    assert!(out.status.success(), "date -d {time:?}: {}", text(&out.stderr));
+    text(&out.stdout).trim().parse().expect("milliseconds")
+}
+
+/// Starts `lockline <subcommand> <server> <args>` and waits until `list`
+/// shows `queued` entries of `name`.
+fn queue_up(what: &str, command: Command, server: &[String], name: &str, queued: usize) -> Running {
+    let running = Running::spawn(what, command);
+    eventually(&format!("{what} queues"), || list(server, name).len() == queued);
+    running
+}
+
+/// A holder killed outright: the waiter is held back for the delay, visibly.
+fn after_a_killed_holder(server: &[String], subcommand: &str, name: &str) {
+    let proposal: &[&str] = if subcommand == "elect" { &["p"] } else { &[] };
+    let mut command = lockline(subcommand, server);
+    command.arg(name).args(proposal).args(["--", "sleep", "60"]);
+    let mut holder = Running::spawn("holder", command);
+    let (held, _) = holder.holding();
+
+    let mut command = lockline(subcommand, server);
+    command.args(["--lock-delay", "1.5", name]).args(proposal).arg("true");
+    let mut waiter = queue_up("waiter", command, server, name, 2);
+
+    let killed_wall = SystemTime::now();
+    let killed_at = Instant::now();
+    holder.signal(libc::SIGKILL);
+    holder.exits();
+
+    // Election candidates are not marked (their value is their proclamation).
+    let delayed = (subcommand == "lock").then(|| {
+        let mut delayed = Vec::new();
+        eventually("list shows the waiter in lock-delay", || {
+            let queue = list(server, name);
+            let listed_wall = SystemTime::now();
+            match queue.iter().find(|line| line.len() == 5) {
+                Some(line) => {
+                    let until = until_millis(&line[4]);
+                    assert!(
+                        until >= millis(killed_wall) + DELAY.as_millis(),
+                        "lock-delay until {until}, the kill at {}: {line:?}",
+                        millis(killed_wall)
+                    );
+                    assert!(
+                        until <= millis(listed_wall) + DELAY.as_millis(),
+                        "lock-delay until {until}, later than the delay from now: {line:?}"
+                    );
+                    assert_ne!(line[0], held, "the killed holder in lock-delay: {queue:?}");
+                    delayed = line.clone();
+                    true
+                }
+                None => {
+                    assert!(queue.iter().all(|line| line.len() == 4), "{queue:?}");
+                    false
+                }
+            }
+        });
+        delayed
+    });
+
+    let (key, _) = waiter.holding();
+    let took = killed_at.elapsed();
+    eprintln!("{subcommand}: granted {took:?} after the holder was killed (lock-delay {DELAY:?})");
+    assert!(
+        took >= DELAY,
+        "{subcommand}: granted {took:?} after the holder was killed"
+    );
+    assert!(took < DELAY + BOUND, "{took:?}");
+    if let Some(delayed) = delayed {
+        assert_eq!(delayed[0], key, "the one in lock-delay is the one granted: {delayed:?}");
+    }
+    assert_eq!(waiter.exits().code(), Some(0));
+    assert!(list(server, name).is_empty(), "{:?}", list(server, name));
+}
+
+/// A holder whose command exits: a release, which hands on at once.
+fn after_a_release(server: &[String], subcommand: &str, name: &str) {
+    let proposal: &[&str] = if subcommand == "elect" { &["p"] } else { &[] };
+    let mut command = lockline(subcommand, server);
+    command
+        .arg(name)
+        .args(proposal)
+        .args(["sh", "-c", "read line; exit 0"])
+        .stdin(Stdio::piped());
+    let mut holder = Running::spawn("holder", command);
+    holder.holding();
+
+    let mut command = lockline(subcommand, server);
+    command.args(["--lock-delay", "1.5", name]).args(proposal).arg("true");
+    let mut waiter = queue_up("waiter", command, server, name, 2);
+
+    let released_at = Instant::now();
+    holder.close_stdin();
+    waiter.holding();
+    let took = released_at.elapsed();
+    eprintln!("{subcommand}: granted {took:?} after the holder's command was told to exit (lock-delay {DELAY:?})");
+    assert!(took < DELAY, "{subcommand}: a release held the waiter back ({took:?})");
+    assert_eq!(holder.exits().code(), Some(0), "the holder released");
+    assert_eq!(waiter.exits().code(), Some(0));
+    assert!(list(server, name).is_empty(), "{:?}", list(server, name));
+}
+
+fn a_lock_delay_holds_back_after_a_killed_holder_only(server: &[String]) {
+    after_a_killed_holder(server, "lock", "delayed/killed");
+    after_a_release(server, "lock", "delayed/released");
+    after_a_killed_holder(server, "elect", "delayed/killed-leader");
+    after_a_release(server, "elect", "delayed/resigned");
+}
+
+#[test]
+fn a_lock_delay_holds_back_after_a_killed_holder_only_on_postgres() {
+    let (_server, args) = support::postgres();
+    a_lock_delay_holds_back_after_a_killed_holder_only(&args);
+}
+
+#[test]
+fn a_lock_delay_holds_back_after_a_killed_holder_only_on_mariadb() {
+    let (_server, args) = support::mariadb();
+    a_lock_delay_holds_back_after_a_killed_holder_only(&args);
+}
