@@ -69,6 +69,26 @@ pub(crate) fn abandoned(markers: &str, lease_hex: &str, attempt: &str) -> String
 /// contender for Go's and `etcdctl`'s mutex of that parent).
 pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
 
+/// The hand-over marker of the session with lease `lease_hex`:
+/// `<markers>released-<lease hex>`, by default
+/// `__lockline_abandoned__/released-<lease hex>`, one key per session, bound
+/// to its lease (it goes with the session). Every removal of one of the
+/// session's own entries (a release, a resignation, a cancelled acquire)
+/// writes it, empty, in the removal's own transaction, so its modification
+/// revision is the revision of that deletion; `close()` writes
+/// [`CLOSING`] into it before it revokes the lease. A waiter reads it *as of*
+/// the revision its wait saw the entry deleted at (and the one before): the
+/// deletion was a hand-over exactly when the marker was written in that very
+/// revision, or said [`CLOSING`] just before it. Beside the abandoned-attempt
+/// markers (a lease's hex never starts with `r`), under no lock's prefix, and
+/// shaped like no entry of any lock.
+pub(crate) fn released(markers: &str, lease_hex: &str) -> String {
+    format!("{markers}released-{lease_hex}")
+}
+
+/// The value of a hand-over marker while its session closes.
+pub(crate) const CLOSING: &[u8] = b"closing";
+
 /// Whether `key` is an entry of the lock `dir` (see [`entry`]).
 pub(crate) fn is_entry(dir: &str, key: &[u8]) -> bool {
     std::str::from_utf8(key).is_ok_and(|key| kind_under(dir, key).is_some())
@@ -158,6 +178,23 @@ mod tests {
         assert_eq!(key("rw", EntryKind::Write, "1f", "u1"), "rw/write/1f-u1");
         assert_eq!(conflict_prefix("rw", Conflicts::Exclusive), "rw/");
         assert_eq!(conflict_prefix("rw", Conflicts::All), "rw/");
+    }
+
+    #[test]
+    fn hand_over_markers_are_apart_from_abandoned_ones_and_from_entries() {
+        let marker = released(ABANDONED, "694d7a1b2c");
+        assert_eq!(marker, "__lockline_abandoned__/released-694d7a1b2c");
+        assert_ne!(marker, abandoned(ABANDONED, "694d7a1b2c", "released"));
+        // Under a marker prefix inside a lock's namespace, still no entry of
+        // any lock above it.
+        let marker = released("locks/__lockline_abandoned__/", "1f");
+        for (at, _) in marker.match_indices('/') {
+            assert!(
+                !is_entry(&marker[..at], marker.as_bytes()),
+                "{marker} under {}",
+                &marker[..at]
+            );
+        }
     }
 
     #[test]

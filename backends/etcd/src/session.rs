@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -9,7 +10,9 @@ use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::backend::{
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+};
 use lockline::{Error, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -41,6 +44,101 @@ pub(crate) struct EtcdSession {
     /// the server started at or before that revision sees every later
     /// deletion, so it needs no read of its own (see [`Seen`]).
     seen: std::sync::Mutex<Seen>,
+    /// Whether this session's contenders wait with a lock-delay: only then
+    /// do their waits remember how predecessors went, and their reads after
+    /// a wait look at the predecessors' hand-over markers.
+    lock_delay: bool,
+    /// Entries this session's waits saw go, until `departure` asks how.
+    gone: std::sync::Mutex<Gone>,
+    /// Whether this session ever appended an entry (only then can a waiter
+    /// be behind one of its entries when it closes).
+    appended: AtomicBool,
+    /// The server refused this session's hand-over marker (a role without
+    /// write on the marker prefix): its removals go on without one.
+    markers_refused: AtomicBool,
+    /// How long `close()` waits to mark its hand-over before it revokes.
+    close_mark_timeout: Duration,
+}
+
+/// Entries waited on and seen gone, by (key, create revision): how each went
+/// is decided by the read that follows the wait (see
+/// [`layout::released`]) and handed to [`BackendSession::departure`].
+#[derive(Debug, Default)]
+struct Gone(HashMap<(String, i64), Went>);
+
+/// What a wait saw of an entry that went away.
+#[derive(Debug, Clone)]
+struct Went {
+    /// The entry's lock directory.
+    dir: String,
+    /// The entry's lease, in hex (the owner of its hand-over marker).
+    owner: Option<String>,
+    /// The revision of its deletion, when the wait saw it.
+    revision: Option<i64>,
+    /// When the wait saw it go.
+    noticed: Instant,
+    /// How it went, once a read decided.
+    decided: Option<Departure>,
+}
+
+impl Gone {
+    /// At most this many are remembered.
+    const LIMIT: usize = 4096;
+    /// One forgotten this long after it went was never asked about.
+    const FORGET: Duration = Duration::from_secs(60);
+    /// A read after a wait looks at the markers of at most this many.
+    const PER_READ: usize = 4;
+
+    fn insert(&mut self, entry: &Entry, revision: Option<i64>, noticed: Instant) {
+        let now = Instant::now();
+        if self.0.len() >= Self::LIMIT {
+            self.0
+                .retain(|_, went| now.saturating_duration_since(went.noticed) < Self::FORGET);
+            if self.0.len() >= Self::LIMIT {
+                self.0.clear();
+            }
+        }
+        self.0.insert(
+            (entry.key.clone(), entry.order),
+            Went {
+                dir: layout::dir_of(entry).to_owned(),
+                owner: entry.owner.clone(),
+                revision,
+                noticed,
+                decided: None,
+            },
+        );
+    }
+
+    /// The undecided entries of the lock `dir` created before `order` whose
+    /// markers a read can look at (the latest seen first), deciding at once
+    /// those it cannot (no deletion revision or no lease seen: lost).
+    fn undecided(&mut self, dir: &str, order: i64) -> Vec<((String, i64), String, i64)> {
+        let mut found: Vec<_> = self
+            .0
+            .iter_mut()
+            .filter(|((_, created), went)| went.decided.is_none() && went.dir == dir && *created < order)
+            .filter_map(|(id, went)| match (&went.owner, went.revision) {
+                (Some(owner), Some(revision)) => Some((went.noticed, (id.clone(), owner.clone(), revision))),
+                _ => {
+                    went.decided = Some(Departure::Lost { noticed: went.noticed });
+                    None
+                }
+            })
+            .collect();
+        found.sort_by_key(|(noticed, _)| std::cmp::Reverse(*noticed));
+        found.into_iter().take(Self::PER_READ).map(|(_, id)| id).collect()
+    }
+
+    fn decide(&mut self, id: &(String, i64), released: bool) {
+        if let Some(went) = self.0.get_mut(id) {
+            went.decided = Some(if released {
+                Departure::Released
+            } else {
+                Departure::Lost { noticed: went.noticed }
+            });
+        }
+    }
 }
 
 /// The revisions at which reads showed entries to exist, for the watches about
@@ -129,6 +227,11 @@ impl EtcdSession {
             markers,
             namespace,
             seen: std::sync::Mutex::default(),
+            lock_delay: !options.lock_delay().is_zero(),
+            gone: std::sync::Mutex::default(),
+            appended: AtomicBool::new(false),
+            markers_refused: AtomicBool::new(false),
+            close_mark_timeout: options.request_timeout() / 2,
         }))
     }
 
@@ -374,6 +477,11 @@ fn first_created(limit: usize) -> GetOptions {
         .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
 }
 
+/// Whether the server refused a read of a revision its history no longer has.
+fn is_compacted(error: &Error) -> bool {
+    matches!(error, Error::Backend { reason, .. } if reason.contains("compacted"))
+}
+
 fn get_response(response: Option<&TxnOpResponse>) -> Result<&etcd_client::GetResponse> {
     match response {
         Some(TxnOpResponse::Get(get)) => Ok(get),
@@ -396,6 +504,7 @@ impl BackendSession for EtcdSession {
     /// earlier conflicting keys; else read it (a retry after a lost response
     /// finds its own key).
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
+        self.appended.store(true, Ordering::Relaxed);
         let dir = self.within(request.dir);
         let request = &AppendRequest { dir: &dir, ..*request };
         let key = layout::key(request.dir, request.kind, &self.id, request.attempt);
@@ -437,21 +546,49 @@ impl BackendSession for EtcdSession {
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_max_create_revision(entry.order - 1)
         };
-        let nearest = below_mine().with_limit(i64::try_from(layout::page(conflicts, count)).unwrap_or(i64::MAX));
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.clone(),
-                CompareOp::Equal,
-                entry.order,
-            )])
-            .and_then([TxnOp::get(prefix.clone(), Some(nearest))]);
-        let response = self.txn(txn, "read", &prefix).await?;
+        let nearest = || below_mine().with_limit(i64::try_from(layout::page(conflicts, count)).unwrap_or(i64::MAX));
+        // After a wait of a contender with a lock-delay: the hand-over
+        // markers of the entries it saw go, as of their deletions, in the
+        // same request (DESIGN §6.17).
+        let looks = if self.lock_delay {
+            self.gone().undecided(dir, entry.order)
+        } else {
+            Vec::new()
+        };
+        let response = match self.read_earlier(entry, &prefix, nearest(), &looks).await {
+            // History compacted away, or the marker prefix not readable:
+            // undecided, so lost (a lock-delay at worst), and the queue is
+            // read alone.
+            Err(error) if !looks.is_empty() && (error.is_refusal() || is_compacted(&error)) => {
+                tracing::debug!(key = %entry.key, %error, "hand-over markers unreadable; taken for losses");
+                {
+                    let mut gone = self.gone();
+                    for (id, ..) in &looks {
+                        gone.decide(id, false);
+                    }
+                }
+                self.read_earlier(entry, &prefix, nearest(), &[]).await?
+            }
+            other => other?,
+        };
         if !response.succeeded() {
             return Ok(Earlier::Gone);
         }
         let mut read_at = response.header().map(|h| h.revision());
         let ops = response.op_responses();
         let first = get_response(ops.first())?;
+        if !looks.is_empty() {
+            let mut gone = self.gone();
+            for (i, (id, _, deleted_at)) in looks.iter().enumerate() {
+                let at = get_response(ops.get(1 + 2 * i))?;
+                let before = get_response(ops.get(2 + 2 * i))?;
+                // Written by the very transaction that deleted the entry, or
+                // saying its session was closing just before the deletion.
+                let released = at.kvs().first().is_some_and(|kv| kv.mod_revision() == *deleted_at)
+                    || before.kvs().first().is_some_and(|kv| kv.value() == layout::CLOSING);
+                gone.decide(id, released);
+            }
+        }
         let mut found: Vec<Entry> = Self::entries(dir, first)
             .into_iter()
             .filter(|e| conflicts.includes(e.kind))
@@ -522,25 +659,47 @@ impl BackendSession for EtcdSession {
                     // the entry may have gone in between: read.
                     let covered = seen.is_some_and(|seen| revision <= seen);
                     if !covered && !boxed(self.exists(entry)).await? {
+                        if self.lock_delay {
+                            // Gone before the watch began: its deletion's
+                            // revision, for the hand-over marker, comes from
+                            // the server's history since the read.
+                            let noticed = Instant::now();
+                            drop(watch);
+                            let deleted_at = match seen {
+                                Some(seen) => boxed(self.deleted_since(entry, seen)).await,
+                                None => None,
+                            };
+                            self.gone().insert(entry, deleted_at, noticed);
+                        }
                         return Ok(());
                     }
                 }
-                Signal::Delete { revision } if revision > entry.order => return Ok(()),
+                Signal::Delete { revision } if revision > entry.order => {
+                    if self.lock_delay {
+                        self.gone().insert(entry, Some(revision), Instant::now());
+                    }
+                    return Ok(());
+                }
                 Signal::Delete { .. } | Signal::Put(_) => {}
                 Signal::Broken(reason) => return Err(boxed(self.broken(reason.into(), &entry.key)).await),
             }
         }
     }
 
+    /// One transaction: if the entry is still the same one, delete it and,
+    /// for an entry of this session, write the session's hand-over marker
+    /// in the same revision (a waiter with a lock-delay tells a release
+    /// from a loss by it).
     async fn remove(&self, entry: &Entry) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.clone(),
-                CompareOp::Equal,
-                entry.order,
-            )])
-            .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        let removed = self.txn(txn, "delete", &entry.key).await?.succeeded();
+        let marked = entry.owner.as_deref() == Some(self.id.as_str()) && self.markers_allowed();
+        let removed = match self.remove_once(entry, marked).await {
+            Err(refused) if marked && refused.is_refusal() => {
+                let removed = self.remove_once(entry, false).await?;
+                self.refuse_markers(&refused);
+                removed
+            }
+            other => other?,
+        };
         // Deleted now or gone before: the key is free for the session's next entry.
         self.release_claim(&entry.key, Owner::Entry(entry.order));
         Ok(removed)
@@ -563,9 +722,13 @@ impl BackendSession for EtcdSession {
             // same name while this mutex was refused, say): keep it.
             Txn::new().and_then([marker])
         } else {
+            let mut removal = vec![marker.clone(), TxnOp::delete(key.clone(), None)];
+            if self.markers_allowed() {
+                removal.push(self.hand_over(b""));
+            }
             Txn::new()
                 .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease)])
-                .and_then([marker.clone(), TxnOp::delete(key.clone(), None)])
+                .and_then(removal)
                 .or_else([marker])
         };
         match self.txn(txn, "leave the queue of", &key).await {
@@ -682,6 +845,22 @@ impl BackendSession for EtcdSession {
         }
     }
 
+    /// From the hand-over marker the read after the wait saw (see
+    /// [`layout::released`]): no request of its own.
+    fn departure(&self, gone: &Entry) -> Departure {
+        let went = self.gone().0.remove(&(gone.key.clone(), gone.order));
+        match went {
+            Some(Went {
+                decided: Some(departure),
+                ..
+            }) => departure,
+            Some(went) => Departure::Lost { noticed: went.noticed },
+            None => Departure::Lost {
+                noticed: Instant::now(),
+            },
+        }
+    }
+
     /// Asks the server for the lease's remaining TTL; none left means lost.
     async fn confirm(&self) -> Result<SessionState> {
         let current = *self.state.borrow();
@@ -714,6 +893,9 @@ impl BackendSession for EtcdSession {
         // rather than let the close run out of time before the revoke is sent.
         let _ = tokio::time::timeout(HUB_CLOSE_WAIT, self.hub.close()).await;
         let was_lost = *self.state.borrow() == SessionState::Lost;
+        if !was_lost && self.appended.load(Ordering::Relaxed) && self.markers_allowed() {
+            self.mark_closing().await;
+        }
         let revoked = self.client.lease_client().revoke(self.lease).await;
         // A session already lost stays lost: closing it does not undo that.
         advance(&self.state, SessionState::Closed);
@@ -858,6 +1040,126 @@ impl EtcdSession {
             }
             _ => Err(refused),
         }
+    }
+
+    fn gone(&self) -> std::sync::MutexGuard<'_, Gone> {
+        self.gone.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether removals write the session's hand-over marker.
+    fn markers_allowed(&self) -> bool {
+        !self.markers_refused.load(Ordering::Relaxed)
+    }
+
+    /// The server refused a removal with the hand-over marker and took it
+    /// without: the user's roles do not cover the marker prefix for writes.
+    fn refuse_markers(&self, refused: &Error) {
+        if !self.markers_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                lease = %self.id,
+                %refused,
+                "the hand-over marker may not be written: releases by this session look like losses to waiters with a lock-delay"
+            );
+        }
+    }
+
+    /// The put of this session's hand-over marker, bound to its lease.
+    fn hand_over(&self, value: &[u8]) -> TxnOp {
+        TxnOp::put(
+            layout::released(&self.markers, &self.id),
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(self.lease)),
+        )
+    }
+
+    /// The fenced delete of `entry`, with the hand-over marker if `marked`.
+    async fn remove_once(&self, entry: &Entry, marked: bool) -> Result<bool> {
+        let mut ops = vec![TxnOp::delete(entry.key.clone(), None)];
+        if marked {
+            ops.push(self.hand_over(b""));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.order,
+            )])
+            .and_then(ops);
+        Ok(self.txn(txn, "delete", &entry.key).await?.succeeded())
+    }
+
+    /// Before the revoke of a close: the hand-over marker says the session
+    /// is closing, so that a waiter with a lock-delay takes the revoke's
+    /// deletions for a hand-over. Written with the session's lease, so it is
+    /// only written while the lease lives (a lease the server already let
+    /// expire fails the put: those deletions were a loss). Best effort,
+    /// bounded: without it waiters are only held back.
+    async fn mark_closing(&self) {
+        let txn = Txn::new().and_then([self.hand_over(layout::CLOSING)]);
+        let marker = layout::released(&self.markers, &self.id);
+        let mut kv = self.client.kv_client();
+        match tokio::time::timeout(self.close_mark_timeout, kv.txn(txn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::debug!(lease = %self.id, marker, %error, "closing without a hand-over marker"),
+            Err(_) => {
+                tracing::debug!(lease = %self.id, marker, "closing without a hand-over marker: no answer in time")
+            }
+        }
+    }
+
+    /// The read after a wait: my entry confirmed, the nearest earlier keys,
+    /// and for each of `looks` (an entry seen deleted at a revision, and its
+    /// lease) that lease's hand-over marker as of the deletion and as of
+    /// the revision before.
+    async fn read_earlier(
+        &self,
+        entry: &Entry,
+        prefix: &str,
+        nearest: GetOptions,
+        looks: &[((String, i64), String, i64)],
+    ) -> Result<etcd_client::TxnResponse> {
+        let mut ops = Vec::with_capacity(1 + 2 * looks.len());
+        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
+        for (_, owner, deleted_at) in looks {
+            let marker = layout::released(&self.markers, owner);
+            ops.push(TxnOp::get(
+                marker.clone(),
+                Some(GetOptions::new().with_revision(*deleted_at)),
+            ));
+            ops.push(TxnOp::get(
+                marker,
+                Some(GetOptions::new().with_revision((*deleted_at - 1).max(1))),
+            ));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.order,
+            )])
+            .and_then(ops);
+        self.txn(txn, "read", prefix).await
+    }
+
+    /// The revision `entry` was deleted at, after `seen` (a revision at which
+    /// a read showed it): a watch from `seen + 1` replays the deletion from
+    /// the server's history. `None` when that history was compacted away or
+    /// the server does not answer within a second.
+    async fn deleted_since(&self, entry: &Entry, seen: i64) -> Option<i64> {
+        let mut watch = self.hub.watch_deletes_from(&entry.key, seen + 1);
+        let replay = async {
+            loop {
+                match watch.next().await {
+                    Signal::Delete { revision } if revision > entry.order => return Some(revision),
+                    Signal::Broken(_) => return None,
+                    Signal::Created { .. } | Signal::Delete { .. } | Signal::Put(_) => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(1), replay)
+            .await
+            .ok()
+            .flatten()
     }
 
     async fn exists(&self, entry: &Entry) -> Result<bool> {

@@ -41,6 +41,8 @@ enum Command {
         key: Vec<u8>,
         prefix: bool,
         puts: bool,
+        /// The first revision to report (0: the current one).
+        start: i64,
         signals: SignalSender,
         id: i64,
     },
@@ -195,12 +197,20 @@ impl Hub {
     /// Opens a watch on `key` from the current revision; with `puts` false the
     /// server filters out PUT events. The first signal is `Created` (or `Broken`).
     pub(crate) fn watch(&self, key: &str, puts: bool) -> Watch {
-        self.open(key, false, puts)
+        self.open(key, false, puts, 0)
+    }
+
+    /// Opens a watch on `key` that reports the DELETE events from revision
+    /// `start` on (a past revision: the server replays them from its history,
+    /// through its slower unsynced-watcher loop, or cancels the watch if that
+    /// history was compacted away).
+    pub(crate) fn watch_deletes_from(&self, key: &str, start: i64) -> Watch {
+        self.open(key, false, false, start.max(1))
     }
 
     /// Opens a watch on every key under `prefix`, PUT events included.
     pub(crate) fn watch_prefix(&self, prefix: &str) -> Watch {
-        self.open(prefix, true, true)
+        self.open(prefix, true, true, 0)
     }
 
     /// Ends the stream for good, before the session's lease is revoked: the
@@ -223,13 +233,14 @@ impl Hub {
         });
     }
 
-    fn open(&self, key: &str, prefix: bool, puts: bool) -> Watch {
+    fn open(&self, key: &str, prefix: bool, puts: bool, start: i64) -> Watch {
         let (signals, receiver) = mailbox();
         let id = i64::try_from(self.next_id.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
         let command = Command::Watch {
             key: key.as_bytes().to_vec(),
             prefix,
             puts,
+            start,
             signals,
             id,
         };
@@ -290,8 +301,11 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         }
                     }
                 }
-                Some(Command::Watch { key, prefix, puts, signals, id }) => {
+                Some(Command::Watch { key, prefix, puts, start, signals, id }) => {
                     let mut options = WatchOptions::new().with_watch_id(id);
+                    if start > 0 {
+                        options = options.with_start_revision(start);
+                    }
                     if prefix {
                         options = options.with_prefix();
                     }

@@ -730,3 +730,132 @@ async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
         "a session the server no longer has must not report a release: {released:?}"
     );
 }
+
+/// Set in the child process of
+/// `a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only`: the
+/// endpoints it takes its lock on.
+const DELAY_CHILD: &str = "LOCKLINE_TEST_LOCK_DELAY_CHILD";
+
+/// Lock-delay (issue 20) with real departures: a lock-delayed waiter behind
+/// a holder process killed outright, or a holder silently cut off (a proxy
+/// that drops every packet), is granted no sooner than the server's removal
+/// of the holder's key (at its lease's TTL after the last renewal the server
+/// received, at most one keepalive interval before the kill or the cut) and
+/// the lock-delay after it; behind a clean release or close, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only() {
+    if let Ok(endpoints) = std::env::var(DELAY_CHILD) {
+        // The child: take the lock, say so, and hold it until killed.
+        let session = Client::new(Etcd::new(endpoints.split(',').map(str::to_owned)))
+            .session_with(options(2))
+            .await
+            .expect("session");
+        let guard = session
+            .mutex("delay/killed")
+            .expect("mutex")
+            .lock()
+            .await
+            .expect("lock");
+        println!("held {}", guard.key());
+        std::future::pending::<()>().await;
+    }
+    let delay = Duration::from_secs(2);
+    let ttl = Duration::from_secs(2);
+    // The server removes a key no sooner than this after the kill or cut.
+    let removal = ttl - options(2).keepalive_interval();
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let waiting = client
+        .session_with(options(2).with_lock_delay(delay))
+        .await
+        .expect("session");
+    let granted = |name: &str| {
+        let mutex = waiting.mutex(name).expect("mutex");
+        async move {
+            let guard = mutex.lock().await;
+            (tokio::time::Instant::now(), guard)
+        }
+    };
+
+    // A holder process killed outright.
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"));
+    child
+        .args([
+            "--exact",
+            "a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only",
+            "--nocapture",
+        ])
+        .env(DELAY_CHILD, cluster.endpoints().join(","));
+    let mut holder = lockline_testkit::LineChild::spawn(child).expect("start the holder process");
+    loop {
+        match holder.line(Duration::from_secs(30)) {
+            Some(line) if line.starts_with("held delay/killed/") => break,
+            Some(_) => {}
+            None => panic!("the holder process never said it held the lock"),
+        }
+    }
+    let waiter = spawn_queued(&client, granted("delay/killed")).await;
+    let killed_at = tokio::time::Instant::now();
+    holder.signal_and_wait(libc::SIGKILL).expect("kill the holder");
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(
+        at - killed_at >= removal + delay,
+        "granted {:?} after the kill: the server's removal (≥ {removal:?}) and the lock-delay ({delay:?}) had not both passed",
+        at - killed_at
+    );
+    assert_eq!(client.stats().lock_delays, 1, "{:?}", client.stats());
+    guard.expect("lock").release().await.expect("release");
+
+    // A holder cut off silently: its key goes at its lease's TTL, then the
+    // lock-delay.
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let far = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let cut = far.session_with(options(2)).await.expect("session");
+    let held = cut.mutex("delay/cut").expect("mutex").lock().await.expect("lock");
+    let waiter = spawn_queued(&client, granted("delay/cut")).await;
+    let cut_at = tokio::time::Instant::now();
+    proxy.blackhole();
+    bounded("the holder hears of it", held.lost()).await;
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(
+        at - cut_at >= removal + delay,
+        "granted {:?} after the cut: the server's removal (≥ {removal:?}) and the lock-delay ({delay:?}) had not both passed",
+        at - cut_at
+    );
+    assert_eq!(client.stats().lock_delays, 2, "{:?}", client.stats());
+    let guard = guard.expect("lock");
+    assert!(guard.token() > held.token());
+    guard.release().await.expect("release");
+    proxy.heal();
+    drop(cut);
+
+    // A clean release, then a clean close: handed on at once.
+    for close in [false, true] {
+        let name = format!("delay/clean-{close}");
+        let releasing = Client::new(Etcd::new(cluster.endpoints()))
+            .session_with(options(2))
+            .await
+            .expect("session");
+        let holder = releasing.mutex(&name).expect("mutex").lock().await.expect("lock");
+        let waiter = spawn_queued(&client, granted(&name)).await;
+        let released_at = tokio::time::Instant::now();
+        if close {
+            releasing.close().await.expect("close");
+        } else {
+            holder.release().await.expect("release");
+        }
+        let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+        assert!(
+            at - released_at < delay,
+            "a clean {} was held back: granted {:?} after it",
+            if close { "close" } else { "release" },
+            at - released_at
+        );
+        guard.expect("lock").release().await.expect("release");
+    }
+    assert_eq!(
+        client.stats().lock_delays,
+        2,
+        "a lock-delay began after a clean hand-over"
+    );
+}
