@@ -24,12 +24,6 @@ pub(crate) fn channel(name: &str, attempt: &str) -> String {
     format!("{{{name}}}:c:{attempt}")
 }
 
-/// `{n}:l:<attempt>`: left for a minute by the script that removed the
-/// entry of `attempt` with its owner's session (never by a release).
-pub(crate) fn lost_mark(name: &str, attempt: &str) -> String {
-    format!("{{{name}}}:l:{attempt}")
-}
-
 pub(crate) fn joined(name: &str) -> String {
     format!("{{{name}}}:joined")
 }

@@ -239,15 +239,23 @@ end
 return out
 "#;
 
-/// KEYS: entry, queue, the entry's lost mark. ARGV: order, attempt. The
-/// entry's remaining TTL in ms (`PTTL`, -1: none); when it is gone (or is
-/// another entry), -3 if it went with its owner's session (its member is
-/// still queued: it expired; or its lost mark is there), -2 if its owner
-/// let it go (every script that takes a member out of the queue deletes
-/// its entry with it, and marks it lost unless its owner let it go).
+/// KEYS: entry. ARGV: order. The entry's remaining TTL in ms (`PTTL`, -1:
+/// none); when it is gone (or is another entry), -3 if it went with its
+/// owner's session (its member is still queued: it expired; or its lost
+/// mark is there), -2 if its owner let it go (every script that takes a
+/// member out of the queue deletes its entry with it, and marks it lost
+/// unless its owner let it go). The queue `{n}:q` and the mark
+/// `{n}:l:<attempt>` are read from the entry key's positions (`{n}:` up to
+/// the first `}`, which no name holds, then `e:<attempt>`): keys of the
+/// entry's slot, and a look the same size on the wire as before lock-delay.
 const STATUS: &str = r#"
 if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then
-  if redis.call('ZSCORE', KEYS[2], ARGV[2]) or redis.call('EXISTS', KEYS[3]) == 1 then return -3 end
+  local close = string.find(KEYS[1], '}', 1, true)
+  local prefix = string.sub(KEYS[1], 1, close + 1)
+  local attempt = string.sub(KEYS[1], close + 4)
+  if redis.call('ZSCORE', prefix .. 'q', attempt) or redis.call('EXISTS', prefix .. 'l:' .. attempt) == 1 then
+    return -3
+  end
   return -2
 end
 return redis.call('PTTL', KEYS[1])

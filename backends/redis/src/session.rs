@@ -308,16 +308,11 @@ impl Shared {
         }
     }
 
-    /// Looks at this very entry (of `name`, made by `attempt`): its
-    /// remaining TTL, or how it went.
-    async fn status(&self, name: &str, attempt: &str, entry: &Entry) -> Result<Status> {
+    /// Looks at this very entry: its remaining TTL, or how it went.
+    async fn status(&self, entry: &Entry) -> Result<Status> {
         let scripts = Arc::clone(&self.scripts);
         let mut invocation = scripts.status.key(&entry.key);
-        invocation
-            .key(layout::queue(name))
-            .key(layout::lost_mark(name, attempt))
-            .arg(entry.order)
-            .arg(attempt);
+        invocation.arg(entry.order);
         let reply = self.run("read the entry", &scripts.status, &invocation, false).await?;
         match int(&reply) {
             Some(-2) => Ok(Status::Released),
@@ -697,7 +692,7 @@ impl RedisSession {
         let (name, attempt) = self.name_of(entry)?;
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         loop {
-            let left = match shared.status(name, attempt, entry).await? {
+            let left = match shared.status(entry).await? {
                 Status::Live(left) => left,
                 Status::Released => return Ok(()),
                 Status::Lost => {
@@ -969,7 +964,7 @@ impl BackendSession for RedisSession {
                 Some(value) if value != seen => return Ok(Some(value)),
                 Some(_) => {}
             }
-            let Status::Live(left) = shared.status(name, attempt, entry).await? else {
+            let Status::Live(left) = shared.status(entry).await? else {
                 return Ok(None);
             };
             let recheck = if left >= 0 {
