@@ -53,6 +53,34 @@
 //!   a marker `__lockline_abandoned__/<lease hex>-<attempt>` bound to the lease;
 //!   the append's transaction requires it absent, so an append that reaches
 //!   the server late creates nothing.
+//! - **Lock-delay** ([`SessionOptions::with_lock_delay`]) = telling a hand-over
+//!   from a loss without a request of its own. Every removal of a session's
+//!   own entry (release, resign, a cancelled acquire) also writes the
+//!   session's hand-over marker `__lockline_abandoned__/released-<lease hex>`
+//!   (empty, bound to the lease: one key per session, gone with it) in the
+//!   delete's own transaction, so in the same revision; `close()` writes
+//!   `closing` into it, then revokes the lease. A waiter with a lock-delay,
+//!   woken by its predecessor's DELETE at revision *R*, reads the
+//!   predecessor's marker as of *R* and as of *R − 1* in the transaction it
+//!   sends after every wake anyway: written at *R* is a release, `closing`
+//!   at *R − 1* a close; anything else (the lease expired or was revoked by
+//!   someone else, the key deleted by another client) is a loss, and the
+//!   grant waits for the delay. A predecessor gone before the waiter's watch
+//!   began has its deletion's revision replayed by a watch from the
+//!   waiter's last read (that race alone costs a request); history compacted
+//!   away, or markers the user may not read, count as a loss. The cost: one
+//!   small put more in every release's transaction (same request, same
+//!   revision), two point reads more in a lock-delayed waiter's read after
+//!   a wake, and one transaction more in `close()` of a session that ever
+//!   queued. Without a lock-delay, waiters read nothing more.
+//!
+//!   Go's `concurrency.Mutex`, `etcdctl lock` and the server-side lock API
+//!   write no hand-over marker, and a lockline session with another marker
+//!   prefix ([`Etcd::with_marker_prefix`]) writes its own elsewhere: to a
+//!   lockline waiter with a lock-delay, their releases look like losses, so
+//!   the waiter is granted the delay after them rather than at once. Nothing
+//!   else changes for them (the marker is under no lock's prefix), and
+//!   without a lock-delay a lockline waiter treats everyone alike.
 
 //!
 //! # Secure clusters
@@ -296,11 +324,17 @@ impl Etcd {
     /// `locks/`) covers both the locks (`locks/a`) and the markers
     /// (`locks/__lockline_abandoned__/`).
     ///
+    /// The session's hand-over marker (`PREFIX` + `released-<lease hex>`,
+    /// written by every release for waiters with a lock-delay) lives under
+    /// it too: sessions that share locks should share the prefix, or their
+    /// releases look like losses to each other's lock-delayed waiters.
+    ///
     /// Pick a prefix under no lock's name you use with Go's or `etcdctl`'s
     /// mutex: those count every key under `NAME/` as a contender, so a marker
     /// under `locks/` keeps a Go mutex named `locks` waiting until the
-    /// lockline session that left it ends. lockline's own contenders ignore
-    /// markers wherever they are.
+    /// lockline session that left it ends (a session that released anything
+    /// keeps its hand-over marker for as long as it lives). lockline's own
+    /// contenders ignore markers wherever they are.
     ///
     /// Under [`with_namespace`](Self::with_namespace) the marker prefix is
     /// relative to the namespace, like every other key.
@@ -429,7 +463,11 @@ impl Etcd {
 /// Every append reads its marker key in the same transaction, so on a cluster
 /// with authentication a user's roles need read-write on this prefix as well
 /// as on the prefixes of its locks, or the markers must be moved under a
-/// prefix they have ([`Etcd::with_marker_prefix`]). By default the markers
+/// prefix they have ([`Etcd::with_marker_prefix`]). Each session's hand-over
+/// marker, `released-<lease hex>`, lives here as well (see the crate docs on
+/// lock-delay); a session whose roles refuse to let it write there releases
+/// without it (said once in the log), and its releases look like losses to
+/// waiters with a lock-delay. By default the markers
 /// live in a namespace of their own so that they are under no lock's prefix
 /// (where Go's mutex would count them as contenders).
 pub const MARKER_PREFIX: &str = layout::ABANDONED;

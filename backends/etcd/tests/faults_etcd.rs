@@ -859,3 +859,75 @@ async fn a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only() {
         "a lock-delay began after a clean hand-over"
     );
 }
+
+/// The race a lock-delayed waiter's wait can lose: its predecessor goes
+/// between the read that showed it and the start of the watch on it, so the
+/// watch never sees the deletion. Its revision is replayed from the server's
+/// history, and the hand-over markers still tell a release and a close from
+/// a revoked lease; a release whose history is compacted away before the
+/// read counts as a loss (a lock-delay at worst), and the read still
+/// succeeds. Driven step by step through the backend session, so
+/// that the deletion falls in that window every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_predecessor_gone_before_the_watch_began_still_tells_release_from_loss() {
+    use lockline::backend::{AppendRequest, Conflicts, Departure, Earlier, EntryKind};
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let waiting = client
+        .session_with(options(5).with_lock_delay(Duration::from_secs(5)))
+        .await
+        .expect("session");
+    let remote = waiting.backend_session();
+    for (round, ending) in ["release", "close", "revoke", "compacted"].into_iter().enumerate() {
+        let name = format!("delay/early-{ending}");
+        let holding = client.session_with(options(5)).await.expect("session");
+        let held = holding.mutex(&name).expect("mutex").lock().await.expect("lock");
+        let attempt = format!("race{round}");
+        let request = AppendRequest {
+            dir: &name,
+            kind: EntryKind::Mutex,
+            attempt: &attempt,
+            value: b"",
+            conflicts: Conflicts::All,
+            nearest: 1,
+        };
+        let appended = remote.append(&request).await.expect("append");
+        let mine = appended.entry;
+        let before = appended.nearest.expect("the nearest entry, read with the append");
+        assert_eq!(before.len(), 1, "{before:?}");
+        let predecessor = before[0].clone();
+        assert_eq!(predecessor.key, held.key());
+        // Gone after that read, before any watch on it.
+        match ending {
+            "close" => holding.close().await.expect("close"),
+            "revoke" => revoke(&cluster, &holding).await,
+            _ => held.release().await.expect("release"),
+        }
+        bounded("the wait ends", remote.wait_gone(&predecessor))
+            .await
+            .expect("wait");
+        if ending == "compacted" {
+            let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+                .await
+                .expect("side client");
+            let now = side
+                .get("x", None)
+                .await
+                .expect("read")
+                .header()
+                .expect("header")
+                .revision();
+            side.compact(now, None).await.expect("compact");
+        }
+        let read = bounded("the read after it", remote.earlier(&mine, Conflicts::All, 1))
+            .await
+            .expect("read");
+        assert_eq!(read, Earlier::Entries(Vec::new()), "{ending}");
+        let departure = remote.departure(&predecessor);
+        match ending {
+            "revoke" | "compacted" => assert!(matches!(departure, Departure::Lost { .. }), "{ending}: {departure:?}"),
+            _ => assert_eq!(departure, Departure::Released, "a clean {ending}"),
+        }
+        assert!(remote.remove(&mine).await.expect("remove"));
+    }
+}
