@@ -443,8 +443,9 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_expired_holder_only() {
     let asked = Instant::now();
     let left: i64 = side.pttl(held.key()).await.expect("pttl");
     assert!(left > 0, "the holder's entry has no TTL ({left})");
-    // The server expires the entry no sooner than this.
-    let expires = asked + Duration::from_millis(left.unsigned_abs());
+    // The server expires the entry no sooner than this (PTTL counts whole
+    // milliseconds of the server's clock, read after `asked`).
+    let expires = asked + Duration::from_millis(left.unsigned_abs()) - Duration::from_millis(1);
     bounded("the holder hears of it", held.lost()).await;
     let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
     let guard = guard.expect("lock");
