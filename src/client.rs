@@ -35,6 +35,24 @@ impl Client {
         crate::name::validate(name)?;
         self.backend.validate_name(name)
     }
+
+    /// Whether `name` is a lock name this client's sessions accept (the
+    /// core's rules and the backend's own), decided here, without a
+    /// server: for a program that must refuse a bad name before it
+    /// connects.
+    ///
+    /// ```
+    /// let client = lockline::Client::memory();
+    /// assert!(client.validate_name("jobs/nightly").is_ok());
+    /// assert!(matches!(client.validate_name("jobs//nightly"), Err(lockline::Error::InvalidName { .. })));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] saying what is wrong with it.
+    pub fn validate_name(&self, name: &str) -> Result<()> {
+        self.check_name(name)
+    }
 }
 
 impl fmt::Debug for Client {
@@ -160,8 +178,7 @@ impl Client {
                 }
             }
         };
-        let entries = session.queue(sequencer.name()).await?;
-        Ok(current(&entries, sequencer))
+        session.check(sequencer).await
     }
 
     /// Opens a session with the default [`SessionOptions`].
@@ -216,7 +233,7 @@ impl Client {
 
 /// Whether `sequencer`'s entry is in `queue` (first-created first) and
 /// holds by its mode's wait rule.
-fn current(queue: &[crate::Contender], sequencer: &crate::Sequencer) -> bool {
+pub(crate) fn current(queue: &[crate::Contender], sequencer: &crate::Sequencer) -> bool {
     let mode = sequencer.mode();
     let Some(at) = queue
         .iter()

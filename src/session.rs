@@ -346,6 +346,23 @@ impl Session {
         self.inner.contenders(name).await
     }
 
+    /// Whether `sequencer` is current, as [`Client::check`](crate::Client::check)
+    /// answers, read through this session: for a caller that opens a session
+    /// for the check and closes it after (the `lockline check` command), where
+    /// `Client::check` keeps one open for the next check. One read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`queue`](Self::queue).
+    pub async fn check(&self, sequencer: &crate::Sequencer) -> Result<bool> {
+        let entries = self.queue(sequencer.name()).await?;
+        Ok(crate::client::current(&entries, sequencer))
+    }
+
     /// The value of `key` in the lock's own store (an etcd key, an absolute
     /// ZooKeeper path), or `None` when it does not exist: one plain read, to
     /// see what [`write_if_held`](crate::MutexGuard::write_if_held) wrote.

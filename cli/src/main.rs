@@ -1092,7 +1092,8 @@ fn start(args: Args) -> u8 {
 async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
     let client = backend(&args)?;
     if let Mode::Check { sequencer } = &args.mode {
-        return check(&args, &client, sequencer, signals).await;
+        // No lock can have this name: refused before anything is contacted.
+        client.validate_name(sequencer.name())?;
     }
     let options = SessionOptions::new()
         .with_ttl(args.ttl)
@@ -1107,9 +1108,8 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
         Mode::Lock { .. } | Mode::Elect { .. } => hold(&args, &session, signals).await,
         Mode::Listen => listen(&args, &session, signals).await,
         Mode::List => list(&args, &session, signals).await,
-        // Answered above without this session (`Client::check` keeps one of
-        // its own); here it would give the same answer.
-        Mode::Check { sequencer } => check(&args, &client, sequencer, signals).await.map(Held::Released),
+        // Through this session, closed below: nothing of it stays behind.
+        Mode::Check { sequencer } => check(&args, &session, sequencer, signals).await.map(Held::Released),
     };
     match outcome {
         Ok(Held::Released(code)) => {
@@ -1152,12 +1152,17 @@ async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
 
 /// `check`: asks the server whether `sequencer` is current; 0 if it is,
 /// [`NOT_CURRENT`] if not, quietly unless `--verbose`.
-async fn check(args: &Args, client: &Client, sequencer: &Sequencer, signals: &mut StopSignals) -> lockline::Result<u8> {
+async fn check(
+    args: &Args,
+    session: &Session,
+    sequencer: &Sequencer,
+    signals: &mut StopSignals,
+) -> lockline::Result<u8> {
     let current = tokio::select! {
         biased;
         // It only reads: nothing to undo.
         signal = signals.recv() => return Ok(signal_status(signal)),
-        current = client.check(sequencer) => current?,
+        current = session.check(sequencer) => current?,
     };
     if args.verbose {
         let answer: &[u8] = if current { b"current\n" } else { b"not current\n" };
