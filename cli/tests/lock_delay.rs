@@ -2,8 +2,9 @@
 //! process against process: a waiter behind a `lockline` holder killed with
 //! SIGKILL is granted no sooner than the delay after the kill, and `lockline
 //! list` shows it `lock-delay until TIME` meanwhile; behind a holder whose
-//! command exits (a release) it is granted at once. On PostgreSQL and
-//! MariaDB, whose backend tells a release from a loss.
+//! command exits (a release) it is granted at once. On every server backend:
+//! on etcd, ZooKeeper and Redis the killed holder's entry goes when its
+//! session's TTL (2 s here) runs out, and the delay counts from then.
 
 mod support;
 
@@ -65,7 +66,11 @@ fn queue_up(what: &str, command: Command, server: &[String], name: &str, queued:
 }
 
 /// A holder killed outright: the waiter is held back for the delay, visibly.
-fn after_a_killed_holder(server: &[String], subcommand: &str, name: &str) {
+/// `gone_after`: how soon after the kill the server removes the killed
+/// holder's entry at the earliest (0 where the connection holds the lock; on
+/// a TTL backend the TTL less one keepalive interval, the last renewal's
+/// earliest time), from when the delay counts.
+fn after_a_killed_holder(server: &[String], subcommand: &str, name: &str, gone_after: Duration) {
     let proposal: &[&str] = if subcommand == "elect" { &["p"] } else { &[] };
     let mut command = lockline(subcommand, server);
     command.arg(name).args(proposal).args(["--", "sleep", "60"]);
@@ -91,7 +96,7 @@ fn after_a_killed_holder(server: &[String], subcommand: &str, name: &str) {
                 Some(line) => {
                     let until = until_millis(&line[4]);
                     assert!(
-                        until >= millis(killed_wall) + DELAY.as_millis(),
+                        until >= millis(killed_wall) + (gone_after + DELAY).as_millis(),
                         "lock-delay until {until}, the kill at {}: {line:?}",
                         millis(killed_wall)
                     );
@@ -116,8 +121,8 @@ fn after_a_killed_holder(server: &[String], subcommand: &str, name: &str) {
     let took = killed_at.elapsed();
     eprintln!("{subcommand}: granted {took:?} after the holder was killed (lock-delay {DELAY:?})");
     assert!(
-        took >= DELAY,
-        "{subcommand}: granted {took:?} after the holder was killed"
+        took >= gone_after + DELAY,
+        "{subcommand}: granted {took:?} after the holder was killed, its entry gone {gone_after:?} after it at the earliest"
     );
     assert!(took < DELAY + BOUND, "{took:?}");
     if let Some(delayed) = delayed {
@@ -154,21 +159,45 @@ fn after_a_release(server: &[String], subcommand: &str, name: &str) {
     assert!(list(server, name).is_empty(), "{:?}", list(server, name));
 }
 
-fn a_lock_delay_holds_back_after_a_killed_holder_only(server: &[String]) {
-    after_a_killed_holder(server, "lock", "delayed/killed");
+fn a_lock_delay_holds_back_after_a_killed_holder_only(server: &[String], gone_after: Duration) {
+    after_a_killed_holder(server, "lock", "delayed/killed", gone_after);
     after_a_release(server, "lock", "delayed/released");
-    after_a_killed_holder(server, "elect", "delayed/killed-leader");
+    after_a_killed_holder(server, "elect", "delayed/killed-leader", gone_after);
     after_a_release(server, "elect", "delayed/resigned");
 }
 
 #[test]
 fn a_lock_delay_holds_back_after_a_killed_holder_only_on_postgres() {
     let (_server, args) = support::postgres();
-    a_lock_delay_holds_back_after_a_killed_holder_only(&args);
+    a_lock_delay_holds_back_after_a_killed_holder_only(&args, Duration::ZERO);
 }
 
 #[test]
 fn a_lock_delay_holds_back_after_a_killed_holder_only_on_mariadb() {
     let (_server, args) = support::mariadb();
-    a_lock_delay_holds_back_after_a_killed_holder_only(&args);
+    a_lock_delay_holds_back_after_a_killed_holder_only(&args, Duration::ZERO);
+}
+
+/// The TTL a TTL backend's holders get here.
+const TTL: Duration = Duration::from_secs(2);
+
+/// The server options, with a short TTL: a killed holder's lease, ZooKeeper
+/// session or Redis entry then ends within 2 s of the kill.
+fn short_ttl(mut server: Vec<String>) -> Vec<String> {
+    server.extend(["--ttl".to_owned(), TTL.as_secs().to_string()]);
+    server
+}
+
+/// The earliest a TTL backend removes a killed holder's entry after the
+/// kill: its TTL from its last renewal, at most a keepalive interval (a
+/// third of the TTL) before the kill.
+const TTL_GONE_AFTER: Duration = Duration::from_millis(1333);
+
+#[test]
+fn a_lock_delay_holds_back_after_a_killed_holder_only_on_redis() {
+    let server = lockline_testkit::RedisServer::start().expect("start redis");
+    a_lock_delay_holds_back_after_a_killed_holder_only(
+        &short_ttl(vec!["--redis".to_owned(), server.url()]),
+        TTL_GONE_AFTER,
+    );
 }
