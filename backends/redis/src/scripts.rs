@@ -23,17 +23,19 @@
 
 use redis::Script;
 
-/// Functions shared by the scripts that read the queue.
+/// Functions shared by the scripts that read the queue. `mark_lost` marks
+/// the entry of `member` lost with its owner's session for a minute (the
+/// longest lock-delay), so that a waiter that subscribed after the message
+/// reads it in its look at the entry (`STATUS`); `reap` takes the member of
+/// an entry that expired (its owner stopped renewing) out of the queue,
+/// marks it lost and tells its waiter, if any. Said here rather than in
+/// Lua comments: with replica acknowledgement a writing script's text goes
+/// with every request.
 const COMMON: &str = r#"
--- Marks the entry of `member` lost with its owner's session, for a minute
--- (the longest lock-delay): a waiter that subscribed after the message
--- reads it in its look at the entry (STATUS).
 local function mark_lost(prefix, member)
   redis.call('SET', prefix .. 'l:' .. member, '', 'PX', 60000)
 end
 
--- Removes from the queue the member of an entry that expired (its owner
--- stopped renewing) and tells its waiter, if any, that it was lost.
 local function reap(q, prefix, member)
   redis.call('ZREM', q, member)
   mark_lost(prefix, member)
@@ -173,7 +175,6 @@ if ARGV[3] == '' then
 end
 local fields = redis.call('HMGET', entry, 'order', 'owner', 'plain')
 if not fields[1] then
-  -- Still queued without its entry: it expired.
   if redis.pcall('ZREM', q, attempt) == 1 then
     mark_lost(prefix, attempt)
     redis.call('PUBLISH', prefix .. 'c:' .. attempt, 'lost')
