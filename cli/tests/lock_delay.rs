@@ -201,3 +201,12 @@ fn a_lock_delay_holds_back_after_a_killed_holder_only_on_redis() {
         TTL_GONE_AFTER,
     );
 }
+
+#[test]
+fn a_lock_delay_holds_back_after_a_killed_holder_only_on_etcd() {
+    let cluster = lockline_testkit::EtcdCluster::start().expect("start etcd");
+    a_lock_delay_holds_back_after_a_killed_holder_only(
+        &short_ttl(vec!["--etcd".to_owned(), cluster.endpoints().join(",")]),
+        TTL_GONE_AFTER,
+    );
+}
