@@ -31,13 +31,60 @@
 //!   chroot (`host:port/apps`).
 //! - **Acquire** = create the node, list the directory (two round trips when
 //!   uncontended). **Wait** = an exists-watch on the node just before mine
-//!   (one watch); when it fires, list once more. **Release** = delete my node,
-//!   whose path is unique to this acquire, so it can never delete a newer
+//!   (one watch); when it fires, list once more. **Release** = one `multi`
+//!   that sets my node's data and deletes it (the release mark, below; an
+//!   election candidate's node is just deleted); the
+//!   node's path is unique to this acquire, so it can never delete a newer
 //!   holder's. **Fencing token** = the node's `czxid` (the sequence number is not
 //!   used: it restarts when the directory is recreated).
 //! - A create whose answer is lost is retried by looking for the attempt's id in
 //!   the directory (owned by this session) before creating again: never a
 //!   duplicate.
+//!
+//! # Lock-delay: a release and a loss
+//!
+//! With [`SessionOptions::with_lock_delay`](lockline::SessionOptions::with_lock_delay),
+//! a waiter next in line after a holder whose node went with its session is
+//! held back for the delay; after a release it is granted at once. ZooKeeper
+//! deletes the nodes of an expired session and of a closed one alike, and a
+//! watch event names no cause, so lockline's release marks itself: the
+//! release's one `multi` sets the node's data (to nothing) and deletes it, in
+//! one transaction. The waiter's one-shot exists-watch fires on the data
+//! change; the directory listing it makes next anyway finds the node gone:
+//! released. A node deleted by its session's end fires `NodeDeleted`: lost,
+//! and the delay counts from when the waiter heard of it (the server's
+//! removal, after the session timeout for a holder cut off or killed).
+//! `close()` hands over the same way: it deletes the session's nodes with the
+//! mark, all requests at once, before it ends the ZooKeeper session. Nothing
+//! new is on the handoff path (the same one request to release, the same
+//! one event and one read to wake), and nothing is written outside the
+//! holder's own node, whose ACL lockline sets itself. The edges, all on the
+//! side of a loss (a delay) except the first two:
+//! a node already gone when the waiter sets its watch (it went in the round
+//! trip after the listing that named it) is taken as released, ZooKeeper
+//! keeping no trace of how; a node whose data changed for another reason (an
+//! election's proclaim, a lock-delay mark) and that was then lost before the
+//! waiter's next read is taken as released when that read came within a
+//! second (at most half the session timeout): the holder's own write reset
+//! its session's expiry, so only a session timeout that short, or an
+//! administrator ending the session from elsewhere in that instant, gives
+//! that. A release heard while the waiter was disconnected, a watch that had
+//! to be set again after a connection loss, and a read later than that
+//! second are taken as losses.
+//!
+//! **Elections are left out.** An election candidate's node is deleted
+//! plainly (at a resignation and at `close()` alike), because Curator's
+//! `LeaderLatch` wakes only on `NodeDeleted`: a latch queued behind a lockline
+//! candidate would miss the data change and wait for ever. A lock-delayed
+//! candidate therefore takes every resignation before it for a loss.
+//!
+//! **Other clients' releases look like losses.** Curator's and kazoo's
+//! releases (and ZooKeeper's own lock recipe's) are plain deletes, without
+//! the mark: a lockline waiter with a lock-delay behind one of their holders
+//! is held back for the delay after each of their releases, exactly as after
+//! a loss. They are not affected the other way: a Curator or kazoo waiter
+//! behind a lockline holder is woken by the data change, looks at the
+//! directory as it does after any event, and finds the node gone.
 //!
 //! # Secure ensembles
 //!

@@ -1,12 +1,14 @@
 //! A ZooKeeper session: one `zookeeper_client::Client`, its state tracked.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::backend::{
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+};
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -74,7 +76,79 @@ pub(crate) struct ZkSession {
     refused: StdMutex<HashSet<String>>,
     /// The ACL of the nodes this session creates (see [`AclPolicy`]).
     acls: Vec<Acl>,
+    /// This session's nodes that an append made and nothing has removed
+    /// yet: `close()` hands them over with the release mark before it ends
+    /// the session (see [`release_node`](ZkSession::release_node)).
+    held: StdMutex<HashSet<String>>,
+    /// How the recent waits on other contenders' nodes ended, by path: what
+    /// [`departure`](BackendSession::departure) answers from. Kept only when
+    /// the session has a lock-delay, and only for `wake_memory`.
+    wakes: StdMutex<HashMap<String, Wake>>,
+    /// How long a wake by the release mark counts as one (see
+    /// [`ZkSession::departure`]): [`WAKE_MEMORY`], or half the negotiated
+    /// session timeout when that is shorter.
+    wake_memory: Duration,
 }
+
+/// How a wait on another contender's node ended.
+#[derive(Debug, Clone, Copy)]
+struct Wake {
+    /// When the waiter heard of it.
+    at: Instant,
+    /// Woken by the release mark (the node's data changed, and the node was
+    /// deleted in the same transaction if it is gone at the next read), not
+    /// by the deletion alone.
+    marked: bool,
+}
+
+/// The first pause before a failed watch request is sent again (or sooner,
+/// once the client has reconnected), and its cap.
+const WATCH_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const WATCH_RETRY_MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// A watch request in flight (see [`ZkSession::watch_existing`]).
+type Watching<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = std::result::Result<Option<OneshotWatcher>, (Error, Option<zookeeper_client::StateWatcher>)>,
+            > + Send
+            + 'a,
+    >,
+>;
+
+/// Resolves once the client has reconnected after a failed request, or
+/// after `pause` at most. Boxed by a plain function, as `watch_existing`: the
+/// wait every held lock keeps stays small.
+fn reconnected(
+    state: Option<zookeeper_client::StateWatcher>,
+    pause: Duration,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let connected = async {
+            match state {
+                Some(mut state) => {
+                    while !matches!(
+                        state.changed().await,
+                        ZkState::SyncConnected | ZkState::ConnectedReadOnly
+                    ) {}
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let _ = tokio::time::timeout(pause, connected).await;
+    })
+}
+
+/// How long a wake is remembered for [`BackendSession::departure`] at most:
+/// the core asks right after the read that follows the wake. A read later
+/// than this (a stalled waiter) is taken as a loss: see
+/// [`ZkSession::departure`].
+const WAKE_MEMORY: Duration = Duration::from_secs(1);
+
+/// The data a release writes into its node in the same transaction as it
+/// deletes it (see [`ZkSession::release_node`]): nothing, the change itself
+/// is the mark.
+const RELEASE_MARK: &[u8] = b"";
 
 /// When the server last confirmed the session, and how long that lasts.
 ///
@@ -329,6 +403,9 @@ impl ZkSession {
             options: options.clone(),
             refused: StdMutex::default(),
             acls,
+            held: StdMutex::default(),
+            wakes: StdMutex::default(),
+            wake_memory: WAKE_MEMORY.min(negotiated / 2),
         }))
     }
 
@@ -417,22 +494,118 @@ impl ZkSession {
     /// attempt id. Any further node of the attempt (there should be none) is
     /// deleted, so one attempt never holds two places in the queue. Errors are
     /// returned, never taken for "no node": the caller would create a second one.
-    /// An exists-watch on `entry`'s node, or `None` when the node is gone.
+    /// An exists-watch on `entry`'s node, or `None` when the node is gone;
+    /// a failure comes with the client's state, to wait for a reconnection.
     ///
     /// Boxed by a plain function: `wait_gone`'s future, which every held
     /// lock keeps for as long as it is held, then keeps no room for this
     /// request, only for the wait on the watch (DESIGN §8).
-    fn watch_existing<'a>(
-        &'a self,
-        entry: &'a Entry,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<OneshotWatcher>>> + Send + 'a>> {
+    fn watch_existing<'a>(&'a self, entry: &'a Entry) -> Watching<'a> {
         Box::pin(async move {
             // The client clone is dropped before the wait, as in
             // `wait_for_entry`.
-            let client = self.client()?;
-            let (stat, watcher) = client.check_and_watch_stat(&entry.key).await.map_err(|e| self.err(e))?;
+            let client = self.client().map_err(|error| (error, None))?;
+            let (stat, watcher) = client
+                .check_and_watch_stat(&entry.key)
+                .await
+                .map_err(|e| (self.err(e), Some(client.state_watcher())))?;
             Ok(stat.is_some().then_some(watcher))
         })
+    }
+
+    /// Deletes one of this session's nodes as a release: one `multi` that
+    /// first sets the node's data (to [`RELEASE_MARK`]) and then deletes it.
+    /// A contender waiting on the node is woken by the data change, and
+    /// finds the node gone at the read it makes next: that tells it the node
+    /// was released. A node that goes with its session (expired, closed
+    /// without `close()`) is deleted without the change: its waiters hear
+    /// `NodeDeleted` (see [`ZkSession::departure`]). The same one request as
+    /// a plain delete; the data change needs WRITE on the node, which the
+    /// session's own ACL policy always gives it, and nothing is written
+    /// outside the node. Returns whether it deleted the node.
+    ///
+    /// The request is sent when this function is called, not when its
+    /// future is first polled, so `close()` can send several at once.
+    ///
+    /// An election candidate's node is deleted without the mark (`marked`
+    /// false): Curator's `LeaderLatch` wakes only on `NodeDeleted`, so a
+    /// latch queued behind a lockline candidate would miss a data change and
+    /// wait for ever.
+    fn release_node<'a>(
+        &'a self,
+        client: &'a Client,
+        key: &'a str,
+        marked: bool,
+    ) -> impl std::future::Future<Output = Result<bool>> + Send + 'a {
+        let mut multi = client.new_multi_writer();
+        let built = if marked {
+            multi.add_set_data(key, RELEASE_MARK, None)
+        } else {
+            Ok(())
+        };
+        let built = built.and_then(|()| multi.add_delete(key, None));
+        let sent = built.map(|()| multi.commit());
+        async move {
+            let outcome = match sent {
+                Ok(commit) => commit.await,
+                Err(error) => return Err(self.err_on(error, "delete", key)),
+            };
+            match outcome {
+                Ok(_) => Ok(true),
+                Err(MultiWriteError::OperationFailed {
+                    source: ZkError::NoNode,
+                    ..
+                }) => Ok(false),
+                // Not allowed to change the node's data (an ACL set on it
+                // since): delete it plainly; a waiter takes that for a loss,
+                // which only delays it.
+                Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::NoAuth,
+                }) => match client.delete(key, None).await {
+                    Ok(()) => Ok(true),
+                    Err(ZkError::NoNode) => Ok(false),
+                    Err(error) => Err(self.err_on(error, "delete", key)),
+                },
+                Err(MultiWriteError::OperationFailed { source, .. } | MultiWriteError::RequestFailed { source }) => {
+                    Err(self.err_on(source, "delete", key))
+                }
+            }
+        }
+    }
+
+    /// Remembers how a wait on another contender's node ended, when the
+    /// session has a lock-delay (nobody asks otherwise); forgets wakes too
+    /// old to count.
+    fn note_wake(&self, key: &str, marked: bool) {
+        let now = Instant::now();
+        let mut wakes = lock(&self.wakes);
+        let memory = self.wake_memory;
+        wakes.retain(|_, wake| now.saturating_duration_since(wake.at) < memory);
+        wakes.insert(key.to_owned(), Wake { at: now, marked });
+    }
+
+    /// Hands this session's nodes over before the session ends: deletes
+    /// each with the release mark, all requests sent at once, waiting at
+    /// most `within` for the answers. A node left (the server did not answer
+    /// in time) goes with the session, and its waiters take that for a loss.
+    async fn hand_over(&self, client: &Client, within: Duration) {
+        let keys: Vec<String> = lock(&self.held).drain().collect();
+        if keys.is_empty() {
+            return;
+        }
+        let releases: Vec<_> = keys.iter().map(|key| self.release_node(client, key, true)).collect();
+        let answered = tokio::time::timeout(within, async {
+            for (key, release) in keys.iter().zip(releases) {
+                if let Err(error) = release.await {
+                    tracing::debug!(session = %self.id, %key, %error, "node not handed over before the close");
+                }
+            }
+        })
+        .await;
+        if answered.is_err() {
+            tracing::debug!(session = %self.id, ?within, "hand-over before the close not answered in time");
+        }
     }
 
     async fn find_attempt(&self, client: &Client, dir: &str, attempt: &str) -> Result<Option<(String, i64, i32)>> {
@@ -610,6 +783,12 @@ fn dir_of(key: &str) -> &str {
     key.rfind('/').map_or(key, |at| &key[..at])
 }
 
+/// Whether a release of a node of `kind` carries the release mark (see
+/// `ZkSession::release_node`): every kind but an election candidate.
+fn marks(kind: EntryKind) -> bool {
+    kind != EntryKind::Election
+}
+
 fn conflicting(contenders: &[Contender], conflicts: Conflicts) -> impl Iterator<Item = &Contender> {
     contenders.iter().filter(move |c| conflicts.includes(c.kind))
 }
@@ -706,6 +885,9 @@ impl BackendSession for ZkSession {
             Err(error) => return Err(error),
         };
         lock(&self.uncertain).remove(request.attempt);
+        if marks(request.kind) {
+            lock(&self.held).insert(entry.key.clone());
+        }
         let mut nearest: Vec<Entry> = conflicting(&contenders, request.conflicts)
             .filter(|c| layout::precedes(c, sequence))
             .map(|c| c.entry(&dir))
@@ -809,15 +991,74 @@ impl BackendSession for ZkSession {
     }
 
     /// One round trip: an exists-watch on the node (which also tells whether
-    /// it is still there), then its deletion event.
+    /// it is still there), then its event.
+    ///
+    /// On this session's own node (the watch a holder keeps), only its
+    /// deletion ends the wait: a change of its data (an election's proclaim,
+    /// a lock-delay mark) is watched past, and so it is on an election
+    /// candidate's node (released without the mark). On another contender's
+    /// node, a change of its data ends the wait too: a release changes the node's
+    /// data and deletes it in one transaction (see `release_node`), and the
+    /// one-shot watch hears only the change; the core's read after the wait
+    /// then finds the node gone, or waits on it again when it is still
+    /// there (a proclaim, a mark). With a lock-delay, how the wait ended is
+    /// remembered for [`departure`](BackendSession::departure).
+    ///
+    /// A watch request that fails for want of a connection is sent again
+    /// once the client has reconnected (the session's own tracking ends the
+    /// wait if it is lost meanwhile), so that a wait ends only by what
+    /// happened to the node, and `departure` can say how it went.
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let own = entry.owner.as_deref() == Some(self.id.as_str());
+        let remember = !own && !self.options.lock_delay().is_zero();
+        if remember {
+            lock(&self.wakes).remove(&entry.key);
+        }
+        // Whether the watch had to be asked for again: a node found gone
+        // then may have gone at any time since the read that named it.
+        let mut retried = false;
+        let mut backoff = WATCH_RETRY_PAUSE;
         loop {
-            let Some(watcher) = self.watch_existing(entry).await? else {
+            let watcher = match self.watch_existing(entry).await {
+                Ok(watcher) => watcher,
+                Err((error, state)) if error.is_transient() => {
+                    tracing::debug!(key = %entry.key, %error, "watch request failed; asking again once connected");
+                    reconnected(state, backoff).await;
+                    backoff = (backoff * 2).min(WATCH_RETRY_MAX_PAUSE);
+                    retried = true;
+                    continue;
+                }
+                Err((error, _)) => return Err(error),
+            };
+            let Some(watcher) = watcher else {
+                if own {
+                    lock(&self.held).remove(&entry.key);
+                }
+                // Gone before the watch was set: between the read that
+                // named it and this request, one round trip when asked once.
+                // ZooKeeper keeps no trace of how (see `departure`).
+                if remember {
+                    self.note_wake(&entry.key, !retried && marks(entry.kind));
+                }
                 return Ok(());
             };
             let event = watcher.changed().await;
             match event.event_type {
-                EventType::NodeDeleted => return Ok(()),
+                EventType::NodeDeleted => {
+                    if own {
+                        lock(&self.held).remove(&entry.key);
+                    }
+                    if remember {
+                        self.note_wake(&entry.key, false);
+                    }
+                    return Ok(());
+                }
+                EventType::NodeDataChanged if !own && marks(entry.kind) => {
+                    if remember {
+                        self.note_wake(&entry.key, true);
+                    }
+                    return Ok(());
+                }
                 EventType::Session => {
                     return Err(match event.session_state {
                         ZkState::Closed => Error::Closed {
@@ -826,24 +1067,65 @@ impl BackendSession for ZkSession {
                         _ => self.err(ZkError::SessionExpired),
                     })
                 }
-                // Data changed (an election's proclaim): watch again.
+                // This session's own node's data changed, or an election
+                // candidate's (a proclaim): watch again.
                 _ => {}
             }
         }
     }
 
-    /// Deletes the very node: its path carries a unique attempt id and sequence,
-    /// so no newer node can have it.
-    async fn remove(&self, entry: &Entry) -> Result<bool> {
-        let client = self.client()?;
-        match client.delete(&entry.key, None).await {
-            Ok(()) => Ok(true),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(error) => Err(self.err_on(error, "delete", &entry.key)),
+    /// An election candidate's node is released without the mark (see
+    /// `release_node`), so a candidate after it takes a resignation for a
+    /// loss and is held back for its lock-delay.
+    ///
+    /// Released when the wait on `gone` was ended by the release mark (its
+    /// data changed, and the read right after found it gone: both in one
+    /// transaction, as only a release does) within the last `wake_memory`;
+    /// lost when its deletion alone ended the wait (its session expired or
+    /// was closed without handing it over), or when the read came later
+    /// than that.
+    ///
+    /// Why a late read is a loss: a node's data changes for other reasons
+    /// too (an election's proclaim, a lock-delay mark), and the node may be
+    /// lost after such a change and before the waiter's read. Only the
+    /// node's own session changes its data, which resets that session's
+    /// expiry, so the session cannot expire within its timeout of the
+    /// change; a read within `wake_memory` (at most a second, at most half
+    /// this session's timeout) cannot have seen such an expiry unless the
+    /// holder's session timeout is that short, or an administrator ended the
+    /// session from elsewhere in that instant.
+    ///
+    /// A node already gone when the wait set its watch is taken as released:
+    /// it went within the round trip between the read that named it and the
+    /// watch, and ZooKeeper keeps no trace of how. A lockline holder cut off
+    /// from the server declares its loss a safety margin before the server
+    /// expires it, so a loss landing in that round trip is also one whose
+    /// holder has already stopped.
+    fn departure(&self, gone: &Entry) -> Departure {
+        let now = Instant::now();
+        let wake = lock(&self.wakes).get(&gone.key).copied();
+        match wake {
+            Some(wake) if wake.marked && now.saturating_duration_since(wake.at) < self.wake_memory => {
+                Departure::Released
+            }
+            Some(wake) if !wake.marked => Departure::Lost { noticed: wake.at },
+            _ => Departure::Lost { noticed: now },
         }
     }
 
-    async fn abandon(&self, dir: &str, _kind: EntryKind, attempt: &str) -> Result<()> {
+    /// Deletes the very node, with the release mark (see `release_node`):
+    /// its path carries a unique attempt id and sequence, so no newer node
+    /// can have it.
+    async fn remove(&self, entry: &Entry) -> Result<bool> {
+        let client = self.client()?;
+        let removed = self.release_node(&client, &entry.key, marks(entry.kind)).await;
+        if removed.is_ok() {
+            lock(&self.held).remove(&entry.key);
+        }
+        removed
+    }
+
+    async fn abandon(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
         if lock(&self.refused).remove(attempt) {
             return Ok(());
         }
@@ -852,10 +1134,8 @@ impl BackendSession for ZkSession {
         for contender in self.children(&client, &dir).await? {
             if contender.attempt.as_deref() == Some(attempt) {
                 let path = format!("{dir}/{}", contender.name);
-                match client.delete(&path, None).await {
-                    Ok(()) | Err(ZkError::NoNode) => {}
-                    Err(error) => return Err(self.err_on(error, "delete", &path)),
-                }
+                self.release_node(&client, &path, marks(kind)).await?;
+                lock(&self.held).remove(&path);
             }
         }
         lock(&self.uncertain).remove(attempt);
@@ -1092,6 +1372,19 @@ impl BackendSession for ZkSession {
         // Dropping the last client closes the ZooKeeper session, which deletes
         // its ephemeral nodes: the client library sends `CloseSession` and
         // reports `Closed` once the server has answered it.
+        let timeout = self.options.request_timeout();
+        let bound = timeout.saturating_sub(CLOSE_MARGIN).max(timeout / 2);
+        let started = Instant::now();
+        // A clean hand-over: the session's nodes are deleted with the
+        // release mark first, so that lock-delayed waiters do not take the
+        // close for a loss (the server deletes what is left the same way as
+        // on expiry). Within half the bound, leaving the rest for the close.
+        let client = lock(&self.client).clone();
+        if let Some(client) = client {
+            if *self.state.borrow() == SessionState::Live {
+                self.hand_over(&client, bound / 2).await;
+            }
+        }
         let watcher = lock(&self.client).as_ref().map(Client::state_watcher);
         end(&self.client);
         self.tracker.abort();
@@ -1099,9 +1392,7 @@ impl BackendSession for ZkSession {
         advance(&self.state, SessionState::Closed);
         // Answered in a round trip. Within the core's own bound (the request
         // timeout), so that the error can say what may hold the session.
-        let timeout = self.options.request_timeout();
-        let bound = timeout.saturating_sub(CLOSE_MARGIN).max(timeout / 2);
-        let started = Instant::now();
+        let remaining = bound.saturating_sub(started.elapsed());
         let confirmed = match watcher {
             Some(mut watcher) => {
                 let closed = async {
@@ -1117,7 +1408,7 @@ impl BackendSession for ZkSession {
                         watcher.changed().await;
                     }
                 };
-                tokio::time::timeout(bound, closed).await.unwrap_or(false)
+                tokio::time::timeout(remaining, closed).await.unwrap_or(false)
             }
             // Lost (or given up) before: its client was let go then.
             None => false,

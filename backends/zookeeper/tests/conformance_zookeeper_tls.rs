@@ -94,3 +94,7 @@ impl Fixture for ZkTlsFixture {
 }
 
 lockline::conformance_tests!(ZkTlsFixture::start());
+
+// Lock-delay: a release marks its node (its data changed and deleted in one
+// transaction), a loss does not.
+lockline::conformance_tests!(@cases ZkTlsFixture::start(); lock_delay_holds_back_after_an_involuntary_loss_only);

@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use lockline::conformance::{bounded, suspend_and_revive, ExclusionWorkload};
 use lockline::{Client, Error, SessionOptions};
-use lockline_testkit::{free_port, TcpProxy, ZkEnsemble, ZkOptions};
+use lockline_testkit::{free_port, LineChild, TcpProxy, ZkEnsemble, ZkOptions};
 use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
 use lockline_zookeeper::ZooKeeper;
 
 mod support;
-use support::side_client;
+use support::{probe, side_client};
 
 fn options(ttl_secs: u64) -> SessionOptions {
     SessionOptions::new().with_ttl(Duration::from_secs(ttl_secs))
@@ -153,5 +153,141 @@ async fn disconnection_suspends_and_reconnection_revives_or_loses() {
         cut.elapsed() < Duration::from_secs(6),
         "declared lost after {:?}",
         cut.elapsed()
+    );
+}
+
+/// How much sooner than the server's removal of a node, as a side client
+/// dates it, the waiter may have heard of it: the server tells both of the
+/// same transaction, in either order, and each hears it when its task runs.
+const SAME_EVENT_SLACK: Duration = Duration::from_millis(100);
+
+/// Dates the deletion of `key` (a node that exists now), from a task of its
+/// own: when the side client hears of it.
+async fn removal(side: &zk::Client, key: &str) -> tokio::task::JoinHandle<(Instant, EventType)> {
+    let (stat, watcher) = side.check_and_watch_stat(key).await.expect("watch");
+    assert!(stat.is_some(), "{key} exists");
+    tokio::spawn(async move {
+        let event = watcher.changed().await;
+        (Instant::now(), event.event_type)
+    })
+}
+
+/// With a lock-delay, a waiter behind a holder that the server removes with
+/// its session, one cut off by a silent partition and one whose process was
+/// killed, is granted no sooner than the delay after the server removed the
+/// holder's node (its session timeout after the holder fell silent); behind
+/// a clean release and behind a clean `close()`, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_holds_back_after_a_cut_off_or_killed_holder_only() {
+    let delay = Duration::from_millis(1500);
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let side = side_client(&ensemble).await;
+    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    let waiting = client
+        .session_with(options(10).with_lock_delay(delay))
+        .await
+        .expect("session");
+    let granted = |name: &str| {
+        let mutex = waiting.mutex(name).expect("mutex");
+        async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        }
+    };
+
+    // A holder cut off silently: the server expires its session after the
+    // 2 s timeout and deletes its node; the lock-delay counts from there.
+    let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
+    let far = Client::new(ZooKeeper::new(proxy.address()));
+    let cut = far.session_with(options(2)).await.expect("session");
+    let held = cut.mutex("delay/cut").expect("mutex").lock().await.expect("lock");
+    let removed = removal(&side, held.key()).await;
+    let (waits, delays) = (client.stats().waits, client.stats().lock_delays);
+    let waiter = tokio::spawn(granted("delay/cut"));
+    client.wait_for_stats(|s| s.waits > waits).await;
+    let cut_at = Instant::now();
+    proxy.blackhole();
+    bounded("the holder hears of it", held.lost()).await;
+    let lost_at = Instant::now();
+    let (removed_at, event) = bounded("the server removes the node", removed).await.expect("task");
+    assert_eq!(event, EventType::NodeDeleted);
+    assert!(
+        removed_at >= lost_at,
+        "the server removed the node {:?} after the cut, before the holder declared its loss ({:?})",
+        removed_at - cut_at,
+        lost_at - cut_at
+    );
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(
+        at + SAME_EVENT_SLACK >= removed_at + delay,
+        "granted {:?} after the server removed the cut-off holder's node, within the lock-delay of {delay:?}",
+        at.saturating_duration_since(removed_at)
+    );
+    assert_eq!(client.stats().lock_delays, delays + 1);
+    guard.expect("lock").release().await.expect("release");
+    proxy.heal();
+
+    // A holder process killed (SIGKILL): its connection closes, its session
+    // lives on until the server expires it (2 s), then the lock-delay.
+    let mut command = std::process::Command::new(probe());
+    command.args([&ensemble.connect_string(), "delay/killed", "hold", "2000"]);
+    let mut holder = LineChild::spawn(command).expect("start the probe");
+    assert_eq!(holder.line(Duration::from_secs(20)).as_deref(), Some("held"));
+    let nodes = side.list_children("/delay/killed").await.expect("list");
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    let removed = removal(&side, &format!("/delay/killed/{}", nodes[0])).await;
+    let (waits, delays) = (client.stats().waits, client.stats().lock_delays);
+    let waiter = tokio::spawn(granted("delay/killed"));
+    client.wait_for_stats(|s| s.waits > waits).await;
+    let killed_at = Instant::now();
+    holder.signal_and_wait(libc::SIGKILL).expect("kill the holder");
+    let (removed_at, event) = bounded("the server removes the node", removed).await.expect("task");
+    assert_eq!(event, EventType::NodeDeleted);
+    assert!(
+        removed_at - killed_at >= Duration::from_secs(1),
+        "the killed holder's node went {:?} after the kill, before its session could expire",
+        removed_at - killed_at
+    );
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    assert!(
+        at + SAME_EVENT_SLACK >= removed_at + delay,
+        "granted {:?} after the server removed the killed holder's node, within the lock-delay of {delay:?}",
+        at.saturating_duration_since(removed_at)
+    );
+    assert_eq!(client.stats().lock_delays, delays + 1);
+    guard.expect("lock").release().await.expect("release");
+
+    // A clean release, then a clean close: at once, no lock-delay.
+    let delays = client.stats().lock_delays;
+    for close in [false, true] {
+        let name = if close { "delay/closed" } else { "delay/released" };
+        let releasing = Client::new(ZooKeeper::new(ensemble.connect_string()))
+            .session_with(options(10))
+            .await
+            .expect("session");
+        let holder = releasing.mutex(name).expect("mutex").lock().await.expect("lock");
+        let waits = client.stats().waits;
+        let waiter = tokio::spawn(granted(name));
+        client.wait_for_stats(|s| s.waits > waits).await;
+        let released_at = Instant::now();
+        if close {
+            releasing.close().await.expect("close");
+            drop(holder);
+        } else {
+            holder.release().await.expect("release");
+        }
+        let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+        assert!(
+            at - released_at < delay,
+            "a clean {} was held back: granted {:?} after it",
+            if close { "close" } else { "release" },
+            at - released_at
+        );
+        guard.expect("lock").release().await.expect("release");
+    }
+    assert_eq!(
+        client.stats().lock_delays,
+        delays,
+        "a lock-delay began after a clean hand-over"
     );
 }

@@ -3,7 +3,6 @@
 //! deleted its entry (`LockLost`): it asks the server, and counts its own loss
 //! deadline, before choosing.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -13,22 +12,8 @@ use lockline_testkit::{LineChild, ZkEnsemble};
 use lockline_zookeeper::zookeeper_client::{self as zk, EventType};
 use lockline_zookeeper::ZooKeeper;
 
-/// The `pause_probe` example: built by a plain `cargo test`, and built here
-/// when the test runs alone (`cargo test --test paused_zookeeper`).
-fn probe() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let debug = exe.parent().and_then(|deps| deps.parent()).expect("target dir");
-    let probe = debug.join("examples").join("pause_probe");
-    if !probe.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "lockline-zookeeper", "--example", "pause_probe"])
-            .status()
-            .expect("run cargo");
-        assert!(status.success(), "building the pause_probe example failed");
-    }
-    probe
-}
+mod support;
+use support::probe;
 
 fn spawn(ensemble: &ZkEnsemble, name: &str, role: &str) -> LineChild {
     let mut command = Command::new(probe());

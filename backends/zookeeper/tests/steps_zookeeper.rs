@@ -12,7 +12,7 @@ use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
 
 mod support;
-use support::{children, side_client, CREATE, DELETE, EXISTS, LIST};
+use support::{children, side_client, CREATE, EXISTS, LIST, MULTI};
 
 /// ZooKeeper's "operation timeout" error code: the request was applied, the
 /// client is told it failed.
@@ -93,8 +93,11 @@ async fn lost_delete_on_release() {
     let side = side_client(&ensemble).await;
     let (_client, session) = through(&proxy).await;
     let guard = session.mutex("atk/release").unwrap().lock().await.unwrap();
-    proxy.lose_zk_responses(DELETE, "/atk/release/", 1);
+    // The release is a `multi` (the delete with the release mark), and the
+    // only one this session sends here.
+    proxy.lose_zk_responses(MULTI, "", 1);
     let result = bounded("release", guard.release()).await;
+    assert_eq!(proxy.zk_losses_pending(), 0, "the release's answer was not lost");
     println!("release with a lost delete answer: {result:?}");
     settled(&session, &side, "/atk/release", &[]).await;
     let again = bounded("again", session.mutex("atk/release").unwrap().lock())
@@ -114,8 +117,9 @@ async fn failed_delete_on_release() {
     let (_client, session) = through(&proxy).await;
     for code in [OPERATION_TIMEOUT, CONNECTION_LOSS] {
         let guard = session.mutex("atk/release2").unwrap().lock().await.unwrap();
-        proxy.fail_zk_responses(DELETE, "/atk/release2/", 1, code);
+        proxy.fail_zk_responses(MULTI, "", 1, code);
         let result = bounded("release", guard.release()).await;
+        assert_eq!(proxy.zk_losses_pending(), 0, "the release's answer was not failed");
         println!("release with a failed ({code}) delete answer: {result:?}");
         settled(&session, &side, "/atk/release2", &[]).await;
         let again = bounded("again", session.mutex("atk/release2").unwrap().lock())
@@ -230,13 +234,15 @@ async fn try_lock_with_lost_create() {
     );
     settled(&session, &side, "/atk/try", &[guard.key().to_owned()]).await;
     // The try_lock's remove of its node is lost too.
-    proxy.lose_zk_responses(DELETE, "/atk/try/", 1);
+    // Its removal is a `multi` (a delete with the release mark).
+    proxy.lose_zk_responses(MULTI, "", 1);
     let result = session.mutex("atk/try").unwrap().try_lock().await;
     println!(
         "try_lock with a lost delete: {:?}",
         result.as_ref().map(|g| g.is_some())
     );
     settled(&session, &side, "/atk/try", &[guard.key().to_owned()]).await;
+    assert_eq!(proxy.zk_losses_pending(), 0, "the removal's answer was not lost");
     guard.release().await.unwrap();
 }
 

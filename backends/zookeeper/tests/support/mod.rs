@@ -3,12 +3,20 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+use std::path::PathBuf;
+use std::process::Command;
+
 use lockline_testkit::ZkEnsemble;
 use lockline_zookeeper::zookeeper_client as zk;
 
 /// ZooKeeper opcodes, for losing or failing the answers to chosen requests.
 pub const CREATE: &[i32] = &[1, 15, 19, 21];
 pub const DELETE: &[i32] = &[2];
+/// A `multi` (14): lockline's release, a delete with the release mark. The
+/// proxy reads no path out of a `multi` (its first operation's header comes
+/// first), so rules on it take the path prefix `""`: the next `multi` of any
+/// session through that proxy.
+pub const MULTI: &[i32] = &[14];
 pub const EXISTS: &[i32] = &[3];
 pub const LIST: &[i32] = &[8, 12];
 
@@ -29,4 +37,22 @@ pub async fn children(side: &zk::Client, dir: &str) -> Vec<String> {
         Err(zk::Error::NoNode) => Vec::new(),
         Err(error) => panic!("list {dir}: {error}"),
     }
+}
+
+/// The `pause_probe` example (a contender in a process of its own): built
+/// by a plain `cargo test`, and built here when a test runs alone
+/// (`cargo test --test paused_zookeeper`).
+pub fn probe() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let debug = exe.parent().and_then(|deps| deps.parent()).expect("target dir");
+    let probe = debug.join("examples").join("pause_probe");
+    if !probe.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "lockline-zookeeper", "--example", "pause_probe"])
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "building the pause_probe example failed");
+    }
+    probe
 }
