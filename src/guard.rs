@@ -67,6 +67,8 @@ struct HoldShared {
     cell: std::sync::Mutex<HoldCell>,
     /// Notified (to every waiter) whenever `cell.loss` or `cell.monitor_gone` changes.
     changed: Notify,
+    /// The hold's metrics (nothing without the `metrics` feature).
+    metrics: crate::observe::Holding,
 }
 
 struct HoldCell {
@@ -106,6 +108,7 @@ struct MonitorGone(Arc<HoldShared>);
 
 impl Drop for MonitorGone {
     fn drop(&mut self) {
+        self.0.metrics.monitor_gone();
         self.0.cell().monitor_gone = true;
         self.0.changed.notify_waiters();
     }
@@ -176,7 +179,12 @@ async fn monitor(inner: Arc<SessionInner>, entry: Arc<Entry>, gone: MonitorGone,
         shared.set_loss(loss);
         loss = vanished(&inner, &entry.key).await;
     }
-    tracing::debug!(key = %entry.key, ?loss, "lock lost");
+    tracing::debug!(key = %entry.key, session = inner.remote.id(), token = entry.token.get(), ?loss, "lock lost");
+    shared.metrics.end(match loss {
+        Loss::Session(SessionState::Lost) => crate::observe::End::Lost(inner.loss_cause()),
+        Loss::Session(_) => crate::observe::End::LetGo,
+        Loss::EntryDeleted | Loss::Vanished => crate::observe::End::Lost(crate::observe::Cause::Deleted),
+    });
     shared.set_loss(loss);
     // The entry is gone: a same-session contender may queue again.
     drop(shared.take_permit());
@@ -220,6 +228,7 @@ impl Hold {
                 local,
             }),
             changed: Notify::new(),
+            metrics: crate::observe::Holding::new(&session.inner.counters, session.inner.backend_name(), mode, name),
         });
         let monitor = tokio::spawn(monitor(
             session.inner.clone(),
@@ -323,7 +332,39 @@ impl Hold {
         }
     }
 
-    pub(crate) async fn release(mut self) -> Result<()> {
+    /// The span of a release: the lock, the session, the token.
+    fn release_span(&self) -> tracing::Span {
+        tracing::debug_span!(
+            "lockline.release",
+            lock = &*self.name,
+            session = self.session.id(),
+            token = self.entry.token.get()
+        )
+    }
+
+    #[cfg(not(feature = "metrics"))]
+    pub(crate) async fn release(self) -> Result<()> {
+        use tracing::Instrument;
+        let span = self.release_span();
+        self.let_go().instrument(span).await
+    }
+
+    #[cfg(feature = "metrics")]
+    pub(crate) async fn release(self) -> Result<()> {
+        use tracing::Instrument;
+        let span = self.release_span();
+        let shared = Arc::clone(&self.shared);
+        let inner = Arc::clone(&self.session.inner);
+        // Ends the hold's metrics as the release ends, or as let go if the
+        // release is cancelled.
+        let ending = shared.metrics.ending();
+        let result = self.let_go().instrument(span).await;
+        ending.done(&result, || inner.loss_cause());
+        result
+    }
+
+    async fn let_go(mut self) -> Result<()> {
+        self.shared.metrics.letting_go();
         self.monitor.abort();
         let inner = self.session.inner.clone();
         let known = self.shared.loss();
@@ -390,11 +431,13 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        self.shared.metrics.letting_go();
         self.monitor.abort();
         let permit = self.shared.take_permit();
         if self.released {
             drop(permit);
         } else {
+            self.shared.metrics.end(crate::observe::End::LetGo);
             self.session
                 .inner
                 .spawn_remove((*self.entry).clone(), "release", permit);
@@ -571,6 +614,12 @@ mod tests {
                 local: None,
             }),
             changed: tokio::sync::Notify::new(),
+            metrics: crate::observe::Holding::new(
+                &session.inner.counters,
+                "memory",
+                crate::sequencer::Mode::Mutex,
+                "a",
+            ),
         });
         let monitor = super::monitor(Arc::clone(&session.inner), entry, super::MonitorGone(shared), None);
         let size = std::mem::size_of_val(&monitor);

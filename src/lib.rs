@@ -12,6 +12,8 @@ mod memory;
 mod multilock;
 mod mutex;
 mod name;
+#[cfg(not(feature = "metrics"))]
+mod observe;
 mod options;
 mod rwlock;
 mod selector;
@@ -26,6 +28,11 @@ mod write;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(feature = "metrics")]
+use metrics as observe;
 
 pub use backend::EntryKind;
 pub(crate) use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry};

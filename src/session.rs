@@ -91,6 +91,8 @@ struct EndCell {
     ended: Option<SessionState>,
     /// The following task is gone without having seen the end.
     unfollowed: bool,
+    /// The session was lost while `Suspended` (for a loss's metrics cause).
+    unconfirmed: bool,
 }
 
 impl EndSignal {
@@ -117,13 +119,22 @@ impl Drop for Following {
 }
 
 /// Sets `end` once the session is over, as [`SessionInner::over`] sees it.
-async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch::Receiver<bool>, end: Following) {
+/// Also keeps the session's place in the sessions-by-state gauge.
+async fn follow_end(
+    mut remote: watch::Receiver<SessionState>,
+    mut closed: watch::Receiver<bool>,
+    end: Following,
+    mut gauge: crate::observe::SessionGauge,
+) {
     let end = &end.0;
     loop {
         let state = state_of(*remote.borrow_and_update(), *closed.borrow_and_update());
+        gauge.set(state);
         if state.is_over() {
+            let unconfirmed = state == SessionState::Lost && gauge.lost_while_suspended();
             end.update(|cell| {
                 cell.ended.get_or_insert(state);
+                cell.unconfirmed = unconfirmed;
             });
             return;
         }
@@ -132,6 +143,7 @@ async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch
                 if changed.is_err() {
                     // As `over`: a backend that dropped its state sender can
                     // no longer confirm the session.
+                    gauge.set(SessionState::Lost);
                     end.update(|cell| {
                         cell.ended.get_or_insert(SessionState::Lost);
                     });
@@ -141,6 +153,7 @@ async fn follow_end(mut remote: watch::Receiver<SessionState>, mut closed: watch
             changed = closed.changed() => {
                 if changed.is_err() {
                     // The session itself is gone: nothing waits on its end.
+                    gauge.end(state, true);
                     return;
                 }
             }
@@ -212,10 +225,12 @@ impl Session {
         let end = Arc::new(EndSignal::default());
         // Holds only receivers: it keeps neither the session nor its backend
         // session alive, and ends with the session.
+        let gauge = crate::observe::SessionGauge::opened(Arc::clone(&counters), backend.name());
         runtime.spawn(follow_end(
             remote.state(),
             closed_tx.subscribe(),
             Following(Arc::clone(&end)),
+            gauge,
         ));
         Session {
             inner: Arc::new(SessionInner {
@@ -472,6 +487,20 @@ impl SessionInner {
             return SessionState::Lost;
         }
         state
+    }
+
+    /// Why the session was lost, for the losses counter: after its end,
+    /// `Unconfirmed` when it ended while `Suspended`, `RuntimeGone` when
+    /// the task following it went away, else `Expired`.
+    pub(crate) fn loss_cause(&self) -> crate::observe::Cause {
+        let cell = *self.end.cell();
+        if cell.unfollowed {
+            crate::observe::Cause::RuntimeGone
+        } else if cell.unconfirmed {
+            crate::observe::Cause::Unconfirmed
+        } else {
+            crate::observe::Cause::Expired
+        }
     }
 
     /// Resolves when the session is over, as [`over`](Self::over) does, but
@@ -792,6 +821,7 @@ impl SessionInner {
                 // as long as the session lives, so the session ends, and the
                 // server deletes its entries as it does for any ended session.
                 self.counters.bump(|c| &c.cleanup_failures);
+                crate::observe::cleanup_failure(&self.counters, self.backend_name(), orphan.kind);
                 tracing::warn!(
                     key,
                     why,
@@ -803,8 +833,10 @@ impl SessionInner {
                 return false;
             }
             failures += 1;
+            crate::observe::cleanup_retry(&self.counters, self.backend_name(), orphan.kind);
             if failures == CLEANUP_WARN_AFTER {
                 self.counters.bump(|c| &c.cleanup_failures);
+                crate::observe::cleanup_failure(&self.counters, self.backend_name(), orphan.kind);
                 tracing::warn!(
                     key,
                     why,

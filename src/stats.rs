@@ -62,6 +62,9 @@ pub(crate) struct Counters {
     pub(crate) cleanup_failures: AtomicU64,
     pub(crate) rewatches: AtomicU64,
     pub(crate) lock_delays: AtomicU64,
+    /// The handles registered with the metrics recorder.
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: crate::metrics::Registry,
 }
 
 impl Counters {

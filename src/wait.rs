@@ -123,7 +123,30 @@ impl Acquire<'_> {
         }
     }
 
+    /// Runs the acquire inside a span naming the lock, the session and (once
+    /// granted) the token, and records its metrics; an acquire dropped
+    /// before it ends counts as a cancellation.
     async fn attempt(self) -> Result<Outcome> {
+        use tracing::Instrument;
+        let inner = &self.session.inner;
+        let tracker = crate::observe::Acquiring::start(&inner.counters, inner.backend_name(), self.kind, self.name);
+        let span = tracing::debug_span!(
+            "lockline.acquire",
+            lock = self.name,
+            session = inner.remote.id(),
+            kind = ?self.kind,
+            token = tracing::field::Empty,
+        );
+        let outcome = self.attempt_tracked(&tracker).instrument(span).await;
+        match &outcome {
+            Ok(Outcome::Held(_)) => tracker.granted(),
+            Ok(Outcome::Busy { .. }) => tracker.busy(),
+            Err(error) => tracker.failed(error),
+        }
+        outcome
+    }
+
+    async fn attempt_tracked(self, tracker: &crate::observe::Acquiring) -> Result<Outcome> {
         let inner = &self.session.inner;
         inner.check_usable()?;
         let local = if self.local {
@@ -179,7 +202,7 @@ impl Acquire<'_> {
         let mine = appended.entry;
         let mut own_watch = None;
         if let Some(busy) = self
-            .wait_turn(&mine, appended.nearest, &mut pending, &mut own_watch)
+            .wait_turn(&mine, appended.nearest, &mut pending, &mut own_watch, tracker)
             .await?
         {
             return Ok(busy);
@@ -187,6 +210,7 @@ impl Acquire<'_> {
         let local = pending.local.take();
         pending.disarm();
         inner.counters.bump(|c| &c.grants);
+        tracing::Span::current().record("token", mine.token.get());
         let mode = match self.kind {
             EntryKind::Read => Mode::Read,
             EntryKind::Write => Mode::Write,
@@ -208,6 +232,7 @@ impl Acquire<'_> {
         mut known: Option<Vec<Entry>>,
         pending: &mut PendingEntry<'_>,
         own_watch: &mut Option<EntryWatch>,
+        tracker: &crate::observe::Acquiring,
     ) -> Result<Option<Outcome>> {
         let inner = &self.session.inner;
         let mut backoff = INITIAL_BACKOFF;
@@ -254,6 +279,7 @@ impl Acquire<'_> {
                 let delay = inner.options.lock_delay();
                 if let Some(gone) = last_gone.take().filter(|_| !delay.is_zero()) {
                     if let crate::backend::Departure::Lost { noticed } = inner.remote.departure(&gone) {
+                        tracker.delayed();
                         if let Some(busy) = self.hold_back(mine, noticed + delay, pending, own_watch).await? {
                             return Ok(Some(busy));
                         }
@@ -286,6 +312,8 @@ impl Acquire<'_> {
             };
             let own = own_watch.get_or_insert_with(|| watch_entry(inner, mine));
             let blocked = inner.remote.wait_gone(blocker);
+            // The gauge first: whoever awaits the `waits` counter sees it.
+            tracker.waiting();
             inner.counters.bump(|c| &c.waits);
             tokio::select! {
                 biased;
@@ -304,6 +332,7 @@ impl Acquire<'_> {
                 gone = blocked => match gone {
                     Ok(()) => {
                         inner.counters.bump(|c| &c.wakeups);
+                        tracker.woken();
                         tracing::trace!(key = %mine.key, after = %blocker.key, "woken");
                         last_gone = Some(blocker.clone());
                     }
