@@ -352,7 +352,10 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     }
 
     /// How `gone` went away: an entry this session waited on with
-    /// [`wait_gone`](Self::wait_gone) and then found gone. Asked by an
+    /// [`wait_gone`](Self::wait_gone) and then found gone (also when that
+    /// wait was cut short by an error and the next read no longer showed the
+    /// entry: the backend may then have seen nothing of how it went, and
+    /// answers from what it has). Asked by an
     /// acquire with a lock-delay before it is granted after that wait, so
     /// the answer must come from what the wait and the read after it
     /// already saw (no request of its own: nothing new on the handoff path,

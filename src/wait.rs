@@ -239,6 +239,9 @@ impl Acquire<'_> {
         // The entry this contender last waited on and saw go: how it went
         // decides a lock-delay.
         let mut last_gone: Option<Entry> = None;
+        // The entry a wait was on when an error cut it short: if the next
+        // read finds it gone, it went unseen, and how it went still decides.
+        let mut interrupted: Option<Entry> = None;
         // While queued, also watch my own entry (one watch for the whole wait,
         // handed on to the guard once granted): if it vanishes (session
         // expired, someone deleted it) the wait ends at once instead of when
@@ -253,7 +256,16 @@ impl Acquire<'_> {
                 }
             };
             let nearest = match nearest {
-                Earlier::Entries(entries) => entries,
+                Earlier::Entries(entries) => {
+                    // Entries only leave the queue ahead of mine: one the read
+                    // no longer shows is gone.
+                    if let Some(blocker) = interrupted.take() {
+                        if !entries.iter().any(|e| e.key == blocker.key) {
+                            last_gone = Some(blocker);
+                        }
+                    }
+                    entries
+                }
                 Earlier::Gone => {
                     // DESIGN §6.2: my own entry vanished while I waited; never a
                     // false grant.
@@ -325,6 +337,7 @@ impl Acquire<'_> {
                     }
                     Err(error) if error.is_transient() => {
                         *own_watch = None;
+                        interrupted = Some(blocker.clone());
                         self.back_off(&error, &mut backoff).await?;
                     }
                     Err(error) => return Err(error),
@@ -339,7 +352,10 @@ impl Acquire<'_> {
                     // The watch broke (a member went down): look again once the
                     // cluster answers; the session's own tracking ends the wait
                     // if it is lost meanwhile.
-                    Err(error) if error.is_transient() => self.back_off(&error, &mut backoff).await?,
+                    Err(error) if error.is_transient() => {
+                        interrupted = Some(blocker.clone());
+                        self.back_off(&error, &mut backoff).await?;
+                    }
                     Err(error) => return Err(error),
                 },
                 () = deadline => {
