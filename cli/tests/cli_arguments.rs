@@ -152,60 +152,83 @@ fn conflicting_servers_and_malformed_endpoints_are_refused_in_one_line() {
     }
 }
 
-/// `--help` (also after `lock` and its options) prints the whole help on
-/// standard output and exits 0; `--version` prints the version. A `--help`
-/// after the lock name belongs to the command, not to lockline.
+/// `--help` prints the whole help on standard output and exits 0; a
+/// command's `--help` (also after its options) prints that command's help,
+/// with what applies to it: the server flags, the variables and the exit
+/// statuses; `--version` prints the version. A `--help` after the lock name
+/// belongs to the command, not to lockline.
 #[test]
 fn help_and_version_go_to_stdout_with_status_0() {
-    for args in [
-        vec!["--help"],
-        vec!["-h"],
-        vec!["help"],
-        vec!["lock", "--help"],
-        vec!["lock", "--etcd", "http://127.0.0.1:1", "--ttl", "3", "-h"],
-    ] {
-        let output = lockline(&args);
-        let stdout = String::from_utf8_lossy(&output.stdout);
+    // Every command's help tells these.
+    let common = [
+        "--zookeeper",
+        "ZOOKEEPER_CONNECT",
+        "--postgres <URL>",
+        "--mysql <URL>",
+        "DATABASE_URL",
+        "sslmode=require",
+        "--cacert",
+        "--zk-auth",
+        "ETCDCTL_ENDPOINTS",
+        "Exit statuses",
+        "1     check: the sequencer is not current",
+        "120   the lock (or leadership) was lost",
+        "121   credentials or permission refused",
+        "122   cluster unreachable",
+        "123   bad arguments",
+        "124   --timeout ran out",
+        "125   any other lockline failure",
+        "126   COMMAND found but could not be run",
+        "127   COMMAND not found",
+        "128+N",
+    ];
+    let whole = [
+        "usage: lockline lock",
+        "lockline elect [OPTIONS] NAME PROPOSAL",
+        "lockline elect -l|--listen",
+        "lockline list",
+        "lockline check [OPTIONS] SEQUENCER",
+        "lockline completions",
+        "--print-key",
+        "--kill-after",
+        "LOCKLINE_TOKEN",
+        "LOCKLINE_SEQUENCER",
+        "--lock-delay <SECS>",
+        "--verbose",
+        "--listen",
+        "lock-delay until TIME",
+    ];
+    let lock = [
+        "usage: lockline lock [OPTIONS] NAME",
+        "--print-key",
+        "--kill-after",
+        "--lock-delay <SECS>",
+        "LOCKLINE_TOKEN",
+        "LOCKLINE_SEQUENCER",
+    ];
+    let help = |args: &[&str]| {
+        let output = lockline(args);
         assert_eq!(output.status.code(), Some(0), "{args:?}");
         assert!(
             output.stderr.is_empty(),
             "{args:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        for part in [
-            "usage: lockline lock",
-            "lockline elect [OPTIONS] NAME PROPOSAL",
-            "lockline elect -l|--listen",
-            "lockline list",
-            "--print-key",
-            "--zookeeper",
-            "ZOOKEEPER_CONNECT",
-            "--postgres URL",
-            "--mysql URL",
-            "DATABASE_URL",
-            "sslmode=require",
-            "--kill-after",
-            "--cacert",
-            "--zk-auth",
-            "ETCDCTL_ENDPOINTS",
-            "LOCKLINE_TOKEN",
-            "LOCKLINE_SEQUENCER",
-            "lockline check [OPTIONS] SEQUENCER",
-            "--lock-delay SECS",
-            "--verbose",
-            "lock-delay until TIME",
-            "Exit statuses",
-            "1     check: the sequencer is not current",
-            "120   the lock (or leadership) was lost",
-            "121   credentials or permission refused",
-            "122   cluster unreachable",
-            "123   bad arguments",
-            "124   --timeout ran out",
-            "125   any other lockline failure",
-            "126   COMMAND found but could not be run",
-            "127   COMMAND not found",
-            "128+N",
-        ] {
+        String::from_utf8(output.stdout).expect("UTF-8 help")
+    };
+    for (args, parts) in [
+        (vec!["--help"], &whole[..]),
+        (vec!["-h"], &whole[..]),
+        (vec!["help"], &whole[..]),
+        (vec!["lock", "--help"], &lock[..]),
+        (vec!["help", "lock"], &lock[..]),
+        (
+            vec!["lock", "--etcd", "http://127.0.0.1:1", "--ttl", "3", "-h"],
+            &lock[..],
+        ),
+    ] {
+        let stdout = help(&args);
+        for part in common.iter().chain(parts) {
             assert!(stdout.contains(part), "{args:?}: no {part:?} in the help");
         }
     }
@@ -229,20 +252,174 @@ fn help_and_version_go_to_stdout_with_status_0() {
     ]);
     assert_eq!(output.status.code(), Some(122));
     assert!(!String::from_utf8_lossy(&output.stdout).contains("usage:"));
-    for args in [
-        vec!["elect", "--help"],
-        vec!["list", "-h"],
-        vec!["elect", "-l", "--help"],
-        vec!["check", "--help"],
-        vec!["check", "--etcd", "http://127.0.0.1:1", "--verbose", "-h"],
+    for (args, says) in [
+        (vec!["elect", "--help"], "usage: lockline elect [OPTIONS] NAME PROPOSAL"),
+        (vec!["list", "-h"], "usage: lockline list [OPTIONS] NAME"),
+        (vec!["elect", "-l", "--help"], "lockline elect -l|--listen"),
+        (vec!["check", "--help"], "usage: lockline check [OPTIONS] SEQUENCER"),
+        (
+            vec!["check", "--etcd", "http://127.0.0.1:1", "--verbose", "-h"],
+            "usage: lockline check",
+        ),
     ] {
-        let output = lockline(&args);
-        assert_eq!(output.status.code(), Some(0), "{args:?}");
-        assert!(
-            String::from_utf8_lossy(&output.stdout).contains("lockline elect"),
-            "{args:?}"
-        );
+        let stdout = help(&args);
+        assert!(stdout.contains(says), "{args:?}: {stdout}");
+        for part in common {
+            assert!(stdout.contains(part), "{args:?}: no {part:?} in the help");
+        }
     }
+}
+
+/// `lockline completions SHELL` prints a completion script that the shell
+/// reads without error and that knows the commands and their flags.
+#[test]
+fn completions_are_scripts_that_know_the_commands() {
+    let script = |shell: &str| {
+        let output = lockline(&["completions", shell]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{shell}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("UTF-8 script")
+    };
+    let bash = script("bash");
+    for word in [
+        "lock",
+        "elect",
+        "list",
+        "check",
+        "--etcd",
+        "--zookeeper",
+        "--kill-after",
+    ] {
+        assert!(bash.contains(word), "bash: no {word}");
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("lockline.bash");
+    std::fs::write(&path, &bash).expect("write the script");
+    let checked = Command::new("bash").arg("-n").arg(&path).output().expect("run bash -n");
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+    // Sourced, it completes `lockline l` with the commands that begin so.
+    let completed = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && COMP_WORDS=(lockline l) COMP_CWORD=1 COMP_LINE='lockline l' COMP_POINT=10 && _lockline lockline l lockline && echo \"${{COMPREPLY[@]}}\"",
+            path.display()
+        ))
+        .output()
+        .expect("run bash");
+    let words = String::from_utf8_lossy(&completed.stdout);
+    assert!(
+        words.split_whitespace().any(|w| w == "lock") && words.split_whitespace().any(|w| w == "list"),
+        "completions of `lockline l`: {words:?} {}",
+        String::from_utf8_lossy(&completed.stderr)
+    );
+    for shell in ["zsh", "fish"] {
+        let text = script(shell);
+        for word in ["lockline", "elect", "zookeeper"] {
+            assert!(text.contains(word), "{shell}: no {word}");
+        }
+    }
+    let zsh = script("zsh");
+    assert!(
+        zsh.starts_with("#compdef lockline"),
+        "zsh: {}",
+        &zsh[..zsh.len().min(80)]
+    );
+    let fish = script("fish");
+    assert!(fish.contains("complete -c lockline"), "fish");
+    let bad = lockline(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(123));
+}
+
+/// The TLS and credential variables fill in what the flags leave out, for
+/// their own backend only: the etcdctl ones for etcd, `LOCKLINE_ZK_AUTH` for
+/// ZooKeeper; an empty one is unset. Seen from the outcome: a missing
+/// certificate file or a half-set credential is refused (123) naming what
+/// was used, a variable that does not apply leaves a server that nothing
+/// answers at (122).
+#[test]
+fn the_tls_and_credential_variables_fill_in_for_their_backend_only() {
+    let run = |args: &[&str], vars: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lockline"));
+        for var in [
+            "ETCDCTL_ENDPOINTS",
+            "ZOOKEEPER_CONNECT",
+            "DATABASE_URL",
+            "ETCDCTL_CACERT",
+            "ETCDCTL_CERT",
+            "ETCDCTL_KEY",
+            "ETCDCTL_USER",
+            "ETCDCTL_PASSWORD",
+            "LOCKLINE_ZK_AUTH",
+        ] {
+            command.env_remove(var);
+        }
+        let output = command
+            .args(args)
+            .envs(vars.iter().copied())
+            .output()
+            .expect("run lockline");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(!stderr.contains(SECRET), "{args:?} {vars:?}: {stderr}");
+        (output.status.code(), stderr)
+    };
+    let etcd = ["lock", "--etcd", "https://127.0.0.1:1", "x"];
+    let zk = ["lock", "--zookeeper", "127.0.0.1:1", "x"];
+    let pg = ["lock", "--postgres", "postgres://app@127.0.0.1:1/app", "x"];
+    let ca = ("ETCDCTL_CACERT", "/nonexistent/env-ca.pem");
+    let (status, stderr) = run(&etcd, &[ca]);
+    assert_eq!(status, Some(123), "{stderr}");
+    assert!(stderr.contains("env-ca.pem"), "{stderr}");
+    // The flag wins.
+    let flagged = [
+        "lock",
+        "--etcd",
+        "https://127.0.0.1:1",
+        "--cacert",
+        "/nonexistent/flag-ca.pem",
+        "x",
+    ];
+    let (status, stderr) = run(&flagged, &[ca]);
+    assert_eq!(status, Some(123), "{stderr}");
+    assert!(
+        stderr.contains("flag-ca.pem") && !stderr.contains("env-ca.pem"),
+        "{stderr}"
+    );
+    // Not for ZooKeeper, not for SQL (which takes TLS in its URL).
+    let cert = ("ETCDCTL_CERT", "/nonexistent/c.pem");
+    for args in [&zk, &pg] {
+        let (status, stderr) = run(args, &[ca, cert, ("ETCDCTL_USER", "carol")]);
+        assert_eq!(status, Some(122), "{args:?}: {stderr}");
+    }
+    let (status, stderr) = run(&etcd, &[cert]);
+    assert_eq!(status, Some(123), "{stderr}");
+    assert!(stderr.contains("--cert and --key go together"), "{stderr}");
+    // A user needs a password: NAME:PASSWORD, --password or ETCDCTL_PASSWORD.
+    let http = ["lock", "--etcd", "http://127.0.0.1:1", "x"];
+    let (status, stderr) = run(&http, &[("ETCDCTL_USER", "carol")]);
+    assert_eq!(status, Some(123), "{stderr}");
+    assert!(stderr.contains("no password"), "{stderr}");
+    for vars in [
+        &[("ETCDCTL_USER", "carol"), ("ETCDCTL_PASSWORD", SECRET)][..],
+        &[("ETCDCTL_USER", &*format!("carol:{SECRET}"))][..],
+        // A password without a user is not an error when it comes from
+        // the environment, and an empty variable is unset.
+        &[("ETCDCTL_PASSWORD", SECRET)][..],
+        &[("ETCDCTL_USER", ""), ("ETCDCTL_CACERT", "")][..],
+    ] {
+        let (status, stderr) = run(&http, vars);
+        assert_eq!(status, Some(122), "{vars:?}: {stderr}");
+    }
+    // LOCKLINE_ZK_AUTH is ZooKeeper's: checked there, not read for etcd.
+    let zk_auth = ("LOCKLINE_ZK_AUTH", "world:bob:x");
+    let (status, stderr) = run(&zk, &[zk_auth]);
+    assert_eq!(status, Some(123), "{stderr}");
+    assert!(stderr.contains("unknown scheme"), "{stderr}");
+    let (status, stderr) = run(&http, &[zk_auth]);
+    assert_eq!(status, Some(122), "{stderr}");
 }
 
 /// `ETCDCTL_ENDPOINTS` and `ZOOKEEPER_CONNECT` both set and no flag to pick
