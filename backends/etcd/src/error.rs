@@ -101,10 +101,11 @@ pub(crate) fn map_on(error: EtcdError, session: Option<&str>, operation: &'stati
 pub(crate) fn denied(operation: &'static str, key: &str, message: &str) -> Error {
     let needs = match operation {
         // An append reads, and a cancelled one writes, the attempt's marker.
-        "queue on" | "leave the queue of" => format!(
-            "read-write on this key's prefix and on the markers' prefix ({} unless Etcd::with_marker_prefix moved it)",
-            crate::MARKER_PREFIX
-        ),
+        "queue on" | "leave the queue of" => "read-write on the lock's entries and markers: a prefix of the lock's \
+            name such as `locks/` or the name itself (its markers are `NAME` + NUL + `lockline/...`, outside `NAME/`, \
+            which alone is not enough), or, with Etcd::with_marker_prefix (--marker-prefix), on `NAME/` and on that \
+            prefix"
+            .to_owned(),
         "read" | "watch" => "read on this key's prefix".to_owned(),
         "revoke the lease of" => "write on every key on the lease (unrenewed, it expires within its TTL)".to_owned(),
         _ => "read-write on this key's prefix".to_owned(),

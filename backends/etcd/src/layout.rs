@@ -52,38 +52,80 @@ pub(crate) fn key(dir: &str, kind: EntryKind, lease_hex: &str, attempt: &str) ->
     }
 }
 
-/// The marker an abandoned acquire attempt leaves, bound to the session's
-/// lease: `<markers>/<lease hex>-<attempt>`, by default
-/// `__lockline_abandoned__/<lease hex>-<attempt>`. By default it is under no lock
-/// name's prefix (Go's and etcdctl's contenders never see it, whatever the
-/// nesting of names) and is no entry of any lock; the append transaction of that attempt requires it
-/// absent, so an append that reaches the server after its attempt was given
-/// up creates nothing. One small key per acquire cancelled while its append
-/// was in flight; the server deletes it with the session.
-pub(crate) fn abandoned(markers: &str, lease_hex: &str, attempt: &str) -> String {
-    format!("{markers}{lease_hex}-{attempt}")
+/// Where a session writes its markers (abandoned attempts, hand-overs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Markers {
+    /// Beside each lock, in the key range of its name but outside its
+    /// prefix: `<dir>` + [`BESIDE`] (the default). Any role whose key
+    /// range covers the lock's entries through a prefix of its name
+    /// (`locks/` for `locks/a`, or `locks/a` itself) covers them too.
+    BesideEachLock,
+    /// Under one prefix for every lock (namespace included), one hand-over
+    /// marker per session ([`Etcd::with_marker_prefix`](crate::Etcd::with_marker_prefix)).
+    Under(String),
 }
 
-/// Where abandoned-attempt markers live: one namespace of their own, under no
-/// lock's prefix (a marker under a parent name's prefix would count as a
-/// contender for Go's and `etcdctl`'s mutex of that parent).
+/// What follows a lock's name in the keys of its markers: a NUL byte, which
+/// no lock name contains (lockline refuses control characters in names), so
+/// the range `<dir>\0lockline/` is no lock's prefix and lies outside
+/// `<dir>/`, where Go's `concurrency.Mutex` and `etcdctl lock` count every key
+/// as a contender; NUL sorts before `/`, so the range sits right after the
+/// name and before its entries.
+pub(crate) const BESIDE: &str = "\0lockline/";
+
+impl Markers {
+    /// The prefix of the markers for the lock `dir`.
+    fn base(&self, dir: &str) -> String {
+        match self {
+            Markers::BesideEachLock => format!("{dir}{BESIDE}"),
+            Markers::Under(prefix) => prefix.clone(),
+        }
+    }
+
+    /// Whether a key a user writes (as stored, namespace included) lies
+    /// where markers live: written, it could forge one (a loss would pass
+    /// for a hand-over, an append would be taken for abandoned).
+    pub(crate) fn covers(&self, key: &str) -> bool {
+        match self {
+            Markers::BesideEachLock => key.contains(BESIDE),
+            Markers::Under(prefix) => key.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+/// The marker an abandoned acquire attempt on the lock `dir` leaves, bound
+/// to the session's lease: `<dir>\0lockline/<lease hex>-<attempt>` by
+/// default, `<markers>/<lease hex>-<attempt>` under a marker prefix. It is
+/// under no lock name's prefix `<name>/` of the same name (Go's and
+/// etcdctl's contenders on that name never see it) and is no entry of any
+/// lock; the append transaction of that attempt requires it absent, so an
+/// append that reaches the server after its attempt was given up creates
+/// nothing. One small key per acquire cancelled while its append was in
+/// flight; the server deletes it with the session.
+pub(crate) fn abandoned(markers: &Markers, dir: &str, lease_hex: &str, attempt: &str) -> String {
+    format!("{}{lease_hex}-{attempt}", markers.base(dir))
+}
+
+/// The prefix abandoned-attempt markers lived under by default before they
+/// moved beside each lock: a namespace of its own, under no lock's prefix.
 pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
 
-/// The hand-over marker of the session with lease `lease_hex`:
-/// `<markers>released-<lease hex>`, by default
-/// `__lockline_abandoned__/released-<lease hex>`, one key per session, bound
-/// to its lease (it goes with the session). Every removal of one of the
-/// session's own entries (a release, a resignation, a cancelled acquire)
-/// writes it, empty, in the removal's own transaction, so its modification
-/// revision is the revision of that deletion; `close()` writes
-/// [`CLOSING`] into it before it revokes the lease. A waiter reads it *as of*
-/// the revision its wait saw the entry deleted at (and the one before): the
-/// deletion was a hand-over exactly when the marker was written in that very
-/// revision, or said [`CLOSING`] just before it. Beside the abandoned-attempt
-/// markers (a lease's hex never starts with `r`), under no lock's prefix, and
-/// shaped like no entry of any lock.
-pub(crate) fn released(markers: &str, lease_hex: &str) -> String {
-    format!("{markers}released-{lease_hex}")
+/// The hand-over marker of the session with lease `lease_hex` on the lock
+/// `dir`: `<dir>\0lockline/released-<lease hex>` by default (one key per
+/// lock and session), `<markers>released-<lease hex>` under a marker prefix
+/// (one key per session). Bound to the lease (it goes with the session).
+/// Every removal of one of the session's own entries (a release, a
+/// resignation, a cancelled acquire) writes it, empty, in the removal's own
+/// transaction, so its modification revision is the revision of that
+/// deletion; `close()` writes [`CLOSING`] into the markers of the locks it
+/// still has entries in before it revokes the lease. A waiter reads the
+/// marker of its predecessor's lock and lease *as of* the revision its wait
+/// saw the entry deleted at (and the one before): the deletion was a
+/// hand-over exactly when the marker was written in that very revision, or
+/// said [`CLOSING`] just before it. Beside the abandoned-attempt markers (a
+/// lease's hex never starts with `r`), and shaped like no entry of any lock.
+pub(crate) fn released(markers: &Markers, dir: &str, lease_hex: &str) -> String {
+    format!("{}released-{lease_hex}", markers.base(dir))
 }
 
 /// The value of a hand-over marker while its session closes.
@@ -182,12 +224,13 @@ mod tests {
 
     #[test]
     fn hand_over_markers_are_apart_from_abandoned_ones_and_from_entries() {
-        let marker = released(ABANDONED, "694d7a1b2c");
+        let under = Markers::Under(ABANDONED.to_owned());
+        let marker = released(&under, "locks/a", "694d7a1b2c");
         assert_eq!(marker, "__lockline_abandoned__/released-694d7a1b2c");
-        assert_ne!(marker, abandoned(ABANDONED, "694d7a1b2c", "released"));
+        assert_ne!(marker, abandoned(&under, "locks/a", "694d7a1b2c", "released"));
         // Under a marker prefix inside a lock's namespace, still no entry of
         // any lock above it.
-        let marker = released("locks/__lockline_abandoned__/", "1f");
+        let marker = released(&Markers::Under("locks/__lockline_abandoned__/".into()), "x", "1f");
         for (at, _) in marker.match_indices('/') {
             assert!(
                 !is_entry(&marker[..at], marker.as_bytes()),
@@ -195,6 +238,39 @@ mod tests {
                 &marker[..at]
             );
         }
+    }
+
+    #[test]
+    fn markers_beside_a_lock_are_in_its_name_range_but_outside_its_prefix() {
+        let beside = Markers::BesideEachLock;
+        let attempt = "0123456789abcdef0123456789abcdef";
+        for dir in ["locks/a", "/my-lock/", "a/read", "db"] {
+            let own = prefix(dir);
+            for marker in [
+                released(&beside, dir, "694d7a1b2c"),
+                abandoned(&beside, dir, "694d7a1b2c", attempt),
+            ] {
+                // Inside a role on the name's own range, or any prefix of it.
+                assert!(marker.starts_with(dir), "{marker:?}");
+                // Outside `<dir>/`, where Go and etcdctl count contenders.
+                assert!(!marker.starts_with(&own), "{marker:?} is under {own:?}");
+                // No entry of this lock or of any lock above it.
+                assert!(!is_entry(dir, marker.as_bytes()), "{marker:?}");
+                for (at, _) in marker.match_indices('/') {
+                    assert!(!is_entry(&marker[..at], marker.as_bytes()), "{marker:?}");
+                }
+                assert!(beside.covers(&marker), "{marker:?}");
+            }
+            assert_ne!(released(&beside, dir, "1f"), abandoned(&beside, dir, "1f", "released"));
+        }
+        // Per lock and session: another lock, another key.
+        assert_ne!(released(&beside, "locks/a", "1f"), released(&beside, "locks/b", "1f"));
+        // A lock name never holds the separator (control characters are
+        // refused), so no lock's prefix lies in a marker range.
+        assert!(beside.covers("locks/a\0lockline/x"));
+        assert!(!beside.covers("locks/a/x"));
+        assert!(Markers::Under("m/".into()).covers("m/x"));
+        assert!(!Markers::Under("m/".into()).covers("locks/m/x"));
     }
 
     #[test]

@@ -49,17 +49,29 @@
 //!   unanswered for a keepalive interval makes the session `Suspended` first.
 //!   A lost session stops renewing and revokes its lease as soon as the server
 //!   answers.
+//! - **Markers** = the few keys lockline writes besides a lock's entries
+//!   live beside the lock, in the key range of its name but outside its
+//!   prefix: `n` + NUL + `lockline/...` (a NUL byte, which no lock name
+//!   contains, sorts before `/`). A role that lets a user take `n` through a
+//!   prefix of its name (`locks/` for `locks/a`, or `locks/a` itself) covers
+//!   them, as it covers `etcdctl lock n`; Go's `concurrency.Mutex`,
+//!   `etcdctl lock n` and the server-side lock API count only keys under
+//!   `n/`, so they never take a marker for a contender. Every marker is bound
+//!   to the session's lease and goes with it. [`Etcd::with_marker_prefix`]
+//!   puts them under one prefix of your choosing instead.
 //! - **Cancellation** = an acquire cancelled with an append in flight leaves
-//!   a marker `__lockline_abandoned__/<lease hex>-<attempt>` bound to the lease;
-//!   the append's transaction requires it absent, so an append that reaches
-//!   the server late creates nothing.
+//!   a marker `n` + NUL + `lockline/<lease hex>-<attempt>` bound to the
+//!   lease; the append's transaction requires it absent, so an append that
+//!   reaches the server late creates nothing.
 //! - **Lock-delay** ([`SessionOptions::with_lock_delay`]) = telling a hand-over
 //!   from a loss without a request of its own. Every removal of a session's
 //!   own entry (release, resign, a cancelled acquire) also writes the
-//!   session's hand-over marker `__lockline_abandoned__/released-<lease hex>`
-//!   (empty, bound to the lease: one key per session, gone with it) in the
-//!   delete's own transaction, so in the same revision; `close()` writes
-//!   `closing` into it, then revokes the lease. A waiter with a lock-delay,
+//!   session's hand-over marker for that lock, `n` + NUL +
+//!   `lockline/released-<lease hex>` (empty, bound to the lease: one key per
+//!   lock and session, gone with the session), in the delete's own
+//!   transaction, so in the same revision; `close()` writes `closing` into
+//!   the markers of the locks it still has entries in (one transaction per
+//!   64 of them), then revokes the lease. A waiter with a lock-delay,
 //!   woken by its predecessor's DELETE at revision *R*, reads the
 //!   predecessor's marker as of *R* and as of *R − 1* in the transaction it
 //!   sends after every wake anyway: written at *R* is a release, `closing`
@@ -71,21 +83,34 @@
 //!   away, or markers the user may not read, count as a loss. The cost: one
 //!   small put more in every release's transaction (same request, same
 //!   revision), two point reads more in a lock-delayed waiter's read after
-//!   a wake, and one transaction more in `close()` of a session that ever
-//!   queued. Without a lock-delay, waiters read nothing more.
+//!   a wake, and one transaction more in `close()` of a session that still
+//!   has entries. Without a lock-delay, waiters read nothing more.
 //!
 //!   Go's `concurrency.Mutex`, `etcdctl lock` and the server-side lock API
 //!   write no hand-over marker, and a lockline session with another marker
 //!   prefix ([`Etcd::with_marker_prefix`]) writes its own elsewhere: to a
 //!   lockline waiter with a lock-delay, their releases look like losses, so
 //!   the waiter is granted the delay after them rather than at once. Nothing
-//!   else changes for them (the marker is under no lock's prefix), and
+//!   else changes for them (the marker is outside the lock's prefix), and
 //!   without a lock-delay a lockline waiter treats everyone alike.
+//!
+//!   One thing the placement beside each lock cannot do: a key in the range
+//!   of `locks/a` is under `locks/`, so Go's or `etcdctl`'s mutex named
+//!   `locks` (a *parent* of a lockline lock's name) counts the markers of
+//!   `locks/a` as contenders for as long as the lockline session that wrote
+//!   them lives, as it counts lockline's entries of `locks/a` while they
+//!   exist. Names used with Go's or `etcdctl`'s mutex should not be parents
+//!   of lockline's, or markers go under a prefix of their own
+//!   ([`Etcd::with_marker_prefix`] with [`MARKER_PREFIX`]). A role on
+//!   `locks/a/` alone (the lock's prefix, not its name) does not cover the
+//!   markers either: nothing inside `locks/a/` can be written without Go
+//!   taking it for a contender, so that role needs a marker prefix too.
 
 //!
 //! # Secure clusters
 //!
-//! TLS with a client certificate, a user, and markers under the user's prefix:
+//! TLS with a client certificate and a user whose role grants read-write on
+//! `locks/` (enough: the markers of `locks/nightly` live in its range):
 //!
 //! ```no_run
 //! use lockline_etcd::lockline::{Client, Tls};
@@ -98,9 +123,7 @@
 //!     .with_client_files("/etc/etcd/client.pem", "/etc/etcd/client-key.pem")?;
 //! let backend = Etcd::new(["https://etcd-1:2379", "https://etcd-2:2379"])
 //!     .with_tls(tls)
-//!     .with_user("billing", std::env::var("ETCD_PASSWORD").unwrap_or_default())
-//!     // Markers of cancelled acquires under a prefix the role already has:
-//!     .with_marker_prefix("locks/__lockline_abandoned__/");
+//!     .with_user("billing", std::env::var("ETCD_PASSWORD").unwrap_or_default());
 //! let session = Client::new(backend).session().await?;
 //! let guard = session.mutex("locks/nightly")?.lock().await?;
 //! guard.release().await?;
@@ -110,10 +133,12 @@
 //! - **TLS** ([`Etcd::with_tls`]): rustls on aws-lc-rs (no system OpenSSL);
 //!   `https://` endpoints only, and `https://` only with TLS settings.
 //! - **Users** ([`Etcd::with_user`]): a token at connect time, renewed when
-//!   the server says it expired. The roles need read-write on each lock's
-//!   prefix and on the marker prefix ([`MARKER_PREFIX`], or
-//!   [`Etcd::with_marker_prefix`]); read is enough for `contenders()`,
-//!   `Election::leader()` and `observe()`.
+//!   the server says it expired. The roles need read-write on a prefix of
+//!   each lock's name (`locks/` for `locks/a`; the entries are under
+//!   `locks/a/`, the markers beside them), as `etcdctl lock` does, and with
+//!   [`Etcd::with_marker_prefix`] on the lock's prefix and the marker
+//!   prefix; read is enough for `contenders()`, `Election::leader()` and
+//!   `observe()`.
 //! - **Errors**: a refused operation is [`Error::PermissionDenied`] naming
 //!   the operation and key, at once, never retried, with no entry left;
 //!   refused credentials are [`Error::AuthenticationFailed`]; a TLS failure
@@ -168,7 +193,9 @@ pub struct Etcd {
     connect: Option<etcd_client::ConnectOptions>,
     tls: Option<lockline::Tls>,
     user: Option<User>,
-    markers: String,
+    /// The marker prefix [`Etcd::with_marker_prefix`] set; `None`: markers
+    /// beside each lock.
+    markers: Option<String>,
     namespace: String,
     /// Clients by the connection settings taken from session options
     /// (`None`: the caller's own connect options or client, for every session).
@@ -247,7 +274,7 @@ impl Etcd {
             connect: None,
             tls: None,
             user: None,
-            markers: MARKER_PREFIX.to_owned(),
+            markers: None,
             namespace: String::new(),
             clients: Arc::default(),
         }
@@ -281,10 +308,13 @@ impl Etcd {
     /// [`Error::AuthenticationFailed`] at the first session; an operation the
     /// user's roles do not allow is [`Error::PermissionDenied`], at once.
     ///
-    /// The roles need read-write on the prefix of every lock the user takes
-    /// (`NAME/`) and on [`MARKER_PREFIX`] (or the prefix
-    /// [`with_marker_prefix`](Self::with_marker_prefix) sets); read on `NAME/`
-    /// is enough to list contenders and read an election's leader.
+    /// The roles need read-write on a prefix of the name of every lock the
+    /// user takes (`locks/` for `locks/a`, or `locks/a` itself: the entries
+    /// are under `NAME/`, the markers beside it at `NAME` + NUL +
+    /// `lockline/`), as `etcdctl lock` does; with
+    /// [`with_marker_prefix`](Self::with_marker_prefix), on `NAME/` and on
+    /// that prefix. Read on `NAME/` is enough to list contenders and read an
+    /// election's leader.
     pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(User {
             name: user.into(),
@@ -312,29 +342,32 @@ impl Etcd {
             connect: None,
             tls: None,
             user: None,
-            markers: MARKER_PREFIX.to_owned(),
+            markers: None,
             namespace: String::new(),
             clients: Arc::new(Mutex::new(clients)),
         }
     }
 
-    /// Writes the markers of abandoned acquire attempts under `prefix`
-    /// instead of [`MARKER_PREFIX`]: on a cluster with authentication, a prefix
-    /// the user's roles already grant read-write on, so that one grant (say
-    /// `locks/`) covers both the locks (`locks/a`) and the markers
-    /// (`locks/__lockline_abandoned__/`).
+    /// Writes lockline's markers under `prefix`, for every lock, instead of
+    /// beside each lock (`NAME` + NUL + `lockline/`, the default, inside any
+    /// role that covers the lock's name): for a role on exactly `NAME/`, or
+    /// to keep markers out of the range of a name that Go's or `etcdctl`'s
+    /// mutex uses as a parent of lockline's names.
     ///
-    /// The session's hand-over marker (`PREFIX` + `released-<lease hex>`,
-    /// written by every release for waiters with a lock-delay) lives under
-    /// it too: sessions that share locks should share the prefix, or their
-    /// releases look like losses to each other's lock-delayed waiters.
+    /// The markers of abandoned acquire attempts (`PREFIX` + `<lease
+    /// hex>-<attempt>`) and the session's one hand-over marker (`PREFIX` +
+    /// `released-<lease hex>`, written by every release for waiters with a
+    /// lock-delay) live under it: sessions that share locks should place
+    /// their markers alike, or their releases look like losses to each
+    /// other's lock-delayed waiters.
     ///
     /// Pick a prefix under no lock's name you use with Go's or `etcdctl`'s
     /// mutex: those count every key under `NAME/` as a contender, so a marker
     /// under `locks/` keeps a Go mutex named `locks` waiting until the
     /// lockline session that left it ends (a session that released anything
     /// keeps its hand-over marker for as long as it lives). lockline's own
-    /// contenders ignore markers wherever they are.
+    /// contenders ignore markers wherever they are. [`MARKER_PREFIX`] is a
+    /// namespace of its own, under no lock's prefix.
     ///
     /// Under [`with_namespace`](Self::with_namespace) the marker prefix is
     /// relative to the namespace, like every other key.
@@ -347,14 +380,15 @@ impl Etcd {
     ///     .with_marker_prefix("locks/__lockline_abandoned__/");
     /// ```
     pub fn with_marker_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.markers = prefix.into();
+        self.markers = Some(prefix.into());
         self
     }
 
     /// Puts every key lockline writes under `prefix`, as Go's
     /// `clientv3/namespace` does: lock `jobs/nightly` lives at
-    /// `PREFIX` + `jobs/nightly/<lease>`, and the markers of abandoned
-    /// attempts at `PREFIX` + the marker prefix. Services sharing a cluster
+    /// `PREFIX` + `jobs/nightly/<lease>` and its markers beside it at
+    /// `PREFIX` + `jobs/nightly` + NUL + `lockline/` (or at `PREFIX` + the
+    /// marker prefix). Services sharing a cluster
     /// keep apart, and one role grant on the prefix covers everything a
     /// user's locks need.
     ///
@@ -377,6 +411,14 @@ impl Etcd {
     pub fn with_namespace(mut self, prefix: impl Into<String>) -> Self {
         self.namespace = prefix.into();
         self
+    }
+
+    /// Where sessions write markers, namespace included.
+    fn markers(&self) -> layout::Markers {
+        match &self.markers {
+            None => layout::Markers::BesideEachLock,
+            Some(prefix) => layout::Markers::Under(format!("{}{prefix}", self.namespace)),
+        }
     }
 
     fn user_name(&self) -> Option<&str> {
@@ -457,19 +499,17 @@ impl Etcd {
     }
 }
 
-/// Where the etcd backend writes the markers of abandoned acquire attempts:
-/// `__lockline_abandoned__/<lease hex>-<attempt>`, one key per acquire
-/// cancelled while its append was in flight, bound to the session's lease.
-/// Every append reads its marker key in the same transaction, so on a cluster
-/// with authentication a user's roles need read-write on this prefix as well
-/// as on the prefixes of its locks, or the markers must be moved under a
-/// prefix they have ([`Etcd::with_marker_prefix`]). Each session's hand-over
-/// marker, `released-<lease hex>`, lives here as well (see the crate docs on
-/// lock-delay); a session whose roles refuse to let it write there releases
+/// A marker prefix of its own for [`Etcd::with_marker_prefix`]:
+/// `__lockline_abandoned__/`, under no lock's prefix, so Go's and `etcdctl`'s
+/// mutexes never count a marker as a contender, whatever the nesting of
+/// names; lockline's default before markers moved beside each lock. A role
+/// then needs read-write on it as well as on its locks' prefixes: every
+/// append reads its abandoned-attempt marker (`<lease hex>-<attempt>`) in
+/// the same transaction, and every release writes the session's hand-over
+/// marker (`released-<lease hex>`; see the crate docs on lock-delay). A
+/// session whose roles refuse to let it write a hand-over marker releases
 /// without it (said once in the log), and its releases look like losses to
-/// waiters with a lock-delay. By default the markers
-/// live in a namespace of their own so that they are under no lock's prefix
-/// (where Go's mutex would count them as contenders).
+/// waiters with a lock-delay.
 pub const MARKER_PREFIX: &str = layout::ABANDONED;
 
 /// What is wrong with an endpoint, checked before any connection: etcd's
@@ -570,10 +610,24 @@ impl Backend for Etcd {
     /// any of its ancestors (`jobs/1f2e`, `db/read/1f2e-x`): written, it
     /// would stand in that lock's queue as a holder nobody releases, for
     /// lockline, Go's `concurrency` and `etcdctl lock` alike.
+    ///
+    /// Refuses as well a key where lockline's markers live (`NAME` NUL
+    /// `lockline/...` beside any lock, or under the marker prefix given to
+    /// [`Etcd::with_marker_prefix`]): written, it could make a loss pass for
+    /// a hand-over, or an acquire for abandoned.
     fn validate_write_key(&self, key: &str) -> Result<()> {
         // The key as the server stores it: under a namespace, `cafe` is
         // `billing/cafe`, a holder's shape for the lock `billing` outside it.
         let stored = format!("{}{key}", self.namespace);
+        if layout::Markers::BesideEachLock.covers(&stored) || self.markers().covers(&stored) {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: "the key lies where lockline keeps its markers (`NAME` + NUL + `lockline/`, or the \
+                         marker prefix): written, it could forge a lock's hand-over or abandoned-attempt \
+                         marker; use another key"
+                    .into(),
+            });
+        }
         for (at, _) in stored.match_indices('/') {
             let dir = &stored[..at];
             if !dir.is_empty() && layout::is_entry(dir, stored.as_bytes()) {
@@ -591,13 +645,13 @@ impl Backend for Etcd {
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
-        if self.markers.is_empty() {
+        if self.markers.as_deref() == Some("") {
             return Err(Error::InvalidOptions {
-                reason: "the marker prefix is empty; leave the default or give a key prefix such as locks/__lockline_abandoned__/".into(),
+                reason: "the marker prefix is empty; leave the default (markers beside each lock) or give a key prefix such as locks/__lockline_abandoned__/".into(),
             });
         }
         let client = self.client(options).await?;
-        let markers = format!("{}{}", self.namespace, self.markers);
+        let markers = self.markers();
         let session: Arc<dyn BackendSession> = EtcdSession::open(client, options, markers, self.namespace.clone())
             .await
             .map_err(|e| error::first_request(e, self.tls.as_ref(), &self.endpoints))?;

@@ -35,8 +35,12 @@ pub(crate) struct EtcdSession {
     /// writes or holds each: a mutex and an election of one name must not
     /// take the same key for one entry.
     shared_keys: std::sync::Mutex<HashMap<String, KeyClaim>>,
-    /// The prefix of abandoned-attempt markers (namespace included).
-    markers: String,
+    /// Where this session's markers go (namespace included).
+    markers: layout::Markers,
+    /// With markers beside each lock: the lock directory of each entry this
+    /// session appended and has not removed, by key, so that `close()` can
+    /// mark the hand-over of the locks it still has entries in.
+    live: std::sync::Mutex<HashMap<String, String>>,
     /// The key prefix every lock directory gets ([`Etcd::with_namespace`](crate::Etcd::with_namespace)).
     namespace: String,
     /// Entries a read of this session showed to exist, by (key, create
@@ -196,7 +200,7 @@ impl EtcdSession {
     pub(crate) async fn open(
         client: Client,
         options: &SessionOptions,
-        markers: String,
+        markers: layout::Markers,
         namespace: String,
     ) -> Result<Arc<Self>> {
         // etcd counts lease TTLs in whole seconds: round up.
@@ -225,6 +229,7 @@ impl EtcdSession {
             keepalive,
             shared_keys: std::sync::Mutex::default(),
             markers,
+            live: std::sync::Mutex::default(),
             namespace,
             seen: std::sync::Mutex::default(),
             lock_delay: !options.lock_delay().is_zero(),
@@ -434,6 +439,10 @@ impl EtcdSession {
         }
     }
 }
+
+/// How many hand-over markers one transaction of `close()` writes (etcd
+/// refuses transactions of more than 128 operations by default).
+const CLOSING_PER_TXN: usize = 64;
 
 /// How long `close()` waits for the watch hub to end its stream before it
 /// revokes the lease anyway.
@@ -708,6 +717,9 @@ impl BackendSession for EtcdSession {
         };
         // Deleted now or gone before: the key is free for the session's next entry.
         self.release_claim(&entry.key, Owner::Entry(entry.order));
+        if entry.owner.as_deref() == Some(self.id.as_str()) {
+            self.untrack(&entry.key);
+        }
         Ok(removed)
     }
 
@@ -719,18 +731,19 @@ impl BackendSession for EtcdSession {
         let dir = &*self.within(dir);
         let key = layout::key(dir, kind, &self.id, attempt);
         let marker = TxnOp::put(
-            layout::abandoned(&self.markers, &self.id, attempt),
+            layout::abandoned(&self.markers, dir, &self.id, attempt),
             Vec::new(),
             Some(PutOptions::new().with_lease(self.lease)),
         );
-        let txn = if shares_key(kind) && self.claimed_by_other(&key, attempt) {
+        let others = shares_key(kind) && self.claimed_by_other(&key, attempt);
+        let txn = if others {
             // The key is another entry's of this session (an election of the
             // same name while this mutex was refused, say): keep it.
             Txn::new().and_then([marker])
         } else {
             let mut removal = vec![marker.clone(), TxnOp::delete(key.clone(), None)];
             if self.markers_allowed() {
-                removal.push(self.hand_over(b""));
+                removal.push(self.hand_over(dir, b""));
             }
             Txn::new()
                 .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease)])
@@ -739,10 +752,13 @@ impl BackendSession for EtcdSession {
         };
         match self.txn(txn, "leave the queue of", &key).await {
             Ok(_) => {}
-            Err(refused) if refused.is_refusal() => self.abandon_refused(&key, attempt, refused).await?,
+            Err(refused) if refused.is_refusal() => self.abandon_refused(dir, &key, attempt, refused).await?,
             Err(error) => return Err(error),
         }
         self.release_claim(&key, Owner::Attempt(attempt));
+        if !others {
+            self.untrack(&key);
+        }
         Ok(())
     }
 
@@ -930,7 +946,7 @@ impl EtcdSession {
     /// finds its own key).
     async fn append_once(&self, request: &AppendRequest<'_>, key: &str) -> Result<Appended> {
         let key = key.to_owned();
-        let abandoned = layout::abandoned(&self.markers, &self.id, request.attempt);
+        let abandoned = layout::abandoned(&self.markers, request.dir, &self.id, request.attempt);
         // Right after my put my key is the newest under the prefix, so the
         // newest conflicting keys (one more than asked, mine may be among them)
         // are exactly the nearest earlier ones, unless keys of other locks
@@ -994,6 +1010,7 @@ impl EtcdSession {
             ));
         }
         self.claimed_entry(request.attempt, &entry);
+        self.track(&entry.key, request.dir);
         let nearest = newest.and_then(|newest| {
             let mut nearest: Vec<Entry> = Self::entries(request.dir, newest)
                 .into_iter()
@@ -1024,8 +1041,8 @@ impl EtcdSession {
     /// and the key is not there, the attempt made nothing, typically because
     /// the user may not write the lock's prefix at all, and the refusal is
     /// nothing to act on. Otherwise the refusal stands.
-    async fn abandon_refused(&self, key: &str, attempt: &str, refused: Error) -> Result<()> {
-        let marker = layout::abandoned(&self.markers, &self.id, attempt);
+    async fn abandon_refused(&self, dir: &str, key: &str, attempt: &str, refused: Error) -> Result<()> {
+        let marker = layout::abandoned(&self.markers, dir, &self.id, attempt);
         let fenced = self
             .client
             .kv_client()
@@ -1069,10 +1086,11 @@ impl EtcdSession {
         }
     }
 
-    /// The put of this session's hand-over marker, bound to its lease.
-    fn hand_over(&self, value: &[u8]) -> TxnOp {
+    /// The put of this session's hand-over marker for the lock `dir`, bound
+    /// to its lease.
+    fn hand_over(&self, dir: &str, value: &[u8]) -> TxnOp {
         TxnOp::put(
-            layout::released(&self.markers, &self.id),
+            layout::released(&self.markers, dir, &self.id),
             value.to_vec(),
             Some(PutOptions::new().with_lease(self.lease)),
         )
@@ -1082,7 +1100,7 @@ impl EtcdSession {
     async fn remove_once(&self, entry: &Entry, marked: bool) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(entry.key.clone(), None)];
         if marked {
-            ops.push(self.hand_over(b""));
+            ops.push(self.hand_over(layout::dir_of(entry), b""));
         }
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -1094,21 +1112,77 @@ impl EtcdSession {
         Ok(self.txn(txn, "delete", &entry.key).await?.succeeded())
     }
 
-    /// Before the revoke of a close: the hand-over marker says the session
+    /// Remembers that `key`, an entry of this session in the lock `dir`,
+    /// exists (markers beside each lock only: `close()` marks those locks).
+    fn track(&self, key: &str, dir: &str) {
+        if self.markers == layout::Markers::BesideEachLock {
+            self.live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key.to_owned(), dir.to_owned());
+        }
+    }
+
+    /// Forgets the entry `key`: removed, or never made.
+    fn untrack(&self, key: &str) {
+        if self.markers == layout::Markers::BesideEachLock {
+            self.live.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
+        }
+    }
+
+    /// The hand-over markers `close()` writes `closing` into: the session's
+    /// one marker under a marker prefix, or beside each lock it still has
+    /// entries in.
+    fn closing_markers(&self) -> Vec<String> {
+        match &self.markers {
+            layout::Markers::Under(_) => vec![layout::released(&self.markers, "", &self.id)],
+            layout::Markers::BesideEachLock => {
+                let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+                let dirs: std::collections::BTreeSet<&str> = live.values().map(String::as_str).collect();
+                dirs.into_iter()
+                    .map(|dir| layout::released(&self.markers, dir, &self.id))
+                    .collect()
+            }
+        }
+    }
+
+    /// Before the revoke of a close: the hand-over markers say the session
     /// is closing, so that a waiter with a lock-delay takes the revoke's
-    /// deletions for a hand-over. Written with the session's lease, so it is
-    /// only written while the lease lives (a lease the server already let
-    /// expire fails the put: those deletions were a loss). Best effort,
-    /// bounded: without it waiters are only held back.
+    /// deletions for a hand-over. Written with the session's lease, so they
+    /// are only written while the lease lives (a lease the server already let
+    /// expire fails the put: those deletions were a loss). One transaction
+    /// per [`CLOSING_PER_TXN`] locks the session still has entries in, sent
+    /// together. Best effort, bounded: without them waiters are only held
+    /// back.
     async fn mark_closing(&self) {
-        let txn = Txn::new().and_then([self.hand_over(layout::CLOSING)]);
-        let marker = layout::released(&self.markers, &self.id);
-        let mut kv = self.client.kv_client();
-        match tokio::time::timeout(self.close_mark_timeout, kv.txn(txn)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::debug!(lease = %self.id, marker, %error, "closing without a hand-over marker"),
+        let markers = self.closing_markers();
+        if markers.is_empty() {
+            return;
+        }
+        let txns = markers.chunks(CLOSING_PER_TXN).map(|chunk| {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|marker| {
+                    TxnOp::put(
+                        marker.clone(),
+                        layout::CLOSING.to_vec(),
+                        Some(PutOptions::new().with_lease(self.lease)),
+                    )
+                })
+                .collect();
+            let mut kv = self.client.kv_client();
+            async move { kv.txn(Txn::new().and_then(ops)).await }
+        });
+        let marked = futures::future::join_all(txns);
+        let first = &markers[0];
+        match tokio::time::timeout(self.close_mark_timeout, marked).await {
+            Ok(results) => {
+                for error in results.into_iter().filter_map(std::result::Result::err) {
+                    tracing::debug!(lease = %self.id, marker = first, %error, "closing without a hand-over marker");
+                }
+            }
             Err(_) => {
-                tracing::debug!(lease = %self.id, marker, "closing without a hand-over marker: no answer in time")
+                tracing::debug!(lease = %self.id, marker = first, "closing without a hand-over marker: no answer in time")
             }
         }
     }
@@ -1126,8 +1200,9 @@ impl EtcdSession {
     ) -> Result<etcd_client::TxnResponse> {
         let mut ops = Vec::with_capacity(1 + 2 * looks.len());
         ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
+        let dir = layout::dir_of(entry);
         for (_, owner, deleted_at) in looks {
-            let marker = layout::released(&self.markers, owner);
+            let marker = layout::released(&self.markers, dir, owner);
             ops.push(TxnOp::get(
                 marker.clone(),
                 Some(GetOptions::new().with_revision(*deleted_at)),

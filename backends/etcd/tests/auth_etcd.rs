@@ -16,7 +16,7 @@ const CAROL_PASSWORD: &str = "carol-pw-5d0";
 
 /// A cluster with auth enabled and these users:
 /// - `alice`: read-write on `locks/` only;
-/// - `carol`: read-write on `locks/` and on the default marker prefix;
+/// - `carol`: read-write on `locks/` and on [`lockline_etcd::MARKER_PREFIX`];
 /// - `bob`: read on `locks/` only.
 struct Secured {
     cluster: EtcdCluster,
@@ -146,10 +146,17 @@ async fn a_user_with_read_write_on_locks_can_lock_there_and_nowhere_else() {
     session.close().await.expect("close");
 }
 
+/// Markers moved under a prefix of their own ([`lockline_etcd::MARKER_PREFIX`])
+/// need a grant there too: without one the refusal says what to grant and
+/// leaves nothing behind; with one, that placement works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_grant_on_the_marker_prefix_the_error_says_so_and_nothing_is_left() {
+async fn with_a_marker_prefix_outside_the_grant_the_error_says_so_and_nothing_is_left() {
     let secured = Secured::start().await;
-    let client = Client::new(secured.backend("alice", ALICE_PASSWORD));
+    let client = Client::new(
+        secured
+            .backend("alice", ALICE_PASSWORD)
+            .with_marker_prefix(lockline_etcd::MARKER_PREFIX),
+    );
     let session = client.session_with(quick()).await.expect("session as alice");
     let refused = session.mutex("locks/b").expect("mutex").lock().await;
     let Err(error @ Error::PermissionDenied { .. }) = &refused else {
@@ -157,7 +164,7 @@ async fn without_a_grant_on_the_marker_prefix_the_error_says_so_and_nothing_is_l
     };
     let shown = error.to_string();
     assert!(
-        shown.contains(lockline_etcd::MARKER_PREFIX) && shown.contains("with_marker_prefix"),
+        shown.contains("with_marker_prefix") && shown.contains("locks/b"),
         "the error does not say how to fix it: {shown}"
     );
     session.flush().await;
@@ -167,8 +174,12 @@ async fn without_a_grant_on_the_marker_prefix_the_error_says_so_and_nothing_is_l
         "an entry was left: {keys:?}"
     );
 
-    // With the marker prefix granted too, the default layout works.
-    let carol = Client::new(secured.backend("carol", CAROL_PASSWORD));
+    // With the marker prefix granted too, that placement works.
+    let carol = Client::new(
+        secured
+            .backend("carol", CAROL_PASSWORD)
+            .with_marker_prefix(lockline_etcd::MARKER_PREFIX),
+    );
     let session = carol.session_with(quick()).await.expect("session as carol");
     let guard = bounded("lock locks/b", session.mutex("locks/b").expect("mutex").lock())
         .await

@@ -1,23 +1,21 @@
-//! Markers of cancelled acquires stay out of every lock's way, and a reader
-//! is refused beside a semaphore permit of its name.
+//! Markers of cancelled acquires stay out of the way of Go's and etcdctl's
+//! contenders (of the same name by default; of every name under a marker
+//! prefix of their own), and a reader is refused beside a semaphore permit
+//! of its name.
 
 use lockline::conformance::{bounded, until};
-use lockline::{Client, Error};
+use lockline::{Client, Error, Session};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
 
-/// An acquire of the nested lock `app/jobs` cancelled while its append is in
-/// flight leaves a marker that fences the late append; the marker lives in a
-/// namespace of its own, so `etcdctl lock app` (which counts every key under
-/// `app/`) is not blocked by it while the lockline session stays alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandoned_markers_never_block_etcdctl_lock_on_a_parent_name() {
-    let cluster = EtcdCluster::start().expect("start etcd");
+/// Cancels an acquire of `name` while its append is held on its way to the
+/// server, so that the attempt leaves its abandoned-attempt marker; returns
+/// the still live session.
+async fn cancel_an_append(cluster: &EtcdCluster, backend: impl Fn(String) -> Etcd, name: &str) -> (TcpProxy, Session) {
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let client = Client::new(backend(format!("http://{}", proxy.address())));
     let session = client.session().await.expect("session");
-    let mutex = session.mutex("app/jobs").expect("mutex");
-    // The append is sent but held on its way: cancel the acquire meanwhile.
+    let mutex = session.mutex(name).expect("mutex");
     proxy.set_requests_held(true);
     let acquire = tokio::spawn(async move { mutex.lock().await });
     until("the append is on its way", || proxy.held_request_bytes() > 0).await;
@@ -25,25 +23,69 @@ async fn abandoned_markers_never_block_etcdctl_lock_on_a_parent_name() {
     let _ = acquire.await;
     proxy.set_requests_held(false);
     bounded("background cleanup", session.flush()).await;
+    (proxy, session)
+}
+
+/// `etcdctl lock NAME true` within 5 s.
+fn etcdctl_lock(cluster: &EtcdCluster, name: &str) -> std::process::ExitStatus {
+    std::process::Command::new("timeout")
+        .arg("5")
+        .arg("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
+        .args(["lock", name, "true"])
+        .status()
+        .expect("etcdctl lock")
+}
+
+/// By default the marker an abandoned acquire of `app/jobs` leaves lives
+/// beside the lock, in the key range of its name (`app/jobs` NUL
+/// `lockline/...`) but outside its prefix `app/jobs/`, so `etcdctl lock
+/// app/jobs` (which counts every key under `app/jobs/`) is not blocked by
+/// it while the lockline session stays alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_markers_beside_a_lock_never_block_etcdctl_lock_on_its_name() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let (_proxy, session) = cancel_an_append(&cluster, |endpoint| Etcd::new([endpoint]), "app/jobs").await;
     let keys = cluster.keys("").expect("keys");
     let marker = keys
         .iter()
-        .find(|k| k.starts_with("__lockline_abandoned__/"))
+        .find(|k| k.starts_with("app/jobs\0lockline/"))
+        .unwrap_or_else(|| panic!("the cancelled attempt left no marker beside app/jobs: {keys:?}"));
+    assert!(
+        keys.iter().all(|k| !k.starts_with("app/jobs/")),
+        "a cancelled acquire left a key under app/jobs/: {keys:?}"
+    );
+    let start = std::time::Instant::now();
+    let status = etcdctl_lock(&cluster, "app/jobs");
+    assert!(
+        status.success(),
+        "etcdctl lock app/jobs waited {:?} behind lockline's marker {marker:?} ({status:?})",
+        start.elapsed()
+    );
+    drop(session);
+}
+
+/// With markers under a prefix of their own ([`lockline_etcd::MARKER_PREFIX`])
+/// they are under no lock's prefix at all: not even `etcdctl lock app`, a
+/// parent of the lock `app/jobs`, is blocked by the marker an abandoned
+/// acquire of `app/jobs` leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_markers_under_their_own_prefix_never_block_etcdctl_lock_on_a_parent_name() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let backend = |endpoint| Etcd::new([endpoint]).with_marker_prefix(lockline_etcd::MARKER_PREFIX);
+    let (_proxy, session) = cancel_an_append(&cluster, backend, "app/jobs").await;
+    let keys = cluster.keys("").expect("keys");
+    let marker = keys
+        .iter()
+        .find(|k| k.starts_with(lockline_etcd::MARKER_PREFIX))
         .unwrap_or_else(|| panic!("the cancelled attempt left no marker: {keys:?}"));
     assert!(
         keys.iter().all(|k| !k.starts_with("app/")),
         "a cancelled acquire left a key under app/: {keys:?}"
     );
-    // Every lockline contender has gone; the lockline session is idle and live.
     let start = std::time::Instant::now();
-    let status = std::process::Command::new("timeout")
-        .arg("5")
-        .arg("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
-        .args(["lock", "app", "true"])
-        .status()
-        .expect("etcdctl lock");
+    let status = etcdctl_lock(&cluster, "app");
     assert!(
         status.success(),
         "etcdctl lock app waited {:?} behind lockline's marker {marker:?} of the idle lock app/jobs ({status:?})",

@@ -106,18 +106,23 @@ async fn one_grant_on_the_namespace_is_enough() {
     admin.user_grant_role("team", "team-rw").await.expect("grant role");
     admin.auth_enable().await.expect("enable auth");
 
-    // Without the namespace, the markers' default prefix is outside the grant.
-    let outside = Client::new(Etcd::new(cluster.endpoints()).with_user("team", TEAM));
+    // Without the namespace, a marker prefix outside `team/` is not granted.
+    let outside = Client::new(
+        Etcd::new(cluster.endpoints())
+            .with_user("team", TEAM)
+            .with_marker_prefix(lockline_etcd::MARKER_PREFIX),
+    );
     let session = outside.session().await.expect("session");
     match session.mutex("team/jobs").expect("mutex").lock().await {
         Err(Error::PermissionDenied { .. }) => {}
         other => panic!("the markers' prefix is not granted, expected PermissionDenied, got {other:?}"),
     }
-    // With it, locks and markers are both under `team/`.
+    // With it, locks and markers (moved or not) are all under `team/`.
     let inside = Client::new(
         Etcd::new(cluster.endpoints())
             .with_user("team", TEAM)
-            .with_namespace("team/"),
+            .with_namespace("team/")
+            .with_marker_prefix(lockline_etcd::MARKER_PREFIX),
     );
     let session = inside.session().await.expect("session");
     let mutex = session.mutex("jobs").expect("mutex");

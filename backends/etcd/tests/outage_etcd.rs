@@ -11,6 +11,14 @@ use lockline::{Client, SessionOptions, SessionState};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
 
+/// The keys under `prefix` but the markers (`NAME` NUL `lockline/...`,
+/// bound to the session's lease and gone with it): what an outage must not
+/// leave behind is an entry.
+fn entries(cluster: &EtcdCluster, prefix: &str) -> Vec<String> {
+    let keys = cluster.keys(prefix).expect("keys");
+    keys.into_iter().filter(|key| !key.contains("\0lockline/")).collect()
+}
+
 async fn outage(silent: bool) {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
@@ -55,7 +63,7 @@ async fn outage(silent: bool) {
         "the outage was shorter than the loss deadline"
     );
     blocker.release().await.expect("release");
-    let left = cluster.keys("outage").expect("keys");
+    let left = entries(&cluster, "outage");
     assert!(left.is_empty(), "left after a {}s outage: {left:?}", 4);
 }
 
@@ -96,7 +104,7 @@ async fn a_dropped_guard_is_removed_after_an_outage_longer_than_five_tries() {
     proxy.unblock();
     bounded("background cleanup", session.flush()).await;
     assert_ne!(session.state(), SessionState::Lost);
-    let left = cluster.keys("outage/long").expect("keys");
+    let left = entries(&cluster, "outage/long");
     assert!(left.is_empty(), "the dropped guard's key outlived the outage: {left:?}");
     let again = bounded("the same session again", session.mutex("outage/long").unwrap().lock())
         .await

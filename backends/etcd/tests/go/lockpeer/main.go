@@ -7,7 +7,8 @@
 //	lockpeer mutex ENDPOINTS NAME        prints "held KEY HEADER_REVISION CREATE_REVISION", then "released"
 //	lockpeer elect ENDPOINTS NAME VALUE  prints "leader KEY HEADER_REVISION CREATE_REVISION", then "resigned"
 //
-// ENDPOINTS is comma-separated. HEADER_REVISION is what Go reports as
+// ENDPOINTS is comma-separated. With LOCKPEER_USER=USER:PASSWORD in the
+// environment it authenticates as that user. HEADER_REVISION is what Go reports as
 // m.Header().Revision (what `etcdctl lock` exports as ETCD_LOCK_REV);
 // CREATE_REVISION is the create revision of the held key, read back with a Get.
 package main
@@ -45,7 +46,12 @@ func main() {
 		fail(fmt.Errorf("usage: lockpeer mutex|elect ENDPOINTS NAME [VALUE]"))
 	}
 	recipe, endpoints, name := os.Args[1], strings.Split(os.Args[2], ","), os.Args[3]
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second})
+	config := clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second}
+	if user, ok := os.LookupEnv("LOCKPEER_USER"); ok {
+		name, password, _ := strings.Cut(user, ":")
+		config.Username, config.Password = name, password
+	}
+	c, err := clientv3.New(config)
 	if err != nil {
 		fail(err)
 	}
