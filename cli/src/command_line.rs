@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
-use lockline::MAX_LOCK_DELAY;
+use lockline::{MAX_LOCK_DELAY, MAX_PERMITS};
 
 /// The longest `--kill-after` accepted: a grace is meant to be short, since on
 /// a lost lock the command runs unprotected during it.
@@ -32,7 +32,7 @@ pub(crate) const MAX_KILL_AFTER: Duration = Duration::from_secs(3600);
 const SERVER: &str = "Server (one of)";
 const SECURE: &str = "Secure clusters (etcd, ZooKeeper)";
 
-const TOP_USAGE: &str = "lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
+const TOP_USAGE: &str = "lockline lock [-s|--limit N] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]
        lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
        lockline elect -l|--listen [OPTIONS] NAME
        lockline list [OPTIONS] NAME
@@ -88,7 +88,8 @@ digest|sasl:USER:PASSWORD). Passwords are never printed.";
 const SET_FOR_COMMAND: &str = "\
 Set for COMMAND: LOCKLINE_KEY (the held key), LOCKLINE_TOKEN (the fencing
 token: pass it to whatever the lock protects, which refuses lower tokens) and
-LOCKLINE_SEQUENCER (lockline1:MODE:TOKEN:NAME: pass it to a resource that
+LOCKLINE_SEQUENCER (lockline1:MODE:TOKEN:NAME, MODE mutex, read under -s,
+permit-N under --limit N, leader under elect: pass it to a resource that
 cannot keep tokens, which asks `lockline check` whether it is current).";
 
 const EXIT_STATUSES: &str = "\
@@ -96,7 +97,8 @@ Exit statuses:
   COMMAND's own status, or 128+N when it was killed by signal N
   0     without COMMAND, released after SIGINT, SIGTERM, SIGHUP or SIGQUIT;
         elect -l ended by a signal; list done; check: the sequencer is current
-  1     check: the sequencer is not current
+  1     check: the sequencer is not current; lock -n: NAME is taken
+        (the --conflict-exit-code status, when given)
   120   the lock (or leadership) was lost while held
   121   credentials or permission refused
   122   cluster unreachable within the deadline
@@ -144,10 +146,12 @@ pub(crate) enum Command {
     ///
     /// Waits in line for the lock NAME, then runs COMMAND with the lock held
     /// and releases it when COMMAND exits; without COMMAND, prints the held
-    /// key and holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
+    /// key and holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT. The
+    /// lock is exclusive; with -s it is shared (a read lock), with --limit N
+    /// a permit of a semaphore of N; with -n it is one try.
     #[command(
         help_template = SUBCOMMAND_TEMPLATE,
-        override_usage = "lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]",
+        override_usage = "lockline lock [-s|--limit N] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]",
         after_help = holding_after_help(),
     )]
     Lock(LockArgs),
@@ -202,6 +206,21 @@ pub(crate) struct LockArgs {
     pub(crate) session: SessionFlags,
     #[command(flatten)]
     pub(crate) holding: HoldingFlags,
+    /// lock: a shared (read) lock: -s holders hold together, a lock without
+    /// -s waits for them and they for it (a Curator read lock on ZooKeeper)
+    #[arg(short = 's', long, conflicts_with = "limit")]
+    pub(crate) shared: bool,
+    /// lock: a permit of a semaphore of N (as consul lock -n): up to N
+    /// holders at once; every contender of NAME must give the same N
+    #[arg(long, value_name = "N", value_parser = permits, allow_hyphen_values = true)]
+    pub(crate) limit: Option<usize>,
+    /// lock: one try, as flock -n: if NAME is taken, exit at once with the
+    /// --conflict-exit-code status, leaving no entry behind
+    #[arg(short = 'n', long, conflicts_with = "timeout")]
+    pub(crate) nonblock: bool,
+    /// lock -n: the status when NAME is taken (default 1, as flock -E)
+    #[arg(long, value_name = "STATUS", value_parser = clap::value_parser!(u8), allow_hyphen_values = true)]
+    pub(crate) conflict_exit_code: Option<u8>,
     /// NAME, then COMMAND and its ARGS (everything after NAME is COMMAND's).
     #[arg(value_name = "NAME", num_args = 0.., trailing_var_arg = true, hide = true)]
     pub(crate) rest: Vec<String>,
@@ -328,7 +347,11 @@ pub(crate) struct SessionFlags {
     pub(crate) ttl: Option<Duration>,
 }
 
-/// What `lock` and `elect` take for holding.
+/// What `lock` and `elect` take for holding: an option of whatever holds
+/// (the lock or the leadership) belongs here, and reaches [`Args`] through
+/// `parse` like the others.
+///
+/// [`Args`]: crate::Args
 #[derive(Args, Debug)]
 pub(crate) struct HoldingFlags {
     /// lock, elect: give up waiting in line after SECS (exit 124); connecting
@@ -355,6 +378,14 @@ fn seconds(value: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{value:?} is not a number of seconds"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{value:?} is not a valid duration"))
+}
+
+/// `--limit`: from 1 to [`MAX_PERMITS`].
+fn permits(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(permits) if (1..=MAX_PERMITS).contains(&permits) => Ok(permits),
+        _ => Err(format!("a number of permits from 1 to {MAX_PERMITS}")),
+    }
 }
 
 /// `--kill-after`: at most [`MAX_KILL_AFTER`].

@@ -2,7 +2,7 @@
 //! Redis, PostgreSQL or MariaDB/MySQL, for scripts.
 //!
 //! ```text
-//! lockline lock [OPTIONS] NAME [--] [COMMAND [ARGS...]]
+//! lockline lock [-s|--limit N] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]
 //! lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
 //! lockline elect -l|--listen [OPTIONS] NAME
 //! lockline list [OPTIONS] NAME
@@ -14,7 +14,18 @@
 //! - `lock` waits in line for the lock `NAME`, then runs `COMMAND` with the
 //!   lock held and releases it when `COMMAND` exits; without a command it
 //!   prints the held key and holds the lock until SIGINT, SIGTERM, SIGHUP or
-//!   SIGQUIT, then releases it and exits 0.
+//!   SIGQUIT, then releases it and exits 0. The lock is exclusive (a mutex);
+//!   `-s`/`--shared` takes it shared instead (the read side of a read/write
+//!   lock: `-s` holders hold together, and a `lock` without `-s` waits for
+//!   them as they wait for it), `--limit N` takes one of N permits (a
+//!   semaphore, as `consul lock -n N`: up to N holders at once; every
+//!   contender of `NAME` gives the same N, a name is used by one recipe
+//!   kind at a time, and a waiter waits on the entry N places ahead of it,
+//!   so a permit freed nearer to it is taken once that one goes).
+//!   `-n`/`--nonblock` makes one try, as `flock -n`: when `NAME` is taken it exits at once with the
+//!   `--conflict-exit-code` status (default 1, as flock's `-E`) and leaves
+//!   no entry behind; it goes with `-s` or `--limit`, not with `--timeout`.
+//!   `-s` with `--limit` is refused (123).
 //! - `elect` campaigns in the election `NAME` with `PROPOSAL` as the value.
 //!   Once leader it runs `COMMAND` exactly as `lock` does (same process
 //!   group, same end on a lost leadership, same exit statuses, same
@@ -70,9 +81,10 @@
 //! below), `--lock-delay SECS` (lock and elect: the session's lock-delay,
 //! at most 60, fractions allowed, default 0: after a holder lost the lock
 //! involuntarily, wait that much longer before taking it; a release hands
-//! on at once), `--print-key` (with a command: the held key on standard
-//! output too), `-l`/`--listen` (elect), `--verbose` (check). On secure
-//! clusters: `--cacert FILE`, `--cert FILE`, `--key FILE` (TLS, both
+//! on at once), `-s`/`--shared`, `--limit N`, `-n`/`--nonblock` and
+//! `--conflict-exit-code STATUS` (lock, above), `--print-key` (with a
+//! command: the held key on standard output too), `-l`/`--listen`
+//! (elect), `--verbose` (check). On secure clusters: `--cacert FILE`, `--cert FILE`, `--key FILE` (TLS, both
 //! backends); `--user NAME[:PASSWORD]`, `--password PASSWORD` and
 //! `--marker-prefix PREFIX` (etcd); `--zk-auth digest|sasl:USER:PASSWORD`
 //! and `--zk-acl open|creator` (ZooKeeper). Options may be written
@@ -94,8 +106,9 @@
 //!
 //! Set for the command: `LOCKLINE_KEY` (the held key), `LOCKLINE_TOKEN`
 //! (the fencing token) and `LOCKLINE_SEQUENCER` (the holder's sequencer,
-//! `lockline1:MODE:TOKEN:NAME`, MODE `mutex` under `lock` and `leader` under
-//! `elect`, for `lockline check`).
+//! `lockline1:MODE:TOKEN:NAME`, MODE `mutex` under `lock`, `read` under
+//! `lock -s`, `permit-N` under `lock --limit N` and `leader` under `elect`,
+//! for `lockline check`).
 //!
 //! # Output
 //!
@@ -122,7 +135,7 @@
 //! |---|---|
 //! | the command's | the command exited by itself; 128 + N when it was killed by signal N |
 //! | 0 | without a command: released (resigned) after SIGINT, SIGTERM, SIGHUP or SIGQUIT; `elect -l` ended by one of them; `list` done; `check`: the sequencer is current |
-//! | 1 | `check`: the sequencer is not current |
+//! | 1 | `check`: the sequencer is not current; `lock -n`: `NAME` is taken (the `--conflict-exit-code` status when given) |
 //! | 120 | the lock (or leadership) was lost while held |
 //! | 121 | credentials or permission refused |
 //! | 122 | the cluster could not be reached within the deadline |
@@ -232,7 +245,9 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use futures::StreamExt;
-use lockline::{Client, Error, FencingToken, Leadership, MutexGuard, Sequencer, Session, SessionOptions, Tls};
+use lockline::{
+    Client, Error, FencingToken, Leadership, MutexGuard, Permit, ReadGuard, Sequencer, Session, SessionOptions, Tls,
+};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
 use lockline_sql::Sql;
@@ -244,6 +259,9 @@ use crate::signals::{signal_name, StopSignals, SuspendSignal};
 /// Exit status of `check` when the sequencer is not current (as test(1)'s
 /// false).
 const NOT_CURRENT: u8 = 1;
+/// Exit status of `lock -n` when the lock is taken, unless
+/// `--conflict-exit-code` says (as flock(1)'s `-E` default).
+const DEFAULT_CONFLICT: u8 = 1;
 /// Exit status when the lock (or leadership) was lost while held.
 const LOST: u8 = 120;
 /// Exit status when the server refused the credentials or a permission.
@@ -445,11 +463,22 @@ impl std::fmt::Debug for Security {
     }
 }
 
+/// Which lock `lock` takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Recipe {
+    /// Exclusive: a mutex (etcd's Go layout, Curator's mutex).
+    Exclusive,
+    /// `--shared`: the read side of a read/write lock.
+    Shared,
+    /// `--limit N`: a permit of a semaphore of N.
+    Limit(usize),
+}
+
 /// What to do with `NAME`.
 #[derive(Debug, PartialEq)]
 enum Mode {
-    /// `lock NAME [COMMAND...]`: hold the lock.
-    Lock { command: Vec<String> },
+    /// `lock NAME [COMMAND...]`: hold the lock, as `recipe` says.
+    Lock { command: Vec<String>, recipe: Recipe },
     /// `elect NAME PROPOSAL [COMMAND...]`: lead with `proposal` as the value.
     Elect { proposal: String, command: Vec<String> },
     /// `elect --listen NAME`: print every leader.
@@ -473,6 +502,8 @@ struct Args {
     print_key: bool,
     /// `--verbose` (check): the answer on standard output too.
     verbose: bool,
+    /// `--nonblock` (lock): one try, and the status when the lock is taken.
+    nonblock: Option<u8>,
     /// The lock's name (check: the sequencer's).
     name: String,
     mode: Mode,
@@ -494,7 +525,7 @@ impl Args {
     /// The command to run while holding (empty: none).
     fn command(&self) -> &[String] {
         match &self.mode {
-            Mode::Lock { command } | Mode::Elect { command, .. } => command,
+            Mode::Lock { command, .. } | Mode::Elect { command, .. } => command,
             Mode::Listen | Mode::List | Mode::Check { .. } => &[],
         }
     }
@@ -554,17 +585,33 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
     let Some((_, sub)) = matches.subcommand() else {
         return Err("a command is required".to_owned());
     };
+    let mut recipe = Recipe::Exclusive;
+    let mut nonblock = None;
     let (connection, ttl, holding, listen, verbose, rest, subcommand) = match cli.command {
         Command::Completions { shell } => return Ok(Action::Completions(shell)),
-        Command::Lock(lock) => (
-            lock.connection,
-            lock.session.ttl,
-            Some(lock.holding),
-            false,
-            false,
-            lock.rest,
-            "lock",
-        ),
+        Command::Lock(lock) => {
+            recipe = match (lock.shared, lock.limit) {
+                (true, _) => Recipe::Shared,
+                (false, Some(permits)) => Recipe::Limit(permits),
+                (false, None) => Recipe::Exclusive,
+            };
+            nonblock = match (lock.nonblock, lock.conflict_exit_code) {
+                (true, code) => Some(code.unwrap_or(DEFAULT_CONFLICT)),
+                (false, Some(_)) => {
+                    return Err("--conflict-exit-code is the status of -n/--nonblock: give -n too".to_owned())
+                }
+                (false, None) => None,
+            };
+            (
+                lock.connection,
+                lock.session.ttl,
+                Some(lock.holding),
+                false,
+                false,
+                lock.rest,
+                "lock",
+            )
+        }
         Command::Elect(elect) => (
             elect.connection,
             elect.session.ttl,
@@ -727,7 +774,10 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
         rest.collect::<Vec<String>>()
     };
     let mode = match subcommand {
-        "lock" => Mode::Lock { command: command(rest) },
+        "lock" => Mode::Lock {
+            command: command(rest),
+            recipe,
+        },
         "elect" if listen => match rest.next() {
             Some(_) => return Err("elect --listen takes NAME only, no PROPOSAL or COMMAND".to_owned()),
             None => Mode::Listen,
@@ -793,6 +843,7 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
         lock_delay: lock_delay.unwrap_or(Duration::ZERO),
         print_key,
         verbose,
+        nonblock,
         name,
         mode,
     })))
@@ -1031,11 +1082,25 @@ enum Held {
     Lost,
 }
 
-/// A held lock or leadership: the same guard surface.
+/// A held lock, read lock, permit or leadership: the same guard surface.
 #[derive(Debug)]
 enum Holding {
     Lock(MutexGuard),
+    Read(ReadGuard),
+    Permit(Permit),
     Leader(Leadership),
+}
+
+/// Each of [`Holding`]'s guards, for the same call.
+macro_rules! each {
+    ($holding:expr, $guard:ident => $body:expr) => {
+        match $holding {
+            Holding::Lock($guard) => $body,
+            Holding::Read($guard) => $body,
+            Holding::Permit($guard) => $body,
+            Holding::Leader($guard) => $body,
+        }
+    };
 }
 
 impl Holding {
@@ -1043,36 +1108,26 @@ impl Holding {
     fn what(&self) -> &'static str {
         match self {
             Holding::Lock(_) => "lock",
+            Holding::Read(_) => "shared lock",
+            Holding::Permit(_) => "permit",
             Holding::Leader(_) => "leadership",
         }
     }
 
     fn key(&self) -> &str {
-        match self {
-            Holding::Lock(guard) => guard.key(),
-            Holding::Leader(leadership) => leadership.key(),
-        }
+        each!(self, guard => guard.key())
     }
 
     fn token(&self) -> FencingToken {
-        match self {
-            Holding::Lock(guard) => guard.token(),
-            Holding::Leader(leadership) => leadership.token(),
-        }
+        each!(self, guard => guard.token())
     }
 
     fn sequencer(&self) -> Sequencer {
-        match self {
-            Holding::Lock(guard) => guard.sequencer(),
-            Holding::Leader(leadership) => leadership.sequencer(),
-        }
+        each!(self, guard => guard.sequencer())
     }
 
     fn is_held(&self) -> bool {
-        match self {
-            Holding::Lock(guard) => guard.is_held(),
-            Holding::Leader(leadership) => leadership.is_held(),
-        }
+        each!(self, guard => guard.is_held())
     }
 
     /// Resolves once the lock or leadership may no longer be held.
@@ -1081,39 +1136,77 @@ impl Holding {
     ///
     /// Cancel safe.
     async fn lost(&self) {
-        match self {
-            Holding::Lock(guard) => guard.lost().await,
-            Holding::Leader(leadership) => leadership.lost().await,
-        }
+        each!(self, guard => guard.lost().await)
     }
 
     async fn release(self) -> lockline::Result<()> {
         match self {
             Holding::Lock(guard) => guard.release().await,
+            Holding::Read(guard) => guard.release().await,
+            Holding::Permit(guard) => guard.release().await,
             Holding::Leader(leadership) => leadership.resign().await,
         }
     }
 }
 
-/// Waits in line for the lock, or campaigns, as `args` say.
-async fn acquire(args: &Args, session: &Session) -> lockline::Result<Holding> {
-    match &args.mode {
+/// Waits in line for the lock, or campaigns, as `args` say; `None` when
+/// `--nonblock` found the lock taken (no entry is left behind).
+async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Holding>> {
+    let recipe = match &args.mode {
         Mode::Elect { proposal, .. } => {
             let election = session.election(&args.name)?;
             let leadership = match args.timeout {
                 Some(timeout) => election.campaign_timeout(proposal.as_bytes(), timeout).await?,
                 None => election.campaign(proposal.as_bytes()).await?,
             };
-            Ok(Holding::Leader(leadership))
+            return Ok(Some(Holding::Leader(leadership)));
         }
-        _ => {
-            let mutex = session.mutex(&args.name)?;
-            let guard = match args.timeout {
-                Some(timeout) => mutex.lock_timeout(timeout).await?,
-                None => mutex.lock().await?,
-            };
-            Ok(Holding::Lock(guard))
+        Mode::Lock { recipe, .. } => *recipe,
+        Mode::Listen | Mode::List | Mode::Check { .. } => Recipe::Exclusive,
+    };
+    let name = &args.name;
+    // One try: `--nonblock`, or `--timeout 0` (which answers 124).
+    if args.nonblock.is_some() || args.timeout == Some(Duration::ZERO) {
+        let held = match recipe {
+            Recipe::Exclusive => session.mutex(name)?.try_lock().await?.map(Holding::Lock),
+            Recipe::Shared => session.rwlock(name)?.try_read().await?.map(Holding::Read),
+            Recipe::Limit(permits) => session
+                .semaphore(name, permits)?
+                .try_acquire()
+                .await?
+                .map(Holding::Permit),
+        };
+        return match (held, args.nonblock) {
+            (Some(held), _) => Ok(Some(held)),
+            (None, Some(_)) => Ok(None),
+            (None, None) => Err(Error::Timeout {
+                name: name.clone(),
+                waited: Duration::ZERO,
+                held_by_this_session: false,
+            }),
+        };
+    }
+    let wait = async {
+        Ok::<_, Error>(match recipe {
+            Recipe::Exclusive => Holding::Lock(session.mutex(name)?.lock().await?),
+            Recipe::Shared => Holding::Read(session.rwlock(name)?.read().await?),
+            Recipe::Limit(permits) => Holding::Permit(session.semaphore(name, permits)?.acquire().await?),
+        })
+    };
+    match (recipe, args.timeout) {
+        (_, None) => wait.await.map(Some),
+        (Recipe::Exclusive, Some(timeout)) => {
+            Ok(Some(Holding::Lock(session.mutex(name)?.lock_timeout(timeout).await?)))
         }
+        // Dropping the wait removes its entry, as any cancelled acquire.
+        (_, Some(timeout)) => match tokio::time::timeout(timeout, wait).await {
+            Ok(held) => held.map(Some),
+            Err(_) => Err(Error::Timeout {
+                name: name.clone(),
+                waited: timeout,
+                held_by_this_session: false,
+            }),
+        },
     }
 }
 
@@ -1126,7 +1219,14 @@ async fn hold(args: &Args, session: &Session, signals: &mut StopSignals) -> lock
             note!("lockline: got {} while waiting for {:?}; leaving the queue", signal_name(signal), args.name);
             return Ok(Held::Cancelled(signal));
         }
-        held = acquire(args, session) => held?,
+        held = acquire(args, session) => match held? {
+            Some(held) => held,
+            None => {
+                let code = args.nonblock.unwrap_or(DEFAULT_CONFLICT);
+                note!("lockline: {:?} is taken (--nonblock: one try); exit {code}", args.name);
+                return Ok(Held::Released(code));
+            }
+        },
     };
     let command = args.command();
     // With a command, standard output is the command's alone, unless asked.
@@ -1823,6 +1923,54 @@ mod tests {
         ] {
             let error = args(line).expect_err(line);
             assert!(error.contains(says), "{line}: {error}");
+        }
+    }
+
+    #[test]
+    fn lock_takes_one_recipe_and_nonblock_its_status() {
+        use super::{Mode, Recipe};
+        let recipe = |line: &str| match args(line).expect(line).mode {
+            Mode::Lock { recipe, .. } => recipe,
+            other => panic!("{line}: {other:?}"),
+        };
+        assert_eq!(recipe("lock --etcd http://a:1 x"), Recipe::Exclusive);
+        assert_eq!(recipe("lock --etcd http://a:1 -s x"), Recipe::Shared);
+        assert_eq!(recipe("lock --shared --etcd http://a:1 x true"), Recipe::Shared);
+        assert_eq!(recipe("lock --etcd http://a:1 --limit 3 x"), Recipe::Limit(3));
+        assert_eq!(recipe("lock --etcd http://a:1 --limit=1 -n x"), Recipe::Limit(1));
+        let nonblock = |line: &str| args(line).expect(line).nonblock;
+        assert_eq!(nonblock("lock --etcd http://a:1 x"), None);
+        assert_eq!(nonblock("lock --etcd http://a:1 -n x"), Some(1));
+        assert_eq!(nonblock("lock --etcd http://a:1 -sn x"), Some(1));
+        assert_eq!(
+            nonblock("lock --etcd http://a:1 --nonblock --conflict-exit-code 7 x"),
+            Some(7)
+        );
+        // After NAME, the command's own flags.
+        let parsed = args("lock --etcd http://a:1 x flock -s -n y").expect("parse");
+        assert_eq!(parsed.command(), ["flock", "-s", "-n", "y"]);
+        assert_eq!(parsed.nonblock, None);
+        for (line, says) in [
+            (
+                "lock --etcd http://a:1 -s --limit 2 x",
+                "--shared and --limit cannot be used together",
+            ),
+            ("lock --etcd http://a:1 --limit 0 x", "from 1 to"),
+            ("lock --etcd http://a:1 --limit 10001 x", "from 1 to"),
+            (
+                "lock --etcd http://a:1 -n --timeout 1 x",
+                "--nonblock and --timeout cannot be used together",
+            ),
+            ("lock --etcd http://a:1 --conflict-exit-code 7 x", "give -n too"),
+            (
+                "lock --etcd http://a:1 -n --conflict-exit-code -1 x",
+                "--conflict-exit-code",
+            ),
+            ("elect --etcd http://a:1 -n x p", "-n is for lock"),
+            ("list --etcd http://a:1 --shared x", "--shared is for lock"),
+        ] {
+            let error = args(line).expect_err(line);
+            assert!(error.contains(says) && !error.contains('\n'), "{line}: {error}");
         }
     }
 

@@ -197,9 +197,18 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "--verbose",
         "--listen",
         "lock-delay until TIME",
+        "-s, --shared",
+        "--limit <N>",
+        "-n, --nonblock",
+        "--conflict-exit-code <STATUS>",
     ];
     let lock = [
-        "usage: lockline lock [OPTIONS] NAME",
+        "usage: lockline lock [-s|--limit N] [-n] [OPTIONS] NAME",
+        "-s, --shared",
+        "--limit <N>",
+        "-n, --nonblock",
+        "--conflict-exit-code <STATUS>",
+        "lock -n: NAME is taken",
         "--print-key",
         "--kill-after",
         "--lock-delay <SECS>",
@@ -492,6 +501,23 @@ fn usage_errors_exit_123() {
             "lockline1:mutex:7:x",
         ],
         vec!["lock", "--etcd", "http://127.0.0.1:1", "--verbose", "x"],
+        // The recipes: one at a time, -n without a timeout, and for lock.
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "-s", "--limit", "2", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--limit", "0", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--limit", "many", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "-n", "--timeout", "1", "x"],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", "--conflict-exit-code", "7", "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "-n",
+            "--conflict-exit-code",
+            "256",
+            "x",
+        ],
+        vec!["elect", "--etcd", "http://127.0.0.1:1", "-s", "x", "p"],
+        vec!["list", "--etcd", "http://127.0.0.1:1", "-n", "x"],
     ] {
         let output = lockline(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
