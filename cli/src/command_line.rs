@@ -327,7 +327,7 @@ pub(crate) struct SecurityFlags {
     #[arg(long, value_name = "PASSWORD", env = "ETCDCTL_PASSWORD", hide_env_values = true,
           help_heading = SECURE, allow_hyphen_values = true)]
     pub(crate) password: Option<String>,
-    /// etcd: where markers of cancelled acquires go (default __lockline_abandoned__/)
+    /// etcd: put lockline's markers under PREFIX (default: beside each lock, inside any grant on its name)
     #[arg(long, value_name = "PREFIX", help_heading = SECURE, allow_hyphen_values = true)]
     pub(crate) marker_prefix: Option<String>,
     /// ZooKeeper credentials
