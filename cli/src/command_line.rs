@@ -370,6 +370,10 @@ pub(crate) struct HoldingFlags {
     /// with COMMAND: print the held key on standard output too
     #[arg(long)]
     pub(crate) print_key: bool,
+    /// lock, elect: serve lockline's metrics for Prometheus at
+    /// http://ADDR/metrics (ADDR is HOST:PORT) while it runs
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// A number of seconds, fractions allowed.

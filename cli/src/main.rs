@@ -82,8 +82,11 @@
 //! at most 60, fractions allowed, default 0: after a holder lost the lock
 //! involuntarily, wait that much longer before taking it; a release hands
 //! on at once), `-s`/`--shared`, `--limit N`, `-n`/`--nonblock` and
-//! `--conflict-exit-code STATUS` (lock, above), `--print-key` (with a
-//! command: the held key on standard output too), `-l`/`--listen`
+//! `--conflict-exit-code STATUS` (lock, above), `--metrics ADDR` (lock and
+//! elect: serve lockline's metrics for Prometheus at `http://ADDR/metrics`
+//! while running, the lock's name among the labels; an address that cannot
+//! be listened on exits 123 before anything is contacted), `--print-key`
+//! (with a command: the held key on standard output too), `-l`/`--listen`
 //! (elect), `--verbose` (check). On secure clusters: `--cacert FILE`, `--cert FILE`, `--key FILE` (TLS, both
 //! backends); `--user NAME[:PASSWORD]`, `--password PASSWORD` and
 //! `--marker-prefix PREFIX` (etcd); `--zk-auth digest|sasl:USER:PASSWORD`
@@ -500,6 +503,8 @@ struct Args {
     lock_delay: Duration,
     /// `--print-key`: the held key on standard output even with a command.
     print_key: bool,
+    /// `--metrics ADDR`: where to serve the metrics while running.
+    metrics: Option<std::net::SocketAddr>,
     /// `--verbose` (check): the answer on standard output too.
     verbose: bool,
     /// `--nonblock` (lock): one try, and the status when the lock is taken.
@@ -814,14 +819,15 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
         Mode::Check { sequencer } => sequencer.name().to_owned(),
         _ => name,
     };
-    let (timeout, kill_after, lock_delay, print_key) = match holding {
+    let (timeout, kill_after, lock_delay, print_key, metrics) = match holding {
         Some(holding) => (
             holding.timeout,
             holding.kill_after,
             holding.lock_delay,
             holding.print_key,
+            holding.metrics,
         ),
-        None => (None, None, None, false),
+        None => (None, None, None, false, None),
     };
     if mode == Mode::Listen {
         if print_key {
@@ -833,6 +839,9 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
         if lock_delay.is_some() {
             return Err("--lock-delay is for lock and elect, not elect --listen".to_owned());
         }
+        if metrics.is_some() {
+            return Err("--metrics is for lock and elect, not elect --listen".to_owned());
+        }
     }
     Ok(Action::Run(Box::new(Args {
         server,
@@ -842,6 +851,7 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
         kill_after: kill_after.unwrap_or(DEFAULT_KILL_AFTER),
         lock_delay: lock_delay.unwrap_or(Duration::ZERO),
         print_key,
+        metrics,
         verbose,
         nonblock,
         name,
@@ -941,6 +951,9 @@ fn start(args: Args) -> u8 {
 
 async fn run(args: Args, signals: &mut StopSignals) -> lockline::Result<u8> {
     let client = backend(&args)?;
+    if let Some(addr) = args.metrics {
+        serve_metrics(addr)?;
+    }
     if let Mode::Check { sequencer } = &args.mode {
         // No lock can have this name: refused before anything is contacted.
         client.validate_name(sequencer.name())?;
@@ -1019,6 +1032,29 @@ async fn check(
         output::output(answer.to_vec());
     }
     Ok(if current { 0 } else { NOT_CURRENT })
+}
+
+/// `--metrics ADDR`: lockline's metrics (with the lock's name: there is
+/// one) served for Prometheus at `http://ADDR/metrics` until the process
+/// ends. An address that cannot be listened on is refused (123) before
+/// anything is contacted.
+fn serve_metrics(addr: std::net::SocketAddr) -> lockline::Result<()> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let refused = |why: String| Error::InvalidOptions {
+        reason: format!("--metrics {addr}: {why}"),
+    };
+    // Bound here first, so that an address in use is said now, not by a
+    // listener task that fails in the background.
+    drop(std::net::TcpListener::bind(addr).map_err(|e| refused(e.to_string()))?);
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), lockline::metrics::BUCKETS)
+        .map_err(|e| refused(e.to_string()))?
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| refused(e.to_string()))?;
+    lockline::metrics::include_lock_names(true);
+    lockline::metrics::describe();
+    Ok(())
 }
 
 /// The backend the arguments name, with their TLS and credentials.
