@@ -508,9 +508,9 @@ macro_rules! guard_surface {
             ///
             /// Puts create persistent keys (they outlive the session); a
             /// delete of a missing key is no error. An empty `writes` checks
-            /// the fence alone. See [`Write`](crate::Write) and the README's
-            /// "Fenced writes" for each backend's details (ZooKeeper creates
-            /// missing parent nodes).
+            /// the fence alone. See [`Write`](crate::Write) and the chapter
+            /// "Fenced writes" (`docs/fenced-writes.md`) for each backend's
+            /// details (ZooKeeper creates missing parent nodes).
             ///
             /// ```
             /// # #[tokio::main(flavor = "current_thread")]

@@ -26,6 +26,44 @@ mod token;
 mod wait;
 mod write;
 
+// The chapters under `docs/`: their Rust examples are tested as doc tests,
+// as the README's are through the crate documentation.
+#[cfg(doctest)]
+mod chapters {
+    #[doc = include_str!("../docs/recipes.md")]
+    mod recipes {}
+    #[doc = include_str!("../docs/fenced-writes.md")]
+    mod fenced_writes {}
+    #[doc = include_str!("../docs/sequencers.md")]
+    mod sequencers {}
+    #[doc = include_str!("../docs/guarantees.md")]
+    mod guarantees {}
+    #[doc = include_str!("../docs/metrics.md")]
+    mod metrics {}
+    #[doc = include_str!("../docs/etcd.md")]
+    mod etcd {}
+    #[doc = include_str!("../docs/zookeeper.md")]
+    mod zookeeper {}
+    #[doc = include_str!("../docs/redis.md")]
+    mod redis {}
+    #[doc = include_str!("../docs/sql.md")]
+    mod sql {}
+    #[doc = include_str!("../docs/interop.md")]
+    mod interop {}
+    #[doc = include_str!("../docs/security.md")]
+    mod security {}
+    #[doc = include_str!("../docs/cli.md")]
+    mod cli {}
+    #[doc = include_str!("../docs/benchmarks.md")]
+    mod benchmarks {}
+    #[doc = include_str!("../docs/memory.md")]
+    mod memory {}
+    #[doc = include_str!("../docs/faults.md")]
+    mod faults {}
+    #[doc = include_str!("../docs/repository.md")]
+    mod repository {}
+}
+
 #[cfg(feature = "conformance")]
 pub mod conformance;
 

@@ -614,17 +614,14 @@ fn a_database_password_is_hidden_in_every_message() {
     }
 }
 
-/// `--help`, the program's documentation and the README's section on the
-/// command name the same flags, variables and exit statuses.
+/// `--help`, the program's documentation and the command's chapter of the
+/// documentation (`docs/cli.md`, linked from the README) name the same flags,
+/// variables and exit statuses.
 #[test]
 fn the_help_the_docs_and_the_readme_agree() {
     let help = String::from_utf8(lockline(&["--help"]).stdout).expect("UTF-8 help");
-    let readme = include_str!("../../README.md");
-    let start = readme
-        .find("## The `lockline` command")
-        .expect("the README's CLI section");
-    let section = &readme[start..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |end| end + 3)];
+    let section = include_str!("../../docs/cli.md");
+    assert!(section.starts_with("# The `lockline` command"), "the command's chapter");
     let docs: String = include_str!("../src/main.rs")
         .lines()
         .filter_map(|line| line.strip_prefix("//!"))
@@ -652,10 +649,7 @@ fn the_help_the_docs_and_the_readme_agree() {
     let flags = words(&help, flag);
     assert!(flags.contains(&"--lock-delay".to_owned()), "{flags:?}");
     for flag in &flags {
-        assert!(
-            section.contains(flag.as_str()),
-            "{flag} is not in the README's CLI section"
-        );
+        assert!(section.contains(flag.as_str()), "{flag} is not in docs/cli.md");
         assert!(docs.contains(flag.as_str()), "{flag} is not in the program's docs");
     }
     for flag in words(section, flag).iter().chain(&words(&docs, flag)) {
@@ -668,7 +662,7 @@ fn the_help_the_docs_and_the_readme_agree() {
     let variables = words(&help, variable);
     assert!(variables.contains(&"LOCKLINE_SEQUENCER".to_owned()), "{variables:?}");
     for variable in &variables {
-        assert!(readme.contains(variable.as_str()), "{variable} is not in the README");
+        assert!(section.contains(variable.as_str()), "{variable} is not in docs/cli.md");
         assert!(
             docs.contains(variable.as_str()),
             "{variable} is not in the program's docs"
@@ -685,7 +679,7 @@ fn the_help_the_docs_and_the_readme_agree() {
     assert!(statuses.contains(&"1") && statuses.contains(&"123"), "{statuses:?}");
     for status in statuses {
         let row = format!("\n| {status} |");
-        assert!(section.contains(&row), "status {status} is not in the README's table");
+        assert!(section.contains(&row), "status {status} is not in docs/cli.md's table");
         assert!(
             docs.contains(&row),
             "status {status} is not in the program's docs table"

@@ -2,8 +2,8 @@
 //! holder: a peer's clean release leaves none of the marks a lockline
 //! release leaves (the etcd hand-over marker, the ZooKeeper node's last data
 //! change, the Redis channel's `gone`), so the waiter takes it for a loss and
-//! is held back for its lock-delay, as the README and each backend's docs
-//! say. Peers: `etcdctl lock`, kazoo's `Lock`, redis-py's `Lock`.
+//! is held back for its lock-delay, as docs/sequencers.md and each backend's
+//! docs say. Peers: `etcdctl lock`, kazoo's `Lock`, redis-py's `Lock`.
 
 mod support;
 

@@ -1,6 +1,6 @@
 //! The randomized fault test's short run, one per backend (a little over a minute
 //! each): contender processes, a fenced register, a seeded nemesis, a checker.
-//! The long run is the `lockline-faults` binary (see the README).
+//! The long run is the `lockline-faults` binary (see docs/faults.md).
 
 use std::path::PathBuf;
 use std::sync::Mutex;

@@ -42,11 +42,12 @@
 //!   them have their predecessors looked at every 100 ms, in one statement.
 //! - **A reset connection frees its locks at once**, as a crash does: the
 //!   holder hears `lost()` at its next heartbeat, within a keepalive
-//!   interval (the README's SQL section says what this means).
+//!   interval (the SQL chapter of the documentation, `docs/sql.md`, says
+//!   what this means).
 //!
 //! The tables are created on first use (or by a DBA with the script from
-//! [`Sql::ddl`]); the README's SQL section gives the layout, the privileges
-//! and the server settings.
+//! [`Sql::ddl`]); the SQL chapter, `docs/sql.md`, gives the layout, the
+//! privileges and the server settings.
 //!
 //! # Fenced transactions
 //!

@@ -1,5 +1,5 @@
-//! Attacks on lockline-sql's promises (README, "PostgreSQL and MariaDB/MySQL
-//! (`lockline-sql`)" and "Guarantees, and their limits"), on real
+//! Attacks on lockline-sql's promises (`docs/sql.md`, "PostgreSQL and
+//! MariaDB/MySQL (`lockline-sql`)", and `docs/guarantees.md`), on real
 //! PostgreSQL and MariaDB servers. Tests that exposed a defect say so in a
 //! comment ("Was a defect, now fixed") and name what broke; all are
 //! regression tests now.
@@ -455,7 +455,7 @@ async fn campaigns_do_not_starve_a_mutex_waiter(db: Db) {
 // connection back); only a *smaller* priority preempts. So n waits on old
 // entries (election candidates and observers wait indefinitely by design)
 // hold every wait connection, and the head of any newer lock's queue is
-// never told its lock is free. README ("given to the waiters nearest the
+// never told its lock is free. docs/sql.md ("given to the waiters nearest the
 // heads of their queues"; "a waiter beyond that, on a lock nearer no head
 // than the others, waits in the process") promises otherwise: here both
 // waiters are at the head of their queues. If the holder of the old lock
@@ -541,7 +541,7 @@ async fn postgres_a_failed_append_leaves_no_advisory_lock() {
 }
 
 /// Names that differ only in trailing spaces are different names (the
-/// README: "names of 512 bytes and any characters" are separate locks), and
+/// SQL chapter: "names of 512 bytes and any characters" are separate locks), and
 /// so are fenced-write keys.
 async fn trailing_spaces_make_different_names(db: Db) {
     let client = Client::new(Sql::new(db.url()));
@@ -1627,7 +1627,7 @@ async fn mariadb_a_dropped_first_acquire_keeps_the_session() {
 /// on within a second): it cannot tell the two apart. So the next grant may
 /// come first, and the holder hears lost() at its next heartbeat, which
 /// finds its connection gone: within a keepalive interval of the reset (the
-/// README says so; fencing tokens cover the window, as for a paused holder).
+/// SQL chapter says so; fencing tokens cover the window, as for a paused holder).
 /// Unlike etcd and ZooKeeper, whose sessions outlive a connection.
 async fn a_reset_holder_is_told_within_a_keepalive_interval(db: Db) {
     let url = db.url();

@@ -191,7 +191,7 @@ async fn kazoo_write_lock_waits_while_lockline_reads() {
 
 /// kazoo's `Election` is a kazoo `Lock` without Curator's patterns: lockline
 /// sees its leader and queues behind it (the other direction is not safe:
-/// kazoo's election cannot see lockline's candidates, see the README).
+/// kazoo's election cannot see lockline's candidates, see docs/interop.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockline_campaigns_behind_a_kazoo_election_leader() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
