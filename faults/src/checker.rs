@@ -548,8 +548,7 @@ fn check_lock_delay(events: &[&Event], sections: &[Section], faults: &[Fault], b
         }
         let waited_through = events
             .iter()
-            .filter(|e| e.tag == next.tag && e.t < next.grant && !matches!(e.what, What::Lost { .. }))
-            .next_back()
+            .rfind(|e| e.tag == next.tag && e.t < next.grant && !matches!(e.what, What::Lost { .. }))
             .is_some_and(|e| e.what == What::Waiting && e.t <= fault.start);
         let gave_up = events
             .iter()
