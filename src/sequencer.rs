@@ -77,6 +77,10 @@ impl fmt::Display for Mode {
 /// the lock's name with every byte outside `A-Z a-z 0-9 - . _ ~ /`
 /// percent-encoded (`%3A` for `:`, UTF-8 bytes for other characters).
 ///
+/// A `permit-N` sequencer is checked with the N it names: the number of
+/// permits is not stored on the server, so a resource compares N with the
+/// semaphore's size it knows.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockline::Result<()> {
@@ -126,6 +130,12 @@ impl Sequencer {
     }
 }
 
+/// Digits only, at least one: what `str::parse` takes besides (a `+`) is
+/// not the text form's.
+fn decimal(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+}
+
 fn keeps(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'/')
 }
@@ -171,20 +181,26 @@ impl FromStr for Sequencer {
             "read" => Mode::Read,
             "write" => Mode::Write,
             "leader" => Mode::Leadership,
-            other => match other.strip_prefix("permit-").and_then(|n| n.parse::<usize>().ok()) {
+            other => match other
+                .strip_prefix("permit-")
+                .filter(|n| decimal(n))
+                .and_then(|n| n.parse::<usize>().ok())
+            {
                 Some(permits) if permits > 0 => Mode::Permit { permits },
                 _ => return Err(invalid(format!("unknown mode {other:?}"))),
             },
         };
-        let token: u64 = token
-            .parse()
-            .map_err(|_| invalid(format!("token {token:?} is not a number")))?;
+        let token: u64 = Some(token)
+            .filter(|t| decimal(t))
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| invalid(format!("token {token:?} is not a number")))?;
         let mut bytes = Vec::with_capacity(name.len());
         let mut rest = name.as_bytes();
         while let Some((&byte, tail)) = rest.split_first() {
             if byte == b'%' {
                 let hex = tail
                     .get(..2)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
                     .ok_or_else(|| invalid("a % not followed by two hex digits".into()))?;
@@ -263,6 +279,10 @@ mod tests {
             ("lockline1:mutex:1:a%2", "hex"),
             ("lockline1:mutex:1:a b", "encoded"),
             ("lockline1:mutex:1:%FF", "UTF-8"),
+            ("lockline1:mutex:1:%+1", "hex"),
+            ("lockline1:mutex:+5:a", "token"),
+            ("lockline1:mutex::a", "token"),
+            ("lockline1:permit-+2:1:a", "mode"),
         ] {
             match text.parse::<Sequencer>() {
                 Err(Error::InvalidOptions { reason }) => assert!(reason.contains(why), "{text}: {reason}"),

@@ -148,6 +148,19 @@ fn sequencer_text_survives_fuzzing() {
     }
 }
 
+/// "a % not followed by two hex digits" is refused: `%+1` is not two hex
+/// digits.
+#[test]
+fn a_percent_needs_two_hex_digits() {
+    for bad in ["lockline1:mutex:1:%+1", "lockline1:mutex:1:a%+A"] {
+        assert!(
+            matches!(bad.parse::<Sequencer>(), Err(Error::InvalidOptions { .. })),
+            "{bad:?} must be refused, got {:?}",
+            bad.parse::<Sequencer>()
+        );
+    }
+}
+
 /// A sequencer of a unicode name, with `%` and `:` in it, is current while
 /// held and not after, through its text form; and a forged sequencer (the
 /// holder's token in another name, a token nobody has, another mode) is
@@ -187,6 +200,79 @@ async fn checks_refuse_forged_and_stale_sequencers() {
     assert!(!checker.check(&parsed).await.expect("check"), "a later holder: stale");
     assert!(checker.check(&again.sequencer()).await.expect("check"));
     again.release().await.expect("release");
+}
+
+/// A waiter's permit sequencer is not current. The number of permits is
+/// not stored on the server (every contender applies its own), so `check`
+/// applies the count the sequencer names: a resource compares that count
+/// with the semaphore's size it knows (documented with `Sequencer` and in
+/// docs/sequencers.md); here the count is the semaphore's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_permit_sequencer_is_not_current() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let checker = Client::new(Etcd::new(cluster.endpoints()));
+    let (a, b) = (session(&client, options()).await, session(&client, options()).await);
+    let name = unique("permits");
+    let held = bounded("acquire", a.semaphore(&name, 1).expect("semaphore").acquire())
+        .await
+        .expect("acquire");
+    let waiter = {
+        let semaphore = b.semaphore(&name, 1).expect("semaphore");
+        spawn_queued(&client, async move { semaphore.acquire().await }).await
+    };
+    let queue = a.queue(&name).await.expect("queue");
+    assert_eq!(queue.len(), 2, "{queue:?}");
+    let waiting = queue[1].token;
+    assert!(!waiter.is_finished());
+    // The waiter holds nothing.
+    let waiting = Sequencer::new(&name, Mode::Permit { permits: 1 }, waiting);
+    assert!(
+        !checker.check(&waiting).await.expect("check"),
+        "{waiting}: a waiter of a semaphore of 1 was called current"
+    );
+    assert!(checker.check(&held.sequencer()).await.expect("check"));
+    held.release().await.expect("release");
+    let permit = bounded("the waiter", waiter).await.expect("task").expect("acquire");
+    permit.release().await.expect("release");
+}
+
+/// While a contender is in lock-delay nobody holds the lock: `check` must
+/// not call its token current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_in_lock_delay_is_not_current() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let waiting_client = Client::new(Etcd::new(cluster.endpoints()));
+    let checker = Client::new(Etcd::new(cluster.endpoints()));
+    let delay = Duration::from_secs(3);
+    let holder_session = session(&client, options()).await;
+    let waiting = session(&waiting_client, delayed(delay)).await;
+    let name = unique("delay-check");
+    let _held = bounded("lock", holder_session.mutex(&name).expect("mutex").lock())
+        .await
+        .expect("lock");
+    let waiter = {
+        let mutex = waiting.mutex(&name).expect("mutex");
+        spawn_queued(&waiting_client, async move { mutex.lock().await }).await
+    };
+    revoke(&cluster, &holder_session).await;
+    bounded(
+        "the lock-delay begins",
+        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
+    )
+    .await;
+    let queue = waiting.queue(&name).await.expect("queue");
+    assert_eq!(queue.len(), 1, "{queue:?}");
+    assert!(queue[0].delayed_until.is_some() || waiter.is_finished(), "{queue:?}");
+    let forged = Sequencer::new(&name, Mode::Mutex, queue[0].token);
+    let current = checker.check(&forged).await.expect("check");
+    let still_delayed = !waiter.is_finished();
+    assert!(
+        !(current && still_delayed),
+        "check says {forged} is current while its contender is still in lock-delay (nobody holds)"
+    );
+    let _ = bounded("the waiter", waiter).await.expect("task").expect("lock");
 }
 
 /// A `lock_timeout` that runs out during the lock-delay is a `Timeout`, on
