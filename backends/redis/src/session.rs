@@ -117,10 +117,12 @@ pub(crate) struct Shared {
     /// Our entries a release announced as holding now: their next
     /// `earlier` needs no read (the release's script made it).
     heads: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Entries of others this session waited on and saw go with their
-    /// owner's session (by entry key and order), and when: what
-    /// `departure` answers for a lock-delay. Kept only with a lock-delay.
-    lost: std::sync::Mutex<HashMap<(String, i64), Instant>>,
+    /// Entries of others this session waited on and saw go (by entry key
+    /// and order): when, if they went with their owner's session, `None` if
+    /// released. What `departure` answers for a lock-delay; one it never
+    /// saw go (a wait cut short) counts as lost. Kept only with a
+    /// lock-delay.
+    lost: std::sync::Mutex<HashMap<(String, i64), Option<Instant>>>,
 }
 
 /// A session of the [`Redis`](crate::Redis) backend.
@@ -325,32 +327,48 @@ impl Shared {
     /// Remembers, for a lock-delay, that `entry` was seen go with its
     /// owner's session now.
     fn note_lost(&self, entry: &Entry) {
+        self.note(entry, Some(Instant::now()));
+    }
+
+    /// Remembers, for a lock-delay, that `entry` was seen released.
+    fn note_released(&self, entry: &Entry) {
+        self.note(entry, None);
+    }
+
+    fn note(&self, entry: &Entry, lost_at: Option<Instant>) {
         if self.options.lock_delay().is_zero() {
             return;
         }
-        let now = Instant::now();
-        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
-        if lost.len() >= LOST_REMEMBERED {
-            // A delay counted from longer ago than the longest one is over.
-            lost.retain(|_, at| now.saturating_duration_since(*at) < lockline::MAX_LOCK_DELAY);
-            if lost.len() >= LOST_REMEMBERED {
-                lost.clear();
-            }
+        let mut seen = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.len() >= LOST_REMEMBERED {
+            // Asked at once after the wait: what is still here was never
+            // asked for (a wait given up), and a delay counted from longer
+            // ago than the longest one is over.
+            seen.clear();
         }
-        lost.insert((entry.key.clone(), entry.order), now);
+        seen.insert((entry.key.clone(), entry.order), lost_at);
     }
 
-    /// How `entry`, waited on and seen go, went: lost when the wait saw it
-    /// go with its owner's session (asked once).
+    /// How `entry`, waited on, went: lost when the wait saw it go with its
+    /// owner's session, or did not see it go at all (a wait cut short by a
+    /// connection failure: erring toward a delay); released when the wait
+    /// saw its owner let go, or it was one of this session's own (asked
+    /// once).
     fn departure(&self, entry: &Entry) -> Departure {
-        let noticed = self
+        if entry.owner.as_deref() == Some(self.id.as_str()) {
+            return Departure::Released;
+        }
+        let seen = self
             .lost
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&(entry.key.clone(), entry.order));
-        match noticed {
-            Some(noticed) => Departure::Lost { noticed },
-            None => Departure::Released,
+        match seen {
+            Some(Some(noticed)) => Departure::Lost { noticed },
+            Some(None) => Departure::Released,
+            None => Departure::Lost {
+                noticed: Instant::now(),
+            },
         }
     }
 
@@ -694,7 +712,10 @@ impl RedisSession {
         loop {
             let left = match shared.status(entry).await? {
                 Status::Live(left) => left,
-                Status::Released => return Ok(()),
+                Status::Released => {
+                    shared.note_released(entry);
+                    return Ok(());
+                }
                 Status::Lost => {
                     // Expired (seen here at its TTL, or as soon as this look
                     // was made), or removed as lost before the subscription.
@@ -715,6 +736,8 @@ impl RedisSession {
                     if messages.heard_gone() {
                         if messages.heard_lost() {
                             shared.note_lost(entry);
+                        } else {
+                            shared.note_released(entry);
                         }
                         // It may also say that one of ours holds now.
                         if let Some(head) = messages.announced_head() {
