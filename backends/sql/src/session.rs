@@ -72,10 +72,11 @@ pub(crate) struct Shared<D: Dialect> {
     /// the flag the overflow check sets once that entry is gone.
     overflow: std::sync::Mutex<HashMap<u64, Overflow>>,
     next_overflow: std::sync::atomic::AtomicU64,
-    /// Entries this session waited on that went with their owner's
-    /// connection or session, and when it saw them go: what a lock-delay
-    /// asks (`departure`). Forgotten once asked.
-    departures: std::sync::Mutex<HashMap<i64, Instant>>,
+    /// Entries of others this session waited on and saw go: when, if they
+    /// went with their owner's connection or session, `None` if released.
+    /// What a lock-delay asks (`departure`); one whose wait was cut short
+    /// (never seen go) counts as lost. Forgotten once asked.
+    departures: std::sync::Mutex<HashMap<i64, Option<Instant>>>,
     /// Owners being ended by the overflow check, so each once at a time.
     reaping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The session's own entries by id: whether their guard is held, and
@@ -973,29 +974,38 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
             };
         }
         let owner = entry.owner.clone().unwrap_or_default();
-        if shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await? {
+        let lost = shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await?;
+        if !shared.options.lock_delay().is_zero() {
             let mut departures = shared.departures.lock().unwrap_or_else(PoisonError::into_inner);
             if departures.len() > 4096 {
                 departures.clear();
             }
-            departures.insert(id, Instant::now());
+            departures.insert(id, lost.then(Instant::now));
         }
         Ok(())
     }
 
     fn departure(&self, gone: &Entry) -> lockline::backend::Departure {
-        let Ok((_, id)) = self.id_of(gone) else {
-            return lockline::backend::Departure::Released;
-        };
-        let noticed = self
-            .shared
-            .departures
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
-        match noticed {
-            Some(noticed) => lockline::backend::Departure::Lost { noticed },
-            None => lockline::backend::Departure::Released,
+        use lockline::backend::Departure;
+        // One of ours went by our own removal (or with our session, whose
+        // loss ends the wait anyway).
+        if gone.owner.as_deref() == Some(self.shared.id.as_str()) {
+            return Departure::Released;
+        }
+        let seen = self.id_of(gone).ok().and_then(|(_, id)| {
+            self.shared
+                .departures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id)
+        });
+        match seen {
+            Some(Some(noticed)) => Departure::Lost { noticed },
+            Some(None) => Departure::Released,
+            // Never seen go (its wait was cut short): erring toward a delay.
+            None => Departure::Lost {
+                noticed: Instant::now(),
+            },
         }
     }
 
