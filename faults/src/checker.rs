@@ -517,9 +517,9 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
 /// grant must not come sooner than the lock-delay after the fault, when its
 /// contender was already waiting at the fault and waited through (the server
 /// removed the lost entry at the fault or later, and the waiter counts the
-/// delay from then). Not judged when some contender gave up waiting
-/// (`lock_timeout`) in between: a waiter that leaves cleanly hands on at once,
-/// lock-delay or not.
+/// delay from then). Not judged when a contender ahead of it in the queue
+/// (waiting since before it) gave up waiting (`lock_timeout`) in between: a
+/// waiter that leaves cleanly hands on at once, lock-delay or not.
 fn check_lock_delay(events: &[&Event], sections: &[Section], faults: &[Fault], bounds: Bounds, report: &mut Report) {
     let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let takes_the_lock = |kind: FaultKind| {
@@ -550,9 +550,21 @@ fn check_lock_delay(events: &[&Event], sections: &[Section], faults: &[Fault], b
             .iter()
             .rfind(|e| e.tag == next.tag && e.t < next.grant && !matches!(e.what, What::Lost { .. }))
             .is_some_and(|e| e.what == What::Waiting && e.t <= fault.start);
-        let gave_up = events
+        // When the next holder began waiting: a contender that gave up
+        // waiting and had begun before it was ahead of it in the queue.
+        let next_waiting = events
             .iter()
-            .any(|e| e.t > fault.start && e.t < next.grant && e.what == What::Timeout);
+            .rfind(|e| e.tag == next.tag && e.t <= fault.start && e.what == What::Waiting)
+            .map_or(0, |e| e.t);
+        let gave_up = events.iter().any(|e| {
+            e.t > fault.start
+                && e.t < next.grant
+                && e.what == What::Timeout
+                && events
+                    .iter()
+                    .rfind(|w| w.tag == e.tag && w.t < e.t && w.what == What::Waiting)
+                    .is_some_and(|w| w.t < next_waiting)
+        });
         if !waited_through || gave_up {
             continue;
         }
@@ -1044,10 +1056,23 @@ mod tests {
         let late = run(4 * S, Vec::new());
         assert!(late.violations.is_empty(), "{late}");
         assert_eq!(late.lock_delay_checks, 1);
-        // Another waiter gave up in between: handed on at once, not judged.
-        let gave_up = run(2 * S + S / 2, vec![ev(2 * S + S / 4, 2, What::Timeout)]);
+        // A waiter ahead of it gave up in between: handed on at once, not
+        // judged.
+        let gave_up = run(
+            2 * S + S / 2,
+            vec![ev(S, 2, What::Waiting), ev(2 * S + S / 4, 2, What::Timeout)],
+        );
         assert!(gave_up.violations.is_empty(), "{gave_up}");
         assert_eq!(gave_up.lock_delay_checks, 0);
+        // One behind it gave up: that does not hand on to it; judged.
+        let behind = run(
+            2 * S + S / 2,
+            vec![ev(S + 2, 2, What::Waiting), ev(2 * S + S / 4, 2, What::Timeout)],
+        );
+        assert!(
+            behind.violations.iter().any(|v| v.starts_with("lock-delay broken")),
+            "{behind}"
+        );
         // A waiter that came after the fault: not judged either.
         let mut events = vec![
             grant(S, 0, 10),
