@@ -16,8 +16,12 @@ use tokio::sync::watch;
 
 use crate::error::{map, timed_out};
 
-const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
-const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The pause after a failed connection attempt, doubled at each failure up
+/// to [`RECONNECT_MAX_BACKOFF`]: a server back from a restart is
+/// reconnected to within that. A connection that broke is made again at
+/// once.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(25);
+const RECONNECT_MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// What was heard on a channel: how many messages, and whether one of them
 /// said the entry is gone (a release publishes `gone`, a removal with a lost
@@ -229,6 +233,11 @@ impl Hub {
                 Ok(stream) => {
                     backoff = RECONNECT_BACKOFF;
                     self.relay(stream).await;
+                    *self.sink.lock().await = None;
+                    self.generation.send_modify(|g| *g += 1);
+                    // Broken after it worked (a restart, a failover): try
+                    // again at once.
+                    continue;
                 }
                 Err(error) => tracing::debug!(%error, "pub/sub connection failed"),
             }

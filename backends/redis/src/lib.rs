@@ -22,7 +22,7 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing) |
+//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing; started from the server's clock in microseconds when missing, so a counter lost with the data starts above every earlier token) |
 //! | `{n}:q` | sorted set | the queue: one member per entry (its attempt id), scored by its order |
 //! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
 //! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
@@ -53,7 +53,11 @@
 //! - **Loss** = no renewal confirmed for `ttl - safety margin` (counted from
 //!   the send time of the last confirmed one; `Suspended` while renewals
 //!   fail), the session key gone (expired, or a server restarted without its
-//!   data), or the entry gone.
+//!   data), or the entry gone. A failed renewal is tried again at once on a
+//!   new connection, then every 100 ms at most: a restart (with its data) or
+//!   a failover shorter than the loss deadline is ridden out, `Suspended`
+//!   meanwhile, then `Live`; the pub/sub connection is made again as soon,
+//!   and every waiter looks again at what it waits for.
 //! - **Lock-delay** ([`SessionOptions::with_lock_delay`](lockline::SessionOptions::with_lock_delay))
 //!   = told by the message that woke the waiter: a release, a close or a
 //!   cancelled acquire publishes `gone`; an entry removed by a session
@@ -89,7 +93,9 @@
 //!
 //! Redis replicates asynchronously: a failover can lose the latest appends
 //! and renewals, so two contenders may both believe they hold, and a token
-//! can go backwards if the counter was lost. [`Redis::with_replica_acks`]
+//! can repeat if a failover lost the counter's latest increments (a counter
+//! lost whole starts again from the server's clock, above every earlier
+//! token, as long as that clock did not step back). [`Redis::with_replica_acks`]
 //! narrows that window (every write waits for `WAIT` from N replicas) but
 //! does not close it; fence what the lock protects with the token. For
 //! locks whose correctness matters, use etcd or ZooKeeper.

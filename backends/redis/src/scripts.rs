@@ -110,15 +110,30 @@ end
 
 /// KEYS: queue, counter, plain key. ARGV: prefix (`{n}:`), attempt, kind,
 /// owner, value, ttl ms, conflicts (`all`/`exclusive`), count, wants plain.
-/// Returns `{order, nearest}`; a retried append finds its own entry.
+/// Returns `{order, nearest}` (the order as a string); a retried append finds
+/// its own entry.
+///
+/// A counter that does not exist (the lock's first use, or its data lost
+/// with a restart without persistence) is started from the server's clock,
+/// `TIME` in microseconds (seconds followed by six digits of microseconds,
+/// put together as text, never through a Lua float), so that its tokens
+/// stay above every token the server could have handed out before: each
+/// earlier token is at most the clock when its counter was started plus the
+/// grants made since, which stays below the clock as long as the clock did
+/// not step back and fewer than a million grants a second were made on the
+/// lock. A counter that exists is only incremented, as it always was: it
+/// holds every token handed out since it was started. `TIME` makes the
+/// script non-deterministic, which effects replication allows (the default
+/// from Redis 5, the only mode from Redis 7); `redis.replicate_commands()`,
+/// called before any write, turns it on for Redis 3.2 and 4. The order is
+/// kept as text in the script: Lua 5.1 writes a number concatenated into a
+/// string with 14 significant digits, too few for a clock in microseconds.
 const APPEND: &str = r#"
 local q, seq, plain = KEYS[1], KEYS[2], KEYS[3]
 local prefix, attempt = ARGV[1], ARGV[2]
 local entry = prefix .. 'e:' .. attempt
 local order = redis.call('HGET', entry, 'order')
-if order then
-  order = tonumber(order)
-else
+if not order then
   -- An append that arrives after its attempt was abandoned creates nothing.
   if redis.call('EXISTS', prefix .. 'x:' .. attempt) == 1 then
     return redis.error_reply('ABANDONED this acquire attempt was abandoned')
@@ -127,7 +142,12 @@ else
   if queue_type ~= 'none' and queue_type ~= 'zset' then
     return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
   end
-  order = redis.call('INCR', seq)
+  if redis.call('EXISTS', seq) == 0 then
+    if redis.replicate_commands then redis.replicate_commands() end
+    local now = redis.call('TIME')
+    redis.call('SET', seq, now[1] .. string.format('%06d', tonumber(now[2])))
+  end
+  order = string.format('%d', redis.call('INCR', seq))
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])
   redis.call('PEXPIRE', entry, ARGV[6])
   redis.call('ZADD', q, order, attempt)

@@ -27,6 +27,12 @@ fn no_ttl_recheck(options: &SessionOptions) -> Duration {
     options.ttl()
 }
 
+/// The first pause before a failed renewal is tried again, doubled at
+/// each failure up to [`RETRY_MAX`] (and never more than a keepalive
+/// interval): a server back from a restart is renewed on within that.
+const RETRY_MIN: Duration = Duration::from_millis(25);
+const RETRY_MAX: Duration = Duration::from_millis(100);
+
 /// A little past a key's TTL, when it is surely gone if not renewed.
 const EXPIRY_SLACK: Duration = Duration::from_millis(3);
 
@@ -576,21 +582,42 @@ impl Shared {
         Ok((session_alive, gone))
     }
 
+    /// One renewal, tried a second time at once if the first failed: a
+    /// request on a connection the server dropped (it restarted, or failed
+    /// over) fails, and makes the client library connect anew, which the
+    /// second try awaits. Every command of a renewal may be repeated.
+    async fn renew_reconnecting(&self) -> Result<(bool, Vec<String>)> {
+        match self.renew().await {
+            Err(error) if error.is_transient() => {
+                tracing::debug!(session = %self.id, %error, "renewal failed; trying again on a new connection");
+                self.renew().await
+            }
+            outcome => outcome,
+        }
+    }
+
     /// Renews until the session ends: `Suspended` while renewals fail,
     /// `Lost` once none has been confirmed for `ttl - safety margin`,
-    /// counted from the send time of the last confirmed one.
+    /// counted from the send time of the last confirmed one. A failed
+    /// renewal is tried again within [`RETRY_MAX`], not a keepalive interval
+    /// later: a server back from a restart (or a failover) shorter than the
+    /// loss deadline is renewed on before the deadline, and the session is
+    /// `Live` again.
     pub(crate) async fn keep_alive(self: Arc<Self>, opened_at: Instant) {
         let interval = self.options.keepalive_interval();
         let loss_after = self.options.loss_deadline();
         let mut confirmed = opened_at;
+        // The pause before the next try while renewals fail.
+        let mut retry: Option<Duration> = None;
         loop {
-            tokio::time::sleep_until((Instant::now() + interval).min(confirmed + loss_after)).await;
+            let pause = retry.map_or(interval, |pause| pause.min(interval));
+            tokio::time::sleep_until((Instant::now() + pause).min(confirmed + loss_after)).await;
             if self.state.borrow().is_over() {
                 return;
             }
             let sent = Instant::now();
             let deadline = confirmed + loss_after;
-            let renewal = tokio::time::timeout(self.options.request_timeout(), self.renew());
+            let renewal = tokio::time::timeout(self.options.request_timeout(), self.renew_reconnecting());
             tokio::pin!(renewal);
             // A renewal unanswered for a keepalive interval suspends the
             // session while it is still awaited: under a silent partition the
@@ -610,6 +637,7 @@ impl Shared {
             match outcome {
                 Some(Ok(Ok((true, gone)))) => {
                     confirmed = sent;
+                    retry = None;
                     advance(&self.state, SessionState::Live);
                     for key in gone {
                         tracing::debug!(session = %self.id, %key, "entry found gone at renewal");
@@ -625,10 +653,12 @@ impl Shared {
                 Some(Ok(Err(error))) => {
                     tracing::debug!(session = %self.id, %error, "renewal failed");
                     advance(&self.state, SessionState::Suspended);
+                    retry = Some(retry.map_or(RETRY_MIN, |pause| (pause * 2).min(RETRY_MAX)));
                 }
                 Some(Err(_)) => {
                     tracing::debug!(session = %self.id, "renewal unanswered");
                     advance(&self.state, SessionState::Suspended);
+                    retry = Some(retry.map_or(RETRY_MIN, |pause| (pause * 2).min(RETRY_MAX)));
                 }
                 None => {}
             }
