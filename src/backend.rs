@@ -365,6 +365,25 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
         Departure::Released
     }
 
+    /// Whether this session's own earlier removal of `entry` is what removed
+    /// it. Asked only on a release's retry path: a removal was cut off in
+    /// transit, a later try found the entry gone, and the server still
+    /// confirms the session, so either the cut-off try removed it (its answer
+    /// lost) or another client deleted it during the fault. `Some(true)`: a
+    /// removal of this session did (a release); `Some(false)`: it did not (the
+    /// lock was lost to someone else's delete); `None`: the backend cannot
+    /// tell, and the core counts it as a release, as Go's, Curator's and
+    /// kazoo's unlocks do for a key already gone. Never asked on the handoff
+    /// path, so it may make requests of its own. The default says `None`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Only reads; cancelling it leaves nothing behind.
+    async fn removed_by_me(&self, entry: &Entry) -> Result<Option<bool>> {
+        let _ = entry;
+        Ok(None)
+    }
+
     /// Asks the server now whether the session still lives (etcd: the lease's
     /// remaining TTL), updates [`state`](Self::state) and returns it. Called when
     /// one of the session's own entries vanished, to tell an expired session

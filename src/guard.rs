@@ -408,15 +408,25 @@ impl Hold {
             }
             Ok(false) => match inner.vanished_error(&self.entry.key).await {
                 // A retry that finds the entry gone after a try cut off in
-                // transit, on a session the server still confirms: that try
-                // most likely removed it, its answer lost. A removal cannot
-                // tell its own earlier try from another client's delete, so
-                // this is reported as released (as Go's, Curator's and kazoo's
-                // unlocks do for a key already gone); a lost session is not.
-                Error::LockLost { .. } if retried => {
-                    tracing::debug!(key = %self.entry.key, "release retried: entry already gone, taken as removed by the cut-off try");
-                    inner.counters.bump(|c| &c.releases);
-                    Ok(())
+                // transit, on a session the server still confirms: either
+                // that try removed it (its answer lost) or another client
+                // deleted it during the fault. The backend tells which where
+                // it can (etcd: the hand-over marker its release writes;
+                // Redis: a queue member left behind); where it cannot, this
+                // is reported as released, as Go's, Curator's and kazoo's
+                // unlocks do for a key already gone. A lost session never is.
+                error @ Error::LockLost { .. } if retried => {
+                    match inner.call(inner.remote.removed_by_me(&self.entry)).await {
+                        Ok(Some(false)) => {
+                            tracing::debug!(key = %self.entry.key, "release retried: entry already gone, deleted by someone else");
+                            Err(error)
+                        }
+                        answer => {
+                            tracing::debug!(key = %self.entry.key, ?answer, "release retried: entry already gone, taken as removed by the cut-off try");
+                            inner.counters.bump(|c| &c.releases);
+                            Ok(())
+                        }
+                    }
                 }
                 error => Err(error),
             },
@@ -563,9 +573,12 @@ macro_rules! guard_surface {
             /// holder's entry. Wakes at most one waiter. A removal cut off in
             /// transit is tried again while the request timeout lasts. A
             /// retry that finds the entry already gone, on a session the
-            /// server still confirms, counts as released: the cut-off try
-            /// most likely removed it, and a removal cannot tell that from
-            /// another client's delete.
+            /// server still confirms, counts as released when the cut-off
+            /// try removed it, and as [`Error::LockLost`](crate::Error::LockLost)
+            /// when another client deleted it meanwhile. etcd and Redis tell
+            /// the two apart (see each backend's docs for what is left);
+            /// ZooKeeper and SQL cannot, and count it as released, as Go's,
+            /// Curator's and kazoo's unlocks do for a key already gone.
             ///
             /// # Cancel safety
             ///

@@ -444,6 +444,10 @@ impl EtcdSession {
 /// refuses transactions of more than 128 operations by default).
 const CLOSING_PER_TXN: usize = 64;
 
+/// How many versions of a hand-over marker a retried release reads back
+/// through to find its own removal (see [`BackendSession::removed_by_me`]).
+const MARKER_VERSIONS: usize = 16;
+
 /// How long `close()` waits for the watch hub to end its stream before it
 /// revokes the lease anyway.
 const HUB_CLOSE_WAIT: Duration = Duration::from_millis(250);
@@ -883,6 +887,43 @@ impl BackendSession for EtcdSession {
         }
     }
 
+    /// Walks back through the versions of this session's hand-over marker
+    /// of the entry's lock, newest first, for the one its removal of `entry`
+    /// wrote (holding the entry's create revision): found, the removal was
+    /// this session's; absent from every version written since the entry was
+    /// created, it was not. Unknown (`None`) when the entry is not this
+    /// session's own, the session writes no markers, the history was
+    /// compacted, or the marker changed more than [`MARKER_VERSIONS`] times
+    /// since (other entries of this session in the same lock, or one marker
+    /// for every lock under a marker prefix).
+    async fn removed_by_me(&self, entry: &Entry) -> Result<Option<bool>> {
+        if entry.owner.as_deref() != Some(self.id.as_str()) || !self.markers_allowed() {
+            return Ok(None);
+        }
+        let marker = layout::released(&self.markers, layout::dir_of(entry), &self.id);
+        let mine = entry.order.to_string();
+        let mut options = None;
+        for _ in 0..MARKER_VERSIONS {
+            let response = match self.get(&marker, options.take(), "read").await {
+                Err(error) if is_compacted(&error) || error.is_refusal() => return Ok(None),
+                other => other?,
+            };
+            let Some(kv) = response.kvs().first() else {
+                // Never written since before the entry existed: no removal of
+                // mine wrote it.
+                return Ok(Some(false));
+            };
+            if kv.value() == mine.as_bytes() {
+                return Ok(Some(true));
+            }
+            if kv.mod_revision() <= entry.order {
+                return Ok(Some(false));
+            }
+            options = Some(GetOptions::new().with_revision(kv.mod_revision() - 1));
+        }
+        Ok(None)
+    }
+
     /// Asks the server for the lease's remaining TTL; none left means lost.
     async fn confirm(&self) -> Result<SessionState> {
         let current = *self.state.borrow();
@@ -1096,11 +1137,14 @@ impl EtcdSession {
         )
     }
 
-    /// The fenced delete of `entry`, with the hand-over marker if `marked`.
+    /// The fenced delete of `entry`, with the hand-over marker if `marked`
+    /// (holding the entry's create revision, so that a release retried after
+    /// a lost answer can tell its own removal from someone else's delete:
+    /// [`BackendSession::removed_by_me`]).
     async fn remove_once(&self, entry: &Entry, marked: bool) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(entry.key.clone(), None)];
         if marked {
-            ops.push(self.hand_over(layout::dir_of(entry), b""));
+            ops.push(self.hand_over(layout::dir_of(entry), entry.order.to_string().as_bytes()));
         }
         let txn = Txn::new()
             .when([Compare::create_revision(

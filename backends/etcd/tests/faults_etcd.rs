@@ -731,6 +731,56 @@ async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
     );
 }
 
+/// A release cut off in transit while another client deleted its entry (issue
+/// 22): the retry finds the entry gone, and the versions of the session's
+/// hand-over marker written since the entry was created hold no removal of
+/// it by this session, so the release answers `LockLost` instead of
+/// reporting a release (it did before). The session released the same lock
+/// once before, so the marker exists with an older removal's revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
+        .session_with(options(30).with_request_timeout(Duration::from_secs(3)))
+        .await
+        .expect("session");
+    let mutex = session.mutex("deleted-meanwhile").expect("mutex");
+    mutex
+        .lock()
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("first release");
+    let guard = mutex.lock().await.expect("lock again");
+    let key = guard.key().to_owned();
+    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+
+    // The release's first try is kept back by the proxy, never to arrive.
+    proxy.set_requests_held(true);
+    let release = tokio::spawn(guard.release());
+    bounded("the release sent into the proxy", async {
+        while proxy.held_request_bytes() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Another client deletes the entry meanwhile; then the connection the
+    // first try went out on is cut, and the retry gets through.
+    side.delete(key.as_str(), None).await.expect("delete");
+    proxy.orphan_connections();
+    proxy.set_requests_held(false);
+    let released = bounded("release", release).await.expect("task");
+    assert!(
+        matches!(released, Err(Error::LockLost { .. })),
+        "an entry another client deleted must not be reported as released: {released:?}"
+    );
+    assert_eq!(session.state(), lockline::SessionState::Live);
+}
+
 /// Set in the child process of
 /// `a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only`: the
 /// endpoints it takes its lock on.
