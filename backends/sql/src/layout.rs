@@ -69,10 +69,15 @@ pub(crate) fn entry_key(name: &str, id: i64) -> String {
     format!("{name}/{id}")
 }
 
-/// The name and id of an entry key made by [`entry_key`].
+/// The name and id of an entry key made by [`entry_key`]: the id as it
+/// writes it, decimal digits without a sign or a leading zero (`str::parse`
+/// takes `+5` and `05` too, which no entry key is).
 pub(crate) fn parse_entry_key(key: &str) -> Option<(&str, i64)> {
-    let (name, id) = key.rsplit_once('/')?;
-    let id: i64 = id.parse().ok()?;
+    let (name, digits) = key.rsplit_once('/')?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) || digits.starts_with('0') {
+        return None;
+    }
+    let id: i64 = digits.parse().ok()?;
     (id > 0 && !name.is_empty()).then_some((name, id))
 }
 
@@ -115,6 +120,17 @@ mod tests {
         assert_eq!(parse_entry_key("jobs"), None);
         assert_eq!(parse_entry_key("jobs/x"), None);
         assert_eq!(parse_entry_key("/0"), None);
+    }
+
+    #[test]
+    fn entry_ids_are_read_only_as_written() {
+        // Found by fuzzing: these decoded as entry 5 (or 215) of `a`,
+        // although no entry key is written so.
+        for key in ["a/+5", "a/05", "a/00215", "a/-5", "a/ 5", "a/5 ", "a/"] {
+            assert_eq!(parse_entry_key(key), None, "{key:?}");
+        }
+        assert_eq!(parse_entry_key("a/5"), Some(("a", 5)));
+        assert_eq!(parse_entry_key(&entry_key("a", i64::MAX)), Some(("a", i64::MAX)));
     }
 
     #[test]
