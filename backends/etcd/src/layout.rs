@@ -13,7 +13,6 @@
 //! revision across the whole `<name>/` prefix; the fencing token is the
 //! holder's create revision.
 
-use etcd_client::KeyValue;
 use lockline::backend::{Conflicts, Entry, EntryKind};
 use lockline::FencingToken;
 
@@ -91,6 +90,28 @@ impl Markers {
             Markers::Under(prefix) => key.starts_with(prefix.as_str()),
         }
     }
+
+    /// The lock whose entry a marker would look like, if any: under a
+    /// marker prefix such as `locks/read/` (or `locks/read/ab`, hex digits
+    /// continuing into the lease), an abandoned attempt's marker
+    /// `locks/read/<lease hex>-<attempt>` has the shape of a reader of the
+    /// lock `locks`, which every contender of that lock would wait on. The
+    /// shortest lease (`1`) stands for every lease: a longer one can only
+    /// overflow the 16 hex digits of a lease id. Markers beside each lock
+    /// never do. Given the prefix without the namespace, the lock is named
+    /// as within the namespace.
+    pub(crate) fn shadowed_lock(&self) -> Option<String> {
+        let Markers::Under(_) = self else { return None };
+        [abandoned(self, "", "1", "a"), released(self, "", "1")]
+            .into_iter()
+            .find_map(|marker| {
+                marker
+                    .match_indices('/')
+                    .map(|(at, _)| &marker[..at])
+                    .find(|dir| !dir.is_empty() && is_entry(dir, marker.as_bytes()))
+                    .map(str::to_owned)
+            })
+    }
 }
 
 /// The marker an abandoned acquire attempt on the lock `dir` leaves, bound
@@ -115,8 +136,10 @@ pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
 /// lock and session), `<markers>released-<lease hex>` under a marker prefix
 /// (one key per session). Bound to the lease (it goes with the session).
 /// Every removal of one of the session's own entries (a release, a
-/// resignation, a cancelled acquire) writes it, empty, in the removal's own
-/// transaction, so its modification revision is the revision of that
+/// resignation, a cancelled acquire) writes it in the removal's own
+/// transaction (a release or resignation: the removed entry's create
+/// revision as decimal text, which a retried release looks for; a cancelled
+/// acquire: empty), so its modification revision is the revision of that
 /// deletion; `close()` writes [`CLOSING`] into the markers of the locks it
 /// still has entries in before it revokes the lease. A waiter reads the
 /// marker of its predecessor's lock and lease *as of* the revision its wait
@@ -130,6 +153,18 @@ pub(crate) fn released(markers: &Markers, dir: &str, lease_hex: &str) -> String 
 
 /// The value of a hand-over marker while its session closes.
 pub(crate) const CLOSING: &[u8] = b"closing";
+
+/// What [`entry`] reads of a key-value found on the server (an etcd
+/// `KeyValue`): this module depends on no client, so that its decoding can be
+/// fuzzed on its own.
+pub(crate) trait Stored {
+    /// The key, as stored (namespace included).
+    fn key(&self) -> &[u8];
+    /// The revision the key was created at.
+    fn create_revision(&self) -> i64;
+    /// The lease the key is bound to, 0 for none.
+    fn lease(&self) -> i64;
+}
 
 /// Whether `key` is an entry of the lock `dir` (see [`entry`]).
 pub(crate) fn is_entry(dir: &str, key: &[u8]) -> bool {
@@ -151,7 +186,7 @@ pub(crate) fn is_entry(dir: &str, key: &[u8]) -> bool {
 ///
 /// A name is never searched for a word: a lock may be called `read`,
 /// `a/write/b` or `semaphore`.
-pub(crate) fn entry(dir: &str, kv: &KeyValue) -> Option<Entry> {
+pub(crate) fn entry(dir: &str, kv: &impl Stored) -> Option<Entry> {
     let key = std::str::from_utf8(kv.key()).ok()?;
     let kind = kind_under(dir, key)?;
     let order = kv.create_revision();
@@ -271,6 +306,35 @@ mod tests {
         assert!(!beside.covers("locks/a/x"));
         assert!(Markers::Under("m/".into()).covers("m/x"));
         assert!(!Markers::Under("m/".into()).covers("locks/m/x"));
+    }
+
+    #[test]
+    fn a_marker_prefix_that_makes_markers_look_like_entries_is_found() {
+        // Found by fuzzing: under `locks/read/`, an abandoned attempt's
+        // marker is a reader of the lock `locks`.
+        for (prefix, lock) in [
+            ("locks/read/", "locks"),
+            ("locks/write/", "locks"),
+            ("a/b/semaphore/", "a/b"),
+            ("locks/read/ab", "locks"),
+        ] {
+            let under = Markers::Under(prefix.to_owned());
+            assert_eq!(under.shadowed_lock().as_deref(), Some(lock), "{prefix:?}");
+            let marker = abandoned(&under, "", "694d7a1b2c", "0123456789abcdef");
+            assert!(is_entry(lock, marker.as_bytes()), "{marker:?}");
+        }
+        for prefix in [
+            ABANDONED,
+            "locks/__lockline_abandoned__/",
+            "locks/read",
+            "locks/reader/",
+            "locks/read/x",
+            "locks/read/0123456789abcdef",
+            "m-",
+        ] {
+            assert_eq!(Markers::Under(prefix.to_owned()).shadowed_lock(), None, "{prefix:?}");
+        }
+        assert_eq!(Markers::BesideEachLock.shadowed_lock(), None);
     }
 
     #[test]

@@ -170,6 +170,19 @@ pub use lockline;
 use crate::error::BACKEND;
 use crate::session::EtcdSession;
 
+/// The layout decodes etcd's key-values through this (it depends on no client).
+impl layout::Stored for etcd_client::KeyValue {
+    fn key(&self) -> &[u8] {
+        etcd_client::KeyValue::key(self)
+    }
+    fn create_revision(&self) -> i64 {
+        etcd_client::KeyValue::create_revision(self)
+    }
+    fn lease(&self) -> i64 {
+        etcd_client::KeyValue::lease(self)
+    }
+}
+
 /// The etcd backend: hand it to [`lockline::Client::new`].
 ///
 /// Connects lazily, on the first session, to the given endpoints (several for a
@@ -370,7 +383,11 @@ impl Etcd {
     /// namespace of its own, under no lock's prefix.
     ///
     /// Under [`with_namespace`](Self::with_namespace) the marker prefix is
-    /// relative to the namespace, like every other key.
+    /// relative to the namespace, like every other key. A prefix under which
+    /// markers have the shape of a lock's entries (its last segment `read`,
+    /// `write` or `semaphore`, as in `locks/read/`: a marker would be a
+    /// reader of the lock `locks`) is refused with
+    /// [`Error::InvalidOptions`] when a session opens.
     ///
     /// ```
     /// use lockline_etcd::Etcd;
@@ -648,6 +665,20 @@ impl Backend for Etcd {
         if self.markers.as_deref() == Some("") {
             return Err(Error::InvalidOptions {
                 reason: "the marker prefix is empty; leave the default (markers beside each lock) or give a key prefix such as locks/__lockline_abandoned__/".into(),
+            });
+        }
+        let shadowed = self
+            .markers
+            .clone()
+            .and_then(|prefix| layout::Markers::Under(prefix).shadowed_lock());
+        if let Some(lock) = shadowed {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "the marker prefix {:?} puts markers where they have the shape of entries of the lock {lock:?} \
+                     (`NAME/read|write|semaphore/<lease hex>-<attempt>`); give a prefix whose last segment is \
+                     not read, write or semaphore, such as locks/__lockline_abandoned__/",
+                    self.markers.as_deref().unwrap_or_default()
+                ),
             });
         }
         let client = self.client(options).await?;

@@ -116,3 +116,22 @@ async fn a_reader_is_refused_beside_a_semaphore_permit_of_its_name() {
         permit.key()
     );
 }
+
+/// A marker prefix under which markers have the shape of a lock's entries
+/// (`locks/read/`: an abandoned attempt's marker `locks/read/<lease
+/// hex>-<attempt>` is a reader of the lock `locks`, which its writers would
+/// wait on until the session ends) is refused when a session opens, before
+/// anything is sent (found by fuzzing the layout).
+#[tokio::test]
+async fn a_marker_prefix_where_markers_look_like_entries_is_refused() {
+    for prefix in ["locks/read/", "locks/write/", "a/semaphore/", "locks/read/ab"] {
+        // Nothing listens there: the refusal comes before any connection.
+        let client = Client::new(Etcd::new(["http://127.0.0.1:9"]).with_marker_prefix(prefix));
+        match client.session().await {
+            Err(Error::InvalidOptions { reason }) => {
+                assert!(reason.contains("shape of entries of the lock"), "{prefix:?}: {reason}")
+            }
+            other => panic!("{prefix:?}: {other:?}"),
+        }
+    }
+}
