@@ -176,15 +176,18 @@ return {1, head(out, plain, entry, ARGV[6], ARGV[7], prefix)}
 /// a release: the handoff's request is the same as without lock-delay).
 /// Deletes the entry if it is still that one, gives up the plain key if the
 /// entry owned it, and wakes the entry's one waiter. An entry found already
-/// gone but still queued expired: its member is reaped, marked lost, and
-/// its waiter told `lost`. The message is `gone` (`lost`, with the entry
+/// gone but still queued expired (or was deleted by another client): its
+/// member is reaped, marked lost, and its waiter told `lost`. The message is `gone` (`lost`, with the entry
 /// marked lost, when its owner's session was lost), or `gone <attempt>`
 /// (`lost <attempt>`) when the queue's first live entry
 /// is the one right after the deleted one (so it waits on this channel) and
 /// now holds by the exclusive rule (a mutex, write lock or candidate at the
 /// head; a mutex once it has the plain key, which this step takes for it):
 /// the one read that decides, made here, so the woken successor needs none.
-/// Returns 1 if it deleted.
+/// Returns 1 if it deleted; -1 if the entry was gone and did not go by a
+/// removal of its owner (its member was still queued, reaped now, or was
+/// reaped and marked lost before); 0 otherwise (gone by such a removal, or
+/// another entry).
 const REMOVE: &str = r#"
 local q, plain = KEYS[1], KEYS[2]
 local prefix, attempt = ARGV[1], ARGV[2]
@@ -198,7 +201,9 @@ if not fields[1] then
   if redis.pcall('ZREM', q, attempt) == 1 then
     mark_lost(prefix, attempt)
     redis.call('PUBLISH', prefix .. 'c:' .. attempt, 'lost')
+    return -1
   end
+  if redis.call('EXISTS', prefix .. 'l:' .. attempt) == 1 then return -1 end
   return 0
 end
 if (ARGV[3] ~= '' and fields[1] ~= ARGV[3]) or fields[2] ~= ARGV[4] then return 0 end

@@ -41,6 +41,10 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(3);
 /// was never asked about: a wait that ended in a timeout or a cancel).
 const LOST_REMEMBERED: usize = 256;
 
+/// At most this many of the session's own entries found taken are
+/// remembered for `removed_by_me` (each is asked about at once).
+const TAKEN_LIMIT: usize = 1024;
+
 /// What a look at an entry another session owns found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -129,6 +133,9 @@ pub(crate) struct Shared {
     /// saw go (a wait cut short) counts as lost. Kept only with a
     /// lock-delay.
     lost: std::sync::Mutex<HashMap<(String, i64), Option<Instant>>>,
+    /// This session's own entries (by entry key and order) that a removal
+    /// found gone without a removal of theirs, for `removed_by_me`. Bounded.
+    taken: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
 }
 
 /// A session of the [`Redis`](crate::Redis) backend.
@@ -242,6 +249,7 @@ impl Shared {
             entries: std::sync::Mutex::new(HashMap::new()),
             heads: std::sync::Mutex::new(std::collections::HashSet::new()),
             lost: std::sync::Mutex::new(HashMap::new()),
+            taken: std::sync::Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -440,7 +448,7 @@ impl Shared {
     /// Runs the removal script for `attempt` under `name`, fenced on `order`
     /// (empty: any) and on the owner.
     async fn remove_attempt(&self, name: &str, attempt: &str, order: &str) -> Result<bool> {
-        self.remove_owned(name, attempt, order, &self.id).await
+        Ok(self.remove_owned(name, attempt, order, &self.id).await? == 1)
     }
 
     /// Runs the removal script for an entry of `owner`. It goes with its
@@ -449,7 +457,9 @@ impl Shared {
     /// holder did not let go); otherwise (a release, a close, a cancelled
     /// acquire) its owner let it go, and the request is the same as without
     /// lock-delay.
-    async fn remove_owned(&self, name: &str, attempt: &str, order: &str, owner: &str) -> Result<bool> {
+    /// Returns the script's answer: 1 deleted, -1 found gone without a
+    /// removal of its owner, 0 otherwise.
+    async fn remove_owned(&self, name: &str, attempt: &str, order: &str, owner: &str) -> Result<i64> {
         let lost = owner != self.id || *self.state.borrow() == SessionState::Lost;
         let scripts = Arc::clone(&self.scripts);
         let mut invocation = scripts.remove.key(layout::queue(name));
@@ -464,7 +474,7 @@ impl Shared {
             invocation.arg("lost");
         }
         let reply = self.run("remove the entry", &scripts.remove, &invocation, true).await?;
-        Ok(int(&reply) == Some(1))
+        Ok(int(&reply).unwrap_or(0))
     }
 
     /// One renewal: the session key and every entry, in one round trip on a
@@ -959,8 +969,34 @@ impl BackendSession for RedisSession {
             .await?;
         if owner == self.shared.id {
             self.shared.forget(&entry.key);
+            if removed == -1 {
+                let mut taken = self.shared.taken.lock().unwrap_or_else(PoisonError::into_inner);
+                if taken.len() >= TAKEN_LIMIT {
+                    taken.clear();
+                }
+                taken.insert((entry.key.clone(), entry.order));
+            }
         }
-        Ok(removed)
+        Ok(removed == 1)
+    }
+
+    /// Told by the removal that just found `entry` gone: a member still
+    /// queued, or one already reaped and marked lost (`{n}:l:<attempt>`, kept
+    /// 60 s), means it did not go by a removal of this session, since a
+    /// release deletes the entry and its member in one script and marks
+    /// nothing; neither means it did (or a client that knows the layout
+    /// deleted both and marked nothing, which this cannot tell).
+    async fn removed_by_me(&self, entry: &Entry) -> Result<Option<bool>> {
+        if entry.owner.as_deref() != Some(self.shared.id.as_str()) {
+            return Ok(None);
+        }
+        let taken = self
+            .shared
+            .taken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(entry.key.clone(), entry.order));
+        Ok(Some(!taken))
     }
 
     async fn abandon(&self, dir: &str, _kind: EntryKind, attempt: &str) -> Result<()> {
