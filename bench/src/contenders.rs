@@ -62,6 +62,11 @@ impl Contenders {
         self.mutexes.is_empty()
     }
 
+    /// Their mutexes, one per contender.
+    pub fn mutexes(&self) -> &[lockline::Mutex] {
+        &self.mutexes
+    }
+
     /// Their clients.
     pub fn clients(&self) -> &[Client] {
         &self.clients

@@ -12,6 +12,9 @@
 //! - **The crowd** (`crowd_*`): P child processes of the program itself,
 //!   driven line by line ([`Crowd`], [`run_plan`]); a child's contenders
 //!   and their report ([`CrowdChild::contend`]).
+//! - **Against a peer library** ([`versus`]): lockline and another client
+//!   (Go's `concurrency`, Curator) on the same server, the same workload,
+//!   grants/s and the client's and server's CPU time per grant.
 //! - **Scale** (`scale_*`): many locks on one session and many sessions in
 //!   one process ([`scale::run`]), with a counting allocator and a
 //!   byte-counting proxy; a backend implements [`scale::ScaleServer`].
@@ -31,6 +34,7 @@ mod crowd_child;
 mod latency;
 pub mod report;
 pub mod scale;
+pub mod versus;
 
 pub use args::{usage_exit, BenchArgs, OwnFlags};
 pub use contenders::{counts, Contenders, SESSION_TTL};

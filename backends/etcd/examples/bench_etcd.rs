@@ -1,7 +1,7 @@
 //! Handoff benchmark against a single-node etcd this program starts itself.
 //!
 //! ```text
-//! cargo run --release -p lockline-etcd --example bench_etcd [-- --seconds 5 --contenders 1,2,4,16,64]
+//! cargo run --release -p lockline-etcd --example bench_etcd [-- --seconds 5 --contenders 1,2,4,16,64 --warmup 2 --versus-only|--no-versus]
 //! ```
 //!
 //! For each N, N contenders (each its own client and session, as separate
@@ -23,13 +23,27 @@
 //! Wakeups per release are counted by the clients (lockline's `stats()`, the
 //! herd's own counter) and on the server (`etcd_debugging_mvcc_events_total`,
 //! watch events sent, per `etcd_debugging_mvcc_delete_total`).
+//!
+//! Then lockline against etcd's Go `concurrency.Mutex` (Debian
+//! `golang-etcd-server-dev`, built here from `examples/go/benchgo` in GOPATH
+//! mode, offline, as the interop tests build their Go peer): for each N, N
+//! contenders, each its own session and connection, all in one process per
+//! client library (lockline in this one, Go in its own), zero hold time, a
+//! fresh server per client, `--warmup` seconds (default 2) before a window of
+//! `--seconds`, two repetitions in alternating order. Printed: grants/s, the
+//! ratio, and the client's and the server's CPU time per grant (the server's
+//! from `/proc/PID/stat` of the etcd process over the window). `--versus-only`
+//! runs only this part, `--no-versus` skips it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockline::Client;
-use lockline_bench::{ms, sequential, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
+use lockline_bench::versus::{self, Versus};
+use lockline_bench::{
+    ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Contest, Latencies, OwnFlags, Sampling,
+};
 use lockline_etcd::etcd_client::{
     self, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
@@ -202,9 +216,148 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
     })
 }
 
+/// Debian's Go toolchain (`golang-go`).
+const GO: &str = "/usr/bin/go";
+/// Where Debian installs Go sources, `go.etcd.io/etcd/clientv3/concurrency` among them.
+const GOPATH: &str = "/usr/share/gocode";
+
+/// Builds the Go side of the comparison, offline, against Debian's etcd
+/// sources, into the system's temporary directory.
+fn build_benchgo() -> BoxResult<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("lockline-benchgo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join("benchgo");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/go/benchgo/main.go");
+    let status = std::process::Command::new(GO)
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(source)
+        .env("GOPATH", GOPATH)
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOPROXY", "off")
+        .env("GOCACHE", std::env::temp_dir().join("lockline-benchgo-cache"))
+        .status()
+        .map_err(|e| format!("run `go build` (Debian golang-go, golang-etcd-server-dev): {e}"))?;
+    if !status.success() {
+        return Err(format!("building the Go side failed: {status}").into());
+    }
+    Ok(out)
+}
+
+/// One client's window on a fresh server.
+async fn versus_run(go: Option<&std::path::Path>, n: usize, warmup: f64, window: f64) -> BoxResult<Versus> {
+    let mut cluster = EtcdCluster::start()?;
+    let pid = cluster.member(0).pid().ok_or("the etcd server has no process id")?;
+    let name = "bench/versus";
+    match go {
+        None => {
+            let contenders = Contenders::open(n, name, || Client::new(Etcd::new(cluster.endpoints()))).await?;
+            let run = versus::lockline(&contenders, pid, warmup, window).await?;
+            contenders.close().await?;
+            Ok(run)
+        }
+        Some(go) => {
+            let mut command = std::process::Command::new(go);
+            command
+                .arg(cluster.endpoints().join(","))
+                .arg(name)
+                .arg(n.to_string())
+                .arg(warmup.to_string())
+                .arg(window.to_string());
+            Ok(tokio::task::spawn_blocking(move || versus::peer(command, pid)).await??)
+        }
+    }
+}
+
+/// `a–b` for two figures (one when they print the same).
+fn range(values: &[f64], digits: usize) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = (format!("{min:.digits$}"), format!("{max:.digits$}"));
+    if lo == hi {
+        lo
+    } else {
+        format!("{lo}–{hi}")
+    }
+}
+
+/// lockline against Go's `concurrency.Mutex` (see the module docs).
+async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
+    let go = build_benchgo()?;
+    println!();
+    println!(
+        "lockline vs Go concurrency.Mutex: fresh single-node etcd per client, {warmup} s warm-up, {} s window, \
+         two repetitions in alternating order (ranges over them)",
+        args.seconds
+    );
+    println!();
+    println!(
+        "| N | lockline grants/s | Go grants/s | lockline ÷ Go | client CPU ms/grant: lockline / Go | \
+         server CPU ms/grant: lockline / Go |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for &n in &args.contenders {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for repetition in 0..2 {
+            if repetition == 0 {
+                ours.push(versus_run(None, n, warmup, args.seconds).await?);
+                theirs.push(versus_run(Some(&go), n, warmup, args.seconds).await?);
+            } else {
+                theirs.push(versus_run(Some(&go), n, warmup, args.seconds).await?);
+                ours.push(versus_run(None, n, warmup, args.seconds).await?);
+            }
+        }
+        let figures = |runs: &[Versus], f: fn(&Versus) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+        let ratios: Vec<f64> = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(o, t)| o.grants_per_sec() / t.grants_per_sec())
+            .collect();
+        println!(
+            "| {n} | {} | {} | {} | {} / {} | {} / {} |",
+            range(&figures(&ours, Versus::grants_per_sec), 0),
+            range(&figures(&theirs, Versus::grants_per_sec), 0),
+            range(&ratios, 2),
+            range(&figures(&ours, Versus::client_ms_per_grant), 2),
+            range(&figures(&theirs, Versus::client_ms_per_grant), 2),
+            range(&figures(&ours, Versus::server_ms_per_grant), 2),
+            range(&figures(&theirs, Versus::server_ms_per_grant), 2),
+        );
+    }
+    if let Some(dir) = go.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let args = BenchArgs::from_env_or_exit("bench_etcd", "");
+    fn fail<T>(message: String) -> T {
+        usage_exit(
+            &message,
+            "bench_etcd",
+            &BenchArgs::usage("[--warmup S] [--versus-only | --no-versus]"),
+        )
+    }
+    let (own, rest) = OwnFlags::take(
+        std::env::args().skip(1),
+        &["--versus-only", "--no-versus"],
+        &["--warmup"],
+    )
+    .unwrap_or_else(fail);
+    let args = BenchArgs::parse(rest).unwrap_or_else(fail);
+    let warmup: f64 = match own.value("--warmup") {
+        None => 2.0,
+        Some(value) => value
+            .parse()
+            .ok()
+            .filter(|w: &f64| (0.0..=600.0).contains(w))
+            .unwrap_or_else(|| fail(format!("bad --warmup {value:?}"))),
+    };
+    if own.switch("--versus-only") {
+        return versus_go(&args, warmup).await;
+    }
     let cluster = EtcdCluster::start()?;
     let seconds = args.seconds;
     println!(
@@ -265,6 +418,10 @@ async fn main() -> BoxResult<()> {
     for (n, ours, server) in latency_rows.iter().filter(|(n, _, _)| *n > 1) {
         let ratio = ours.quantile(0.99).map_or(f64::NAN, ms) / put_p50;
         println!("| {n} | {} | {} | {ratio:.1} |", ours.p50_p99(), server.p50_p99());
+    }
+    drop(cluster);
+    if !own.switch("--no-versus") {
+        versus_go(&args, warmup).await?;
     }
     Ok(())
 }
