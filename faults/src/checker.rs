@@ -17,13 +17,24 @@
 //!   have seen `lost()` before anyone else was granted the lock: any overlap
 //!   with a running holder is a violation, whatever its writes; silently
 //!   blackholed holders are the case this is about. One bounded exception,
-//!   [`Bounds::reset_notice`]: where the server frees a lock the moment its
-//!   holder's connection resets (lockline-sql: the connection holds the
-//!   lock), a holder whose connections were reset (a cut, a server crash)
-//!   learns it only from a later request, or when its loss deadline passes;
-//!   it must stop holding within that bound of the reset, and every write it
-//!   made after the next grant must still have been refused. Such cases are
-//!   counted, with the worst one named, not hidden.
+//!   [`Bounds::reset_notice`], for the faults of [`Bounds::reset_kinds`]:
+//!   where the server frees a lock the moment its holder's connection resets
+//!   (lockline-sql: the connection holds the lock), a holder whose
+//!   connections were reset (a cut, a server crash) learns it only from a
+//!   later request, or when its loss deadline passes; where a Redis server
+//!   restarted without persistence forgot every session, a holder learns it
+//!   at its next renewal. It must stop holding within that bound of the
+//!   reset (of the server's return, [`Bounds::reset_at_end`]); every write
+//!   it made after the next grant must still have been refused by a fence
+//!   that decides on the lock ([`Fence::Held`]), and, where the test's token
+//!   register decided, accepted only before any newer holder wrote (the
+//!   resource saw the holders in token order, as for a frozen holder). Such
+//!   cases are counted, with the worst one named, not hidden.
+//! - **Riding out**: an outage of [`Bounds::ride_out_kinds`] (a Redis
+//!   restart with its data, a pause of the server, a reset of a holder's
+//!   connections) no longer than
+//!   [`Bounds::ride_out`] costs no session: no holder hears `lost()` and no
+//!   waiter fails with a lost session because of it.
 //! - **Recovery**: after every fault a grant follows within the bound (TTL +
 //!   election time + slack), counted from the fault's start (from its end for
 //!   an outage of the whole cluster), and no quiet stretch without a fault
@@ -79,6 +90,9 @@ pub struct Report {
     pub reset_holders_late: (usize, f64),
     /// The case of that longest hold, in words.
     pub reset_worst: String,
+    /// Outages of the server short enough to be ridden out (see
+    /// [`Bounds::ride_out`]), and how many of them cost no session.
+    pub ridden_out: (usize, usize),
     /// The longest time from a fault to the next grant (s) and the fault's kind.
     pub worst_recovery: Option<(f64, String)>,
     /// The longest gap between grants with no fault active (s).
@@ -137,6 +151,13 @@ impl fmt::Display for Report {
                 self.reset_holders_late.0, self.reset_holders_late.1, self.reset_worst
             )?;
         }
+        if self.ridden_out.0 > 0 {
+            writeln!(
+                f,
+                "short outages of the server to ride out: {} ({} cost no session)",
+                self.ridden_out.0, self.ridden_out.1
+            )?;
+        }
         match &self.worst_recovery {
             Some((s, kind)) => writeln!(f, "worst recovery: {s:.2}s (after {kind})")?,
             None => writeln!(f, "worst recovery: -")?,
@@ -187,6 +208,25 @@ pub struct Bounds {
     /// connection); on a backend whose server frees the lock with the
     /// connection, the time the holder takes to notice (its next request).
     pub reset_notice: u64,
+    /// The faults that free a holder's lock on the server without its
+    /// knowing, for which [`reset_notice`](Self::reset_notice) applies:
+    /// PostgreSQL's resets of a holder's connections, a restart of a Redis
+    /// server without persistence; none elsewhere.
+    pub reset_kinds: &'static [FaultKind],
+    /// Whether such a fault frees the locks when it ends (a Redis server
+    /// back without its data) rather than when it begins (a reset).
+    pub reset_at_end: bool,
+    /// The longest outage of the server (ns, from its start to the server's
+    /// serving again) of [`ride_out_kinds`](Self::ride_out_kinds) that must
+    /// cost no session.
+    pub ride_out: u64,
+    /// The outages a session must ride out when short (a Redis restart with
+    /// its data, a pause of the server, a reset of a holder's connections);
+    /// none elsewhere.
+    pub ride_out_kinds: &'static [FaultKind],
+    /// The sessions' loss deadline (ns): how long after an outage's start a
+    /// loss may still be due to it.
+    pub loss_deadline: u64,
     /// The contenders' lock-delay (ns; 0: none, and nothing to check).
     pub lock_delay: u64,
 }
@@ -342,9 +382,32 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                 .filter(|w| w.tag == a.tag && w.token == a.token && w.t > b.grant)
                 .collect();
             let frozen = was_paused(a.tag, a.grant, b.grant);
-            // A frozen holder cannot be told; the resource is safe if it saw
-            // the holders in token order: a stale write accepted before any
+            // A fault that freed the holder's lock on the server without its
+            // knowing, before that grant: one that began before the grant
+            // and lasted into the holder's section (a holder granted while a
+            // crash of the server is under way is reset as well), counted
+            // from the later of the moment the server freed the lock (the
+            // reset, or the server's return without its data) and the
+            // holder's grant.
+            let reset = faults
+                .iter()
+                .filter(|f| bounds.reset_kinds.contains(&f.kind) && f.holder.is_none_or(|h| h == a.tag))
+                .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
+                .map(|f| {
+                    let freed = if bounds.reset_at_end {
+                        f.end.unwrap_or(f.start)
+                    } else {
+                        f.start
+                    };
+                    freed.max(a.grant)
+                })
+                .min();
+            let noticed = reset.filter(|&r| bounds.reset_notice > 0 && end <= r.saturating_add(bounds.reset_notice));
+            // A frozen holder cannot be told, nor one the server forgot
+            // before its next request; the resource is safe if it saw the
+            // holders in token order: a stale write accepted before any
             // write of a newer holder is ordered, not overlapping.
+            let untold = frozen || noticed.is_some();
             let newer_wrote = writes
                 .iter()
                 .filter(|w| landed(w) && w.token > a.token)
@@ -353,7 +416,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                 .unwrap_or(u64::MAX);
             let accepted = after
                 .iter()
-                .filter(|w| landed(w) && !(frozen && w.fence == Fence::Token && w.t < newer_wrote))
+                .filter(|w| landed(w) && !(untold && w.fence == Fence::Token && w.t < newer_wrote))
                 .count();
             let when_lost = match a.lost {
                 Some(l) => format!("its lost() fired {:.3}s later", secs(l.saturating_sub(b.grant))),
@@ -379,18 +442,6 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             } else {
                 report.overlaps_fenced += 1;
             }
-            // A reset of the holder's connections that the server saw
-            // before it granted the lock again: one that began before that
-            // grant and lasted into the holder's section (a holder granted
-            // while a crash of the server is under way is reset as well),
-            // counted from the later of its start and the holder's grant.
-            let reset = faults
-                .iter()
-                .filter(|f| f.kind.resets_connections() && f.holder.is_none_or(|h| h == a.tag))
-                .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
-                .map(|f| f.start.max(a.grant))
-                .min();
-            let noticed = reset.filter(|&r| bounds.reset_notice > 0 && end <= r.saturating_add(bounds.reset_notice));
             if !frozen && !late_reported.contains(&(a.tag, a.token)) {
                 late_reported.push((a.tag, a.token));
                 if let Some(r) = noticed {
@@ -400,7 +451,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                         report.reset_holders_late.1 = held_on;
                         let how = if a.lost.is_some() { "saw lost()" } else { "stopped" };
                         report.reset_worst = format!(
-                            "{} (token {}) {how} at {:.3}s, reset at {:.3}s, {} granted at {:.3}s; {context}",
+                            "{} (token {}) {how} at {:.3}s, its lock freed by the server at {:.3}s, {} granted at {:.3}s; {context}",
                             a.tag,
                             a.token,
                             rel(end),
@@ -442,6 +493,8 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             report.blackholed_holders.1 += 1;
         }
     }
+
+    check_ride_out(&events, faults, bounds, &mut report);
 
     // Recovery after each fault, and quiet stretches.
     let mut worst: Option<(u64, String)> = None;
@@ -510,6 +563,52 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     report
+}
+
+/// Riding out: an outage of [`Bounds::ride_out_kinds`] no
+/// longer than [`Bounds::ride_out`] must cost no session. A loss due to it
+/// is heard by the time the loss deadline has passed since the outage's
+/// start plus its length (the last confirmed renewal was sent before the
+/// outage); a holder's `lost()` or a waiter's lost session in that window,
+/// and before the next fault, is a violation.
+fn check_ride_out(events: &[&Event], faults: &[Fault], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    for (i, fault) in faults.iter().enumerate() {
+        let Some(end) = fault.end else { continue };
+        if !bounds.ride_out_kinds.contains(&fault.kind) || end.saturating_sub(fault.start) > bounds.ride_out {
+            continue;
+        }
+        let next_fault = faults.get(i + 1).map_or(u64::MAX, |f| f.start);
+        let until = end
+            .saturating_add(bounds.loss_deadline)
+            .min(next_fault)
+            .min(bounds.stop);
+        report.ridden_out.0 += 1;
+        let losses: Vec<String> = events
+            .iter()
+            .filter(|e| e.t >= fault.start && e.t < until)
+            .filter_map(|e| match &e.what {
+                What::Lost { token } => Some(format!("{} heard lost() of token {token} at {:.3}s", e.tag, rel(e.t))),
+                What::Error { message } if message.starts_with("lock:") && message.ends_with(" lost") => {
+                    Some(format!("{} at {:.3}s: {message}", e.tag, rel(e.t)))
+                }
+                _ => None,
+            })
+            .collect();
+        if losses.is_empty() {
+            report.ridden_out.1 += 1;
+        } else {
+            report.violations.push(format!(
+                "a session lost to a short outage: {} {} at {:.3}s, serving again {:.3}s later (ridden out up to {:.1}s): {}",
+                fault.kind,
+                fault.target,
+                rel(fault.start),
+                secs(end - fault.start),
+                secs(bounds.ride_out),
+                losses.join("; ")
+            ));
+        }
+    }
 }
 
 /// Lock-delay: after a fault that took a holder's lock from it (the holder
@@ -677,6 +776,11 @@ mod tests {
             stop,
             recovery: 8 * S,
             reset_notice: 0,
+            reset_kinds: &[],
+            reset_at_end: false,
+            ride_out: 0,
+            ride_out_kinds: &[],
+            loss_deadline: 2 * S,
             lock_delay: 0,
         }
     }
@@ -838,6 +942,7 @@ mod tests {
         // Noticed within the bound, every later write refused: counted, not a violation.
         let lenient = Bounds {
             reset_notice: S,
+            reset_kinds: crate::Backend::Postgres.forgets(),
             ..bounds(4 * S)
         };
         let report = check(&events, &refused, &cut, lenient);
@@ -913,6 +1018,7 @@ mod tests {
         }];
         let lenient = Bounds {
             reset_notice: 2 * S,
+            reset_kinds: crate::Backend::Postgres.forgets(),
             ..bounds(ms(290_000))
         };
         let report = check(&events, &writes, &crash, lenient);
@@ -924,6 +1030,158 @@ mod tests {
             report.violations[0].starts_with("lost() after the next grant"),
             "{report}"
         );
+    }
+
+    #[test]
+    fn a_holder_a_restart_without_persistence_forgot_may_hold_until_its_next_renewal() {
+        // Redis without persistence: c0 holds token 10; the server is killed
+        // at 2 s and back, empty, at 3 s; c1 is granted token 11 at 3.1 s;
+        // c0 writes once at 3.2 s (before c1 writes at 3.3 s) and hears
+        // lost() at its next renewal, 3.5 s.
+        let events = vec![
+            grant(S, 0, 10),
+            grant(3 * S + S / 10, 1, 11),
+            ev(3 * S + S / 2, 0, What::Lost { token: 10 }),
+        ];
+        let writes = [
+            write(3 * S + S / 5, 0, 10, true),
+            write(3 * S + 3 * S / 10, 1, 11, true),
+        ];
+        let restart = vec![Fault {
+            kind: FaultKind::KillServer,
+            target: "the server".into(),
+            holder: None,
+            start: 2 * S,
+            end: Some(3 * S),
+        }];
+        let volatile = Bounds {
+            reset_notice: 2 * S,
+            reset_kinds: crate::Backend::RedisVolatile.forgets(),
+            reset_at_end: true,
+            ..bounds(6 * S)
+        };
+        let report = check(&events, &writes, &restart, volatile);
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!(report.reset_holders_late.0, 1);
+        assert!((report.reset_holders_late.1 - 0.5).abs() < 1e-9, "{report}");
+        // With the data kept (an append-only file), a restart frees nothing:
+        // the same history breaks lost() first and the register.
+        let kept = Bounds {
+            reset_kinds: crate::Backend::Redis.forgets(),
+            ..volatile
+        };
+        let report = check(&events, &writes, &restart, kept);
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.starts_with("lost() after the next grant")),
+            "{report}"
+        );
+        assert!(
+            report.violations.iter().any(|v| v.starts_with("unfenced overlap")),
+            "{report}"
+        );
+        // Heard too late after the server's return (counted from it, not
+        // from the kill).
+        let late = vec![
+            grant(S, 0, 10),
+            grant(3 * S + S / 10, 1, 11),
+            ev(5 * S + S / 10, 0, What::Lost { token: 10 }),
+        ];
+        let report = check(&late, &writes, &restart, volatile);
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.starts_with("lost() after the next grant")),
+            "{report}"
+        );
+        // A stale write accepted after the newer holder wrote is not excused.
+        let after_newer = [
+            write(3 * S + 3 * S / 10, 1, 11, true),
+            write(3 * S + 2 * S / 5, 0, 10, true),
+        ];
+        let report = check(&events, &after_newer, &restart, volatile);
+        assert!(
+            report.violations.iter().any(|v| v.starts_with("unfenced overlap")),
+            "{report}"
+        );
+        // A pause of the server forgets nothing: no excuse.
+        let pause = vec![Fault {
+            kind: FaultKind::PauseServer,
+            ..restart[0].clone()
+        }];
+        let report = check(&events, &writes, &pause, volatile);
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.starts_with("lost() after the next grant")),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn a_session_lost_to_a_short_outage_of_the_server_is_caught() {
+        let ride = Bounds {
+            ride_out: S,
+            ride_out_kinds: crate::Backend::Redis.rides_out(),
+            ..bounds(6 * S)
+        };
+        let outage = |start: u64, length: u64| Fault {
+            kind: FaultKind::KillServer,
+            target: "the server".into(),
+            holder: None,
+            start,
+            end: Some(start + length),
+        };
+        let events = vec![
+            grant(S, 0, 10),
+            ev(3 * S + S / 2, 0, What::Lost { token: 10 }),
+            ev(
+                3 * S + S / 2,
+                1,
+                What::Error {
+                    message: "lock: session 1f lost".into(),
+                },
+            ),
+            grant(4 * S, 1, 11),
+        ];
+        // Back within 0.8 s: both losses are violations, in one line.
+        let short = check(&events, &[], &[outage(2 * S, 8 * S / 10)], ride);
+        let lost: Vec<&String> = short
+            .violations
+            .iter()
+            .filter(|v| v.starts_with("a session lost to a short outage"))
+            .collect();
+        assert_eq!(lost.len(), 1, "{short}");
+        assert!(
+            lost[0].contains("c0.0 heard lost()") && lost[0].contains("c1.0 at"),
+            "{short}"
+        );
+        assert_eq!(short.ridden_out, (1, 0));
+        // Longer than the bound: losses are legitimate.
+        let long = check(&events, &[], &[outage(2 * S, 3 * S / 2)], ride);
+        assert!(long.violations.is_empty(), "{long}");
+        assert_eq!(long.ridden_out, (0, 0));
+        // Losses after the next fault began are that fault's.
+        let next = Fault {
+            kind: FaultKind::BlackholeHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: 3 * S,
+            end: Some(8 * S),
+        };
+        let report = check(&events, &[], &[outage(2 * S, 8 * S / 10), next], ride);
+        assert!(
+            !report.violations.iter().any(|v| v.starts_with("a session lost")),
+            "{report}"
+        );
+        assert_eq!(report.ridden_out, (1, 1));
+        // A backend with nothing to ride out judges nothing.
+        let report = check(&events, &[], &[outage(2 * S, 8 * S / 10)], bounds(20 * S));
+        assert_eq!(report.ridden_out, (0, 0));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use lockline::{Client, Error, MutexGuard, Session, SessionOptions, SessionState};
 use lockline_etcd::Etcd;
+use lockline_redis::Redis;
 use lockline_sql::{FencedTransaction, Sql};
 use lockline_zookeeper::ZooKeeper;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -43,10 +44,10 @@ const HANG_SLACK: Duration = Duration::from_secs(5);
 /// What the harness tells a contender on its command line.
 #[derive(Debug, Clone)]
 pub struct ContenderArgs {
-    /// etcd, ZooKeeper or PostgreSQL.
+    /// etcd, ZooKeeper, PostgreSQL or Redis.
     pub backend: Backend,
-    /// etcd endpoints (comma-separated URLs), a ZooKeeper connect string or a
-    /// PostgreSQL URL.
+    /// etcd endpoints (comma-separated URLs), a ZooKeeper connect string, a
+    /// PostgreSQL URL or a Redis URL.
     pub endpoints: String,
     /// The lock's name.
     pub name: String,
@@ -345,6 +346,7 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
         Backend::Etcd => Client::new(Etcd::new(args.endpoints.split(',').map(str::to_owned))),
         Backend::ZooKeeper => Client::new(ZooKeeper::new(args.endpoints.clone())),
         Backend::Postgres => Client::new(Sql::new(args.endpoints.clone())),
+        Backend::Redis | Backend::RedisVolatile => Client::new(Redis::new(args.endpoints.clone())),
     };
     let options = SessionOptions::new()
         .with_ttl(args.ttl)

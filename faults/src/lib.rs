@@ -1,7 +1,8 @@
 //! lockline's randomized fault test (DESIGN §7), in the manner of Jepsen.
 //!
 //! A run starts a 3-member etcd cluster or ZooKeeper ensemble, or one
-//! PostgreSQL server, on loopback, a fenced register and history server in
+//! PostgreSQL server, or one Redis server (with an append-only file fsynced
+//! on every write, or without persistence), on loopback, a fenced register and history server in
 //! this process, and N contender *processes* (this crate's binary,
 //! `lockline-faults contender ...`), each reaching the members through its own
 //! [`TcpProxy`](lockline_testkit::TcpProxy)s. Contenders take one lock over and
@@ -11,14 +12,16 @@
 //! leader half the time), kills a quorum for a moment, and silently
 //! blackholes a holder's connections; on PostgreSQL it also resets a holder's
 //! connections, kills the whole server and restarts it, crashes one backend
-//! (the postmaster then restarts every session) and freezes the whole server.
+//! (the postmaster then restarts every session) and freezes the whole server;
+//! on Redis it resets a holder's connections, kills the server and starts it
+//! again on the same port with its data directory, and freezes it.
 //! The [`checker`] then reads the history: tokens never go back, overlapping
 //! critical sections only where fencing caught the stale holder (or it was
 //! frozen and wrote nothing), `lost()` seen by every running holder before
 //! the next grant, a grant within the recovery bound after every fault, and
 //! no entry left at the end.
 //!
-//! On etcd and ZooKeeper the register is the test's own: it accepts a token
+//! On etcd, ZooKeeper and Redis the register is the test's own: it accepts a token
 //! at least as high as the highest it accepted. On PostgreSQL each write is a
 //! row inserted into a table of the database in lockline-sql's
 //! `FencedTransaction`, over the contender's own connection (through its
@@ -34,6 +37,8 @@
 //! ```text
 //! cargo run --release -p lockline-faults -- --backend etcd --seconds 600 --seed 7
 //! cargo run --release -p lockline-faults -- --backend postgres --seconds 600 --seed 7
+//! cargo run --release -p lockline-faults -- --backend redis --seconds 600 --seed 7
+//! cargo run --release -p lockline-faults -- --backend redis-volatile --seconds 600 --seed 7
 //! ```
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -58,7 +63,7 @@ use crate::clock::{now_ns, ns};
 use crate::contender::ContenderArgs;
 use crate::fleet::Fleet;
 use crate::history::{History, What};
-use crate::nemesis::Nemesis;
+use crate::nemesis::{FaultKind, Nemesis};
 use crate::servers::Servers;
 
 /// Which server a run tests.
@@ -70,11 +75,37 @@ pub enum Backend {
     ZooKeeper,
     /// PostgreSQL (`lockline-sql`).
     Postgres,
+    /// One Redis server with an append-only file fsynced on every write
+    /// (`appendonly yes`, `appendfsync always`: nothing acknowledged is lost
+    /// in a restart), `lockline-redis`.
+    Redis,
+    /// One Redis server without persistence (no append-only file, no
+    /// snapshots): a restart forgets every key. The checker then allows what
+    /// docs/redis.md says Redis cannot promise after such a restart, and
+    /// nothing more (see [`Backend::forgets`]).
+    RedisVolatile,
 }
 
 impl Backend {
     /// Every backend the test runs on.
-    pub const ALL: [Backend; 3] = [Backend::Etcd, Backend::ZooKeeper, Backend::Postgres];
+    pub const ALL: [Backend; 5] = [
+        Backend::Etcd,
+        Backend::ZooKeeper,
+        Backend::Postgres,
+        Backend::Redis,
+        Backend::RedisVolatile,
+    ];
+
+    /// Whether it is one of the Redis modes.
+    pub fn is_redis(self) -> bool {
+        matches!(self, Backend::Redis | Backend::RedisVolatile)
+    }
+
+    /// Whether it runs one server (PostgreSQL, Redis), not a cluster: the
+    /// nemesis then kills, restarts and pauses that server.
+    pub fn is_single_server(self) -> bool {
+        matches!(self, Backend::Postgres | Backend::Redis | Backend::RedisVolatile)
+    }
 }
 
 impl fmt::Display for Backend {
@@ -83,6 +114,8 @@ impl fmt::Display for Backend {
             Backend::Etcd => "etcd",
             Backend::ZooKeeper => "zookeeper",
             Backend::Postgres => "postgres",
+            Backend::Redis => "redis",
+            Backend::RedisVolatile => "redis-volatile",
         })
     }
 }
@@ -95,7 +128,11 @@ impl std::str::FromStr for Backend {
             "etcd" => Ok(Backend::Etcd),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
             "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
-            other => Err(format!("unknown backend {other:?} (etcd, zookeeper or postgres)")),
+            "redis" => Ok(Backend::Redis),
+            "redis-volatile" => Ok(Backend::RedisVolatile),
+            other => Err(format!(
+                "unknown backend {other:?} (etcd, zookeeper, postgres, redis or redis-volatile)"
+            )),
         }
     }
 }
@@ -110,7 +147,7 @@ impl Backend {
             Backend::ZooKeeper => Duration::from_secs(2),
             // No election: one server, whose outages are counted from their
             // end. A second for the sessions to connect again.
-            Backend::Postgres => Duration::from_secs(1),
+            Backend::Postgres | Backend::Redis | Backend::RedisVolatile => Duration::from_secs(1),
         }
     }
 
@@ -126,10 +163,55 @@ impl Backend {
     /// that deadline, plus a second for a loaded machine. Writes are not
     /// excused: the backend's fence must refuse every one made after the next
     /// grant.
+    ///
+    /// On Redis without persistence a restart frees every lock the moment
+    /// the server is back, and a holder learns of it at its session's next
+    /// renewal (docs/redis.md, "Loss": within a keepalive interval, sooner
+    /// when renewals were failing, since a failed one is retried at once):
+    /// a keepalive interval plus a second for a loaded machine, counted from
+    /// the server's return (see [`Backend::forgets_at_end`]). With an
+    /// append-only file a restart frees nothing: zero.
     pub fn reset_notice(self, ttl: Duration) -> Duration {
+        let options = lockline::SessionOptions::new().with_ttl(ttl);
         match self {
-            Backend::Etcd | Backend::ZooKeeper => Duration::ZERO,
-            Backend::Postgres => lockline::SessionOptions::new().with_ttl(ttl).loss_deadline() + Duration::from_secs(1),
+            Backend::Etcd | Backend::ZooKeeper | Backend::Redis => Duration::ZERO,
+            Backend::Postgres => options.loss_deadline() + Duration::from_secs(1),
+            Backend::RedisVolatile => options.keepalive_interval() + Duration::from_secs(1),
+        }
+    }
+
+    /// The faults after which the server may grant a lock whose holder
+    /// still believes it holds, for at most [`reset_notice`](Self::reset_notice):
+    /// on PostgreSQL those that reset a holder's connections (the
+    /// connection holds the lock); on Redis without persistence a restart
+    /// of the server (it forgets every session and entry: docs/redis.md,
+    /// "What Redis cannot promise"); none elsewhere.
+    pub fn forgets(self) -> &'static [FaultKind] {
+        match self {
+            Backend::Postgres => &[FaultKind::CutHolder, FaultKind::KillServer, FaultKind::CrashBackend],
+            Backend::RedisVolatile => &[FaultKind::KillServer],
+            Backend::Etcd | Backend::ZooKeeper | Backend::Redis => &[],
+        }
+    }
+
+    /// Whether the server frees the locks when such a fault ends (a Redis
+    /// server back without its data) rather than when it begins (a
+    /// PostgreSQL connection reset).
+    pub fn forgets_at_end(self) -> bool {
+        self == Backend::RedisVolatile
+    }
+
+    /// The faults a session must ride out, without being lost, when they
+    /// last no longer than [`Config::ride_out`]: on Redis a restart with the
+    /// data (issue 22: a session survives what its server survives), a
+    /// pause of the server and a reset of a holder's connections; without
+    /// persistence the pause and the reset (a restart forgets the session).
+    /// None elsewhere.
+    pub fn rides_out(self) -> &'static [FaultKind] {
+        match self {
+            Backend::Redis => &[FaultKind::KillServer, FaultKind::PauseServer, FaultKind::CutHolder],
+            Backend::RedisVolatile => &[FaultKind::PauseServer, FaultKind::CutHolder],
+            Backend::Etcd | Backend::ZooKeeper | Backend::Postgres => &[],
         }
     }
 }
@@ -165,12 +247,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// The short run of the test suite: 60 s of faults, 5 contenders, TTL 3 s,
-    /// recovery within TTL + election time + 6 s.
+    /// The short run of the test suite: 38 s of faults (six runs, each
+    /// wanting the machine to itself, fit in about four minutes), 5
+    /// contenders, TTL 3 s, recovery within TTL + election time + 6 s.
     pub fn short(backend: Backend, program: PathBuf) -> Self {
         Config {
             backend,
-            duration: Duration::from_secs(60),
+            duration: Duration::from_secs(38),
             seed: 1,
             contenders: 5,
             ttl: Duration::from_secs(3),
@@ -189,7 +272,6 @@ impl Config {
     /// holder's lock from it (pause, kill, blackhole, and on PostgreSQL a
     /// reset), with a lock-delay of 1.5 s.
     pub fn short_with_lock_delay(backend: Backend, program: PathBuf) -> Self {
-        use nemesis::FaultKind;
         let kinds = [
             FaultKind::PauseHolder,
             FaultKind::KillHolder,
@@ -217,6 +299,21 @@ impl Config {
     /// once the server freed its lock (see [`Backend::reset_notice`]).
     pub fn reset_notice(&self) -> Duration {
         self.backend.reset_notice(self.ttl)
+    }
+
+    /// The longest outage (from the kill, the freeze or the cut to the
+    /// server's serving again, or the connections' being let through) that
+    /// no session may be lost to, on the kinds of
+    /// [`Backend::rides_out`]: the loss deadline, less the keepalive
+    /// interval (the last confirmed renewal may have been sent that long
+    /// before the fault) and 0.4 s for the session to connect again and
+    /// renew on a loaded machine. 1 s with a TTL of 3 s (deadline 2.4 s).
+    pub fn ride_out(&self) -> Duration {
+        let options = lockline::SessionOptions::new().with_ttl(self.ttl);
+        options
+            .loss_deadline()
+            .saturating_sub(options.keepalive_interval())
+            .saturating_sub(Duration::from_millis(400))
     }
 }
 
@@ -407,6 +504,11 @@ pub fn run(config: &Config) -> Result<Report, String> {
             stop,
             recovery: ns(bound),
             reset_notice: ns(config.reset_notice()),
+            reset_kinds: config.backend.forgets(),
+            reset_at_end: config.backend.forgets_at_end(),
+            ride_out: ns(config.ride_out()),
+            ride_out_kinds: config.backend.rides_out(),
+            loss_deadline: ns(lockline::SessionOptions::new().with_ttl(config.ttl).loss_deadline()),
             lock_delay: ns(config.lock_delay),
         },
     );

@@ -1,25 +1,30 @@
 //! `lockline-faults`: lockline's randomized fault test, long mode.
 //!
 //! ```text
-//! lockline-faults [--backend etcd|zookeeper|postgres|all[,...]] [--seconds N] [--seed N]
+//! lockline-faults [--backend etcd|zookeeper|postgres|redis|redis-volatile|all[,...]] [--seconds N] [--seed N]
 //!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--lock-delay SECS]
 //!                 [--quiet] [--keep-logs]
 //! ```
 //!
 //! `--backend` takes one backend, several separated by commas, `all`, or
-//! `both` (etcd and ZooKeeper, as before PostgreSQL was added).
+//! `both` (etcd and ZooKeeper, as before PostgreSQL was added). `redis` is
+//! one Redis server with an append-only file fsynced on every write;
+//! `redis-volatile` one without persistence, where a restart forgets every
+//! session (the checker then allows what docs/redis.md says Redis cannot
+//! promise, and nothing more: see docs/faults.md).
 //! `--faults` limits the nemesis to some kinds: pause-holder, kill-holder,
 //! kill-waiter, blackhole-holder and cut-holder on every backend;
 //! kill-member, pause-member and kill-quorum on etcd and ZooKeeper;
-//! kill-server, pause-server and crash-backend on PostgreSQL. Unless named,
-//! a backend gets every kind it can have, cut-holder on PostgreSQL only.
+//! kill-server and pause-server on PostgreSQL and Redis; crash-backend on
+//! PostgreSQL. Unless named, a backend gets every kind it can have,
+//! cut-holder on PostgreSQL and Redis only.
 //! `--lock-delay SECS` gives the contenders a lock-delay; the checker then
 //! also checks that a contender already waiting when a holder lost the lock
 //! to a fault is granted it no sooner than the delay after the fault.
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
 //! every violation, and exits with status 1 when there is one. The defaults
-//! are the test suite's short run (every backend, 60 s, seed 1, 5 contenders,
+//! are the test suite's short run (every backend, 38 s, seed 1, 5 contenders,
 //! TTL 3 s). `lockline-faults contender ...` is the contender program the run
 //! starts; it is not meant to be run by hand.
 
@@ -29,15 +34,17 @@ use std::time::Duration;
 use lockline_faults::contender::{self, ContenderArgs};
 use lockline_faults::{run, Backend, Config};
 
-const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|postgres|all[,...]] [--seconds N] [--seed N] \
-                     [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--lock-delay SECS] \
-                     [--quiet] [--keep-logs]
-  --backend   one or more of etcd, zookeeper, postgres (comma-separated), all, or both (etcd and zookeeper);
-              default all
+const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|postgres|redis|redis-volatile|all[,...]] \
+                     [--seconds N] [--seed N] [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] \
+                     [--lock-delay SECS] [--quiet] [--keep-logs]
+  --backend   one or more of etcd, zookeeper, postgres, redis, redis-volatile (comma-separated), all,
+              or both (etcd and zookeeper); default all. redis: one server with appendonly yes and
+              appendfsync always; redis-volatile: one server without persistence (a restart forgets
+              every session; the checks relaxed then are told in docs/faults.md)
   --faults    pause-holder, kill-holder, kill-waiter, blackhole-holder, cut-holder (every backend);
               kill-member, pause-member, kill-quorum (etcd, zookeeper);
-              kill-server, pause-server, crash-backend (postgres);
-              default: every kind the backend can have (cut-holder on postgres only)
+              kill-server, pause-server (postgres, redis, redis-volatile); crash-backend (postgres);
+              default: every kind the backend can have (cut-holder on postgres and redis only)
   --lock-delay the contenders' lock-delay (seconds, fractions allowed, at most 60; default 0): the
               checker then also checks that no contender waiting when a holder lost the lock to a
               fault was granted it sooner than the delay after the fault";

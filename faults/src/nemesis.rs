@@ -39,9 +39,16 @@ pub enum FaultKind {
     KillQuorum,
     /// PostgreSQL: SIGKILL every process of the server (a crash: every session
     /// is lost, unlogged tables are emptied); restart it 1.5–3 s later.
+    /// Redis: SIGKILL the server and start it again on the same port with
+    /// its data directory 0.2–3 s later: with an append-only file it comes
+    /// back with every acknowledged write, and a session must ride out a
+    /// restart shorter than its loss deadline; without persistence it comes
+    /// back empty.
     KillServer,
     /// PostgreSQL: SIGSTOP the postmaster and every backend for 1–4 s, then
     /// SIGCONT: the database's clock runs on while no session renews.
+    /// Redis: SIGSTOP the server for 0.3–4 s, then SIGCONT; keys expire on
+    /// its clock, which runs on.
     PauseServer,
     /// PostgreSQL: SIGKILL one client backend, as the OOM killer does: the
     /// postmaster ends every other session and reinitializes (crash recovery,
@@ -74,18 +81,9 @@ impl FaultKind {
         )
     }
 
-    /// Whether it resets the connections of a holder (its own for holder
-    /// faults, everyone's for a server crash): where the connection holds the
-    /// lock, the server frees it at once and the holder learns later.
-    pub fn resets_connections(self) -> bool {
-        matches!(
-            self,
-            FaultKind::CutHolder | FaultKind::KillServer | FaultKind::CrashBackend
-        )
-    }
-
     /// Whether the kind can be injected on `backend`: member faults need a
-    /// cluster, server faults the one PostgreSQL server.
+    /// cluster, server faults one server (PostgreSQL, Redis), a backend's
+    /// crash PostgreSQL.
     pub fn applies_to(self, backend: Backend) -> bool {
         match self {
             FaultKind::PauseHolder
@@ -93,19 +91,22 @@ impl FaultKind {
             | FaultKind::KillWaiter
             | FaultKind::BlackholeHolder
             | FaultKind::CutHolder => true,
-            FaultKind::KillMember | FaultKind::PauseMember | FaultKind::KillQuorum => backend != Backend::Postgres,
-            FaultKind::KillServer | FaultKind::PauseServer | FaultKind::CrashBackend => backend == Backend::Postgres,
+            FaultKind::KillMember | FaultKind::PauseMember | FaultKind::KillQuorum => !backend.is_single_server(),
+            FaultKind::KillServer | FaultKind::PauseServer => backend.is_single_server(),
+            FaultKind::CrashBackend => backend == Backend::Postgres,
         }
     }
 
     /// The kinds a run on `backend` deals when none are named. A reset of a
-    /// holder's connections is dealt on PostgreSQL only, where the
-    /// connection holds the lock: etcd and ZooKeeper sessions outlive their
+    /// holder's connections is dealt on PostgreSQL, where the connection
+    /// holds the lock, and on Redis, where the session must connect again
+    /// and renew before its loss deadline (issue 22: it rides out what the
+    /// server rides out); etcd and ZooKeeper sessions outlive their
     /// connections, as a blackhole already shows.
     pub fn defaults(backend: Backend) -> Vec<FaultKind> {
         FaultKind::ALL
             .into_iter()
-            .filter(|k| k.applies_to(backend) && (*k != FaultKind::CutHolder || backend == Backend::Postgres))
+            .filter(|k| k.applies_to(backend) && (*k != FaultKind::CutHolder || backend.is_single_server()))
             .collect()
     }
 }
@@ -161,6 +162,7 @@ pub struct Nemesis<'a> {
     servers: &'a mut Servers,
     fleet: &'a mut Fleet,
     history: History,
+    backend: Backend,
     ttl: Duration,
     recovery: Duration,
     /// The kinds it chooses from.
@@ -188,6 +190,7 @@ impl<'a> Nemesis<'a> {
             servers,
             fleet,
             history,
+            backend: config.backend,
             ttl: config.ttl,
             recovery: config.recovery_bound(),
             kinds: if config.kinds.is_empty() {
@@ -389,7 +392,13 @@ impl<'a> Nemesis<'a> {
                 Some(start)
             }
             FaultKind::KillServer => {
-                let down = self.rng.millis(1500, 3000);
+                // Redis: some restarts shorter than the loss deadline (to be
+                // ridden out where the data survives), some longer.
+                let down = if self.backend.is_redis() {
+                    self.rng.millis(200, 3000)
+                } else {
+                    self.rng.millis(1500, 3000)
+                };
                 let start = self.begin(kind, "the server".into(), None);
                 if let Err(error) = self.servers.kill_server() {
                     self.problems.push(format!("killing the server: {error}"));
@@ -403,11 +412,14 @@ impl<'a> Nemesis<'a> {
                 Some(start)
             }
             FaultKind::PauseServer => {
-                let hold = self.rng.millis(1000, 4000);
+                let hold = if self.backend.is_redis() {
+                    self.rng.millis(300, 4000)
+                } else {
+                    self.rng.millis(1000, 4000)
+                };
                 let start = self.begin(kind, "the server".into(), None);
                 match self.servers.pause_server() {
-                    Ok(0) => self.problems.push("pausing the server froze no backend".into()),
-                    Ok(frozen) => self.say(&format!("froze the postmaster and {frozen} more processes")),
+                    Ok(frozen) => self.say(&frozen),
                     Err(error) => self.problems.push(format!("pausing the server: {error}")),
                 }
                 thread::sleep(hold);

@@ -1,11 +1,13 @@
 //! The servers under test: a 3-member etcd cluster or ZooKeeper ensemble,
 //! its leader, and a fresh client's view of the lock's entries; or one
 //! PostgreSQL server, with the faults one server can have (a crash of the
-//! whole server, a crash of one backend, a pause of every process).
+//! whole server, a crash of one backend, a pause of every process); or one
+//! Redis server, with or without persistence (a kill and restart on the same
+//! port, a pause).
 
 use std::time::{Duration, Instant};
 
-use lockline_testkit::{EtcdCluster, Member, PgOptions, PgServer, ZkEnsemble, ZkOptions};
+use lockline_testkit::{EtcdCluster, Member, PgOptions, PgServer, RedisOptions, RedisServer, ZkEnsemble, ZkOptions};
 
 use crate::history::Tag;
 use crate::Backend;
@@ -19,6 +21,9 @@ pub enum Servers {
     ZooKeeper(ZkEnsemble),
     /// PostgreSQL.
     Postgres(Postgres),
+    /// Redis: the server, and whether it persists (an append-only file
+    /// fsynced on every write).
+    Redis(RedisServer, bool),
 }
 
 /// The role, its password and the database the PostgreSQL contenders use: an
@@ -224,12 +229,7 @@ pub struct Entry {
 }
 
 impl Servers {
-    /// Starts `size` members.
-    ///
-    /// # Errors
-    ///
-    /// When the servers cannot be started.
-    /// Starts `size` members (PostgreSQL: one server, whatever `size`).
+    /// Starts `size` members (PostgreSQL, Redis: one server, whatever `size`).
     ///
     /// # Errors
     ///
@@ -239,6 +239,14 @@ impl Servers {
             Backend::Etcd => Servers::Etcd(EtcdCluster::start_cluster(size)?),
             Backend::ZooKeeper => Servers::ZooKeeper(ZkEnsemble::start_with(size, &ZkOptions::default())?),
             Backend::Postgres => Servers::Postgres(Postgres::start()?),
+            Backend::Redis | Backend::RedisVolatile => {
+                let append_only = backend == Backend::Redis;
+                let server = RedisServer::start_with(&RedisOptions {
+                    append_only,
+                    ..RedisOptions::default()
+                })?;
+                Servers::Redis(server, append_only)
+            }
         })
     }
 
@@ -247,7 +255,7 @@ impl Servers {
         match self {
             Servers::Etcd(cluster) => cluster.size(),
             Servers::ZooKeeper(ensemble) => ensemble.size(),
-            Servers::Postgres(_) => 1,
+            Servers::Postgres(_) | Servers::Redis(..) => 1,
         }
     }
 
@@ -257,6 +265,11 @@ impl Servers {
             Servers::Etcd(cluster) => format!("etcd cluster of {}", cluster.size()),
             Servers::ZooKeeper(ensemble) => format!("ZooKeeper ensemble of {}", ensemble.size()),
             Servers::Postgres(pg) => format!("PostgreSQL server on port {}", pg.server.port()),
+            Servers::Redis(server, true) => format!(
+                "Redis server on port {} (appendonly yes, appendfsync always)",
+                server.port()
+            ),
+            Servers::Redis(server, false) => format!("Redis server on port {} (no persistence)", server.port()),
         }
     }
 
@@ -266,11 +279,13 @@ impl Servers {
             Servers::Etcd(cluster) => format!("127.0.0.1:{}", cluster.client_port(i)),
             Servers::ZooKeeper(ensemble) => ensemble.address(i),
             Servers::Postgres(pg) => format!("127.0.0.1:{}", pg.server.port()),
+            Servers::Redis(server, _) => format!("127.0.0.1:{}", server.port()),
         }
     }
 
     /// What a contender is given to reach the members at `addresses` (its
-    /// proxies): etcd endpoints, a ZooKeeper connect string, a database URL.
+    /// proxies): etcd endpoints, a ZooKeeper connect string, a database or
+    /// Redis URL.
     pub fn endpoints(&self, addresses: &[String]) -> String {
         match self {
             Servers::Etcd(_) => addresses
@@ -280,15 +295,17 @@ impl Servers {
                 .join(","),
             Servers::ZooKeeper(_) => addresses.join(","),
             Servers::Postgres(_) => Postgres::url(addresses.first().map_or("", String::as_str)),
+            Servers::Redis(..) => format!("redis://{}", addresses.first().map_or("", String::as_str)),
         }
     }
 
-    /// Member `i` (PostgreSQL: the postmaster).
+    /// Member `i` (PostgreSQL: the postmaster; Redis: the server).
     pub fn member(&mut self, i: usize) -> &mut Member {
         match self {
             Servers::Etcd(cluster) => cluster.member(i),
             Servers::ZooKeeper(ensemble) => ensemble.member(i),
             Servers::Postgres(pg) => pg.server.member(),
+            Servers::Redis(server, _) => server.member(),
         }
     }
 
@@ -301,42 +318,63 @@ impl Servers {
         }
     }
 
-    /// PostgreSQL: SIGKILLs every process of the server.
+    /// PostgreSQL: SIGKILLs every process of the server. Redis: SIGKILLs
+    /// the server.
     ///
     /// # Errors
     ///
-    /// On another backend, or when the server is not running.
+    /// On a cluster, or when the server is not running.
     pub fn kill_server(&mut self) -> std::io::Result<()> {
-        self.postgres()?.kill()
+        match self {
+            Servers::Redis(server, _) => server.member().kill(),
+            _ => self.postgres()?.kill(),
+        }
     }
 
-    /// PostgreSQL: starts the server again after [`kill_server`](Self::kill_server)
-    /// (crash recovery) and waits until it accepts connections.
+    /// Starts the server again after [`kill_server`](Self::kill_server), on
+    /// the same port with the same data directory (PostgreSQL: crash
+    /// recovery; Redis: the append-only file read back, or nothing without
+    /// persistence), and waits until it answers.
     ///
     /// # Errors
     ///
-    /// On another backend, or when it does not come back.
+    /// On a cluster, or when it does not come back.
     pub fn restart_server(&mut self) -> std::io::Result<()> {
-        self.postgres()?.server.restart()
+        match self {
+            Servers::Redis(server, _) => server.restart(),
+            _ => self.postgres()?.server.restart(),
+        }
     }
 
-    /// PostgreSQL: freezes every process of the server (SIGSTOP); returns
-    /// how many besides the postmaster.
+    /// Freezes every process of the server (SIGSTOP); says what it froze.
     ///
     /// # Errors
     ///
-    /// On another backend, or when the server is not running.
-    pub fn pause_server(&mut self) -> std::io::Result<usize> {
-        self.postgres()?.pause()
+    /// On a cluster, when the server is not running, or when on PostgreSQL
+    /// it froze no backend besides the postmaster.
+    pub fn pause_server(&mut self) -> std::io::Result<String> {
+        match self {
+            Servers::Redis(server, _) => {
+                server.member().pause()?;
+                Ok("froze redis-server".into())
+            }
+            _ => match self.postgres()?.pause()? {
+                0 => Err(std::io::Error::other("pausing the server froze no backend")),
+                frozen => Ok(format!("froze the postmaster and {frozen} more processes")),
+            },
+        }
     }
 
-    /// PostgreSQL: thaws what [`pause_server`](Self::pause_server) froze.
+    /// Thaws what [`pause_server`](Self::pause_server) froze.
     ///
     /// # Errors
     ///
-    /// On another backend, or when the server is not running.
+    /// On a cluster, or when the server is not running.
     pub fn resume_server(&mut self) -> std::io::Result<()> {
-        self.postgres()?.resume()
+        match self {
+            Servers::Redis(server, _) => server.member().resume(),
+            _ => self.postgres()?.resume(),
+        }
     }
 
     /// PostgreSQL: the client backends of the contenders' role (pids).
@@ -397,7 +435,7 @@ impl Servers {
                     .metrics(i)
                     .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1")),
                 Servers::ZooKeeper(ensemble) => ensemble.mode(i).as_deref() == Some("leader"),
-                Servers::Postgres(_) => true,
+                Servers::Postgres(_) | Servers::Redis(..) => true,
             }
         })
     }
@@ -412,6 +450,7 @@ impl Servers {
             Servers::Etcd(cluster) => cluster.wait_healthy(i),
             Servers::ZooKeeper(ensemble) => ensemble.wait_serving(i),
             Servers::Postgres(pg) => pg.wait_serving(),
+            Servers::Redis(server, _) => redis_wait_serving(server),
         }
     }
 
@@ -431,7 +470,12 @@ impl Servers {
                 Servers::Etcd(cluster) => etcd_entries(cluster.endpoints(), name).await,
                 Servers::ZooKeeper(ensemble) => zookeeper_entries(&ensemble.connect_string(), name).await,
                 Servers::Postgres(pg) => {
-                    postgres_entries(&Postgres::url(&format!("127.0.0.1:{}", pg.server.port())), name).await
+                    let url = Postgres::url(&format!("127.0.0.1:{}", pg.server.port()));
+                    lockline_entries(lockline::Client::new(lockline_sql::Sql::new(url)), "PostgreSQL", name).await
+                }
+                Servers::Redis(server, _) => {
+                    let redis = lockline_redis::Redis::new(server.url());
+                    lockline_entries(lockline::Client::new(redis), "Redis", name).await
                 }
             }
         };
@@ -487,21 +531,34 @@ async fn zookeeper_entries(connect: &str, name: &str) -> Result<Vec<Entry>, Stri
     Ok(entries)
 }
 
-/// The lock's live entries as lockline-sql itself lists them: rows whose
-/// guard (the owner connection's advisory lock) is held. A row whose guard
-/// is free is dead by the backend's rules (its owner's connection ended):
-/// whoever meets it deletes it, and it blocks nobody.
-async fn postgres_entries(url: &str, name: &str) -> Result<Vec<Entry>, String> {
-    use lockline::Client;
-    use lockline_sql::Sql;
-    let session = Client::new(Sql::new(url))
-        .session()
-        .await
-        .map_err(|e| format!("PostgreSQL session: {e}"))?;
+/// Waits until a Redis server answers `PING` (after a resume), up to 30 s.
+fn redis_wait_serving(server: &RedisServer) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match server.cli(&["PING"]) {
+            Ok(answer) if answer.trim() == "PONG" => return Ok(()),
+            Ok(answer) if Instant::now() > deadline => {
+                return Err(std::io::Error::other(format!("PING answered {:?}", answer.trim())))
+            }
+            Err(error) if Instant::now() > deadline => return Err(error),
+            // No event to await from another process: probe again.
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The lock's live entries as the backend itself lists them, through a
+/// session of its own (closed after). On PostgreSQL: rows whose guard (the
+/// owner connection's advisory lock) is held; a row whose guard is free is
+/// dead by the backend's rules (its owner's connection ended): whoever meets
+/// it deletes it, and it blocks nobody. On Redis: the queue's entries whose
+/// key has not expired.
+async fn lockline_entries(client: lockline::Client, what: &str, name: &str) -> Result<Vec<Entry>, String> {
+    let session = client.session().await.map_err(|e| format!("{what} session: {e}"))?;
     let listed = session.backend_session().list(name).await;
     let _ = session.close().await;
     Ok(listed
-        .map_err(|e| format!("PostgreSQL list {name:?}: {e}"))?
+        .map_err(|e| format!("{what} list {name:?}: {e}"))?
         .into_iter()
         .map(|entry| Entry {
             key: entry.key,
