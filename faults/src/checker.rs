@@ -93,6 +93,10 @@ pub struct Report {
     /// Outages of the server short enough to be ridden out (see
     /// [`Bounds::ride_out`]), and how many of them cost no session.
     pub ridden_out: (usize, usize),
+    /// Sessions open when the server forgot every session (see
+    /// [`Bounds::forgets_sessions`]), and how many of them their contender
+    /// gave up as lost in time.
+    pub forgotten_sessions: (usize, usize),
     /// The longest time from a fault to the next grant (s) and the fault's kind.
     pub worst_recovery: Option<(f64, String)>,
     /// The longest gap between grants with no fault active (s).
@@ -156,6 +160,13 @@ impl fmt::Display for Report {
                 f,
                 "short outages of the server to ride out: {} ({} cost no session)",
                 self.ridden_out.0, self.ridden_out.1
+            )?;
+        }
+        if self.forgotten_sessions.0 > 0 {
+            writeln!(
+                f,
+                "sessions open when a restart forgot them: {} ({} declared lost and given up)",
+                self.forgotten_sessions.0, self.forgotten_sessions.1
             )?;
         }
         match &self.worst_recovery {
@@ -227,6 +238,11 @@ pub struct Bounds {
     /// The sessions' loss deadline (ns): how long after an outage's start a
     /// loss may still be due to it.
     pub loss_deadline: u64,
+    /// The faults after which the server has forgotten every session (a
+    /// Redis server restarted without persistence): each session open when
+    /// one began must be declared lost, so that its contender gives it up,
+    /// within the recovery bound of the server's return.
+    pub forgets_sessions: &'static [FaultKind],
     /// The contenders' lock-delay (ns; 0: none, and nothing to check).
     pub lock_delay: u64,
 }
@@ -495,6 +511,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
     }
 
     check_ride_out(&events, faults, bounds, &mut report);
+    check_forgotten(&events, faults, bounds, &mut report);
 
     // Recovery after each fault, and quiet stretches.
     let mut worst: Option<(u64, String)> = None;
@@ -607,6 +624,59 @@ fn check_ride_out(events: &[&Event], faults: &[Fault], bounds: Bounds, report: &
                 secs(bounds.ride_out),
                 losses.join("; ")
             ));
+        }
+    }
+}
+
+/// Forgotten sessions: after a restart that forgot every session (Redis
+/// without persistence), each session open when the restart began must be
+/// declared lost (docs/redis.md: "lockline then declares every session
+/// lost"): its contender gives it up (`session-over`), or was killed, within
+/// the recovery bound of the server's return. Not judged when the run ended
+/// sooner.
+fn check_forgotten(events: &[&Event], faults: &[Fault], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    for fault in faults.iter().filter(|f| bounds.forgets_sessions.contains(&f.kind)) {
+        let Some(end) = fault.end else { continue };
+        let until = end.saturating_add(bounds.recovery);
+        if until > bounds.stop {
+            continue;
+        }
+        let mut open: BTreeMap<Tag, String> = BTreeMap::new();
+        for event in events.iter().take_while(|e| e.t < fault.start) {
+            match &event.what {
+                What::Session { id } => {
+                    open.insert(event.tag, id.clone());
+                }
+                What::SessionOver { .. } | What::Killed | What::Exited => {
+                    open.remove(&event.tag);
+                }
+                _ => {}
+            }
+        }
+        for (tag, id) in open {
+            report.forgotten_sessions.0 += 1;
+            let given_up = events.iter().any(|e| {
+                e.tag == tag
+                    && e.t >= fault.start
+                    && e.t <= until
+                    && matches!(
+                        e.what,
+                        What::SessionOver { .. } | What::Session { .. } | What::Killed | What::Exited
+                    )
+            });
+            if given_up {
+                report.forgotten_sessions.1 += 1;
+            } else {
+                report.violations.push(format!(
+                    "a forgotten session lived on: {tag}'s session {id} was open when {} {} at {:.3}s forgot every session, and was not given up as lost within {:.1}s of the server's return at {:.3}s",
+                    fault.kind,
+                    fault.target,
+                    rel(fault.start),
+                    secs(bounds.recovery),
+                    rel(end)
+                ));
+            }
         }
     }
 }
@@ -781,6 +851,7 @@ mod tests {
             ride_out: 0,
             ride_out_kinds: &[],
             loss_deadline: 2 * S,
+            forgets_sessions: &[],
             lock_delay: 0,
         }
     }
@@ -1120,6 +1191,51 @@ mod tests {
                 .any(|v| v.starts_with("lost() after the next grant")),
             "{report}"
         );
+    }
+
+    #[test]
+    fn a_session_that_outlives_a_restart_that_forgot_it_is_caught() {
+        let volatile = Bounds {
+            forgets_sessions: crate::Backend::RedisVolatile.forgets_sessions(),
+            ..bounds(30 * S)
+        };
+        let restart = vec![Fault {
+            kind: FaultKind::KillServer,
+            target: "the server".into(),
+            holder: None,
+            start: 10 * S,
+            end: Some(11 * S),
+        }];
+        let session = |t: u64, slot: usize, id: &str| ev(t, slot, What::Session { id: id.into() });
+        let over = |t: u64, slot: usize, id: &str| ev(t, slot, What::SessionOver { id: id.into() });
+        let events = vec![
+            session(S, 0, "a"),
+            session(S, 1, "b"),
+            session(2 * S, 2, "c"),
+            over(3 * S, 2, "c"),
+            session(3 * S, 2, "d"),
+            grant(4 * S, 0, 10),
+            over(11 * S + S / 2, 0, "a"),
+            session(11 * S + S / 2, 0, "e"),
+            grant(12 * S, 0, 20),
+            // c2's session "d" is never given up; c1 was killed.
+            ev(12 * S, 1, What::Killed),
+        ];
+        let report = check(&events, &[], &restart, volatile);
+        assert_eq!(report.forgotten_sessions, (3, 2), "{report}");
+        let lived: Vec<&String> = report
+            .violations
+            .iter()
+            .filter(|v| v.starts_with("a forgotten session lived on"))
+            .collect();
+        assert_eq!(lived.len(), 1, "{report}");
+        assert!(lived[0].contains("c2.0's session d"), "{report}");
+        // A restart with the data forgets nothing: not judged.
+        let kept = Bounds {
+            forgets_sessions: crate::Backend::Redis.forgets_sessions(),
+            ..volatile
+        };
+        assert_eq!(check(&events, &[], &restart, kept).forgotten_sessions, (0, 0));
     }
 
     #[test]

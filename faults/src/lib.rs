@@ -194,6 +194,16 @@ impl Backend {
         }
     }
 
+    /// The faults after which the server has forgotten every session: a
+    /// restart of Redis without persistence (docs/redis.md: "lockline then
+    /// declares every session lost"). None elsewhere.
+    pub fn forgets_sessions(self) -> &'static [FaultKind] {
+        match self {
+            Backend::RedisVolatile => &[FaultKind::KillServer],
+            Backend::Etcd | Backend::ZooKeeper | Backend::Postgres | Backend::Redis => &[],
+        }
+    }
+
     /// Whether the server frees the locks when such a fault ends (a Redis
     /// server back without its data) rather than when it begins (a
     /// PostgreSQL connection reset).
@@ -509,6 +519,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
             ride_out: ns(config.ride_out()),
             ride_out_kinds: config.backend.rides_out(),
             loss_deadline: ns(lockline::SessionOptions::new().with_ttl(config.ttl).loss_deadline()),
+            forgets_sessions: config.backend.forgets_sessions(),
             lock_delay: ns(config.lock_delay),
         },
     );
