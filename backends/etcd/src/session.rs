@@ -452,6 +452,25 @@ const MARKER_VERSIONS: usize = 16;
 /// revokes the lease anyway.
 const HUB_CLOSE_WAIT: Duration = Duration::from_millis(250);
 
+/// A key an append's put just created, as a read of it would show it.
+struct Created<'a> {
+    key: &'a str,
+    revision: i64,
+    lease: i64,
+}
+
+impl layout::Stored for Created<'_> {
+    fn key(&self) -> &[u8] {
+        self.key.as_bytes()
+    }
+    fn create_revision(&self) -> i64 {
+        self.revision
+    }
+    fn lease(&self) -> i64 {
+        self.lease
+    }
+}
+
 /// What a released claim must match.
 #[derive(Debug, Clone, Copy)]
 enum Owner<'a> {
@@ -1012,33 +1031,42 @@ impl EtcdSession {
                 // abandoned (another path, a slow member) creates nothing.
                 Compare::create_revision(abandoned.clone(), CompareOp::Equal, 0),
             ])
-            .and_then([
-                put,
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(nearest_prefix, Some(newest)),
-            ])
+            .and_then([put, TxnOp::get(nearest_prefix, Some(newest))])
             .or_else([
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(abandoned, Some(GetOptions::new().with_count_only())),
             ]);
         let response = self.txn(txn, "queue on", &key).await?;
         let ops = response.op_responses();
-        let (mine, newest) = if response.succeeded() {
-            (get_response(ops.get(1))?, Some(get_response(ops.get(2))?))
-        } else {
-            if get_response(ops.get(1))?.count() > 0 {
-                return Err(Error::backend(
-                    BACKEND,
-                    format!(
-                        "acquire attempt {} on {:?} was already abandoned",
-                        request.attempt, request.dir
-                    ),
-                ));
-            }
-            // My key already existed (a retry after a lost answer): keys newer
-            // than mine may exist too, so the core asks `earlier`.
-            (get_response(ops.first())?, None)
-        };
+        if response.succeeded() {
+            // My put created the key in this very transaction: its create
+            // revision is the transaction's revision, its lease mine. No
+            // read of it back (one range less per acquire than before).
+            let revision = response
+                .header()
+                .map(|h| h.revision())
+                .ok_or_else(|| Error::backend(BACKEND, "a transaction's answer without a header"))?;
+            let created = Created {
+                key: &key,
+                revision,
+                lease: self.lease,
+            };
+            let entry = layout::entry(request.dir, &created).ok_or_else(|| Error::LockLost { key: key.clone() })?;
+            let newest = get_response(ops.get(1))?;
+            return Ok(self.appended(request, entry, Some(newest), Some(revision)));
+        }
+        if get_response(ops.get(1))?.count() > 0 {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "acquire attempt {} on {:?} was already abandoned",
+                    request.attempt, request.dir
+                ),
+            ));
+        }
+        // My key already existed (a retry after a lost answer): keys newer
+        // than mine may exist too, so the core asks `earlier`.
+        let mine = get_response(ops.first())?;
         let entry = mine
             .kvs()
             .first()
@@ -1050,6 +1078,21 @@ impl EtcdSession {
                 format!("key {key:?} exists with another lease; refusing to share it"),
             ));
         }
+        let read_at = response.header().map(|h| h.revision());
+        Ok(self.appended(request, entry, None, read_at))
+    }
+
+    /// An append's entry, and the nearest earlier ones from `newest` (the
+    /// newest conflicting keys the append's transaction read at `read_at`,
+    /// mine among them), or `None` when that read is missing or was filled
+    /// by other locks' keys.
+    fn appended(
+        &self,
+        request: &AppendRequest<'_>,
+        entry: Entry,
+        newest: Option<&etcd_client::GetResponse>,
+        read_at: Option<i64>,
+    ) -> Appended {
         self.claimed_entry(request.attempt, &entry);
         self.track(&entry.key, request.dir);
         let nearest = newest.and_then(|newest| {
@@ -1066,14 +1109,13 @@ impl EtcdSession {
         });
         // What this read showed exists, for the watches the wait opens next:
         // on this entry, and on the one it will wait for.
-        let read_at = response.header().map(|h| h.revision());
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         seen.insert(&entry, read_at);
         if let Some(blocker) = nearest.as_ref().and_then(|n| n.get(request.nearest.max(1) - 1)) {
             seen.insert(blocker, read_at);
         }
         drop(seen);
-        Ok(Appended { entry, nearest })
+        Appended { entry, nearest }
     }
 
     /// The abandonment of `attempt` was refused. That ends the session only if
