@@ -1,6 +1,7 @@
-//! The randomized fault test's short run, one per backend (a little over a minute
-//! each): contender processes, a fenced register, a seeded nemesis, a checker.
-//! The long run is the `lockline-faults` binary (see docs/faults.md).
+//! The randomized fault test's short run, one per backend and mode (about 40 s
+//! each, six runs taking turns): contender processes, a fenced register, a
+//! seeded nemesis, a checker. The long run is the `lockline-faults` binary
+//! (see docs/faults.md).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -60,4 +61,16 @@ fn postgres_survives_the_nemesis() {
 #[test]
 fn postgres_with_a_lock_delay_survives_the_nemesis() {
     lock_delay_run(Backend::Postgres);
+}
+
+#[test]
+fn redis_survives_the_nemesis() {
+    short_run(Backend::Redis);
+}
+
+/// Redis without persistence: a restart forgets every session, and the
+/// checker allows what docs/redis.md says Redis cannot promise then.
+#[test]
+fn redis_without_persistence_survives_the_nemesis() {
+    short_run(Backend::RedisVolatile);
 }
