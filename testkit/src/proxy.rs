@@ -29,6 +29,10 @@ use crate::Result;
 ///   of every connection while what it sent stays on its way to the server,
 ///   delivered by [`deliver_orphans`](Self::deliver_orphans): a request that
 ///   outlives the connection it was sent on (a slow path to another member).
+///
+/// A proxy started with [`start_zookeeper`](Self::start_zookeeper) also
+/// counts what passes through it ([`zk_counts`](Self::zk_counts)): requests
+/// by opcode, the watches they set, and the watch events delivered.
 pub struct TcpProxy {
     address: SocketAddr,
     shared: Arc<Shared>,
@@ -47,6 +51,7 @@ struct Shared {
     /// Parse ZooKeeper's framing (`start_zookeeper`).
     zookeeper: bool,
     losses: Mutex<Vec<Loss>>,
+    counts: Mutex<ZkCounts>,
     connections: Mutex<Vec<TcpStream>>,
     links: Mutex<Vec<Arc<Link>>>,
 }
@@ -103,6 +108,7 @@ impl TcpProxy {
             stopped: AtomicBool::new(false),
             zookeeper,
             losses: Mutex::default(),
+            counts: Mutex::default(),
             connections: Mutex::default(),
             links: Mutex::default(),
         });
@@ -116,6 +122,18 @@ impl TcpProxy {
     /// The proxy's address, `127.0.0.1:PORT`.
     pub fn address(&self) -> String {
         self.address.to_string()
+    }
+
+    /// What has passed through a proxy started with
+    /// [`start_zookeeper`](Self::start_zookeeper) so far, over every
+    /// connection (the connect handshakes not counted); all zero on another
+    /// proxy. Subtract two readings ([`ZkCounts::since`]) for a window.
+    pub fn zk_counts(&self) -> ZkCounts {
+        self.shared
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Cuts every open connection and refuses new ones.
@@ -332,6 +350,51 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
     });
     pipe(server_read, client_write, shared, link, Direction::Responses, doomed);
 }
+/// ZooKeeper requests and watch events counted by a proxy
+/// ([`TcpProxy::zk_counts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZkCounts {
+    /// Requests by opcode (ZooKeeper's `OpCode`: 1 create, 2 delete, 3
+    /// exists, 4 getData, 5 setData, 8 getChildren, 9 sync, 11 ping, 12
+    /// getChildren2, 14 multi, 15 create2, 19 createContainer, 21 create with
+    /// TTL, 22 multiRead, 106 addWatch, ...). A `multi` counts once.
+    pub requests: std::collections::BTreeMap<i32, u64>,
+    /// Requests that set a watch: `exists`, `getData`, `getChildren` and
+    /// `getChildren2` with their watch flag on, and `addWatch`.
+    pub watches_set: u64,
+    /// Watch events delivered to clients (server frames with xid -1).
+    pub events: u64,
+}
+
+impl ZkCounts {
+    /// What was counted after `earlier`, a reading of the same proxy.
+    #[must_use]
+    pub fn since(&self, earlier: &ZkCounts) -> ZkCounts {
+        let requests = self
+            .requests
+            .iter()
+            .map(|(&opcode, &n)| (opcode, n - earlier.requests.get(&opcode).copied().unwrap_or(0).min(n)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        ZkCounts {
+            requests,
+            watches_set: self.watches_set.saturating_sub(earlier.watches_set),
+            events: self.events.saturating_sub(earlier.events),
+        }
+    }
+
+    /// Requests with this opcode.
+    pub fn requests_of(&self, opcode: i32) -> u64 {
+        self.requests.get(&opcode).copied().unwrap_or(0)
+    }
+}
+
+/// ZooKeeper's opcodes whose request is a path and a watch flag.
+const ZK_WATCHING_READS: [i32; 4] = [3, 4, 8, 12];
+
+/// ZooKeeper's `addWatch` opcode (a persistent watch).
+const ZK_ADD_WATCH: i32 = 106;
+
 /// A rule of [`TcpProxy::lose_zk_responses`].
 #[derive(Debug)]
 struct Loss {
@@ -379,11 +442,25 @@ fn be_i32(bytes: &[u8], at: usize) -> Option<i32> {
 impl Shared {
     /// A client request frame: marks its xid doomed when a loss rule picks it.
     fn inspect_request(&self, frame: &[u8], doomed: &Doomed) {
-        let (Some(xid), Some(opcode), Some(path_len)) = (be_i32(frame, 4), be_i32(frame, 8), be_i32(frame, 12)) else {
+        let (Some(xid), Some(opcode)) = (be_i32(frame, 4), be_i32(frame, 8)) else {
             return;
         };
-        let path = usize::try_from(path_len)
-            .ok()
+        let raw_path_len = be_i32(frame, 12);
+        let path_len = raw_path_len.and_then(|len| usize::try_from(len).ok());
+        {
+            let watch_flag = path_len
+                .and_then(|len| frame.get(16 + len))
+                .is_some_and(|&flag| flag != 0);
+            let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            *counts.requests.entry(opcode).or_insert(0) += 1;
+            if opcode == ZK_ADD_WATCH || (ZK_WATCHING_READS.contains(&opcode) && watch_flag) {
+                counts.watches_set += 1;
+            }
+        }
+        if raw_path_len.is_none() {
+            return;
+        }
+        let path = path_len
             .and_then(|len| frame.get(16..16 + len))
             .map(String::from_utf8_lossy)
             .unwrap_or_default();
@@ -553,6 +630,9 @@ fn zk_frames(
     let mut out = Vec::with_capacity(chunk.len());
     for frame in frames.push(chunk) {
         frames.seen += 1;
+        if frames.seen > 1 && be_i32(&frame, 4) == Some(-1) {
+            shared.counts.lock().unwrap_or_else(PoisonError::into_inner).events += 1;
+        }
         match (frames.seen > 1).then(|| Shared::doom(&frame, doomed)).flatten() {
             None => out.extend_from_slice(&frame),
             Some(Some(code)) => {
