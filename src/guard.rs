@@ -414,18 +414,21 @@ impl Hold {
                 // it can (etcd: the hand-over marker its release writes;
                 // Redis: a queue member left behind); where it cannot, this
                 // is reported as released, as Go's, Curator's and kazoo's
-                // unlocks do for a key already gone. A lost session never is.
+                // unlocks do for a key already gone. A lost session never
+                // is, and a question that got no answer is not taken for a
+                // release either.
                 error @ Error::LockLost { .. } if retried => {
                     match inner.call(inner.remote.removed_by_me(&self.entry)).await {
                         Ok(Some(false)) => {
                             tracing::debug!(key = %self.entry.key, "release retried: entry already gone, deleted by someone else");
                             Err(error)
                         }
-                        answer => {
+                        Ok(answer) => {
                             tracing::debug!(key = %self.entry.key, ?answer, "release retried: entry already gone, taken as removed by the cut-off try");
                             inner.counters.bump(|c| &c.releases);
                             Ok(())
                         }
+                        Err(unanswered) => Err(inner.label(unanswered)),
                     }
                 }
                 error => Err(error),
@@ -578,7 +581,9 @@ macro_rules! guard_surface {
             /// when another client deleted it meanwhile. etcd and Redis tell
             /// the two apart (see each backend's docs for what is left);
             /// ZooKeeper and SQL cannot, and count it as released, as Go's,
-            /// Curator's and kazoo's unlocks do for a key already gone.
+            /// Curator's and kazoo's unlocks do for a key already gone. When
+            /// the question gets no answer, the release fails with that error
+            /// (the entry is gone either way).
             ///
             /// # Cancel safety
             ///

@@ -136,10 +136,8 @@ pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
 /// lock and session), `<markers>released-<lease hex>` under a marker prefix
 /// (one key per session). Bound to the lease (it goes with the session).
 /// Every removal of one of the session's own entries (a release, a
-/// resignation, a cancelled acquire) writes it in the removal's own
-/// transaction (a release or resignation: the removed entry's create
-/// revision as decimal text, which a retried release looks for; a cancelled
-/// acquire: empty), so its modification revision is the revision of that
+/// resignation, a cancelled acquire) writes it, empty, in the removal's own
+/// transaction, so its modification revision is the revision of that
 /// deletion; `close()` writes [`CLOSING`] into the markers of the locks it
 /// still has entries in before it revokes the lease. A waiter reads the
 /// marker of its predecessor's lock and lease *as of* the revision its wait

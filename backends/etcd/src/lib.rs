@@ -67,10 +67,8 @@
 //!   from a loss without a request of its own. Every removal of a session's
 //!   own entry (release, resign, a cancelled acquire) also writes the
 //!   session's hand-over marker for that lock, `n` + NUL +
-//!   `lockline/released-<lease hex>` (bound to the lease: one key per lock
-//!   and session, gone with the session; a release writes the removed
-//!   entry's create revision into it as decimal text, a cancelled acquire
-//!   writes it empty), in the delete's own
+//!   `lockline/released-<lease hex>` (empty, bound to the lease: one key per
+//!   lock and session, gone with the session), in the delete's own
 //!   transaction, so in the same revision; `close()` writes `closing` into
 //!   the markers of the locks it still has entries in (one transaction per
 //!   64 of them), then revokes the lease. A waiter with a lock-delay,

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::error::{self, map, map_on, BACKEND};
 use crate::layout;
-use crate::watch::{Hub, Signal};
+use crate::watch::{Hub, Signal, WATCH_CANCELED};
 
 /// A lockline session on etcd.
 pub(crate) struct EtcdSession {
@@ -443,10 +443,6 @@ impl EtcdSession {
 /// How many hand-over markers one transaction of `close()` writes (etcd
 /// refuses transactions of more than 128 operations by default).
 const CLOSING_PER_TXN: usize = 64;
-
-/// How many versions of a hand-over marker a retried release reads back
-/// through to find its own removal (see [`BackendSession::removed_by_me`]).
-const MARKER_VERSIONS: usize = 16;
 
 /// How long `close()` waits for the watch hub to end its stream before it
 /// revokes the lease anyway.
@@ -906,41 +902,45 @@ impl BackendSession for EtcdSession {
         }
     }
 
-    /// Walks back through the versions of this session's hand-over marker
-    /// of the entry's lock, newest first, for the one its removal of `entry`
-    /// wrote (holding the entry's create revision): found, the removal was
-    /// this session's; absent from every version written since the entry was
-    /// created, it was not. Unknown (`None`) when the entry is not this
-    /// session's own, the session writes no markers, the history was
-    /// compacted, or the marker changed more than [`MARKER_VERSIONS`] times
-    /// since (other entries of this session in the same lock, or one marker
-    /// for every lock under a marker prefix).
+    /// Finds the revision `entry` was deleted at (a watch from its creation
+    /// replays the deletion from the server's history), then reads this
+    /// session's hand-over marker of the entry's lock as of that revision:
+    /// written in that very revision, the deletion was a removal of this
+    /// session's (its release's transaction writes the marker; one
+    /// transaction per revision); otherwise someone else deleted the entry,
+    /// or the lease ended. As waiters with a lock-delay tell a hand-over from
+    /// a loss, with no limit on how often the marker changed since. Unknown
+    /// (`None`) when the entry is not this session's own, the session writes
+    /// no markers, or the history was compacted away.
     async fn removed_by_me(&self, entry: &Entry) -> Result<Option<bool>> {
         if entry.owner.as_deref() != Some(self.id.as_str()) || !self.markers_allowed() {
             return Ok(None);
         }
+        let mut watch = self.hub.watch_deletes_from(&entry.key, entry.order + 1);
+        let deleted_at = loop {
+            match watch.next().await {
+                Signal::Delete { revision } if revision > entry.order => break revision,
+                // Canceled by the server: its history no longer goes back
+                // to the entry's creation.
+                Signal::Broken(reason) if reason.starts_with(WATCH_CANCELED) => return Ok(None),
+                Signal::Broken(reason) => {
+                    return Err(Error::unavailable(
+                        BACKEND,
+                        format!("reading when {:?} was deleted: {reason}", entry.key),
+                    ))
+                }
+                Signal::Created { .. } | Signal::Delete { .. } | Signal::Put(_) => {}
+            }
+        };
         let marker = layout::released(&self.markers, layout::dir_of(entry), &self.id);
-        let mine = entry.order.to_string();
-        let mut options = None;
-        for _ in 0..MARKER_VERSIONS {
-            let response = match self.get(&marker, options.take(), "read").await {
-                Err(error) if is_compacted(&error) || error.is_refusal() => return Ok(None),
-                other => other?,
-            };
-            let Some(kv) = response.kvs().first() else {
-                // Never written since before the entry existed: no removal of
-                // mine wrote it.
-                return Ok(Some(false));
-            };
-            if kv.value() == mine.as_bytes() {
-                return Ok(Some(true));
-            }
-            if kv.mod_revision() <= entry.order {
-                return Ok(Some(false));
-            }
-            options = Some(GetOptions::new().with_revision(kv.mod_revision() - 1));
-        }
-        Ok(None)
+        let options = GetOptions::new().with_revision(deleted_at);
+        let response = match self.get(&marker, Some(options), "read").await {
+            Err(error) if is_compacted(&error) || error.is_refusal() => return Ok(None),
+            other => other?,
+        };
+        Ok(Some(
+            response.kvs().first().is_some_and(|kv| kv.mod_revision() == deleted_at),
+        ))
     }
 
     /// Asks the server for the lease's remaining TTL; none left means lost.
@@ -1180,13 +1180,14 @@ impl EtcdSession {
     }
 
     /// The fenced delete of `entry`, with the hand-over marker if `marked`
-    /// (holding the entry's create revision, so that a release retried after
-    /// a lost answer can tell its own removal from someone else's delete:
-    /// [`BackendSession::removed_by_me`]).
+    /// (written in the deletion's own revision, which is how a waiter with a
+    /// lock-delay, and a release retried after a lost answer
+    /// ([`BackendSession::removed_by_me`]), tell a removal of this session's
+    /// from someone else's delete).
     async fn remove_once(&self, entry: &Entry, marked: bool) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(entry.key.clone(), None)];
         if marked {
-            ops.push(self.hand_over(layout::dir_of(entry), entry.order.to_string().as_bytes()));
+            ops.push(self.hand_over(layout::dir_of(entry), b""));
         }
         let txn = Txn::new()
             .when([Compare::create_revision(

@@ -12,6 +12,10 @@ use std::sync::Arc;
 use etcd_client::{EventType, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream};
 use tokio::sync::mpsc;
 
+/// How the reason of a [`Signal::Broken`] begins when the server canceled the
+/// watch (history compacted away, a refused create), not the stream.
+pub(crate) const WATCH_CANCELED: &str = "watch canceled by the server";
+
 /// What a watch reports.
 #[derive(Debug)]
 pub(crate) enum Signal {
@@ -375,7 +379,7 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         alive &= watcher.send(signal).is_ok();
                     }
                     if response.canceled() {
-                        let reason = format!("watch canceled by the server: {}", response.cancel_reason());
+                        let reason = format!("{WATCH_CANCELED}: {}", response.cancel_reason());
                         let _ = watcher.send(Signal::Broken(reason.into()));
                         watchers.remove(&id);
                     } else if !alive {
