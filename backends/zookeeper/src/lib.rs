@@ -29,9 +29,13 @@
 //!   ZooKeeper's own recipe's contenders in the same directory are recognised and
 //!   queued with lockline's by sequence number. A connect string may end in a
 //!   chroot (`host:port/apps`).
-//! - **Acquire** = create the node, list the directory (two round trips when
-//!   uncontended). **Wait** = an exists-watch on the node just before mine
-//!   (one watch); when it fires, list once more. **Release** = one `multi`
+//! - **Acquire** = create the node and list the directory, the listing sent
+//!   right behind the create (one round trip when uncontended). **Wait** = a
+//!   data watch (`getData`, as Curator's waiter sets) on the node just before
+//!   mine, and an exists-watch on my own node, set once and kept by the hold
+//!   once granted (it tells a waiter or a holder at once that someone deleted
+//!   its node: Curator sets no such watch); when the first fires, list once
+//!   more. **Release** = one `multi`
 //!   that sets my node's data and deletes it (the release mark, below; an
 //!   election candidate's node is just deleted); the
 //!   node's path is unique to this acquire, so it can never delete a newer
@@ -49,7 +53,7 @@
 //! deletes the nodes of an expired session and of a closed one alike, and a
 //! watch event names no cause, so lockline's release marks itself: the
 //! release's one `multi` sets the node's data (to nothing) and deletes it, in
-//! one transaction. The waiter's one-shot exists-watch fires on the data
+//! one transaction. The waiter's one-shot watch fires on the data
 //! change; the directory listing it makes next anyway finds the node gone:
 //! released. A node deleted by its session's end fires `NodeDeleted`: lost,
 //! and the delay counts from when the waiter heard of it (the server's

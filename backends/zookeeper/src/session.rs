@@ -15,7 +15,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
     Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
-    OneshotWatcher, Permission, SessionState as ZkState,
+    OneshotWatcher, Permission, SessionState as ZkState, WatchedEvent,
 };
 
 use crate::error::{denied, map};
@@ -106,15 +106,66 @@ struct Wake {
 const WATCH_RETRY_PAUSE: Duration = Duration::from_millis(50);
 const WATCH_RETRY_MAX_PAUSE: Duration = Duration::from_secs(1);
 
+/// What a watch request found (see [`ZkSession::watch_existing`]).
+enum Watched {
+    /// The node is there; the watch is set.
+    Set(OneshotWatcher),
+    /// The node is gone. `across_reconnection`: the connection was lost
+    /// and made again while the request was on its way (it was queued or
+    /// sent again), so the node may have gone at any time since the read
+    /// that named it.
+    Gone { across_reconnection: bool },
+}
+
 /// A watch request in flight (see [`ZkSession::watch_existing`]).
 type Watching<'a> = std::pin::Pin<
     Box<
-        dyn std::future::Future<
-                Output = std::result::Result<Option<OneshotWatcher>, (Error, Option<zookeeper_client::StateWatcher>)>,
-            > + Send
+        dyn std::future::Future<Output = std::result::Result<Watched, (Error, Option<zookeeper_client::StateWatcher>)>>
+            + Send
             + 'a,
     >,
 >;
+
+/// The event of an exists-watch on this session's own node (the watch a
+/// waiter sets and hands on to its hold).
+///
+/// Dropped before its event, as every hold's wait is at its release (the
+/// core stops watching, then releases), the watch is left to fire in a task
+/// of its own rather than removed: the client library would otherwise send
+/// `removeWatches` at the drop and, the release's own change firing the
+/// watch on the server anyway, a second one for the event nobody waits for
+/// any more; two requests per grant that nothing needs. The event is sure to
+/// come: the node's own session changes or deletes it (a release, a
+/// cancelled wait's cleanup), or the session ends, which ends every watch.
+/// Without a runtime (dropped outside one) the watch is removed as before.
+struct OwnWatch(Option<std::pin::Pin<Box<dyn std::future::Future<Output = WatchedEvent> + Send>>>);
+
+impl OwnWatch {
+    fn new(watcher: OneshotWatcher) -> Self {
+        OwnWatch(Some(Box::pin(watcher.changed())))
+    }
+}
+
+impl std::future::Future for OwnWatch {
+    type Output = WatchedEvent;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<WatchedEvent> {
+        let Some(changed) = self.0.as_mut() else {
+            return std::task::Poll::Pending;
+        };
+        let event = std::task::ready!(changed.as_mut().poll(cx));
+        self.0 = None;
+        std::task::Poll::Ready(event)
+    }
+}
+
+impl Drop for OwnWatch {
+    fn drop(&mut self) {
+        if let (Some(changed), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            drop(runtime.spawn(changed));
+        }
+    }
+}
 
 /// Resolves once the client has reconnected after a failed request, or
 /// after `pause` at most. Boxed by a plain function, as `watch_existing`: the
@@ -490,26 +541,52 @@ impl ZkSession {
         end(&self.client);
     }
 
-    /// The node an earlier try of this append created, if any: found by its
-    /// attempt id. Any further node of the attempt (there should be none) is
-    /// deleted, so one attempt never holds two places in the queue. Errors are
-    /// returned, never taken for "no node": the caller would create a second one.
-    /// An exists-watch on `entry`'s node, or `None` when the node is gone;
-    /// a failure comes with the client's state, to wait for a reconnection.
+    /// A watch on `entry`'s node, or [`Watched::Gone`] when the node is gone; a failure
+    /// comes with the client's state, to wait for a reconnection.
+    ///
+    /// On another contender's node (`own` false) a data watch (`getData`,
+    /// as Curator's waiter sets): a node already gone sets no watch. An
+    /// exists-watch on a missing node would stay on the server, waiting for
+    /// a creation that never comes (the path is unique), so dropping it
+    /// would cost a `removeWatches` request; at N = 2 the node is gone before
+    /// the watch in about a third of the handoffs. An election candidate's
+    /// node (its value may be large) and a node this session may not read
+    /// (an ACL; `exists` is never checked) get an exists-watch, as does this
+    /// session's own node, which is there all along (the watch a holder
+    /// keeps).
     ///
     /// Boxed by a plain function: `wait_gone`'s future, which every held
     /// lock keeps for as long as it is held, then keeps no room for this
     /// request, only for the wait on the watch (DESIGN §8).
-    fn watch_existing<'a>(&'a self, entry: &'a Entry) -> Watching<'a> {
+    fn watch_existing<'a>(&'a self, entry: &'a Entry, own: bool) -> Watching<'a> {
         Box::pin(async move {
             // The client clone is dropped before the wait, as in
             // `wait_for_entry`.
             let client = self.client().map_err(|error| (error, None))?;
+            // Whether the connection changed while the request was out.
+            let mut connection = client.state_watcher();
+            connection.state();
+            let gone = |mut connection: zookeeper_client::StateWatcher| async move {
+                let across_reconnection = tokio::time::timeout(Duration::ZERO, connection.changed()).await.is_ok();
+                Ok(Watched::Gone { across_reconnection })
+            };
+            if !own && entry.kind != EntryKind::Election {
+                match client.get_and_watch_data(&entry.key).await {
+                    Ok((_, _, watcher)) => return Ok(Watched::Set(watcher)),
+                    Err(ZkError::NoNode) => return gone(connection).await,
+                    // Not allowed to read it: an exists-watch, below.
+                    Err(ZkError::NoAuth) => {}
+                    Err(error) => return Err((self.err(error), Some(client.state_watcher()))),
+                }
+            }
             let (stat, watcher) = client
                 .check_and_watch_stat(&entry.key)
                 .await
                 .map_err(|e| (self.err(e), Some(client.state_watcher())))?;
-            Ok(stat.is_some().then_some(watcher))
+            match stat {
+                Some(_) => Ok(Watched::Set(watcher)),
+                None => gone(connection).await,
+            }
         })
     }
 
@@ -608,6 +685,10 @@ impl ZkSession {
         }
     }
 
+    /// The node an earlier try of this append created, if any: found by its
+    /// attempt id. Any further node of the attempt (there should be none) is
+    /// deleted, so one attempt never holds two places in the queue. Errors are
+    /// returned, never taken for "no node": the caller would create a second one.
     async fn find_attempt(&self, client: &Client, dir: &str, attempt: &str) -> Result<Option<(String, i64, i32)>> {
         // After a lost answer the client may have reconnected to a member that
         // has not applied the create yet: catch it up with the leader first.
@@ -803,7 +884,8 @@ impl BackendSession for ZkSession {
         self.state.subscribe()
     }
 
-    /// Two round trips: create the node, list the directory.
+    /// One round trip: create the node, and list the directory right behind
+    /// it (two when the directory must be created first).
     ///
     /// Exactly one node per attempt, whatever step fails: the attempt stays
     /// "uncertain" until the append has fully succeeded, and a retry of an
@@ -1019,7 +1101,7 @@ impl BackendSession for ZkSession {
         let mut retried = false;
         let mut backoff = WATCH_RETRY_PAUSE;
         loop {
-            let watcher = match self.watch_existing(entry).await {
+            let watcher = match self.watch_existing(entry, own).await {
                 Ok(watcher) => watcher,
                 Err((error, state)) if error.is_transient() => {
                     tracing::debug!(key = %entry.key, %error, "watch request failed; asking again once connected");
@@ -1030,19 +1112,29 @@ impl BackendSession for ZkSession {
                 }
                 Err((error, _)) => return Err(error),
             };
-            let Some(watcher) = watcher else {
-                if own {
-                    lock(&self.held).remove(&entry.key);
+            let watcher = match watcher {
+                Watched::Set(watcher) => watcher,
+                Watched::Gone { across_reconnection } => {
+                    if own {
+                        lock(&self.held).remove(&entry.key);
+                    }
+                    // Gone before the watch was set: between the read that
+                    // named it and this request, one round trip when asked
+                    // once on one connection. ZooKeeper keeps no trace of
+                    // how (see `departure`).
+                    if remember {
+                        self.note_wake(&entry.key, !retried && !across_reconnection && marks(entry.kind));
+                    }
+                    return Ok(());
                 }
-                // Gone before the watch was set: between the read that
-                // named it and this request, one round trip when asked once.
-                // ZooKeeper keeps no trace of how (see `departure`).
-                if remember {
-                    self.note_wake(&entry.key, !retried && marks(entry.kind));
-                }
-                return Ok(());
             };
-            let event = watcher.changed().await;
+            // On this session's own node the watch outlives this wait when
+            // it is dropped (see `OwnWatch`).
+            let event = if own {
+                OwnWatch::new(watcher).await
+            } else {
+                watcher.changed().await
+            };
             match event.event_type {
                 EventType::NodeDeleted => {
                     if own {
