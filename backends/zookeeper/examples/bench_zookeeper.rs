@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p lockline-zookeeper --example bench_zookeeper [-- --seconds 5 --contenders 1,2,4,16,64 --warmup 20 --fast-start]
+//! cargo run --release -p lockline-zookeeper --example bench_zookeeper -- --curator-only --seconds 10 [--peer-warmup 5 --repetitions 2]
 //! ```
 //!
 //! The server runs with production JVM settings (what ZooKeeper's own
@@ -30,6 +31,21 @@
 //! release: a release changes its node's data and deletes it in one `multi`,
 //! and the waiter's one-shot watch fires on the change).
 //!
+//! **Side by side with Curator** (last, or alone with `--curator-only`):
+//! lockline's mutex against Apache Curator's `InterProcessMutex` (Debian
+//! `libcurator-recipes-java`; `examples/BenchCurator.java`, compiled with
+//! `javac`), the same workload for both: N contenders, each its own session
+//! and connection, zero hold time; lockline's in this process, Curator's in
+//! one JVM of their own. Each measurement gets a fresh server (production JVM
+//! settings unless `--fast-start`), `--peer-warmup` seconds (default 5) of
+//! the client's own handoffs before its window, and the two clients take
+//! turns going first (the order flips with each N and each repetition;
+//! `--repetitions`, default 2). Printed per N and repetition: grants/s of
+//! each, lockline ÷ Curator, client CPU ms per grant (lockline: this
+//! process's `getrusage`; Curator: the JVM's own process CPU time) and server
+//! CPU ms per grant (`/proc/PID/stat` of the server's JVM), all over the
+//! window.
+//!
 //! Latency (p50 / p99, measured in-process): of each `lock()` call (at N = 1
 //! an uncontended acquire; at N ≥ 2 it includes the wait in the queue), of
 //! each handoff (from the holder starting its release to the moment another
@@ -45,6 +61,12 @@ use lockline_bench::{ms, sequential, usage_exit, BenchArgs, BoxResult, Contender
 use lockline_testkit::{ZkEnsemble, ZkJvm, ZkOptions};
 use lockline_zookeeper::zookeeper_client as zk;
 use lockline_zookeeper::ZooKeeper;
+
+mod peers {
+    pub(crate) mod curator;
+}
+
+use peers::curator::{own_cpu_ms, process_cpu_ms};
 
 /// The watches the server fired on node deletions and data changes
 /// (`zk_sum_node_deleted_watch_count` + `zk_sum_node_changed_watch_count`):
@@ -150,37 +172,196 @@ fn kazoo_run(ensemble: &ZkEnsemble, n: usize, seconds: f64, path: &str) -> BoxRe
     }
 }
 
-/// This example's own flags (`--fast-start`, `--warmup S`) and the
-/// [`BenchArgs`].
-fn parse_args() -> Result<(ZkJvm, f64, BenchArgs), String> {
-    let (own, rest) = OwnFlags::take(std::env::args().skip(1), &["--fast-start"], &["--warmup"])?;
+/// This example's own flags.
+struct Flags {
+    jvm: ZkJvm,
+    /// Seconds of warm-up before the first measurement (`--warmup`).
+    warmup: f64,
+    /// Only the side-by-side comparison with Curator (`--curator-only`).
+    curator_only: bool,
+    /// Seconds of a client's own handoffs before each side-by-side window.
+    peer_warmup: f64,
+    /// Side-by-side repetitions.
+    repetitions: usize,
+}
+
+/// A number of seconds within `0..=600` given to `flag`, or `default`.
+fn seconds_flag(own: &OwnFlags, flag: &str, default: f64) -> Result<f64, String> {
+    match own.value(flag) {
+        None => Ok(default),
+        Some(value) => {
+            let seconds: f64 = value.parse().map_err(|_| format!("bad {flag} {value:?}"))?;
+            if !(0.0..=600.0).contains(&seconds) {
+                return Err(format!("{flag} must be within 0..=600"));
+            }
+            Ok(seconds)
+        }
+    }
+}
+
+/// This example's own flags (`--fast-start`, `--warmup S`, `--curator-only`,
+/// `--peer-warmup S`, `--repetitions R`) and the [`BenchArgs`].
+fn parse_args() -> Result<(Flags, BenchArgs), String> {
+    let (own, rest) = OwnFlags::take(
+        std::env::args().skip(1),
+        &["--fast-start", "--curator-only"],
+        &["--warmup", "--peer-warmup", "--repetitions"],
+    )?;
     let jvm = if own.switch("--fast-start") {
         ZkJvm::FastStart
     } else {
         ZkJvm::Production
     };
-    let warmup = match own.value("--warmup") {
-        None => 20.0,
-        Some(value) => {
-            let warmup: f64 = value.parse().map_err(|_| format!("bad --warmup {value:?}"))?;
-            if !(0.0..=600.0).contains(&warmup) {
-                return Err("--warmup must be within 0..=600".into());
-            }
-            warmup
-        }
+    let repetitions = match own.value("--repetitions") {
+        None => 2,
+        Some(value) => match value.parse() {
+            Ok(n @ 1..=20) => n,
+            _ => return Err(format!("bad --repetitions {value:?} (1 to 20)")),
+        },
     };
-    Ok((jvm, warmup, BenchArgs::parse(rest)?))
+    let flags = Flags {
+        jvm,
+        warmup: seconds_flag(&own, "--warmup", 20.0)?,
+        curator_only: own.switch("--curator-only"),
+        peer_warmup: seconds_flag(&own, "--peer-warmup", 5.0)?,
+        repetitions,
+    };
+    Ok((flags, BenchArgs::parse(rest)?))
+}
+
+/// One client's window in the side-by-side comparison.
+struct PeerRun {
+    grants_per_sec: f64,
+    client_cpu_ms_per_grant: f64,
+    server_cpu_ms_per_grant: f64,
+}
+
+/// A fresh standalone server for one side-by-side measurement, and its pid.
+fn fresh_server(jvm: ZkJvm) -> BoxResult<(ZkEnsemble, u32)> {
+    let mut ensemble = ZkEnsemble::start_with(
+        1,
+        &ZkOptions {
+            jvm,
+            ..ZkOptions::default()
+        },
+    )?;
+    let pid = ensemble.member(0).pid().ok_or("the server is not running")?;
+    Ok((ensemble, pid))
+}
+
+/// lockline's N contenders on a fresh server: `warmup` seconds, then the window.
+async fn lockline_peer_run(jvm: ZkJvm, n: usize, seconds: f64, warmup: f64) -> BoxResult<PeerRun> {
+    let (ensemble, server) = fresh_server(jvm)?;
+    let connect = ensemble.connect_string();
+    let contenders = Contenders::open(n, "bench/side-by-side", || Client::new(ZooKeeper::new(connect.clone()))).await?;
+    let contest = contenders.contest(Sampling::Window);
+    tokio::time::sleep(std::time::Duration::from_secs_f64(warmup)).await;
+    let started = Instant::now();
+    let before = (contenders.counts().grants, own_cpu_ms(), process_cpu_ms(server));
+    tokio::time::sleep(std::time::Duration::from_secs_f64(seconds)).await;
+    let after = (contenders.counts().grants, own_cpu_ms(), process_cpu_ms(server));
+    let elapsed = started.elapsed().as_secs_f64();
+    contest.stop().await?;
+    contenders.close().await?;
+    let grants = (after.0 - before.0).max(1) as f64;
+    Ok(PeerRun {
+        grants_per_sec: (after.0 - before.0) as f64 / elapsed,
+        client_cpu_ms_per_grant: (after.1 - before.1) / grants,
+        server_cpu_ms_per_grant: (after.2 - before.2) / grants,
+    })
+}
+
+/// Curator's N contenders in one JVM on a fresh server.
+fn curator_peer_run(
+    driver: &peers::curator::Driver,
+    jvm: ZkJvm,
+    n: usize,
+    seconds: f64,
+    warmup: f64,
+) -> BoxResult<PeerRun> {
+    let (ensemble, server) = fresh_server(jvm)?;
+    let outcome = driver.run(
+        &ensemble.connect_string(),
+        "/bench/side-by-side",
+        n,
+        seconds,
+        warmup,
+        || process_cpu_ms(server),
+    )?;
+    let grants = outcome.grants.max(1) as f64;
+    Ok(PeerRun {
+        grants_per_sec: outcome.grants_per_sec,
+        client_cpu_ms_per_grant: outcome.client_cpu_ms / grants,
+        server_cpu_ms_per_grant: (outcome.at_end - outcome.at_start) / grants,
+    })
+}
+
+/// lockline against Curator's `InterProcessMutex`, side by side (see the
+/// module docs).
+async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
+    let driver = peers::curator::Driver::compile()?;
+    println!(
+        "Side by side with Curator's InterProcessMutex: a fresh server per measurement ({:?} JVM), {} s of the \
+         client's own handoffs, then a {} s window; the order of the two flips with each N and repetition",
+        flags.jvm, flags.peer_warmup, args.seconds
+    );
+    println!();
+    println!(
+        "| N | rep | first | lockline grants/s | Curator grants/s | lockline ÷ Curator | \
+         client CPU ms/grant: lockline / Curator | server CPU ms/grant: lockline / Curator |"
+    );
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|");
+    for rep in 0..flags.repetitions {
+        for (i, &n) in args.contenders.iter().enumerate() {
+            let lockline_first = (rep + i) % 2 == 0;
+            let mut ours = None;
+            let mut theirs = None;
+            for turn in 0..2 {
+                if (turn == 0) == lockline_first {
+                    ours = Some(lockline_peer_run(flags.jvm, n, args.seconds, flags.peer_warmup).await?);
+                } else {
+                    theirs = Some(curator_peer_run(
+                        &driver,
+                        flags.jvm,
+                        n,
+                        args.seconds,
+                        flags.peer_warmup,
+                    )?);
+                }
+            }
+            let (Some(ours), Some(theirs)) = (ours, theirs) else {
+                continue;
+            };
+            println!(
+                "| {n} | {} | {} | {:.0} | {:.0} | {:.2} | {:.3} / {:.3} | {:.3} / {:.3} |",
+                rep + 1,
+                if lockline_first { "lockline" } else { "Curator" },
+                ours.grants_per_sec,
+                theirs.grants_per_sec,
+                ours.grants_per_sec / theirs.grants_per_sec,
+                ours.client_cpu_ms_per_grant,
+                theirs.client_cpu_ms_per_grant,
+                ours.server_cpu_ms_per_grant,
+                theirs.server_cpu_ms_per_grant,
+            );
+        }
+    }
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let (jvm, warmup, args) = parse_args().unwrap_or_else(|message| {
+    let (flags, args) = parse_args().unwrap_or_else(|message| {
         usage_exit(
             &message,
             "bench_zookeeper",
-            &BenchArgs::usage("[--warmup S] [--fast-start]"),
+            &BenchArgs::usage("[--warmup S] [--fast-start] [--curator-only] [--peer-warmup S] [--repetitions R]"),
         )
     });
+    if flags.curator_only {
+        return side_by_side(&flags, &args).await;
+    }
+    let (jvm, warmup) = (flags.jvm, flags.warmup);
     let ensemble = ZkEnsemble::start_with(
         1,
         &ZkOptions {
@@ -269,5 +450,7 @@ async fn main() -> BoxResult<()> {
         println!();
         println!("{line}");
     }
-    Ok(())
+    drop(ensemble);
+    println!();
+    side_by_side(&flags, &args).await
 }
