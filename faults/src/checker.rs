@@ -84,8 +84,9 @@ pub struct Report {
     pub lost: usize,
     /// Holders silently blackholed, and how many of them saw `lost()` before the next grant.
     pub blackholed_holders: (usize, usize),
-    /// Holders whose connections were reset and who still held when the
-    /// next holder was granted, within [`Bounds::reset_notice`] of the reset,
+    /// Holders whose lock the server freed without their knowing (their
+    /// connections reset, a restart without data) and who still held when
+    /// the next holder was granted, within [`Bounds::reset_notice`] of it,
     /// and the longest they held on after it (s).
     pub reset_holders_late: (usize, f64),
     /// The case of that longest hold, in words.
@@ -151,7 +152,7 @@ impl fmt::Display for Report {
         if self.reset_holders_late.0 > 0 {
             writeln!(
                 f,
-                "holders still holding at the next grant after their connections were reset: {} (stopped at most {:.2}s after the reset: {}; every later write refused)",
+                "holders still holding at the next grant after the server freed their lock (a reset, a restart without data): {} (stopped at most {:.2}s after: {}; no later write landed after a newer holder's)",
                 self.reset_holders_late.0, self.reset_holders_late.1, self.reset_worst
             )?;
         }

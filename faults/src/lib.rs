@@ -257,13 +257,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// The short run of the test suite: 38 s of faults (six runs, each
+    /// The short run of the test suite: 36 s of faults (six runs, each
     /// wanting the machine to itself, fit in about four minutes), 5
     /// contenders, TTL 3 s, recovery within TTL + election time + 6 s.
     pub fn short(backend: Backend, program: PathBuf) -> Self {
         Config {
             backend,
-            duration: Duration::from_secs(38),
+            duration: Duration::from_secs(36),
             seed: 1,
             contenders: 5,
             ttl: Duration::from_secs(3),

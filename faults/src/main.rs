@@ -24,7 +24,7 @@
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
 //! every violation, and exits with status 1 when there is one. The defaults
-//! are the test suite's short run (every backend, 38 s, seed 1, 5 contenders,
+//! are the test suite's short run (every backend, 36 s, seed 1, 5 contenders,
 //! TTL 3 s). `lockline-faults contender ...` is the contender program the run
 //! starts; it is not meant to be run by hand.
 
