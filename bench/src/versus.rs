@@ -32,6 +32,9 @@ pub struct Versus {
     pub client_cpu: Duration,
     /// The server process's CPU time in the window.
     pub server_cpu: Duration,
+    /// The server process's read and write system calls in the window
+    /// (`syscr` + `syscw` of `/proc/PID/io`), when they could be read.
+    pub server_syscalls: Option<u64>,
 }
 
 impl Versus {
@@ -49,6 +52,24 @@ impl Versus {
     pub fn server_ms_per_grant(&self) -> f64 {
         self.server_cpu.as_secs_f64() * 1e3 / self.grants.max(1) as f64
     }
+
+    /// The server's read and write system calls per grant (NaN when unknown).
+    pub fn server_syscalls_per_grant(&self) -> f64 {
+        self.server_syscalls
+            .map_or(f64::NAN, |calls| calls as f64 / self.grants.max(1) as f64)
+    }
+}
+
+/// The read and write system calls process `pid` has made so far (`syscr` +
+/// `syscw` of `/proc/PID/io`); `None` when they cannot be read (another
+/// user's process without the right to trace it).
+pub fn process_syscalls(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+    };
+    Some(field("syscr:")? + field("syscw:")?)
 }
 
 /// The CPU time (user + system) process `pid` has used so far, from
@@ -112,6 +133,7 @@ pub async fn lockline(contenders: &Contenders, server_pid: u32, warmup: f64, win
         seconds: (end.at - start.at).as_secs_f64(),
         client_cpu: end.client - start.client,
         server_cpu: end.server - start.server,
+        server_syscalls: end.syscalls.zip(start.syscalls).map(|(e, s)| e - s),
     })
 }
 
@@ -120,6 +142,7 @@ struct Snapshot {
     grants: u64,
     client: Duration,
     server: Duration,
+    syscalls: Option<u64>,
 }
 
 fn snapshot(server_pid: u32, grants: u64) -> BoxResult<Snapshot> {
@@ -128,6 +151,7 @@ fn snapshot(server_pid: u32, grants: u64) -> BoxResult<Snapshot> {
         grants,
         client: own_cpu().ok_or("cannot read this process's CPU time")?,
         server: process_cpu(server_pid).ok_or("cannot read the server's CPU time")?,
+        syscalls: process_syscalls(server_pid),
     })
 }
 
@@ -153,8 +177,10 @@ pub fn peer(mut command: Command, server_pid: u32) -> BoxResult<Versus> {
             return Err(format!("the peer program said {measuring:?}, not measuring").into());
         }
         let server_start = process_cpu(server_pid).ok_or("cannot read the server's CPU time")?;
+        let syscalls_start = process_syscalls(server_pid);
         let figures = next()?;
         let server_end = process_cpu(server_pid).ok_or("cannot read the server's CPU time")?;
+        let syscalls_end = process_syscalls(server_pid);
         let words: Vec<&str> = figures.split_whitespace().collect();
         let [_, grants, _, seconds, _, cpu_ms] = words[..] else {
             return Err(format!("the peer program's figures {figures:?} are not `grants G seconds S cpu_ms C`").into());
@@ -165,6 +191,7 @@ pub fn peer(mut command: Command, server_pid: u32) -> BoxResult<Versus> {
             seconds: seconds.parse().map_err(|_| bad())?,
             client_cpu: Duration::from_secs_f64(cpu_ms.parse::<f64>().map_err(|_| bad())? / 1e3),
             server_cpu: server_end - server_start,
+            server_syscalls: syscalls_end.zip(syscalls_start).map(|(e, s)| e - s),
         })
     })();
     if result.is_err() {
@@ -189,5 +216,6 @@ mod tests {
         assert_eq!(cpu_of(stat), Some(Duration::from_millis(3000)));
         assert_eq!(cpu_of("garbage"), None);
         assert!(super::own_cpu().is_some());
+        assert!(super::process_syscalls(std::process::id()).is_some());
     }
 }

@@ -245,6 +245,68 @@ fn build_benchgo() -> BoxResult<std::path::PathBuf> {
     Ok(out)
 }
 
+/// Go's uncontended requests made from this process with etcd-client (the
+/// gRPC stack lockline uses): per cycle, the `Txn` of `Mutex.Lock` (put my
+/// key if absent, read the prefix's first-created key) and the `DeleteRange`
+/// of `Mutex.Unlock`. One contender (N = 1): it tells the cost of the
+/// protocol from the cost of the client library's transport.
+async fn raw_uncontended(cluster: &EtcdCluster, pid: u32, warmup: f64, window: f64) -> BoxResult<Versus> {
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None).await?;
+    let lease = client.lease_grant(10, None).await?.id();
+    let prefix = "bench/versus/";
+    let key = format!("{prefix}{lease:x}");
+    let grants = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let task = {
+        let (grants, stop, mut client) = (Arc::clone(&grants), Arc::clone(&stop), client.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let first = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1);
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([
+                        TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(lease))),
+                        TxnOp::get(prefix, Some(first.clone())),
+                    ])
+                    .or_else([TxnOp::get(key.clone(), None), TxnOp::get(prefix, Some(first))]);
+                client.txn(txn).await?;
+                grants.fetch_add(1, Ordering::Relaxed);
+                client.delete(key.clone(), None).await?;
+            }
+            Ok::<_, etcd_client::Error>(())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+    let (g0, c0, s0, t0, k0) = (
+        grants.load(Ordering::Relaxed),
+        versus::own_cpu().ok_or("own CPU")?,
+        versus::process_cpu(pid).ok_or("server CPU")?,
+        Instant::now(),
+        versus::process_syscalls(pid),
+    );
+    tokio::time::sleep(Duration::from_secs_f64(window)).await;
+    let (g1, c1, s1, t1, k1) = (
+        grants.load(Ordering::Relaxed),
+        versus::own_cpu().ok_or("own CPU")?,
+        versus::process_cpu(pid).ok_or("server CPU")?,
+        Instant::now(),
+        versus::process_syscalls(pid),
+    );
+    stop.store(true, Ordering::Relaxed);
+    task.await??;
+    client.lease_revoke(lease).await?;
+    Ok(Versus {
+        grants: g1 - g0,
+        seconds: (t1 - t0).as_secs_f64(),
+        client_cpu: c1 - c0,
+        server_cpu: s1 - s0,
+        server_syscalls: k1.zip(k0).map(|(e, s)| e - s),
+    })
+}
+
 /// One client's window on a fresh server.
 async fn versus_run(go: Option<&std::path::Path>, n: usize, warmup: f64, window: f64) -> BoxResult<Versus> {
     let mut cluster = EtcdCluster::start()?;
@@ -294,9 +356,9 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
     println!();
     println!(
         "| N | lockline grants/s | Go grants/s | lockline ÷ Go | client CPU ms/grant: lockline / Go | \
-         server CPU ms/grant: lockline / Go |"
+         server CPU ms/grant: lockline / Go | server read+write syscalls/grant: lockline / Go |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &args.contenders {
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for repetition in 0..2 {
@@ -315,7 +377,7 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
             .map(|(o, t)| o.grants_per_sec() / t.grants_per_sec())
             .collect();
         println!(
-            "| {n} | {} | {} | {} | {} / {} | {} / {} |",
+            "| {n} | {} | {} | {} | {} / {} | {} / {} | {} / {} |",
             range(&figures(&ours, Versus::grants_per_sec), 0),
             range(&figures(&theirs, Versus::grants_per_sec), 0),
             range(&ratios, 2),
@@ -323,6 +385,39 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
             range(&figures(&theirs, Versus::client_ms_per_grant), 2),
             range(&figures(&ours, Versus::server_ms_per_grant), 2),
             range(&figures(&theirs, Versus::server_ms_per_grant), 2),
+            range(&figures(&ours, Versus::server_syscalls_per_grant), 1),
+            range(&figures(&theirs, Versus::server_syscalls_per_grant), 1),
+        );
+    }
+    if args.contenders.contains(&1) {
+        // Go's requests sent through etcd-client, beside lockline's and Go's
+        // own, at N = 1 (each on a fresh server, alternating).
+        let (mut raw, mut ours) = (Vec::new(), Vec::new());
+        for repetition in 0..2 {
+            for first in [repetition == 0, repetition != 0] {
+                if first {
+                    let mut cluster = EtcdCluster::start()?;
+                    let pid = cluster.member(0).pid().ok_or("the etcd server has no process id")?;
+                    raw.push(raw_uncontended(&cluster, pid, warmup, args.seconds).await?);
+                } else {
+                    ours.push(versus_run(None, 1, warmup, args.seconds).await?);
+                }
+            }
+        }
+        let figures = |runs: &[Versus], f: fn(&Versus) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+        println!();
+        println!(
+            "N = 1, Go's two requests per cycle sent through etcd-client: {} cycles/s, client CPU {} ms, \
+             server CPU {} ms, server syscalls {} per cycle (lockline in the same rounds: {} grants/s, {} ms, \
+             {} ms, {})",
+            range(&figures(&raw, Versus::grants_per_sec), 0),
+            range(&figures(&raw, Versus::client_ms_per_grant), 2),
+            range(&figures(&raw, Versus::server_ms_per_grant), 2),
+            range(&figures(&raw, Versus::server_syscalls_per_grant), 1),
+            range(&figures(&ours, Versus::grants_per_sec), 0),
+            range(&figures(&ours, Versus::client_ms_per_grant), 2),
+            range(&figures(&ours, Versus::server_ms_per_grant), 2),
+            range(&figures(&ours, Versus::server_syscalls_per_grant), 1),
         );
     }
     if let Some(dir) = go.parent() {
