@@ -48,6 +48,18 @@ pub trait Fixture: Send + Sync + 'static {
     /// revoke its lease from another client; ZooKeeper: close it from a second
     /// connection; memory: [`MemoryBackend::expire`](crate::MemoryBackend::expire)).
     async fn expire(&self, session: &Session);
+
+    /// Resolves once the server holds `session`'s watch on the entry `key`,
+    /// for a case that must not end that entry before its waiter's watch is
+    /// set: the waiter counts as waiting just before it sends the request
+    /// that sets the watch. A backend that cannot tell how an entry went
+    /// that was already gone when the watch was asked for (ZooKeeper keeps
+    /// no trace) takes that departure for a release; [`expire`](Self::expire)
+    /// may also hold the waiter's request back until after the expiry. The
+    /// default returns at once (etcd replays a deletion from its history).
+    async fn watch_set(&self, session: &Session, key: &str) {
+        let _ = (session, key);
+    }
 }
 
 /// Bounds a step of a case; a step that takes longer than [`BOUND`] fails the case.
@@ -810,6 +822,7 @@ pub async fn lock_delay_holds_back_after_an_involuntary_loss_only<F: Fixture>(fi
         })
         .await
     };
+    fixture.watch_set(&waiting_session, holder.key()).await;
     let lost_at = tokio::time::Instant::now();
     fixture.expire(&lost_session).await;
     bounded("the lock-delay begins", b.wait_for_stats(|s| s.lock_delays >= 1)).await;

@@ -356,6 +356,26 @@ impl ZkEnsemble {
         exchange(self.client_ports[i], word.as_bytes(), Duration::from_secs(5))
     }
 
+    /// Whether member `i` holds a watch of the session `session` (its id in
+    /// hex, as lockline's `Session::id` gives it) on the node `path`, by its
+    /// `wchp` four-letter word (paths, each followed by the ids of the
+    /// sessions watching it).
+    pub fn watches(&self, i: usize, path: &str, session: &str) -> bool {
+        let Some(listing) = self.four_letter(i, "wchp") else {
+            return false;
+        };
+        let watcher = format!("0x{}", session.trim_start_matches("0x"));
+        let mut under_path = false;
+        for line in listing.lines() {
+            if line.starts_with('/') {
+                under_path = line.trim_end() == path;
+            } else if under_path && line.trim().eq_ignore_ascii_case(&watcher) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// ZooKeeper's own command-line client against `server`, ready for a
     /// command's arguments (`create /k v`, `get /k`).
     pub fn cli(&self, server: &str) -> Command {

@@ -69,6 +69,16 @@ impl Fixture for ZkTlsFixture {
     /// As the plain-text suite's fixture: cut the clients off, attach to the
     /// victim's session (on the plain port, which the server keeps) and close
     /// it, let the clients back.
+    /// Polls the server's `wchp` until it lists the session's watch on the
+    /// node.
+    async fn watch_set(&self, session: &Session, key: &str) {
+        let id = session.id().to_owned();
+        lockline::conformance::until("the waiter's watch is on the server", || {
+            self.ensemble.watches(0, key, &id)
+        })
+        .await;
+    }
+
     async fn expire(&self, session: &Session) {
         let info = lockline_zookeeper::session_info(session).expect("a live ZooKeeper session");
         self.set_blocked(true);
