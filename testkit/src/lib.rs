@@ -29,6 +29,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod etcd;
+mod go;
 mod lines;
 mod mariadb;
 mod peers;
@@ -42,6 +43,7 @@ mod tls;
 mod zookeeper;
 
 pub use etcd::EtcdCluster;
+pub use go::go_build;
 pub use lines::LineChild;
 pub use mariadb::{MariaDbOptions, MariaDbServer};
 pub use pgbouncer::{PgBouncer, PgBouncerOptions, PoolMode};

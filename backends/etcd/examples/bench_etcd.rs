@@ -216,11 +216,6 @@ async fn herd_run(cluster: &EtcdCluster, n: usize, seconds: f64, name: &'static 
     })
 }
 
-/// Debian's Go toolchain (`golang-go`).
-const GO: &str = "/usr/bin/go";
-/// Where Debian installs Go sources, `go.etcd.io/etcd/clientv3/concurrency` among them.
-const GOPATH: &str = "/usr/share/gocode";
-
 /// Builds the Go side of the comparison, offline, against Debian's etcd
 /// sources, into the system's temporary directory.
 fn build_benchgo() -> BoxResult<std::path::PathBuf> {
@@ -228,20 +223,7 @@ fn build_benchgo() -> BoxResult<std::path::PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let out = dir.join("benchgo");
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/go/benchgo/main.go");
-    let status = std::process::Command::new(GO)
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(source)
-        .env("GOPATH", GOPATH)
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOPROXY", "off")
-        .env("GOCACHE", std::env::temp_dir().join("lockline-benchgo-cache"))
-        .status()
-        .map_err(|e| format!("run `go build` (Debian golang-go, golang-etcd-server-dev): {e}"))?;
-    if !status.success() {
-        return Err(format!("building the Go side failed: {status}").into());
-    }
+    lockline_testkit::go_build(source.as_ref(), &out)?;
     Ok(out)
 }
 

@@ -89,28 +89,13 @@ fn quick() -> SessionOptions {
         .with_request_timeout(Duration::from_secs(4))
 }
 
-/// Debian's Go toolchain and Go sources (see `interop_go.rs`).
-const GO: &str = "/usr/bin/go";
-const GOPATH: &str = "/usr/share/gocode";
-
 /// Builds the Go peer (`tests/go/lockpeer`) once, offline.
 fn lockpeer() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("go-lockpeer-grants");
         let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/lockpeer/main.go");
-        let status = Command::new(GO)
-            .args(["build", "-o"])
-            .arg(&out)
-            .arg(source)
-            .env("GOPATH", GOPATH)
-            .env("GO111MODULE", "off")
-            .env("GOFLAGS", "")
-            .env("GOPROXY", "off")
-            .env("GOCACHE", out.with_extension("cache"))
-            .status()
-            .expect("run `go build` (Debian golang-go)");
-        assert!(status.success(), "building the Go peer failed: {status}");
+        lockline_testkit::go_build(source.as_ref(), &out).expect("build the Go peer (Debian golang-go)");
         out
     })
 }

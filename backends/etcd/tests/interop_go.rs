@@ -16,29 +16,13 @@ use lockline_etcd::etcd_client::{self, EventType, WatchOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, LineChild};
 
-/// Debian's Go toolchain (`golang-go`).
-const GO: &str = "/usr/bin/go";
-/// Where Debian installs Go sources, `go.etcd.io/etcd/clientv3/concurrency` among them.
-const GOPATH: &str = "/usr/share/gocode";
-
 /// Builds the Go peer once per test run, offline, against Debian's etcd sources.
 fn lockpeer() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("go-lockpeer");
         let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/lockpeer/main.go");
-        let status = Command::new(GO)
-            .args(["build", "-o"])
-            .arg(&out)
-            .arg(source)
-            .env("GOPATH", GOPATH)
-            .env("GO111MODULE", "off")
-            .env("GOFLAGS", "")
-            .env("GOPROXY", "off")
-            .env("GOCACHE", out.with_extension("cache"))
-            .status()
-            .expect("run `go build` (Debian golang-go)");
-        assert!(status.success(), "building the Go peer failed: {status}");
+        lockline_testkit::go_build(source.as_ref(), &out).expect("build the Go peer (Debian golang-go)");
         out
     })
 }
