@@ -395,3 +395,103 @@ async fn a_cancelled_wait_leaves_no_node_and_no_watch() {
     assert_eq!(children(&side, "/cancel/one").await.len(), 1);
     guard.release().await.expect("release");
 }
+
+/// A peer's node this session may not read (an ACL: creator only, as a
+/// kazoo or Curator client with a digest ACL sets) just ahead of a lockline
+/// waiter: the data watch is refused (`NoAuth`) and the waiter falls back to
+/// an exists-watch; it must wait, not fail nor be granted, and be granted
+/// once the peer lets go.
+///
+/// Fails: the server (3.8) delivers a watch event only to a watcher allowed
+/// to READ the node (events are filtered by the node's ACL), so the
+/// fallback exists-watch is set but never fires, and the waiter waits for
+/// ever after the peer's node is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_an_unreadable_peer_node_waits() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let peer = zk::Client::connector()
+        .with_auth("digest", b"peer:secret")
+        .connect(&ensemble.connect_string())
+        .await
+        .expect("peer client");
+    let all = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    peer.create("/sealed", b"", &all).await.expect("create /sealed");
+    peer.create("/sealed/one", b"", &all).await.expect("create /sealed/one");
+    let sealed = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::creator_all());
+    peer.create(
+        "/sealed/one/0123456789abcdef0123456789abcdef__lock__",
+        b"kazoo",
+        &sealed,
+    )
+    .await
+    .expect("the peer's node");
+    let names = children(&peer, "/sealed/one").await;
+    let node = format!("/sealed/one/{}", names[0]);
+
+    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    let session = client.session().await.expect("session");
+    let mutex = session.mutex("sealed/one").expect("mutex");
+    let waiter = tokio::spawn(async move { mutex.lock().await });
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    until("the waiter's watch is on the peer's node", || {
+        ensemble.watches(0, &node, session.id())
+    })
+    .await;
+    assert!(
+        !waiter.is_finished(),
+        "granted or failed beside an unreadable node: {waiter:?}"
+    );
+    peer.delete(&node, None).await.expect("the peer lets go");
+    let Ok(granted) = tokio::time::timeout(Duration::from_secs(5), waiter).await else {
+        panic!(
+            "not granted within 5 s of the unreadable predecessor's deletion: the fallback exists-watch never fired"
+        );
+    };
+    granted.expect("task").expect("lock").release().await.expect("release");
+}
+
+/// A holder lost (its session ended on the server) while the lock-delayed
+/// waiter was cut off: the waiter hears of it only when it reconnects, and
+/// must still be held back for its lock-delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_heard_across_a_reconnection_is_a_loss() {
+    let delay = Duration::from_millis(1000);
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let (holder_proxy, waiter_proxy) = (
+        TcpProxy::start(&ensemble.address(0)).expect("proxy"),
+        TcpProxy::start(&ensemble.address(0)).expect("proxy"),
+    );
+    let holder = Client::new(ZooKeeper::new(holder_proxy.address()))
+        .session_with(options(10))
+        .await
+        .expect("holder session");
+    let held = holder.mutex("delay/across").expect("mutex").lock().await.expect("lock");
+    let client = Client::new(ZooKeeper::new(waiter_proxy.address()));
+    let session = client
+        .session_with(options(10).with_lock_delay(delay))
+        .await
+        .expect("session");
+    let mutex = session.mutex("delay/across").expect("mutex");
+    let waiter = tokio::spawn(async move {
+        let guard = mutex.lock().await;
+        (Instant::now(), guard)
+    });
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    until("the waiter's watch is on the holder's node", || {
+        ensemble.watches(0, held.key(), session.id())
+    })
+    .await;
+    waiter_proxy.block();
+    expire(&ensemble, &holder_proxy, &holder).await;
+    let expired_at = Instant::now();
+    waiter_proxy.unblock();
+    let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("lock");
+    assert_eq!(
+        client.stats().lock_delays,
+        1,
+        "a loss heard across a reconnection was taken for a release"
+    );
+    assert!(at >= expired_at + delay, "granted {:?} after the loss", at - expired_at);
+    guard.release().await.expect("release");
+}
