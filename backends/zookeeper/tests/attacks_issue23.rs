@@ -495,3 +495,67 @@ async fn a_loss_heard_across_a_reconnection_is_a_loss() {
     assert!(at >= expired_at + delay, "granted {:?} after the loss", at - expired_at);
     guard.release().await.expect("release");
 }
+
+/// Elections under lock-delay: a leader that proclaims a new value (its
+/// node's data changes) while a candidate waits is not a departure; a
+/// leader lost with its session holds the next candidate back for its
+/// lock-delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_under_lock_delay() {
+    let delay = Duration::from_millis(1000);
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(&ensemble.address(0)).expect("proxy");
+    let leading = Client::new(ZooKeeper::new(proxy.address()))
+        .session_with(options(10))
+        .await
+        .expect("leader session");
+    let leader = leading
+        .election("delay/elect")
+        .expect("election")
+        .campaign(b"first")
+        .await
+        .expect("campaign");
+    let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
+    let session = client
+        .session_with(options(10).with_lock_delay(delay))
+        .await
+        .expect("session");
+    let election = session.election("delay/elect").expect("election");
+    let candidate = tokio::spawn(async move {
+        let leadership = election.campaign(b"second").await;
+        (Instant::now(), leadership)
+    });
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    until("the candidate's watch is on the leader's node", || {
+        ensemble.watches(0, leader.key(), session.id())
+    })
+    .await;
+    leader.proclaim(b"first, again").await.expect("proclaim");
+    assert_eq!(
+        leading
+            .election("delay/elect")
+            .expect("election")
+            .leader()
+            .await
+            .expect("leader")
+            .map(|l| l.value().to_vec()),
+        Some(b"first, again".to_vec())
+    );
+    until("the candidate's watch is back on the leader's node", || {
+        ensemble.watches(0, leader.key(), session.id())
+    })
+    .await;
+    assert!(!candidate.is_finished(), "a proclaim was taken for a departure");
+    assert_eq!(client.stats().lock_delays, 0);
+    expire(&ensemble, &proxy, &leading).await;
+    let expired_at = Instant::now();
+    let (at, leadership) = bounded("the candidate leads", candidate).await.expect("task");
+    let leadership = leadership.expect("campaign");
+    assert_eq!(client.stats().lock_delays, 1);
+    assert!(
+        at + Duration::from_millis(300) >= expired_at + delay,
+        "led {:?} after the leader's loss",
+        at - expired_at
+    );
+    leadership.resign().await.expect("resign");
+}
