@@ -549,11 +549,13 @@ impl ZkSession {
     /// exists-watch on a missing node would stay on the server, waiting for
     /// a creation that never comes (the path is unique), so dropping it
     /// would cost a `removeWatches` request; at N = 2 the node is gone before
-    /// the watch in about a third of the handoffs. An election candidate's
-    /// node (its value may be large) and a node this session may not read
-    /// (an ACL; `exists` is never checked) get an exists-watch, as does this
-    /// session's own node, which is there all along (the watch a holder
-    /// keeps).
+    /// the watch in about a third of the handoffs. A node this session may
+    /// not read (another client's ACL) is refused with
+    /// [`Error::PermissionDenied`]: the server delivers a watch's events
+    /// only to a session that may read the node, so a wait on it would never
+    /// end. An election candidate's node (its value may be large) gets an
+    /// exists-watch, as does this session's own node, which is there all
+    /// along (the watch a holder keeps).
     ///
     /// Boxed by a plain function: `wait_gone`'s future, which every held
     /// lock keeps for as long as it is held, then keeps no room for this
@@ -574,8 +576,12 @@ impl ZkSession {
                 match client.get_and_watch_data(&entry.key).await {
                     Ok((_, _, watcher)) => return Ok(Watched::Set(watcher)),
                     Err(ZkError::NoNode) => return gone(connection).await,
-                    // Not allowed to read it: an exists-watch, below.
-                    Err(ZkError::NoAuth) => {}
+                    // Not allowed to read it: the server sends a watch's
+                    // events only to a session that may read the node, so
+                    // no watch of ours would ever fire (an exists-watch is
+                    // accepted and stays silent). Refused, as Curator's
+                    // waiter is, rather than a wait for ever.
+                    Err(ZkError::NoAuth) => return Err((unreadable(&entry.key), None)),
                     Err(error) => return Err((self.err(error), Some(client.state_watcher()))),
                 }
             }
@@ -1631,4 +1637,17 @@ async fn track(
     };
     advance(&state, ended);
     end(&slot);
+}
+
+/// The refusal of a wait behind `path`, a node this session may not read.
+fn unreadable(path: &str) -> Error {
+    Error::PermissionDenied {
+        backend: crate::error::BACKEND,
+        operation: "wait behind",
+        key: path.to_owned(),
+        reason: "the node ahead in the queue may not be read by this session's identity (ZooKeeper NoAuth on \
+                 getData), and ZooKeeper delivers a watch's events only to a session that may read the node: \
+                 every contender must be able to read the nodes it queues behind"
+            .to_owned(),
+    }
 }

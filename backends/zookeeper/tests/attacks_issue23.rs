@@ -398,16 +398,13 @@ async fn a_cancelled_wait_leaves_no_node_and_no_watch() {
 
 /// A peer's node this session may not read (an ACL: creator only, as a
 /// kazoo or Curator client with a digest ACL sets) just ahead of a lockline
-/// waiter: the data watch is refused (`NoAuth`) and the waiter falls back to
-/// an exists-watch; it must wait, not fail nor be granted, and be granted
-/// once the peer lets go.
-///
-/// Fails: the server (3.8) delivers a watch event only to a watcher allowed
-/// to READ the node (events are filtered by the node's ACL), so the
-/// fallback exists-watch is set but never fires, and the waiter waits for
-/// ever after the peer's node is gone.
+/// waiter. The server (3.8) delivers a watch's events only to a watcher
+/// allowed to READ the node, so no watch of the waiter's would ever fire: it
+/// used to fall back to an exists-watch and wait for ever after the peer's
+/// node was gone. The acquire is now refused with `PermissionDenied` naming
+/// the node, as Curator's waiter fails, and leaves no node behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_behind_an_unreadable_peer_node_waits() {
+async fn a_waiter_behind_an_unreadable_peer_node_is_refused() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let peer = zk::Client::connector()
         .with_auth("digest", b"peer:secret")
@@ -431,23 +428,20 @@ async fn a_waiter_behind_an_unreadable_peer_node_waits() {
     let client = Client::new(ZooKeeper::new(ensemble.connect_string()));
     let session = client.session().await.expect("session");
     let mutex = session.mutex("sealed/one").expect("mutex");
-    let waiter = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits >= 1).await;
-    until("the waiter's watch is on the peer's node", || {
-        ensemble.watches(0, &node, session.id())
+    let Ok(refused) = tokio::time::timeout(Duration::from_secs(10), mutex.lock()).await else {
+        panic!("an acquire behind an unreadable node must be refused, not wait for ever");
+    };
+    match refused {
+        Err(lockline::Error::PermissionDenied { key, .. }) => assert_eq!(key, node),
+        other => panic!("expected PermissionDenied naming {node}: {other:?}"),
+    }
+    until("the refused acquire's node is gone", || {
+        ensemble.four_letter(0, "dump").is_some_and(|dump| dump.matches("/sealed/one/").count() <= 1)
     })
     .await;
-    assert!(
-        !waiter.is_finished(),
-        "granted or failed beside an unreadable node: {waiter:?}"
-    );
+    assert_eq!(children(&peer, "/sealed/one").await, names, "only the peer's node is left");
     peer.delete(&node, None).await.expect("the peer lets go");
-    let Ok(granted) = tokio::time::timeout(Duration::from_secs(5), waiter).await else {
-        panic!(
-            "not granted within 5 s of the unreadable predecessor's deletion: the fallback exists-watch never fired"
-        );
-    };
-    granted.expect("task").expect("lock").release().await.expect("release");
+    mutex.lock().await.expect("lock once free").release().await.expect("release");
 }
 
 /// A holder lost (its session ended on the server) while the lock-delayed
