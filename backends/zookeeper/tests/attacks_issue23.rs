@@ -436,12 +436,24 @@ async fn a_waiter_behind_an_unreadable_peer_node_is_refused() {
         other => panic!("expected PermissionDenied naming {node}: {other:?}"),
     }
     until("the refused acquire's node is gone", || {
-        ensemble.four_letter(0, "dump").is_some_and(|dump| dump.matches("/sealed/one/").count() <= 1)
+        ensemble
+            .four_letter(0, "dump")
+            .is_some_and(|dump| dump.matches("/sealed/one/").count() <= 1)
     })
     .await;
-    assert_eq!(children(&peer, "/sealed/one").await, names, "only the peer's node is left");
+    assert_eq!(
+        children(&peer, "/sealed/one").await,
+        names,
+        "only the peer's node is left"
+    );
     peer.delete(&node, None).await.expect("the peer lets go");
-    mutex.lock().await.expect("lock once free").release().await.expect("release");
+    mutex
+        .lock()
+        .await
+        .expect("lock once free")
+        .release()
+        .await
+        .expect("release");
 }
 
 /// A holder lost (its session ended on the server) while the lock-delayed
