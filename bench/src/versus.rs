@@ -120,14 +120,26 @@ pub async fn lockline(contenders: &Contenders, server_pid: u32, warmup: f64, win
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
-    let start = snapshot(server_pid, grants.load(Ordering::Relaxed))?;
-    tokio::time::sleep(Duration::from_secs_f64(window)).await;
-    let end = snapshot(server_pid, grants.load(Ordering::Relaxed))?;
+    let measured = measure(server_pid, &grants, warmup, window).await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await??;
     }
+    measured
+}
+
+/// Measures a window of contenders running in this process that count their
+/// grants in `grants`: waits `warmup` seconds, then reads the counts and the
+/// CPU times at the start and the end of `window` seconds.
+///
+/// # Errors
+///
+/// A CPU time that could not be read.
+pub async fn measure(server_pid: u32, grants: &AtomicU64, warmup: f64, window: f64) -> BoxResult<Versus> {
+    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+    let start = snapshot(server_pid, grants.load(Ordering::Relaxed))?;
+    tokio::time::sleep(Duration::from_secs_f64(window)).await;
+    let end = snapshot(server_pid, grants.load(Ordering::Relaxed))?;
     Ok(Versus {
         grants: end.grants - start.grants,
         seconds: (end.at - start.at).as_secs_f64(),

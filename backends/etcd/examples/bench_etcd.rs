@@ -261,32 +261,11 @@ async fn raw_uncontended(cluster: &EtcdCluster, pid: u32, warmup: f64, window: f
             Ok::<_, etcd_client::Error>(())
         })
     };
-    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
-    let (g0, c0, s0, t0, k0) = (
-        grants.load(Ordering::Relaxed),
-        versus::own_cpu().ok_or("own CPU")?,
-        versus::process_cpu(pid).ok_or("server CPU")?,
-        Instant::now(),
-        versus::process_syscalls(pid),
-    );
-    tokio::time::sleep(Duration::from_secs_f64(window)).await;
-    let (g1, c1, s1, t1, k1) = (
-        grants.load(Ordering::Relaxed),
-        versus::own_cpu().ok_or("own CPU")?,
-        versus::process_cpu(pid).ok_or("server CPU")?,
-        Instant::now(),
-        versus::process_syscalls(pid),
-    );
+    let measured = versus::measure(pid, &grants, warmup, window).await;
     stop.store(true, Ordering::Relaxed);
     task.await??;
     client.lease_revoke(lease).await?;
-    Ok(Versus {
-        grants: g1 - g0,
-        seconds: (t1 - t0).as_secs_f64(),
-        client_cpu: c1 - c0,
-        server_cpu: s1 - s0,
-        server_syscalls: k1.zip(k0).map(|(e, s)| e - s),
-    })
+    measured
 }
 
 /// One client's window on a fresh server.
