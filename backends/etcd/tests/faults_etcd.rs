@@ -781,6 +781,39 @@ async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
     assert_eq!(session.state(), lockline::SessionState::Live);
 }
 
+/// The same foreign delete under a silent partition (a proxy that drops
+/// every byte and resets nothing): the release's request goes unanswered
+/// for the request timeout, and the release must not be reported as done;
+/// it fails as `Unavailable` (or `LockLost`), never `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_cut_off_release_whose_entry_another_client_deleted_is_not_a_release() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
+        .session_with(options(30).with_request_timeout(Duration::from_secs(2)))
+        .await
+        .expect("session");
+    let guard = session
+        .mutex("silent-delete")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let key = guard.key().to_owned();
+    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    proxy.blackhole();
+    let release = tokio::spawn(guard.release());
+    side.delete(key.as_str(), None).await.expect("delete");
+    let released = bounded("release", release).await.expect("task");
+    proxy.heal();
+    assert!(
+        matches!(released, Err(Error::Unavailable { .. } | Error::LockLost { .. })),
+        "a release the server never confirmed, of an entry another client deleted, must not be Ok: {released:?}"
+    );
+}
+
 /// Set in the child process of
 /// `a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only`: the
 /// endpoints it takes its lock on.

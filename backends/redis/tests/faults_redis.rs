@@ -602,3 +602,33 @@ async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
     );
     assert_eq!(session.state(), SessionState::Live);
 }
+
+/// The same foreign delete under a silent partition (a proxy that drops
+/// every byte and resets nothing): the release's request goes unanswered,
+/// and the release must not be reported as done; it fails as `Unavailable`
+/// (or `LockLost`), never `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_cut_off_release_whose_entry_another_client_deleted_is_not_a_release() {
+    let server = RedisServer::start().expect("start redis");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
+    let session = Client::new(Redis::new(format!("redis://{}", proxy.address())))
+        .session_with(options(30_000).with_request_timeout(Duration::from_secs(2)))
+        .await
+        .expect("session");
+    let guard = session
+        .mutex("silent-delete")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let key = guard.key().to_owned();
+    proxy.blackhole();
+    let release = tokio::spawn(guard.release());
+    server.cli(&["DEL", &key]).expect("DEL");
+    let released = bounded("release", release).await.expect("task");
+    proxy.heal();
+    assert!(
+        matches!(released, Err(Error::Unavailable { .. } | Error::LockLost { .. })),
+        "a release the server never confirmed, of an entry another client deleted, must not be Ok: {released:?}"
+    );
+}
