@@ -664,6 +664,18 @@ async fn a_holder_re_watches_with_backoff_while_the_server_is_down() {
     bounded("release", guard.release()).await.expect("release");
 }
 
+/// A single-node etcd, a proxy in front of it, and a session through the
+/// proxy (TTL 30 s) with the given request timeout.
+async fn behind_a_proxy(request_timeout: Duration) -> (EtcdCluster, lockline_testkit::TcpProxy, lockline::Session) {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
+        .session_with(options(30).with_request_timeout(request_timeout))
+        .await
+        .expect("session");
+    (cluster, proxy, session)
+}
+
 /// Holds a lock through a proxy, releases it with the server's answers
 /// dropped, waits until the server has applied the removal, runs `meanwhile`
 /// (given the cluster and the session), then cuts the connection before any
@@ -674,12 +686,7 @@ where
     F: FnOnce(EtcdCluster, lockline::Session) -> Fut,
     Fut: std::future::Future<Output = (EtcdCluster, lockline::Session)>,
 {
-    let cluster = EtcdCluster::start().expect("start etcd");
-    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
-        .session_with(options(30).with_request_timeout(Duration::from_secs(3)))
-        .await
-        .expect("session");
+    let (cluster, proxy, session) = behind_a_proxy(Duration::from_secs(3)).await;
     let guard = session.mutex("lost-answer").expect("mutex").lock().await.expect("lock");
     let key = session.queue("lost-answer").await.expect("queue")[0].key.clone();
 
@@ -739,12 +746,7 @@ async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
 /// once before, so the marker exists with an older removal's revision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
-    let cluster = EtcdCluster::start().expect("start etcd");
-    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
-        .session_with(options(30).with_request_timeout(Duration::from_secs(3)))
-        .await
-        .expect("session");
+    let (cluster, proxy, session) = behind_a_proxy(Duration::from_secs(3)).await;
     let mutex = session.mutex("deleted-meanwhile").expect("mutex");
     mutex
         .lock()
@@ -787,12 +789,7 @@ async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
 /// it fails as `Unavailable` (or `LockLost`), never `Ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_cut_off_release_whose_entry_another_client_deleted_is_not_a_release() {
-    let cluster = EtcdCluster::start().expect("start etcd");
-    let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
-        .session_with(options(30).with_request_timeout(Duration::from_secs(2)))
-        .await
-        .expect("session");
+    let (cluster, proxy, session) = behind_a_proxy(Duration::from_secs(2)).await;
     let guard = session
         .mutex("silent-delete")
         .expect("mutex")
