@@ -293,6 +293,11 @@ async fn versus_run(go: Option<&std::path::Path>, n: usize, warmup: f64, window:
     }
 }
 
+/// One figure of each run.
+fn figures(runs: &[Versus], figure: fn(&Versus) -> f64) -> Vec<f64> {
+    runs.iter().map(figure).collect()
+}
+
 /// `a–b` for two figures (one when they print the same).
 fn range(values: &[f64], digits: usize) -> String {
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
@@ -331,7 +336,6 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
                 ours.push(versus_run(None, n, warmup, args.seconds).await?);
             }
         }
-        let figures = |runs: &[Versus], f: fn(&Versus) -> f64| runs.iter().map(f).collect::<Vec<_>>();
         let ratios: Vec<f64> = ours
             .iter()
             .zip(&theirs)
@@ -365,7 +369,6 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
                 }
             }
         }
-        let figures = |runs: &[Versus], f: fn(&Versus) -> f64| runs.iter().map(f).collect::<Vec<_>>();
         println!();
         println!(
             "N = 1, Go's two requests per cycle sent through etcd-client: {} cycles/s, client CPU {} ms, \

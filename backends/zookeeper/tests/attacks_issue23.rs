@@ -381,8 +381,15 @@ async fn a_cancelled_wait_leaves_no_node_and_no_watch() {
     cancelled.abort();
     assert!(cancelled.await.is_err_and(|e| e.is_cancelled()));
     bounded("b's node is removed", async {
-        while children(&side, "/cancel/one").await.len() != 2 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        loop {
+            let (listed, watcher) = side
+                .list_and_watch_children("/cancel/one")
+                .await
+                .expect("list and watch");
+            if listed.len() == 2 {
+                break;
+            }
+            watcher.changed().await;
         }
     })
     .await;

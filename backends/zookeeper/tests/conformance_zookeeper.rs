@@ -46,9 +46,6 @@ impl Fixture for ZkFixture {
         client
     }
 
-    /// Cuts every client off (sessions survive a short disconnection), attaches
-    /// to the victim's session directly with its id and password and closes it,
-    /// then lets the clients back: the victim finds its session expired.
     /// Polls the server's `wchp` until it lists the session's watch on the
     /// node.
     async fn watch_set(&self, session: &Session, key: &str) {
@@ -59,6 +56,9 @@ impl Fixture for ZkFixture {
         .await;
     }
 
+    /// Cuts every client off (sessions survive a short disconnection), attaches
+    /// to the victim's session directly with its id and password and closes it,
+    /// then lets the clients back: the victim finds its session expired.
     async fn expire(&self, session: &Session) {
         let info = lockline_zookeeper::session_info(session).expect("a live ZooKeeper session");
         self.set_blocked(true);

@@ -66,9 +66,6 @@ impl Fixture for ZkTlsFixture {
         client
     }
 
-    /// As the plain-text suite's fixture: cut the clients off, attach to the
-    /// victim's session (on the plain port, which the server keeps) and close
-    /// it, let the clients back.
     /// Polls the server's `wchp` until it lists the session's watch on the
     /// node.
     async fn watch_set(&self, session: &Session, key: &str) {
@@ -79,6 +76,9 @@ impl Fixture for ZkTlsFixture {
         .await;
     }
 
+    /// As the plain-text suite's fixture: cut the clients off, attach to the
+    /// victim's session (on the plain port, which the server keeps) and close
+    /// it, let the clients back.
     async fn expire(&self, session: &Session) {
         let info = lockline_zookeeper::session_info(session).expect("a live ZooKeeper session");
         self.set_blocked(true);
