@@ -43,7 +43,9 @@
 //! `--repetitions`, default 2). Printed per N and repetition: grants/s of
 //! each, lockline ÷ Curator, client CPU ms per grant (lockline: this
 //! process's `getrusage`; Curator: the JVM's own process CPU time) and server
-//! CPU ms per grant (`/proc/PID/stat` of the server's JVM), all over the
+//! CPU ms per grant (`/proc/PID/stat` of the server's JVM) and the requests
+//! the server received per grant (`mntr`'s `zk_packets_received`; pings
+//! included, though neither client pings a busy connection), all over the
 //! window.
 //!
 //! Latency (p50 / p99, measured in-process): of each `lock()` call (at N = 1
@@ -234,6 +236,39 @@ struct PeerRun {
     grants_per_sec: f64,
     client_cpu_ms_per_grant: f64,
     server_cpu_ms_per_grant: f64,
+    /// Requests the server received per grant (pings included).
+    requests_per_grant: f64,
+}
+
+/// What the server had done at one moment: its CPU time (ms) and the
+/// requests it had received (`mntr`'s `zk_packets_received`).
+#[derive(Clone, Copy)]
+struct ServerCounts {
+    cpu_ms: f64,
+    requests: f64,
+}
+
+impl ServerCounts {
+    fn read(ensemble: &ZkEnsemble, pid: u32) -> ServerCounts {
+        let mntr = ensemble.four_letter(0, "mntr").unwrap_or_default();
+        let requests = mntr
+            .lines()
+            .find_map(|line| line.strip_prefix("zk_packets_received"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(f64::NAN);
+        ServerCounts {
+            cpu_ms: process_cpu_ms(pid),
+            requests,
+        }
+    }
+
+    /// CPU ms and requests per grant from `self` to `end`.
+    fn per_grant(self, end: ServerCounts, grants: f64) -> (f64, f64) {
+        (
+            (end.cpu_ms - self.cpu_ms) / grants,
+            (end.requests - self.requests) / grants,
+        )
+    }
 }
 
 /// A fresh standalone server for one side-by-side measurement, and its pid.
@@ -257,17 +292,27 @@ async fn lockline_peer_run(jvm: ZkJvm, n: usize, seconds: f64, warmup: f64) -> B
     let contest = contenders.contest(Sampling::Window);
     tokio::time::sleep(std::time::Duration::from_secs_f64(warmup)).await;
     let started = Instant::now();
-    let before = (contenders.counts().grants, own_cpu_ms(), process_cpu_ms(server));
+    let before = (
+        contenders.counts().grants,
+        own_cpu_ms(),
+        ServerCounts::read(&ensemble, server),
+    );
     tokio::time::sleep(std::time::Duration::from_secs_f64(seconds)).await;
-    let after = (contenders.counts().grants, own_cpu_ms(), process_cpu_ms(server));
+    let after = (
+        contenders.counts().grants,
+        own_cpu_ms(),
+        ServerCounts::read(&ensemble, server),
+    );
     let elapsed = started.elapsed().as_secs_f64();
     contest.stop().await?;
     contenders.close().await?;
     let grants = (after.0 - before.0).max(1) as f64;
+    let (server_cpu_ms_per_grant, requests_per_grant) = before.2.per_grant(after.2, grants);
     Ok(PeerRun {
         grants_per_sec: (after.0 - before.0) as f64 / elapsed,
         client_cpu_ms_per_grant: (after.1 - before.1) / grants,
-        server_cpu_ms_per_grant: (after.2 - before.2) / grants,
+        server_cpu_ms_per_grant,
+        requests_per_grant,
     })
 }
 
@@ -286,13 +331,15 @@ fn curator_peer_run(
         n,
         seconds,
         warmup,
-        || process_cpu_ms(server),
+        || ServerCounts::read(&ensemble, server),
     )?;
     let grants = outcome.grants.max(1) as f64;
+    let (server_cpu_ms_per_grant, requests_per_grant) = outcome.at_start.per_grant(outcome.at_end, grants);
     Ok(PeerRun {
         grants_per_sec: outcome.grants_per_sec,
         client_cpu_ms_per_grant: outcome.client_cpu_ms / grants,
-        server_cpu_ms_per_grant: (outcome.at_end - outcome.at_start) / grants,
+        server_cpu_ms_per_grant,
+        requests_per_grant,
     })
 }
 
@@ -308,9 +355,10 @@ async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
     println!();
     println!(
         "| N | rep | first | lockline grants/s | Curator grants/s | lockline ÷ Curator | \
-         client CPU ms/grant: lockline / Curator | server CPU ms/grant: lockline / Curator |"
+         client CPU ms/grant: lockline / Curator | server CPU ms/grant: lockline / Curator | \
+         requests/grant (server): lockline / Curator |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     for rep in 0..flags.repetitions {
         for (i, &n) in args.contenders.iter().enumerate() {
             let lockline_first = (rep + i) % 2 == 0;
@@ -333,7 +381,7 @@ async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
                 continue;
             };
             println!(
-                "| {n} | {} | {} | {:.0} | {:.0} | {:.2} | {:.3} / {:.3} | {:.3} / {:.3} |",
+                "| {n} | {} | {} | {:.0} | {:.0} | {:.2} | {:.3} / {:.3} | {:.3} / {:.3} | {:.2} / {:.2} |",
                 rep + 1,
                 if lockline_first { "lockline" } else { "Curator" },
                 ours.grants_per_sec,
@@ -343,6 +391,8 @@ async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
                 theirs.client_cpu_ms_per_grant,
                 ours.server_cpu_ms_per_grant,
                 theirs.server_cpu_ms_per_grant,
+                ours.requests_per_grant,
+                theirs.requests_per_grant,
             );
         }
     }
