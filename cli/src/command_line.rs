@@ -481,6 +481,23 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
             }
             message
         }
+        // A flag that takes a value also takes one that begins with '-'
+        // (`--ttl -1` is refused by its parser, not taken for an option), so
+        // `--ttl --user=root:PASSWORD` makes the next option its value. An
+        // option is never echoed as a value: it may carry a secret.
+        // The same for a flag that takes no value, written `--shared=--user=...`.
+        kind @ (ErrorKind::ValueValidation | ErrorKind::InvalidValue | ErrorKind::TooManyValues)
+            if context(ContextKind::InvalidValue).is_some_and(|value| value.starts_with("--")) =>
+        {
+            let value = context(ContextKind::InvalidValue).unwrap_or_default();
+            let option = value.split('=').next().unwrap_or_default();
+            let arg = flag(ContextKind::InvalidArg).unwrap_or_else(|| "an option".to_owned());
+            if kind == ErrorKind::TooManyValues {
+                format!("{arg} takes no value, but was given the option {option} (its value is not shown)")
+            } else {
+                format!("{arg} needs a value, but the option {option} follows it (its value is not shown)")
+            }
+        }
         ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             "a command is required: lock, elect, list, check or completions (lockline --help)".to_owned()
         }

@@ -871,9 +871,10 @@ const OUTPUT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    let written = written_secrets(&argv);
     let code = match parse(argv, |name| std::env::var(name).ok()) {
         Ok(Action::Run(args)) => {
-            output::hide(args.secrets());
+            output::hide(args.secrets().into_iter().chain(written).collect());
             start(*args)
         }
         // Help and version on standard output, status 0 (1 if it cannot be
@@ -892,12 +893,40 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(message) => {
+            output::hide(written);
             note!("lockline: {message}");
             USAGE_ERROR
         }
     };
     output::finish(OUTPUT_TIMEOUT);
     ExitCode::from(code)
+}
+
+/// The secrets written on the command line, wherever they ended up: the
+/// password of `--user NAME:PASSWORD`, of `--password PASSWORD` and of
+/// `--zk-auth SCHEME:USER:PASSWORD`, in either form (`--flag value`,
+/// `--flag=value`). A secret option written where another flag expected a
+/// value (`--cacert --password=PW`) becomes that flag's value, and a
+/// message about it must not show the password either.
+fn written_secrets(argv: &[String]) -> Vec<String> {
+    let mut secrets = Vec::new();
+    for (i, arg) in argv.iter().enumerate() {
+        if arg == "--" {
+            break;
+        }
+        let (flag, value) = match arg.split_once('=') {
+            Some((flag, value)) => (flag, Some(value)),
+            None => (arg.as_str(), argv.get(i + 1).map(String::as_str)),
+        };
+        let secret = match (flag, value) {
+            ("--password", Some(value)) => Some(value),
+            ("--user", Some(value)) => value.split_once(':').map(|(_, password)| password),
+            ("--zk-auth", Some(value)) => value.splitn(3, ':').nth(2),
+            _ => None,
+        };
+        secrets.extend(secret.filter(|secret| !secret.is_empty()).map(str::to_owned));
+    }
+    secrets
 }
 
 /// Starts the runtime on this thread (the command must be spawned from the

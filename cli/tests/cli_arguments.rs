@@ -66,6 +66,80 @@ fn options_written_with_equals_never_show_the_password() {
     }
 }
 
+/// A flag that takes a value takes the next argument even when it begins
+/// with '-' (so `--ttl -1` is refused by its parser): when that argument is
+/// a secret option written with '=', the refusal names the option and never
+/// shows its value. Found by the `cli_args` fuzz target.
+#[test]
+fn an_option_taken_as_a_value_never_shows_its_secret() {
+    let user = format!("--user=root:{SECRET}");
+    let password = format!("--password={SECRET}");
+    let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
+    for (flag, secret, option) in [
+        ("--ttl", user.as_str(), "--user"),
+        ("--timeout", password.as_str(), "--password"),
+        ("--kill-after", zk_auth.as_str(), "--zk-auth"),
+        ("--lock-delay", user.as_str(), "--user"),
+        ("--limit", password.as_str(), "--password"),
+        ("--conflict-exit-code", user.as_str(), "--user"),
+    ] {
+        let args = ["lock", "--etcd", "http://127.0.0.1:1", flag, secret, "--", "make"];
+        let stderr = assert_refused_without_secret(&args, 123);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{flag} needs a value, but the option {option} follows it")),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// A secret option written where another flag expects a value is that
+/// flag's value; a message about it, from clap or from the checks after
+/// parsing (a certificate file, an ACL policy), never shows the password.
+#[test]
+fn a_secret_option_in_the_wrong_place_never_shows_its_password() {
+    let user = format!("--user=root:{SECRET}");
+    let password = format!("--password={SECRET}");
+    let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
+    for (flag, secret, says) in [
+        (
+            "--shared=",
+            user.as_str(),
+            "--shared takes no value, but was given the option --user",
+        ),
+        (
+            "--nonblock=",
+            password.as_str(),
+            "--nonblock takes no value, but was given the option --password",
+        ),
+        (
+            "--cacert",
+            password.as_str(),
+            "cannot read the CA certificate --password=***",
+        ),
+        (
+            "--cacert",
+            zk_auth.as_str(),
+            "cannot read the CA certificate --zk-auth=digest:bob:***",
+        ),
+        (
+            "--zk-acl",
+            password.as_str(),
+            "\"--password=***\" is not open or creator",
+        ),
+    ] {
+        let joined = format!("{flag}{secret}");
+        let args: Vec<&str> = if flag.ends_with('=') {
+            vec!["lock", "--etcd", "http://127.0.0.1:1", joined.as_str(), "x"]
+        } else {
+            vec!["lock", "--etcd", "http://127.0.0.1:1", flag, secret, "x"]
+        };
+        let stderr = assert_refused_without_secret(&args, 123);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 /// Odd values: a directory or a missing file as a certificate, a key
 /// without a certificate, empty user names. One line each, exit status 123.
 #[test]
