@@ -475,6 +475,11 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
         }
         ErrorKind::InvalidSubcommand => {
             let name = context(ContextKind::InvalidSubcommand).unwrap_or_default();
+            // `help --user=root:PASSWORD`: an option's value is never shown.
+            let name = match name.split_once('=') {
+                Some((option, _)) if option.starts_with('-') => option.to_owned(),
+                _ => name,
+            };
             let mut message = format!("unknown command {name:?}: lock, elect, list, check or completions");
             if let Some(similar) = context(ContextKind::SuggestedSubcommand) {
                 message.push_str(&format!("; did you mean {similar}?"));

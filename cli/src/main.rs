@@ -401,7 +401,7 @@ fn url_secrets(url: &str) -> Vec<String> {
     if let Some((_, query)) = rest.split_once('?') {
         for pair in query.split('&') {
             if let Some((name, value)) = pair.split_once('=') {
-                if name.eq_ignore_ascii_case("password") {
+                if name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass") {
                     secrets.push(value.to_owned());
                 }
             }
@@ -871,7 +871,7 @@ const OUTPUT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let written = written_secrets(&argv);
+    let written = written_secrets(&argv, |name| std::env::var(name).ok());
     let code = match parse(argv, |name| std::env::var(name).ok()) {
         Ok(Action::Run(args)) => {
             output::hide(args.secrets().into_iter().chain(written).collect());
@@ -902,30 +902,50 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The secrets written on the command line, wherever they ended up: the
-/// password of `--user NAME:PASSWORD`, of `--password PASSWORD` and of
-/// `--zk-auth SCHEME:USER:PASSWORD`, in either form (`--flag value`,
-/// `--flag=value`). A secret option written where another flag expected a
-/// value (`--cacert --password=PW`) becomes that flag's value, and a
-/// message about it must not show the password either.
-fn written_secrets(argv: &[String]) -> Vec<String> {
+/// The secrets written on the command line or in the environment,
+/// wherever they ended up: the password of `--user NAME:PASSWORD`, of
+/// `--password PASSWORD` and of `--zk-auth SCHEME:USER:PASSWORD` (all of a
+/// `--zk-auth` value without a password field), in either form (`--flag
+/// value`, `--flag=value`), also inside another argument (`--zk-acl=--password=PW`
+/// makes the secret option another flag's value, and a message about that
+/// value must not show it); the same from `ETCDCTL_USER`,
+/// `ETCDCTL_PASSWORD` and `LOCKLINE_ZK_AUTH`; and the password of any URL
+/// in an argument or in `DATABASE_URL` (user info, `password=` or `pass=`
+/// in the query). A word that is itself an option (`--password --`) is not
+/// taken for a password.
+fn written_secrets(argv: &[String], env: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    fn password_of(flag: &str, value: &str) -> Option<String> {
+        let secret = match flag {
+            "--password" => Some(value),
+            "--user" => value.split_once(':').map(|(_, password)| password),
+            "--zk-auth" => Some(value.splitn(3, ':').nth(2).unwrap_or(value)),
+            _ => None,
+        }?;
+        (!secret.is_empty() && !secret.starts_with("--")).then(|| secret.to_owned())
+    }
     let mut secrets = Vec::new();
     for (i, arg) in argv.iter().enumerate() {
-        if arg == "--" {
-            break;
+        for flag in ["--password", "--user", "--zk-auth"] {
+            if arg == flag {
+                if let Some(value) = argv.get(i + 1) {
+                    secrets.extend(password_of(flag, value));
+                }
+            }
+            let written = format!("{flag}=");
+            if let Some(at) = arg.find(&written) {
+                secrets.extend(password_of(flag, &arg[at + written.len()..]));
+            }
         }
-        let (flag, value) = match arg.split_once('=') {
-            Some((flag, value)) => (flag, Some(value)),
-            None => (arg.as_str(), argv.get(i + 1).map(String::as_str)),
-        };
-        let secret = match (flag, value) {
-            ("--password", Some(value)) => Some(value),
-            ("--user", Some(value)) => value.split_once(':').map(|(_, password)| password),
-            ("--zk-auth", Some(value)) => value.splitn(3, ':').nth(2),
-            _ => None,
-        };
-        secrets.extend(secret.filter(|secret| !secret.is_empty()).map(str::to_owned));
+        if let Some(at) = arg.find("://") {
+            let start = arg[..at].rfind('=').map_or(0, |equals| equals + 1);
+            secrets.extend(url_secrets(&arg[start..]));
+        }
     }
+    let env = |name: &str| env(name).filter(|value| !value.is_empty());
+    secrets.extend(env("ETCDCTL_PASSWORD"));
+    secrets.extend(env("ETCDCTL_USER").and_then(|user| password_of("--user", &user)));
+    secrets.extend(env("LOCKLINE_ZK_AUTH").and_then(|auth| password_of("--zk-auth", &auth)));
+    secrets.extend(env("DATABASE_URL").map(|url| url_secrets(&url)).into_iter().flatten());
     secrets
 }
 

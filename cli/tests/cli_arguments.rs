@@ -140,6 +140,50 @@ fn a_secret_option_in_the_wrong_place_never_shows_its_password() {
     }
 }
 
+/// The same inside another argument, in a URL, or in the environment: an
+/// outside review's cases. A value that is itself an option (`--password
+/// --`) is not taken for the password, so it hides nothing else.
+#[test]
+fn secrets_inside_other_arguments_and_the_environment_are_hidden() {
+    let acl = format!("--zk-acl=--password={SECRET}");
+    let auth = format!("--zk-auth=--password={SECRET}");
+    let etcd = format!("--etcd=--password={SECRET}");
+    let redis = format!("unix:///nonexistent/lockline.sock?db=1&pass={SECRET}");
+    let url = format!("http://u:{SECRET}/x@127.0.0.1:1");
+    for args in [
+        vec!["lock", "--etcd", "http://127.0.0.1:1", acl.as_str(), "x"],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", auth.as_str(), "x"],
+        vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", SECRET, "x"],
+        vec!["lock", etcd.as_str(), "x"],
+        vec!["list", "--etcd", url.as_str(), "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--user",
+            "root",
+            "--password",
+            "--",
+            acl.as_str(),
+            "x",
+        ],
+    ] {
+        let stderr = assert_refused_without_secret(&args, 123);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("***"), "{args:?}: {stderr}");
+    }
+    let stderr = assert_refused_without_secret(&["list", "--redis", redis.as_str(), "x"], 122);
+    assert!(stderr.contains("pass=***"), "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_lockline"))
+        .args(["lock", "--zookeeper", "127.0.0.1:1", "x"])
+        .env("LOCKLINE_ZK_AUTH", SECRET)
+        .output()
+        .expect("run lockline");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(123), "{stderr}");
+    assert!(!stderr.contains(SECRET) && stderr.contains("***"), "{stderr}");
+}
+
 /// Odd values: a directory or a missing file as a certificate, a key
 /// without a certificate, empty user names. One line each, exit status 123.
 #[test]
