@@ -5,6 +5,16 @@ use std::process::{Command, Output};
 
 const SECRET: &str = "hunter2-Qv93";
 
+/// `--user`, `--password` and `--zk-auth` written with '=', each carrying
+/// [`SECRET`] as its password.
+fn secret_options() -> [String; 3] {
+    [
+        format!("--user=root:{SECRET}"),
+        format!("--password={SECRET}"),
+        format!("--zk-auth=digest:bob:{SECRET}"),
+    ]
+}
+
 fn lockline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockline"))
         .args(args)
@@ -38,9 +48,7 @@ fn assert_refused_without_secret(args: &[&str], status: i32) -> String {
 /// echoed whole, and one it knows is used (nothing answers there: 122).
 #[test]
 fn options_written_with_equals_never_show_the_password() {
-    let user = format!("--user=root:{SECRET}");
-    let password = format!("--password={SECRET}");
-    let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
+    let [user, password, zk_auth] = secret_options();
     let misspelt = format!("--pasword={SECRET}");
     for (args, status) in [
         (vec!["lock", "--etcd", "http://127.0.0.1:1", user.as_str(), "x"], 122),
@@ -72,9 +80,7 @@ fn options_written_with_equals_never_show_the_password() {
 /// shows its value. Found by the `cli_args` fuzz target.
 #[test]
 fn an_option_taken_as_a_value_never_shows_its_secret() {
-    let user = format!("--user=root:{SECRET}");
-    let password = format!("--password={SECRET}");
-    let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
+    let [user, password, zk_auth] = secret_options();
     for (flag, secret, option) in [
         ("--ttl", user.as_str(), "--user"),
         ("--timeout", password.as_str(), "--password"),
@@ -98,9 +104,7 @@ fn an_option_taken_as_a_value_never_shows_its_secret() {
 /// parsing (a certificate file, an ACL policy), never shows the password.
 #[test]
 fn a_secret_option_in_the_wrong_place_never_shows_its_password() {
-    let user = format!("--user=root:{SECRET}");
-    let password = format!("--password={SECRET}");
-    let zk_auth = format!("--zk-auth=digest:bob:{SECRET}");
+    let [user, password, zk_auth] = secret_options();
     for (flag, secret, says) in [
         (
             "--shared=",
@@ -150,8 +154,20 @@ fn secrets_inside_other_arguments_and_the_environment_are_hidden() {
     let etcd = format!("--etcd=--password={SECRET}");
     let redis = format!("unix:///nonexistent/lockline.sock?db=1&pass={SECRET}");
     let url = format!("http://u:{SECRET}/x@127.0.0.1:1");
+    let acl_url = format!("--redis=redis://:{SECRET}@127.0.0.1:1");
+    let cacert = format!("--cacert=--password={SECRET}");
+    let help = format!("--user=root:{SECRET}");
     for args in [
         vec!["lock", "--etcd", "http://127.0.0.1:1", acl.as_str(), "x"],
+        vec![
+            "lock",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--zk-acl",
+            acl_url.as_str(),
+            "x",
+        ],
+        vec!["lock", "--etcd", "http://127.0.0.1:1", cacert.as_str(), "x"],
         vec!["lock", "--zookeeper", "127.0.0.1:1", auth.as_str(), "x"],
         vec!["lock", "--zookeeper", "127.0.0.1:1", "--zk-auth", SECRET, "x"],
         vec!["lock", etcd.as_str(), "x"],
@@ -172,6 +188,9 @@ fn secrets_inside_other_arguments_and_the_environment_are_hidden() {
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains("***"), "{args:?}: {stderr}");
     }
+    // A secret option taken for a command's name is named, never shown.
+    let stderr = assert_refused_without_secret(&["help", help.as_str(), "a"], 123);
+    assert!(stderr.contains("unknown command \"--user\""), "{stderr}");
     let stderr = assert_refused_without_secret(&["list", "--redis", redis.as_str(), "x"], 122);
     assert!(stderr.contains("pass=***"), "{stderr}");
     let output = Command::new(env!("CARGO_BIN_EXE_lockline"))
