@@ -25,6 +25,10 @@ use crate::Result;
 ///   requests reach the server and loses their answers: the response is
 ///   thrown away and the connection cut, so the client reconnects not knowing
 ///   whether the request was applied — a fault injected at one exact step;
+/// - [`freeze_connection`](Self::freeze_connection) blackholes *one*
+///   connection, picked by the order the proxy accepted it, while every
+///   other flows (a NAT or a load balancer that forgot one idle flow), until
+///   [`thaw_connection`](Self::thaw_connection);
 /// - [`orphan_connections`](Self::orphan_connections) closes the client's end
 ///   of every connection while what it sent stays on its way to the server,
 ///   delivered by [`deliver_orphans`](Self::deliver_orphans): a request that
@@ -54,12 +58,21 @@ struct Shared {
     counts: Mutex<ZkCounts>,
     connections: Mutex<Vec<TcpStream>>,
     links: Mutex<Vec<Arc<Link>>>,
+    /// How many connections were accepted: the next one's number.
+    accepted: AtomicUsize,
+    /// Numbers of connections frozen (see `freeze_connection`), also those
+    /// not joined to the server yet.
+    frozen: Mutex<std::collections::HashSet<usize>>,
 }
 
 /// One proxied connection, as the switches that act on it alone see it.
 struct Link {
     client: TcpStream,
     orphaned: AtomicBool,
+    /// The order the proxy accepted it in, from 0.
+    number: usize,
+    /// The client closed its end (its bytes ended), as the proxy read it.
+    client_closed: AtomicBool,
 }
 
 impl fmt::Debug for TcpProxy {
@@ -111,6 +124,8 @@ impl TcpProxy {
             counts: Mutex::default(),
             connections: Mutex::default(),
             links: Mutex::default(),
+            accepted: AtomicUsize::new(0),
+            frozen: Mutex::default(),
         });
         let acceptor = Arc::clone(&shared);
         thread::Builder::new()
@@ -232,6 +247,47 @@ impl TcpProxy {
         self.shared.held_request_bytes.load(Ordering::SeqCst)
     }
 
+    /// How many connections the proxy has accepted so far; the next one
+    /// will be number `connections_accepted()`.
+    pub fn connections_accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Freezes connection `number` (numbered from 0 in the order the proxy
+    /// accepted them) alone: from now on no byte of it crosses the proxy
+    /// either way and nothing is closed or reset, while every other
+    /// connection flows. What is sent meanwhile is kept, and delivered by
+    /// [`thaw_connection`](Self::thaw_connection). A number not accepted yet
+    /// is frozen from its start.
+    pub fn freeze_connection(&self, number: usize) {
+        self.shared
+            .frozen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(number);
+    }
+
+    /// Ends [`freeze_connection`](Self::freeze_connection) for `number`.
+    pub fn thaw_connection(&self, number: usize) {
+        self.shared
+            .frozen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&number);
+    }
+
+    /// Whether the client has closed its end of connection `number` (the
+    /// proxy read the end of its bytes; frozen or not). `false` for a
+    /// connection not joined to the server yet.
+    pub fn client_closed(&self, number: usize) -> bool {
+        self.shared
+            .links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|l| l.number == number && l.client_closed.load(Ordering::SeqCst))
+    }
+
     /// Closes the client's end of every open connection (the client sees its
     /// connection end and opens a new one) while keeping the server's end
     /// open: bytes held for the server (see
@@ -271,6 +327,13 @@ impl Drop for TcpProxy {
 }
 
 impl Shared {
+    fn is_frozen(&self, number: usize) -> bool {
+        self.frozen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&number)
+    }
+
     fn cut_all(&self) {
         let mut connections = self.connections.lock().unwrap_or_else(PoisonError::into_inner);
         for stream in connections.drain(..) {
@@ -289,15 +352,16 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         }
+        let number = shared.accepted.fetch_add(1, Ordering::SeqCst);
         let shared = Arc::clone(&shared);
-        thread::spawn(move || connect(client, shared));
+        thread::spawn(move || connect(client, shared, number));
     }
 }
 
 /// Joins one client connection to a new server connection, once the proxy is
 /// not blackholed (a partitioned server cannot be reached).
-fn connect(client: TcpStream, shared: Arc<Shared>) {
-    while shared.blackholed.load(Ordering::SeqCst) {
+fn connect(client: TcpStream, shared: Arc<Shared>, number: usize) {
+    while shared.blackholed.load(Ordering::SeqCst) || shared.is_frozen(number) {
         if shared.stopped.load(Ordering::SeqCst) || shared.blocked.load(Ordering::SeqCst) {
             let _ = client.shutdown(Shutdown::Both);
             return;
@@ -325,6 +389,8 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
     let link = Arc::new(Link {
         client: link_client,
         orphaned: AtomicBool::new(false),
+        number,
+        client_closed: AtomicBool::new(false),
     });
     {
         let mut connections = shared.connections.lock().unwrap_or_else(PoisonError::into_inner);
@@ -332,7 +398,9 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
         connections.push(client);
         connections.push(server);
         let mut links = shared.links.lock().unwrap_or_else(PoisonError::into_inner);
-        links.retain(|l| l.orphaned.load(Ordering::SeqCst) || l.client.peer_addr().is_ok());
+        links.retain(|l| {
+            l.orphaned.load(Ordering::SeqCst) || l.client_closed.load(Ordering::SeqCst) || l.client.peer_addr().is_ok()
+        });
         links.push(Arc::clone(&link));
     }
     let (requests, request_link) = (Arc::clone(&shared), Arc::clone(&link));
@@ -510,7 +578,7 @@ impl Shared {
 
     /// Whether bytes going this way on `link` must be kept back for now.
     fn holds(&self, direction: Direction, link: &Link) -> bool {
-        if self.blackholed.load(Ordering::SeqCst) {
+        if self.blackholed.load(Ordering::SeqCst) || self.is_frozen(link.number) {
             return true;
         }
         direction == Direction::Requests
@@ -536,6 +604,8 @@ fn pipe(
     let mut buf = [0u8; 16 * 1024];
     let mut kept: Vec<u8> = Vec::new();
     let mut frames = Frames::default();
+    // Whether `from` ended (rather than a write to `to` failing).
+    let mut from_ended = false;
     loop {
         if !kept.is_empty() && !shared.holds(direction, &link) {
             if to.write_all(&kept).is_err() {
@@ -545,7 +615,10 @@ fn pipe(
             kept.clear();
         }
         match from.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => {
+                from_ended = true;
+                break;
+            }
             Ok(n) => {
                 if direction == Direction::Responses && shared.drop_responses.load(Ordering::SeqCst) {
                     continue;
@@ -586,8 +659,14 @@ fn pipe(
                     break;
                 }
             }
-            Err(_) => break,
+            Err(_) => {
+                from_ended = true;
+                break;
+            }
         }
+    }
+    if direction == Direction::Requests && from_ended {
+        link.client_closed.store(true, Ordering::SeqCst);
     }
     // A peer that closed while the proxy was blackholed is not heard of
     // until the partition heals; what was held for the server still reaches
