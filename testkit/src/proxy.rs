@@ -63,6 +63,9 @@ struct Shared {
     /// Numbers of connections frozen (see `freeze_connection`), also those
     /// not joined to the server yet.
     frozen: Mutex<std::collections::HashSet<usize>>,
+    /// Numbers of connections whose server answers are kept back (see
+    /// `freeze_answers`).
+    answers_frozen: Mutex<std::collections::HashSet<usize>>,
 }
 
 /// One proxied connection, as the switches that act on it alone see it.
@@ -126,6 +129,7 @@ impl TcpProxy {
             links: Mutex::default(),
             accepted: AtomicUsize::new(0),
             frozen: Mutex::default(),
+            answers_frozen: Mutex::default(),
         });
         let acceptor = Arc::clone(&shared);
         thread::Builder::new()
@@ -267,10 +271,28 @@ impl TcpProxy {
             .insert(number);
     }
 
-    /// Ends [`freeze_connection`](Self::freeze_connection) for `number`.
+    /// Keeps back the server's answers on connection `number` alone, while
+    /// its requests still reach the server: a request is applied and its
+    /// answer never arrives, as when a flow dies right after the request
+    /// went through. [`thaw_connection`](Self::thaw_connection) delivers them.
+    pub fn freeze_answers(&self, number: usize) {
+        self.shared
+            .answers_frozen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(number);
+    }
+
+    /// Ends [`freeze_connection`](Self::freeze_connection) and
+    /// [`freeze_answers`](Self::freeze_answers) for `number`.
     pub fn thaw_connection(&self, number: usize) {
         self.shared
             .frozen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&number);
+        self.shared
+            .answers_frozen
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&number);
@@ -579,6 +601,15 @@ impl Shared {
     /// Whether bytes going this way on `link` must be kept back for now.
     fn holds(&self, direction: Direction, link: &Link) -> bool {
         if self.blackholed.load(Ordering::SeqCst) || self.is_frozen(link.number) {
+            return true;
+        }
+        if direction == Direction::Responses
+            && self
+                .answers_frozen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&link.number)
+        {
             return true;
         }
         direction == Direction::Requests

@@ -30,6 +30,17 @@ pub(crate) struct Append<'a> {
     pub(crate) count: i32,
 }
 
+/// An owner's heartbeat as a waiter reads it: the counter each of its
+/// renewals raises, and its TTL. Staleness is judged on the waiter's own
+/// monotonic clock — a count that has not moved for the TTL while it
+/// watched — never by comparing readings of the database's wall clock
+/// (DESIGN §6.19).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Beat {
+    pub(crate) count: i64,
+    pub(crate) ttl_ms: i64,
+}
+
 /// How one wait on a guard ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Waited {
@@ -39,12 +50,9 @@ pub(crate) enum Waited {
     /// The guard was free with the entry's row still there: its owner's
     /// connection ended (a crash, a reset, a kill).
     Lost,
-    /// The wait ran to the owner's renewal deadline as read when it began
-    /// (or the fallback bound): look at the owner again.
-    TimedOut,
-    /// The owner's session is past its renewal deadline by the database's
-    /// clock.
-    OwnerExpired,
+    /// The wait ran to its bound: the owner's heartbeat as read when it
+    /// did (`None`: the owner's session row is gone).
+    TimedOut(Option<Beat>),
 }
 
 /// What a look at a silent owner found.
@@ -54,7 +62,8 @@ pub(crate) enum Reaped {
     Gone,
     /// It renewed after all.
     Renewed,
-    /// It was past its deadline: its connection was ended and its rows deleted.
+    /// Its heartbeat had not moved: its connection was ended and its rows
+    /// deleted.
     Ended,
 }
 
@@ -75,11 +84,13 @@ pub(crate) enum Status {
     Free,
     /// Its row is there and its guard free: lost with its owner's connection.
     Dead,
-    /// Held by a live session.
+    /// Held by a session, whose heartbeat is given with the status.
     Held,
-    /// Held by a session past its TTL by the database's clock.
-    Stale,
 }
+
+/// What [`Dialect::statuses`] says of one entry: its id, the value version
+/// asked for, its status, its owner's session id and heartbeat.
+pub(crate) type EntryStatus = (i64, i64, Status, String, Option<Beat>);
 
 /// One engine's statements over one set of tables.
 #[async_trait]
@@ -102,7 +113,8 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<()>;
 
     /// Renews the session from its control connection (not the one that
-    /// holds its guards); `Some(n)`: renewed, and it owns `n` entries;
+    /// holds its guards), raising its heartbeat count; `Some(n)`: renewed,
+    /// and it owns `n` entries;
     /// `None`: the session's row is gone, or its owning connection is gone
     /// on the server (checked in the same statement), or this connection is
     /// that very connection (a pooler).
@@ -111,14 +123,13 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// What became of the entries some waiters wait on, given as (id,
     /// value version or -1): each with its [`Status`] (an entry whose row is
     /// gone, whose guard is free, or whose value moved past the version is
-    /// [`Status::Free`]) and its owner's session id.
-    async fn statuses(&self, conn: &mut Self::Conn, ids: &[(i64, i64)]) -> DbResult<Vec<(i64, i64, Status, String)>>;
+    /// [`Status::Free`]), its owner's session id and the owner's heartbeat.
+    async fn statuses(&self, conn: &mut Self::Conn, ids: &[(i64, i64)]) -> DbResult<Vec<EntryStatus>>;
 
-    /// Ends every session past its TTL by the database's clock (its
-    /// connection, if it still holds its locks, and its rows): for
-    /// something a silent session holds that no waiter blocks on (a row
-    /// lock of a transaction it was in when it went silent). How many.
-    async fn reap_stale(&self, conn: &mut Self::Conn) -> DbResult<u64>;
+    /// Every session's heartbeat, with one of its entries (0 if none): for
+    /// ending a silent session that holds something no waiter blocks on (a
+    /// row lock of a transaction it was in when it went silent).
+    async fn beats(&self, conn: &mut Self::Conn) -> DbResult<Vec<(String, Beat, i64)>>;
 
     /// The ids of the session's entries.
     async fn own_ids(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Vec<i64>>;
@@ -149,10 +160,10 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// Deletes the entry of `attempt` and lets go of its guard.
     async fn abandon(&self, conn: &mut Self::Conn, attempt: &str, session: &str) -> DbResult<Option<i64>>;
 
-    /// Waits until the guard of entry `id` is free, for at most the time
-    /// `owner` has left by the database's clock (`fallback_ms` when the
-    /// owner's session row is gone).
-    async fn wait(&self, conn: &mut Self::Conn, id: i64, owner: &str, fallback_ms: i64) -> DbResult<Waited>;
+    /// Waits until the guard of entry `id` is free, for at most `bound_ms`
+    /// and a third of `owner`'s TTL, whichever is less; a wait that runs to
+    /// its bound answers the owner's heartbeat as read at its end.
+    async fn wait(&self, conn: &mut Self::Conn, id: i64, owner: &str, bound_ms: i64) -> DbResult<Waited>;
 
     /// As [`wait`](Self::wait), on the lock an election entry's owner holds
     /// for its value's `version`.
@@ -162,12 +173,14 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
         id: i64,
         version: i64,
         owner: &str,
-        fallback_ms: i64,
+        bound_ms: i64,
     ) -> DbResult<Waited>;
 
-    /// Looks at a silent owner whose entry `id` a wait timed out on; ends
-    /// its connection and deletes its rows when it is past its deadline.
-    async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64) -> DbResult<Reaped>;
+    /// Ends a silent owner whose entry `id` a waiter waits on — its
+    /// connection and its rows — if its heartbeat count is still `beat`
+    /// (atomically: a renewal either moves the count first, or finds the
+    /// session ended and loses it).
+    async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64, beat: i64) -> DbResult<Reaped>;
 
     /// A statement that does nothing: whether the connection still works.
     async fn ping(&self, conn: &mut Self::Conn) -> DbResult<()>;

@@ -4,7 +4,7 @@ use lockline::{Error, Result};
 
 /// The version of the tables and functions lockline expects; kept in the
 /// `meta` table, checked at every session open.
-pub(crate) const LAYOUT_VERSION: i32 = 1;
+pub(crate) const LAYOUT_VERSION: i32 = 2;
 
 /// The default prefix of lockline's table names.
 pub(crate) const DEFAULT_PREFIX: &str = "lockline_";

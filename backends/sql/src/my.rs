@@ -9,7 +9,7 @@ use lockline::{Error, Write};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
-use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
+use crate::dialect::{shape, Append, Beat, DbResult, Dialect, EntryStatus, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
@@ -56,7 +56,10 @@ struct Statements {
     remove: Arc<str>,
     attempt_of: Arc<str>,
     wait: Arc<str>,
+    beat_of: Arc<str>,
+    reap_claim: Arc<str>,
     reap_read: Arc<str>,
+    reap_done: Arc<str>,
     reap_entries: Arc<str>,
     reap_session: Arc<str>,
     value_of: Arc<str>,
@@ -107,7 +110,8 @@ impl Names {
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         let sql = Statements {
             heartbeat: format!(
-                "UPDATE {sessions} SET renewed_us = {NOW_US} WHERE id = ? AND conn <> CONNECTION_ID() \
+                "UPDATE {sessions} SET renewed_us = {NOW_US}, beat = beat + 1 WHERE id = ? AND beat >= 0 \
+                 AND conn <> CONNECTION_ID() \
                  AND IS_USED_LOCK(CONCAT('{lock_prefix}s:', id)) = conn"
             )
             .into(),
@@ -141,18 +145,24 @@ impl Names {
             .into(),
             remove: format!("DELETE FROM {entries} WHERE id = ? AND session = ?").into(),
             attempt_of: format!("SELECT attempt, kind, version FROM {entries} WHERE id = ?").into(),
+            // Waits at most the bound given and a third of the owner's TTL.
             wait: format!(
-                "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 4 WHEN w.left_ms <= 0 THEN 2 \
-                 ELSE (CASE GET_LOCK(?, w.left_ms / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 \
+                "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 4 \
+                 ELSE (CASE GET_LOCK(?, GREATEST(w.bound_ms, 1) / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 \
                  + 3 * (SELECT COUNT(*) FROM {entries} x WHERE x.id = ?) WHEN 0 THEN 1 END) END \
-                 FROM (SELECT COALESCE((SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) DIV 1000 \
-                 FROM {sessions} s WHERE s.id = ?), ?) AS left_ms) w"
+                 FROM (SELECT LEAST(?, COALESCE((SELECT s.ttl_ms DIV 3 FROM {sessions} s WHERE s.id = ?), ?)) \
+                 AS bound_ms) w"
             )
             .into(),
-            reap_read: format!(
-                "SELECT conn, renewed_us + ttl_ms * 1000 > {NOW_US}, renewed_us FROM {sessions} WHERE id = ?"
+            beat_of: format!("SELECT beat, ttl_ms FROM {sessions} WHERE id = ?").into(),
+            // Claims the end of a session whose count has not moved: a
+            // negative count, which no renewal raises again.
+            reap_claim: format!(
+                "UPDATE {sessions} SET beat = LEAST(beat, 0) - 1 WHERE id = ? AND beat = ?"
             )
             .into(),
+            reap_read: format!("SELECT conn FROM {sessions} WHERE id = ?").into(),
+            reap_done: format!("DELETE FROM {sessions} WHERE id = ? AND beat < 0").into(),
             reap_entries: format!("DELETE FROM {entries} WHERE session = ?").into(),
             reap_session: format!("DELETE FROM {sessions} WHERE id = ? AND renewed_us = ?").into(),
             value_of: format!("SELECT version FROM {entries} WHERE id = ? AND session = ? FOR UPDATE").into(),
@@ -238,7 +248,8 @@ CREATE TABLE IF NOT EXISTS {sessions} (
     id VARCHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,
     conn BIGINT NOT NULL,
     ttl_ms BIGINT NOT NULL,
-    renewed_us BIGINT NOT NULL
+    renewed_us BIGINT NOT NULL,
+    beat BIGINT NOT NULL DEFAULT 0
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS {names_table} (
     name VARBINARY(512) NOT NULL PRIMARY KEY
@@ -483,18 +494,20 @@ impl MySql {
         lock: &str,
         entry: Option<i64>,
         owner: &str,
-        fallback_ms: i64,
+        bound_ms: i64,
     ) -> DbResult<Waited> {
         // The entry's row still there once its guard is free: its owner's
         // connection ended (a release deletes the row first). 0 for a
         // version lock, whose entry may live on.
-        let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
+        let names = self.names()?;
+        let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.wait)))
             .bind(lock)
             .bind(lock)
             .bind(lock)
             .bind(entry.unwrap_or(0))
+            .bind(bound_ms)
             .bind(owner)
-            .bind(fallback_ms)
+            .bind(bound_ms)
             .fetch_one(&mut *conn)
             .await?;
         match code {
@@ -507,8 +520,15 @@ impl MySql {
                 Some(id) if self.row_exists(conn, id).await? => Ok(Waited::Lost),
                 _ => Ok(Waited::Released),
             },
-            Some(1) => Ok(Waited::TimedOut),
-            Some(2) => Ok(Waited::OwnerExpired),
+            // The owner's heartbeat now, by a statement of its own (a fresh
+            // snapshot, read after the wait).
+            Some(1) => {
+                let beat: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.beat_of)))
+                    .bind(owner)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                Ok(Waited::TimedOut(beat.map(|(count, ttl_ms)| Beat { count, ttl_ms })))
+            }
             // This connection holds the lock it would wait for: two of
             // lockline's connections are one server connection (a
             // multiplexing proxy in front of the server).
@@ -739,6 +759,7 @@ impl Dialect for MySql {
                     ("conn", "bigint"),
                     ("ttl_ms", "bigint"),
                     ("renewed_us", "bigint"),
+                    ("beat", "bigint"),
                 ],
             ),
             ("data", &[("key", "varbinary"), ("value", "longblob")]),
@@ -1030,12 +1051,12 @@ impl Dialect for MySql {
         Ok(id)
     }
 
-    async fn wait(&self, conn: &mut MySqlConnection, id: i64, owner: &str, fallback_ms: i64) -> DbResult<Waited> {
+    async fn wait(&self, conn: &mut MySqlConnection, id: i64, owner: &str, bound_ms: i64) -> DbResult<Waited> {
         let names = self.names()?;
         let Some((attempt, ..)) = self.locks_of(conn, id).await? else {
             return Ok(Waited::Released);
         };
-        self.wait_on(conn, &names.guard(&attempt), Some(id), owner, fallback_ms)
+        self.wait_on(conn, &names.guard(&attempt), Some(id), owner, bound_ms)
             .await
     }
 
@@ -1045,30 +1066,38 @@ impl Dialect for MySql {
         id: i64,
         version: i64,
         owner: &str,
-        fallback_ms: i64,
+        bound_ms: i64,
     ) -> DbResult<Waited> {
         let lock = self.names()?.version_lock(id, version);
-        self.wait_on(conn, &lock, None, owner, fallback_ms).await
+        self.wait_on(conn, &lock, None, owner, bound_ms).await
     }
 
-    async fn reap(&self, conn: &mut MySqlConnection, owner: &str, _id: i64) -> DbResult<Reaped> {
+    async fn reap(&self, conn: &mut MySqlConnection, owner: &str, _id: i64, beat: i64) -> DbResult<Reaped> {
         // Statement by statement, no transaction: nothing is held between
-        // them, so a reaper cut off midway leaves no row lock behind. A
-        // renewal racing the look is harmless: an owner past its TTL by the
-        // database's clock declared itself lost before (at ttl - margin from
-        // an earlier send) and never takes its locks back.
+        // them, so a reaper cut off midway leaves no row lock behind. The
+        // claim is one statement: it moves the count to a negative value
+        // only if it is still `beat`, after which no renewal succeeds (they
+        // need a count of zero or more), so the owner is lost from then on.
         let names = self.names()?;
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_read)))
+        let claimed = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_claim)))
+            .bind(owner)
+            .bind(beat)
+            .execute(&mut *conn)
+            .await?;
+        if claimed.rows_affected() == 0 {
+            let now: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.reap_read)))
+                .bind(owner)
+                .fetch_optional(&mut *conn)
+                .await?;
+            return Ok(if now.is_some() { Reaped::Renewed } else { Reaped::Gone });
+        }
+        let Some(owner_conn): Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.reap_read)))
             .bind(owner)
             .fetch_optional(&mut *conn)
-            .await?;
-        let Some(row) = row else {
+            .await?
+        else {
             return Ok(Reaped::Gone);
         };
-        let (owner_conn, renewed, seen): (i64, i64, i64) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        if renewed == 1 {
-            return Ok(Reaped::Renewed);
-        }
         // Its connection, known by the session's own lock: ended if still there.
         let holder: Option<i64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
             .bind(names.session_lock(owner))
@@ -1091,27 +1120,22 @@ impl Dialect for MySql {
             .bind(owner)
             .execute(&mut *conn)
             .await?;
-        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_session)))
+        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.reap_done)))
             .bind(owner)
-            .bind(seen)
             .execute(&mut *conn)
             .await?;
         Ok(Reaped::Ended)
     }
 
-    async fn statuses(
-        &self,
-        conn: &mut MySqlConnection,
-        ids: &[(i64, i64)],
-    ) -> DbResult<Vec<(i64, i64, Status, String)>> {
+    async fn statuses(&self, conn: &mut MySqlConnection, ids: &[(i64, i64)]) -> DbResult<Vec<EntryStatus>> {
         let names = self.names()?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let list = ids.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
         let found = sqlx::query(AssertSqlSafe(format!(
-            "SELECT e.id, e.version, CASE WHEN IS_FREE_LOCK(CONCAT('{p}e:', e.attempt)) THEN 0 \
-             WHEN s.renewed_us + s.ttl_ms * 1000 < {NOW_US} THEN 2 ELSE 1 END, e.session \
+            "SELECT e.id, e.version, CASE WHEN IS_FREE_LOCK(CONCAT('{p}e:', e.attempt)) THEN 0 ELSE 1 END, \
+             e.session, s.beat, s.ttl_ms \
              FROM {entries} e LEFT JOIN {sessions} s ON s.id = e.session WHERE e.id IN ({list})",
             p = names.lock_prefix,
             entries = names.entries,
@@ -1123,55 +1147,55 @@ impl Dialect for MySql {
         for row in found {
             let (id, version, code, owner): (i64, i64, i64, String) =
                 (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
-            rows.insert(id, (version, code, owner));
+            let beat = match (row.try_get::<Option<i64>, _>(4)?, row.try_get::<Option<i64>, _>(5)?) {
+                (Some(count), Some(ttl_ms)) => Some(Beat { count, ttl_ms }),
+                _ => None,
+            };
+            rows.insert(id, (version, code, owner, beat));
         }
         // A row read with a free guard may have been read from a snapshot
         // older than a release (which deletes the row, then frees the
         // guard): only a row a fresh statement still finds outlived its
         // guard; the others were released.
-        for (id, (_, code, _)) in rows.iter_mut() {
+        for (id, (_, code, ..)) in rows.iter_mut() {
             if *code == 0 && !self.row_exists(conn, *id).await? {
                 *code = -1;
             }
         }
-        rows.retain(|_, (_, code, _)| *code != -1);
+        rows.retain(|_, (_, code, ..)| *code != -1);
         Ok(ids
             .iter()
             .map(|&(id, wanted)| match rows.get(&id) {
-                None => (id, wanted, Status::Free, String::new()),
-                Some((version, code, owner)) => {
+                None => (id, wanted, Status::Free, String::new(), None),
+                Some((version, code, owner, beat)) => {
                     let status = if wanted >= 0 && *version != wanted {
                         Status::Free
                     } else if *code == 0 {
                         // The row is there and its guard free: its owner's
                         // connection ended.
                         Status::Dead
-                    } else if *code == 2 {
-                        Status::Stale
                     } else {
                         Status::Held
                     };
-                    (id, wanted, status, owner.clone())
+                    (id, wanted, status, owner.clone(), *beat)
                 }
             })
             .collect())
     }
 
-    async fn reap_stale(&self, conn: &mut MySqlConnection) -> DbResult<u64> {
+    async fn beats(&self, conn: &mut MySqlConnection) -> DbResult<Vec<(String, Beat, i64)>> {
         let names = self.names()?;
-        let stale: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT id FROM {} WHERE renewed_us + ttl_ms * 1000 < {NOW_US}",
-            names.sessions
+        let found: Vec<(String, i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT s.id, s.beat, s.ttl_ms, COALESCE((SELECT e.id FROM {} e WHERE e.session = s.id LIMIT 1), 0) \
+             FROM {} s",
+            names.entries, names.sessions
         )))
         .fetch_all(&mut *conn)
         .await?;
-        let mut ended = 0;
-        for owner in stale {
-            if self.reap(conn, &owner, 0).await? == Reaped::Ended {
-                ended += 1;
-            }
-        }
-        Ok(ended)
+        Ok(found
+            .into_iter()
+            .map(|(id, count, ttl_ms, entry)| (id, Beat { count, ttl_ms }, entry))
+            .collect())
     }
 
     async fn ping(&self, conn: &mut MySqlConnection) -> DbResult<()> {

@@ -8,7 +8,7 @@ use lockline::{Error, Write};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
-use crate::dialect::{shape, Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
+use crate::dialect::{shape, Append, Beat, DbResult, Dialect, EntryStatus, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
@@ -46,7 +46,7 @@ struct Names {
 struct Statements {
     heartbeat: Arc<str>,
     statuses: Arc<str>,
-    stale: Arc<str>,
+    beats: Arc<str>,
     own_ids: Arc<str>,
     append: Arc<str>,
     earlier: Arc<str>,
@@ -112,23 +112,22 @@ impl Names {
         let f = |name: &str| format!("{functions}{name}\"");
         let sql = Statements {
             heartbeat: format!(
-                "UPDATE {sessions} s SET renewed_us = {NOW_US} WHERE s.id = $1 AND s.pid <> pg_backend_pid() \
+                "UPDATE {sessions} s SET renewed_us = {NOW_US}, beat = s.beat + 1 WHERE s.id = $1 AND s.pid <> pg_backend_pid() \
                  AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid AND a.backend_start = s.backend_start) \
                  RETURNING (SELECT count(*) FROM {entries} e WHERE e.session = $1)"
             )
             .into(),
             statuses: format!(
                 "SELECT x.id, x.version, CASE WHEN e.id IS NULL OR (x.version >= 0 AND e.version <> x.version) THEN 0 \
-                 WHEN pg_try_advisory_xact_lock_shared(x.id # {salt}) THEN 3 \
-                 WHEN s.renewed_us + s.ttl_ms * 1000 < {NOW_US} THEN 2 ELSE 1 END::integer, \
-                 COALESCE(e.session, '') \
+                 WHEN pg_try_advisory_xact_lock_shared(x.id # {salt}) THEN 3 ELSE 1 END::integer, \
+                 COALESCE(e.session, ''), s.beat, s.ttl_ms \
                  FROM unnest($1::bigint[], $2::bigint[]) AS x(id, version) LEFT JOIN {entries} e ON e.id = x.id \
                  LEFT JOIN {sessions} s ON s.id = e.session"
             )
             .into(),
-            stale: format!(
-                "SELECT s.id, COALESCE((SELECT e.id FROM {entries} e WHERE e.session = s.id LIMIT 1), 0) \
-                 FROM {sessions} s WHERE s.renewed_us + s.ttl_ms * 1000 < {NOW_US}"
+            beats: format!(
+                "SELECT s.id, s.beat, s.ttl_ms, COALESCE((SELECT e.id FROM {entries} e WHERE e.session = s.id LIMIT 1), 0) \
+                 FROM {sessions} s"
             )
             .into(),
             own_ids: format!("SELECT e.id FROM {entries} e WHERE e.session = $1").into(),
@@ -149,13 +148,13 @@ impl Names {
             .into(),
             remove: format!("SELECT {}($1, $2, $3)", f("remove")).into(),
             abandon: format!("SELECT {}($1, $2)", f("abandon")).into(),
-            wait: format!("SELECT {}($1 # {salt}, $2, $3, $1)", f("wait")).into(),
+            wait: format!("SELECT w_code, w_beat, w_ttl_ms FROM {}($1 # {salt}, $2, $3, $1)", f("wait")).into(),
             wait_version: format!(
-                "SELECT {}(hashtextextended($1::text || ':' || $2::text, {salt}), $3, $4, NULL)",
+                "SELECT w_code, w_beat, w_ttl_ms FROM {}(hashtextextended($1::text || ':' || $2::text, {salt}), $3, $4, NULL)",
                 f("wait")
             )
             .into(),
-            reap: format!("SELECT {}($1, $2 # {salt})", f("reap")).into(),
+            reap: format!("SELECT {}($1, $2 # {salt}, $3)", f("reap")).into(),
             set_value: format!("SELECT {}($1, $2, $3)", f("set_value")).into(),
             get_value: format!(
                 "SELECT e.value, e.version FROM {entries} e WHERE e.id = $1 \
@@ -250,7 +249,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {sessions} (
     pid integer NOT NULL,
     ttl_ms bigint NOT NULL,
     renewed_us bigint NOT NULL,
-    backend_start timestamptz
+    backend_start timestamptz,
+    beat bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS {data} (
     key text PRIMARY KEY,
@@ -375,57 +375,65 @@ BEGIN
 END
 $fn$;
 
--- Waits until the advisory lock p_key is free, for at most the time the owner's
--- session has left by this server's clock (p_fallback_ms when its row is gone).
--- 0: free, released by its owner; 3: free, lost with its owner's connection
--- (p_entry, when given, still there); 1: the time ran out (look at the owner
--- again); 2: the owner is past its deadline already.
-CREATE OR REPLACE FUNCTION {wait}(p_key bigint, p_owner text, p_fallback_ms bigint, p_entry bigint)
-RETURNS integer LANGUAGE plpgsql AS $fn$
+-- Waits until the advisory lock p_key is free, for at most p_bound_ms and a
+-- third of the owner's TTL, whichever is less. w_code 0: free, released by its
+-- owner; 3: free, lost with its owner's connection (p_entry, when given, still
+-- there); 1: the bound ran out, with the owner's heartbeat (w_beat, w_ttl_ms;
+-- NULL when its session row is gone) read then. No clock is read: the waiter
+-- judges a silent owner by its own clock (a count that has not moved).
+CREATE OR REPLACE FUNCTION {wait}(p_key bigint, p_owner text, p_bound_ms bigint, p_entry bigint)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint) LANGUAGE plpgsql AS $fn$
 DECLARE
-    v_left bigint;
+    v_ttl bigint;
     v_pid integer;
+    v_bound bigint := p_bound_ms;
 BEGIN
-    SELECT (s.renewed_us + s.ttl_ms * 1000 - {NOW_US}) / 1000, s.pid INTO v_left, v_pid FROM {sessions} s WHERE s.id = p_owner;
-    IF v_pid = pg_backend_pid() THEN
-        RAISE EXCEPTION '{POOLED}' USING ERRCODE = 'LL001';
+    SELECT s.ttl_ms, s.pid INTO v_ttl, v_pid FROM {sessions} s WHERE s.id = p_owner;
+    IF FOUND THEN
+        IF v_pid = pg_backend_pid() THEN
+            RAISE EXCEPTION '{POOLED}' USING ERRCODE = 'LL001';
+        END IF;
+        v_bound := least(v_bound, v_ttl / 3);
     END IF;
-    IF NOT FOUND THEN
-        v_left := p_fallback_ms;
-    ELSIF v_left <= 0 THEN
-        RETURN 2;
-    END IF;
-    PERFORM set_config('lock_timeout', greatest(v_left, 1)::text || 'ms', true);
-    PERFORM pg_advisory_lock_shared(p_key);
-    PERFORM pg_advisory_unlock_shared(p_key);
+    BEGIN
+        PERFORM set_config('lock_timeout', greatest(v_bound, 1)::text || 'ms', true);
+        PERFORM pg_advisory_lock_shared(p_key);
+        PERFORM pg_advisory_unlock_shared(p_key);
+    EXCEPTION WHEN lock_not_available THEN
+        SELECT s.beat, s.ttl_ms INTO w_beat, w_ttl_ms FROM {sessions} s WHERE s.id = p_owner;
+        w_code := 1;
+        RETURN NEXT;
+        RETURN;
+    END;
     -- Released (its owner deleted the row before letting go of the guard:
     -- the row lock waits for that delete to commit) or lost (its connection
     -- ended with the row still there)?
+    w_code := 0;
     IF p_entry IS NOT NULL THEN
         PERFORM 1 FROM {entries} e WHERE e.id = p_entry FOR UPDATE;
         IF FOUND THEN
-            RETURN 3;
+            w_code := 3;
         END IF;
     END IF;
-    RETURN 0;
-EXCEPTION WHEN lock_not_available THEN
-    RETURN 1;
+    RETURN NEXT;
 END
 $fn$;
 
--- Ends a session that has not renewed within its TTL by this server's clock: its
--- owning connection is terminated (if it is still there: its pid and its
--- start time, or the guard p_key the caller waited on that it holds; a pid
--- used again is never taken for it) and its rows are deleted. 0: no such
--- session; 1: it renewed; 2: ended.
-CREATE OR REPLACE FUNCTION {reap}(p_owner text, p_key bigint)
+-- Ends a session whose heartbeat count is still p_beat, which a waiter saw
+-- unchanged for its TTL by the waiter's own clock: its owning connection is
+-- terminated (if it is still there: its pid and its start time, or the guard
+-- p_key the caller waited on that it holds; a pid used again is never taken
+-- for it) and its rows are deleted. The session's row is locked first, so a
+-- renewal either raised the count before (1: renewed) or finds the row gone
+-- after and loses the session. 0: no such session; 2: ended.
+CREATE OR REPLACE FUNCTION {reap}(p_owner text, p_key bigint, p_beat bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     s record;
 BEGIN
-    SELECT x.pid, x.ttl_ms, x.renewed_us, x.backend_start INTO s FROM {sessions} x WHERE x.id = p_owner FOR UPDATE;
+    SELECT x.pid, x.beat, x.backend_start INTO s FROM {sessions} x WHERE x.id = p_owner FOR UPDATE;
     IF NOT FOUND THEN RETURN 0; END IF;
-    IF s.renewed_us + s.ttl_ms * 1000 > {NOW_US} THEN RETURN 1; END IF;
+    IF s.beat <> p_beat THEN RETURN 1; END IF;
     -- Its connection, if still there: known by its pid and start time (seen
     -- only by the same database user), or by the guard it still holds
     -- (pg_locks shows every user's).
@@ -656,17 +664,24 @@ fn status(code: i32) -> Status {
     match code {
         0 => Status::Free,
         3 => Status::Dead,
-        2 => Status::Stale,
         _ => Status::Held,
     }
 }
 
-fn waited(code: i32) -> DbResult<Waited> {
+/// A heartbeat read beside a status or a wait (NULLs: no session row).
+fn beat(count: Option<i64>, ttl_ms: Option<i64>) -> Option<Beat> {
+    Some(Beat {
+        count: count?,
+        ttl_ms: ttl_ms?,
+    })
+}
+
+fn waited(row: &PgRow) -> DbResult<Waited> {
+    let code: i32 = row.try_get(0)?;
     match code {
         0 => Ok(Waited::Released),
         3 => Ok(Waited::Lost),
-        1 => Ok(Waited::TimedOut),
-        2 => Ok(Waited::OwnerExpired),
+        1 => Ok(Waited::TimedOut(beat(row.try_get(1)?, row.try_get(2)?))),
         other => Err(shape(format!("wait returned {other}"))),
     }
 }
@@ -805,6 +820,7 @@ impl Dialect for Postgres {
                     ("ttl_ms", "bigint"),
                     ("renewed_us", "bigint"),
                     ("backend_start", "timestamp with time zone"),
+                    ("beat", "bigint"),
                 ],
             ),
             ("data", &[("key", "text"), ("value", "bytea")]),
@@ -871,7 +887,7 @@ impl Dialect for Postgres {
             .await
     }
 
-    async fn statuses(&self, conn: &mut PgConnection, ids: &[(i64, i64)]) -> DbResult<Vec<(i64, i64, Status, String)>> {
+    async fn statuses(&self, conn: &mut PgConnection, ids: &[(i64, i64)]) -> DbResult<Vec<EntryStatus>> {
         let (entries, versions): (Vec<i64>, Vec<i64>) = ids.iter().copied().unzip();
         let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.statuses)))
             .bind(entries)
@@ -880,22 +896,32 @@ impl Dialect for Postgres {
             .await?;
         found
             .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, status(r.try_get(2)?), r.try_get(3)?)))
+            .map(|r| {
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    status(r.try_get(2)?),
+                    r.try_get(3)?,
+                    beat(r.try_get(4)?, r.try_get(5)?),
+                ))
+            })
             .collect()
     }
 
-    async fn reap_stale(&self, conn: &mut PgConnection) -> DbResult<u64> {
-        let stale = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.stale)))
+    async fn beats(&self, conn: &mut PgConnection) -> DbResult<Vec<(String, Beat, i64)>> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.beats)))
             .fetch_all(&mut *conn)
             .await?;
-        let mut ended = 0;
-        for row in stale {
-            let (owner, id): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
-            if self.reap(conn, &owner, id).await? == Reaped::Ended {
-                ended += 1;
-            }
-        }
-        Ok(ended)
+        found
+            .iter()
+            .map(|r| {
+                let beat = Beat {
+                    count: r.try_get(1)?,
+                    ttl_ms: r.try_get(2)?,
+                };
+                Ok((r.try_get(0)?, beat, r.try_get(3)?))
+            })
+            .collect()
     }
 
     async fn own_ids(&self, conn: &mut PgConnection, session: &str) -> DbResult<Vec<i64>> {
@@ -968,14 +994,14 @@ impl Dialect for Postgres {
             .await
     }
 
-    async fn wait(&self, conn: &mut PgConnection, id: i64, owner: &str, fallback_ms: i64) -> DbResult<Waited> {
-        let code: i32 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
+    async fn wait(&self, conn: &mut PgConnection, id: i64, owner: &str, bound_ms: i64) -> DbResult<Waited> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait)))
             .bind(id)
             .bind(owner)
-            .bind(fallback_ms)
+            .bind(bound_ms)
             .fetch_one(conn)
             .await?;
-        waited(code)
+        waited(&row)
     }
 
     async fn wait_version(
@@ -984,22 +1010,23 @@ impl Dialect for Postgres {
         id: i64,
         version: i64,
         owner: &str,
-        fallback_ms: i64,
+        bound_ms: i64,
     ) -> DbResult<Waited> {
-        let code: i32 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait_version)))
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait_version)))
             .bind(id)
             .bind(version)
             .bind(owner)
-            .bind(fallback_ms)
+            .bind(bound_ms)
             .fetch_one(conn)
             .await?;
-        waited(code)
+        waited(&row)
     }
 
-    async fn reap(&self, conn: &mut PgConnection, owner: &str, id: i64) -> DbResult<Reaped> {
+    async fn reap(&self, conn: &mut PgConnection, owner: &str, id: i64, beat: i64) -> DbResult<Reaped> {
         let code: i32 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.reap)))
             .bind(owner)
             .bind(id)
+            .bind(beat)
             .fetch_one(conn)
             .await?;
         match code {

@@ -13,7 +13,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::dialect::{Append, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
+use crate::dialect::{Append, Beat, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
 use crate::error::{connection_gone, map, timed_out, Doing};
 use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
 use crate::pool::{Idle, Lease, Stop, WaitPool};
@@ -62,6 +62,10 @@ pub(crate) struct Shared<D: Dialect> {
     /// The connection that holds every guard; `None` once the session is over.
     owner: tokio::sync::Mutex<Option<D::Conn>>,
     owner_server_id: i64,
+    /// The send time of the last statement the owning connection answered:
+    /// the loss deadline counts from it as from the last renewal (a
+    /// renewal on the control connection proves nothing about this one).
+    owner_confirmed: std::sync::Mutex<Instant>,
     /// The connection that renews the session, sends cancels and looks at
     /// waits: never queued behind the owner's statements (a row-lock wait
     /// there must not starve the heartbeat). Opened again when it breaks:
@@ -77,6 +81,11 @@ pub(crate) struct Shared<D: Dialect> {
     /// What a lock-delay asks (`departure`); one whose wait was cut short
     /// (never seen go) counts as lost. Forgotten once asked.
     departures: std::sync::Mutex<HashMap<i64, Option<Instant>>>,
+    /// Other sessions' heartbeats as this one saw them: each owner's count,
+    /// its TTL, and when an answer first carried that count (on this
+    /// process's monotonic clock). An owner whose count has not moved for
+    /// its TTL since then is silent (DESIGN §6.19).
+    beats: std::sync::Mutex<HashMap<String, Seen>>,
     /// Owners being ended by the overflow check, so each once at a time.
     reaping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The session's own entries by id: whether their guard is held, and
@@ -112,42 +121,62 @@ impl<D: Dialect> Drop for SqlSession<D> {
     }
 }
 
-/// Runs one statement on the owning connection, bounded by the request
-/// timeout; a connection found gone loses the session.
+/// Runs one statement on the owning connection. Waiting for the connection
+/// (queued behind the session's other statements) is bounded by the request
+/// timeout and fails the call alone; the statement itself is bounded by the
+/// request timeout too, and one that has no answer by then loses the
+/// session (DESIGN §6.18): the connection may have gone silent (a NAT or a
+/// load balancer forgot the flow), and the guards it holds can then neither
+/// be trusted nor let go of — a retry would queue behind it for ever. The
+/// session is ended on the server from a fresh connection, which frees them.
+/// A connection found gone loses the session too.
 macro_rules! on_owner {
     ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
         let shared = &$shared;
         let what: &str = $what;
         let timeout = shared.options.request_timeout();
-        let run = async {
-            let mut guard = shared.owner.lock().await;
-            let Some($conn) = guard.as_mut() else {
-                return Err(shared.over_error());
-            };
-            let $dialect = &*shared.dialect;
-            let result: DbResult<_> = $call.await;
-            match result {
-                Ok(value) => Ok(value),
-                Err(error) => {
-                    let gone = connection_gone(&error);
-                    if crate::error::is_lock_timeout(&error) {
-                        shared.spawn_reap_stale();
-                    }
-                    let mapped = map(shared.doing(what), error);
-                    if gone {
-                        // Every guard went with the connection.
-                        guard.take();
-                        drop(guard);
-                        shared.lose("the session's connection ended");
-                        return Err(shared.over_error());
-                    }
-                    Err(mapped)
-                }
-            }
-        };
-        match tokio::time::timeout(timeout, run).await {
-            Ok(result) => result,
+        match tokio::time::timeout(timeout, shared.owner.lock()).await {
             Err(_) => Err(timed_out(shared.doing(what), timeout)),
+            Ok(mut guard) => match guard.as_mut() {
+                None => Err(shared.over_error()),
+                Some($conn) => {
+                    let $dialect = &*shared.dialect;
+                    let sent = Instant::now();
+                    let result: std::result::Result<DbResult<_>, _> = tokio::time::timeout(timeout, $call).await;
+                    match result {
+                        Ok(Ok(value)) => {
+                            shared.owner_answered(sent);
+                            Ok(value)
+                        }
+                        Ok(Err(error)) => {
+                            let gone = connection_gone(&error);
+                            if crate::error::is_lock_timeout(&error) {
+                                shared.spawn_reap_stale();
+                            }
+                            let mapped = map(shared.doing(what), error);
+                            if gone {
+                                // Every guard went with the connection.
+                                guard.take();
+                                drop(guard);
+                                shared.lose("the session's connection ended");
+                                Err(shared.over_error())
+                            } else {
+                                shared.owner_answered(sent);
+                                Err(mapped)
+                            }
+                        }
+                        Err(_) => {
+                            guard.take();
+                            drop(guard);
+                            shared.lose(
+                                "a statement on the connection that holds the session's locks had no answer within \
+                                 the request timeout (the connection may have gone silent)",
+                            );
+                            Err(timed_out(shared.doing(what), timeout))
+                        }
+                    }
+                }
+            },
         }
     }};
 }
@@ -198,6 +227,14 @@ macro_rules! on_control {
     }};
 }
 
+/// An owner's heartbeat count as first seen (see `Shared::beats`).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    count: i64,
+    ttl: Duration,
+    at: Instant,
+}
+
 /// A waiter with no wait connection (see `Shared::overflow`).
 struct Overflow {
     id: i64,
@@ -221,6 +258,69 @@ impl<D: Dialect> Shared<D> {
         }
     }
 
+    /// Records that the owning connection answered a statement sent at `sent`.
+    fn owner_answered(&self, sent: Instant) {
+        let mut confirmed = self.owner_confirmed.lock().unwrap_or_else(PoisonError::into_inner);
+        if sent > *confirmed {
+            *confirmed = sent;
+        }
+    }
+
+    /// The send time of the last statement the owning connection answered.
+    fn owner_confirmed(&self) -> Instant {
+        *self.owner_confirmed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records `owner`'s heartbeat as read in an answer that arrived just
+    /// now; whether its count has not moved for its TTL since an answer
+    /// first carried it. The time is when the answer arrived, never when
+    /// the question was sent: the renewal that wrote the count was sent
+    /// before, so its sender's loss deadline (`ttl - margin` after that
+    /// send) has passed when this says silent.
+    fn silent(&self, owner: &str, beat: Beat) -> bool {
+        let now = Instant::now();
+        let ttl = Duration::from_millis(u64::try_from(beat.ttl_ms).unwrap_or(0));
+        let mut beats = self.beats.lock().unwrap_or_else(PoisonError::into_inner);
+        match beats.get(owner) {
+            Some(seen) if seen.count == beat.count => now.duration_since(seen.at) >= seen.ttl,
+            _ => {
+                if beats.len() >= 4096 {
+                    beats.clear();
+                }
+                beats.insert(
+                    owner.to_owned(),
+                    Seen {
+                        count: beat.count,
+                        ttl,
+                        at: now,
+                    },
+                );
+                false
+            }
+        }
+    }
+
+    /// How long a wait on an entry of `owner` may block on the server
+    /// before its heartbeat is read again: until it could be judged silent,
+    /// at most our own TTL (the server also caps it at a third of the
+    /// owner's TTL).
+    fn wait_bound(&self, owner: &str) -> Duration {
+        let ttl = self.options.ttl();
+        let beats = self.beats.lock().unwrap_or_else(PoisonError::into_inner);
+        match beats.get(owner) {
+            Some(seen) => (seen.at + seen.ttl)
+                .saturating_duration_since(Instant::now())
+                .min(seen.ttl / 3)
+                .clamp(Duration::from_millis(1), ttl),
+            None => ttl,
+        }
+    }
+
+    /// Forgets an owner's heartbeat (its session ended).
+    fn forget_beat(&self, owner: &str) {
+        self.beats.lock().unwrap_or_else(PoisonError::into_inner).remove(owner);
+    }
+
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<Gone>>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -242,10 +342,6 @@ impl<D: Dialect> Shared<D> {
         } else {
             Ok(())
         }
-    }
-
-    fn ttl_ms(&self) -> i64 {
-        i64::try_from(self.options.ttl().as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Marks one of our entries gone.
@@ -343,26 +439,78 @@ impl<D: Dialect> Shared<D> {
         Ok(true)
     }
 
+    /// One renewal, given up after `bound`: the control connection is then
+    /// dropped (it may have gone silent), so the next attempt opens a fresh
+    /// one before the loss deadline instead of waiting on a dead flow.
+    async fn renew_within(self: &Arc<Self>, bound: Duration) -> Result<bool> {
+        match tokio::time::timeout(bound, self.renew()).await {
+            Ok(renewed) => renewed,
+            Err(_) => {
+                if let Ok(mut control) = self.control.try_lock() {
+                    control.take();
+                }
+                Err(timed_out(self.doing("renew the session"), bound))
+            }
+        }
+    }
+
+    /// Proves the owning connection alive with a round trip on it, unless it
+    /// answered a statement sent since `since` (a renewal on the control
+    /// connection says the server still has it, not that its flow works).
+    /// A ping that has no answer loses the session (see `on_owner!`).
+    async fn prove_owner(self: &Arc<Self>, since: Instant) {
+        if self.owner_confirmed() >= since {
+            return;
+        }
+        if let Err(error) = on_owner!(self, "prove the session's connection alive", |d, conn| d.ping(conn)) {
+            tracing::debug!(session = %self.id, %error, "the session's connection did not answer a ping");
+        }
+    }
+
     /// Renews until the session ends: `Suspended` while renewals fail,
-    /// `Lost` once none has been confirmed for `ttl - safety margin`,
-    /// counted from the send time of the last confirmed one.
+    /// `Lost` once the control connection has not confirmed a renewal, or
+    /// the owning connection has not answered a statement, for `ttl - safety
+    /// margin`, counted from the send time of the last confirmed one. Each
+    /// interval the owning connection is pinged unless it answered something
+    /// since the last one. A renewal that has no answer within half the time
+    /// left is abandoned with its connection and tried again at once on a
+    /// fresh one.
     async fn keep_alive(self: Arc<Self>, opened_at: Instant) {
         let interval = self.options.keepalive_interval();
         let loss_after = self.options.loss_deadline();
+        let request_timeout = self.options.request_timeout();
+        let retry_pause = (interval / 8).min(Duration::from_millis(250));
         let mut confirmed = opened_at;
+        let mut next = opened_at + interval;
         loop {
-            tokio::time::sleep_until((Instant::now() + interval).min(confirmed + loss_after)).await;
+            let deadline = confirmed.min(self.owner_confirmed()) + loss_after;
+            tokio::time::sleep_until(next.min(deadline)).await;
             if self.state.borrow().is_over() {
                 return;
             }
             let sent = Instant::now();
-            let deadline = confirmed + loss_after;
-            let renewal = self.renew();
-            tokio::pin!(renewal);
+            let owner_confirmed = self.owner_confirmed();
+            let deadline = confirmed.min(owner_confirmed) + loss_after;
+            if sent >= deadline {
+                self.lose(if owner_confirmed < confirmed {
+                    "the connection that holds the session's locks answered nothing within ttl - safety margin"
+                } else {
+                    "no renewal confirmed within ttl - safety margin"
+                });
+                return;
+            }
+            let bound = ((deadline - sent) / 2)
+                .max(Duration::from_millis(50))
+                .min(request_timeout);
+            let attempt = async {
+                let (renewed, ()) = tokio::join!(self.renew_within(bound), self.prove_owner(sent - interval));
+                renewed
+            };
+            tokio::pin!(attempt);
             let mut overdue = true;
             let outcome = loop {
                 tokio::select! {
-                    outcome = &mut renewal => break Some(outcome),
+                    outcome = &mut attempt => break Some(outcome),
                     () = tokio::time::sleep_until(sent + interval), if overdue => {
                         overdue = false;
                         advance(&self.state, SessionState::Suspended);
@@ -373,6 +521,7 @@ impl<D: Dialect> Shared<D> {
             match outcome {
                 Some(Ok(true)) => {
                     confirmed = sent;
+                    next = sent + interval;
                     advance(&self.state, SessionState::Live);
                 }
                 Some(Ok(false)) => {
@@ -389,12 +538,9 @@ impl<D: Dialect> Shared<D> {
                         return;
                     }
                     advance(&self.state, SessionState::Suspended);
+                    next = Instant::now() + retry_pause;
                 }
                 None => {}
-            }
-            if Instant::now() >= confirmed + loss_after {
-                self.lose("no renewal confirmed within ttl - safety margin");
-                return;
             }
         }
     }
@@ -524,7 +670,7 @@ impl<D: Dialect> Shared<D> {
                     continue;
                 }
             };
-            for (id, version, status, owner) in statuses {
+            for (id, version, status, owner, beat) in statuses {
                 match status {
                     Status::Free | Status::Dead => {
                         for (_, _, (gone, lost)) in waiting
@@ -535,8 +681,13 @@ impl<D: Dialect> Shared<D> {
                             gone.signal();
                         }
                     }
-                    Status::Stale => self.spawn_reap(owner, id),
-                    Status::Held => {}
+                    Status::Held => {
+                        if let Some(beat) = beat {
+                            if self.silent(&owner, beat) {
+                                self.spawn_reap(owner, id, beat.count);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -545,7 +696,7 @@ impl<D: Dialect> Shared<D> {
     /// Ends a session past its TTL that holds an entry a waiter without a
     /// connection waits on, through a connection of its own (the step can
     /// take seconds: the server ends the connection first).
-    fn spawn_reap(self: &Arc<Self>, owner: String, id: i64) {
+    fn spawn_reap(self: &Arc<Self>, owner: String, id: i64, beat: i64) {
         if !self
             .reaping
             .lock()
@@ -559,13 +710,15 @@ impl<D: Dialect> Shared<D> {
             let timeout = shared.options.request_timeout() + Duration::from_secs(5);
             let reap = async {
                 let (mut conn, _) = shared.dialect.connect(Purpose::Wait).await?;
-                shared.dialect.reap(&mut conn, &owner, id).await
+                shared.dialect.reap(&mut conn, &owner, id, beat).await
             };
             match tokio::time::timeout(timeout, reap).await {
                 Ok(Ok(Reaped::Ended)) => {
                     tracing::info!(session = %shared.id, %owner, "ended a session that stopped renewing");
+                    shared.forget_beat(&owner);
                 }
-                Ok(Ok(_)) => {}
+                Ok(Ok(Reaped::Gone)) => shared.forget_beat(&owner),
+                Ok(Ok(Reaped::Renewed)) => {}
                 Ok(Err(error)) => {
                     tracing::debug!(session = %shared.id, %owner, %error, "could not end a silent session")
                 }
@@ -597,7 +750,17 @@ impl<D: Dialect> Shared<D> {
             let timeout = shared.options.request_timeout() + Duration::from_secs(10);
             let reap = async {
                 let (mut conn, _) = shared.dialect.connect(Purpose::Wait).await?;
-                shared.dialect.reap_stale(&mut conn).await
+                let mut ended = 0u64;
+                for (owner, beat, entry) in shared.dialect.beats(&mut conn).await? {
+                    if owner != shared.id
+                        && shared.silent(&owner, beat)
+                        && shared.dialect.reap(&mut conn, &owner, entry, beat.count).await? == Reaped::Ended
+                    {
+                        shared.forget_beat(&owner);
+                        ended += 1;
+                    }
+                }
+                Ok::<_, sqlx::Error>(ended)
             };
             match tokio::time::timeout(timeout, reap).await {
                 Ok(Ok(0)) => {}
@@ -621,6 +784,8 @@ enum WaitOn {
 /// whether the statement finished cleanly after the cancel, if it finished).
 enum Step {
     Done(DbResult<Waited>),
+    /// No answer within the wait's bound and the request timeout.
+    Silent,
     Stopped(Option<bool>),
 }
 
@@ -660,10 +825,16 @@ impl<D: Dialect> WaitTask<D> {
     }
 
     /// Returns the outcome and whether the connection may be used again.
+    ///
+    /// Each server-side wait is bounded (see `Shared::wait_bound`), and so
+    /// is the await of its answer, by that bound plus the request timeout:
+    /// a wait connection that stops answering (a NAT forgot the flow) is
+    /// given up and the wait asked again on a fresh one, instead of leaving
+    /// its waiter — who may be next in line — deaf to the release.
     async fn wait(&self, idle: &mut Idle<D::Conn>, preempt: &Stop) -> (TaskOutcome, bool) {
         let shared = &self.shared;
         let dialect = &*shared.dialect;
-        let fallback_ms = shared.ttl_ms();
+        let request_timeout = shared.options.request_timeout();
         // Set once this wait ended the owner's session: what frees the
         // entry then is that end, not a release.
         let mut lost_by_reaping = false;
@@ -675,27 +846,32 @@ impl<D: Dialect> WaitTask<D> {
                 }
             };
             let server_id = idle.server_id;
+            let bound = shared.wait_bound(&self.owner);
+            let bound_ms = i64::try_from(bound.as_millis()).unwrap_or(i64::MAX).max(1);
             let step = {
                 let call = async {
                     match self.on {
-                        WaitOn::Guard(id) => dialect.wait(&mut idle.conn, id, &self.owner, fallback_ms).await,
+                        WaitOn::Guard(id) => dialect.wait(&mut idle.conn, id, &self.owner, bound_ms).await,
                         WaitOn::Version(id, version) => {
                             dialect
-                                .wait_version(&mut idle.conn, id, version, &self.owner, fallback_ms)
+                                .wait_version(&mut idle.conn, id, version, &self.owner, bound_ms)
                                 .await
                         }
                     }
                 };
                 tokio::pin!(call);
                 tokio::select! {
-                    result = &mut call => Step::Done(result),
+                    result = tokio::time::timeout(bound + request_timeout, &mut call) => match result {
+                        Ok(result) => Step::Done(result),
+                        Err(_) => Step::Silent,
+                    },
                     () = stopped => {
                         // End the server-side wait, then read what it
                         // answered: a wait that ended on its own just before
                         // is harmless (it let go of what it took).
                         let cancelled = on_control!(shared, "cancel a wait", |d, conn| d.cancel(conn, server_id));
                         let finished = if cancelled.is_ok() {
-                            tokio::time::timeout(shared.options.request_timeout(), &mut call).await.ok()
+                            tokio::time::timeout(request_timeout, &mut call).await.ok()
                         } else {
                             None
                         };
@@ -705,11 +881,11 @@ impl<D: Dialect> WaitTask<D> {
             };
             let waited = match step {
                 Step::Done(waited) => waited,
+                Step::Silent => return self.silent_connection(server_id),
                 Step::Stopped(finished) => {
-                    let timeout = shared.options.request_timeout();
                     let usable = match finished {
                         Some(true) => true,
-                        Some(false) => tokio::time::timeout(timeout, dialect.reset(&mut idle.conn))
+                        Some(false) => tokio::time::timeout(request_timeout, dialect.reset(&mut idle.conn))
                             .await
                             .is_ok_and(|r| r.is_ok()),
                         None => false,
@@ -722,36 +898,25 @@ impl<D: Dialect> WaitTask<D> {
                     return (outcome, usable && !shared.state.borrow().is_over());
                 }
             };
-            match waited {
+            let beat = match waited {
                 Ok(Waited::Released) if lost_by_reaping => return (TaskOutcome::Lost, true),
                 Ok(Waited::Released) => return (TaskOutcome::Released, true),
                 Ok(Waited::Lost) => return (TaskOutcome::Lost, true),
-                Ok(Waited::TimedOut | Waited::OwnerExpired) => {
-                    // The owner did not let go within its deadline as read
-                    // when the wait began: look at it by the database's clock,
-                    // and end it if it is past its TTL.
+                Ok(Waited::TimedOut(beat)) => beat,
+                Err(error) => {
+                    return (TaskOutcome::Failed(map(shared.doing("wait on a guard"), error)), false);
+                }
+            };
+            // The owner did not let go within the bound: end it if its
+            // heartbeat has not moved for its TTL by our clock.
+            let reaped = match beat {
+                Some(beat) if shared.silent(&self.owner, beat) => {
                     let id = match self.on {
                         WaitOn::Guard(id) | WaitOn::Version(id, _) => id,
                     };
-                    let reaped = tokio::time::timeout(
-                        shared.options.request_timeout(),
-                        dialect.reap(&mut idle.conn, &self.owner, id),
-                    )
-                    .await;
-                    match reaped {
-                        Ok(Ok(Reaped::Renewed)) => {}
-                        Ok(Ok(Reaped::Gone | Reaped::Ended)) => {
-                            if let Ok(Ok(Reaped::Ended)) = reaped {
-                                tracing::info!(session = %shared.id, owner = %self.owner, "ended a session that stopped renewing");
-                                lost_by_reaping = true;
-                            }
-                            // Its guard is free, or will be once the server
-                            // has ended its connection: wait for that too.
-                            if matches!(self.on, WaitOn::Guard(_)) {
-                                continue;
-                            }
-                            return (TaskOutcome::Released, true);
-                        }
+                    let reaping = dialect.reap(&mut idle.conn, &self.owner, id, beat.count);
+                    match tokio::time::timeout(request_timeout, reaping).await {
+                        Ok(Ok(reaped)) => reaped,
                         Ok(Err(error)) => {
                             // Not reused: a statement that failed may have
                             // left a transaction (and its row locks) open.
@@ -760,22 +925,42 @@ impl<D: Dialect> WaitTask<D> {
                                 false,
                             );
                         }
-                        Err(_) => {
-                            return (
-                                TaskOutcome::Failed(timed_out(
-                                    shared.doing("end a silent holder's session"),
-                                    shared.options.request_timeout(),
-                                )),
-                                false,
-                            );
-                        }
+                        Err(_) => return self.silent_connection(server_id),
                     }
                 }
-                Err(error) => {
-                    return (TaskOutcome::Failed(map(shared.doing("wait on a guard"), error)), false);
+                Some(_) => Reaped::Renewed,
+                // No session row: nothing to judge; wait again (a version
+                // lock's owner is gone with it).
+                None => Reaped::Gone,
+            };
+            match reaped {
+                Reaped::Renewed => {}
+                Reaped::Gone | Reaped::Ended => {
+                    if reaped == Reaped::Ended {
+                        tracing::info!(session = %shared.id, owner = %self.owner, "ended a session that stopped renewing");
+                        lost_by_reaping = true;
+                    }
+                    shared.forget_beat(&self.owner);
+                    // Its guard is free, or will be once the server has
+                    // ended its connection: wait for that too.
+                    if matches!(self.on, WaitOn::Version(..)) {
+                        return (TaskOutcome::Released, true);
+                    }
                 }
             }
         }
+    }
+
+    /// A wait connection that stopped answering: given up (never used
+    /// again), and the wait asked again on a fresh one.
+    fn silent_connection(&self, server_id: i64) -> (TaskOutcome, bool) {
+        tracing::warn!(
+            session = %self.shared.id,
+            server_id,
+            target = %self.shared.target,
+            "a wait connection stopped answering; waiting again on a fresh one"
+        );
+        (TaskOutcome::Preempted, false)
     }
 }
 
@@ -821,12 +1006,14 @@ impl<D: Dialect> SqlSession<D> {
             state: watch::Sender::new(SessionState::Live),
             owner: tokio::sync::Mutex::new(Some(conn)),
             owner_server_id,
+            owner_confirmed: std::sync::Mutex::new(opened_at),
             control: tokio::sync::Mutex::new(Some(control)),
             waits: WaitPool::new(wait_connections),
             overflow: std::sync::Mutex::new(HashMap::new()),
             next_overflow: std::sync::atomic::AtomicU64::new(0),
             reaping: std::sync::Mutex::new(std::collections::HashSet::new()),
             departures: std::sync::Mutex::new(HashMap::new()),
+            beats: std::sync::Mutex::new(HashMap::new()),
             entries: std::sync::Mutex::new(HashMap::new()),
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();

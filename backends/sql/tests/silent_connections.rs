@@ -1,0 +1,285 @@
+//! One connection of a session goes silent while the others flow — what a
+//! NAT gateway, a conntrack table or a cloud load balancer does to a flow
+//! that sits idle (packets dropped, nothing reset) — on PostgreSQL and on
+//! MariaDB. A session of the SQL backend lives on several connections: the
+//! one that holds its guards (opened first), its control connection
+//! (second), and wait connections (then). Each case freezes exactly one of
+//! them through a proxy and checks that no queue freezes, that a holder
+//! hears `lost()` before anyone else is granted, and that the next
+//! contender is granted within TTL + a keepalive interval + the request
+//! timeout.
+
+use std::time::{Duration, Instant};
+
+use lockline::conformance::bounded;
+use lockline::{Client, Error, SessionOptions, SessionState};
+use lockline_sql::Sql;
+use lockline_testkit::TcpProxy;
+
+mod support;
+
+use support::db::Db;
+
+/// The connection that holds the session's guards: the first it opens.
+const GUARD: usize = 0;
+/// The session's control connection (heartbeats): the second.
+const CONTROL: usize = 1;
+/// The session's first wait connection: the third.
+const FIRST_WAIT: usize = 2;
+
+const TTL_MS: u64 = 2000;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn options() -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_millis(TTL_MS))
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_request_timeout(REQUEST_TIMEOUT)
+}
+
+/// The bound the issue of a silent connection must be settled within: TTL +
+/// a keepalive interval + the request timeout, and a second of slack for a
+/// busy machine.
+fn settle_bound(options: &SessionOptions) -> Duration {
+    options.ttl() + options.keepalive_interval() + options.request_timeout() + Duration::from_secs(1)
+}
+
+/// Declares each case once per engine: `mod postgres` and `mod mariadb`.
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::postgres()).await;
+                }
+            )*
+        }
+        mod mariadb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::mariadb()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    a_silent_guard_connection_loses_its_holder_before_the_next_grant,
+    a_release_on_a_silent_guard_connection_fails_and_frees_the_lock,
+    an_acquire_whose_answer_is_lost_does_not_block_the_queue,
+    a_silent_control_connection_is_replaced_and_the_holder_keeps_its_lock,
+    a_silent_wait_connection_is_replaced_and_the_queue_moves,
+);
+
+/// A client of its own whose every connection goes through `proxy`.
+fn proxied(db: &Db, proxy: &TcpProxy) -> Client {
+    Client::new(Sql::new(db.url_via(&proxy.address())))
+}
+
+/// Waits until the proxy has accepted connection `number`.
+async fn accepted(proxy: &TcpProxy, number: usize) {
+    lockline::conformance::until("the proxy accepts the connection", || {
+        proxy.connections_accepted() > number
+    })
+    .await;
+}
+
+/// A holder whose guard connection alone goes silent while its control
+/// connection keeps renewing: the server still sees both connections, so
+/// nobody else can end the session. The holder proves its guard connection
+/// alive every keepalive interval, hears nothing, declares itself lost and
+/// ends the session from a fresh connection; the waiter is then granted.
+async fn a_silent_guard_connection_loses_its_holder_before_the_next_grant(db: Db) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = proxied(&db, &proxy);
+    let near = Client::new(Sql::new(db.url()));
+    let holder_session = far.session_with(options()).await.expect("session");
+    let held = holder_session
+        .mutex("guard")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let other = near.session_with(options()).await.expect("session");
+    let waiter = {
+        let mutex = other.mutex("guard").expect("mutex");
+        tokio::spawn(async move {
+            let guard = mutex.lock().await;
+            (Instant::now(), guard)
+        })
+    };
+    near.wait_for_stats(|s| s.waits >= 1).await;
+    let frozen_at = Instant::now();
+    proxy.freeze_connection(GUARD);
+    bounded("the holder hears of it", held.lost()).await;
+    let lost_at = Instant::now();
+    let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("lock");
+    assert!(
+        lost_at <= granted_at,
+        "the next holder was granted {:?} before the holder was told",
+        lost_at - granted_at
+    );
+    let took = granted_at - frozen_at;
+    assert!(
+        took < settle_bound(&options()),
+        "the next holder was granted {took:?} after the guard connection went silent"
+    );
+    assert!(guard.token() > held.token());
+    assert_eq!(holder_session.state(), SessionState::Lost);
+    guard.release().await.expect("release");
+    proxy.thaw_connection(GUARD);
+}
+
+/// A release sent on a guard connection that has gone silent is not
+/// retried for as long as the session lives: it fails (never `Ok`), the
+/// session is lost and ended, and the waiter behind it is granted.
+async fn a_release_on_a_silent_guard_connection_fails_and_frees_the_lock(db: Db) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = proxied(&db, &proxy);
+    let near = Client::new(Sql::new(db.url()));
+    let holder_session = far.session_with(options()).await.expect("session");
+    let held = holder_session
+        .mutex("release")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    let other = near.session_with(options()).await.expect("session");
+    let waiter = {
+        let mutex = other.mutex("release").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    near.wait_for_stats(|s| s.waits >= 1).await;
+    proxy.freeze_connection(GUARD);
+    let frozen_at = Instant::now();
+    let released = bounded("the release returns", held.release()).await;
+    assert!(
+        matches!(
+            released,
+            Err(Error::Unavailable { .. } | Error::LockLost { .. } | Error::SessionLost { .. })
+        ),
+        "a release on a silent connection answered {released:?}"
+    );
+    let guard = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(
+        frozen_at.elapsed() < settle_bound(&options()),
+        "the waiter was granted {:?} after the guard connection went silent",
+        frozen_at.elapsed()
+    );
+    assert_eq!(holder_session.state(), SessionState::Lost);
+    guard.release().await.expect("release");
+    proxy.thaw_connection(GUARD);
+}
+
+/// An acquire whose request reached the server (its entry appended at the
+/// head, its guard taken) but whose answer never came back: the acquire
+/// fails, the session is lost and ended, and its entry does not stand at
+/// the head of the queue for ever.
+async fn an_acquire_whose_answer_is_lost_does_not_block_the_queue(db: Db) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = proxied(&db, &proxy);
+    let near = Client::new(Sql::new(db.url()));
+    let session = far.session_with(options()).await.expect("session");
+    let mutex = session.mutex("answer").expect("mutex");
+    proxy.freeze_answers(GUARD);
+    let frozen_at = Instant::now();
+    let acquire = tokio::spawn(async move { mutex.lock().await });
+    // The entry reaches the server: a contender behind it waits.
+    let other = near.session_with(options()).await.expect("session");
+    let waiter = {
+        let mutex = other.mutex("answer").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    let acquired = bounded("the acquire returns", acquire).await.expect("task");
+    assert!(acquired.is_err(), "an acquire with no answer returned {acquired:?}");
+    let guard = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(
+        frozen_at.elapsed() < settle_bound(&options()),
+        "the waiter was granted {:?} after the answers stopped",
+        frozen_at.elapsed()
+    );
+    assert_eq!(session.state(), SessionState::Lost);
+    guard.release().await.expect("release");
+    proxy.thaw_connection(GUARD);
+}
+
+/// A holder whose control connection alone goes silent, with default
+/// options: the stuck renewal is given up in time and a fresh control
+/// connection renews before the loss deadline, so the holder keeps its
+/// lock (and nobody else is granted it).
+async fn a_silent_control_connection_is_replaced_and_the_holder_keeps_its_lock(db: Db) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = proxied(&db, &proxy);
+    let near = Client::new(Sql::new(db.url()));
+    let defaults = SessionOptions::default();
+    let session = far.session_with(defaults.clone()).await.expect("session");
+    let held = session.mutex("control").expect("mutex").lock().await.expect("lock");
+    accepted(&proxy, CONTROL).await;
+    proxy.freeze_connection(CONTROL);
+    let replaced = CONTROL + 1;
+    bounded("a fresh control connection is opened", accepted(&proxy, replaced)).await;
+    // Over two loss deadlines: the lock would have been lost by now if
+    // the fresh connection had not renewed in time.
+    let watch = defaults.loss_deadline() * 2;
+    let lost = tokio::time::timeout(watch, held.lost()).await;
+    assert!(
+        lost.is_err(),
+        "the holder lost its lock although only its control connection went silent"
+    );
+    assert!(held.is_held());
+    assert_eq!(session.state(), SessionState::Live);
+    let other = near.session().await.expect("session");
+    let taken = other
+        .mutex("control")
+        .expect("mutex")
+        .try_lock()
+        .await
+        .expect("try_lock");
+    assert!(taken.is_none(), "another session was granted a lock still held");
+    held.release().await.expect("release");
+    proxy.thaw_connection(CONTROL);
+}
+
+/// A waiter whose wait connection goes silent during its server-side wait
+/// never hears the release over it; it gives the connection up after the
+/// wait's bound and the request timeout, waits again on a fresh one, and is
+/// granted — the queue does not freeze behind it.
+async fn a_silent_wait_connection_is_replaced_and_the_queue_moves(db: Db) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let near = Client::new(Sql::new(db.url()));
+    let far = proxied(&db, &proxy);
+    let holder_session = near.session_with(options()).await.expect("session");
+    let held = holder_session.mutex("wait").expect("mutex").lock().await.expect("lock");
+    let waiter_session = far.session_with(options()).await.expect("session");
+    let waiter = {
+        let mutex = waiter_session.mutex("wait").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    far.wait_for_stats(|s| s.waits >= 1).await;
+    accepted(&proxy, FIRST_WAIT).await;
+    proxy.freeze_connection(FIRST_WAIT);
+    held.release().await.expect("release");
+    let released_at = Instant::now();
+    let guard = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(
+        released_at.elapsed() < settle_bound(&options()),
+        "the waiter was granted {:?} after the release",
+        released_at.elapsed()
+    );
+    assert_eq!(waiter_session.state(), SessionState::Live);
+    guard.release().await.expect("release");
+    proxy.thaw_connection(FIRST_WAIT);
+}
