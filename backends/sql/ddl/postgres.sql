@@ -1,4 +1,4 @@
--- lockline's tables and functions (layout 1), for PostgreSQL 14 or later.
+-- lockline's tables and functions (layout 2), for PostgreSQL 14 or later.
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing
 -- token (an entry's id) never repeats: the first session opened after each server
@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
     layout integer NOT NULL,
     started_at timestamptz
 );
-INSERT INTO "public"."lockline_meta" (layout) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO "public"."lockline_meta" (layout) VALUES (2) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL,
@@ -26,7 +26,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_sessions" (
     pid integer NOT NULL,
     ttl_ms bigint NOT NULL,
     renewed_us bigint NOT NULL,
-    backend_start timestamptz
+    backend_start timestamptz,
+    beat bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS "public"."lockline_data" (
     key text PRIMARY KEY,
@@ -151,57 +152,65 @@ BEGIN
 END
 $fn$;
 
--- Waits until the advisory lock p_key is free, for at most the time the owner's
--- session has left by this server's clock (p_fallback_ms when its row is gone).
--- 0: free, released by its owner; 3: free, lost with its owner's connection
--- (p_entry, when given, still there); 1: the time ran out (look at the owner
--- again); 2: the owner is past its deadline already.
-CREATE OR REPLACE FUNCTION "public"."lockline_wait"(p_key bigint, p_owner text, p_fallback_ms bigint, p_entry bigint)
-RETURNS integer LANGUAGE plpgsql AS $fn$
+-- Waits until the advisory lock p_key is free, for at most p_bound_ms and a
+-- third of the owner's TTL, whichever is less. w_code 0: free, released by its
+-- owner; 3: free, lost with its owner's connection (p_entry, when given, still
+-- there); 1: the bound ran out, with the owner's heartbeat (w_beat, w_ttl_ms;
+-- NULL when its session row is gone) read then. No clock is read: the waiter
+-- judges a silent owner by its own clock (a count that has not moved).
+CREATE OR REPLACE FUNCTION "public"."lockline_wait"(p_key bigint, p_owner text, p_bound_ms bigint, p_entry bigint)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint) LANGUAGE plpgsql AS $fn$
 DECLARE
-    v_left bigint;
+    v_ttl bigint;
     v_pid integer;
+    v_bound bigint := p_bound_ms;
 BEGIN
-    SELECT (s.renewed_us + s.ttl_ms * 1000 - (extract(epoch from clock_timestamp()) * 1000000)::bigint) / 1000, s.pid INTO v_left, v_pid FROM "public"."lockline_sessions" s WHERE s.id = p_owner;
-    IF v_pid = pg_backend_pid() THEN
-        RAISE EXCEPTION 'two connections of lockline share one server backend: a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) is in front of the database; the locks of lockline belong to a connection, so it needs a direct connection or a session-mode pool' USING ERRCODE = 'LL001';
+    SELECT s.ttl_ms, s.pid INTO v_ttl, v_pid FROM "public"."lockline_sessions" s WHERE s.id = p_owner;
+    IF FOUND THEN
+        IF v_pid = pg_backend_pid() THEN
+            RAISE EXCEPTION 'two connections of lockline share one server backend: a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) is in front of the database; the locks of lockline belong to a connection, so it needs a direct connection or a session-mode pool' USING ERRCODE = 'LL001';
+        END IF;
+        v_bound := least(v_bound, v_ttl / 3);
     END IF;
-    IF NOT FOUND THEN
-        v_left := p_fallback_ms;
-    ELSIF v_left <= 0 THEN
-        RETURN 2;
-    END IF;
-    PERFORM set_config('lock_timeout', greatest(v_left, 1)::text || 'ms', true);
-    PERFORM pg_advisory_lock_shared(p_key);
-    PERFORM pg_advisory_unlock_shared(p_key);
+    BEGIN
+        PERFORM set_config('lock_timeout', greatest(v_bound, 1)::text || 'ms', true);
+        PERFORM pg_advisory_lock_shared(p_key);
+        PERFORM pg_advisory_unlock_shared(p_key);
+    EXCEPTION WHEN lock_not_available THEN
+        SELECT s.beat, s.ttl_ms INTO w_beat, w_ttl_ms FROM "public"."lockline_sessions" s WHERE s.id = p_owner;
+        w_code := 1;
+        RETURN NEXT;
+        RETURN;
+    END;
     -- Released (its owner deleted the row before letting go of the guard:
     -- the row lock waits for that delete to commit) or lost (its connection
     -- ended with the row still there)?
+    w_code := 0;
     IF p_entry IS NOT NULL THEN
         PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = p_entry FOR UPDATE;
         IF FOUND THEN
-            RETURN 3;
+            w_code := 3;
         END IF;
     END IF;
-    RETURN 0;
-EXCEPTION WHEN lock_not_available THEN
-    RETURN 1;
+    RETURN NEXT;
 END
 $fn$;
 
--- Ends a session that has not renewed within its TTL by this server's clock: its
--- owning connection is terminated (if it is still there: its pid and its
--- start time, or the guard p_key the caller waited on that it holds; a pid
--- used again is never taken for it) and its rows are deleted. 0: no such
--- session; 1: it renewed; 2: ended.
-CREATE OR REPLACE FUNCTION "public"."lockline_reap"(p_owner text, p_key bigint)
+-- Ends a session whose heartbeat count is still p_beat, which a waiter saw
+-- unchanged for its TTL by the waiter's own clock: its owning connection is
+-- terminated (if it is still there: its pid and its start time, or the guard
+-- p_key the caller waited on that it holds; a pid used again is never taken
+-- for it) and its rows are deleted. The session's row is locked first, so a
+-- renewal either raised the count before (1: renewed) or finds the row gone
+-- after and loses the session. 0: no such session; 2: ended.
+CREATE OR REPLACE FUNCTION "public"."lockline_reap"(p_owner text, p_key bigint, p_beat bigint)
 RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     s record;
 BEGIN
-    SELECT x.pid, x.ttl_ms, x.renewed_us, x.backend_start INTO s FROM "public"."lockline_sessions" x WHERE x.id = p_owner FOR UPDATE;
+    SELECT x.pid, x.beat, x.backend_start INTO s FROM "public"."lockline_sessions" x WHERE x.id = p_owner FOR UPDATE;
     IF NOT FOUND THEN RETURN 0; END IF;
-    IF s.renewed_us + s.ttl_ms * 1000 > (extract(epoch from clock_timestamp()) * 1000000)::bigint THEN RETURN 1; END IF;
+    IF s.beat <> p_beat THEN RETURN 1; END IF;
     -- Its connection, if still there: known by its pid and start time (seen
     -- only by the same database user), or by the guard it still holds
     -- (pg_locks shows every user's).
