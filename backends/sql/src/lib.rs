@@ -28,13 +28,16 @@
 //! - **A waiter blocks on the server** on its predecessor's guard only (shared
 //!   on PostgreSQL): a release wakes exactly one waiter.
 //! - **A silent owner cannot hold forever.** Each session renews a heartbeat
-//!   once per keepalive interval however many locks it holds, on a control
-//!   connection of its own that also checks the guard connection is still
-//!   there, judged by the database's clock. A waiter whose predecessor's session has
-//!   not renewed for its TTL ends that session's connection
+//!   (a count) once per keepalive interval however many locks it holds, on a
+//!   control connection of its own that also checks the guard connection is
+//!   still there, and proves the guard connection alive by a round trip on
+//!   it; a statement there with no answer loses the session. A waiter whose
+//!   predecessor's count has not moved for its TTL by the waiter's own
+//!   monotonic clock ends that session's connection
 //!   (`pg_terminate_backend`, `KILL CONNECTION`) and deletes its rows; the
 //!   owner has told its holders `lost()` at `ttl - safety margin` after the
-//!   send time of its last answered heartbeat, before that.
+//!   send time of its last answered heartbeat, before that. No wall clock
+//!   is compared.
 //! - **Bounded connections.** A session has one connection that holds its
 //!   guards, its control connection, and at most
 //!   [`Sql::with_wait_connections`] more for its waiters (16 by default),
