@@ -701,8 +701,9 @@ async fn a_cut_while_ending_a_silent_holder_leaves_the_lock_usable(db: Db) {
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %reap%'"
     } else {
         // The reap runs statement by statement: the step that waits on the
-        // session row is its last, the delete of that row.
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'DELETE FROM `lockline`.`lockline_sessions`%'"
+        // session row is its first, the claim that moves the row's
+        // heartbeat count below zero (after it, no renewal succeeds).
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%UPDATE `lockline`.`lockline_sessions` SET beat = LEAST%'"
     };
     to_h.blackhole();
     looker
