@@ -365,6 +365,16 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
         Departure::Released
     }
 
+    /// No grant on this session before this instant: a backend whose server
+    /// restarted recently may still have holders from before the restart
+    /// that have not heard `lost()` yet (a restart grace). Asked when an
+    /// acquire finds nothing before it, with no request of its own; the
+    /// acquire then holds back until then, as for a lock-delay (and shows it
+    /// the same way in `contenders()`). The default says `None`.
+    fn grant_not_before(&self) -> Option<tokio::time::Instant> {
+        None
+    }
+
     /// Whether this session's own earlier removal of `entry` is what removed
     /// it. Asked only on a release's retry path: a removal was cut off in
     /// transit, a later try found the entry gone, and the server still

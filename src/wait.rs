@@ -298,6 +298,14 @@ impl Acquire<'_> {
                         continue;
                     }
                 }
+                // The backend's server restarted recently: hold back until
+                // every holder from before could have heard `lost()`.
+                if let Some(until) = inner.remote.grant_not_before().filter(|&at| at > Instant::now()) {
+                    if let Some(busy) = self.hold_back(mine, until, pending, own_watch).await? {
+                        return Ok(Some(busy));
+                    }
+                    continue;
+                }
                 return Ok(None);
             };
             // Held or awaited by this very session (a read lock under a write

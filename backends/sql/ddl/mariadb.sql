@@ -33,6 +33,11 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_data` (
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     singleton TINYINT NOT NULL PRIMARY KEY,
     layout INT NOT NULL,
-    started_us BIGINT NULL
+    started_us BIGINT NULL,
+    -- The longest TTL of a session opened since the server started.
+    run_max_ttl_ms BIGINT NOT NULL DEFAULT 0,
+    -- After a restart: no grant until grace_ms after grace_from_us.
+    grace_ms BIGINT NOT NULL DEFAULT 0,
+    grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;
 INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 2);

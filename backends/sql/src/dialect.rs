@@ -109,8 +109,11 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// moves the id counter past anything handed out before a server restart.
     async fn prepare(&self, conn: &mut Self::Conn) -> std::result::Result<(), lockline::Error>;
 
-    /// Registers a session owned by this connection.
-    async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<()>;
+    /// Registers a session owned by this connection. How many milliseconds
+    /// of a restart grace are left: after a server restart, the longest TTL
+    /// of a session opened before it, counted from the start, during which
+    /// no grant is made (holders from before may not have heard `lost()`).
+    async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<i64>;
 
     /// Renews the session from its control connection (not the one that
     /// holds its guards), raising its heartbeat count; `Some(n)`: renewed,

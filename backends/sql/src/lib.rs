@@ -130,6 +130,7 @@ pub struct Sql {
     prefix: String,
     wait_connections: usize,
     create_tables: bool,
+    restart_grace: bool,
 }
 
 impl fmt::Debug for Sql {
@@ -140,6 +141,7 @@ impl fmt::Debug for Sql {
             .field("prefix", &self.prefix)
             .field("wait_connections", &self.wait_connections)
             .field("create_tables", &self.create_tables)
+            .field("restart_grace", &self.restart_grace)
             .finish()
     }
 }
@@ -215,6 +217,7 @@ impl Sql {
             prefix: layout::DEFAULT_PREFIX.to_owned(),
             wait_connections: DEFAULT_WAIT_CONNECTIONS,
             create_tables: true,
+            restart_grace: true,
         }
     }
 
@@ -246,6 +249,19 @@ impl Sql {
     /// [`ddl`](Self::ddl) exist (for users without the right to create them).
     pub fn without_creating_tables(mut self) -> Self {
         self.create_tables = false;
+        self
+    }
+
+    /// Grants at once after a database restart. By default a session
+    /// opened after a restart grants nothing until the longest TTL of a
+    /// session opened before it has passed since the server started (the
+    /// *restart grace*, as Chubby does on a master change): every holder
+    /// from before has heard `lost()` by then, so no grant comes before
+    /// an old holder is told. Without it the next holder may be granted
+    /// within a second of the restart while an old one hears `lost()` only
+    /// at its next heartbeat; fencing tokens still tell them apart.
+    pub fn without_restart_grace(mut self) -> Self {
+        self.restart_grace = false;
         self
     }
 
@@ -362,13 +378,27 @@ impl Backend for Sql {
             #[cfg(feature = "postgres")]
             Engine::Postgres => {
                 let dialect = Arc::new(pg::Postgres::new(&self.url, tables, settings)?);
-                let session = SqlSession::open(dialect, target, options.clone(), self.wait_connections).await?;
+                let session = SqlSession::open(
+                    dialect,
+                    target,
+                    options.clone(),
+                    self.wait_connections,
+                    self.restart_grace,
+                )
+                .await?;
                 Ok(Arc::new(session))
             }
             #[cfg(feature = "mysql")]
             Engine::MySql => {
                 let dialect = Arc::new(my::MySql::new(&self.url, tables, settings)?);
-                let session = SqlSession::open(dialect, target, options.clone(), self.wait_connections).await?;
+                let session = SqlSession::open(
+                    dialect,
+                    target,
+                    options.clone(),
+                    self.wait_connections,
+                    self.restart_grace,
+                )
+                .await?;
                 Ok(Arc::new(session))
             }
             #[allow(unreachable_patterns)]

@@ -262,7 +262,12 @@ CREATE TABLE IF NOT EXISTS {data} (
 CREATE TABLE IF NOT EXISTS {meta} (
     singleton TINYINT NOT NULL PRIMARY KEY,
     layout INT NOT NULL,
-    started_us BIGINT NULL
+    started_us BIGINT NULL,
+    -- The longest TTL of a session opened since the server started.
+    run_max_ttl_ms BIGINT NOT NULL DEFAULT 0,
+    -- After a restart: no grant until grace_ms after grace_from_us.
+    grace_ms BIGINT NOT NULL DEFAULT 0,
+    grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;
 INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
 "#
@@ -456,10 +461,16 @@ impl MySql {
             .bind(&marker)
             .execute(&mut *tx)
             .await?;
-            sqlx::query(AssertSqlSafe(format!("UPDATE {} SET started_us = ?", names.meta)))
-                .bind(started_us)
-                .execute(&mut *tx)
-                .await?;
+            // Holders of the run before may not have heard `lost()` yet: no
+            // grant until the longest TTL of that run has passed since the start.
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {} SET started_us = ?, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0, grace_from_us = ?",
+                names.meta
+            )))
+            .bind(started_us)
+            .bind(started_us)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await
     }
@@ -820,7 +831,7 @@ impl Dialect for MySql {
         Ok(())
     }
 
-    async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<()> {
+    async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<i64> {
         let names = self.names()?;
         // Sessions of processes that died a minute or more past their TTL,
         // whose connection is gone (its session lock with it): their rows go.
@@ -866,9 +877,25 @@ impl Dialect for MySql {
         sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.open)))
             .bind(session)
             .bind(ttl_ms)
-            .execute(conn)
+            .execute(&mut *conn)
             .await?;
-        Ok(())
+        // A write only when this TTL is the longest of the run so far.
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET run_max_ttl_ms = ? WHERE run_max_ttl_ms < ?",
+            names.meta
+        )))
+        .bind(ttl_ms)
+        .bind(ttl_ms)
+        .execute(&mut *conn)
+        .await?;
+        let left: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT CAST(GREATEST(0, grace_ms - ({NOW_US} - grace_from_us) DIV 1000) AS SIGNED) FROM {}",
+            names.meta
+        )))
+        .fetch_optional(&mut *conn)
+        .await?
+        .flatten();
+        Ok(left.unwrap_or(0))
     }
 
     async fn end(&self, conn: &mut MySqlConnection, session: &str, owner_server_id: i64) -> DbResult<bool> {

@@ -229,7 +229,12 @@ impl Names {
 CREATE TABLE IF NOT EXISTS {meta} (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     layout integer NOT NULL,
-    started_at timestamptz
+    started_at timestamptz,
+    -- The longest TTL of a session opened since the server started.
+    run_max_ttl_ms bigint NOT NULL DEFAULT 0,
+    -- After a restart: no grant until grace_ms after grace_from.
+    grace_ms bigint NOT NULL DEFAULT 0,
+    grace_from timestamptz
 );
 INSERT INTO {meta} (layout) VALUES ({version}) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS {entries} (
@@ -521,21 +526,28 @@ $fn$;
 -- postmaster reinitialized following a backend's crash (the OOM killer): that
 -- keeps pg_postmaster_start_time() but empties unlogged tables and restarts
 -- their counter, which has then handed nothing out (its last value is NULL).
+-- Holders of the run before may not have heard lost() yet: the answer is how
+-- many milliseconds of the restart grace are left (the longest TTL of a session
+-- opened in that run, counted from the start, or from the reinitialization's
+-- discovery), before which the session grants nothing.
 CREATE OR REPLACE FUNCTION {open}(p_session text, p_ttl_ms bigint)
-RETURNS integer LANGUAGE plpgsql AS $fn$
+RETURNS bigint LANGUAGE plpgsql AS $fn$
 DECLARE
     v_started timestamptz := pg_postmaster_start_time();
     v_seen timestamptz;
     v_seq regclass := pg_get_serial_sequence('{entries_text}', 'id')::regclass;
+    v_left bigint;
 BEGIN
     SELECT m.started_at INTO v_seen FROM {meta} m;
     IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
         SELECT m.started_at INTO v_seen FROM {meta} m FOR UPDATE;
         IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
             PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), {NOW_US}));
-            UPDATE {meta} SET started_at = v_started;
+            UPDATE {meta} SET started_at = v_started, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0,
+                grace_from = CASE WHEN v_seen IS DISTINCT FROM v_started THEN v_started ELSE clock_timestamp() END;
         END IF;
     END IF;
+    UPDATE {meta} SET run_max_ttl_ms = p_ttl_ms WHERE run_max_ttl_ms < p_ttl_ms;
     -- Sessions of processes that died a minute or more past their TTL, whose
     -- connection is gone (their guards with it): their rows go.
     DELETE FROM {entries} e USING {sessions} s
@@ -547,7 +559,9 @@ BEGIN
     INSERT INTO {sessions} (id, pid, ttl_ms, renewed_us, backend_start)
     SELECT p_session, pg_backend_pid(), p_ttl_ms, {NOW_US}, a.backend_start
       FROM pg_stat_activity a WHERE a.pid = pg_backend_pid();
-    RETURN pg_backend_pid();
+    SELECT greatest(0, m.grace_ms - (extract(epoch from clock_timestamp() - m.grace_from) * 1000)::bigint)
+      INTO v_left FROM {meta} m;
+    RETURN coalesce(v_left, 0);
 END
 $fn$;
 -- (schema {schema})
@@ -871,13 +885,12 @@ impl Dialect for Postgres {
         Ok(())
     }
 
-    async fn open(&self, conn: &mut PgConnection, session: &str, ttl_ms: i64) -> DbResult<()> {
-        sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.open)))
+    async fn open(&self, conn: &mut PgConnection, session: &str, ttl_ms: i64) -> DbResult<i64> {
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.open)))
             .bind(session)
             .bind(ttl_ms)
-            .execute(conn)
-            .await?;
-        Ok(())
+            .fetch_one(conn)
+            .await
     }
 
     async fn heartbeat(&self, conn: &mut PgConnection, session: &str) -> DbResult<Option<i64>> {

@@ -86,6 +86,9 @@ pub(crate) struct Shared<D: Dialect> {
     /// process's monotonic clock). An owner whose count has not moved for
     /// its TTL since then is silent (DESIGN §6.19).
     beats: std::sync::Mutex<HashMap<String, Seen>>,
+    /// After a database restart: no grant before this (see
+    /// `Sql::without_restart_grace`).
+    grace_until: Option<Instant>,
     /// Owners being ended by the overflow check, so each once at a time.
     reaping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The session's own entries by id: whether their guard is held, and
@@ -972,6 +975,7 @@ impl<D: Dialect> SqlSession<D> {
         target: String,
         options: SessionOptions,
         wait_connections: usize,
+        restart_grace: bool,
     ) -> Result<Self> {
         let doing = Doing {
             backend: dialect.backend(),
@@ -985,11 +989,14 @@ impl<D: Dialect> SqlSession<D> {
             let (mut conn, server_id) = dialect.connect(Purpose::Owner).await.map_err(|e| map(doing, e))?;
             dialect.prepare(&mut conn).await?;
             let ttl_ms = i64::try_from(options.ttl().as_millis()).unwrap_or(i64::MAX);
-            dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
+            let grace_ms = dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
+            // Counted from the answer's arrival: later than the server's
+            // reading, so never shorter.
+            let grace = Instant::now() + Duration::from_millis(u64::try_from(grace_ms).unwrap_or(0));
             let (control, _) = dialect.connect(Purpose::Control).await.map_err(|e| map(doing, e))?;
-            Ok::<_, Error>((conn, server_id, control))
+            Ok::<_, Error>((conn, server_id, control, grace))
         };
-        let (conn, owner_server_id, control) = match tokio::time::timeout(connect_timeout, opening).await {
+        let (conn, owner_server_id, control, grace) = match tokio::time::timeout(connect_timeout, opening).await {
             Ok(opened) => opened?,
             Err(_) => {
                 return Err(Error::unavailable(
@@ -1014,6 +1021,7 @@ impl<D: Dialect> SqlSession<D> {
             reaping: std::sync::Mutex::new(std::collections::HashSet::new()),
             departures: std::sync::Mutex::new(HashMap::new()),
             beats: std::sync::Mutex::new(HashMap::new()),
+            grace_until: (restart_grace && grace > Instant::now()).then_some(grace),
             entries: std::sync::Mutex::new(HashMap::new()),
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
@@ -1170,6 +1178,10 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
             departures.insert(id, lost.then(Instant::now));
         }
         Ok(())
+    }
+
+    fn grant_not_before(&self) -> Option<Instant> {
+        self.shared.grace_until
     }
 
     fn departure(&self, gone: &Entry) -> lockline::backend::Departure {
