@@ -63,7 +63,7 @@ pub(crate) struct Shared<D: Dialect> {
     owner: tokio::sync::Mutex<Option<D::Conn>>,
     owner_server_id: i64,
     /// The send time of the last statement the owning connection answered:
-    /// the loss deadline counts from it as from the last renewal (a
+    /// a keepalive interval without one, and the connection is pinged (a
     /// renewal on the control connection proves nothing about this one).
     owner_confirmed: std::sync::Mutex<Instant>,
     /// The connection that renews the session, sends cancels and looks at
@@ -471,13 +471,20 @@ impl<D: Dialect> Shared<D> {
     }
 
     /// Renews until the session ends: `Suspended` while renewals fail,
-    /// `Lost` once the control connection has not confirmed a renewal, or
-    /// the owning connection has not answered a statement, for `ttl - safety
-    /// margin`, counted from the send time of the last confirmed one. Each
-    /// interval the owning connection is pinged unless it answered something
-    /// since the last one. A renewal that has no answer within half the time
-    /// left is abandoned with its connection and tried again at once on a
-    /// fresh one.
+    /// `Lost` once none has been confirmed for `ttl - safety margin`,
+    /// counted from the send time of the last confirmed one. A renewal that
+    /// has no answer within half the time left is abandoned with its
+    /// connection and tried again at once on a fresh one.
+    ///
+    /// Each interval the owning connection is also pinged, unless it
+    /// answered something since the last one; a ping (or any statement)
+    /// there with no answer within the request timeout loses the session
+    /// (`on_owner!`). That bound, not the loss deadline, governs the owning
+    /// connection: a statement may legitimately wait there (a row lock),
+    /// and while the server believes in the connection its guards stay
+    /// held, so nobody else is granted meanwhile — a silent owning
+    /// connection is a matter of the queue's liveness, which the ping
+    /// restores within an interval and a request timeout, not of safety.
     async fn keep_alive(self: Arc<Self>, opened_at: Instant) {
         let interval = self.options.keepalive_interval();
         let loss_after = self.options.loss_deadline();
@@ -486,20 +493,14 @@ impl<D: Dialect> Shared<D> {
         let mut confirmed = opened_at;
         let mut next = opened_at + interval;
         loop {
-            let deadline = confirmed.min(self.owner_confirmed()) + loss_after;
+            let deadline = confirmed + loss_after;
             tokio::time::sleep_until(next.min(deadline)).await;
             if self.state.borrow().is_over() {
                 return;
             }
             let sent = Instant::now();
-            let owner_confirmed = self.owner_confirmed();
-            let deadline = confirmed.min(owner_confirmed) + loss_after;
             if sent >= deadline {
-                self.lose(if owner_confirmed < confirmed {
-                    "the connection that holds the session's locks answered nothing within ttl - safety margin"
-                } else {
-                    "no renewal confirmed within ttl - safety margin"
-                });
+                self.lose("no renewal confirmed within ttl - safety margin");
                 return;
             }
             let bound = ((deadline - sent) / 2)
