@@ -15,8 +15,8 @@
 //! `--faults` limits the nemesis to some kinds: pause-holder, kill-holder,
 //! kill-waiter, blackhole-holder and cut-holder on every backend;
 //! kill-member, pause-member and kill-quorum on etcd and ZooKeeper;
-//! kill-server and pause-server on PostgreSQL and Redis; crash-backend on
-//! PostgreSQL. Unless named, a backend gets every kind it can have,
+//! kill-server and pause-server on PostgreSQL and Redis; crash-backend and
+//! silence-one-connection on PostgreSQL. Unless named, a backend gets every kind it can have,
 //! cut-holder on PostgreSQL and Redis only.
 //! `--lock-delay SECS` gives the contenders a lock-delay; the checker then
 //! also checks that a contender already waiting when a holder lost the lock
@@ -43,7 +43,8 @@ const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|postgres|r
               every session; the checks relaxed then are told in docs/faults.md)
   --faults    pause-holder, kill-holder, kill-waiter, blackhole-holder, cut-holder (every backend);
               kill-member, pause-member, kill-quorum (etcd, zookeeper);
-              kill-server, pause-server (postgres, redis, redis-volatile); crash-backend (postgres);
+              kill-server, pause-server (postgres, redis, redis-volatile); crash-backend,
+              silence-one-connection (postgres);
               default: every kind the backend can have (cut-holder on postgres and redis only)
   --lock-delay the contenders' lock-delay (seconds, fractions allowed, at most 60; default 0): the
               checker then also checks that no contender waiting when a holder lost the lock to a

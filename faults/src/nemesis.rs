@@ -29,6 +29,13 @@ pub enum FaultKind {
     /// Reset a holder's connections (its proxies cut them and refuse new ones)
     /// for 0.5–2 s, then let it connect again.
     CutHolder,
+    /// Silently drop *one* of a holder's connections, picked at random among
+    /// those open (no byte either way, no reset), while the others flow, for
+    /// TTL + 1–2.5 s, then let it through again: what a NAT or a cloud load
+    /// balancer does to an idle flow. PostgreSQL, whose session lives on
+    /// several connections (the one holding its guards, its control
+    /// connection, its wait connections).
+    SilenceOneConnection,
     /// SIGKILL a member (the leader half the time); restart it 2–4 s later.
     KillMember,
     /// SIGSTOP a member (the leader half the time) for 2–5 s, then SIGCONT.
@@ -58,12 +65,13 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in schedule order.
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::PauseHolder,
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
         FaultKind::BlackholeHolder,
         FaultKind::CutHolder,
+        FaultKind::SilenceOneConnection,
         FaultKind::KillMember,
         FaultKind::PauseMember,
         FaultKind::KillQuorum,
@@ -93,7 +101,7 @@ impl FaultKind {
             | FaultKind::CutHolder => true,
             FaultKind::KillMember | FaultKind::PauseMember | FaultKind::KillQuorum => !backend.is_single_server(),
             FaultKind::KillServer | FaultKind::PauseServer => backend.is_single_server(),
-            FaultKind::CrashBackend => backend == Backend::Postgres,
+            FaultKind::CrashBackend | FaultKind::SilenceOneConnection => backend == Backend::Postgres,
         }
     }
 
@@ -130,6 +138,7 @@ impl fmt::Display for FaultKind {
             FaultKind::KillWaiter => "kill-waiter",
             FaultKind::BlackholeHolder => "blackhole-holder",
             FaultKind::CutHolder => "cut-holder",
+            FaultKind::SilenceOneConnection => "silence-one-connection",
             FaultKind::KillMember => "kill-member",
             FaultKind::PauseMember => "pause-member",
             FaultKind::KillQuorum => "kill-quorum",
@@ -374,6 +383,26 @@ impl<'a> Nemesis<'a> {
                     proxy.heal();
                 }
                 self.history.note(tag, What::Healed);
+                self.end();
+                Some(start)
+            }
+            FaultKind::SilenceOneConnection => {
+                let (slot, tag) = self.pick_holder()?;
+                let open: Vec<usize> = {
+                    let proxy = self.fleet.slots[slot].proxies.first()?;
+                    (0..proxy.connections_accepted())
+                        .filter(|&n| !proxy.client_closed(n))
+                        .collect()
+                };
+                if open.is_empty() {
+                    return None;
+                }
+                let number = open[self.rng.below(open.len())];
+                let hold = ttl + self.rng.millis(1000, 2500);
+                let start = self.begin(kind, format!("{tag}'s connection {number}"), Some(tag));
+                self.fleet.slots[slot].proxies[0].freeze_connection(number);
+                thread::sleep(hold);
+                self.fleet.slots[slot].proxies[0].thaw_connection(number);
                 self.end();
                 Some(start)
             }

@@ -400,19 +400,13 @@ BEGIN
         END IF;
         v_bound := least(v_bound, v_ttl / 3);
     END IF;
-    BEGIN
-        PERFORM set_config('lock_timeout', greatest(v_bound, 1)::text || 'ms', true);
-        PERFORM pg_advisory_lock_shared(p_key);
-        PERFORM pg_advisory_unlock_shared(p_key);
-    EXCEPTION WHEN lock_not_available THEN
-        SELECT s.beat, s.ttl_ms INTO w_beat, w_ttl_ms FROM {sessions} s WHERE s.id = p_owner;
-        w_code := 1;
-        RETURN NEXT;
-        RETURN;
-    END;
+    PERFORM set_config('lock_timeout', greatest(v_bound, 1)::text || 'ms', true);
+    PERFORM pg_advisory_lock_shared(p_key);
+    PERFORM pg_advisory_unlock_shared(p_key);
     -- Released (its owner deleted the row before letting go of the guard:
-    -- the row lock waits for that delete to commit) or lost (its connection
-    -- ended with the row still there)?
+    -- the row lock waits for that delete to commit, or for a fenced commit
+    -- of its holder still in flight) or lost (its connection ended with the
+    -- row still there)?
     w_code := 0;
     IF p_entry IS NOT NULL THEN
         PERFORM 1 FROM {entries} e WHERE e.id = p_entry FOR UPDATE;
@@ -420,6 +414,10 @@ BEGIN
             w_code := 3;
         END IF;
     END IF;
+    RETURN NEXT;
+EXCEPTION WHEN lock_not_available THEN
+    SELECT s.beat, s.ttl_ms INTO w_beat, w_ttl_ms FROM {sessions} s WHERE s.id = p_owner;
+    w_code := 1;
     RETURN NEXT;
 END
 $fn$;

@@ -66,6 +66,8 @@ pub(crate) struct Shared<D: Dialect> {
     /// a keepalive interval without one, and the connection is pinged (a
     /// renewal on the control connection proves nothing about this one).
     owner_confirmed: std::sync::Mutex<Instant>,
+    /// A ping of the owning connection is under way.
+    proving: AtomicBool,
     /// The connection that renews the session, sends cancels and looks at
     /// waits: never queued behind the owner's statements (a row-lock wait
     /// there must not starve the heartbeat). Opened again when it breaks:
@@ -442,17 +444,42 @@ impl<D: Dialect> Shared<D> {
         Ok(true)
     }
 
-    /// One renewal, given up after `bound`: the control connection is then
-    /// dropped (it may have gone silent), so the next attempt opens a fresh
-    /// one before the loss deadline instead of waiting on a dead flow.
+    /// One renewal, hedged after `bound`: if the control connection has not
+    /// answered by then (it may have gone silent, or be merely slow), the
+    /// same heartbeat is sent on a fresh connection too, and the first
+    /// answer counts. A fresh connection that answers first replaces the
+    /// control connection, so a silent one is not used again.
     async fn renew_within(self: &Arc<Self>, bound: Duration) -> Result<bool> {
-        match tokio::time::timeout(bound, self.renew()).await {
-            Ok(renewed) => renewed,
-            Err(_) => {
+        // Boxed, so that it can be dropped (letting go of the control
+        // connection's lock) before that connection is replaced.
+        let mut first = Box::pin(self.renew());
+        tokio::select! {
+            renewed = &mut first => return renewed,
+            () = tokio::time::sleep(bound) => {}
+        }
+        tracing::debug!(session = %self.id, ?bound, "a renewal is slow; sending it on a fresh connection too");
+        let hedge = async {
+            let (mut conn, _) = self.dialect.connect(Purpose::Control).await?;
+            let renewed = self.dialect.heartbeat(&mut conn, &self.id).await?;
+            Ok::<_, sqlx::Error>((renewed, conn))
+        };
+        let hedged = tokio::select! {
+            renewed = &mut first => return renewed,
+            hedged = hedge => hedged,
+        };
+        match hedged {
+            Ok((renewed, conn)) => {
+                // The first try ends here, and its connection is replaced.
+                drop(first);
                 if let Ok(mut control) = self.control.try_lock() {
-                    control.take();
+                    *control = Some(conn);
                 }
-                Err(timed_out(self.doing("renew the session"), bound))
+                Ok(renewed.is_some())
+            }
+            Err(error) => {
+                // The fresh connection failed: the first try may still answer.
+                tracing::debug!(session = %self.id, %error, "the hedged renewal failed");
+                first.await
             }
         }
     }
@@ -506,10 +533,16 @@ impl<D: Dialect> Shared<D> {
             let bound = ((deadline - sent) / 2)
                 .max(Duration::from_millis(50))
                 .min(request_timeout);
-            let attempt = async {
-                let (renewed, ()) = tokio::join!(self.renew_within(bound), self.prove_owner(sent - interval));
-                renewed
-            };
+            // In a task of its own: a ping queued behind the owning
+            // connection's statements must not hold the renewal up.
+            if !self.proving.swap(true, Ordering::SeqCst) {
+                let shared = Arc::clone(&self);
+                tokio::spawn(async move {
+                    shared.prove_owner(sent - interval).await;
+                    shared.proving.store(false, Ordering::SeqCst);
+                });
+            }
+            let attempt = self.renew_within(bound);
             tokio::pin!(attempt);
             let mut overdue = true;
             let outcome = loop {
@@ -1015,6 +1048,7 @@ impl<D: Dialect> SqlSession<D> {
             owner: tokio::sync::Mutex::new(Some(conn)),
             owner_server_id,
             owner_confirmed: std::sync::Mutex::new(opened_at),
+            proving: AtomicBool::new(false),
             control: tokio::sync::Mutex::new(Some(control)),
             waits: WaitPool::new(wait_connections),
             overflow: std::sync::Mutex::new(HashMap::new()),

@@ -72,6 +72,7 @@ on_both!(
     an_acquire_whose_answer_is_lost_does_not_block_the_queue,
     a_silent_control_connection_is_replaced_and_the_holder_keeps_its_lock,
     a_silent_wait_connection_is_replaced_and_the_queue_moves,
+    a_step_of_the_database_clock_decides_nothing,
 );
 
 /// A client of its own whose every connection goes through `proxy`.
@@ -282,4 +283,66 @@ async fn a_silent_wait_connection_is_replaced_and_the_queue_moves(db: Db) {
     assert_eq!(waiter_session.state(), SessionState::Live);
     guard.release().await.expect("release");
     proxy.thaw_connection(FIRST_WAIT);
+}
+
+/// A step of the database server's clock (NTP, a VM migration), as the
+/// session rows see it: every heartbeat stamp suddenly 60 s behind the
+/// server's clock (a step forward) — the holder is healthy and renewing,
+/// so it keeps its lock and the waiter is not granted; and 60 s ahead (a
+/// step back) for a holder that went silent — it is still ended on time.
+/// No wall clock decides: a waiter judges an owner by its own clock.
+async fn a_step_of_the_database_clock_decides_nothing(db: Db) {
+    let client = Client::new(Sql::new(db.url()));
+    let holder = client.session_with(options()).await.expect("session");
+    let held = holder.mutex("clock").expect("mutex").lock().await.expect("lock");
+    let waiter_session = client.session_with(options()).await.expect("session");
+    let waiter = {
+        let mutex = waiter_session.mutex("clock").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 1).await;
+    let stamps = |shift_s: i64, session: &str| {
+        format!("UPDATE lockline_sessions SET renewed_us = renewed_us + {shift_s} * 1000000 WHERE id = '{session}'")
+    };
+    db.sql(&stamps(-60, holder.id()));
+    // Three TTLs: a waiter that trusted the stamps would have ended the
+    // healthy holder at once.
+    let watch = options().ttl() * 3;
+    let lost = tokio::time::timeout(watch, held.lost()).await;
+    assert!(
+        lost.is_err(),
+        "a healthy holder lost its lock to a step of the database's clock"
+    );
+    assert!(!waiter.is_finished(), "the waiter was granted a lock still held");
+    held.release().await.expect("release");
+    let guard = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    // Now the holder goes silent with its stamp 60 s ahead.
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = proxied(&db, &proxy);
+    let silent = far.session_with(options()).await.expect("session");
+    guard.release().await.expect("release");
+    let silent_guard = silent.mutex("clock").expect("mutex").lock().await.expect("lock");
+    let next = {
+        let mutex = waiter_session.mutex("clock").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    client.wait_for_stats(|s| s.waits >= 2).await;
+    proxy.blackhole();
+    db.sql(&stamps(60, silent.id()));
+    let cut_at = Instant::now();
+    let guard = bounded("the next contender is granted", next)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(
+        cut_at.elapsed() < settle_bound(&options()),
+        "a silent holder whose stamp was 60 s ahead was ended {:?} after it went silent",
+        cut_at.elapsed()
+    );
+    assert!(!silent_guard.is_held());
+    guard.release().await.expect("release");
+    proxy.heal();
 }
