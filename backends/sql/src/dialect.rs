@@ -185,6 +185,9 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// session ended and loses it).
     async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64, beat: i64) -> DbResult<Reaped>;
 
+    /// `owner`'s heartbeat now; `None` when its session row is gone.
+    async fn beat_of(&self, conn: &mut Self::Conn, owner: &str) -> DbResult<Option<Beat>>;
+
     /// A statement that does nothing: whether the connection still works.
     async fn ping(&self, conn: &mut Self::Conn) -> DbResult<()>;
 

@@ -109,6 +109,9 @@ pub(crate) struct Settings {
     pub(crate) check_interval: Duration,
     pub(crate) request_timeout: Duration,
     pub(crate) create_tables: bool,
+    /// A dead entry whose session is still there blocks (see
+    /// `Sql::with_reset_grace`).
+    pub(crate) reset_grace: bool,
 }
 
 /// The SQL backend: one PostgreSQL or MariaDB/MySQL database.
@@ -131,6 +134,7 @@ pub struct Sql {
     wait_connections: usize,
     create_tables: bool,
     restart_grace: bool,
+    reset_grace: bool,
 }
 
 impl fmt::Debug for Sql {
@@ -142,6 +146,7 @@ impl fmt::Debug for Sql {
             .field("wait_connections", &self.wait_connections)
             .field("create_tables", &self.create_tables)
             .field("restart_grace", &self.restart_grace)
+            .field("reset_grace", &self.reset_grace)
             .finish()
     }
 }
@@ -218,6 +223,7 @@ impl Sql {
             wait_connections: DEFAULT_WAIT_CONNECTIONS,
             create_tables: true,
             restart_grace: true,
+            reset_grace: false,
         }
     }
 
@@ -262,6 +268,22 @@ impl Sql {
     /// at its next heartbeat; fencing tokens still tell them apart.
     pub fn without_restart_grace(mut self) -> Self {
         self.restart_grace = false;
+        self
+    }
+
+    /// Grants past a holder whose connection was *reset* only once that
+    /// holder has heard `lost()` (its session ended) or its heartbeat has
+    /// stood still for its TTL, as on etcd. Off by default: the server
+    /// frees a connection's locks the moment it ends, and a reset cannot be
+    /// told from a crash, so without this a crashed holder is replaced
+    /// within a second while a holder whose connection alone was reset
+    /// (an administrator's `pg_terminate_backend`, a middlebox's reset)
+    /// may hear `lost()` only at its next heartbeat, after the next grant —
+    /// the window fencing tokens cover. With it, that window is closed and
+    /// a crashed holder costs its TTL instead (a reset holder that is alive
+    /// ends its session at its next heartbeat, within a keepalive interval).
+    pub fn with_reset_grace(mut self) -> Self {
+        self.reset_grace = true;
         self
     }
 
@@ -314,6 +336,7 @@ impl Sql {
             check_interval: keepalive.clamp(Duration::from_millis(500), Duration::from_secs(5)),
             request_timeout: options.request_timeout(),
             create_tables: self.create_tables,
+            reset_grace: self.reset_grace,
         }
     }
 
@@ -384,6 +407,7 @@ impl Backend for Sql {
                     options.clone(),
                     self.wait_connections,
                     self.restart_grace,
+                    self.reset_grace,
                 )
                 .await?;
                 Ok(Arc::new(session))
@@ -397,6 +421,7 @@ impl Backend for Sql {
                     options.clone(),
                     self.wait_connections,
                     self.restart_grace,
+                    self.reset_grace,
                 )
                 .await?;
                 Ok(Arc::new(session))

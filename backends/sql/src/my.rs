@@ -57,6 +57,7 @@ struct Statements {
     attempt_of: Arc<str>,
     wait: Arc<str>,
     beat_of: Arc<str>,
+    session_exists: Arc<str>,
     reap_claim: Arc<str>,
     reap_read: Arc<str>,
     reap_done: Arc<str>,
@@ -155,6 +156,7 @@ impl Names {
             )
             .into(),
             beat_of: format!("SELECT beat, ttl_ms FROM {sessions} WHERE id = ?").into(),
+            session_exists: format!("SELECT COUNT(*) FROM {sessions} WHERE id = ?").into(),
             // Claims the end of a session whose count has not moved: a
             // negative count, which no renewal raises again.
             reap_claim: format!(
@@ -586,6 +588,16 @@ impl MySql {
             let full = i64::try_from(found.len()).unwrap_or(i64::MAX) >= batch;
             for (row, live) in found {
                 below = row.id;
+                // With the reset grace (Sql::with_reset_grace), a dead entry
+                // whose session is still there blocks like a live one: its
+                // owner may be alive with its connection reset, not told yet.
+                let live = live
+                    || (self.settings.reset_grace
+                        && sqlx::query_scalar::<_, i64>(AssertSqlSafe(Arc::clone(&names.sql.session_exists)))
+                            .bind(&row.session)
+                            .fetch_one(&mut *conn)
+                            .await?
+                            > 0);
                 if !live {
                     // Its guard is free: released, or its owner's connection
                     // ended. Delete it before going past it (this waits for a
@@ -1223,6 +1235,14 @@ impl Dialect for MySql {
             .into_iter()
             .map(|(id, count, ttl_ms, entry)| (id, Beat { count, ttl_ms }, entry))
             .collect())
+    }
+
+    async fn beat_of(&self, conn: &mut MySqlConnection, owner: &str) -> DbResult<Option<Beat>> {
+        let found: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.names()?.sql.beat_of)))
+            .bind(owner)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.map(|(count, ttl_ms)| Beat { count, ttl_ms }))
     }
 
     async fn ping(&self, conn: &mut MySqlConnection) -> DbResult<()> {

@@ -47,6 +47,7 @@ struct Statements {
     heartbeat: Arc<str>,
     statuses: Arc<str>,
     beats: Arc<str>,
+    beat_of: Arc<str>,
     own_ids: Arc<str>,
     append: Arc<str>,
     earlier: Arc<str>,
@@ -131,6 +132,7 @@ impl Names {
             )
             .into(),
             own_ids: format!("SELECT e.id FROM {entries} e WHERE e.session = $1").into(),
+            beat_of: format!("SELECT s.beat, s.ttl_ms FROM {sessions} s WHERE s.id = $1").into(),
             append: format!(
                 "SELECT e_id, e_kind, e_session FROM {}($1, $2, $3, $4, $5, $6, $7)",
                 f("append")
@@ -281,8 +283,14 @@ BEGIN
             IF EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = r.session AND s.pid = pg_backend_pid()) THEN
                 RAISE EXCEPTION '{POOLED}' USING ERRCODE = 'LL001';
             END IF;
-            DELETE FROM {entries} e WHERE e.id = r.id;
-            CONTINUE;
+            -- With the reset grace (Sql::with_reset_grace), a dead entry whose
+            -- session is still there blocks like a live one: its owner may be
+            -- alive with its connection reset, not told yet.
+            IF coalesce(current_setting('lockline.reset_grace', true), '') <> 'on'
+               OR NOT EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = r.session) THEN
+                DELETE FROM {entries} e WHERE e.id = r.id;
+                CONTINUE;
+            END IF;
         END IF;
         IF p_skip_shared AND r.kind = 'read' THEN CONTINUE; END IF;
         e_id := r.id; e_kind := r.kind; e_session := r.session;
@@ -742,6 +750,9 @@ impl Dialect for Postgres {
         for (name, value) in settings {
             set.push_str(&format!(", set_config('{name}', '{value}', false)"));
         }
+        if self.settings.reset_grace {
+            set.push_str(", set_config('lockline.reset_grace', 'on', false)");
+        }
         let pid: i32 = sqlx::query_scalar(AssertSqlSafe(set)).fetch_one(&mut conn).await?;
         Ok((conn, i64::from(pid)))
     }
@@ -1046,6 +1057,14 @@ impl Dialect for Postgres {
             2 => Ok(Reaped::Ended),
             other => Err(shape(format!("reap returned {other}"))),
         }
+    }
+
+    async fn beat_of(&self, conn: &mut PgConnection, owner: &str) -> DbResult<Option<Beat>> {
+        let found: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.names()?.sql.beat_of)))
+            .bind(owner)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.map(|(count, ttl_ms)| Beat { count, ttl_ms }))
     }
 
     async fn ping(&self, conn: &mut PgConnection) -> DbResult<()> {

@@ -91,6 +91,9 @@ pub(crate) struct Shared<D: Dialect> {
     /// After a database restart: no grant before this (see
     /// `Sql::without_restart_grace`).
     grace_until: Option<Instant>,
+    /// Outlive a reset holder before going past it (see
+    /// `Sql::with_reset_grace`).
+    reset_grace: bool,
     /// Owners being ended by the overflow check, so each once at a time.
     reaping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The session's own entries by id: whether their guard is held, and
@@ -171,12 +174,16 @@ macro_rules! on_owner {
                             }
                         }
                         Err(_) => {
-                            guard.take();
-                            drop(guard);
+                            // Lost first, then the connection closed: closing
+                            // it frees its guards on the server at once, and
+                            // no one may be granted them before the holders
+                            // are told.
                             shared.lose(
                                 "a statement on the connection that holds the session's locks had no answer within \
                                  the request timeout (the connection may have gone silent)",
                             );
+                            guard.take();
+                            drop(guard);
                             Err(timed_out(shared.doing(what), timeout))
                         }
                     }
@@ -609,6 +616,45 @@ impl<D: Dialect> Shared<D> {
     /// `Ok(true)` when the entry went with its owner's connection or
     /// session (lost), `Ok(false)` when its owner released it.
     async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
+        let lost = self.wait_on_server(on, owner, priority).await?;
+        if lost && self.reset_grace {
+            if let WaitOn::Guard(id) = on {
+                self.outlive(owner, id).await?;
+            }
+        }
+        Ok(lost)
+    }
+
+    /// With the reset grace: after `owner`'s entry `id` was freed with its
+    /// owner's connection, waits until that owner has heard `lost()` (its
+    /// session row is gone: it ends its session itself at its next
+    /// heartbeat, after telling its holders) or its heartbeat has stood
+    /// still for its TTL by our clock (then it is ended here). Its count is
+    /// read a few times a TTL meanwhile: there is nothing on the server to
+    /// block on once a connection is gone.
+    async fn outlive(self: &Arc<Self>, owner: &str, id: i64) -> Result<()> {
+        loop {
+            self.check_live()?;
+            let beat = on_control!(self, "look at a reset holder's session", |d, conn| d
+                .beat_of(conn, owner))?;
+            let Some(beat) = beat else {
+                return Ok(());
+            };
+            if self.silent(owner, beat) {
+                let reaped = on_control!(self, "end a reset holder's session", |d, conn| d
+                    .reap(conn, owner, id, beat.count))?;
+                if reaped != Reaped::Renewed {
+                    self.forget_beat(owner);
+                    return Ok(());
+                }
+                continue;
+            }
+            tokio::time::sleep(self.wait_bound(owner)).await;
+        }
+    }
+
+    /// Waits on the server (see `wait_on`).
+    async fn wait_on_server(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
         loop {
             self.check_live()?;
             // While no wait connection is free, the overflow check looks at
@@ -1010,6 +1056,7 @@ impl<D: Dialect> SqlSession<D> {
         options: SessionOptions,
         wait_connections: usize,
         restart_grace: bool,
+        reset_grace: bool,
     ) -> Result<Self> {
         let doing = Doing {
             backend: dialect.backend(),
@@ -1057,6 +1104,7 @@ impl<D: Dialect> SqlSession<D> {
             departures: std::sync::Mutex::new(HashMap::new()),
             beats: std::sync::Mutex::new(HashMap::new()),
             grace_until: (restart_grace && grace > Instant::now()).then_some(grace),
+            reset_grace,
             entries: std::sync::Mutex::new(HashMap::new()),
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
