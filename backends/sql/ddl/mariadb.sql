@@ -1,4 +1,4 @@
--- lockline's tables (layout 1) for MariaDB 10.6 or later, or MySQL 8, in database `lockline`.
+-- lockline's tables (layout 2) for MariaDB 10.6 or later, or MySQL 8, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
 -- Names and keys are VARBINARY: compared byte for byte (a PAD SPACE collation
@@ -34,4 +34,4 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     layout INT NOT NULL,
     started_us BIGINT NULL
 ) ENGINE=InnoDB;
-INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 1);
+INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 2);

@@ -1,4 +1,4 @@
--- lockline's tables and functions (layout 1), for PostgreSQL 14 or later.
+-- lockline's tables and functions (layout 2), for PostgreSQL 14 or later.
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing
 -- token (an entry's id) never repeats: the first session opened after each server
@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
     layout integer NOT NULL,
     started_at timestamptz
 );
-INSERT INTO "public"."lockline_meta" (layout) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO "public"."lockline_meta" (layout) VALUES (2) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL,
