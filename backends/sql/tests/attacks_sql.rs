@@ -213,6 +213,10 @@ async fn mariadb_a_stalled_append_with_a_smaller_id_is_not_passed() {
 /// takes a row lock, through a transaction of `side`'s own; returns the
 /// statement that finds `looker` the append waiting.
 async fn block_appends(db: &Db, side: &mut Side, name: &str) -> &'static str {
+    if !db.is_postgres() {
+        side.exec("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await;
+    }
     side.exec("BEGIN").await;
     if db.is_postgres() {
         // Every append inserts into the entries table.
@@ -220,13 +224,14 @@ async fn block_appends(db: &Db, side: &mut Side, name: &str) -> &'static str {
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
          AND query LIKE 'SELECT e_id, e_kind, e_session FROM %append%'"
     } else {
-        // Every append to `name` first locks its row of lockline_names.
-        side.exec(&format!(
-            "SELECT name FROM lockline_names WHERE name = '{name}' FOR UPDATE"
-        ))
-        .await;
+        // Every append inserts into the entries table (with its turn on
+        // `name` taken): next-key locks on the whole attempt index, up to
+        // its end, make that insert wait.
+        let _ = name;
+        side.exec("SELECT id FROM lockline_entries FORCE INDEX (entries_attempt) FOR UPDATE")
+            .await;
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-         WHERE INFO LIKE 'INSERT INTO `lockline`.`lockline_names`%'"
+         WHERE INFO LIKE 'INSERT INTO `lockline`.`lockline_entries`%'"
     }
 }
 
