@@ -14,8 +14,12 @@ use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
 
-/// The server's clock in microseconds since the epoch.
-const NOW_US: &str = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)";
+/// The server's clock in microseconds since the epoch, whatever the
+/// session's time zone: UTC's calendar time less the epoch's, computed
+/// without a time zone. (`UNIX_TIMESTAMP(SYSDATE(6))` turns the local time
+/// back into the epoch's count, which jumps back an hour in the repeated
+/// hour of a DST change.)
+const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
 
 /// How far apart two readings of the server's start time (its clock minus
 /// its `Uptime`, in whole seconds) may be and still be the same start.
@@ -755,9 +759,11 @@ impl Dialect for MySql {
             Purpose::Control | Purpose::Wait => self.settings.request_timeout.as_secs().max(1),
         };
         // A year: an idle holder must not be disconnected (and lose its
-        // locks) by the server's wait_timeout.
+        // locks) by the server's wait_timeout. UTC: no time zone of the
+        // server's or the user's decides anything (the clock expression
+        // does not depend on it either).
         conn.execute(sqlx::raw_sql(AssertSqlSafe(format!(
-            "SET SESSION wait_timeout = 31536000, innodb_lock_wait_timeout = {row_wait_s}; \
+            "SET SESSION wait_timeout = 31536000, innodb_lock_wait_timeout = {row_wait_s}, time_zone = '+00:00'; \
              SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
         ))))
         .await?;
@@ -1421,5 +1427,51 @@ mod tests {
         assert_eq!(parse_nearest("").expect("parse"), Vec::new());
         assert!(parse_nearest("x mutex s;").is_err());
         assert!(parse_nearest("7 mutex;").is_err());
+    }
+
+    fn now_us() -> i64 {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970");
+        i64::try_from(since.as_micros()).expect("microseconds")
+    }
+
+    /// The clock expression gives the epoch's count in any session time
+    /// zone, a pooler's reset one included: fixed offsets, the server's
+    /// own, and a zone with daylight saving time in the hour its clocks
+    /// went back (where `UNIX_TIMESTAMP(SYSDATE(6))`, checked here as the
+    /// premise, is an hour early).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_clock_ignores_the_session_time_zone() {
+        let server = lockline_testkit::MariaDbServer::start().expect("start mariadb");
+        server
+            .add_fallback_time_zone("Lockline/Fallback")
+            .expect("add the time zone");
+        let mut conn = MySqlConnection::connect(&server.url()).await.expect("connect");
+        let slack = 1_000_000;
+        for zone in ["+00:00", "SYSTEM", "-09:30", "+05:45", "Lockline/Fallback"] {
+            conn.execute(sqlx::raw_sql(AssertSqlSafe(format!("SET time_zone = '{zone}'"))))
+                .await
+                .expect("set the zone");
+            let before = now_us();
+            let (clock, local): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT {NOW_US}, CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)"
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .expect("read the clock");
+            let after = now_us();
+            assert!(
+                clock >= before - slack && clock <= after + slack,
+                "in zone {zone}, the clock read {clock}, outside [{before}, {after}]"
+            );
+            if zone == "Lockline/Fallback" {
+                let early = (clock - local) / 1_000_000;
+                assert!(
+                    (3590..=3610).contains(&early),
+                    "the premise: the local time turned back into the epoch's count is an hour early, not {early} s"
+                );
+            }
+        }
     }
 }
