@@ -129,7 +129,7 @@ async fn a_user_who_may_not_create_tables_is_told_which_privilege(db: Db) {
 
 async fn a_foreign_table_of_the_same_name_is_refused(db: Db) {
     db.sql("CREATE TABLE lockline_meta (singleton int PRIMARY KEY, layout int NOT NULL, started_at int)");
-    db.sql("INSERT INTO lockline_meta VALUES (1, 1, NULL)");
+    db.sql("INSERT INTO lockline_meta VALUES (1, 2, NULL)");
     db.sql("CREATE TABLE lockline_entries (id bigint PRIMARY KEY, owner text)");
     match open(db.url()).await {
         Err(Error::InvalidOptions { reason }) => {
