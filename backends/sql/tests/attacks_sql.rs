@@ -201,7 +201,8 @@ async fn a_stalled_append_with_a_smaller_id_is_not_passed(db: Db) {
 }
 
 // Regression test: before 89f8825 (appends serialized by a row lock on the
-// name, lockline_names) this granted two holders: InnoDB allocates the
+// name, lockline_names; since layout 2 by the name's turn in the append
+// procedure) this granted two holders: InnoDB allocates the
 // AUTO_INCREMENT id before the row reaches the (name, id) index the
 // append's locking read scans.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,6 +303,8 @@ async fn postgres_a_cut_during_an_append_leaves_the_lock_usable() {
 // still believes in; its entry is uncommitted, so no waiter ever sees it or
 // reaps its session, and every later append to the name fails its row-lock
 // wait and retries: the lock is unusable until TCP gives up (hours).
+// Since layout 2 the append is one procedure call that holds nothing past
+// it; appends_mariadb.rs freezes the guard connection alone mid-append.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_cut_during_an_append_leaves_the_lock_usable() {
     a_cut_during_an_append_leaves_the_lock_usable(Db::mariadb()).await;
