@@ -514,39 +514,41 @@ impl MySql {
         if same(seen) {
             return Ok(());
         }
-        let mut tx = conn.begin().await?;
-        let seen: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT started_us FROM {} FOR UPDATE",
-            names.meta
+        // No transaction: nothing is held between these statements, so an
+        // opener cut off among them keeps no one else from opening. Openers
+        // racing after a restart may each move the counter, which is
+        // harmless; the layout's row is updated last, so one cut off before
+        // it leaves the move (and its marker's deletion) to the next opener.
+        // An explicit id above the counter moves it there (InnoDB keeps the
+        // largest); the row itself is deleted at once, with any marker an
+        // opener cut off left.
+        let marker = format!("restart-{}", uuid::Uuid::new_v4().simple());
+        let moved = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {e} (id, name, kind, session, attempt, value) \
+             SELECT GREATEST({NOW_US}, COALESCE(MAX(id), 0) + 1), '', 'restart', '', ?, '' FROM {e}",
+            e = names.entries
         )))
-        .fetch_optional(&mut *tx)
-        .await?
-        .flatten();
-        if !same(seen) {
-            // An explicit id above the counter moves it there (InnoDB keeps
-            // the largest); the row itself is deleted at once.
-            let marker = format!("restart-{}", uuid::Uuid::new_v4().simple());
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {e} (id, name, kind, session, attempt, value) \
-                 SELECT GREATEST({NOW_US}, COALESCE(MAX(id), 0) + 1), '', 'restart', '', ?, '' FROM {e}",
-                e = names.entries
-            )))
-            .bind(&marker)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {} WHERE attempt = ?",
-                names.entries
-            )))
-            .bind(&marker)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(AssertSqlSafe(format!("UPDATE {} SET started_us = ?", names.meta)))
-                .bind(started_us)
-                .execute(&mut *tx)
-                .await?;
+        .bind(&marker)
+        .execute(&mut *conn)
+        .await;
+        match moved {
+            // Another opener took that very id: the counter is past it.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23000") => {}
+            other => {
+                other?;
+            }
         }
-        tx.commit().await
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {} WHERE name = '' AND kind = 'restart'",
+            names.entries
+        )))
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!("UPDATE {} SET started_us = ?", names.meta)))
+            .bind(started_us)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     /// The guard and version of entry `id`, for letting go of its locks.
