@@ -356,6 +356,33 @@ impl MariaDbServer {
             .collect()
     }
 
+    /// Adds the time zone `name` to the server's time zone tables: a zone
+    /// with daylight saving time whose clocks went back an hour one second
+    /// ago (UTC+1 before, UTC after), so that for the next hour every local
+    /// time of that zone happens twice, as in the night of a real change.
+    /// A session with `SET time_zone = 'name'` (or every new session, after
+    /// `SET GLOBAL time_zone = 'name'`) then reads local times that a
+    /// conversion back to the epoch (`UNIX_TIMESTAMP(NOW())`) puts an hour
+    /// early.
+    ///
+    /// # Errors
+    ///
+    /// When the zone exists or the client fails.
+    pub fn add_fallback_time_zone(&self, name: &str) -> Result<()> {
+        let name = mariadb_string(name);
+        self.sql(&format!(
+            "INSERT INTO mysql.time_zone (Use_leap_seconds) VALUES ('N'); \
+             SET @zone = LAST_INSERT_ID(); \
+             INSERT INTO mysql.time_zone_name (Name, Time_zone_id) VALUES ({name}, @zone); \
+             INSERT INTO mysql.time_zone_transition_type \
+                 (Time_zone_id, Transition_type_id, `Offset`, Is_DST, Abbreviation) \
+                 VALUES (@zone, 0, 3600, 1, 'XDT'), (@zone, 1, 0, 0, 'XST'); \
+             INSERT INTO mysql.time_zone_transition (Time_zone_id, Transition_time, Transition_type_id) \
+                 VALUES (@zone, 0, 0), (@zone, UNIX_TIMESTAMP() - 1, 1);"
+        ))
+        .map(drop)
+    }
+
     /// How many `GET_LOCK` locks are held (rows of
     /// `information_schema.METADATA_LOCK_INFO` with `LOCK_TYPE = 'User
     /// lock'`; a lock taken twice by one connection is one row) and how many

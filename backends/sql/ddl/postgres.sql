@@ -58,8 +58,14 @@ BEGIN
             IF EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = r.session AND s.pid = pg_backend_pid()) THEN
                 RAISE EXCEPTION 'two connections of lockline share one server backend: a transaction-pooling proxy (PgBouncer pool_mode=transaction or statement) is in front of the database; the locks of lockline belong to a connection, so it needs a direct connection or a session-mode pool' USING ERRCODE = 'LL001';
             END IF;
-            DELETE FROM "public"."lockline_entries" e WHERE e.id = r.id;
-            CONTINUE;
+            -- With the reset grace (Sql::with_reset_grace), a dead entry whose
+            -- session is still there blocks like a live one: its owner may be
+            -- alive with its connection reset, not told yet.
+            IF coalesce(current_setting('lockline.reset_grace', true), '') <> 'on'
+               OR NOT EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = r.session) THEN
+                DELETE FROM "public"."lockline_entries" e WHERE e.id = r.id;
+                CONTINUE;
+            END IF;
         END IF;
         IF p_skip_shared AND r.kind = 'read' THEN CONTINUE; END IF;
         e_id := r.id; e_kind := r.kind; e_session := r.session;

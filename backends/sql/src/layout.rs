@@ -3,7 +3,10 @@
 use lockline::{Error, Result};
 
 /// The version of the tables and functions lockline expects; kept in the
-/// `meta` table, checked at every session open.
+/// `meta` table, checked at every session open. 2: on MariaDB/MySQL an
+/// append is one call of a stored procedure, and no table keeps a row per
+/// lock name; sessions carry a heartbeat count; the meta row keeps the
+/// restart grace.
 pub(crate) const LAYOUT_VERSION: i32 = 2;
 
 /// The default prefix of lockline's table names.

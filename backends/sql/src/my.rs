@@ -14,12 +14,12 @@ use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
 
-/// The server's clock in microseconds since the epoch.
-const NOW_US: &str = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)";
-
-/// Takes a named lock unless this connection holds it already (`GET_LOCK`
-/// counts a connection's repeated takes, each needing its own release).
-const TAKE_ONCE: &str = "SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))";
+/// The server's clock in microseconds since the epoch, whatever the
+/// session's time zone: UTC's calendar time less the epoch's, computed
+/// without a time zone. (`UNIX_TIMESTAMP(SYSDATE(6))` turns the local time
+/// back into the epoch's count, which jumps back an hour in the repeated
+/// hour of a DST change.)
+const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
 
 /// How far apart two readings of the server's start time (its clock minus
 /// its `Uptime`, in whole seconds) may be and still be the same start.
@@ -33,8 +33,8 @@ struct Names {
     sessions: String,
     meta: String,
     data: String,
-    /// One row per lock name: appends to a name lock it (see `append`).
-    names_table: String,
+    /// The procedure an append calls (see `append`).
+    append_procedure: String,
     /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
     /// (the names are server-wide, at most 64 characters).
     lock_prefix: String,
@@ -46,8 +46,7 @@ struct Statements {
     heartbeat: Arc<str>,
     count_own: Arc<str>,
     own_ids: Arc<str>,
-    name_lock: Arc<str>,
-    insert: Arc<str>,
+    append: Arc<str>,
     find: Arc<str>,
     nearest: Arc<str>,
     exists: Arc<str>,
@@ -107,7 +106,7 @@ impl Names {
         let sessions = table("sessions");
         let meta = table("meta");
         let data = table("data");
-        let names_table = table("names");
+        let append_procedure = table("append");
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         let sql = Statements {
             heartbeat: format!(
@@ -118,17 +117,13 @@ impl Names {
             .into(),
             count_own: format!("SELECT COUNT(*) FROM {entries} WHERE session = ?").into(),
             own_ids: format!("SELECT id FROM {entries} WHERE session = ?").into(),
-            name_lock: format!("INSERT INTO {names_table} (name) VALUES (?) ON DUPLICATE KEY UPDATE name = name").into(),
-            insert: format!(
-                "INSERT INTO {entries} (name, kind, session, attempt, value) VALUES (?, ?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE id = id"
-            )
-            .into(),
+            append: format!("CALL {append_procedure}(?, ?, ?, ?, ?, ?, ?)").into(),
             find: format!("SELECT id FROM {entries} WHERE attempt = ? AND session = ?").into(),
             // A plain read: appends to one name commit in their id order
-            // (the name's row lock), so every earlier entry is visible. (A
-            // locking read here deadlocked with removals: index record then
-            // row, against row then index record.)
+            // (the name's lock in the append procedure), so every earlier
+            // entry is visible. (A locking read here deadlocked with
+            // removals: index record then row, against row then index
+            // record.)
             nearest: format!(
                 "SELECT e.id, e.kind, e.session, IS_USED_LOCK({guard}) IS NOT NULL OR e.session = ? \
                  FROM {entries} e WHERE e.name = ? AND e.id < ? ORDER BY e.id DESC LIMIT ?"
@@ -199,7 +194,7 @@ impl Names {
             sessions,
             meta,
             data,
-            names_table,
+            append_procedure,
             lock_prefix,
             sql,
         }
@@ -217,19 +212,31 @@ impl Names {
         format!("{}v:{id}:{version}", self.lock_prefix)
     }
 
+    /// The DDL script for a DBA (the `mariadb` client needs `DELIMITER`
+    /// around the procedure, whose body holds `;`).
     fn ddl(&self) -> String {
+        let [tables, procedure, meta] = self.ddl_steps();
+        format!("{tables}DELIMITER //\n{procedure}//\nDELIMITER ;\n{meta}")
+    }
+
+    /// The DDL in the steps a connection runs one after the other: the
+    /// tables, the append procedure, and the layout's row (last: its row
+    /// says the rest exists).
+    fn ddl_steps(&self) -> [String; 3] {
         let Names {
             database,
             entries,
             sessions,
             meta,
             data,
-            names_table,
+            append_procedure,
+            lock_prefix,
             ..
         } = self;
         let version = LAYOUT_VERSION;
-        format!(
-            r#"-- lockline's tables (layout {version}) for MariaDB 10.6 or later, or MySQL 8, in database `{database}`.
+        let tables = format!(
+            r#"-- lockline's tables and procedure (layout {version}) for MariaDB 10.6 or later, or MySQL 8.0.29
+-- or later, in database `{database}`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
 -- Names and keys are VARBINARY: compared byte for byte (a PAD SPACE collation
@@ -253,14 +260,103 @@ CREATE TABLE IF NOT EXISTS {sessions} (
     renewed_us BIGINT NOT NULL,
     beat BIGINT NOT NULL DEFAULT 0
 ) ENGINE=InnoDB;
-CREATE TABLE IF NOT EXISTS {names_table} (
-    name VARBINARY(512) NOT NULL PRIMARY KEY
-) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS {data} (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
--- Created last: its row says the rest exists (MariaDB DDL is not transactional).
+-- An append, in one round trip: nothing it takes on the server (its turn on
+-- the name, a row lock) outlives the call, whatever becomes of the client.
+-- Appends to one name take turns on a named lock of the name's hash, held from
+-- before the id is allocated until the entry is committed (each statement here
+-- commits on its own), so ids under a name become visible in their order
+-- (InnoDB allocates an id before the row reaches the index a reader scans).
+-- The entry's guard is taken before the row exists, so a visible entry whose
+-- guard is free is dead. Answers the entry's id (-1: its guard is held by
+-- another connection) and the nearest earlier live entries, "id kind session;"
+-- each, deleting dead ones before going past them.
+"#
+        );
+        let procedure = format!(
+            r#"CREATE PROCEDURE IF NOT EXISTS {append_procedure}(
+    p_name VARBINARY(512), p_kind VARCHAR(16) CHARACTER SET ascii, p_session VARCHAR(64) CHARACTER SET ascii,
+    p_attempt VARCHAR(64) CHARACTER SET ascii, p_value LONGBLOB, p_skip_shared BOOLEAN, p_count INT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_guard VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('{lock_prefix}e:', p_attempt);
+    DECLARE v_turn VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('{lock_prefix}n:', SHA1(p_name));
+    DECLARE v_version VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_id, v_below, v_earlier BIGINT;
+    DECLARE v_kind VARCHAR(16) CHARACTER SET ascii;
+    DECLARE v_session VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_live, v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_found INT DEFAULT 0;
+    DECLARE v_nearest LONGTEXT CHARACTER SET ascii DEFAULT '';
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    -- A failed step (a row-lock wait that ran out, a killed statement) gives
+    -- the name's turn back before the error reaches the client.
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        DO RELEASE_LOCK(v_turn);
+        RESIGNAL;
+    END;
+    IF NOT (IS_USED_LOCK(v_guard) <=> CONNECTION_ID()) THEN
+        IF NOT (GET_LOCK(v_guard, 0) <=> 1) THEN
+            SET v_id = -1;
+        END IF;
+    END IF;
+    IF v_id IS NULL THEN
+        IF NOT (GET_LOCK(v_turn, @@innodb_lock_wait_timeout) <=> 1) THEN
+            SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205,
+                MESSAGE_TEXT = 'Lock wait timeout exceeded: appends to the same name held their turn';
+        END IF;
+        -- A retried attempt finds its earlier append.
+        SET v_id = (SELECT id FROM {entries} WHERE attempt = p_attempt AND session = p_session);
+        IF v_id IS NULL THEN
+            INSERT INTO {entries} (name, kind, session, attempt, value)
+                VALUES (p_name, p_kind, p_session, p_attempt, p_value);
+            SET v_id = LAST_INSERT_ID();
+        END IF;
+        DO RELEASE_LOCK(v_turn);
+        IF p_kind = 'election' THEN
+            SET v_version = CONCAT('{lock_prefix}v:', v_id, ':0');
+            IF NOT (IS_USED_LOCK(v_version) <=> CONNECTION_ID()) THEN
+                DO GET_LOCK(v_version, 0);
+            END IF;
+        END IF;
+        SET v_below = v_id;
+        scan: WHILE v_found < p_count DO
+            SET v_done = FALSE;
+            SELECT id, kind, session, IS_USED_LOCK(CONCAT('{lock_prefix}e:', attempt)) IS NOT NULL OR session = p_session
+                INTO v_earlier, v_kind, v_session, v_live
+                FROM {entries} WHERE name = p_name AND id < v_below ORDER BY id DESC LIMIT 1;
+            IF v_done THEN
+                LEAVE scan;
+            END IF;
+            SET v_below = v_earlier;
+            -- With the reset grace (Sql::with_reset_grace), a dead entry whose
+            -- session is still there blocks like a live one: its owner may be
+            -- alive with its connection reset, not told yet.
+            IF NOT v_live AND @lockline_reset_grace <=> 1
+               AND EXISTS (SELECT 1 FROM {sessions} WHERE id = v_session) THEN
+                SET v_live = TRUE;
+            END IF;
+            IF NOT v_live THEN
+                -- Its guard is free: released, or its owner's connection ended.
+                -- Deleted before going past it (this waits for a fenced commit of
+                -- its holder still in flight).
+                DELETE FROM {entries} WHERE id = v_earlier AND session <> p_session
+                    AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', attempt));
+            ELSEIF NOT (p_skip_shared AND v_kind = 'read') THEN
+                SET v_nearest = CONCAT(v_nearest, v_earlier, ' ', v_kind, ' ', v_session, ';');
+                SET v_found = v_found + 1;
+            END IF;
+        END WHILE;
+    END IF;
+    SELECT v_id, v_nearest;
+END"#
+        );
+        let meta = format!(
+            r#"-- Created last: its row says the rest exists (MariaDB DDL is not transactional).
 CREATE TABLE IF NOT EXISTS {meta} (
     singleton TINYINT NOT NULL PRIMARY KEY,
     layout INT NOT NULL,
@@ -273,7 +369,8 @@ CREATE TABLE IF NOT EXISTS {meta} (
 ) ENGINE=InnoDB;
 INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
 "#
-        )
+        );
+        [tables, procedure, meta]
     }
 }
 
@@ -364,12 +461,18 @@ impl MySql {
         if got != Some(1) {
             return Err(shape("another connection is creating lockline's tables"));
         }
-        let created = conn.execute(sqlx::raw_sql(AssertSqlSafe(names.ddl()))).await;
+        let mut created = Ok(());
+        for step in names.ddl_steps() {
+            created = conn.execute(sqlx::raw_sql(AssertSqlSafe(step))).await.map(drop);
+            if created.is_err() {
+                break;
+            }
+        }
         sqlx::query("DO RELEASE_LOCK(?)")
             .bind(&lock)
             .execute(&mut *conn)
             .await?;
-        created.map(drop)
+        created
     }
 
     async fn check_columns(
@@ -436,45 +539,47 @@ impl MySql {
         if same(seen) {
             return Ok(());
         }
-        let mut tx = conn.begin().await?;
-        let seen: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT started_us FROM {} FOR UPDATE",
+        // No transaction: nothing is held between these statements, so an
+        // opener cut off among them keeps no one else from opening. Openers
+        // racing after a restart may each move the counter, which is
+        // harmless; the layout's row is updated last, so one cut off before
+        // it leaves the move (and its marker's deletion) to the next opener.
+        // An explicit id above the counter moves it there (InnoDB keeps the
+        // largest); the row itself is deleted at once, with any marker an
+        // opener cut off left.
+        let marker = format!("restart-{}", uuid::Uuid::new_v4().simple());
+        let moved = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {e} (id, name, kind, session, attempt, value) \
+             SELECT GREATEST({NOW_US}, COALESCE(MAX(id), 0) + 1), '', 'restart', '', ?, '' FROM {e}",
+            e = names.entries
+        )))
+        .bind(&marker)
+        .execute(&mut *conn)
+        .await;
+        match moved {
+            // Another opener took that very id: the counter is past it.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23000") => {}
+            other => {
+                other?;
+            }
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {} WHERE name = '' AND kind = 'restart'",
+            names.entries
+        )))
+        .execute(&mut *conn)
+        .await?;
+        // Holders of the run before may not have heard `lost()` yet: no
+        // grant until the longest TTL of that run has passed since the start.
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET started_us = ?, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0, grace_from_us = ?",
             names.meta
         )))
-        .fetch_optional(&mut *tx)
-        .await?
-        .flatten();
-        if !same(seen) {
-            // An explicit id above the counter moves it there (InnoDB keeps
-            // the largest); the row itself is deleted at once.
-            let marker = format!("restart-{}", uuid::Uuid::new_v4().simple());
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {e} (id, name, kind, session, attempt, value) \
-                 SELECT GREATEST({NOW_US}, COALESCE(MAX(id), 0) + 1), '', 'restart', '', ?, '' FROM {e}",
-                e = names.entries
-            )))
-            .bind(&marker)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {} WHERE attempt = ?",
-                names.entries
-            )))
-            .bind(&marker)
-            .execute(&mut *tx)
-            .await?;
-            // Holders of the run before may not have heard `lost()` yet: no
-            // grant until the longest TTL of that run has passed since the start.
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {} SET started_us = ?, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0, grace_from_us = ?",
-                names.meta
-            )))
-            .bind(started_us)
-            .bind(started_us)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await
+        .bind(started_us)
+        .bind(started_us)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
     }
 
     /// The guard and version of entry `id`, for letting go of its locks.
@@ -652,6 +757,28 @@ fn check_database(database: &str) -> lockline::Result<()> {
     }
 }
 
+/// The nearest entries as the append procedure answers them: `id kind
+/// session;` each.
+fn parse_nearest(nearest: &str) -> DbResult<Vec<Row>> {
+    nearest
+        .split(';')
+        .filter(|row| !row.is_empty())
+        .map(|row| {
+            let mut fields = row.splitn(3, ' ');
+            let (Some(id), Some(kind), Some(session)) = (fields.next(), fields.next(), fields.next()) else {
+                return Err(shape(format!("the append answered the entry {row:?}")));
+            };
+            Ok(Row {
+                id: id
+                    .parse()
+                    .map_err(|_| shape(format!("the append answered the entry {row:?}")))?,
+                kind: kind.to_owned(),
+                session: session.to_owned(),
+            })
+        })
+        .collect()
+}
+
 fn rows(found: &[MySqlRow]) -> DbResult<Vec<(Row, bool)>> {
     found
         .iter()
@@ -684,10 +811,13 @@ impl Dialect for MySql {
             Purpose::Control | Purpose::Wait => self.settings.request_timeout.as_secs().max(1),
         };
         // A year: an idle holder must not be disconnected (and lose its
-        // locks) by the server's wait_timeout.
+        // locks) by the server's wait_timeout. UTC: no time zone of the
+        // server's or the user's decides anything (the clock expression
+        // does not depend on it either).
         conn.execute(sqlx::raw_sql(AssertSqlSafe(format!(
-            "SET SESSION wait_timeout = 31536000, innodb_lock_wait_timeout = {row_wait_s}; \
-             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+            "SET SESSION wait_timeout = 31536000, innodb_lock_wait_timeout = {row_wait_s}, time_zone = '+00:00'; \
+             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; SET @lockline_reset_grace = {}",
+            u8::from(self.settings.reset_grace)
         ))))
         .await?;
         let (id, version, max_packet): (i64, String, i64) = {
@@ -739,7 +869,7 @@ impl Dialect for MySql {
                         operation: "create tables in",
                         key: format!("database {}", names.database),
                         reason: format!(
-                            "{reason}; lockline creates its tables on first use, which needs the CREATE privilege on the database (or run the DDL script from Sql::ddl as a user who has it)"
+                            "{reason}; lockline creates its tables and its procedure on first use, which needs the CREATE and CREATE ROUTINE privileges on the database (or run the DDL script from Sql::ddl as a user who has them)"
                         ),
                     },
                     other => other,
@@ -762,7 +892,7 @@ impl Dialect for MySql {
                 ),
             });
         }
-        let expected: [(&str, &[(&str, &str)]); 4] = [
+        let expected: [(&str, &[(&str, &str)]); 3] = [
             (
                 "entries",
                 &[
@@ -786,7 +916,6 @@ impl Dialect for MySql {
                 ],
             ),
             ("data", &[("key", "varbinary"), ("value", "longblob")]),
-            ("names", &[("name", "varbinary")]),
         ];
         for (table, columns) in expected {
             let problem = self
@@ -802,6 +931,24 @@ impl Dialect for MySql {
                 });
             }
         }
+        // Listed only to a user who may run it (or alter it).
+        let procedures: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.ROUTINES \
+             WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
+        )
+        .bind(&names.database)
+        .bind(format!("{}append", self.tables.prefix))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| map("check lockline's procedure", e))?;
+        if procedures == 0 {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "{target}: the procedure {} is missing, or this user may not execute it: create it with the DDL script (Sql::ddl) and grant EXECUTE on it",
+                    names.append_procedure
+                ),
+            });
+        }
         self.bump_after_restart(conn, names)
             .await
             .map_err(|e| map("move the id counter past a server restart", e))?;
@@ -811,10 +958,9 @@ impl Dialect for MySql {
         // at a statement's first use), and a broken owning connection loses
         // the session.
         let sql = &names.sql;
-        let owner_statements: [&str; 22] = [
-            &sql.insert,
+        let owner_statements: [&str; 20] = [
+            &sql.append,
             &sql.find,
-            &sql.name_lock,
             &sql.exists,
             &sql.nearest,
             &sql.delete_dead,
@@ -830,7 +976,6 @@ impl Dialect for MySql {
             &sql.read,
             &sql.close_entries,
             &sql.close_session,
-            TAKE_ONCE,
             "DO RELEASE_LOCK(?)",
             "SELECT GET_LOCK(?, 0)",
             "SELECT CAST(IS_USED_LOCK(?) AS SIGNED)",
@@ -961,60 +1106,32 @@ impl Dialect for MySql {
     async fn append(&self, conn: &mut MySqlConnection, append: &Append<'_>) -> DbResult<(i64, Vec<Row>)> {
         self.check_size(append.value.len() + append.name.len())?;
         let names = self.names()?;
-        let guard = names.guard(append.attempt);
-        // Held before the row exists: a visible entry always has its guard
-        // held while its owner lives. Taken once per attempt (GET_LOCK counts
-        // a connection's repeated takes).
-        let got: Option<i64> = sqlx::query_scalar(TAKE_ONCE)
-            .bind(&guard)
-            .bind(&guard)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            return Err(shape(format!(
-                "the guard {guard} of a new entry is held by another connection"
-            )));
-        }
-        // Appends to one name are serialized by a row lock on the name, held
-        // from before the id is allocated until the entry is committed: ids
-        // under a name become visible in their order, so a contender never
-        // misses an earlier entry still on its way (InnoDB allocates an id
-        // before the row reaches the index a reader scans).
-        let mut tx = conn.begin().await?;
-        sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.name_lock)))
-            .bind(append.name)
-            .execute(&mut *tx)
-            .await?;
-        let inserted = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.insert)))
+        // One round trip (see the procedure in the DDL): nothing it takes on
+        // the server outlives the call, so a client that never hears the
+        // answer (its connection gone silent) leaves no lock behind but its
+        // entry's guard, which its session's end frees.
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.append)))
             .bind(append.name)
             .bind(append.kind)
             .bind(append.session)
             .bind(append.attempt)
             .bind(append.value)
-            .execute(&mut *tx)
+            .bind(append.skip_shared)
+            .bind(append.count)
+            .fetch_all(&mut *conn)
             .await?;
-        let id = if inserted.rows_affected() == 1 {
-            i64::try_from(inserted.last_insert_id()).map_err(|_| shape("id out of range"))?
-        } else {
-            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.find)))
-                .bind(append.attempt)
-                .bind(append.session)
-                .fetch_one(&mut *tx)
-                .await?
+        let [row] = found.as_slice() else {
+            return Err(shape(format!("the append answered {} rows, not one", found.len())));
         };
-        tx.commit().await?;
-        if append.kind == "election" {
-            let version = names.version_lock(id, 0);
-            sqlx::query(TAKE_ONCE)
-                .bind(&version)
-                .bind(&version)
-                .execute(&mut *conn)
-                .await?;
+        let id: i64 = row.try_get(0)?;
+        if id < 0 {
+            return Err(shape(format!(
+                "the guard {} of a new entry is held by another connection",
+                names.guard(append.attempt)
+            )));
         }
-        let nearest = self
-            .nearest(conn, id, append.name, append.session, append.skip_shared, append.count)
-            .await?;
-        Ok((id, nearest))
+        let nearest: String = row.try_get(1)?;
+        Ok((id, parse_nearest(&nearest)?))
     }
 
     async fn earlier(
@@ -1363,5 +1480,79 @@ impl Dialect for MySql {
             .execute(&mut *conn)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_entries_are_read_as_the_procedure_writes_them() {
+        let rows = parse_nearest("41 write 0af3;7 read 9bc1;").expect("parse");
+        assert_eq!(
+            rows,
+            vec![
+                Row {
+                    id: 41,
+                    kind: "write".into(),
+                    session: "0af3".into()
+                },
+                Row {
+                    id: 7,
+                    kind: "read".into(),
+                    session: "9bc1".into()
+                },
+            ]
+        );
+        assert_eq!(parse_nearest("").expect("parse"), Vec::new());
+        assert!(parse_nearest("x mutex s;").is_err());
+        assert!(parse_nearest("7 mutex;").is_err());
+    }
+
+    fn now_us() -> i64 {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970");
+        i64::try_from(since.as_micros()).expect("microseconds")
+    }
+
+    /// The clock expression gives the epoch's count in any session time
+    /// zone, a pooler's reset one included: fixed offsets, the server's
+    /// own, and a zone with daylight saving time in the hour its clocks
+    /// went back (where `UNIX_TIMESTAMP(SYSDATE(6))`, checked here as the
+    /// premise, is an hour early).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_clock_ignores_the_session_time_zone() {
+        let server = lockline_testkit::MariaDbServer::start().expect("start mariadb");
+        server
+            .add_fallback_time_zone("Lockline/Fallback")
+            .expect("add the time zone");
+        let mut conn = MySqlConnection::connect(&server.url()).await.expect("connect");
+        let slack = 1_000_000;
+        for zone in ["+00:00", "SYSTEM", "-09:30", "+05:45", "Lockline/Fallback"] {
+            conn.execute(sqlx::raw_sql(AssertSqlSafe(format!("SET time_zone = '{zone}'"))))
+                .await
+                .expect("set the zone");
+            let before = now_us();
+            let (clock, local): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT {NOW_US}, CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)"
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .expect("read the clock");
+            let after = now_us();
+            assert!(
+                clock >= before - slack && clock <= after + slack,
+                "in zone {zone}, the clock read {clock}, outside [{before}, {after}]"
+            );
+            if zone == "Lockline/Fallback" {
+                let early = (clock - local) / 1_000_000;
+                assert!(
+                    (3590..=3610).contains(&early),
+                    "the premise: the local time turned back into the epoch's count is an hour early, not {early} s"
+                );
+            }
+        }
     }
 }

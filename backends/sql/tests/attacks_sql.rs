@@ -201,7 +201,8 @@ async fn a_stalled_append_with_a_smaller_id_is_not_passed(db: Db) {
 }
 
 // Regression test: before 89f8825 (appends serialized by a row lock on the
-// name, lockline_names) this granted two holders: InnoDB allocates the
+// name, lockline_names; since layout 2 by the name's turn in the append
+// procedure) this granted two holders: InnoDB allocates the
 // AUTO_INCREMENT id before the row reaches the (name, id) index the
 // append's locking read scans.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,6 +214,10 @@ async fn mariadb_a_stalled_append_with_a_smaller_id_is_not_passed() {
 /// takes a row lock, through a transaction of `side`'s own; returns the
 /// statement that finds `looker` the append waiting.
 async fn block_appends(db: &Db, side: &mut Side, name: &str) -> &'static str {
+    if !db.is_postgres() {
+        side.exec("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await;
+    }
     side.exec("BEGIN").await;
     if db.is_postgres() {
         // Every append inserts into the entries table.
@@ -220,13 +225,14 @@ async fn block_appends(db: &Db, side: &mut Side, name: &str) -> &'static str {
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
          AND query LIKE 'SELECT e_id, e_kind, e_session FROM %append%'"
     } else {
-        // Every append to `name` first locks its row of lockline_names.
-        side.exec(&format!(
-            "SELECT name FROM lockline_names WHERE name = '{name}' FOR UPDATE"
-        ))
-        .await;
+        // Every append inserts into the entries table (with its turn on
+        // `name` taken): next-key locks on the whole attempt index, up to
+        // its end, make that insert wait.
+        let _ = name;
+        side.exec("SELECT id FROM lockline_entries FORCE INDEX (entries_attempt) FOR UPDATE")
+            .await;
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-         WHERE INFO LIKE 'INSERT INTO `lockline`.`lockline_names`%'"
+         WHERE INFO LIKE 'INSERT INTO `lockline`.`lockline_entries`%'"
     }
 }
 
@@ -297,6 +303,8 @@ async fn postgres_a_cut_during_an_append_leaves_the_lock_usable() {
 // still believes in; its entry is uncommitted, so no waiter ever sees it or
 // reaps its session, and every later append to the name fails its row-lock
 // wait and retries: the lock is unusable until TCP gives up (hours).
+// Since layout 2 the append is one procedure call that holds nothing past
+// it; appends_mariadb.rs freezes the guard connection alone mid-append.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_cut_during_an_append_leaves_the_lock_usable() {
     a_cut_during_an_append_leaves_the_lock_usable(Db::mariadb()).await;

@@ -119,7 +119,8 @@ impl Db {
     }
 
     /// Creates a user who may log in and use the test database's tables
-    /// once they exist, but may create nothing.
+    /// (and, on MariaDB, run its procedures) once they exist, but may
+    /// create nothing.
     pub fn create_user(&self, user: &str, password: &str) {
         match self {
             Db::Pg(server) => server.create_user(user, password).expect("create user"),
@@ -127,7 +128,7 @@ impl Db {
                 server.create_user(user, password).expect("create user");
                 server
                     .sql(&format!(
-                        "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline.* TO '{user}'@'%'"
+                        "GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON lockline.* TO '{user}'@'%'"
                     ))
                     .expect("grant");
             }
