@@ -138,10 +138,14 @@ async fn silent_watch_flow(connect: fn(&[TcpProxy]) -> Client, silence: Silence)
     let name = "silent/watch";
     let holders = Client::new(Etcd::new(cluster.endpoints()));
     let holder_session = holders.session_with(steady()).await.expect("session");
+    let before = started_everywhere(&cluster, "Watch");
     let guard = holder_session.mutex(name).expect("mutex").lock().await.expect("lock");
+    // The holder's watch on its own entry: started before the counters
+    // are read for the session under test.
+    member_starting(&cluster, "Watch", &before).await;
 
     let mut tries = 0;
-    let (waiters, session, waiter, watch_member) = loop {
+    let (_waiters, session, waiter, watch_member) = loop {
         tries += 1;
         assert!(tries <= 10, "the watch and the keepalive always shared a member");
         let keepalives = started_everywhere(&cluster, "LeaseKeepAlive");
@@ -183,10 +187,9 @@ async fn silent_watch_flow(connect: fn(&[TcpProxy]) -> Client, silence: Silence)
     let next = next.expect("the waiter is granted");
     println!(
         "watch flow silent ({silence:?}) on member {watch_member}: waiter granted {:?} after the \
-         release (bound {bound:?}); client closed the silent connection: {}; rewatches {}",
+         release (bound {bound:?}); client closed the silent connection: {}",
         granted_at - released_at,
         proxy.client_closed(frozen),
-        waiters.stats().rewatches,
     );
     assert_eq!(session.state(), SessionState::Live);
     // Without HTTP/2 keepalive the silent connection stays in the client's
@@ -211,6 +214,52 @@ async fn a_watch_flow_that_loses_its_answers_costs_a_waiter_at_most_a_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_watch_flow_without_http2_keepalive_costs_a_waiter_at_most_a_bound() {
     silent_watch_flow(bare, Silence::Both).await;
+}
+
+/// The probe costs a live stream nothing but its own round trip: a waiter
+/// that waits quietly for several probe intervals (without HTTP/2
+/// keepalive, so that only the watch stream's own probes run) keeps its one
+/// watch stream, answered by the member each time, and is granted at once
+/// on the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_watch_stream_on_a_live_connection_is_probed_not_replaced() {
+    let (cluster, proxies) = proxied_cluster();
+    let name = "quiet/watch";
+    let holders = Client::new(Etcd::new(cluster.endpoints()));
+    let holder_session = holders.session_with(steady()).await.expect("session");
+    let before = started_everywhere(&cluster, "Watch");
+    let guard = holder_session.mutex(name).expect("mutex").lock().await.expect("lock");
+    // The holder's watch on its own entry: started before the counters
+    // are read for the session under test.
+    member_starting(&cluster, "Watch", &before).await;
+    let watches = started_everywhere(&cluster, "Watch");
+    let waiters = bare(&proxies);
+    let session = waiters.session_with(quick()).await.expect("session");
+    let mutex = session.mutex(name).expect("mutex");
+    let waiter = spawn_queued(&waiters, async move { mutex.lock().await }).await;
+    member_starting(&cluster, "Watch", &watches).await;
+    let opened = started_everywhere(&cluster, "Watch");
+    let wakeups = waiters.stats().wakeups;
+    // A window, not an event: three probes go out and are answered in it.
+    let options = quick();
+    tokio::time::sleep(3 * (options.keepalive_interval() + options.request_timeout())).await;
+    assert_eq!(
+        started_everywhere(&cluster, "Watch"),
+        opened,
+        "a watch stream was opened again while the first was answering its probes"
+    );
+    assert_eq!(
+        waiters.stats().wakeups,
+        wakeups,
+        "the waiter was woken without a release"
+    );
+    assert!(!waiter.is_finished());
+    guard.release().await.expect("release");
+    let next = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    next.release().await.expect("release");
 }
 
 /// How a holder whose keepalive flow went silent ended.
