@@ -18,7 +18,10 @@
 //!
 //! - **Session** = one lease (TTL from [`SessionOptions`],
 //!   rounded up to whole seconds) renewed by one keepalive stream, and one watch
-//!   stream that multiplexes every watch of the session. Closing the session
+//!   stream that multiplexes every watch of the session; a watch stream
+//!   silent for a keepalive interval is probed with a progress request on
+//!   it and ended if nothing comes back within the request timeout, so a
+//!   connection gone silent cannot leave a waiter deaf. Closing the session
 //!   revokes the lease; dropping every handle stops the renewals, so the lease
 //!   expires after its TTL.
 //! - **Layout** = Go's `concurrency` package: a mutex named `n` is the prefix
@@ -340,6 +343,15 @@ impl Etcd {
     /// for every session instead of lockline's defaults, which follow each
     /// session's options. Require-leader and the refresh of an expired
     /// authentication token are turned on in them.
+    ///
+    /// Keep HTTP/2 keepalive on in them (`with_keep_alive(interval, timeout)`
+    /// and `with_keep_alive_while_idle(true)`): it is what drops a
+    /// connection that a NAT or a load balancer silently forgot. Without
+    /// it, a session's watch stream still proves itself alive (a progress
+    /// request when it has been silent for a keepalive interval) and every
+    /// request is bounded by the request timeout, but a silent connection
+    /// stays in the client's rotation and fails the requests that land on
+    /// it with [`Error::Unavailable`] after that timeout.
     pub fn with_connect_options(mut self, options: etcd_client::ConnectOptions) -> Self {
         self.connect = Some(options.with_require_leader(true).with_auto_token_refresh(true));
         self
@@ -347,7 +359,9 @@ impl Etcd {
 
     /// A backend over a client you already have, for every session. Build it
     /// with `ConnectOptions::with_require_leader(true)` so that waits on a
-    /// member cut off from its cluster end instead of hanging.
+    /// member cut off from its cluster end instead of hanging, and with
+    /// HTTP/2 keepalive (see [`with_connect_options`](Self::with_connect_options)).
+    /// Requests are bounded by each session's request timeout.
     pub fn from_client(client: etcd_client::Client) -> Self {
         let clients = HashMap::from([(None, Arc::new(OnceCell::new_with(Some(client))))]);
         Etcd {

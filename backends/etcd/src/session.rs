@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::error::{self, map, map_on, BACKEND};
 use crate::layout;
-use crate::watch::{Hub, Signal, WATCH_CANCELED};
+use crate::watch::{Hub, Liveness, Signal, WATCH_CANCELED};
 
 /// A lockline session on etcd.
 pub(crate) struct EtcdSession {
@@ -62,6 +62,10 @@ pub(crate) struct EtcdSession {
     markers_refused: AtomicBool,
     /// How long `close()` waits to mark its hand-over before it revokes.
     close_mark_timeout: Duration,
+    /// Bounds every request of the session, whatever the connect options
+    /// (a client without a request timeout of its own, a connection gone
+    /// silent without HTTP/2 keepalive to notice).
+    request_timeout: Duration,
 }
 
 /// Entries waited on and seen gone, by (key, create revision): how each went
@@ -218,7 +222,13 @@ impl EtcdSession {
             state.clone(),
         ))
         .abort_handle();
-        let hub = Hub::start(client.watch_client());
+        let hub = Hub::start(
+            client.watch_client(),
+            Liveness {
+                probe_after: options.keepalive_interval(),
+                answer_within: options.request_timeout(),
+            },
+        );
         tracing::debug!(lease = %id, ttl, "etcd session opened");
         Ok(Arc::new(EtcdSession {
             id,
@@ -237,6 +247,7 @@ impl EtcdSession {
             appended: AtomicBool::new(false),
             markers_refused: AtomicBool::new(false),
             close_mark_timeout: options.request_timeout() / 2,
+            request_timeout: options.request_timeout(),
         }))
     }
 
@@ -339,7 +350,16 @@ impl EtcdSession {
     {
         let mut tries = 0;
         loop {
-            match call().await {
+            let Ok(answered) = tokio::time::timeout(self.request_timeout, call()).await else {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "{operation} {key:?}: no answer within the request timeout of {:?}",
+                        self.request_timeout
+                    ),
+                ));
+            };
+            match answered {
                 Err(etcd_client::Error::GRpcStatus(status)) if error::is_stale_auth(status.message()) && tries < 5 => {
                     tries += 1;
                     if let Err(error) = self.client.refresh_token().await {
@@ -949,12 +969,20 @@ impl BackendSession for EtcdSession {
         if current.is_over() {
             return Ok(current);
         }
-        let response = self
-            .client
-            .lease_client()
-            .time_to_live(self.lease, None)
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut leases = self.client.lease_client();
+        let asked = tokio::time::timeout(self.request_timeout, leases.time_to_live(self.lease, None));
+        let response = match asked.await {
+            Ok(answered) => answered.map_err(|e| self.err(e))?,
+            Err(_) => {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "reading the TTL of lease {}: no answer within the request timeout of {:?}",
+                        self.id, self.request_timeout
+                    ),
+                ))
+            }
+        };
         if response.ttl() <= 0 {
             self.mark_lost("the lease has no time left");
         }

@@ -4,13 +4,27 @@
 //! hub task owns the stream, assigns ids, and routes each response to the one
 //! watch it belongs to. So 10,000 waiters of one session are 10,000 watch ids on
 //! one gRPC stream, not 10,000 streams.
+//!
+//! The stream proves itself alive on its own, whatever the transport does
+//! (DESIGN rule 18): while it carries a watch and has been silent for a
+//! probe interval, the hub asks the server for a progress notification
+//! (etcd's `WatchProgressRequest`, answered at once on the same stream);
+//! heard nothing within the request timeout, the stream is taken for dead
+//! and ended, and every watch on it ends with `Broken`, so its waiters read
+//! again and watch anew, on a stream the balancer opens on a live
+//! connection. A connection a middlebox silently forgot (no reset, packets
+//! dropped) thus costs a waiter at most a probe interval and a request
+//! timeout, even without HTTP/2 keepalive in the connect options. Every
+//! await of the hub on the stream is bounded by the request timeout too.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use etcd_client::{EventType, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// How the reason of a [`Signal::Broken`] begins when the server canceled the
 /// watch (history compacted away, a refused create), not the stream.
@@ -185,12 +199,23 @@ impl Drop for Watch {
     }
 }
 
+/// How the hub proves its stream alive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Liveness {
+    /// A stream that carries a watch and has been silent this long is
+    /// probed (the session's keepalive interval).
+    pub(crate) probe_after: Duration,
+    /// How long a probe, a stream's opening or a request sent on it may go
+    /// unanswered before the stream is taken for dead (the request timeout).
+    pub(crate) answer_within: Duration,
+}
+
 impl Hub {
     /// Starts the hub task; it ends when every `Hub` and `Watch` is dropped.
-    pub(crate) fn start(client: WatchClient) -> Self {
+    pub(crate) fn start(client: WatchClient, liveness: Liveness) -> Self {
         let (commands, receiver) = mpsc::unbounded_channel();
         let events = Arc::new(AtomicU64::new(0));
-        tokio::spawn(run(client, receiver, Arc::clone(&events)));
+        tokio::spawn(run(client, receiver, Arc::clone(&events), liveness));
         Hub {
             commands,
             next_id: Arc::new(AtomicU64::new(1)),
@@ -265,9 +290,49 @@ const SESSION_CLOSED: &str = "the session was closed";
 struct Stream {
     sender: WatchRequestSender,
     responses: WatchResponseStream,
+    /// When the stream last brought anything (or was opened).
+    heard: Instant,
+    /// When the unanswered progress request was sent, if one was.
+    probed: Option<Instant>,
 }
 
-async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Command>, events: Arc<AtomicU64>) {
+impl Stream {
+    /// When the stream must next be probed (or, probed, given up), while it
+    /// carries a watch.
+    fn due(&self, liveness: Liveness) -> Instant {
+        match self.probed {
+            None => self.heard + liveness.probe_after,
+            Some(sent) => sent + liveness.answer_within,
+        }
+    }
+}
+
+/// Why a silent stream is ended.
+fn silent(liveness: Liveness) -> String {
+    format!(
+        "the watch stream answered nothing within the request timeout of {:?}: its connection \
+         may have gone silent; watching again on a new stream",
+        liveness.answer_within
+    )
+}
+
+/// Bounds one await of the hub on its stream by the request timeout.
+async fn bounded<T>(
+    liveness: Liveness,
+    call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(liveness.answer_within, call).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(silent(liveness)),
+    }
+}
+
+async fn run(
+    mut client: WatchClient,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    events: Arc<AtomicU64>,
+    liveness: Liveness,
+) {
     let mut stream: Option<Stream> = None;
     let mut watchers: HashMap<i64, SignalSender> = HashMap::new();
     // Watches sent and not yet answered `created`, in the order sent: a
@@ -276,6 +341,18 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
     let mut pending: VecDeque<i64> = VecDeque::new();
     let mut closed = false;
     loop {
+        // Only a stream that carries a watch is probed: an idle one may stay
+        // silent, and is probed as soon as a watch is sent on it.
+        let due = stream
+            .as_ref()
+            .filter(|_| !watchers.is_empty())
+            .map(|open| open.due(liveness));
+        let probe = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let response = async {
             match stream.as_mut() {
                 Some(stream) => stream.responses.message().await,
@@ -299,8 +376,8 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                 Some(Command::Cancel { id }) => {
                     if watchers.remove(&id).is_some() {
                         if let Some(open) = stream.as_mut() {
-                            if open.sender.cancel(id).await.is_err() {
-                                break_stream(&mut stream, &mut watchers, &mut pending, "watch stream closed");
+                            if let Err(reason) = bounded(liveness, open.sender.cancel(id)).await {
+                                break_stream(&mut stream, &mut watchers, &mut pending, &reason);
                             }
                         }
                     }
@@ -317,14 +394,14 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         options = options.with_filters([WatchFilterType::NoPut]);
                     }
                     let sent = match stream.as_mut() {
-                        Some(open) => open.sender.watch(key, Some(options)).await.map_err(|e| e.to_string()),
-                        None => match client.watch(key, Some(options)).await {
+                        Some(open) => bounded(liveness, open.sender.watch(key, Some(options))).await,
+                        None => match bounded(liveness, client.watch(key, Some(options))).await {
                             Ok(opened) => {
                                 let (sender, responses) = opened.split();
-                                stream = Some(Stream { sender, responses });
+                                stream = Some(Stream { sender, responses, heard: Instant::now(), probed: None });
                                 Ok(())
                             }
-                            Err(error) => Err(error.to_string()),
+                            Err(error) => Err(error),
                         },
                     };
                     match sent {
@@ -339,8 +416,28 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                     }
                 }
             },
+            () = probe => {
+                let Some(open) = stream.as_mut() else { continue };
+                if open.probed.is_some() {
+                    let reason = silent(liveness);
+                    tracing::debug!(%reason, "etcd watch stream silent");
+                    break_stream(&mut stream, &mut watchers, &mut pending, &reason);
+                } else {
+                    open.probed = Some(Instant::now());
+                    if let Err(reason) = bounded(liveness, open.sender.request_progress()).await {
+                        break_stream(&mut stream, &mut watchers, &mut pending, &reason);
+                    }
+                }
+            }
             response = response => match response {
                 Ok(Some(response)) => {
+                    // Anything heard proves the stream alive, a progress
+                    // notification too (watch id -1, not a create: it then
+                    // concerns no watch, and is dropped below).
+                    if let Some(open) = stream.as_mut() {
+                        open.heard = Instant::now();
+                        open.probed = None;
+                    }
                     let mut id = response.watch_id();
                     if response.created() {
                         if id == -1 {
@@ -388,8 +485,8 @@ async fn run(mut client: WatchClient, mut commands: mpsc::UnboundedReceiver<Comm
                         // or the server keeps sending it events.
                         watchers.remove(&id);
                         if let Some(open) = stream.as_mut() {
-                            if open.sender.cancel(id).await.is_err() {
-                                break_stream(&mut stream, &mut watchers, &mut pending, "watch stream closed");
+                            if let Err(reason) = bounded(liveness, open.sender.cancel(id)).await {
+                                break_stream(&mut stream, &mut watchers, &mut pending, &reason);
                             }
                         }
                     }
