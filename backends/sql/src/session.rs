@@ -132,12 +132,13 @@ impl<D: Dialect> Drop for SqlSession<D> {
 /// Runs one statement on the owning connection. Waiting for the connection
 /// (queued behind the session's other statements) is bounded by the request
 /// timeout and fails the call alone; the statement itself is bounded by the
-/// request timeout too, and one that has no answer by then loses the
-/// session (DESIGN §6.18): the connection may have gone silent (a NAT or a
-/// load balancer forgot the flow), and the guards it holds can then neither
-/// be trusted nor let go of — a retry would queue behind it for ever. The
-/// session is ended on the server from a fresh connection, which frees them.
-/// A connection found gone loses the session too.
+/// request timeout plus the loss deadline (a slow server is given that
+/// long), and one that has no answer by then loses the session (DESIGN
+/// §6.18): the connection may have gone silent (a NAT or a load balancer
+/// forgot the flow), and the guards it holds can then neither be trusted
+/// nor let go of — a retry would queue behind it for ever. The session is
+/// ended on the server from a fresh connection, which frees them. A
+/// connection found gone loses the session too.
 macro_rules! on_owner {
     ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
         let shared = &$shared;
@@ -150,7 +151,8 @@ macro_rules! on_owner {
                 Some($conn) => {
                     let $dialect = &*shared.dialect;
                     let sent = Instant::now();
-                    let result: std::result::Result<DbResult<_>, _> = tokio::time::timeout(timeout, $call).await;
+                    let bound = timeout + shared.options.loss_deadline();
+                    let result: std::result::Result<DbResult<_>, _> = tokio::time::timeout(bound, $call).await;
                     match result {
                         Ok(Ok(value)) => {
                             shared.owner_answered(sent);
@@ -184,7 +186,7 @@ macro_rules! on_owner {
                             );
                             guard.take();
                             drop(guard);
-                            Err(timed_out(shared.doing(what), timeout))
+                            Err(timed_out(shared.doing(what), bound))
                         }
                     }
                 }
