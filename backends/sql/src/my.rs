@@ -933,8 +933,13 @@ impl Dialect for MySql {
             .bind(append.value)
             .execute(&mut *tx)
             .await?;
-        let id = if inserted.rows_affected() == 1 {
-            i64::try_from(inserted.last_insert_id()).map_err(|_| shape("id out of range"))?
+        // A retry (the first try's answer lost) finds its row by the unique
+        // attempt and inserts nothing, yet reports one row: sqlx connects
+        // with CLIENT_FOUND_ROWS, so the row matched counts. Only a new row
+        // has an id generated (never 0); a retry's id is looked up.
+        let generated = inserted.last_insert_id();
+        let id = if inserted.rows_affected() == 1 && generated != 0 {
+            i64::try_from(generated).map_err(|_| shape("id out of range"))?
         } else {
             sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.find)))
                 .bind(append.attempt)
