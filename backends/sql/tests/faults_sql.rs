@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use lockline::backend::{AppendRequest, Conflicts};
 use lockline::conformance::{bounded, until};
-use lockline::{Client, Error, SessionOptions, SessionState};
+use lockline::{Client, EntryKind, Error, SessionOptions, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
@@ -50,6 +51,7 @@ on_both!(
     a_paused_holder_cannot_commit_after_the_next_grant,
     a_healthy_holder_commits_its_fenced_transaction,
     a_lock_delay_holds_back_after_a_killed_or_cut_off_holder_only,
+    a_retried_append_finds_the_entry_its_first_try_made,
 );
 
 /// A holder process killed outright: the server sees its connection reset
@@ -236,6 +238,55 @@ async fn a_thousand_cancelled_waiters_leave_nothing_on_the_server(db: Db) {
     })
     .await;
     assert!(sessions.iter().all(|s| s.state() == SessionState::Live));
+}
+
+/// An append whose answer never came (the request timed out after the
+/// server committed it) is sent again with the same attempt id, as the core
+/// does: the retry finds the entry the first try made, with its token and
+/// its place behind the holder. Never a second entry, and never an entry
+/// that seems first in line (a false grant).
+async fn a_retried_append_finds_the_entry_its_first_try_made(db: Db) {
+    let client = Client::new(Sql::new(db.url()));
+    let holder = client.session_with(options(10_000)).await.expect("session");
+    let held = holder.mutex("retried").expect("mutex").lock().await.expect("lock");
+    let waiting = client.session_with(options(10_000)).await.expect("session");
+    let request = AppendRequest {
+        dir: "retried",
+        kind: EntryKind::Mutex,
+        attempt: "a-retried-attempt",
+        value: b"",
+        conflicts: Conflicts::All,
+        nearest: 1,
+    };
+    let first = bounded("append", waiting.backend_session().append(&request))
+        .await
+        .expect("append");
+    let again = bounded("append again", waiting.backend_session().append(&request))
+        .await
+        .expect("append again");
+    assert_eq!(
+        again.entry.key, first.entry.key,
+        "the retry made or named another entry"
+    );
+    assert_eq!(again.entry.token, first.entry.token);
+    assert!(
+        again.entry.token > held.token(),
+        "{:?} is not behind the holder",
+        again.entry
+    );
+    for appended in [&first, &again] {
+        let nearest: Vec<&str> = appended.nearest.iter().flatten().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            nearest,
+            vec![held.key()],
+            "the holder is not ahead of {:?}",
+            appended.entry
+        );
+    }
+    assert_eq!(db.entries(), 2, "one entry for the holder, one for the attempt");
+    assert!(waiting.backend_session().remove(&first.entry).await.expect("remove"));
+    held.release().await.expect("release");
+    until("no row is left", || db.entries() == 0).await;
 }
 
 fn create_probe_table(db: &Db) {
