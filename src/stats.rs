@@ -46,6 +46,10 @@ pub struct ClientStats {
     /// Lock-delays begun: a contender next in line after a holder that lost
     /// its lock involuntarily held back before its grant
     /// ([`SessionOptions::with_lock_delay`](crate::SessionOptions::with_lock_delay)).
+    /// Counted once the contender has marked its entry, so a queue listed
+    /// after the count is seen shows the mark
+    /// ([`Contender::delayed_until`](crate::Contender::delayed_until)) until
+    /// the delay ends (unless writing the mark failed: it is best effort).
     pub lock_delays: u64,
 }
 

@@ -379,6 +379,10 @@ impl Acquire<'_> {
     /// entry meanwhile so that `contenders()` shows it (not an election
     /// candidate's: its value is its proclamation). `Ok(Some(Busy))` never;
     /// `Err` when the wait ends otherwise.
+    ///
+    /// The mark is written before the lock-delay is counted, as the `waits`
+    /// gauge comes before its counter: whoever sees `lock_delays` go up and
+    /// then lists the queue finds the mark (unless writing it failed).
     async fn hold_back(
         &self,
         mine: &Entry,
@@ -387,13 +391,14 @@ impl Acquire<'_> {
         own_watch: &mut Option<EntryWatch>,
     ) -> Result<Option<Outcome>> {
         let inner = &self.session.inner;
-        inner.counters.bump(|c| &c.lock_delays);
         tracing::debug!(key = %mine.key, left = ?until.saturating_duration_since(Instant::now()), "lock-delay after an involuntary loss");
         let marked = mine.kind != EntryKind::Election
             && inner
                 .call(inner.remote.set_value(mine, &delay_mark(until)))
                 .await
                 .is_ok();
+        // The mark first: whoever awaits the `lock_delays` counter sees it.
+        inner.counters.bump(|c| &c.lock_delays);
         let deadline = async {
             match self.patience {
                 Patience::Until(at, _) => tokio::time::sleep_until(at).await,

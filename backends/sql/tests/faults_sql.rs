@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use lockline::backend::{AppendRequest, Conflicts};
 use lockline::conformance::{bounded, until};
-use lockline::{Client, Error, SessionOptions, SessionState};
+use lockline::{Client, EntryKind, Error, SessionOptions, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
@@ -54,6 +55,7 @@ on_both!(
     without_the_restart_grace_a_restart_grants_at_once,
     with_the_reset_grace_a_holder_whose_connection_is_reset_hears_lost_first,
     with_the_reset_grace_a_cut_off_holder_is_outlived,
+    a_retried_append_finds_the_entry_its_first_try_made,
 );
 
 /// A holder process killed outright: the server sees its connection reset
@@ -221,8 +223,19 @@ async fn a_thousand_cancelled_waiters_leave_nothing_on_the_server(db: Db) {
     for waiter in &waiters {
         waiter.abort();
     }
-    for waiter in waiters {
-        assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
+    // None can end on its own: the holder holds, and a waiter's errors
+    // while it queues (a request timed out) are retried.
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        match waiter.await {
+            Err(e) if e.is_cancelled() => {}
+            Ok(Ok(guard)) => panic!(
+                "waiter {i} was granted (token {}) while {} held",
+                guard.token(),
+                held.token()
+            ),
+            Ok(Err(error)) => panic!("waiter {i} failed before it was aborted: {error}"),
+            Err(e) => panic!("waiter {i} panicked: {e}"),
+        }
     }
     until("the cancelled waiters' rows are gone", || db.entries() == 1).await;
     // On MariaDB each session's connection also holds a lock of its own.
@@ -240,6 +253,55 @@ async fn a_thousand_cancelled_waiters_leave_nothing_on_the_server(db: Db) {
     })
     .await;
     assert!(sessions.iter().all(|s| s.state() == SessionState::Live));
+}
+
+/// An append whose answer never came (the request timed out after the
+/// server committed it) is sent again with the same attempt id, as the core
+/// does: the retry finds the entry the first try made, with its token and
+/// its place behind the holder. Never a second entry, and never an entry
+/// that seems first in line (a false grant).
+async fn a_retried_append_finds_the_entry_its_first_try_made(db: Db) {
+    let client = Client::new(Sql::new(db.url()));
+    let holder = client.session_with(options(10_000)).await.expect("session");
+    let held = holder.mutex("retried").expect("mutex").lock().await.expect("lock");
+    let waiting = client.session_with(options(10_000)).await.expect("session");
+    let request = AppendRequest {
+        dir: "retried",
+        kind: EntryKind::Mutex,
+        attempt: "a-retried-attempt",
+        value: b"",
+        conflicts: Conflicts::All,
+        nearest: 1,
+    };
+    let first = bounded("append", waiting.backend_session().append(&request))
+        .await
+        .expect("append");
+    let again = bounded("append again", waiting.backend_session().append(&request))
+        .await
+        .expect("append again");
+    assert_eq!(
+        again.entry.key, first.entry.key,
+        "the retry made or named another entry"
+    );
+    assert_eq!(again.entry.token, first.entry.token);
+    assert!(
+        again.entry.token > held.token(),
+        "{:?} is not behind the holder",
+        again.entry
+    );
+    for appended in [&first, &again] {
+        let nearest: Vec<&str> = appended.nearest.iter().flatten().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            nearest,
+            vec![held.key()],
+            "the holder is not ahead of {:?}",
+            appended.entry
+        );
+    }
+    assert_eq!(db.entries(), 2, "one entry for the holder, one for the attempt");
+    assert!(waiting.backend_session().remove(&first.entry).await.expect("remove"));
+    held.release().await.expect("release");
+    until("no row is left", || db.entries() == 0).await;
 }
 
 fn create_probe_table(db: &Db) {
