@@ -85,7 +85,9 @@ enum Restartpoint {
 ///
 /// - the holder is told `lost()` and the waiters fail with `SessionLost`,
 ///   within the TTL and some slack of the crash;
-/// - the fenced transaction never commits: its commit fails, a fenced
+/// - a fenced transaction committed before the crash is on the new
+///   primary;
+/// - the open fenced transaction never commits: its commit fails, a fenced
 ///   transaction the old holder begins on the new primary is refused with
 ///   `LockLost`, and nothing it wrote is in the application's table;
 /// - a fresh session with `Sql::new(url)`'s defaults is granted both locks
@@ -114,9 +116,21 @@ async fn failover(replication: Replication, restartpoint: Restartpoint) {
         highest = highest.max(guard.token().get());
         guard.release().await.expect("release");
     }
+    let pool = sqlx::PgPool::connect(&url).await.expect("the application's pool");
+    let committing = holder.mutex("committed").expect("mutex").lock().await.expect("lock");
+    highest = highest.max(committing.token().get());
+    let mut committed = FencedTransaction::begin_postgres(&committing, &pool)
+        .await
+        .expect("begin a fenced transaction");
+    sqlx::query("INSERT INTO ledger (token, note) VALUES ($1, 'committed')")
+        .bind(i64::try_from(committing.token().get()).expect("token"))
+        .execute(&mut *committed)
+        .await
+        .expect("write in the fenced transaction");
+    committed.commit().await.expect("a healthy holder commits");
+    committing.release().await.expect("release");
     let held = holder.mutex("failover").expect("mutex").lock().await.expect("lock");
     highest = highest.max(held.token().get());
-    let pool = sqlx::PgPool::connect(&url).await.expect("the application's pool");
     let mut fenced = FencedTransaction::begin_postgres(&held, &pool)
         .await
         .expect("begin a fenced transaction");
@@ -235,9 +249,16 @@ async fn failover(replication: Replication, restartpoint: Restartpoint) {
         }
     }
     assert_eq!(
-        count(&standby, "SELECT count(*) FROM ledger;"),
+        count(&standby, "SELECT count(*) FROM ledger WHERE note <> 'committed';"),
         0,
         "a write of the old holder's fenced transactions is on the new primary"
+    );
+    // Synchronous: the commit returned once the standby had it. (The
+    // asynchronous case waited for the standby to replay it.)
+    assert_eq!(
+        count(&standby, "SELECT count(*) FROM ledger WHERE note = 'committed';"),
+        1,
+        "a fenced transaction committed before the failover is not on the new primary"
     );
 
     let near = Client::new(Sql::new(url));
@@ -281,4 +302,72 @@ async fn failover(replication: Replication, restartpoint: Restartpoint) {
     .await;
     silent_path.heal();
     drop((silent, holder, vip));
+}
+
+/// Tables a DBA made (the DDL script) for a user who owns none of them,
+/// and a standby promoted before its first restartpoint since: the id
+/// counter cannot be read there, and only the table's owner can make it
+/// again. The user's first session is refused with `PermissionDenied`
+/// naming the statement; once the owner has run it (and granted the new
+/// sequence), sessions open and tokens are above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_that_lost_the_counter_of_a_dbas_tables_needs_their_owner() {
+    let (mut primary, standby, vip) = primary_and_standby(Replication::Synchronous);
+    let ddl = Sql::new(primary.url()).ddl().expect("ddl");
+    primary.psql(&ddl).expect("run the DDL script");
+    primary.create_user("app", "secret").expect("create user");
+    let grants = "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data TO app; \
+                  GRANT USAGE, SELECT, UPDATE ON SEQUENCE lockline_entries_id_seq TO app;";
+    primary.psql(grants).expect("grant");
+    let url = via(
+        &primary.url_for("app", "secret", "postgres"),
+        primary.port(),
+        &vip.address(),
+    );
+    let app = Client::new(Sql::new(url).without_creating_tables());
+    let before = app.session_with(options()).await.expect("session");
+    let guard = before.mutex("dba").expect("mutex").lock().await.expect("lock");
+    let highest = guard.token().get();
+    guard.release().await.expect("release");
+    before.close().await.expect("close");
+
+    let (_primary, standby, vip) = bounded(
+        "the failover",
+        tokio::task::spawn_blocking(move || {
+            primary.crash().expect("crash the primary");
+            standby.promote().expect("promote the standby");
+            vip.retarget(&format!("127.0.0.1:{}", standby.port()))
+                .expect("retarget");
+            (primary, standby, vip)
+        }),
+    )
+    .await
+    .expect("failover");
+
+    match app.session_with(options()).await {
+        Err(Error::PermissionDenied { reason, .. }) => assert!(
+            reason.contains("ALTER TABLE") && reason.contains("DROP IDENTITY"),
+            "the refusal must name the statement to run: {reason}"
+        ),
+        other => panic!("a session of a user who does not own the tables must be refused, got {other:?}"),
+    }
+    standby
+        .psql(&format!(
+            "ALTER TABLE lockline_entries ALTER COLUMN id DROP IDENTITY, ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY; {grants}"
+        ))
+        .expect("the owner makes the counter again");
+    let after = bounded("a session after the fix", app.session_with(options()))
+        .await
+        .expect("session");
+    let guard = bounded("the lock after the fix", after.mutex("dba").expect("mutex").lock())
+        .await
+        .expect("lock");
+    assert!(
+        guard.token().get() > highest,
+        "token {} after the failover is not above {highest} from before",
+        guard.token()
+    );
+    guard.release().await.expect("release");
+    after.close().await.expect("close");
+    drop(vip);
 }
