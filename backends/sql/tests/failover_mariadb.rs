@@ -103,7 +103,7 @@ async fn a_failover_to_a_replica_ends_every_session_and_fences_the_old_holder() 
         let mutex = session.mutex("failover").expect("mutex");
         waiters.push((session, tokio::spawn(async move { mutex.lock().await })));
     }
-    client.wait_for_stats(|s| s.waits >= 2).await;
+    bounded("both waiters wait", client.wait_for_stats(|s| s.waits >= 2)).await;
 
     let silent_path = TcpProxy::start(&format!("127.0.0.1:{}", primary.port())).expect("proxy");
     let far = Client::new(Sql::new(

@@ -146,7 +146,7 @@ async fn failover(replication: Replication, restartpoint: Restartpoint) {
         let mutex = session.mutex("failover").expect("mutex");
         waiters.push((session, tokio::spawn(async move { mutex.lock().await })));
     }
-    client.wait_for_stats(|s| s.waits >= 2).await;
+    bounded("both waiters wait", client.wait_for_stats(|s| s.waits >= 2)).await;
 
     let silent_path = TcpProxy::start(&format!("127.0.0.1:{}", primary.port())).expect("proxy");
     let far = Client::new(Sql::new(via(&primary.url(), primary.port(), &silent_path.address())));
