@@ -47,7 +47,7 @@ pub use go::go_build;
 pub use lines::LineChild;
 pub use mariadb::{MariaDbOptions, MariaDbServer};
 pub use pgbouncer::{PgBouncer, PgBouncerOptions, PoolMode};
-pub use postgres::{PgOptions, PgServer};
+pub use postgres::{PgOptions, PgServer, Replication};
 pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::{TcpProxy, ZkCounts};
 pub use redis::{RedisCluster, RedisOptions, RedisServer};

@@ -3,7 +3,7 @@ use std::io::{Error, ErrorKind, Read};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
@@ -240,6 +240,99 @@ impl MariaDbServer {
     pub fn restart(&mut self) -> Result<()> {
         self.member.restart()?;
         self.wait_ready()
+    }
+
+    /// A replica of this server, which must have been started with a binary
+    /// log and a server id (`log-bin`, `server-id` in
+    /// [`MariaDbOptions::settings`]): a new server with `options` (given a
+    /// server id of its own) that replicates, by GTID, everything this one
+    /// writes from now on (`CHANGE MASTER TO ... MASTER_USE_GTID =
+    /// slave_pos`, `START SLAVE`, as root) until
+    /// [`promote`](Self::promote). Replication is asynchronous (MariaDB's
+    /// default). Returns once both of its replication threads run.
+    ///
+    /// # Errors
+    ///
+    /// When the replica does not start, or does not replicate in time.
+    pub fn start_replica(&self, options: &MariaDbOptions) -> Result<MariaDbServer> {
+        let position = self.sql("SELECT @@gtid_binlog_pos")?;
+        let mut options = options.clone();
+        options
+            .settings
+            .push(("server-id".to_owned(), (u32::from(self.port) + 100_000).to_string()));
+        let replica = MariaDbServer::start_with(&options)?;
+        replica.sql(&format!(
+            "SET GLOBAL gtid_slave_pos = {}; \
+             CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, MASTER_USER = 'root', \
+             MASTER_PASSWORD = {}, MASTER_USE_GTID = slave_pos; START SLAVE;",
+            mariadb_string(position.trim()),
+            self.port,
+            mariadb_string(ROOT_PASSWORD)
+        ))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let running = replica.sql(
+                "SELECT COUNT(*) FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = 'SLAVE_RUNNING' AND VARIABLE_VALUE = 'ON'",
+            )?;
+            if running.trim() == "1" {
+                return Ok(replica);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{}: its replica does not replicate after {START_TIMEOUT:?}",
+                        self.member.name()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Promotes this replica to a primary, as a failover does once the
+    /// primary is gone: waits until what it received is applied (its
+    /// `gtid_slave_pos` reaches the received `Gtid_IO_Pos`, within 30 s), then
+    /// `STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0`.
+    ///
+    /// # Errors
+    ///
+    /// When it is not a replica or does not apply what it received in time.
+    pub fn promote(&self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            // Vertical, with the names (`sql` leaves them out).
+            let mut command = self.mariadb_command();
+            command
+                .arg(format!("--socket={}", self.socket.display()))
+                .args(["-u", "root", &format!("-p{ROOT_PASSWORD}")])
+                .args(["--connect-timeout=10", "-e", "SHOW SLAVE STATUS\\G"]);
+            let output = command.output()?;
+            let status = String::from_utf8_lossy(&output.stdout);
+            let received = status
+                .lines()
+                .find_map(|line| line.trim().strip_prefix("Gtid_IO_Pos:"))
+                .map(|p| p.trim().to_owned())
+                .ok_or_else(|| Error::other(format!("{} is not a replica", self.member.name())))?;
+            let applied = self.sql("SELECT @@gtid_slave_pos")?;
+            if applied.trim() == received {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{}: applied {} of the received {received} after {START_TIMEOUT:?}",
+                        self.member.name(),
+                        applied.trim()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.sql("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0;")
+            .map(drop)
     }
 
     /// Runs `statement` (one or more, separated by `;`) as root over the Unix

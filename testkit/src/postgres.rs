@@ -76,6 +76,18 @@ impl Default for PgOptions {
     }
 }
 
+/// How a standby of [`PgServer::start_standby`] replicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// The primary commits without waiting for the standby (PostgreSQL's
+    /// default): a failover can lose the last commits.
+    Asynchronous,
+    /// The standby is the primary's synchronous standby: with
+    /// `synchronous_commit = on`, a commit returns once the standby has it on
+    /// disk, so a promoted standby has every commit the primary confirmed.
+    Synchronous,
+}
+
 /// One PostgreSQL server (Debian's, from `/usr/lib/postgresql/MAJOR/bin`, the
 /// highest major installed) on a free loopback port with a temporary data
 /// directory made by `initdb`.
@@ -93,6 +105,8 @@ pub struct PgServer {
     bin: PathBuf,
     data: PathBuf,
     dir: TempDir,
+    user: Option<SystemUser>,
+    options: PgOptions,
 }
 
 impl fmt::Debug for PgServer {
@@ -123,20 +137,17 @@ impl PgServer {
     /// When PostgreSQL is not installed, `initdb` fails, or the server does not
     /// accept connections in time.
     pub fn start_with(options: &PgOptions) -> Result<Self> {
-        let bin = bin_dir().ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("no PostgreSQL server in {POSTGRESQL_LIB}/MAJOR/bin (Debian package postgresql)"),
-            )
-        })?;
+        let bin = installed_bin_dir()?;
         let user = SystemUser::for_server("postgres")?;
-        let dir = tempfile::Builder::new().prefix("lockline-postgres-").tempdir()?;
-        if let Some(user) = &user {
-            user.chown(dir.path())?;
-        }
+        let dir = server_dir(user.as_ref())?;
         let data = dir.path().join("data");
         initdb(&bin, dir.path(), &data, user.as_ref())?;
+        Self::launch(bin, dir, data, user, options.clone())
+    }
 
+    /// Starts the server of the data directory `data` in `dir` on a free port
+    /// and waits until it accepts connections.
+    fn launch(bin: PathBuf, dir: TempDir, data: PathBuf, user: Option<SystemUser>, options: PgOptions) -> Result<Self> {
         let port = free_port()?;
         let mut args = vec!["-D".to_owned(), data.display().to_string()];
         args.extend(["-p".to_owned(), port.to_string()]);
@@ -173,9 +184,148 @@ impl PgServer {
             bin,
             data,
             dir,
+            user,
+            options,
         };
         server.wait_ready()?;
         Ok(server)
+    }
+
+    /// A streaming standby of this server: a copy of its data directory
+    /// taken with `pg_basebackup` (over the Unix socket, as the superuser),
+    /// started with `standby.signal` and a `primary_conninfo` naming this
+    /// server, on a port and in a temporary directory of its own, with this
+    /// server's options. It accepts read-only connections (hot standby) and
+    /// replays what this server writes until [`promote`](Self::promote).
+    /// Its unlogged tables are empty, as on any standby. Returns once it
+    /// accepts connections and this server reports it streaming; with
+    /// [`Replication::Synchronous`], once it is this server's synchronous
+    /// standby (`synchronous_standby_names`, set on this server with `ALTER
+    /// SYSTEM`: every commit of a logged change then waits until the standby
+    /// has it on disk, and hangs while no standby answers).
+    ///
+    /// # Errors
+    ///
+    /// When `pg_basebackup` fails, or the standby does not start or stream in
+    /// time.
+    pub fn start_standby(&self, replication: Replication) -> Result<PgServer> {
+        let name = format!("standby_{}", std::process::id());
+        if replication == Replication::Synchronous {
+            self.psql(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'; SELECT pg_reload_conf();"
+            ))?;
+        }
+        let dir = server_dir(self.user.as_ref())?;
+        let data = dir.path().join("data");
+        let mut command = pg_command(&self.bin.join("pg_basebackup"));
+        command
+            .arg("-D")
+            .arg(&data)
+            .arg("-h")
+            .arg(self.dir.path())
+            .args(["-p", &self.port.to_string(), "-U", SUPERUSER])
+            .args(["-X", "stream", "--checkpoint=fast", "--no-sync"])
+            .current_dir(dir.path());
+        if let Some(user) = &self.user {
+            user.apply(&mut command);
+            command.env("HOME", dir.path());
+        }
+        let output = command.output()?;
+        if !output.status.success() {
+            return Err(Error::other(format!(
+                "pg_basebackup of {}: {}",
+                self.member.name(),
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let conninfo = format!(
+            "host='{}' port={} user={SUPERUSER} application_name={name}",
+            conninfo_escape(&self.dir.path().display().to_string()),
+            self.port
+        );
+        let signal = data.join("standby.signal");
+        std::fs::write(&signal, "")?;
+        let auto_conf = data.join("postgresql.auto.conf");
+        let mut conf = std::fs::read_to_string(&auto_conf).unwrap_or_default();
+        // The primary's own setting, copied with its data, is not the standby's.
+        conf = conf
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("synchronous_standby_names"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        conf.push_str(&format!("primary_conninfo = '{}'\n", conninfo.replace('\'', "''")));
+        std::fs::write(&auto_conf, conf)?;
+        if let Some(user) = &self.user {
+            user.chown(&signal)?;
+            user.chown(&auto_conf)?;
+        }
+        let standby = Self::launch(self.bin.clone(), dir, data, self.user.clone(), self.options.clone())?;
+        let state = if replication == Replication::Synchronous {
+            "sync"
+        } else {
+            "async"
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let found = self.psql(&format!(
+                "SELECT count(*) FROM pg_stat_replication \
+                 WHERE application_name = '{name}' AND state = 'streaming' AND sync_state = '{state}';"
+            ))?;
+            if found.trim() == "1" {
+                return Ok(standby);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{}: its standby {} is not streaming ({state}) after {START_TIMEOUT:?}",
+                        self.member.name(),
+                        standby.member.name()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Promotes this standby to a primary (`pg_promote`, which waits for
+    /// the promotion to end: what it had received is replayed, its timeline
+    /// moves on, its unlogged tables start empty) and returns once it
+    /// accepts writes. Its `pg_postmaster_start_time()` stays its own start.
+    ///
+    /// # Errors
+    ///
+    /// When it is not a standby, or the promotion does not end in time.
+    pub fn promote(&self) -> Result<()> {
+        let promoted = self.psql("SELECT pg_promote(true, 30);")?;
+        if promoted.trim() != "t" {
+            return Err(Error::other(format!(
+                "{}: pg_promote answered {promoted:?}",
+                self.member.name()
+            )));
+        }
+        let writable = self.psql("SELECT pg_is_in_recovery();")?;
+        if writable.trim() != "f" {
+            return Err(Error::other(format!(
+                "{}: still in recovery after its promotion",
+                self.member.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Crashes the whole server at once, as the machine's crash would:
+    /// SIGKILL to the postmaster, then to every process of the server left
+    /// (its backends, which would otherwise go on serving a query in flight
+    /// and exit only at its end), and waits until none is left. Every
+    /// client connection is reset. [`restart`](Self::restart) starts it again.
+    ///
+    /// # Errors
+    ///
+    /// When it is not running or its processes do not exit.
+    pub fn crash(&mut self) -> Result<()> {
+        self.member.kill()?;
+        self.kill_leftovers()
     }
 
     fn wait_ready(&mut self) -> Result<()> {
@@ -290,6 +440,14 @@ impl PgServer {
         if self.member.is_running() {
             return Err(Error::other(format!("{} is still running", self.member.name())));
         }
+        self.kill_leftovers()?;
+        self.member.restart()?;
+        self.wait_ready()
+    }
+
+    /// SIGKILLs the processes of this server left in its data directory and
+    /// waits until none is left.
+    fn kill_leftovers(&self) -> Result<()> {
         let data = self.data.canonicalize()?;
         let deadline = Instant::now() + GONE_TIMEOUT;
         loop {
@@ -316,8 +474,7 @@ impl PgServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.member.restart()?;
-        self.wait_ready()
+        Ok(())
     }
 
     /// Runs `sql` (one or more statements, each in its own transaction unless
@@ -439,6 +596,25 @@ impl PgServer {
         )?;
         LockCounts::parse(&out, '|')
     }
+}
+
+/// The bin directory of Debian's PostgreSQL, or why there is none.
+fn installed_bin_dir() -> Result<PathBuf> {
+    bin_dir().ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("no PostgreSQL server in {POSTGRESQL_LIB}/MAJOR/bin (Debian package postgresql)"),
+        )
+    })
+}
+
+/// A temporary directory for one server, owned by `user` when given.
+fn server_dir(user: Option<&SystemUser>) -> Result<TempDir> {
+    let dir = tempfile::Builder::new().prefix("lockline-postgres-").tempdir()?;
+    if let Some(user) = user {
+        user.chown(dir.path())?;
+    }
+    Ok(dir)
 }
 
 /// A command of PostgreSQL's client tools without the libpq settings of this

@@ -32,7 +32,9 @@ use crate::Result;
 /// - [`orphan_connections`](Self::orphan_connections) closes the client's end
 ///   of every connection while what it sent stays on its way to the server,
 ///   delivered by [`deliver_orphans`](Self::deliver_orphans): a request that
-///   outlives the connection it was sent on (a slow path to another member).
+///   outlives the connection it was sent on (a slow path to another member);
+/// - [`retarget`](Self::retarget) sends new connections to another server,
+///   as a virtual IP that follows a database's primary.
 ///
 /// A proxy started with [`start_zookeeper`](Self::start_zookeeper) also
 /// counts what passes through it ([`zk_counts`](Self::zk_counts)): requests
@@ -43,7 +45,8 @@ pub struct TcpProxy {
 }
 
 struct Shared {
-    target: SocketAddr,
+    /// Where new connections go (see `retarget`).
+    target: Mutex<SocketAddr>,
     blocked: AtomicBool,
     drop_responses: AtomicBool,
     blackholed: AtomicBool,
@@ -82,7 +85,7 @@ impl fmt::Debug for TcpProxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TcpProxy")
             .field("address", &self.address)
-            .field("target", &self.shared.target)
+            .field("target", &self.shared.target())
             .field("blocked", &self.shared.blocked.load(Ordering::SeqCst))
             .finish()
     }
@@ -113,7 +116,7 @@ impl TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            target,
+            target: Mutex::new(target),
             blocked: AtomicBool::new(false),
             drop_responses: AtomicBool::new(false),
             blackholed: AtomicBool::new(false),
@@ -153,6 +156,27 @@ impl TcpProxy {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Sends the connections accepted from now on to `target`
+    /// (`127.0.0.1:PORT`), as a virtual IP moved to another server does (a
+    /// database's failover): connections open already stay joined to the
+    /// server they reached, and end when it does. A connection accepted but
+    /// not joined yet (behind [`blackhole`](Self::blackhole) or
+    /// [`freeze_connection`](Self::freeze_connection)) goes to `target` too.
+    ///
+    /// # Errors
+    ///
+    /// When the target is not an address.
+    pub fn retarget(&self, target: &str) -> Result<()> {
+        let target: SocketAddr = target.parse().map_err(std::io::Error::other)?;
+        *self.shared.target.lock().unwrap_or_else(PoisonError::into_inner) = target;
+        Ok(())
+    }
+
+    /// The address new connections go to, `127.0.0.1:PORT`.
+    pub fn target(&self) -> String {
+        self.shared.target().to_string()
     }
 
     /// Cuts every open connection and refuses new ones.
@@ -349,6 +373,10 @@ impl Drop for TcpProxy {
 }
 
 impl Shared {
+    fn target(&self) -> SocketAddr {
+        *self.target.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn is_frozen(&self, number: usize) -> bool {
         self.frozen
             .lock()
@@ -390,7 +418,7 @@ fn connect(client: TcpStream, shared: Arc<Shared>, number: usize) {
         }
         thread::sleep(TICK);
     }
-    let Ok(server) = TcpStream::connect(shared.target) else {
+    let Ok(server) = TcpStream::connect(shared.target()) else {
         let _ = client.shutdown(Shutdown::Both);
         return;
     };

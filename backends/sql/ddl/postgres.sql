@@ -307,25 +307,64 @@ $fn$;
 -- postmaster reinitialized following a backend's crash (the OOM killer): that
 -- keeps pg_postmaster_start_time() but empties unlogged tables and restarts
 -- their counter, which has then handed nothing out (its last value is NULL).
+-- A promoted standby is a server start too (its own start, not the one in the
+-- replicated meta row), its counter empty.
 -- Holders of the run before may not have heard lost() yet: the answer is how
 -- many milliseconds of the restart grace are left (the longest TTL of a session
--- opened in that run, counted from the start, or from the reinitialization's
--- discovery), before which the session grants nothing.
+-- opened in that run, counted from this first open, which comes after the
+-- start, the reinitialization or the promotion: a standby may have started
+-- hours before it was promoted), before which the session grants nothing.
 CREATE OR REPLACE FUNCTION "public"."lockline_open"(p_session text, p_ttl_ms bigint)
 RETURNS bigint LANGUAGE plpgsql AS $fn$
 DECLARE
     v_started timestamptz := pg_postmaster_start_time();
     v_seen timestamptz;
     v_seq regclass := pg_get_serial_sequence('"public"."lockline_entries"', 'id')::regclass;
+    v_last bigint;
+    v_unreadable boolean := false;
     v_left bigint;
 BEGIN
     SELECT m.started_at INTO v_seen FROM "public"."lockline_meta" m;
-    IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
+    BEGIN
+        v_last := pg_sequence_last_value(v_seq);
+    EXCEPTION WHEN internal_error THEN
+        -- Looked at again below, with the meta row locked (this block's
+        -- locks went with its failure: none is kept on the sequence).
+        v_unreadable := true;
+    END;
+    IF v_seen IS DISTINCT FROM v_started OR v_last IS NULL THEN
         SELECT m.started_at INTO v_seen FROM "public"."lockline_meta" m FOR UPDATE;
+        IF v_unreadable THEN
+            -- PostgreSQL 15 and later: an unlogged sequence created while a
+            -- standby streamed is unreadable on that standby once promoted,
+            -- until its next restartpoint (its init fork was replayed into
+            -- memory only). Its identity is made again, past the clock, by
+            -- the first session; those waiting for the meta row meanwhile
+            -- find the new one.
+            v_seq := pg_get_serial_sequence('"public"."lockline_entries"', 'id')::regclass;
+            BEGIN
+                v_last := pg_sequence_last_value(v_seq);
+                v_unreadable := false;
+            EXCEPTION WHEN internal_error THEN
+                IF SQLERRM NOT LIKE 'bad magic number in sequence%' THEN RAISE; END IF;
+            END;
+            IF v_unreadable THEN
+                BEGIN
+                    EXECUTE 'ALTER TABLE "public"."lockline_entries" ALTER COLUMN id DROP IDENTITY';
+                    EXECUTE format('ALTER TABLE "public"."lockline_entries" ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (START WITH %s)',
+                                   (extract(epoch from clock_timestamp()) * 1000000)::bigint);
+                EXCEPTION WHEN insufficient_privilege THEN
+                    RAISE EXCEPTION 'the id counter of "public"."lockline_entries" cannot be read after a promotion (a PostgreSQL bug with unlogged sequences); as the table''s owner run: ALTER TABLE "public"."lockline_entries" ALTER COLUMN id DROP IDENTITY, ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY, then grant USAGE, SELECT, UPDATE on its new sequence again'
+                        USING ERRCODE = '42501';
+                END;
+                v_seq := pg_get_serial_sequence('"public"."lockline_entries"', 'id')::regclass;
+                v_last := NULL;
+            END IF;
+        END IF;
         IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
             PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), (extract(epoch from clock_timestamp()) * 1000000)::bigint));
             UPDATE "public"."lockline_meta" SET started_at = v_started, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0,
-                grace_from = CASE WHEN v_seen IS DISTINCT FROM v_started THEN v_started ELSE clock_timestamp() END;
+                grace_from = clock_timestamp();
         END IF;
     END IF;
     UPDATE "public"."lockline_meta" SET run_max_ttl_ms = p_ttl_ms WHERE run_max_ttl_ms < p_ttl_ms;

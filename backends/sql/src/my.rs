@@ -570,12 +570,14 @@ impl MySql {
         .execute(&mut *conn)
         .await?;
         // Holders of the run before may not have heard `lost()` yet: no
-        // grant until the longest TTL of that run has passed since the start.
+        // grant until the longest TTL of that run has passed since now, the
+        // first session after the start — or after a replica's promotion,
+        // whose own start may be hours older (a grace counted from it would
+        // be over).
         sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET started_us = ?, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0, grace_from_us = ?",
+            "UPDATE {} SET started_us = ?, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0, grace_from_us = {NOW_US}",
             names.meta
         )))
-        .bind(started_us)
         .bind(started_us)
         .execute(&mut *conn)
         .await?;
