@@ -132,8 +132,9 @@ impl<D: Dialect> Drop for SqlSession<D> {
 /// Runs one statement on the owning connection. Waiting for the connection
 /// (queued behind the session's other statements) is bounded by the request
 /// timeout and fails the call alone; the statement itself is bounded by the
-/// request timeout plus the loss deadline (a slow server is given that
-/// long), and one that has no answer by then loses the session (DESIGN
+/// request timeout or the loss deadline, whichever is longer (a slow server
+/// is given as long as a renewal is), and one that has no answer by then
+/// loses the session (DESIGN
 /// §6.18): the connection may have gone silent (a NAT or a load balancer
 /// forgot the flow), and the guards it holds can then neither be trusted
 /// nor let go of — a retry would queue behind it for ever. The session is
@@ -151,7 +152,7 @@ macro_rules! on_owner {
                 Some($conn) => {
                     let $dialect = &*shared.dialect;
                     let sent = Instant::now();
-                    let bound = timeout + shared.options.loss_deadline();
+                    let bound = timeout.max(shared.options.loss_deadline());
                     let result: std::result::Result<DbResult<_>, _> = tokio::time::timeout(bound, $call).await;
                     match result {
                         Ok(Ok(value)) => {
