@@ -356,6 +356,27 @@ impl Sql {
     }
 }
 
+impl Sql {
+    /// Opens a session over one engine's statements.
+    async fn open_with<D: dialect::Dialect>(
+        &self,
+        dialect: D,
+        target: String,
+        options: &SessionOptions,
+    ) -> Result<Arc<dyn BackendSession>> {
+        let session = SqlSession::open(
+            Arc::new(dialect),
+            target,
+            options.clone(),
+            self.wait_connections,
+            self.restart_grace,
+            self.reset_grace,
+        )
+        .await?;
+        Ok(Arc::new(session))
+    }
+}
+
 #[allow(dead_code)]
 fn disabled(engine: Engine) -> Error {
     Error::InvalidOptions {
@@ -400,31 +421,13 @@ impl Backend for Sql {
         match engine {
             #[cfg(feature = "postgres")]
             Engine::Postgres => {
-                let dialect = Arc::new(pg::Postgres::new(&self.url, tables, settings)?);
-                let session = SqlSession::open(
-                    dialect,
-                    target,
-                    options.clone(),
-                    self.wait_connections,
-                    self.restart_grace,
-                    self.reset_grace,
-                )
-                .await?;
-                Ok(Arc::new(session))
+                self.open_with(pg::Postgres::new(&self.url, tables, settings)?, target, options)
+                    .await
             }
             #[cfg(feature = "mysql")]
             Engine::MySql => {
-                let dialect = Arc::new(my::MySql::new(&self.url, tables, settings)?);
-                let session = SqlSession::open(
-                    dialect,
-                    target,
-                    options.clone(),
-                    self.wait_connections,
-                    self.restart_grace,
-                    self.reset_grace,
-                )
-                .await?;
-                Ok(Arc::new(session))
+                self.open_with(my::MySql::new(&self.url, tables, settings)?, target, options)
+                    .await
             }
             #[allow(unreachable_patterns)]
             engine => Err(disabled(engine)),

@@ -10,6 +10,7 @@ use lockline::{Client, EntryKind, Error, SessionOptions, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
+#[macro_use]
 mod support;
 
 use support::db::{spawn_probe, Db};
@@ -19,28 +20,6 @@ fn options(ttl_ms: u64) -> SessionOptions {
         .with_ttl(Duration::from_millis(ttl_ms))
         .with_connect_timeout(Duration::from_secs(5))
         .with_request_timeout(Duration::from_secs(2))
-}
-
-/// Declares each case once per engine: `mod postgres` and `mod mariadb`.
-macro_rules! on_both {
-    ($($case:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::postgres()).await;
-                }
-            )*
-        }
-        mod mariadb {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::mariadb()).await;
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

@@ -10,6 +10,7 @@ use lockline::{Client, Error, SessionOptions};
 use lockline_sql::Sql;
 use lockline_testkit::{free_port, TcpProxy};
 
+#[macro_use]
 mod support;
 
 use support::db::Db;
@@ -19,27 +20,6 @@ fn options() -> SessionOptions {
         .with_ttl(Duration::from_secs(5))
         .with_connect_timeout(Duration::from_secs(2))
         .with_request_timeout(Duration::from_secs(2))
-}
-
-macro_rules! on_both {
-    ($($case:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::postgres()).await;
-                }
-            )*
-        }
-        mod mariadb {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::mariadb()).await;
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

@@ -12,10 +12,11 @@
 use std::time::{Duration, Instant};
 
 use lockline::conformance::bounded;
-use lockline::{Client, Error, SessionOptions, SessionState};
+use lockline::{Client, Error, Session, SessionOptions, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
+#[macro_use]
 mod support;
 
 use support::db::Db;
@@ -44,28 +45,6 @@ fn settle_bound(options: &SessionOptions) -> Duration {
     options.ttl() + options.keepalive_interval() + options.request_timeout() + Duration::from_secs(1)
 }
 
-/// Declares each case once per engine: `mod postgres` and `mod mariadb`.
-macro_rules! on_both {
-    ($($case:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::postgres()).await;
-                }
-            )*
-        }
-        mod mariadb {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::mariadb()).await;
-                }
-            )*
-        }
-    };
-}
-
 on_both!(
     a_silent_guard_connection_loses_its_holder_before_the_next_grant,
     a_release_on_a_silent_guard_connection_fails_and_frees_the_lock,
@@ -78,6 +57,34 @@ on_both!(
 /// A client of its own whose every connection goes through `proxy`.
 fn proxied(db: &Db, proxy: &TcpProxy) -> Client {
     Client::new(Sql::new(db.url_via(&proxy.address())))
+}
+
+/// A proxy in front of the database, a client whose every connection goes
+/// through it, and a client that connects directly.
+fn far_and_near(db: &Db) -> (TcpProxy, Client, Client) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = proxied(db, &proxy);
+    (proxy, far, Client::new(Sql::new(db.url())))
+}
+
+/// The waiter behind a session whose guard connection went silent at
+/// `frozen_at` is granted within the bound, after that session was lost.
+async fn granted_past_a_silent_session(
+    waiter: tokio::task::JoinHandle<lockline::Result<lockline::MutexGuard>>,
+    frozen_at: Instant,
+    silent: &Session,
+) {
+    let guard = bounded("the waiter is granted", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(
+        frozen_at.elapsed() < settle_bound(&options()),
+        "the waiter was granted {:?} after the guard connection went silent",
+        frozen_at.elapsed()
+    );
+    assert_eq!(silent.state(), SessionState::Lost);
+    guard.release().await.expect("release");
 }
 
 /// Waits until the proxy has accepted connection `number`.
@@ -94,9 +101,7 @@ async fn accepted(proxy: &TcpProxy, number: usize) {
 /// alive every keepalive interval, hears nothing, declares itself lost and
 /// ends the session from a fresh connection; the waiter is then granted.
 async fn a_silent_guard_connection_loses_its_holder_before_the_next_grant(db: Db) {
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = proxied(&db, &proxy);
-    let near = Client::new(Sql::new(db.url()));
+    let (proxy, far, near) = far_and_near(&db);
     let holder_session = far.session_with(options()).await.expect("session");
     let held = holder_session
         .mutex("guard")
@@ -139,9 +144,7 @@ async fn a_silent_guard_connection_loses_its_holder_before_the_next_grant(db: Db
 /// retried for as long as the session lives: it fails (never `Ok`), the
 /// session is lost and ended, and the waiter behind it is granted.
 async fn a_release_on_a_silent_guard_connection_fails_and_frees_the_lock(db: Db) {
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = proxied(&db, &proxy);
-    let near = Client::new(Sql::new(db.url()));
+    let (proxy, far, near) = far_and_near(&db);
     let holder_session = far.session_with(options()).await.expect("session");
     let held = holder_session
         .mutex("release")
@@ -165,17 +168,7 @@ async fn a_release_on_a_silent_guard_connection_fails_and_frees_the_lock(db: Db)
         ),
         "a release on a silent connection answered {released:?}"
     );
-    let guard = bounded("the waiter is granted", waiter)
-        .await
-        .expect("task")
-        .expect("lock");
-    assert!(
-        frozen_at.elapsed() < settle_bound(&options()),
-        "the waiter was granted {:?} after the guard connection went silent",
-        frozen_at.elapsed()
-    );
-    assert_eq!(holder_session.state(), SessionState::Lost);
-    guard.release().await.expect("release");
+    granted_past_a_silent_session(waiter, frozen_at, &holder_session).await;
     proxy.thaw_connection(GUARD);
 }
 
@@ -184,9 +177,7 @@ async fn a_release_on_a_silent_guard_connection_fails_and_frees_the_lock(db: Db)
 /// fails, the session is lost and ended, and its entry does not stand at
 /// the head of the queue for ever.
 async fn an_acquire_whose_answer_is_lost_does_not_block_the_queue(db: Db) {
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = proxied(&db, &proxy);
-    let near = Client::new(Sql::new(db.url()));
+    let (proxy, far, near) = far_and_near(&db);
     let session = far.session_with(options()).await.expect("session");
     let mutex = session.mutex("answer").expect("mutex");
     proxy.freeze_answers(GUARD);
@@ -200,17 +191,7 @@ async fn an_acquire_whose_answer_is_lost_does_not_block_the_queue(db: Db) {
     };
     let acquired = bounded("the acquire returns", acquire).await.expect("task");
     assert!(acquired.is_err(), "an acquire with no answer returned {acquired:?}");
-    let guard = bounded("the waiter is granted", waiter)
-        .await
-        .expect("task")
-        .expect("lock");
-    assert!(
-        frozen_at.elapsed() < settle_bound(&options()),
-        "the waiter was granted {:?} after the answers stopped",
-        frozen_at.elapsed()
-    );
-    assert_eq!(session.state(), SessionState::Lost);
-    guard.release().await.expect("release");
+    granted_past_a_silent_session(waiter, frozen_at, &session).await;
     proxy.thaw_connection(GUARD);
 }
 
@@ -219,9 +200,7 @@ async fn an_acquire_whose_answer_is_lost_does_not_block_the_queue(db: Db) {
 /// connection renews before the loss deadline, so the holder keeps its
 /// lock (and nobody else is granted it).
 async fn a_silent_control_connection_is_replaced_and_the_holder_keeps_its_lock(db: Db) {
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = proxied(&db, &proxy);
-    let near = Client::new(Sql::new(db.url()));
+    let (proxy, far, near) = far_and_near(&db);
     let defaults = SessionOptions::default();
     let session = far.session_with(defaults.clone()).await.expect("session");
     let held = session.mutex("control").expect("mutex").lock().await.expect("lock");
@@ -256,9 +235,7 @@ async fn a_silent_control_connection_is_replaced_and_the_holder_keeps_its_lock(d
 /// wait's bound and the request timeout, waits again on a fresh one, and is
 /// granted — the queue does not freeze behind it.
 async fn a_silent_wait_connection_is_replaced_and_the_queue_moves(db: Db) {
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let near = Client::new(Sql::new(db.url()));
-    let far = proxied(&db, &proxy);
+    let (proxy, far, near) = far_and_near(&db);
     let holder_session = near.session_with(options()).await.expect("session");
     let held = holder_session.mutex("wait").expect("mutex").lock().await.expect("lock");
     let waiter_session = far.session_with(options()).await.expect("session");

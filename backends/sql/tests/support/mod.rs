@@ -5,6 +5,31 @@
 
 pub mod db;
 
+/// Declares each case once per engine, `mod postgres` and `mod mariadb`: a
+/// test `postgres::CASE` calls `CASE(Db::postgres())`, and likewise for
+/// MariaDB (`Db` in scope where it is used).
+#[allow(unused_macros)]
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::postgres()).await;
+                }
+            )*
+        }
+        mod mariadb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::mariadb()).await;
+                }
+            )*
+        }
+    };
+}
+
 use lockline::conformance::Fixture;
 use lockline::{Client, Session};
 use lockline_sql::Sql;
