@@ -1,29 +1,203 @@
 //! One command connection over a single node or a cluster.
+//!
+//! On a single node the session keeps its own connection (not the client
+//! library's connection manager), for two reasons:
+//!
+//! - A connection that stops answering is *replaced*: a request unanswered
+//!   within its bound gives the connection up ([`Conn::replace`]), and the
+//!   next request opens a new one. The library's manager re-connects only
+//!   when a connection breaks, so a connection that a middlebox silently
+//!   forgot (a NAT, a load balancer) would be kept, and every renewal sent
+//!   on it lost, until the session is lost (DESIGN rule 18).
+//! - Each connection learns, before anything else is sent on it, the
+//!   `run_id` of the server process at its other end (`INFO server`). A
+//!   connection reaches one process for its whole life (a restarted server
+//!   closes every connection), so an append sent on it can tell its script
+//!   which process it runs in, and the script can tell whether the lock's
+//!   counter was last incremented by another process, one that may have
+//!   lost its latest increments (see `APPEND` in the scripts).
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-/// The session's command connection: re-made by the client library when it
-/// breaks (a connection manager for one node; the cluster client routes each
-/// script to the node of its hash tag).
+/// The session's command connection: the current connection to one node
+/// (re-made after it broke or stopped answering), or the cluster client,
+/// which routes each script to the node of its hash tag.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(Arc<Single>),
     Cluster(ClusterConnection),
 }
 
-impl Conn {
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_))
+/// The connection to one node, made when first needed and again after it
+/// was given up.
+pub(crate) struct Single {
+    client: redis::Client,
+    config: redis::AsyncConnectionConfig,
+    connect_timeout: Duration,
+    current: std::sync::Mutex<Option<Link>>,
+    /// Held while a connection is being made, so that requests waiting for
+    /// one share it.
+    connecting: tokio::sync::Mutex<()>,
+    made: AtomicU64,
+}
+
+/// One connection, cheap to clone: what a request is sent on.
+#[derive(Clone)]
+pub(crate) enum Link {
+    Single {
+        conn: MultiplexedConnection,
+        /// The `run_id` of the server process at the other end.
+        run_id: Arc<str>,
+        /// Which connection of the session this is, from 1.
+        number: u64,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    /// The `run_id` of the server process this connection reaches; empty
+    /// on a cluster (the script reads it where it runs).
+    pub(crate) fn run_id(&self) -> &str {
+        match self {
+            Link::Single { run_id, .. } => run_id,
+            Link::Cluster(_) => "",
+        }
     }
 }
 
-impl ConnectionLike for Conn {
+/// Whether a request's failure says its connection is of no more use: it
+/// broke, or it did not answer in time (a connection silently forgotten by
+/// a middlebox answers nothing, ever).
+pub(crate) fn is_broken(error: &RedisError) -> bool {
+    error.is_timeout() || error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error()
+}
+
+impl Conn {
+    /// A single node's connection; the first one is made at once.
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be reached, refuses the credentials, or does
+    /// not answer within `connect_timeout`.
+    pub(crate) async fn single(
+        client: redis::Client,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> RedisResult<Conn> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(request_timeout));
+        let single = Arc::new(Single {
+            client,
+            config,
+            connect_timeout,
+            current: std::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            made: AtomicU64::new(0),
+        });
+        let conn = Conn::Single(single);
+        conn.link().await?;
+        Ok(conn)
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+
+    /// The connection to send a request on: the current one, or a new one
+    /// (made within the connect timeout) when there is none.
+    ///
+    /// # Errors
+    ///
+    /// When no connection could be made.
+    pub(crate) async fn link(&self) -> RedisResult<Link> {
+        let single = match self {
+            Conn::Cluster(conn) => return Ok(Link::Cluster(conn.clone())),
+            Conn::Single(single) => single,
+        };
+        if let Some(link) = single.current() {
+            return Ok(link);
+        }
+        let _connecting = single.connecting.lock().await;
+        if let Some(link) = single.current() {
+            return Ok(link);
+        }
+        let connect = async {
+            let mut conn = single
+                .client
+                .get_multiplexed_async_connection_with_config(&single.config)
+                .await?;
+            // Before anything else on this connection: which process answers.
+            let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+            let run_id = info
+                .lines()
+                .find_map(|line| line.strip_prefix("run_id:"))
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| {
+                    RedisError::from((redis::ErrorKind::UnexpectedReturnType, "INFO server gave no run_id"))
+                })?;
+            RedisResult::Ok((conn, Arc::<str>::from(run_id)))
+        };
+        let (conn, run_id) = match tokio::time::timeout(single.connect_timeout, connect).await {
+            Ok(made) => made?,
+            Err(elapsed) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed).into()),
+        };
+        let link = Link::Single {
+            conn,
+            run_id,
+            number: single.made.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        *single.slot() = Some(link.clone());
+        Ok(link)
+    }
+
+    /// Gives up `link` if it is still the current connection: the next
+    /// request makes a new one. Requests still in flight on it end with
+    /// their own timeouts, and the connection closes with the last of them.
+    pub(crate) fn replace(&self, link: &Link) {
+        let (Conn::Single(single), Link::Single { number, .. }) = (self, link) else {
+            return;
+        };
+        let mut slot = single.slot();
+        if matches!(&*slot, Some(Link::Single { number: current, .. }) if current == number) {
+            tracing::debug!(
+                connection = number,
+                "command connection given up; the next request makes a new one"
+            );
+            *slot = None;
+        }
+    }
+
+    /// Gives up `link` when `error` says it broke or went unanswered.
+    pub(crate) fn replace_if_broken(&self, link: &Link, error: &RedisError) {
+        if is_broken(error) {
+            self.replace(link);
+        }
+    }
+}
+
+impl Single {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Link>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn current(&self) -> Option<Link> {
+        self.slot().clone()
+    }
+}
+
+impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(conn) => conn.req_packed_command(cmd),
-            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+            Link::Single { conn, .. } => conn.req_packed_command(cmd),
+            Link::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -34,15 +208,15 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Link::Single { conn, .. } => conn.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(conn) => conn.get_db(),
-            Conn::Cluster(conn) => conn.get_db(),
+            Link::Single { conn, .. } => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
         }
     }
 }

@@ -275,13 +275,7 @@ impl Redis {
                     .build()?;
                 client.get_async_connection().await.map(Conn::Cluster)
             } else {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(request_timeout))
-                    .set_number_of_retries(1);
-                redis::aio::ConnectionManager::new_with_config(pubsub[0].clone(), config)
-                    .await
-                    .map(Conn::Single)
+                Conn::single(pubsub[0].clone(), connect_timeout, request_timeout).await
             }
         };
         match tokio::time::timeout(connect_timeout, connect).await {
@@ -298,21 +292,22 @@ impl Redis {
 /// The keyspace-event channel prefix when the server publishes keyspace
 /// events for deletions and expiries (`notify-keyspace-events` with `K` and
 /// `A`, or `g` and `x`).
-async fn keyspace_prefix(conn: &mut Conn, timeout: Duration) -> Option<String> {
+async fn keyspace_prefix(conn: &Conn, timeout: Duration) -> Option<String> {
     if conn.is_cluster() {
         // Keyspace events are local to each node; the session's one pub/sub
         // connection would miss most of them.
         return None;
     }
+    let mut link = tokio::time::timeout(timeout, conn.link()).await.ok()?.ok()?;
     let mut get = redis::cmd("CONFIG");
     get.arg("GET").arg("notify-keyspace-events");
-    let reply = tokio::time::timeout(timeout, get.query_async::<Vec<String>>(conn))
+    let reply = tokio::time::timeout(timeout, get.query_async::<Vec<String>>(&mut link))
         .await
         .ok()?
         .ok()?;
     let flags = reply.get(1)?;
     let events = flags.contains('A') || (flags.contains('g') && flags.contains('x'));
-    (flags.contains('K') && events).then(|| format!("__keyspace@{}__:", redis::aio::ConnectionLike::get_db(conn)))
+    (flags.contains('K') && events).then(|| format!("__keyspace@{}__:", redis::aio::ConnectionLike::get_db(&link)))
 }
 
 #[async_trait::async_trait]
@@ -342,7 +337,7 @@ impl Backend for Redis {
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
         options.validate()?;
         let target = self.target();
-        let (mut conn, pubsub) = self.connect(options).await?;
+        let (conn, pubsub) = self.connect(options).await?;
         let id = uuid_hex();
         let opened_at = Instant::now();
         let mut set = redis::cmd("SET");
@@ -351,17 +346,22 @@ impl Backend for Redis {
             .arg("PX")
             .arg(u64::try_from(options.ttl().as_millis()).unwrap_or(u64::MAX))
             .arg("NX");
-        match tokio::time::timeout(options.connect_timeout(), set.query_async::<Option<String>>(&mut conn)).await {
+        let opened = async {
+            let mut link = conn.link().await?;
+            set.query_async::<Option<String>>(&mut link).await
+        };
+        match tokio::time::timeout(options.connect_timeout(), opened).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => return Err(map("open a session", &target, error)),
             Err(_) => return Err(timed_out("open a session", &target, options.connect_timeout())),
         }
-        let keyspace = keyspace_prefix(&mut conn, options.request_timeout()).await;
+        let keyspace = keyspace_prefix(&conn, options.request_timeout()).await;
         let hub = Hub::new(
             pubsub,
             target.clone(),
             options.request_timeout(),
             options.keepalive_interval(),
+            session::probe_timeout(options),
         );
         let shared = Shared::new(id, conn, target, Arc::clone(&hub), options.clone(), keyspace, self.acks);
         let hub_task = tokio::spawn(hub.run()).abort_handle();

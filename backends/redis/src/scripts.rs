@@ -108,28 +108,38 @@ local function head(out, plain, entry, ttl, wants_plain, prefix)
 end
 "#;
 
-/// KEYS: queue, counter, plain key. ARGV: prefix (`{n}:`), attempt, kind,
-/// owner, value, ttl ms, conflicts (`all`/`exclusive`), count, wants plain.
-/// Returns `{order, nearest}` (the order as a string); a retried append finds
-/// its own entry.
+/// KEYS: queue, counter, plain key, the counter's epoch (`{n}:run`).
+/// ARGV: prefix (`{n}:`), attempt, kind, owner, value, ttl ms, conflicts
+/// (`all`/`exclusive`), count, wants plain, and the `run_id` of the server
+/// process the request was sent to (learned on its connection before
+/// anything else was sent on it; empty: read it here, with `INFO`).
+/// Returns `{order, nearest}` (the order as a string); a retried append
+/// finds its own entry.
 ///
-/// A counter that does not exist (the lock's first use, or its data lost
-/// with a restart without persistence) is started from the server's clock,
-/// `TIME` in microseconds (seconds followed by six digits of microseconds,
-/// put together as text, never through a Lua float), so that its tokens
-/// stay above every token the server could have handed out before: each
-/// earlier token is at most the clock when its counter was started plus the
-/// grants made since, which stays below the clock as long as the clock did
-/// not step back and fewer than a million grants a second were made on the
-/// lock. A counter that exists is only incremented, as it always was: it
-/// holds every token handed out since it was started. `TIME` makes the
-/// script non-deterministic, which effects replication allows (the default
-/// from Redis 5, the only mode from Redis 7); `redis.replicate_commands()`,
-/// called before any write, turns it on for Redis 3.2 and 4. The order is
-/// kept as text in the script: Lua 5.1 writes a number concatenated into a
-/// string with 14 significant digits, too few for a clock in microseconds.
+/// The counter is started from the server's clock, `TIME` in microseconds
+/// (seconds followed by six digits of microseconds, put together as text,
+/// never through a Lua float), when it does not exist (the lock's first
+/// use, or its data lost with a restart without persistence), and lifted
+/// to the clock (never lowered) when it was last incremented by another
+/// server process than this one: its epoch `{n}:run`, the `run_id` of the
+/// process that last started or lifted it, is not this process's. A
+/// restart that lost the latest writes (an append-only file fsynced every
+/// second, or never, and a machine that lost what was not fsynced) can
+/// bring back a counter below tokens already handed out; it also changes
+/// the `run_id`, so the first append on each lock after it lifts the
+/// counter above them. Either way every earlier token is at most the clock
+/// when its counter was started or last lifted plus the grants made since,
+/// which stays below the clock as long as the clock did not step back and
+/// fewer than a million grants a second were made on the lock. Within one
+/// server process the counter is only incremented, by one a grant. `TIME`
+/// and `INFO` make the script non-deterministic, which effects replication
+/// allows (the default from Redis 5, the only mode from Redis 7);
+/// `redis.replicate_commands()`, called before any write, turns it on for
+/// Redis 3.2 and 4. The order is kept as text in the script: Lua 5.1
+/// writes a number concatenated into a string with 14 significant digits,
+/// too few for a clock in microseconds.
 const APPEND: &str = r#"
-local q, seq, plain = KEYS[1], KEYS[2], KEYS[3]
+local q, seq, plain, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, attempt = ARGV[1], ARGV[2]
 local entry = prefix .. 'e:' .. attempt
 local order = redis.call('HGET', entry, 'order')
@@ -142,10 +152,20 @@ if not order then
   if queue_type ~= 'none' and queue_type ~= 'zset' then
     return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
   end
-  if redis.call('EXISTS', seq) == 0 then
+  local run = ARGV[10]
+  if run == '' then
+    if redis.replicate_commands then redis.replicate_commands() end
+    run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  end
+  local count = redis.call('GET', seq)
+  if not count or redis.call('GET', epoch) ~= run then
     if redis.replicate_commands then redis.replicate_commands() end
     local now = redis.call('TIME')
-    redis.call('SET', seq, now[1] .. string.format('%06d', tonumber(now[2])))
+    local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+    if not count or not string.find(count, '^%d+$') or #count < #clock or (#count == #clock and count < clock) then
+      redis.call('SET', seq, clock)
+    end
+    redis.call('SET', epoch, run)
   end
   order = string.format('%d', redis.call('INCR', seq))
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])

@@ -206,11 +206,11 @@ async fn cancelled_acquires_leave_no_key() {
     held.release().await.expect("release");
     session.close().await.expect("close");
     other.close().await.expect("close");
-    // The counter stays; so, for a TTL, does the tombstone of each acquire
-    // abandoned with its append in flight (so that a late append creates
-    // nothing): every one of them expires.
+    // The counter and its epoch stay; so, for a TTL, does the tombstone of
+    // each acquire abandoned with its append in flight (so that a late
+    // append creates nothing): every one of them expires.
     for key in support::scan(&mut side, "*").await {
-        if key == "{cancel}:seq" {
+        if key == "{cancel}:seq" || key == "{cancel}:run" {
             continue;
         }
         assert!(
@@ -373,7 +373,11 @@ async fn close_is_confirmed_by_the_server_or_an_error() {
         .expect("confirmed once the server answers");
     let mut side = support::side(&server.url()).await;
     let left = support::scan(&mut side, "*").await;
-    assert_eq!(left, vec!["{close}:seq".to_owned()], "only the counter is left");
+    assert_eq!(
+        left,
+        vec!["{close}:run".to_owned(), "{close}:seq".to_owned()],
+        "only the counter and its epoch are left"
+    );
 }
 
 /// An append sent again with the same attempt id (its first answer lost)
@@ -632,3 +636,4 @@ async fn a_silently_cut_off_release_whose_entry_another_client_deleted_is_not_a_
         "a release the server never confirmed, of an entry another client deleted, must not be Ok: {released:?}"
     );
 }
+
