@@ -9,13 +9,14 @@
 //!   when a connection breaks, so a connection that a middlebox silently
 //!   forgot (a NAT, a load balancer) would be kept, and every renewal sent
 //!   on it lost, until the session is lost (DESIGN rule 18).
-//! - Each connection learns, before anything else is sent on it, the
-//!   `run_id` of the server process at its other end (`INFO server`). A
-//!   connection reaches one process for its whole life (a restarted server
-//!   closes every connection), so an append sent on it can tell its script
-//!   which process it runs in, and the script can tell whether the lock's
-//!   counter was last incremented by another process, one that may have
-//!   lost its latest increments (see `APPEND` in the scripts).
+//! - Each connection learns, before anything else is sent on it, the epoch
+//!   of the server at its other end: the `run_id` of its process and its
+//!   replication id (`master_replid`), from `INFO`. A connection reaches one
+//!   process for its whole life (a restarted server closes every
+//!   connection), so an append sent on it can tell its script which epoch
+//!   it runs in, and the script can tell whether the lock's counter was
+//!   last incremented in another one, which may have lost its latest
+//!   increments (see `APPEND` in the scripts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -52,8 +53,8 @@ pub(crate) struct Single {
 pub(crate) enum Link {
     Single {
         conn: MultiplexedConnection,
-        /// The `run_id` of the server process at the other end.
-        run_id: Arc<str>,
+        /// The epoch of the server at the other end: `<run_id>:<master_replid>`.
+        epoch: Arc<str>,
         /// Which connection of the session this is, from 1.
         number: u64,
     },
@@ -61,14 +62,30 @@ pub(crate) enum Link {
 }
 
 impl Link {
-    /// The `run_id` of the server process this connection reaches; empty
-    /// on a cluster (the script reads it where it runs).
-    pub(crate) fn run_id(&self) -> &str {
+    /// The epoch of the server this connection reaches (see [`epoch_of`]);
+    /// empty on a cluster (the script reads it where it runs).
+    pub(crate) fn epoch(&self) -> &str {
         match self {
-            Link::Single { run_id, .. } => run_id,
+            Link::Single { epoch, .. } => epoch,
             Link::Cluster(_) => "",
         }
     }
+}
+
+/// The epoch of a server, from its `INFO`: `<run_id>:<master_replid>`.
+/// The `run_id` is new with every process, so every restart changes it;
+/// the replication id is new with every promotion and full resync, so a
+/// process that took a replica's data (demoted, resynced, promoted again)
+/// is in another epoch too. `None` without a `run_id`.
+pub(crate) fn epoch_of(info: &str) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+            .unwrap_or_default()
+    };
+    let run_id = field("run_id");
+    (!run_id.is_empty()).then(|| format!("{run_id}:{}", field("master_replid")))
 }
 
 /// Whether a request's failure says its connection is of no more use: it
@@ -134,24 +151,18 @@ impl Conn {
                 .get_multiplexed_async_connection_with_config(&single.config)
                 .await?;
             // Before anything else on this connection: which process answers.
-            let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
-            let run_id = info
-                .lines()
-                .find_map(|line| line.strip_prefix("run_id:"))
-                .map(str::trim)
-                .filter(|id| !id.is_empty())
-                .ok_or_else(|| {
-                    RedisError::from((redis::ErrorKind::UnexpectedReturnType, "INFO server gave no run_id"))
-                })?;
-            RedisResult::Ok((conn, Arc::<str>::from(run_id)))
+            let info: String = redis::cmd("INFO").query_async(&mut conn).await?;
+            let epoch = epoch_of(&info)
+                .ok_or_else(|| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "INFO gave no run_id")))?;
+            RedisResult::Ok((conn, Arc::<str>::from(epoch)))
         };
-        let (conn, run_id) = match tokio::time::timeout(single.connect_timeout, connect).await {
+        let (conn, epoch) = match tokio::time::timeout(single.connect_timeout, connect).await {
             Ok(made) => made?,
             Err(elapsed) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed).into()),
         };
         let link = Link::Single {
             conn,
-            run_id,
+            epoch,
             number: single.made.fetch_add(1, Ordering::Relaxed) + 1,
         };
         *single.slot() = Some(link.clone());
@@ -218,5 +229,24 @@ impl ConnectionLike for Link {
             Link::Single { conn, .. } => conn.get_db(),
             Link::Cluster(conn) => conn.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::epoch_of;
+
+    #[test]
+    fn the_epoch_is_the_run_id_and_the_replication_id() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:6b64ecf6\r\ntcp_port:6379\r\n\r\n# Replication\r\nrole:master\r\nmaster_replid:9f3e21aa\r\nmaster_replid2:0000\r\n";
+        assert_eq!(epoch_of(info).as_deref(), Some("6b64ecf6:9f3e21aa"));
+        // No replication section (an old server): the run id alone.
+        assert_eq!(epoch_of("run_id:abc\r\n").as_deref(), Some("abc:"));
+        assert_eq!(epoch_of("redis_version:7.0.15\r\n"), None);
+        // `master_replid2` is not taken for `master_replid`.
+        assert_eq!(
+            epoch_of("run_id:r\r\nmaster_replid2:x\r\nmaster_replid:y\r\n").as_deref(),
+            Some("r:y")
+        );
     }
 }

@@ -69,6 +69,9 @@ pub(crate) struct Hub {
     /// Told when a request on the connection went unanswered: the
     /// connection is given up and made again at once, not at the next ping.
     stuck: tokio::sync::Notify,
+    /// The generation of the connection found stuck: a report about a
+    /// connection already made again is ignored.
+    stuck_generation: std::sync::atomic::AtomicU64,
 }
 
 /// One waiter's interest in one channel; unsubscribes when the last is dropped.
@@ -161,6 +164,7 @@ impl Hub {
             retired: std::sync::Mutex::new(Vec::new()),
             retire: tokio::sync::Notify::new(),
             stuck: tokio::sync::Notify::new(),
+            stuck_generation: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -204,12 +208,14 @@ impl Hub {
         // (or will be on reconnection, which bumps the generation).
         if first {
             let mut sink = self.sink.lock().await;
+            // The connection the sink belongs to (made again only under this lock).
+            let generation = *self.generation.borrow();
             if let Some(sink) = sink.as_mut() {
                 match tokio::time::timeout(self.request_timeout, sink.subscribe(channel)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(error)) => {
                         if crate::conn::is_broken(&error) {
-                            self.stuck.notify_one();
+                            self.report_stuck(generation);
                         }
                         return Err(map("SUBSCRIBE", &self.target, error));
                     }
@@ -217,13 +223,20 @@ impl Hub {
                         // Unanswered: the connection may have been silently
                         // forgotten on the way. Make it again (every wanted
                         // channel subscribed anew, every waiter looking again).
-                        self.stuck.notify_one();
+                        self.report_stuck(generation);
                         return Err(timed_out("SUBSCRIBE", &self.target, self.request_timeout));
                     }
                 }
             }
         }
         Ok(subscription)
+    }
+
+    /// Has the connection of `generation` made again, unless it already was.
+    fn report_stuck(&self, generation: u64) {
+        self.stuck_generation
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
+        self.stuck.notify_one();
     }
 
     /// Unsubscribes, in one command, the channels retired since the last
@@ -308,9 +321,11 @@ impl Hub {
             }
         }
         *slot = Some(sink);
-        drop(slot);
-        // Everything subscribed again: whoever waits looks again.
+        // Everything subscribed again: whoever waits looks again. Bumped
+        // before the sink is let go, so that a request made on this
+        // connection reads this connection's generation.
         self.generation.send_modify(|g| *g += 1);
+        drop(slot);
         Ok(stream)
     }
 
@@ -341,8 +356,11 @@ impl Hub {
                 }
                 () = self.retire.notified() => self.unsubscribe_retired().await,
                 () = self.stuck.notified() => {
-                    tracing::debug!(target = %self.target, "a request on the pub/sub connection went unanswered; reconnecting");
-                    return;
+                    let stuck = self.stuck_generation.load(std::sync::atomic::Ordering::SeqCst);
+                    if stuck == *self.generation.borrow() {
+                        tracing::debug!(target = %self.target, "a request on the pub/sub connection went unanswered; reconnecting");
+                        return;
+                    }
                 }
                 _ = ping.tick() => {
                     // A round trip on this very connection, bounded: one a

@@ -16,7 +16,7 @@ pub(crate) fn counter(name: &str) -> String {
     format!("{{{name}}}:seq")
 }
 
-/// The counter's epoch: the `run_id` of the server process that last
+/// The counter's epoch: `<run_id>:<master_replid>` of the server that last
 /// started or lifted the counter (see `APPEND` in the scripts).
 pub(crate) fn epoch(name: &str) -> String {
     format!("{{{name}}}:run")

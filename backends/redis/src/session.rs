@@ -894,14 +894,14 @@ impl BackendSession for RedisSession {
             .arg(conflicts_arg(request.conflicts))
             .arg(request.nearest.max(1))
             .arg(Self::wants_plain(request.kind));
-        // The run id of the server process at the other end of the very
-        // connection the append goes on (see `APPEND`): rides on the append
-        // itself, no request of its own.
+        // The epoch of the server at the other end of the very connection
+        // the append goes on (see `APPEND`): rides on the append itself, no
+        // request of its own.
         let what = "append to the queue";
         let script = &scripts.append;
         let (reply, acked) = shared
             .exchange(what, shared.options.request_timeout(), |mut link| async move {
-                invocation.arg(link.run_id());
+                invocation.arg(link.epoch());
                 shared.invoke(script, &invocation, true, &mut link).await
             })
             .await
