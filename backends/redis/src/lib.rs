@@ -22,7 +22,8 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing; started from the server's clock in microseconds when missing, so a counter lost with the data starts above every earlier token) |
+//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing; started from the server's clock in microseconds when missing, and lifted to it once in each new epoch of the server, so a counter lost with the data, or brought back without its latest increments, goes on above every earlier token) |
+//! | `{n}:run` | string | the counter's epoch: `<run_id>:<master_replid>` of the server that last started or lifted it |
 //! | `{n}:q` | sorted set | the queue: one member per entry (its attempt id), scored by its order |
 //! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
 //! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
@@ -58,6 +59,11 @@
 //!   a failover shorter than the loss deadline is ridden out, `Suspended`
 //!   meanwhile, then `Live`; the pub/sub connection is made again as soon,
 //!   and every waiter looks again at what it waits for.
+//! - **Connections** = the command connection and the pub/sub connection,
+//!   each proven alive within the loss deadline by a bounded round trip on
+//!   it (a renewal; a `PING`), and replaced when one goes unanswered: a
+//!   connection a NAT or a load balancer silently forgot costs a probe
+//!   timeout and a keepalive interval, never the session or a frozen queue.
 //! - **Lock-delay** ([`SessionOptions::with_lock_delay`](lockline::SessionOptions::with_lock_delay))
 //!   = told by the message that woke the waiter: a release, a close or a
 //!   cancelled acquire publishes `gone`; an entry removed by a session
@@ -92,10 +98,13 @@
 //! # Limits
 //!
 //! Redis replicates asynchronously: a failover can lose the latest appends
-//! and renewals, so two contenders may both believe they hold, and a token
-//! can repeat if a failover lost the counter's latest increments (a counter
-//! lost whole starts again from the server's clock, above every earlier
-//! token, as long as that clock did not step back). [`Redis::with_replica_acks`]
+//! and renewals, so two contenders may both believe they hold. Tokens do not
+//! repeat across a restart, whatever `appendfsync` says: a counter lost
+//! whole, or brought back without its latest increments (an append-only
+//! file fsynced every second and a crash that lost the rest), starts again
+//! from the server's clock, above every earlier token, as long as that
+//! clock did not step back; after a failover the promoted replica's clock
+//! must be ahead of them. [`Redis::with_replica_acks`]
 //! narrows that window (every write waits for `WAIT` from N replicas) but
 //! does not close it; fence what the lock protects with the token. For
 //! locks whose correctness matters, use etcd or ZooKeeper.
