@@ -624,7 +624,7 @@ impl Shared {
             }
         };
         let replies: Vec<Value> = self
-            .exchange("renew the session", probe_timeout(&self.options), renewal)
+            .exchange("renew the session", self.renewal_timeout(), renewal)
             .await?;
         let mut replies = replies.into_iter();
         let session_alive = replies.next().and_then(|v| int(&v)) == Some(1);
@@ -648,6 +648,13 @@ impl Shared {
             }
         }
         Ok((session_alive, gone))
+    }
+
+    /// How long one renewal may go unanswered: the probe timeout, and with
+    /// replica acknowledgement asked for, the `WAIT` behind it on top (a
+    /// renewal waiting for its replicas is not a silent connection).
+    fn renewal_timeout(&self) -> Duration {
+        probe_timeout(&self.options) + self.acks.map_or(Duration::ZERO, |acks| acks.timeout)
     }
 
     /// One renewal, tried a second time at once if the first failed: a
