@@ -559,7 +559,7 @@ impl Shared {
         // its connection up, and the next try (at once) goes on a new one
         // early enough to be confirmed before the loss deadline.
         let (tracked_all, scripts, holder) = (&tracked, &scripts, &holder);
-        let renewal = |mut conn: Link| async move {
+        let renewal = |conn: Link| async move {
             let tracked = tracked_all;
             if self.conn.is_cluster() {
                 // A cluster takes no pipeline across slots: one request per key,
@@ -592,14 +592,33 @@ impl Shared {
                     .chain(rest)
                     .collect::<redis::RedisResult<Vec<_>>>()
             } else {
-                // One round trip however many entries. The holders' script is
-                // called by its hash; only when the server does not know it (it
-                // restarted) is it sent along, and the renewal (every command of
-                // which may be repeated) made again. Sending it every time cost
-                // each session some 2.5 KB per TTL.
+                // One round trip however many entries: the session key first,
+                // on its own, then every entry in one pipeline right behind it
+                // on the same connection. The session key's answer comes first
+                // and soon, however many entries follow: it is the probe that
+                // proves the connection alive, bounded by the probe timeout
+                // (a renewal of 100,000 entries takes longer than that, and
+                // is bounded by the request timeout instead).
+                let probe = async {
+                    let mut session = redis::cmd("PEXPIRE");
+                    session.arg(layout::session_key(&self.id)).arg(ttl);
+                    let mut probe_conn = conn.clone();
+                    let bound = probe_timeout(&self.options);
+                    match tokio::time::timeout(bound, session.query_async::<Value>(&mut probe_conn)).await {
+                        Ok(answer) => answer,
+                        Err(elapsed) => {
+                            self.conn.replace(&conn);
+                            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed).into())
+                        }
+                    }
+                };
+                // The holders' script is called by its hash; only when the
+                // server does not know it (it restarted) is it sent along, and
+                // the renewal (every command of which may be repeated) made
+                // again. Sending it every time cost each session some 2.5 KB
+                // per TTL.
                 let pipeline = |load: bool| {
-                    let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
-                    pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
+                    let mut pipe = Pipeline::with_capacity(tracked.len() + 2);
                     if load && tracked.iter().any(|t| t.1) {
                         pipe.load_script(&scripts.renew_holder).ignore();
                     }
@@ -611,16 +630,27 @@ impl Shared {
                         }
                     }
                     if let Some(acks) = self.acks {
+                        // Behind every write of this connection, the session
+                        // key's among them.
                         pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
                     }
                     pipe
                 };
-                match pipeline(false).query_async::<Vec<Value>>(&mut conn).await {
-                    Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                        pipeline(true).query_async::<Vec<Value>>(&mut conn).await
+                let entries = async {
+                    if tracked.is_empty() && self.acks.is_none() {
+                        return Ok(Vec::new());
                     }
-                    other => other,
-                }
+                    let mut entries_conn = conn.clone();
+                    match pipeline(false).query_async::<Vec<Value>>(&mut entries_conn).await {
+                        Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                            pipeline(true).query_async::<Vec<Value>>(&mut entries_conn).await
+                        }
+                        other => other,
+                    }
+                };
+                // Polled in this order, so the probe is sent first.
+                let (first, rest) = futures::future::try_join(probe, entries).await?;
+                Ok(std::iter::once(first).chain(rest).collect())
             }
         };
         let replies: Vec<Value> = self
@@ -650,11 +680,11 @@ impl Shared {
         Ok((session_alive, gone))
     }
 
-    /// How long one renewal may go unanswered: the probe timeout, and with
-    /// replica acknowledgement asked for, the `WAIT` behind it on top (a
-    /// renewal waiting for its replicas is not a silent connection).
+    /// How long one renewal may take in all: the request timeout, and with
+    /// replica acknowledgement asked for, the `WAIT` behind it on top. Its
+    /// first answer, the session key's, is bounded by the probe timeout.
     fn renewal_timeout(&self) -> Duration {
-        probe_timeout(&self.options) + self.acks.map_or(Duration::ZERO, |acks| acks.timeout)
+        self.options.request_timeout() + self.acks.map_or(Duration::ZERO, |acks| acks.timeout)
     }
 
     /// One renewal, tried a second time at once if the first failed: a

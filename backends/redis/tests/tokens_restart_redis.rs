@@ -140,6 +140,25 @@ async fn a_new_counter_starts_at_the_clock_and_an_existing_one_is_incremented_by
     guard.release().await.expect("release");
 }
 
+/// Waits until the append-only file `path` holds `count` increments of
+/// `counter` (the server is another process, with no event to await: look
+/// every 20 ms), and returns its length then: the end of a write of whole
+/// commands.
+async fn written(path: &std::path::Path, counter: &str, count: usize) -> u64 {
+    let incr = format!("*2\r\n$4\r\nINCR\r\n${}\r\n{counter}\r\n", counter.len());
+    bounded("the grants written to the append-only file", async {
+        loop {
+            let bytes = std::fs::read(path).expect("read the AOF");
+            let text = String::from_utf8_lossy(&bytes);
+            if text.matches(&incr).count() >= count {
+                return u64::try_from(bytes.len()).expect("a file length");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
 /// A server with an append-only file fsynced once a second (`appendfsync
 /// everysec`, Redis's default once AOF is on) acknowledges writes it has
 /// not yet made durable: a machine that loses what was not fsynced (a
@@ -175,9 +194,11 @@ async fn after_a_restart_that_lost_the_last_writes_tokens_stay_above_every_earli
         before.push(guard.token().get());
         guard.release().await.expect("release");
     }
-    // What a machine crash keeps: the file up to here.
+    // What a machine crash keeps: the file up to here, once it holds these
+    // three grants (an everysec server may acknowledge a write before it
+    // writes it to the file, while an fsync is in progress).
     let tail = server.append_only_tail().expect("the append-only file");
-    let kept = std::fs::metadata(&tail).expect("AOF size").len();
+    let kept = written(&tail, "{lossy}:seq", 3).await;
     // The burst the crash loses, the last grant still held.
     for _ in 0..50 {
         let guard = old.mutex("lossy").unwrap().lock().await.expect("lock");
