@@ -555,9 +555,10 @@ impl Shared {
             invocation
         };
         // One reply per command: the session key, then each entry in order.
-        // Bounded by the probe timeout: a renewal unanswered within it gives
-        // its connection up, and the next try (at once) goes on a new one
-        // early enough to be confirmed before the loss deadline.
+        // On a single node the session key's answer is bounded by the probe
+        // timeout: unanswered within it, the renewal gives its connection
+        // up, and the next try (at once) goes on a new one early enough to
+        // be confirmed before the loss deadline.
         let (tracked_all, scripts, holder) = (&tracked, &scripts, &holder);
         let renewal = |conn: Link| async move {
             let tracked = tracked_all;
