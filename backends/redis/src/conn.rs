@@ -46,6 +46,8 @@ pub(crate) struct Single {
     /// one share it.
     connecting: tokio::sync::Mutex<()>,
     made: AtomicU64,
+    /// Whether the server's refusal of `INFO` was logged already.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 /// One connection, cheap to clone: what a request is sent on.
@@ -71,6 +73,10 @@ impl Link {
         }
     }
 }
+
+/// The epoch sent when the server refused `INFO`: the append script then
+/// neither lifts the counter nor records an epoch.
+pub(crate) const UNKNOWN_EPOCH: &str = "-";
 
 /// The epoch of a server, from its `INFO`: `<run_id>:<master_replid>`.
 /// The `run_id` is new with every process, so every restart changes it;
@@ -117,6 +123,7 @@ impl Conn {
             current: std::sync::Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             made: AtomicU64::new(0),
+            warned: std::sync::atomic::AtomicBool::new(false),
         });
         let conn = Conn::Single(single);
         conn.link().await?;
@@ -151,9 +158,24 @@ impl Conn {
                 .get_multiplexed_async_connection_with_config(&single.config)
                 .await?;
             // Before anything else on this connection: which process answers.
-            let info: String = redis::cmd("INFO").query_async(&mut conn).await?;
-            let epoch = epoch_of(&info)
-                .ok_or_else(|| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "INFO gave no run_id")))?;
+            let epoch = match redis::cmd("INFO").query_async::<String>(&mut conn).await {
+                Ok(info) => epoch_of(&info)
+                    .ok_or_else(|| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "INFO gave no run_id")))?,
+                // Refused (an ACL without `info`, which `-@dangerous` takes
+                // away; a renamed command): the epoch is unknown, and the
+                // counters are only started from the clock when missing.
+                Err(error) if matches!(error.kind(), redis::ErrorKind::Server(_)) => {
+                    if !single.warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            %error,
+                            "the Redis server refused INFO: fencing tokens may repeat after a restart that \
+                             lost its last writes (allow the user `+info` to rule that out)"
+                        );
+                    }
+                    UNKNOWN_EPOCH.to_owned()
+                }
+                Err(error) => return Err(error),
+            };
             RedisResult::Ok((conn, Arc::<str>::from(epoch)))
         };
         let (conn, epoch) = match tokio::time::timeout(single.connect_timeout, connect).await {

@@ -103,8 +103,9 @@
 //! whole, or brought back without its latest increments (an append-only
 //! file fsynced every second and a crash that lost the rest), starts again
 //! from the server's clock, above every earlier token, as long as that
-//! clock did not step back; after a failover the promoted replica's clock
-//! must be ahead of them. [`Redis::with_replica_acks`]
+//! clock did not step back, and the Redis user is allowed `INFO` (which
+//! tells a restart); after a failover the promoted replica's clock must be
+//! ahead of them. [`Redis::with_replica_acks`]
 //! narrows that window (every write waits for `WAIT` from N replicas) but
 //! does not close it; fence what the lock protects with the token. For
 //! locks whose correctness matters, use etcd or ZooKeeper.

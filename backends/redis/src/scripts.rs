@@ -113,7 +113,8 @@ end
 /// (`all`/`exclusive`), count, wants plain, and the epoch of the server the
 /// request was sent to, `<run_id>:<master_replid>` (learned on its
 /// connection before anything else was sent on it; empty: read here, with
-/// `INFO`). Returns `{order, nearest}` (the order as a string); a retried
+/// `INFO`; `-`: unknown, the user may not run `INFO`, and the counter is
+/// only started when missing, never lifted). Returns `{order, nearest}` (the order as a string); a retried
 /// append finds its own entry.
 ///
 /// The counter is started from the server's clock, `TIME` in microseconds
@@ -155,19 +156,26 @@ if not order then
   local now_epoch = ARGV[10]
   if now_epoch == '' then
     if redis.replicate_commands then redis.replicate_commands() end
-    local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
-    local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
-    now_epoch = run .. ':' .. replid
+    local server = redis.pcall('INFO', 'server')
+    local replication = redis.pcall('INFO', 'replication')
+    if type(server) == 'string' and type(replication) == 'string' then
+      local run = string.match(server, 'run_id:(%w+)') or ''
+      now_epoch = run .. ':' .. (string.match(replication, 'master_replid:(%w+)') or '')
+    else
+      now_epoch = '-'
+    end
   end
   local count = redis.call('GET', seq)
-  if not count or redis.call('GET', epoch) ~= now_epoch then
+  local lift = not count
+  if not lift and now_epoch ~= '-' then lift = redis.call('GET', epoch) ~= now_epoch end
+  if lift then
     if redis.replicate_commands then redis.replicate_commands() end
     local now = redis.call('TIME')
     local clock = now[1] .. string.format('%06d', tonumber(now[2]))
     if not count or not string.find(count, '^%d+$') or #count < #clock or (#count == #clock and count < clock) then
       redis.call('SET', seq, clock)
     end
-    redis.call('SET', epoch, now_epoch)
+    if now_epoch ~= '-' then redis.call('SET', epoch, now_epoch) end
   end
   order = string.format('%d', redis.call('INCR', seq))
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])

@@ -256,3 +256,40 @@ async fn after_a_restart_that_lost_the_last_writes_tokens_stay_above_every_earli
     );
     assert_eq!(old.state(), SessionState::Live, "the old session outlived the restart");
 }
+
+/// A user the server does not allow `INFO` (an ACL with `-@dangerous`, a
+/// common hardening) still opens sessions and takes locks, its tokens
+/// growing by one a grant: the server's epoch is then unknown, and only the
+/// lift after a restart that lost the last writes is not had (the crate's
+/// docs say so), nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_not_allowed_info_still_takes_locks() {
+    let server = RedisServer::start().expect("start redis");
+    server
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "locker",
+            "on",
+            ">secret",
+            "+@all",
+            "-@dangerous",
+            "~*",
+            "&*",
+        ])
+        .expect("ACL SETUSER");
+    let url = format!("redis://locker:secret@127.0.0.1:{}", server.port());
+    let session = Client::new(Redis::new(url))
+        .session_with(options())
+        .await
+        .expect("a session without INFO");
+    let first = session.mutex("no-info").unwrap().lock().await.expect("lock");
+    let t1 = first.token().get();
+    first.release().await.expect("release");
+    let second = session.mutex("no-info").unwrap().lock().await.expect("lock");
+    assert_eq!(second.token().get(), t1 + 1);
+    second.release().await.expect("release");
+    let mut side = support::side(&server.url()).await;
+    let epoch: Option<String> = side.get("{no-info}:run").await.expect("get");
+    assert_eq!(epoch, None, "no epoch is recorded when it is unknown");
+}
