@@ -653,21 +653,63 @@ fn frozen_bound(options: &SessionOptions) -> Duration {
     options.ttl() + options.keepalive_interval() + options.request_timeout()
 }
 
+/// TTL 6 s: renewals every 2 s, loss deadline 4.8 s, probe timeout 1 s. A
+/// renewal caught on the frozen connection is given up at 3 s at the
+/// latest, which leaves the try on a new connection 1.8 s before the
+/// deadline: room enough on a machine under load (with a TTL of 2 s it was
+/// 0.47 s, and a loaded machine sometimes took longer, losing the session
+/// safely but not keeping the lock as these tests assert).
+fn frozen_options() -> SessionOptions {
+    options(6000)
+}
+
+/// How many clients `server` has connected now (`INFO clients`; the
+/// `redis-cli` asking counts itself, the same each time).
+fn connected_clients(server: &RedisServer) -> usize {
+    server
+        .cli(&["INFO", "clients"])
+        .expect("INFO clients")
+        .lines()
+        .find_map(|line| line.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients")
+}
+
 /// Opens a session through `proxy` and tells which of the proxy's
 /// connections are its own: the command connection, made while the session
-/// opens, then the pub/sub connection its background task makes next.
-async fn session_through(proxy: &TcpProxy, client: &Client, options: SessionOptions) -> (Session, [usize; 2]) {
-    let first = proxy.connections_accepted();
-    let session = client.session_with(options).await.expect("session");
-    assert!(
-        proxy.connections_accepted() > first,
-        "the command connection is made while the session opens"
-    );
-    lockline::conformance::until("the pub/sub connection is made", || {
-        proxy.connections_accepted() >= first + 2
-    })
-    .await;
-    (session, [first, first + 1])
+/// opens, then the pub/sub connection its background task makes next. Both
+/// must have reached the server before one is frozen: the proxy joins a
+/// connection to the server on a thread of its own, and one frozen before
+/// it was joined is never joined, so its client's end is never seen closed.
+/// A setup that made more than two connections (a first pub/sub attempt
+/// that went unanswered on a loaded machine) is ambiguous, and done again.
+async fn session_through(
+    server: &RedisServer,
+    proxy: &TcpProxy,
+    client: &Client,
+    options: SessionOptions,
+) -> (Session, [usize; 2]) {
+    for _ in 0..3 {
+        let before = connected_clients(server);
+        let first = proxy.connections_accepted();
+        let session = client.session_with(options.clone()).await.expect("session");
+        assert!(
+            proxy.connections_accepted() > first,
+            "the command connection is made while the session opens"
+        );
+        // The server is another process, with no event to await: look every 20 ms.
+        bounded("both connections reach the server", async {
+            while connected_clients(server) < before + 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if proxy.connections_accepted() == first + 2 {
+            return (session, [first, first + 1]);
+        }
+        session.close().await.expect("close");
+    }
+    panic!("every try to open a session through the proxy made more than two connections");
 }
 
 /// The number of `frozen` among a session's connections.
@@ -708,10 +750,10 @@ async fn a_holder_with_one_frozen_connection(frozen: Frozen) {
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
     let far = Client::new(Redis::new(format!("redis://{}", proxy.address())));
     let near = Client::new(Redis::new(server.url()));
-    let options = options(2000);
+    let options = frozen_options();
     let bound = frozen_bound(&options);
     let name = format!("frozen/{frozen:?}/holder");
-    let (holder, connections) = session_through(&proxy, &far, options.clone()).await;
+    let (holder, connections) = session_through(&server, &proxy, &far, options.clone()).await;
     let held = holder.mutex(&name).expect("mutex").lock().await.expect("lock");
     let other = near.session_with(options.clone()).await.expect("session");
     let waiter = {
@@ -767,10 +809,10 @@ async fn a_waiter_with_one_frozen_connection(frozen: Frozen) {
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", server.port())).expect("proxy");
     let far = Client::new(Redis::new(format!("redis://{}", proxy.address())));
     let near = Client::new(Redis::new(server.url()));
-    let options = options(2000);
+    let options = frozen_options();
     let bound = frozen_bound(&options);
     let name = format!("frozen/{frozen:?}/waiter");
-    let (waiting, connections) = session_through(&proxy, &far, options.clone()).await;
+    let (waiting, connections) = session_through(&server, &proxy, &far, options.clone()).await;
     let holder = near.session_with(options.clone()).await.expect("session");
     let held = holder.mutex(&name).expect("mutex").lock().await.expect("lock");
     let granted = |session: &Session| {
