@@ -50,7 +50,7 @@ pub use pgbouncer::{PgBouncer, PgBouncerOptions, PoolMode};
 pub use postgres::{PgOptions, PgServer, Replication};
 pub use process::{free_port, spawn_tied_to_this_process, Member};
 pub use proxy::{TcpProxy, ZkCounts};
-pub use redis::{RedisCluster, RedisOptions, RedisServer};
+pub use redis::{AppendFsync, RedisCluster, RedisOptions, RedisServer};
 pub use sql::LockCounts;
 pub use tls::{openssl_installed, Issued, TestCa};
 pub use zookeeper::{ClientAuth, ZkEnsemble, ZkJvm, ZkOptions, ZkTlsOptions};

@@ -16,12 +16,40 @@ const REDIS_CLI: &str = "/usr/bin/redis-cli";
 /// How long a Redis server may take to answer its first `PING`.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// When a server with an append-only file fsyncs it (`appendfsync`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AppendFsync {
+    /// After every write, before it is acknowledged (`always`).
+    #[default]
+    Always,
+    /// Once a second, in the background (`everysec`, Redis's default once
+    /// AOF is on): a machine that loses what was not fsynced (a power
+    /// loss, a kernel crash) loses up to about the last second of
+    /// acknowledged writes.
+    EverySec,
+    /// When the operating system decides (`no`).
+    No,
+}
+
+impl AppendFsync {
+    fn as_arg(self) -> &'static str {
+        match self {
+            AppendFsync::Always => "always",
+            AppendFsync::EverySec => "everysec",
+            AppendFsync::No => "no",
+        }
+    }
+}
+
 /// How a [`RedisServer`] is started.
 #[derive(Debug, Clone, Default)]
 pub struct RedisOptions {
-    /// Persist with an append-only file (`appendonly yes`, `appendfsync
-    /// always`), so that a restart keeps the data.
+    /// Persist with an append-only file (`appendonly yes`, fsynced as
+    /// [`append_fsync`](Self::append_fsync) says), so that a restart keeps
+    /// the data.
     pub append_only: bool,
+    /// When the append-only file is fsynced, if there is one.
+    pub append_fsync: AppendFsync,
     /// `notify-keyspace-events`, e.g. `Kgx` (keyspace events for DEL and
     /// expiry); empty for none, the server's default.
     pub keyspace_events: String,
@@ -84,7 +112,7 @@ impl RedisServer {
             "no".to_owned(),
         ];
         if options.append_only {
-            args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(str::to_owned));
+            args.extend(["--appendonly", "yes", "--appendfsync", options.append_fsync.as_arg()].map(str::to_owned));
         } else {
             args.extend(["--appendonly", "no"].map(str::to_owned));
         }
@@ -164,6 +192,45 @@ impl RedisServer {
     pub fn restart(&mut self) -> Result<()> {
         self.member.restart()?;
         self.wait_ready()
+    }
+
+    /// The append-only file that takes the server's writes now: the last
+    /// incremental file its manifest lists (Redis 7's multi-part AOF,
+    /// `appendonlydir/`). Cutting its end while the server is down loses the
+    /// last writes as a machine that lost what was not fsynced would.
+    ///
+    /// # Errors
+    ///
+    /// When the server has no append-only file.
+    pub fn append_only_tail(&self) -> Result<std::path::PathBuf> {
+        let dir = self.dir.path().join("appendonlydir");
+        let manifest = std::fs::read_dir(&dir)?
+            .filter_map(std::result::Result::ok)
+            .map(|entry| entry.path())
+            .find(|path| path.extension().is_some_and(|e| e == "manifest"))
+            .ok_or_else(|| Error::other(format!("no AOF manifest in {}", dir.display())))?;
+        let listed = std::fs::read_to_string(&manifest)?;
+        let last = listed
+            .lines()
+            .rev()
+            .filter(|line| line.split_whitespace().collect::<Vec<_>>().ends_with(&["type", "i"]))
+            .find_map(|line| line.split_whitespace().nth(1))
+            .ok_or_else(|| Error::other(format!("no incremental AOF listed in {}", manifest.display())))?;
+        Ok(dir.join(last))
+    }
+
+    /// The `run_id` of the server process now (`INFO server`): another one
+    /// after each restart.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-cli` fails or the server gives none.
+    pub fn run_id(&self) -> Result<String> {
+        let info = self.cli(&["INFO", "server"])?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+            .ok_or_else(|| Error::other("INFO server gave no run_id"))
     }
 
     /// Runs `redis-cli` against this server with `args` and returns its

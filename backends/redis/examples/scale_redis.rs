@@ -115,7 +115,7 @@ impl ScaleServer for Server {
 
     async fn closed_line(&mut self, outcome: &str, took: Duration) -> BoxResult<String> {
         Ok(format!(
-            "session.close() {outcome} in {took:.2?}; keys left on the server: {} ({} of them the locks' fencing counters NAME:seq)",
+            "session.close() {outcome} in {took:.2?}; keys left on the server: {} ({} of them the locks' fencing counters NAME:seq, as many their epochs NAME:run)",
             self.server.cli(&["DBSIZE"])?.trim(),
             self.count_keys("*:seq")?,
         ))

@@ -52,6 +52,9 @@ pub(crate) struct Hub {
     target: String,
     request_timeout: Duration,
     ping_every: Duration,
+    /// How long a ping may go unanswered before the connection is given up
+    /// and made again (see `session::probe_timeout`).
+    ping_timeout: Duration,
     channels: std::sync::Mutex<HashMap<String, Channel>>,
     /// The connection's sending half while connected; also serialises
     /// subscribes and unsubscribes so that they reach the server in order.
@@ -63,6 +66,12 @@ pub(crate) struct Hub {
     /// connection's task.
     retired: std::sync::Mutex<Vec<String>>,
     retire: tokio::sync::Notify,
+    /// Told when a request on the connection went unanswered: the
+    /// connection is given up and made again at once, not at the next ping.
+    stuck: tokio::sync::Notify,
+    /// The generation of the connection found stuck: a report about a
+    /// connection already made again is ignored.
+    stuck_generation: std::sync::atomic::AtomicU64,
 }
 
 /// One waiter's interest in one channel; unsubscribes when the last is dropped.
@@ -140,6 +149,7 @@ impl Hub {
         target: String,
         request_timeout: Duration,
         ping_every: Duration,
+        ping_timeout: Duration,
     ) -> Arc<Self> {
         Arc::new(Hub {
             clients,
@@ -147,11 +157,14 @@ impl Hub {
             target,
             request_timeout,
             ping_every,
+            ping_timeout,
             channels: std::sync::Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
             generation: watch::Sender::new(0),
             retired: std::sync::Mutex::new(Vec::new()),
             retire: tokio::sync::Notify::new(),
+            stuck: tokio::sync::Notify::new(),
+            stuck_generation: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -195,15 +208,35 @@ impl Hub {
         // (or will be on reconnection, which bumps the generation).
         if first {
             let mut sink = self.sink.lock().await;
+            // The connection the sink belongs to (made again only under this lock).
+            let generation = *self.generation.borrow();
             if let Some(sink) = sink.as_mut() {
                 match tokio::time::timeout(self.request_timeout, sink.subscribe(channel)).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(error)) => return Err(map("SUBSCRIBE", &self.target, error)),
-                    Err(_) => return Err(timed_out("SUBSCRIBE", &self.target, self.request_timeout)),
+                    Ok(Err(error)) => {
+                        if crate::conn::is_broken(&error) {
+                            self.report_stuck(generation);
+                        }
+                        return Err(map("SUBSCRIBE", &self.target, error));
+                    }
+                    Err(_) => {
+                        // Unanswered: the connection may have been silently
+                        // forgotten on the way. Make it again (every wanted
+                        // channel subscribed anew, every waiter looking again).
+                        self.report_stuck(generation);
+                        return Err(timed_out("SUBSCRIBE", &self.target, self.request_timeout));
+                    }
                 }
             }
         }
         Ok(subscription)
+    }
+
+    /// Has the connection of `generation` made again, unless it already was.
+    fn report_stuck(&self, generation: u64) {
+        self.stuck_generation
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
+        self.stuck.notify_one();
     }
 
     /// Unsubscribes, in one command, the channels retired since the last
@@ -288,9 +321,11 @@ impl Hub {
             }
         }
         *slot = Some(sink);
-        drop(slot);
-        // Everything subscribed again: whoever waits looks again.
+        // Everything subscribed again: whoever waits looks again. Bumped
+        // before the sink is let go, so that a request made on this
+        // connection reads this connection's generation.
         self.generation.send_modify(|g| *g += 1);
+        drop(slot);
         Ok(stream)
     }
 
@@ -320,10 +355,21 @@ impl Hub {
                     }
                 }
                 () = self.retire.notified() => self.unsubscribe_retired().await,
+                () = self.stuck.notified() => {
+                    let stuck = self.stuck_generation.load(std::sync::atomic::Ordering::SeqCst);
+                    if stuck == *self.generation.borrow() {
+                        tracing::debug!(target = %self.target, "a request on the pub/sub connection went unanswered; reconnecting");
+                        return;
+                    }
+                }
                 _ = ping.tick() => {
+                    // A round trip on this very connection, bounded: one a
+                    // middlebox silently forgot is replaced within a
+                    // keepalive interval and the ping timeout, inside the
+                    // loss deadline (DESIGN rule 18).
                     let sink = self.sink.lock().await.clone();
                     let Some(mut sink) = sink else { return };
-                    let answered = tokio::time::timeout(self.request_timeout, sink.ping::<redis::Value>()).await;
+                    let answered = tokio::time::timeout(self.ping_timeout, sink.ping::<redis::Value>()).await;
                     if !matches!(answered, Ok(Ok(_))) {
                         tracing::debug!(target = %self.target, "pub/sub connection did not answer a ping; reconnecting");
                         return;

@@ -16,6 +16,12 @@ pub(crate) fn counter(name: &str) -> String {
     format!("{{{name}}}:seq")
 }
 
+/// The counter's epoch: `<run_id>:<master_replid>` of the server that last
+/// started or lifted the counter (see `APPEND` in the scripts).
+pub(crate) fn epoch(name: &str) -> String {
+    format!("{{{name}}}:run")
+}
+
 pub(crate) fn entry_key(name: &str, attempt: &str) -> String {
     format!("{{{name}}}:e:{attempt}")
 }
@@ -77,7 +83,7 @@ pub(crate) fn is_plain_blocker(entry: &Entry) -> bool {
     entry.order == 0 && entry.owner.is_none() && parse_entry_key(&entry.key).is_none()
 }
 
-/// Whether `key` has the shape of a lock's own keys: `{n}:q`, `{n}:seq`,
+/// Whether `key` has the shape of a lock's own keys: `{n}:q`, `{n}:seq`, `{n}:run`,
 /// `{n}:e:…`, `{n}:c:…`, `{n}:x:…`, `{n}:l:…`, `{n}:joined`, or a session
 /// key.
 pub(crate) fn is_layout_key(key: &str) -> bool {
@@ -91,7 +97,7 @@ pub(crate) fn is_layout_key(key: &str) -> bool {
         return false;
     };
     let tail = &rest[close + 1..];
-    matches!(tail, ":q" | ":seq" | ":joined")
+    matches!(tail, ":q" | ":seq" | ":run" | ":joined")
         || tail.starts_with(":e:")
         || tail.starts_with(":c:")
         || tail.starts_with(":x:")

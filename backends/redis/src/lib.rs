@@ -22,7 +22,8 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing; started from the server's clock in microseconds when missing, so a counter lost with the data starts above every earlier token) |
+//! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing; started from the server's clock in microseconds when missing, and lifted to it once in each new epoch of the server, so a counter lost with the data, or brought back without its latest increments, goes on above every earlier token) |
+//! | `{n}:run` | string | the counter's epoch: `<run_id>:<master_replid>` of the server that last started or lifted it |
 //! | `{n}:q` | sorted set | the queue: one member per entry (its attempt id), scored by its order |
 //! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
 //! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
@@ -58,6 +59,11 @@
 //!   a failover shorter than the loss deadline is ridden out, `Suspended`
 //!   meanwhile, then `Live`; the pub/sub connection is made again as soon,
 //!   and every waiter looks again at what it waits for.
+//! - **Connections** = the command connection and the pub/sub connection,
+//!   each proven alive within the loss deadline by a bounded round trip on
+//!   it (a renewal; a `PING`), and replaced when one goes unanswered: a
+//!   connection a NAT or a load balancer silently forgot costs a probe
+//!   timeout and a keepalive interval, never the session or a frozen queue.
 //! - **Lock-delay** ([`SessionOptions::with_lock_delay`](lockline::SessionOptions::with_lock_delay))
 //!   = told by the message that woke the waiter: a release, a close or a
 //!   cancelled acquire publishes `gone`; an entry removed by a session
@@ -92,10 +98,14 @@
 //! # Limits
 //!
 //! Redis replicates asynchronously: a failover can lose the latest appends
-//! and renewals, so two contenders may both believe they hold, and a token
-//! can repeat if a failover lost the counter's latest increments (a counter
-//! lost whole starts again from the server's clock, above every earlier
-//! token, as long as that clock did not step back). [`Redis::with_replica_acks`]
+//! and renewals, so two contenders may both believe they hold. Tokens do not
+//! repeat across a restart, whatever `appendfsync` says: a counter lost
+//! whole, or brought back without its latest increments (an append-only
+//! file fsynced every second and a crash that lost the rest), starts again
+//! from the server's clock, above every earlier token, as long as that
+//! clock did not step back, and the Redis user is allowed `INFO` (which
+//! tells a restart); after a failover the promoted replica's clock must be
+//! ahead of them. [`Redis::with_replica_acks`]
 //! narrows that window (every write waits for `WAIT` from N replicas) but
 //! does not close it; fence what the lock protects with the token. For
 //! locks whose correctness matters, use etcd or ZooKeeper.
@@ -275,13 +285,7 @@ impl Redis {
                     .build()?;
                 client.get_async_connection().await.map(Conn::Cluster)
             } else {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(request_timeout))
-                    .set_number_of_retries(1);
-                redis::aio::ConnectionManager::new_with_config(pubsub[0].clone(), config)
-                    .await
-                    .map(Conn::Single)
+                Conn::single(pubsub[0].clone(), connect_timeout, request_timeout).await
             }
         };
         match tokio::time::timeout(connect_timeout, connect).await {
@@ -298,21 +302,22 @@ impl Redis {
 /// The keyspace-event channel prefix when the server publishes keyspace
 /// events for deletions and expiries (`notify-keyspace-events` with `K` and
 /// `A`, or `g` and `x`).
-async fn keyspace_prefix(conn: &mut Conn, timeout: Duration) -> Option<String> {
+async fn keyspace_prefix(conn: &Conn, timeout: Duration) -> Option<String> {
     if conn.is_cluster() {
         // Keyspace events are local to each node; the session's one pub/sub
         // connection would miss most of them.
         return None;
     }
+    let mut link = tokio::time::timeout(timeout, conn.link()).await.ok()?.ok()?;
     let mut get = redis::cmd("CONFIG");
     get.arg("GET").arg("notify-keyspace-events");
-    let reply = tokio::time::timeout(timeout, get.query_async::<Vec<String>>(conn))
+    let reply = tokio::time::timeout(timeout, get.query_async::<Vec<String>>(&mut link))
         .await
         .ok()?
         .ok()?;
     let flags = reply.get(1)?;
     let events = flags.contains('A') || (flags.contains('g') && flags.contains('x'));
-    (flags.contains('K') && events).then(|| format!("__keyspace@{}__:", redis::aio::ConnectionLike::get_db(conn)))
+    (flags.contains('K') && events).then(|| format!("__keyspace@{}__:", redis::aio::ConnectionLike::get_db(&link)))
 }
 
 #[async_trait::async_trait]
@@ -342,7 +347,7 @@ impl Backend for Redis {
     async fn open_session(&self, options: &SessionOptions) -> Result<Arc<dyn BackendSession>> {
         options.validate()?;
         let target = self.target();
-        let (mut conn, pubsub) = self.connect(options).await?;
+        let (conn, pubsub) = self.connect(options).await?;
         let id = uuid_hex();
         let opened_at = Instant::now();
         let mut set = redis::cmd("SET");
@@ -351,17 +356,22 @@ impl Backend for Redis {
             .arg("PX")
             .arg(u64::try_from(options.ttl().as_millis()).unwrap_or(u64::MAX))
             .arg("NX");
-        match tokio::time::timeout(options.connect_timeout(), set.query_async::<Option<String>>(&mut conn)).await {
+        let opened = async {
+            let mut link = conn.link().await?;
+            set.query_async::<Option<String>>(&mut link).await
+        };
+        match tokio::time::timeout(options.connect_timeout(), opened).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => return Err(map("open a session", &target, error)),
             Err(_) => return Err(timed_out("open a session", &target, options.connect_timeout())),
         }
-        let keyspace = keyspace_prefix(&mut conn, options.request_timeout()).await;
+        let keyspace = keyspace_prefix(&conn, options.request_timeout()).await;
         let hub = Hub::new(
             pubsub,
             target.clone(),
             options.request_timeout(),
             options.keepalive_interval(),
+            session::probe_timeout(options),
         );
         let shared = Shared::new(id, conn, target, Arc::clone(&hub), options.clone(), keyspace, self.acks);
         let hub_task = tokio::spawn(hub.run()).abort_handle();

@@ -108,28 +108,39 @@ local function head(out, plain, entry, ttl, wants_plain, prefix)
 end
 "#;
 
-/// KEYS: queue, counter, plain key. ARGV: prefix (`{n}:`), attempt, kind,
-/// owner, value, ttl ms, conflicts (`all`/`exclusive`), count, wants plain.
-/// Returns `{order, nearest}` (the order as a string); a retried append finds
-/// its own entry.
+/// KEYS: queue, counter, plain key, the counter's epoch (`{n}:run`).
+/// ARGV: prefix (`{n}:`), attempt, kind, owner, value, ttl ms, conflicts
+/// (`all`/`exclusive`), count, wants plain, and the epoch of the server the
+/// request was sent to, `<run_id>:<master_replid>` (learned on its
+/// connection before anything else was sent on it; empty: read here, with
+/// `INFO`; `-`: unknown, the user may not run `INFO`, and the counter is
+/// only started when missing, never lifted). Returns `{order, nearest}` (the order as a string); a retried
+/// append finds its own entry.
 ///
-/// A counter that does not exist (the lock's first use, or its data lost
-/// with a restart without persistence) is started from the server's clock,
-/// `TIME` in microseconds (seconds followed by six digits of microseconds,
-/// put together as text, never through a Lua float), so that its tokens
-/// stay above every token the server could have handed out before: each
-/// earlier token is at most the clock when its counter was started plus the
-/// grants made since, which stays below the clock as long as the clock did
-/// not step back and fewer than a million grants a second were made on the
-/// lock. A counter that exists is only incremented, as it always was: it
-/// holds every token handed out since it was started. `TIME` makes the
-/// script non-deterministic, which effects replication allows (the default
-/// from Redis 5, the only mode from Redis 7); `redis.replicate_commands()`,
+/// The counter is started from the server's clock, `TIME` in microseconds
+/// (seconds followed by six digits of microseconds, put together as text,
+/// never through a Lua float), when it does not exist (the lock's first
+/// use, or its data lost with a restart without persistence), and lifted
+/// to the clock (never lowered) when it was last started or lifted in
+/// another epoch than this one: `{n}:run` is not this server's epoch. A
+/// restart that lost the latest writes (an append-only file fsynced every
+/// second, or never, and a machine that lost what was not fsynced) can
+/// bring back a counter below tokens already handed out; it also changes
+/// the `run_id`, so the first append on each lock after it lifts the
+/// counter above them. So does a promoted replica that lacks the latest
+/// increments (another process), as long as its clock is ahead of them.
+/// Every earlier token is at most the clock when its counter was started
+/// or last lifted plus the grants made since, which stays below the clock
+/// as long as the clock did not step back and fewer than a million grants
+/// a second were made on the lock. Within one epoch the counter is only
+/// incremented, by one a grant. `TIME` and `INFO` make the script
+/// non-deterministic, which effects replication allows (the default from
+/// Redis 5, the only mode from Redis 7); `redis.replicate_commands()`,
 /// called before any write, turns it on for Redis 3.2 and 4. The order is
 /// kept as text in the script: Lua 5.1 writes a number concatenated into a
 /// string with 14 significant digits, too few for a clock in microseconds.
 const APPEND: &str = r#"
-local q, seq, plain = KEYS[1], KEYS[2], KEYS[3]
+local q, seq, plain, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, attempt = ARGV[1], ARGV[2]
 local entry = prefix .. 'e:' .. attempt
 local order = redis.call('HGET', entry, 'order')
@@ -142,10 +153,29 @@ if not order then
   if queue_type ~= 'none' and queue_type ~= 'zset' then
     return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
   end
-  if redis.call('EXISTS', seq) == 0 then
+  local now_epoch = ARGV[10]
+  if now_epoch == '' then
+    if redis.replicate_commands then redis.replicate_commands() end
+    local server = redis.pcall('INFO', 'server')
+    local replication = redis.pcall('INFO', 'replication')
+    if type(server) == 'string' and type(replication) == 'string' then
+      local run = string.match(server, 'run_id:(%w+)') or ''
+      now_epoch = run .. ':' .. (string.match(replication, 'master_replid:(%w+)') or '')
+    else
+      now_epoch = '-'
+    end
+  end
+  local count = redis.call('GET', seq)
+  local lift = not count
+  if not lift and now_epoch ~= '-' then lift = redis.call('GET', epoch) ~= now_epoch end
+  if lift then
     if redis.replicate_commands then redis.replicate_commands() end
     local now = redis.call('TIME')
-    redis.call('SET', seq, now[1] .. string.format('%06d', tonumber(now[2])))
+    local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+    if not count or not string.find(count, '^%d+$') or #count < #clock or (#count == #clock and count < clock) then
+      redis.call('SET', seq, clock)
+    end
+    if now_epoch ~= '-' then redis.call('SET', epoch, now_epoch) end
   end
   order = string.format('%d', redis.call('INCR', seq))
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])

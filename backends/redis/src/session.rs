@@ -15,7 +15,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Link};
 use crate::error::{bad_reply, map, timed_out, NAME};
 use crate::hub::Hub;
 use crate::layout;
@@ -32,6 +32,17 @@ fn no_ttl_recheck(options: &SessionOptions) -> Duration {
 /// interval): a server back from a restart is renewed on within that.
 const RETRY_MIN: Duration = Duration::from_millis(25);
 const RETRY_MAX: Duration = Duration::from_millis(100);
+
+/// How long one renewal, or one ping of the pub/sub connection, may go
+/// unanswered before its connection is given up: the request timeout, but
+/// no more than half of what is left of the loss deadline after a keepalive
+/// interval, so that a try on a new connection, made at once, is still
+/// confirmed before the deadline. Every connection of a session is thereby
+/// proven alive, or replaced, within the loss deadline (DESIGN rule 18).
+pub(crate) fn probe_timeout(options: &SessionOptions) -> Duration {
+    let left = options.loss_deadline().saturating_sub(options.keepalive_interval());
+    options.request_timeout().min(left / 2).max(Duration::from_millis(1))
+}
 
 /// A little past a key's TTL, when it is surely gone if not renewed.
 const EXPIRY_SLACK: Duration = Duration::from_millis(3);
@@ -273,6 +284,75 @@ impl Shared {
         }
     }
 
+    /// Sends one request on the session's command connection (made first
+    /// if there is none), all within `timeout`. A request that broke its
+    /// connection or went unanswered gives the connection up, so that the
+    /// next one (a retry) goes on a new connection rather than on one a
+    /// middlebox may have silently forgotten (DESIGN rule 18).
+    pub(crate) async fn exchange<T, F, Fut>(&self, what: &str, timeout: Duration, request: F) -> Result<T>
+    where
+        F: FnOnce(Link) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let link = match tokio::time::timeout_at(deadline, self.conn.link()).await {
+            Ok(Ok(link)) => link,
+            Ok(Err(error)) => return Err(map(what, &self.target, error)),
+            Err(_) => return Err(timed_out(what, &self.target, timeout)),
+        };
+        match tokio::time::timeout_at(deadline, request(link.clone())).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                self.conn.replace_if_broken(&link, &error);
+                Err(map(what, &self.target, error))
+            }
+            Err(_) => {
+                self.conn.replace(&link);
+                Err(timed_out(what, &self.target, timeout))
+            }
+        }
+    }
+
+    /// Runs a script on `link`; with replica acknowledgement asked for (and
+    /// a write), also how many replicas acknowledged it (`WAIT`).
+    async fn invoke(
+        &self,
+        script: &redis::Script,
+        invocation: &ScriptInvocation<'_>,
+        writes: bool,
+        link: &mut Link,
+    ) -> redis::RedisResult<(Value, Option<i64>)> {
+        match self.acks.filter(|_| writes) {
+            None => Ok((invocation.invoke_async::<Value>(link).await?, None)),
+            Some(acks) => {
+                // One round trip: the script (loaded first, in case the
+                // server lost it) and the WAIT behind it on the same connection.
+                let mut pipe = Pipeline::new();
+                pipe.load_script(script).ignore();
+                pipe.invoke_script(invocation);
+                pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
+                let (reply, acked): (Value, i64) = pipe.query_async(link).await?;
+                Ok((reply, Some(acked)))
+            }
+        }
+    }
+
+    /// A write confirmed by fewer replicas than asked for fails as unavailable.
+    fn check_acks(&self, what: &str, acked: Option<i64>) -> Result<()> {
+        match (self.acks, acked) {
+            (Some(acks), Some(acked)) if usize::try_from(acked).unwrap_or(0) < acks.replicas => {
+                Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "{what} on {}: {acked} of {} replicas acknowledged the write within {:?}",
+                        self.target, acks.replicas, acks.timeout
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Runs a script, bounded by the request timeout; with replica
     /// acknowledgement asked for, a write is confirmed only once `WAIT` says
     /// enough replicas have it.
@@ -283,45 +363,20 @@ impl Shared {
         invocation: &ScriptInvocation<'_>,
         writes: bool,
     ) -> Result<Value> {
-        let mut conn = self.conn.clone();
-        let timeout = self.options.request_timeout();
-        let call = async {
-            match self.acks.filter(|_| writes) {
-                None => invocation.invoke_async::<Value>(&mut conn).await,
-                Some(acks) => {
-                    // One round trip: the script (loaded first, in case the
-                    // server lost it) and the WAIT behind it on the same connection.
-                    let mut pipe = Pipeline::new();
-                    pipe.load_script(script).ignore();
-                    pipe.invoke_script(invocation);
-                    pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
-                    let (reply, acked): (Value, i64) = pipe.query_async(&mut conn).await?;
-                    if usize::try_from(acked).unwrap_or(0) < acks.replicas {
-                        return Err(redis::RedisError::from((
-                            redis::ErrorKind::Io,
-                            "too few replicas acknowledged the write",
-                            format!("{acked} of {} within {:?}", acks.replicas, acks.timeout),
-                        )));
-                    }
-                    Ok(reply)
-                }
-            }
-        };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(map(what, &self.target, error)),
-            Err(_) => Err(timed_out(what, &self.target, timeout)),
-        }
+        let (reply, acked) = self
+            .exchange(what, self.options.request_timeout(), |mut link| async move {
+                self.invoke(script, invocation, writes, &mut link).await
+            })
+            .await?;
+        self.check_acks(what, acked)?;
+        Ok(reply)
     }
 
     async fn command<T: redis::FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.conn.clone();
-        let timeout = self.options.request_timeout();
-        match tokio::time::timeout(timeout, cmd.query_async::<T>(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(map(what, &self.target, error)),
-            Err(_) => Err(timed_out(what, &self.target, timeout)),
-        }
+        self.exchange(what, self.options.request_timeout(), |mut link| async move {
+            cmd.query_async::<T>(&mut link).await
+        })
+        .await
     }
 
     /// Looks at this very entry: its remaining TTL, or how it went.
@@ -499,75 +554,109 @@ impl Shared {
                 .arg(attempt);
             invocation
         };
-        let what = "renew the session";
-        let map_error = |error| map(what, &self.target, error);
-        let mut conn = self.conn.clone();
         // One reply per command: the session key, then each entry in order.
-        let replies: Vec<Value> = if conn.is_cluster() {
-            // A cluster takes no pipeline across slots: one request per key,
-            // all in flight at once on the multiplexed node connections.
-            let mut session = redis::cmd("PEXPIRE");
-            session.arg(layout::session_key(&self.id)).arg(ttl);
-            let invocations: Vec<Option<ScriptInvocation<'_>>> = tracked
-                .iter()
-                .map(|(key, plain, _)| plain.then(|| holder(key)))
-                .collect();
-            let entries = tracked.iter().zip(&invocations).map(|((key, ..), invocation)| {
-                let mut conn = conn.clone();
-                async move {
-                    match invocation {
-                        Some(invocation) => invocation.invoke_async::<Value>(&mut conn).await,
-                        None => {
-                            let mut pexpire = redis::cmd("PEXPIRE");
-                            pexpire.arg(key).arg(ttl);
-                            pexpire.query_async::<Value>(&mut conn).await
+        // On a single node the session key's answer is bounded by the probe
+        // timeout: unanswered within it, the renewal gives its connection
+        // up, and the next try (at once) goes on a new one early enough to
+        // be confirmed before the loss deadline.
+        let (tracked_all, scripts, holder) = (&tracked, &scripts, &holder);
+        let renewal = |conn: Link| async move {
+            let tracked = tracked_all;
+            if self.conn.is_cluster() {
+                // A cluster takes no pipeline across slots: one request per key,
+                // all in flight at once on the multiplexed node connections.
+                let mut session = redis::cmd("PEXPIRE");
+                session.arg(layout::session_key(&self.id)).arg(ttl);
+                let invocations: Vec<Option<ScriptInvocation<'_>>> = tracked
+                    .iter()
+                    .map(|(key, plain, _)| plain.then(|| holder(key)))
+                    .collect();
+                let entries = tracked.iter().zip(&invocations).map(|((key, ..), invocation)| {
+                    let mut conn = conn.clone();
+                    async move {
+                        match invocation {
+                            Some(invocation) => invocation.invoke_async::<Value>(&mut conn).await,
+                            None => {
+                                let mut pexpire = redis::cmd("PEXPIRE");
+                                pexpire.arg(key).arg(ttl);
+                                pexpire.query_async::<Value>(&mut conn).await
+                            }
                         }
                     }
-                }
-            });
-            let mut session_conn = conn.clone();
-            let (first, rest) = futures::join!(
-                session.query_async::<Value>(&mut session_conn),
-                futures::future::join_all(entries)
-            );
-            std::iter::once(first)
-                .chain(rest)
-                .collect::<redis::RedisResult<Vec<_>>>()
-                .map_err(map_error)?
-        } else {
-            // One round trip however many entries. The holders' script is
-            // called by its hash; only when the server does not know it (it
-            // restarted) is it sent along, and the renewal (every command of
-            // which may be repeated) made again. Sending it every time cost
-            // each session some 2.5 KB per TTL.
-            let pipeline = |load: bool| {
-                let mut pipe = Pipeline::with_capacity(tracked.len() + 3);
-                pipe.cmd("PEXPIRE").arg(layout::session_key(&self.id)).arg(ttl);
-                if load && tracked.iter().any(|t| t.1) {
-                    pipe.load_script(&scripts.renew_holder).ignore();
-                }
-                for (key, plain, _) in &tracked {
-                    if *plain {
-                        pipe.invoke_script(&holder(key));
-                    } else {
-                        pipe.cmd("PEXPIRE").arg(key).arg(ttl);
+                });
+                let mut session_conn = conn.clone();
+                let (first, rest) = futures::join!(
+                    session.query_async::<Value>(&mut session_conn),
+                    futures::future::join_all(entries)
+                );
+                std::iter::once(first)
+                    .chain(rest)
+                    .collect::<redis::RedisResult<Vec<_>>>()
+            } else {
+                // One round trip however many entries: the session key first,
+                // on its own, then every entry in one pipeline right behind it
+                // on the same connection. The session key's answer comes first
+                // and soon, however many entries follow: it is the probe that
+                // proves the connection alive, bounded by the probe timeout
+                // (a renewal of 100,000 entries takes longer than that, and
+                // is bounded by the request timeout instead).
+                let probe = async {
+                    let mut session = redis::cmd("PEXPIRE");
+                    session.arg(layout::session_key(&self.id)).arg(ttl);
+                    let mut probe_conn = conn.clone();
+                    let bound = probe_timeout(&self.options);
+                    match tokio::time::timeout(bound, session.query_async::<Value>(&mut probe_conn)).await {
+                        Ok(answer) => answer,
+                        Err(elapsed) => {
+                            self.conn.replace(&conn);
+                            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed).into())
+                        }
                     }
-                }
-                if let Some(acks) = self.acks {
-                    pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
-                }
-                pipe
-            };
-            match pipeline(false).query_async::<Vec<Value>>(&mut conn).await {
-                Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    pipeline(true)
-                        .query_async::<Vec<Value>>(&mut conn)
-                        .await
-                        .map_err(map_error)?
-                }
-                other => other.map_err(map_error)?,
+                };
+                // The holders' script is called by its hash; only when the
+                // server does not know it (it restarted) is it sent along, and
+                // the renewal (every command of which may be repeated) made
+                // again. Sending it every time cost each session some 2.5 KB
+                // per TTL.
+                let pipeline = |load: bool| {
+                    let mut pipe = Pipeline::with_capacity(tracked.len() + 2);
+                    if load && tracked.iter().any(|t| t.1) {
+                        pipe.load_script(&scripts.renew_holder).ignore();
+                    }
+                    for (key, plain, _) in tracked {
+                        if *plain {
+                            pipe.invoke_script(&holder(key));
+                        } else {
+                            pipe.cmd("PEXPIRE").arg(key).arg(ttl);
+                        }
+                    }
+                    if let Some(acks) = self.acks {
+                        // Behind every write of this connection, the session
+                        // key's among them.
+                        pipe.cmd("WAIT").arg(acks.replicas).arg(acks.timeout.as_millis() as u64);
+                    }
+                    pipe
+                };
+                let entries = async {
+                    if tracked.is_empty() && self.acks.is_none() {
+                        return Ok(Vec::new());
+                    }
+                    let mut entries_conn = conn.clone();
+                    match pipeline(false).query_async::<Vec<Value>>(&mut entries_conn).await {
+                        Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                            pipeline(true).query_async::<Vec<Value>>(&mut entries_conn).await
+                        }
+                        other => other,
+                    }
+                };
+                // Polled in this order, so the probe is sent first.
+                let (first, rest) = futures::future::try_join(probe, entries).await?;
+                Ok(std::iter::once(first).chain(rest).collect())
             }
         };
+        let replies: Vec<Value> = self
+            .exchange("renew the session", self.renewal_timeout(), renewal)
+            .await?;
         let mut replies = replies.into_iter();
         let session_alive = replies.next().and_then(|v| int(&v)) == Some(1);
         let mut gone = Vec::new();
@@ -592,10 +681,18 @@ impl Shared {
         Ok((session_alive, gone))
     }
 
+    /// How long one renewal may take in all: the request timeout, and with
+    /// replica acknowledgement asked for, the `WAIT` behind it on top. Its
+    /// first answer, the session key's, is bounded by the probe timeout.
+    fn renewal_timeout(&self) -> Duration {
+        self.options.request_timeout() + self.acks.map_or(Duration::ZERO, |acks| acks.timeout)
+    }
+
     /// One renewal, tried a second time at once if the first failed: a
     /// request on a connection the server dropped (it restarted, or failed
-    /// over) fails, and makes the client library connect anew, which the
-    /// second try awaits. Every command of a renewal may be repeated.
+    /// over) or that went unanswered (a middlebox forgot it) fails and gives
+    /// the connection up, and the second try goes on a new one. Every
+    /// command of a renewal may be repeated.
     async fn renew_reconnecting(&self) -> Result<(bool, Vec<String>)> {
         match self.renew().await {
             Err(error) if error.is_transient() => {
@@ -627,7 +724,8 @@ impl Shared {
             }
             let sent = Instant::now();
             let deadline = confirmed + loss_after;
-            let renewal = tokio::time::timeout(self.options.request_timeout(), self.renew_reconnecting());
+            // Each try is bounded by the probe timeout (see `renew`).
+            let renewal = self.renew_reconnecting();
             tokio::pin!(renewal);
             // A renewal unanswered for a keepalive interval suspends the
             // session while it is still awaited: under a silent partition the
@@ -645,7 +743,7 @@ impl Shared {
                 }
             };
             match outcome {
-                Some(Ok(Ok((true, gone)))) => {
+                Some(Ok((true, gone))) => {
                     confirmed = sent;
                     retry = None;
                     advance(&self.state, SessionState::Live);
@@ -654,19 +752,14 @@ impl Shared {
                         self.forget(&key);
                     }
                 }
-                Some(Ok(Ok((false, _)))) => {
+                Some(Ok((false, _))) => {
                     // The server no longer knows the session (it expired, or
                     // the server restarted without its data).
                     self.lose("the server no longer has the session");
                     return;
                 }
-                Some(Ok(Err(error))) => {
+                Some(Err(error)) => {
                     tracing::debug!(session = %self.id, %error, "renewal failed");
-                    advance(&self.state, SessionState::Suspended);
-                    retry = Some(retry.map_or(RETRY_MIN, |pause| (pause * 2).min(RETRY_MAX)));
-                }
-                Some(Err(_)) => {
-                    tracing::debug!(session = %self.id, "renewal unanswered");
                     advance(&self.state, SessionState::Suspended);
                     retry = Some(retry.map_or(RETRY_MIN, |pause| (pause * 2).min(RETRY_MAX)));
                 }
@@ -829,6 +922,7 @@ impl BackendSession for RedisSession {
         invocation
             .key(layout::counter(name))
             .key(name)
+            .key(layout::epoch(name))
             .arg(layout::prefix(name))
             .arg(request.attempt)
             .arg(layout::kind_label(request.kind))
@@ -838,10 +932,19 @@ impl BackendSession for RedisSession {
             .arg(conflicts_arg(request.conflicts))
             .arg(request.nearest.max(1))
             .arg(Self::wants_plain(request.kind));
-        let reply = shared
-            .run("append to the queue", &scripts.append, &invocation, true)
+        // The epoch of the server at the other end of the very connection
+        // the append goes on (see `APPEND`): rides on the append itself, no
+        // request of its own.
+        let what = "append to the queue";
+        let script = &scripts.append;
+        let (reply, acked) = shared
+            .exchange(what, shared.options.request_timeout(), |mut link| async move {
+                invocation.arg(link.epoch());
+                shared.invoke(script, &invocation, true, &mut link).await
+            })
             .await
             .map_err(|e| for_lock(e, name))?;
+        shared.check_acks(what, acked)?;
         let parsed = match &reply {
             Value::Array(parts) => match parts.as_slice() {
                 [order, nearest] => int(order).zip(entries_from(name, nearest)),
