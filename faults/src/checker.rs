@@ -166,7 +166,7 @@ impl fmt::Display for Report {
         if self.forgotten_sessions.0 > 0 {
             writeln!(
                 f,
-                "sessions open when a restart forgot them: {} ({} declared lost and given up)",
+                "sessions open when the server forgot them (a restart, a crash, a failover): {} ({} declared lost and given up)",
                 self.forgotten_sessions.0, self.forgotten_sessions.1
             )?;
         }

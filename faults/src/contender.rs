@@ -12,7 +12,7 @@
 //! Either way the time `lost()` resolved is reported as it happened.
 //! A session that is over is given up and a new one opened.
 //!
-//! On PostgreSQL each write to the register is a row inserted into the
+//! On PostgreSQL and MariaDB each write to the register is a row inserted into the
 //! database's register table in a lockline-sql `FencedTransaction` (commits
 //! only while the lock is held) over the contender's own connection; the
 //! harness is told what the commit answered, stamped just before the commit.
@@ -28,6 +28,7 @@ use lockline_etcd::Etcd;
 use lockline_redis::Redis;
 use lockline_sql::{FencedTransaction, Sql};
 use lockline_zookeeper::ZooKeeper;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::ConnectOptions;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -210,25 +211,93 @@ impl Verdict {
     }
 }
 
-/// The fenced register on PostgreSQL: a row per write in the register
-/// table, inserted in a `FencedTransaction` over this contender's own
-/// connection to the database (through its proxy, so faults cut it too).
+/// The fenced register on PostgreSQL and MariaDB: a row per write in the
+/// register table, inserted in a `FencedTransaction` over this contender's
+/// own connection to the database (through its proxy, so faults cut it too).
 struct DbRegister {
-    options: PgConnectOptions,
-    conn: Option<PgConnection>,
+    target: DbTarget,
+    conn: Option<DbConn>,
     /// How long one step (connect, begin and insert, commit) may take before
     /// the contender calls it a hang: past a blackhole, a frozen server and a
     /// reaper waiting on the transaction's row lock.
     bound: Duration,
 }
 
+enum DbTarget {
+    Postgres(PgConnectOptions),
+    MariaDb(MySqlConnectOptions),
+}
+
+enum DbConn {
+    Postgres(PgConnection),
+    MariaDb(MySqlConnection),
+}
+
+/// One fenced write on `$conn`: begun with `$begin`, the row inserted with
+/// `$insert`, committed; evaluates to (verdict, time just before the commit,
+/// what went wrong).
+macro_rules! fenced_write {
+    ($begin:path, $conn:expr, $insert:expr, $guard:expr, $tag:expr, $token:expr, $seq:expr, $bound:expr) => {{
+        let bound = $bound;
+        let begun = tokio::time::timeout(bound, async {
+            let mut tx = $begin($guard, &mut *$conn)
+                .await
+                .map_err(|e| format!("fenced write: begin: {e}"))?;
+            sqlx::query($insert)
+                .bind($tag)
+                .bind(i64::try_from($token).unwrap_or(i64::MAX))
+                .bind(i64::try_from($seq).unwrap_or(i64::MAX))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| format!("fenced write: insert: {e}"))?;
+            Ok::<_, String>(tx)
+        })
+        .await;
+        match begun {
+            Ok(Ok(tx)) => {
+                let asked = now_ns();
+                match tokio::time::timeout(bound, tx.commit()).await {
+                    Ok(Ok(())) => (Verdict::Committed, asked, None),
+                    Ok(Err(Error::LockLost { .. })) => (Verdict::Refused, asked, None),
+                    Ok(Err(error)) => (Verdict::Unsure, asked, Some(format!("fenced write: commit: {error}"))),
+                    Err(_) => (
+                        Verdict::Unsure,
+                        asked,
+                        Some(format!("hang: fenced write: commit did not finish within {bound:?}")),
+                    ),
+                }
+            }
+            Ok(Err(error)) => (Verdict::Failed, now_ns(), Some(error)),
+            Err(_) => (
+                Verdict::Failed,
+                now_ns(),
+                Some(format!(
+                    "hang: fenced write: begin and insert did not finish within {bound:?}"
+                )),
+            ),
+        }
+    }};
+}
+
 impl DbRegister {
-    fn new(url: &str, ttl: Duration, request_timeout: Duration) -> Result<Self, sqlx::Error> {
-        let options: PgConnectOptions = url.parse()?;
+    fn new(backend: Backend, url: &str, ttl: Duration, request_timeout: Duration) -> Result<Self, sqlx::Error> {
+        let target = if backend == Backend::MariaDb {
+            DbTarget::MariaDb(url.parse()?)
+        } else {
+            let options: PgConnectOptions = url.parse()?;
+            DbTarget::Postgres(options.application_name("lockline-faults-register"))
+        };
         Ok(DbRegister {
-            options: options.application_name("lockline-faults-register"),
+            target,
             conn: None,
             bound: ttl * 2 + request_timeout + HANG_SLACK,
+        })
+    }
+
+    async fn connect(&self) -> Result<DbConn, sqlx::Error> {
+        Ok(match &self.target {
+            DbTarget::Postgres(options) => DbConn::Postgres(options.connect().await?),
+            DbTarget::MariaDb(options) => DbConn::MariaDb(options.connect().await?),
         })
     }
 
@@ -238,7 +307,7 @@ impl DbRegister {
     async fn write(&mut self, guard: &MutexGuard, tag: &str, token: u64, seq: u64) -> (Verdict, u64, Option<String>) {
         let bound = self.bound;
         if self.conn.is_none() {
-            match tokio::time::timeout(bound, self.options.connect()).await {
+            match tokio::time::timeout(bound, self.connect()).await {
                 Ok(Ok(conn)) => self.conn = Some(conn),
                 Ok(Err(error)) => {
                     return (
@@ -258,50 +327,29 @@ impl DbRegister {
                 }
             }
         }
-        let Some(conn) = self.conn.as_mut() else {
-            return (Verdict::Failed, now_ns(), Some("fenced write: no connection".into()));
+        let outcome = match self.conn.as_mut() {
+            None => (Verdict::Failed, now_ns(), Some("fenced write: no connection".into())),
+            Some(DbConn::Postgres(conn)) => fenced_write!(
+                FencedTransaction::begin_postgres,
+                conn,
+                crate::servers::PG_REGISTER_INSERT,
+                guard,
+                tag,
+                token,
+                seq,
+                bound
+            ),
+            Some(DbConn::MariaDb(conn)) => fenced_write!(
+                FencedTransaction::begin_mysql,
+                conn,
+                crate::servers::MY_REGISTER_INSERT,
+                guard,
+                tag,
+                token,
+                seq,
+                bound
+            ),
         };
-        let outcome = async {
-            let begun = tokio::time::timeout(bound, async {
-                let mut tx = FencedTransaction::begin_postgres(guard, &mut *conn)
-                    .await
-                    .map_err(|e| format!("fenced write: begin: {e}"))?;
-                sqlx::query(crate::servers::PG_REGISTER_INSERT)
-                    .bind(tag)
-                    .bind(i64::try_from(token).unwrap_or(i64::MAX))
-                    .bind(i64::try_from(seq).unwrap_or(i64::MAX))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| format!("fenced write: insert: {e}"))?;
-                Ok::<_, String>(tx)
-            })
-            .await;
-            let tx = match begun {
-                Ok(Ok(tx)) => tx,
-                Ok(Err(error)) => return (Verdict::Failed, now_ns(), Some(error)),
-                Err(_) => {
-                    return (
-                        Verdict::Failed,
-                        now_ns(),
-                        Some(format!(
-                            "hang: fenced write: begin and insert did not finish within {bound:?}"
-                        )),
-                    )
-                }
-            };
-            let asked = now_ns();
-            match tokio::time::timeout(bound, tx.commit()).await {
-                Ok(Ok(())) => (Verdict::Committed, asked, None),
-                Ok(Err(Error::LockLost { .. })) => (Verdict::Refused, asked, None),
-                Ok(Err(error)) => (Verdict::Unsure, asked, Some(format!("fenced write: commit: {error}"))),
-                Err(_) => (
-                    Verdict::Unsure,
-                    asked,
-                    Some(format!("hang: fenced write: commit did not finish within {bound:?}")),
-                ),
-            }
-        }
-        .await;
         if !matches!(outcome.0, Verdict::Committed | Verdict::Refused) {
             // In an unknown state: a new connection next time.
             self.conn = None;
@@ -345,18 +393,19 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
     let client = match args.backend {
         Backend::Etcd => Client::new(Etcd::new(args.endpoints.split(',').map(str::to_owned))),
         Backend::ZooKeeper => Client::new(ZooKeeper::new(args.endpoints.clone())),
-        Backend::Postgres => Client::new(Sql::new(args.endpoints.clone())),
+        Backend::Postgres | Backend::MariaDb => Client::new(Sql::new(args.endpoints.clone())),
         Backend::Redis | Backend::RedisVolatile => Client::new(Redis::new(args.endpoints.clone())),
     };
     let options = SessionOptions::new()
         .with_ttl(args.ttl)
         .with_lock_delay(args.lock_delay);
-    let db = match args.backend {
-        Backend::Postgres => Some(
-            DbRegister::new(&args.endpoints, args.ttl, options.request_timeout())
+    let db = if args.backend.is_sql() {
+        Some(
+            DbRegister::new(args.backend, &args.endpoints, args.ttl, options.request_timeout())
                 .map_err(|e| std::io::Error::other(format!("the register's database URL: {e}")))?,
-        ),
-        _ => None,
+        )
+    } else {
+        None
     };
     let mut rng = Rng::new(args.seed, 0);
     let mut worker = Worker {
@@ -401,7 +450,7 @@ struct Worker {
     reporter: Reporter,
     stop: watch::Receiver<bool>,
     session: Option<Session>,
-    /// PostgreSQL: the register is a table written in fenced transactions.
+    /// PostgreSQL, MariaDB: the register is a table written in fenced transactions.
     db: Option<DbRegister>,
 }
 

@@ -75,6 +75,8 @@ pub enum Backend {
     ZooKeeper,
     /// PostgreSQL (`lockline-sql`).
     Postgres,
+    /// MariaDB (`lockline-sql`).
+    MariaDb,
     /// One Redis server with an append-only file fsynced on every write
     /// (`appendonly yes`, `appendfsync always`: nothing acknowledged is lost
     /// in a restart), `lockline-redis`.
@@ -88,10 +90,11 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend the test runs on.
-    pub const ALL: [Backend; 5] = [
+    pub const ALL: [Backend; 6] = [
         Backend::Etcd,
         Backend::ZooKeeper,
         Backend::Postgres,
+        Backend::MariaDb,
         Backend::Redis,
         Backend::RedisVolatile,
     ];
@@ -101,10 +104,17 @@ impl Backend {
         matches!(self, Backend::Redis | Backend::RedisVolatile)
     }
 
-    /// Whether it runs one server (PostgreSQL, Redis), not a cluster: the
-    /// nemesis then kills, restarts and pauses that server.
+    /// Whether it is one of the SQL databases (PostgreSQL, MariaDB): a
+    /// session lives on several connections, the connection holds the lock,
+    /// and the register is a table written in fenced transactions.
+    pub fn is_sql(self) -> bool {
+        matches!(self, Backend::Postgres | Backend::MariaDb)
+    }
+
+    /// Whether it runs one server (PostgreSQL, MariaDB, Redis), not a
+    /// cluster: the nemesis then kills, restarts and pauses that server.
     pub fn is_single_server(self) -> bool {
-        matches!(self, Backend::Postgres | Backend::Redis | Backend::RedisVolatile)
+        self.is_sql() || self.is_redis()
     }
 }
 
@@ -114,6 +124,7 @@ impl fmt::Display for Backend {
             Backend::Etcd => "etcd",
             Backend::ZooKeeper => "zookeeper",
             Backend::Postgres => "postgres",
+            Backend::MariaDb => "mariadb",
             Backend::Redis => "redis",
             Backend::RedisVolatile => "redis-volatile",
         })
@@ -128,10 +139,11 @@ impl std::str::FromStr for Backend {
             "etcd" => Ok(Backend::Etcd),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
             "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
+            "mariadb" | "mysql" => Ok(Backend::MariaDb),
             "redis" => Ok(Backend::Redis),
             "redis-volatile" => Ok(Backend::RedisVolatile),
             other => Err(format!(
-                "unknown backend {other:?} (etcd, zookeeper, postgres, redis or redis-volatile)"
+                "unknown backend {other:?} (etcd, zookeeper, postgres, mariadb, redis or redis-volatile)"
             )),
         }
     }
@@ -147,7 +159,7 @@ impl Backend {
             Backend::ZooKeeper => Duration::from_secs(2),
             // No election: one server, whose outages are counted from their
             // end. A second for the sessions to connect again.
-            Backend::Postgres | Backend::Redis | Backend::RedisVolatile => Duration::from_secs(1),
+            Backend::Postgres | Backend::MariaDb | Backend::Redis | Backend::RedisVolatile => Duration::from_secs(1),
         }
     }
 
@@ -175,32 +187,44 @@ impl Backend {
         let options = lockline::SessionOptions::new().with_ttl(ttl);
         match self {
             Backend::Etcd | Backend::ZooKeeper | Backend::Redis => Duration::ZERO,
-            Backend::Postgres => options.loss_deadline() + Duration::from_secs(1),
+            Backend::Postgres | Backend::MariaDb => options.loss_deadline() + Duration::from_secs(1),
             Backend::RedisVolatile => options.keepalive_interval() + Duration::from_secs(1),
         }
     }
 
     /// The faults after which the server may grant a lock whose holder
     /// still believes it holds, for at most [`reset_notice`](Self::reset_notice):
-    /// on PostgreSQL those that reset a holder's connections (the
-    /// connection holds the lock); on Redis without persistence a restart
+    /// on PostgreSQL and MariaDB those that reset a holder's connections (the
+    /// connection holds the lock), a failover among them; on Redis without persistence a restart
     /// of the server (it forgets every session and entry: docs/redis.md,
     /// "What Redis cannot promise"); none elsewhere.
     pub fn forgets(self) -> &'static [FaultKind] {
         match self {
-            Backend::Postgres => &[FaultKind::CutHolder, FaultKind::KillServer, FaultKind::CrashBackend],
+            Backend::Postgres => &[
+                FaultKind::CutHolder,
+                FaultKind::KillServer,
+                FaultKind::CrashBackend,
+                FaultKind::Failover,
+            ],
+            Backend::MariaDb => &[FaultKind::CutHolder, FaultKind::KillServer, FaultKind::Failover],
             Backend::RedisVolatile => &[FaultKind::KillServer],
             Backend::Etcd | Backend::ZooKeeper | Backend::Redis => &[],
         }
     }
 
-    /// The faults after which the server has forgotten every session: a
+    /// The faults after which the server has forgotten every session, so
+    /// that every session open at the fault must be given up as lost: a
     /// restart of Redis without persistence (docs/redis.md: "lockline then
-    /// declares every session lost"). None elsewhere.
+    /// declares every session lost"); on the SQL databases a crash of the
+    /// server (and on PostgreSQL of one backend, which restarts them all)
+    /// and a failover (docs/sql.md: the connections, which hold the guards,
+    /// are gone). None elsewhere.
     pub fn forgets_sessions(self) -> &'static [FaultKind] {
         match self {
             Backend::RedisVolatile => &[FaultKind::KillServer],
-            Backend::Etcd | Backend::ZooKeeper | Backend::Postgres | Backend::Redis => &[],
+            Backend::Postgres => &[FaultKind::KillServer, FaultKind::CrashBackend, FaultKind::Failover],
+            Backend::MariaDb => &[FaultKind::KillServer, FaultKind::Failover],
+            Backend::Etcd | Backend::ZooKeeper | Backend::Redis => &[],
         }
     }
 
@@ -221,7 +245,7 @@ impl Backend {
         match self {
             Backend::Redis => &[FaultKind::KillServer, FaultKind::PauseServer, FaultKind::CutHolder],
             Backend::RedisVolatile => &[FaultKind::PauseServer, FaultKind::CutHolder],
-            Backend::Etcd | Backend::ZooKeeper | Backend::Postgres => &[],
+            Backend::Etcd | Backend::ZooKeeper | Backend::Postgres | Backend::MariaDb => &[],
         }
     }
 }
@@ -293,10 +317,20 @@ impl Config {
             // A reset frees a lock only where the connection holds it.
             kinds: kinds
                 .into_iter()
-                .filter(|&k| k != FaultKind::CutHolder || backend == Backend::Postgres)
+                .filter(|&k| k != FaultKind::CutHolder || backend.is_sql())
                 .collect(),
             lock_delay: Duration::from_millis(1500),
             ..Config::short(backend, program)
+        }
+    }
+
+    /// The fault kinds the nemesis deals: those named, or the backend's
+    /// defaults.
+    pub fn kinds(&self) -> Vec<FaultKind> {
+        if self.kinds.is_empty() {
+            FaultKind::defaults(self.backend)
+        } else {
+            self.kinds.clone()
         }
     }
 
@@ -350,7 +384,9 @@ pub fn run(config: &Config) -> Result<Report, String> {
         .prefix("lockline-faults-")
         .tempdir()
         .map_err(|e| e.to_string())?;
-    let mut servers = Servers::start(config.backend, 3).map_err(|e| format!("{} servers: {e}", config.backend))?;
+    let failover = config.kinds().contains(&FaultKind::Failover);
+    let mut servers =
+        Servers::start(config.backend, 3, failover).map_err(|e| format!("{} servers: {e}", config.backend))?;
     say(&format!("{} up", servers.describe()));
     let members: Vec<String> = (0..servers.size()).map(|i| servers.address(i)).collect();
     let template = ContenderArgs {

@@ -1,7 +1,7 @@
 //! `lockline-faults`: lockline's randomized fault test, long mode.
 //!
 //! ```text
-//! lockline-faults [--backend etcd|zookeeper|postgres|redis|redis-volatile|all[,...]] [--seconds N] [--seed N]
+//! lockline-faults [--backend etcd|zookeeper|postgres|mariadb|redis|redis-volatile|all[,...]] [--seconds N] [--seed N]
 //!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--lock-delay SECS]
 //!                 [--quiet] [--keep-logs]
 //! ```
@@ -15,9 +15,10 @@
 //! `--faults` limits the nemesis to some kinds: pause-holder, kill-holder,
 //! kill-waiter, blackhole-holder and cut-holder on every backend;
 //! kill-member, pause-member and kill-quorum on etcd and ZooKeeper;
-//! kill-server and pause-server on PostgreSQL and Redis; crash-backend and
-//! silence-one-connection on PostgreSQL. Unless named, a backend gets every kind it can have,
-//! cut-holder on PostgreSQL and Redis only.
+//! kill-server and pause-server on PostgreSQL, MariaDB and Redis;
+//! silence-one-connection and failover on PostgreSQL and MariaDB; crash-backend
+//! on PostgreSQL. Unless named, a backend gets every kind it can have,
+//! cut-holder on PostgreSQL, MariaDB and Redis only.
 //! `--lock-delay SECS` gives the contenders a lock-delay; the checker then
 //! also checks that a contender already waiting when a holder lost the lock
 //! to a fault is granted it no sooner than the delay after the fault.
@@ -34,18 +35,19 @@ use std::time::Duration;
 use lockline_faults::contender::{self, ContenderArgs};
 use lockline_faults::{run, Backend, Config};
 
-const USAGE: &str = "usage: lockline-faults [--backend etcd|zookeeper|postgres|redis|redis-volatile|all[,...]] \
+const USAGE: &str =
+    "usage: lockline-faults [--backend etcd|zookeeper|postgres|mariadb|redis|redis-volatile|all[,...]] \
                      [--seconds N] [--seed N] [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] \
                      [--lock-delay SECS] [--quiet] [--keep-logs]
-  --backend   one or more of etcd, zookeeper, postgres, redis, redis-volatile (comma-separated), all,
+  --backend   one or more of etcd, zookeeper, postgres, mariadb, redis, redis-volatile (comma-separated), all,
               or both (etcd and zookeeper); default all. redis: one server with appendonly yes and
               appendfsync always; redis-volatile: one server without persistence (a restart forgets
               every session; the checks relaxed then are told in docs/faults.md)
   --faults    pause-holder, kill-holder, kill-waiter, blackhole-holder, cut-holder (every backend);
               kill-member, pause-member, kill-quorum (etcd, zookeeper);
-              kill-server, pause-server (postgres, redis, redis-volatile); crash-backend,
-              silence-one-connection (postgres);
-              default: every kind the backend can have (cut-holder on postgres and redis only)
+              kill-server, pause-server (postgres, mariadb, redis, redis-volatile);
+              silence-one-connection, failover (postgres, mariadb); crash-backend (postgres);
+              default: every kind the backend can have (cut-holder on postgres, mariadb and redis only)
   --lock-delay the contenders' lock-delay (seconds, fractions allowed, at most 60; default 0): the
               checker then also checks that no contender waiting when a holder lost the lock to a
               fault was granted it sooner than the delay after the fault";

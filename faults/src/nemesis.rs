@@ -32,8 +32,8 @@ pub enum FaultKind {
     /// Silently drop *one* of a holder's connections, picked at random among
     /// those open (no byte either way, no reset), while the others flow, for
     /// TTL + 1–2.5 s, then let it through again: what a NAT or a cloud load
-    /// balancer does to an idle flow. PostgreSQL, whose session lives on
-    /// several connections (the one holding its guards, its control
+    /// balancer does to an idle flow. PostgreSQL and MariaDB, whose session
+    /// lives on several connections (the one holding its guards, its control
     /// connection, its wait connections).
     SilenceOneConnection,
     /// SIGKILL a member (the leader half the time); restart it 2–4 s later.
@@ -46,6 +46,7 @@ pub enum FaultKind {
     KillQuorum,
     /// PostgreSQL: SIGKILL every process of the server (a crash: every session
     /// is lost, unlogged tables are emptied); restart it 1.5–3 s later.
+    /// MariaDB: SIGKILL the server; restart it 1.5–3 s later.
     /// Redis: SIGKILL the server and start it again on the same port with
     /// its data directory 0.2–3 s later: with an append-only file it comes
     /// back with every acknowledged write, and a session must ride out a
@@ -54,6 +55,7 @@ pub enum FaultKind {
     KillServer,
     /// PostgreSQL: SIGSTOP the postmaster and every backend for 1–4 s, then
     /// SIGCONT: the database's clock runs on while no session renews.
+    /// MariaDB: SIGSTOP the server for 1–4 s, then SIGCONT.
     /// Redis: SIGSTOP the server for 0.3–4 s, then SIGCONT; keys expire on
     /// its clock, which runs on.
     PauseServer,
@@ -61,11 +63,17 @@ pub enum FaultKind {
     /// postmaster ends every other session and reinitializes (crash recovery,
     /// unlogged tables emptied) without restarting itself.
     CrashBackend,
+    /// PostgreSQL, MariaDB: crash the primary (every process), promote its
+    /// standby (synchronous) or replica (semi-synchronous) and move the
+    /// contenders' proxies to it, as a virtual IP moves; then make a new
+    /// standby of the new primary for the next failover. A run that may deal
+    /// it starts with a standby.
+    Failover,
 }
 
 impl FaultKind {
     /// Every kind, in schedule order.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::PauseHolder,
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
@@ -78,6 +86,7 @@ impl FaultKind {
         FaultKind::KillServer,
         FaultKind::PauseServer,
         FaultKind::CrashBackend,
+        FaultKind::Failover,
     ];
 
     /// Whether the servers are unavailable while it lasts (recovery then
@@ -85,13 +94,18 @@ impl FaultKind {
     pub fn is_outage(self) -> bool {
         matches!(
             self,
-            FaultKind::KillQuorum | FaultKind::KillServer | FaultKind::PauseServer | FaultKind::CrashBackend
+            FaultKind::KillQuorum
+                | FaultKind::KillServer
+                | FaultKind::PauseServer
+                | FaultKind::CrashBackend
+                | FaultKind::Failover
         )
     }
 
     /// Whether the kind can be injected on `backend`: member faults need a
-    /// cluster, server faults one server (PostgreSQL, Redis), a backend's
-    /// crash PostgreSQL.
+    /// cluster, server faults one server (PostgreSQL, MariaDB, Redis), a
+    /// backend's crash PostgreSQL, one silent connection and a failover a SQL
+    /// database.
     pub fn applies_to(self, backend: Backend) -> bool {
         match self {
             FaultKind::PauseHolder
@@ -101,15 +115,16 @@ impl FaultKind {
             | FaultKind::CutHolder => true,
             FaultKind::KillMember | FaultKind::PauseMember | FaultKind::KillQuorum => !backend.is_single_server(),
             FaultKind::KillServer | FaultKind::PauseServer => backend.is_single_server(),
-            FaultKind::CrashBackend | FaultKind::SilenceOneConnection => backend == Backend::Postgres,
+            FaultKind::CrashBackend => backend == Backend::Postgres,
+            FaultKind::SilenceOneConnection | FaultKind::Failover => backend.is_sql(),
         }
     }
 
     /// The kinds a run on `backend` deals when none are named. A reset of a
-    /// holder's connections is dealt on PostgreSQL, where the connection
-    /// holds the lock, and on Redis, where the session must connect again
-    /// and renew before its loss deadline (issue 22: it rides out what the
-    /// server rides out); etcd and ZooKeeper sessions outlive their
+    /// holder's connections is dealt on the SQL databases, where the
+    /// connection holds the lock, and on Redis, where the session must
+    /// connect again and renew before its loss deadline (a session rides out
+    /// what the server rides out); etcd and ZooKeeper sessions outlive their
     /// connections, as a blackhole already shows.
     pub fn defaults(backend: Backend) -> Vec<FaultKind> {
         FaultKind::ALL
@@ -145,6 +160,7 @@ impl fmt::Display for FaultKind {
             FaultKind::KillServer => "kill-server",
             FaultKind::PauseServer => "pause-server",
             FaultKind::CrashBackend => "crash-backend",
+            FaultKind::Failover => "failover",
         })
     }
 }
@@ -202,11 +218,7 @@ impl<'a> Nemesis<'a> {
             backend: config.backend,
             ttl: config.ttl,
             recovery: config.recovery_bound(),
-            kinds: if config.kinds.is_empty() {
-                FaultKind::defaults(config.backend)
-            } else {
-                config.kinds.clone()
-            },
+            kinds: config.kinds(),
             faults: Vec::new(),
             problems: Vec::new(),
             log,
@@ -489,6 +501,28 @@ impl<'a> Nemesis<'a> {
                     Err(error) => self.problems.push(format!("killing backend {pid}: {error}")),
                 }
                 self.end();
+                Some(start)
+            }
+            FaultKind::Failover => {
+                let start = self.begin(kind, "the primary".into(), None);
+                match self.servers.fail_over() {
+                    Ok(primary) => {
+                        for slot in &self.fleet.slots {
+                            for proxy in &slot.proxies {
+                                if let Err(error) = proxy.retarget(&primary) {
+                                    self.problems.push(format!("moving a proxy to {primary}: {error}"));
+                                }
+                            }
+                        }
+                        self.say(&format!("promoted; the proxies go to {primary}"));
+                    }
+                    Err(error) => self.problems.push(format!("failing over: {error}")),
+                }
+                // The outage ends when the new primary takes connections.
+                self.end();
+                if let Err(error) = self.servers.replace_standby() {
+                    self.problems.push(format!("a standby of the new primary: {error}"));
+                }
                 Some(start)
             }
             FaultKind::KillMember => {

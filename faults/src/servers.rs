@@ -1,13 +1,18 @@
 //! The servers under test: a 3-member etcd cluster or ZooKeeper ensemble,
 //! its leader, and a fresh client's view of the lock's entries; or one
 //! PostgreSQL server, with the faults one server can have (a crash of the
-//! whole server, a crash of one backend, a pause of every process); or one
-//! Redis server, with or without persistence (a kill and restart on the same
-//! port, a pause).
+//! whole server, a crash of one backend, a pause of every process) and, for
+//! the failover fault, a synchronous streaming standby; or one MariaDB
+//! server (a kill and restart, a pause) and, for the failover fault, a
+//! semi-synchronous replica; or one Redis server, with or without
+//! persistence (a kill and restart on the same port, a pause).
 
 use std::time::{Duration, Instant};
 
-use lockline_testkit::{EtcdCluster, Member, PgOptions, PgServer, RedisOptions, RedisServer, ZkEnsemble, ZkOptions};
+use lockline_testkit::{
+    EtcdCluster, MariaDbOptions, MariaDbServer, Member, PgOptions, PgServer, RedisOptions, RedisServer, Replication,
+    ZkEnsemble, ZkOptions,
+};
 
 use crate::history::Tag;
 use crate::Backend;
@@ -21,59 +26,114 @@ pub enum Servers {
     ZooKeeper(ZkEnsemble),
     /// PostgreSQL.
     Postgres(Postgres),
+    /// MariaDB.
+    MariaDb(MariaDb),
     /// Redis: the server, and whether it persists (an append-only file
     /// fsynced on every write).
     Redis(RedisServer, bool),
 }
 
-/// The role, its password and the database the PostgreSQL contenders use: an
-/// ordinary role that owns its database (lockline creates its tables there
-/// and ends a silent holder's connection as the same role), no superuser.
-const PG_ROLE: &str = "faults";
-const PG_PASSWORD: &str = "faults-password";
-const PG_DATABASE: &str = "faults";
+/// The role (user), its password and the database the SQL contenders use:
+/// an ordinary role that owns its database (lockline creates its tables
+/// there and ends a silent holder's connection as the same role), no
+/// superuser.
+const SQL_ROLE: &str = "faults";
+const SQL_PASSWORD: &str = "faults-password";
+const SQL_DATABASE: &str = "faults";
 
-/// The PostgreSQL contenders' fenced register: one row per write that
-/// committed. A logged table: a committed write survives a crash.
-pub const PG_REGISTER: &str = "faults_register";
+/// The SQL contenders' fenced register: one row per write that committed. A
+/// logged (InnoDB) table: a committed write survives a crash and is
+/// replicated.
+pub const SQL_REGISTER: &str = "faults_register";
 
 /// A write found in the backend's own register: the writer, its token and
 /// its sequence number for that grant.
 pub type StoredWrite = (Tag, u64, u64);
 
-/// A write to [`PG_REGISTER`]: the writer's tag, token and sequence number.
+/// A write to [`SQL_REGISTER`] on PostgreSQL: the writer's tag, token and
+/// sequence number.
 pub const PG_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES ($1, $2, $3)";
+
+/// The same on MariaDB.
+pub const MY_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES (?, ?, ?)";
+
+/// The register's rows as `tag|token|seq` lines (PostgreSQL's `psql -A`) or
+/// tab-separated ones (`mariadb -B`).
+fn parse_register(out: &str, separator: char) -> Result<Vec<StoredWrite>, String> {
+    out.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            let mut fields = line.trim().split(separator);
+            let parsed = (|| {
+                let tag: Tag = fields.next()?.trim().parse().ok()?;
+                Some((
+                    tag,
+                    fields.next()?.trim().parse().ok()?,
+                    fields.next()?.trim().parse().ok()?,
+                ))
+            })();
+            parsed.ok_or_else(|| format!("unreadable register row {line:?}"))
+        })
+        .collect()
+}
 
 /// One PostgreSQL server (fsync off: the nemesis kills processes, never the
 /// machine, and `synchronous_commit` stays on), with the role, database and
-/// register table of the run.
+/// register table of the run; with the failover fault, its synchronous
+/// standby (every commit it confirms is on the standby: what a failover
+/// keeps, docs/sql.md says, only with synchronous replication).
 #[derive(Debug)]
 pub struct Postgres {
     server: PgServer,
+    standby: Option<PgServer>,
 }
 
 impl Postgres {
-    fn start() -> std::io::Result<Self> {
+    fn start(with_standby: bool) -> std::io::Result<Self> {
         let server = PgServer::start_with(&PgOptions {
             durable: false,
             ..PgOptions::default()
         })?;
-        server.create_user(PG_ROLE, PG_PASSWORD)?;
-        server.create_database(PG_DATABASE, PG_ROLE)?;
+        server.create_user(SQL_ROLE, SQL_PASSWORD)?;
+        server.create_database(SQL_DATABASE, SQL_ROLE)?;
         server.psql_on(
-            PG_DATABASE,
+            SQL_DATABASE,
             &format!(
-                "CREATE TABLE {PG_REGISTER} (id bigserial PRIMARY KEY, tag text NOT NULL, \
+                "CREATE TABLE {SQL_REGISTER} (id bigserial PRIMARY KEY, tag text NOT NULL, \
                  token bigint NOT NULL, seq bigint NOT NULL); \
-                 ALTER TABLE {PG_REGISTER} OWNER TO {PG_ROLE};"
+                 ALTER TABLE {SQL_REGISTER} OWNER TO {SQL_ROLE};"
             ),
         )?;
-        Ok(Postgres { server })
+        let standby = if with_standby {
+            Some(server.start_standby(Replication::Synchronous)?)
+        } else {
+            None
+        };
+        Ok(Postgres { server, standby })
     }
 
     /// The contenders' URL through `address` (a proxy, or the server itself).
     pub fn url(address: &str) -> String {
-        format!("postgres://{PG_ROLE}:{PG_PASSWORD}@{address}/{PG_DATABASE}")
+        format!("postgres://{SQL_ROLE}:{SQL_PASSWORD}@{address}/{SQL_DATABASE}")
+    }
+
+    /// Crashes the primary, promotes the standby and makes it the server
+    /// (the old one is dropped); returns the new primary's address.
+    fn fail_over(&mut self) -> std::io::Result<String> {
+        let standby = self
+            .standby
+            .take()
+            .ok_or_else(|| std::io::Error::other("no standby to fail over to"))?;
+        self.server.crash()?;
+        standby.promote()?;
+        self.server = standby;
+        Ok(format!("127.0.0.1:{}", self.server.port()))
+    }
+
+    /// A new synchronous standby of the current primary.
+    fn replace_standby(&mut self) -> std::io::Result<()> {
+        self.standby = Some(self.server.start_standby(Replication::Synchronous)?);
+        Ok(())
     }
 
     /// The server's processes besides the postmaster: its children (every
@@ -137,7 +197,7 @@ impl Postgres {
     /// The client backends of the contenders' role, in pid order.
     fn client_backends(&self) -> std::io::Result<Vec<u32>> {
         let out = self.server.psql(&format!(
-            "SELECT pid FROM pg_stat_activity WHERE usename = '{PG_ROLE}' \
+            "SELECT pid FROM pg_stat_activity WHERE usename = '{SQL_ROLE}' \
              AND backend_type = 'client backend' ORDER BY pid;"
         ))?;
         Ok(out.lines().filter_map(|l| l.trim().parse().ok()).collect())
@@ -202,19 +262,144 @@ impl Postgres {
     fn committed_writes(&self) -> Result<Vec<StoredWrite>, String> {
         let out = self
             .server
-            .psql_on(PG_DATABASE, &format!("SELECT tag, token, seq FROM {PG_REGISTER};"))
+            .psql_on(SQL_DATABASE, &format!("SELECT tag, token, seq FROM {SQL_REGISTER};"))
             .map_err(|e| format!("reading the register: {e}"))?;
-        out.lines()
-            .filter(|line| !line.trim().is_empty())
-            .map(|line| {
-                let mut fields = line.trim().split('|');
-                let parsed = (|| {
-                    let tag: Tag = fields.next()?.parse().ok()?;
-                    Some((tag, fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
-                })();
-                parsed.ok_or_else(|| format!("unreadable register row {line:?}"))
-            })
-            .collect()
+        parse_register(&out, '|')
+    }
+}
+
+/// One MariaDB server (`innodb_flush_log_at_trx_commit = 2`: the nemesis
+/// kills processes, never the machine), with the user, database and register
+/// table of the run. Every server of a run logs its binary log (GTID, with
+/// what it replicates) and speaks semi-synchronous replication with
+/// `AFTER_SYNC`, so that with the failover fault the replica has every
+/// commit the primary confirmed (what a failover keeps only with it, as
+/// docs/sql.md says).
+#[derive(Debug)]
+pub struct MariaDb {
+    server: MariaDbServer,
+    replica: Option<MariaDbServer>,
+}
+
+impl MariaDb {
+    fn options(server_id: Option<u32>) -> MariaDbOptions {
+        let mut settings: Vec<(String, String)> = [
+            ("log-bin", "mariadb-bin"),
+            ("log-slave-updates", "ON"),
+            ("rpl-semi-sync-master-enabled", "ON"),
+            ("rpl-semi-sync-slave-enabled", "ON"),
+            ("rpl-semi-sync-master-wait-point", "AFTER_SYNC"),
+            // Never fall back to asynchronous while a replica is connected;
+            // with none connected (between a failover and the new replica),
+            // nothing to wait for.
+            ("rpl-semi-sync-master-timeout", "3600000"),
+            ("rpl-semi-sync-master-wait-no-slave", "OFF"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        if let Some(id) = server_id {
+            settings.push(("server-id".to_owned(), id.to_string()));
+        }
+        MariaDbOptions {
+            innodb_flush_log_at_trx_commit: 2,
+            settings,
+            ..MariaDbOptions::default()
+        }
+    }
+
+    fn start(with_replica: bool) -> std::io::Result<Self> {
+        let server = MariaDbServer::start_with(&Self::options(Some(1)))?;
+        server.create_database(SQL_DATABASE)?;
+        server.create_user(SQL_ROLE, SQL_PASSWORD)?;
+        server.grant_all_on(SQL_DATABASE, SQL_ROLE)?;
+        server.sql(&format!(
+            "CREATE TABLE {SQL_DATABASE}.{SQL_REGISTER} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             tag VARCHAR(64) NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL) ENGINE = InnoDB"
+        ))?;
+        let mut mariadb = MariaDb { server, replica: None };
+        if with_replica {
+            // lockline tells servers apart by their start, read to the
+            // second (docs/sql.md, "Failover"): the replica starts 3 s after.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while mariadb.uptime()? < 3 && Instant::now() < deadline {
+                // Another process's clock: nothing to await but its passing.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            mariadb.replace_replica()?;
+        }
+        Ok(mariadb)
+    }
+
+    fn uptime(&self) -> std::io::Result<u64> {
+        let out = self
+            .server
+            .sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")?;
+        out.trim().parse().map_err(std::io::Error::other)
+    }
+
+    /// The contenders' URL through `address` (a proxy, or the server itself).
+    pub fn url(address: &str) -> String {
+        format!("mysql://{SQL_ROLE}:{SQL_PASSWORD}@{address}/{SQL_DATABASE}")
+    }
+
+    /// A new replica of the current primary, made from its whole binary
+    /// log; returns once the primary commits semi-synchronously with it.
+    fn replace_replica(&mut self) -> std::io::Result<()> {
+        self.replica = Some(self.server.start_full_replica(&Self::options(None))?);
+        self.await_semi_sync()
+    }
+
+    /// Waits until the primary commits semi-synchronously (a replica is
+    /// connected and has caught up), up to 30 s.
+    fn await_semi_sync(&self) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // ON once a connected replica has caught up (off while none is).
+            let on = self.server.sql(
+                "SELECT COUNT(*) FROM information_schema.GLOBAL_STATUS \
+                 WHERE (VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_STATUS' AND VARIABLE_VALUE = 'ON') \
+                 OR (VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_CLIENTS' AND VARIABLE_VALUE + 0 >= 1)",
+            )?;
+            if on.trim() == "2" {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(
+                    "the primary does not commit semi-synchronously with its replica after 30 s",
+                ));
+            }
+            // Another process's replication: nothing to await but its state.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the primary (once it commits semi-synchronously: every commit
+    /// it confirmed is then on the replica), promotes the replica once it
+    /// applied what it received, and makes it the server; returns the new
+    /// primary's address.
+    fn fail_over(&mut self) -> std::io::Result<String> {
+        let replica = self
+            .replica
+            .take()
+            .ok_or_else(|| std::io::Error::other("no replica to fail over to"))?;
+        if let Err(error) = self.await_semi_sync() {
+            self.replica = Some(replica);
+            return Err(error);
+        }
+        self.server.member().kill()?;
+        replica.promote()?;
+        self.server = replica;
+        Ok(format!("127.0.0.1:{}", self.server.port()))
+    }
+
+    /// Every write that committed to the register: (writer, token, seq).
+    fn committed_writes(&self) -> Result<Vec<StoredWrite>, String> {
+        let out = self
+            .server
+            .sql(&format!("SELECT tag, token, seq FROM {SQL_DATABASE}.{SQL_REGISTER}"))
+            .map_err(|e| format!("reading the register: {e}"))?;
+        parse_register(&out, '\t')
     }
 }
 
@@ -229,16 +414,19 @@ pub struct Entry {
 }
 
 impl Servers {
-    /// Starts `size` members (PostgreSQL, Redis: one server, whatever `size`).
+    /// Starts `size` members (PostgreSQL, MariaDB, Redis: one server,
+    /// whatever `size`; with `failover`, PostgreSQL's standby and MariaDB's
+    /// replica too).
     ///
     /// # Errors
     ///
     /// When the servers cannot be started.
-    pub fn start(backend: Backend, size: usize) -> std::io::Result<Self> {
+    pub fn start(backend: Backend, size: usize, failover: bool) -> std::io::Result<Self> {
         Ok(match backend {
             Backend::Etcd => Servers::Etcd(EtcdCluster::start_cluster(size)?),
             Backend::ZooKeeper => Servers::ZooKeeper(ZkEnsemble::start_with(size, &ZkOptions::default())?),
-            Backend::Postgres => Servers::Postgres(Postgres::start()?),
+            Backend::Postgres => Servers::Postgres(Postgres::start(failover)?),
+            Backend::MariaDb => Servers::MariaDb(MariaDb::start(failover)?),
             Backend::Redis | Backend::RedisVolatile => {
                 let append_only = backend == Backend::Redis;
                 let server = RedisServer::start_with(&RedisOptions {
@@ -255,7 +443,7 @@ impl Servers {
         match self {
             Servers::Etcd(cluster) => cluster.size(),
             Servers::ZooKeeper(ensemble) => ensemble.size(),
-            Servers::Postgres(_) | Servers::Redis(..) => 1,
+            Servers::Postgres(_) | Servers::MariaDb(_) | Servers::Redis(..) => 1,
         }
     }
 
@@ -264,7 +452,26 @@ impl Servers {
         match self {
             Servers::Etcd(cluster) => format!("etcd cluster of {}", cluster.size()),
             Servers::ZooKeeper(ensemble) => format!("ZooKeeper ensemble of {}", ensemble.size()),
-            Servers::Postgres(pg) => format!("PostgreSQL server on port {}", pg.server.port()),
+            Servers::Postgres(Postgres { server, standby: None }) => {
+                format!("PostgreSQL server on port {}", server.port())
+            }
+            Servers::Postgres(Postgres {
+                server,
+                standby: Some(standby),
+            }) => format!(
+                "PostgreSQL server on port {}, its synchronous standby on port {}",
+                server.port(),
+                standby.port()
+            ),
+            Servers::MariaDb(MariaDb { server, replica: None }) => format!("MariaDB server on port {}", server.port()),
+            Servers::MariaDb(MariaDb {
+                server,
+                replica: Some(replica),
+            }) => format!(
+                "MariaDB server on port {}, its semi-synchronous replica on port {}",
+                server.port(),
+                replica.port()
+            ),
             Servers::Redis(server, true) => format!(
                 "Redis server on port {} (appendonly yes, appendfsync always)",
                 server.port()
@@ -279,6 +486,7 @@ impl Servers {
             Servers::Etcd(cluster) => format!("127.0.0.1:{}", cluster.client_port(i)),
             Servers::ZooKeeper(ensemble) => ensemble.address(i),
             Servers::Postgres(pg) => format!("127.0.0.1:{}", pg.server.port()),
+            Servers::MariaDb(my) => format!("127.0.0.1:{}", my.server.port()),
             Servers::Redis(server, _) => format!("127.0.0.1:{}", server.port()),
         }
     }
@@ -295,16 +503,18 @@ impl Servers {
                 .join(","),
             Servers::ZooKeeper(_) => addresses.join(","),
             Servers::Postgres(_) => Postgres::url(addresses.first().map_or("", String::as_str)),
+            Servers::MariaDb(_) => MariaDb::url(addresses.first().map_or("", String::as_str)),
             Servers::Redis(..) => format!("redis://{}", addresses.first().map_or("", String::as_str)),
         }
     }
 
-    /// Member `i` (PostgreSQL: the postmaster; Redis: the server).
+    /// Member `i` (PostgreSQL: the postmaster; MariaDB, Redis: the server).
     pub fn member(&mut self, i: usize) -> &mut Member {
         match self {
             Servers::Etcd(cluster) => cluster.member(i),
             Servers::ZooKeeper(ensemble) => ensemble.member(i),
             Servers::Postgres(pg) => pg.server.member(),
+            Servers::MariaDb(my) => my.server.member(),
             Servers::Redis(server, _) => server.member(),
         }
     }
@@ -318,8 +528,8 @@ impl Servers {
         }
     }
 
-    /// PostgreSQL: SIGKILLs every process of the server. Redis: SIGKILLs
-    /// the server.
+    /// PostgreSQL: SIGKILLs every process of the server. MariaDB, Redis:
+    /// SIGKILLs the server.
     ///
     /// # Errors
     ///
@@ -327,6 +537,7 @@ impl Servers {
     pub fn kill_server(&mut self) -> std::io::Result<()> {
         match self {
             Servers::Redis(server, _) => server.member().kill(),
+            Servers::MariaDb(my) => my.server.member().kill(),
             _ => self.postgres()?.kill(),
         }
     }
@@ -342,6 +553,7 @@ impl Servers {
     pub fn restart_server(&mut self) -> std::io::Result<()> {
         match self {
             Servers::Redis(server, _) => server.restart(),
+            Servers::MariaDb(my) => my.server.restart(),
             _ => self.postgres()?.server.restart(),
         }
     }
@@ -358,6 +570,10 @@ impl Servers {
                 server.member().pause()?;
                 Ok("froze redis-server".into())
             }
+            Servers::MariaDb(my) => {
+                my.server.member().pause()?;
+                Ok("froze mariadbd".into())
+            }
             _ => match self.postgres()?.pause()? {
                 0 => Err(std::io::Error::other("pausing the server froze no backend")),
                 frozen => Ok(format!("froze the postmaster and {frozen} more processes")),
@@ -373,6 +589,7 @@ impl Servers {
     pub fn resume_server(&mut self) -> std::io::Result<()> {
         match self {
             Servers::Redis(server, _) => server.member().resume(),
+            Servers::MariaDb(my) => my.server.member().resume(),
             _ => self.postgres()?.resume(),
         }
     }
@@ -415,11 +632,44 @@ impl Servers {
     }
 
     /// Every write that committed to the backend's own register, when the
-    /// backend keeps one (PostgreSQL): (writer, token, seq).
+    /// backend keeps one (PostgreSQL, MariaDB): (writer, token, seq).
     pub fn committed_writes(&self) -> Option<Result<Vec<StoredWrite>, String>> {
         match self {
             Servers::Postgres(pg) => Some(pg.committed_writes()),
+            Servers::MariaDb(my) => Some(my.committed_writes()),
             _ => None,
+        }
+    }
+
+    /// The failover fault's outage: crashes the primary (PostgreSQL: every
+    /// process; MariaDB: the server, once it commits semi-synchronously) and
+    /// promotes its standby or replica, which becomes the server from now
+    /// on. Returns the new primary's address, which the contenders' proxies
+    /// must be moved to (a virtual IP's move).
+    ///
+    /// # Errors
+    ///
+    /// On another backend, without a standby, or when the promotion fails.
+    pub fn fail_over(&mut self) -> std::io::Result<String> {
+        match self {
+            Servers::Postgres(pg) => pg.fail_over(),
+            Servers::MariaDb(my) => my.fail_over(),
+            _ => Err(std::io::Error::other("a failover, on a backend without replicas")),
+        }
+    }
+
+    /// After [`fail_over`](Self::fail_over): a new standby (PostgreSQL,
+    /// synchronous) or replica (MariaDB, semi-synchronous) of the new primary,
+    /// for the next failover. Returns once the primary commits with it.
+    ///
+    /// # Errors
+    ///
+    /// On another backend, or when it does not start or catch up in time.
+    pub fn replace_standby(&mut self) -> std::io::Result<()> {
+        match self {
+            Servers::Postgres(pg) => pg.replace_standby(),
+            Servers::MariaDb(my) => my.replace_replica(),
+            _ => Err(std::io::Error::other("a standby, on a backend without replicas")),
         }
     }
 
@@ -435,7 +685,7 @@ impl Servers {
                     .metrics(i)
                     .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1")),
                 Servers::ZooKeeper(ensemble) => ensemble.mode(i).as_deref() == Some("leader"),
-                Servers::Postgres(_) | Servers::Redis(..) => true,
+                Servers::Postgres(_) | Servers::MariaDb(_) | Servers::Redis(..) => true,
             }
         })
     }
@@ -450,6 +700,7 @@ impl Servers {
             Servers::Etcd(cluster) => cluster.wait_healthy(i),
             Servers::ZooKeeper(ensemble) => ensemble.wait_serving(i),
             Servers::Postgres(pg) => pg.wait_serving(),
+            Servers::MariaDb(my) => mariadb_wait_serving(&my.server),
             Servers::Redis(server, _) => redis_wait_serving(server),
         }
     }
@@ -472,6 +723,10 @@ impl Servers {
                 Servers::Postgres(pg) => {
                     let url = Postgres::url(&format!("127.0.0.1:{}", pg.server.port()));
                     lockline_entries(lockline::Client::new(lockline_sql::Sql::new(url)), "PostgreSQL", name).await
+                }
+                Servers::MariaDb(my) => {
+                    let url = MariaDb::url(&format!("127.0.0.1:{}", my.server.port()));
+                    lockline_entries(lockline::Client::new(lockline_sql::Sql::new(url)), "MariaDB", name).await
                 }
                 Servers::Redis(server, _) => {
                     let redis = lockline_redis::Redis::new(server.url());
@@ -543,6 +798,19 @@ fn redis_wait_serving(server: &RedisServer) -> std::io::Result<()> {
             Err(error) if Instant::now() > deadline => return Err(error),
             // No event to await from another process: probe again.
             _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Waits until a MariaDB server answers a query (after a resume), up to 30 s.
+fn mariadb_wait_serving(server: &MariaDbServer) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match server.sql("SELECT 1") {
+            Ok(_) => return Ok(()),
+            Err(error) if Instant::now() > deadline => return Err(error),
+            // No event to await from another process: probe again.
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }

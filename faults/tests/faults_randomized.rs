@@ -1,11 +1,12 @@
 //! The randomized fault test's short run, one per backend and mode (about 40 s
-//! each, six runs taking turns): contender processes, a fenced register, a
+//! each, nine runs taking turns): contender processes, a fenced register, a
 //! seeded nemesis, a checker. The long run is the `lockline-faults` binary
 //! (see docs/faults.md).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use lockline_faults::nemesis::FaultKind;
 use lockline_faults::{run, Backend, Config};
 
 /// The runs take turns: each wants the machine to itself for its timing.
@@ -25,6 +26,29 @@ fn lock_delay_run(backend: Backend) {
         report.lock_delay_checks >= 2,
         "too few grants after an involuntary loss to check the lock-delay:\n{report}"
     );
+}
+
+/// The faults a network and a database's operators deal a SQL session:
+/// one of its connections gone silent (guard, control or wait), a failover
+/// to a standby, a reset and a killed holder; each kind dealt at least once.
+fn connection_and_failover_run(backend: Backend) {
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_lockline-faults"));
+    let config = Config {
+        kinds: vec![
+            FaultKind::SilenceOneConnection,
+            FaultKind::Failover,
+            FaultKind::CutHolder,
+            FaultKind::KillHolder,
+        ],
+        ..Config::short(backend, program)
+    };
+    let report = run_checked(config);
+    for kind in [FaultKind::SilenceOneConnection, FaultKind::Failover] {
+        assert!(
+            report.faults.get(&kind.to_string()).copied().unwrap_or(0) >= 1,
+            "no {kind} was dealt:\n{report}"
+        );
+    }
 }
 
 fn run_checked(config: Config) -> lockline_faults::checker::Report {
@@ -61,6 +85,21 @@ fn postgres_survives_the_nemesis() {
 #[test]
 fn postgres_with_a_lock_delay_survives_the_nemesis() {
     lock_delay_run(Backend::Postgres);
+}
+
+#[test]
+fn postgres_survives_failovers_and_silent_connections() {
+    connection_and_failover_run(Backend::Postgres);
+}
+
+#[test]
+fn mariadb_survives_the_nemesis() {
+    short_run(Backend::MariaDb);
+}
+
+#[test]
+fn mariadb_survives_failovers_and_silent_connections() {
+    connection_and_failover_run(Backend::MariaDb);
 }
 
 #[test]

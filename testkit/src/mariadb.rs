@@ -248,14 +248,57 @@ impl MariaDbServer {
     /// server id of its own) that replicates, by GTID, everything this one
     /// writes from now on (`CHANGE MASTER TO ... MASTER_USE_GTID =
     /// slave_pos`, `START SLAVE`, as root) until
-    /// [`promote`](Self::promote). Replication is asynchronous (MariaDB's
-    /// default). Returns once both of its replication threads run.
+    /// [`promote`](Self::promote). Replication is asynchronous unless
+    /// `options` turn semi-synchronous replication on. It connects again a
+    /// second after losing this server (`MASTER_CONNECT_RETRY = 1`; the
+    /// server's default is a minute). Returns once both of its replication
+    /// threads run.
     ///
     /// # Errors
     ///
     /// When the replica does not start, or does not replicate in time.
     pub fn start_replica(&self, options: &MariaDbOptions) -> Result<MariaDbServer> {
         let position = self.sql("SELECT @@gtid_binlog_pos")?;
+        self.replica_from(position.trim(), options)
+    }
+
+    /// A replica of this server, as [`start_replica`](Self::start_replica)
+    /// makes, that first replays this server's whole binary log, from its
+    /// first file: a copy of every database created since this server started
+    /// with its binary log (and, on a replica promoted with `log-slave-updates`,
+    /// of what it replicated), as a replica made from a backup would be.
+    /// Returns once it has applied everything this server had logged when it
+    /// was asked.
+    ///
+    /// # Errors
+    ///
+    /// When the replica does not start, or does not catch up in time.
+    pub fn start_full_replica(&self, options: &MariaDbOptions) -> Result<MariaDbServer> {
+        let target = self.sql("SELECT @@gtid_binlog_pos")?;
+        let replica = self.replica_from("", options)?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let applied = replica.sql(&format!(
+                "SELECT MASTER_GTID_WAIT({}, 0.2)",
+                mariadb_string(target.trim())
+            ))?;
+            if applied.trim() == "0" {
+                return Ok(replica);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{}: its replica has not applied {} after {START_TIMEOUT:?}",
+                        self.member.name(),
+                        target.trim()
+                    ),
+                ));
+            }
+        }
+    }
+
+    fn replica_from(&self, position: &str, options: &MariaDbOptions) -> Result<MariaDbServer> {
         let mut options = options.clone();
         options
             .settings
@@ -264,8 +307,8 @@ impl MariaDbServer {
         replica.sql(&format!(
             "SET GLOBAL gtid_slave_pos = {}; \
              CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, MASTER_USER = 'root', \
-             MASTER_PASSWORD = {}, MASTER_USE_GTID = slave_pos; START SLAVE;",
-            mariadb_string(position.trim()),
+             MASTER_PASSWORD = {}, MASTER_CONNECT_RETRY = 1, MASTER_USE_GTID = slave_pos; START SLAVE;",
+            mariadb_string(position),
             self.port,
             mariadb_string(ROOT_PASSWORD)
         ))?;

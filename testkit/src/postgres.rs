@@ -197,12 +197,14 @@ impl PgServer {
     /// server, on a port and in a temporary directory of its own, with this
     /// server's options. It accepts read-only connections (hot standby) and
     /// replays what this server writes until [`promote`](Self::promote).
-    /// Its unlogged tables are empty, as on any standby. Returns once it
-    /// accepts connections and this server reports it streaming; with
-    /// [`Replication::Synchronous`], once it is this server's synchronous
-    /// standby (`synchronous_standby_names`, set on this server with `ALTER
-    /// SYSTEM`: every commit of a logged change then waits until the standby
-    /// has it on disk, and hangs while no standby answers).
+    /// Its unlogged tables are empty, as on any standby. It connects again
+    /// 200 ms after losing its primary (`wal_retrieve_retry_interval`; the
+    /// server's default is 5 s). Returns once it accepts connections and this
+    /// server reports it streaming; with [`Replication::Synchronous`], once
+    /// it is this server's synchronous standby (`synchronous_standby_names`,
+    /// set on this server with `ALTER SYSTEM` once the standby streams: every
+    /// commit of a logged change then waits until the standby has it on
+    /// disk, and hangs while no standby answers).
     ///
     /// # Errors
     ///
@@ -210,11 +212,6 @@ impl PgServer {
     /// time.
     pub fn start_standby(&self, replication: Replication) -> Result<PgServer> {
         let name = format!("standby_{}", std::process::id());
-        if replication == Replication::Synchronous {
-            self.psql(&format!(
-                "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'; SELECT pg_reload_conf();"
-            ))?;
-        }
         let dir = server_dir(self.user.as_ref())?;
         let data = dir.path().join("data");
         let mut command = pg_command(&self.bin.join("pg_basebackup"));
@@ -254,17 +251,28 @@ impl PgServer {
             .map(|line| format!("{line}\n"))
             .collect();
         conf.push_str(&format!("primary_conninfo = '{}'\n", conninfo.replace('\'', "''")));
+        conf.push_str("wal_retrieve_retry_interval = '200ms'\n");
         std::fs::write(&auto_conf, conf)?;
         if let Some(user) = &self.user {
             user.chown(&signal)?;
             user.chown(&auto_conf)?;
         }
         let standby = Self::launch(self.bin.clone(), dir, data, self.user.clone(), self.options.clone())?;
-        let state = if replication == Replication::Synchronous {
-            "sync"
-        } else {
-            "async"
-        };
+        // Synchronous only once it streams: set before, every commit here
+        // would hang until then.
+        self.await_standby(&standby, &name, "async")?;
+        if replication == Replication::Synchronous {
+            self.psql(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'; SELECT pg_reload_conf();"
+            ))?;
+            self.await_standby(&standby, &name, "sync")?;
+        }
+        Ok(standby)
+    }
+
+    /// Waits until this server reports `standby` (its `application_name`
+    /// `name`) streaming with `sync_state` `state`.
+    fn await_standby(&self, standby: &PgServer, name: &str, state: &str) -> Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             let found = self.psql(&format!(
@@ -272,7 +280,7 @@ impl PgServer {
                  WHERE application_name = '{name}' AND state = 'streaming' AND sync_state = '{state}';"
             ))?;
             if found.trim() == "1" {
-                return Ok(standby);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(Error::new(
