@@ -112,6 +112,50 @@ pub(crate) struct Settings {
     /// A dead entry whose session is still there blocks (see
     /// `Sql::with_reset_grace`).
     pub(crate) reset_grace: bool,
+    /// How the server probes a connection whose client went silent.
+    pub(crate) server_keepalive: ServerKeepalive,
+}
+
+/// The TCP keepalive and user timeout a PostgreSQL server applies to a
+/// lockline connection (`tcp_keepalives_idle`, `tcp_keepalives_interval`,
+/// `tcp_keepalives_count`, `tcp_user_timeout`): a second line of defence
+/// behind the client's bounded round trips. A server that hears nothing from
+/// a connection's client (no answer to its probes, no acknowledgement of what
+/// it sent) ends it, and frees its guards and its slot, but never sooner
+/// than the session's TTL + a keepalive interval + the request timeout after
+/// the client last spoke: by then the client's own bounds (a ping each
+/// keepalive interval, answered within the loss deadline or the request
+/// timeout) have declared the session lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServerKeepalive {
+    pub(crate) idle_s: u64,
+    pub(crate) interval_s: u64,
+    pub(crate) count: u64,
+    pub(crate) user_timeout_ms: u64,
+}
+
+impl ServerKeepalive {
+    /// Probes: this many, a whole number of seconds apart.
+    const PROBES: u64 = 5;
+
+    pub(crate) fn new(options: &SessionOptions) -> Self {
+        let silence = options.ttl() + options.keepalive_interval() + options.request_timeout();
+        let silence_s = silence.as_secs() + u64::from(silence.subsec_nanos() > 0);
+        let idle_s = options.keepalive_interval().as_secs().max(1);
+        let interval_s = silence_s.saturating_sub(idle_s).div_ceil(Self::PROBES).max(1);
+        ServerKeepalive {
+            idle_s,
+            interval_s,
+            count: Self::PROBES,
+            user_timeout_ms: u64::try_from(silence.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// How long after the client last spoke the server gives up probing.
+    #[cfg(test)]
+    fn gives_up_after(self) -> Duration {
+        Duration::from_secs(self.idle_s + self.interval_s * self.count)
+    }
 }
 
 /// The SQL backend: one PostgreSQL or MariaDB/MySQL database.
@@ -337,6 +381,7 @@ impl Sql {
             request_timeout: options.request_timeout(),
             create_tables: self.create_tables,
             reset_grace: self.reset_grace,
+            server_keepalive: ServerKeepalive::new(options),
         }
     }
 
@@ -465,6 +510,24 @@ mod tests {
         ] {
             assert!(!format!("{:?}", Sql::new(url)).contains("hunter2"), "{url}");
             assert!(!format!("{:?}", Sql::new(url)).contains("hun/ter2"), "{url}");
+        }
+    }
+
+    #[test]
+    fn the_server_gives_a_silent_client_up_only_after_its_own_bounds() {
+        for (ttl, keepalive, request) in [(3.0, 1.0, 5.0), (6.0, 2.0, 5.0), (0.5, 0.1, 0.2), (3600.0, 60.0, 30.0)] {
+            let options = SessionOptions::new()
+                .with_ttl(Duration::from_secs_f64(ttl))
+                .with_keepalive_interval(Duration::from_secs_f64(keepalive))
+                .with_request_timeout(Duration::from_secs_f64(request));
+            let probe = ServerKeepalive::new(&options);
+            let client_bound = options.keepalive_interval() + options.request_timeout().max(options.loss_deadline());
+            assert!(probe.gives_up_after() >= client_bound, "{probe:?} for {options:?}");
+            assert!(
+                Duration::from_millis(probe.user_timeout_ms) >= client_bound,
+                "{probe:?}"
+            );
+            assert!(probe.idle_s >= 1 && probe.interval_s >= 1, "{probe:?}");
         }
     }
 

@@ -766,6 +766,15 @@ impl Dialect for Postgres {
             Purpose::Control | Purpose::Wait => "0".to_owned(),
         };
         let check = format!("{}ms", check_interval.as_millis().max(1));
+        // The server's second line behind the client's bounded round trips
+        // (see `ServerKeepalive`); ignored on a Unix socket.
+        let probe = self.settings.server_keepalive;
+        let (idle, interval, count, user_timeout) = (
+            probe.idle_s.to_string(),
+            probe.interval_s.to_string(),
+            probe.count.to_string(),
+            probe.user_timeout_ms.to_string(),
+        );
         // Nothing lockline reads is a float: no extra_float_digits, one
         // startup parameter fewer for a pooler to refuse before `options`.
         let settings = [
@@ -775,6 +784,10 @@ impl Dialect for Postgres {
             ("lock_timeout", lock_timeout.as_str()),
             ("client_connection_check_interval", check.as_str()),
             ("standard_conforming_strings", "on"),
+            ("tcp_keepalives_idle", idle.as_str()),
+            ("tcp_keepalives_interval", interval.as_str()),
+            ("tcp_keepalives_count", count.as_str()),
+            ("tcp_user_timeout", user_timeout.as_str()),
         ];
         let options = self
             .connect

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::bounded;
+use lockline::conformance::{bounded, until};
 use lockline::{Client, Error, Session, SessionOptions, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
@@ -322,4 +322,58 @@ async fn a_step_of_the_database_clock_decides_nothing(db: Db) {
     assert!(!silent_guard.is_held());
     guard.release().await.expect("release");
     proxy.heal();
+}
+
+/// The timers of the established TCP connections whose local port is `port`
+/// (the server's side of its clients' connections), from `/proc/net/tcp`:
+/// (timer kind, ticks until it fires); kind 2 is the keepalive timer, ticks
+/// are hundredths of a second.
+fn server_side_timers(port: u16) -> Vec<(u8, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = u16::from_str_radix(fields.get(1)?.rsplit(':').next()?, 16).ok()?;
+            // 01: ESTABLISHED.
+            if local_port != port || *fields.get(3)? != "01" {
+                return None;
+            }
+            let (kind, when) = fields.get(5)?.split_once(':')?;
+            Some((kind.parse().ok()?, u64::from_str_radix(when, 16).ok()?))
+        })
+        .collect()
+}
+
+/// The second line of defence: PostgreSQL probes each of a session's
+/// connections once it has been idle for a keepalive interval (its own
+/// default waits two hours), so that a server whose client vanished without
+/// a word ends the connection and frees its guards and slot — only after the
+/// client's own bounds have declared the session lost (a unit test checks
+/// the arithmetic). Read from the kernel's table of the server's sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_probes_an_idle_connection_within_a_keepalive_interval() {
+    let server = support::postgres();
+    let client = Client::new(Sql::new(server.url()));
+    let session = bounded("open a session", client.session_with(options()))
+        .await
+        .expect("session");
+    let mutex = session.mutex("probed").expect("mutex");
+    let guard = bounded("lock", mutex.lock()).await.expect("lock");
+    // A connection whose last segment awaits its acknowledgement shows its
+    // retransmission timer for that moment: read until each shows its
+    // keepalive timer, no further than a keepalive interval (whole seconds,
+    // at least one: 200 ticks with this TTL) away. PostgreSQL's own default
+    // would be two hours.
+    let probed =
+        |timers: &[(u8, u64)]| timers.len() >= 2 && timers.iter().all(|&(kind, ticks)| kind == 2 && ticks <= 200);
+    until(
+        "every connection of the session is probed within a keepalive interval",
+        || probed(&server_side_timers(server.port())),
+    )
+    .await;
+    assert_eq!(session.state(), SessionState::Live, "the session lives on");
+    bounded("release", guard.release()).await.expect("release");
+    bounded("close", session.close()).await.expect("close");
 }
