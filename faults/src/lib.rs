@@ -1,7 +1,8 @@
 //! lockline's randomized fault test (DESIGN §7), in the manner of Jepsen.
 //!
 //! A run starts a 3-member etcd cluster or ZooKeeper ensemble, or one
-//! PostgreSQL server, or one Redis server (with an append-only file fsynced
+//! PostgreSQL or MariaDB server (with a standby or replica to fail over to),
+//! or one Redis server (with an append-only file fsynced
 //! on every write, or without persistence), on loopback, a fenced register and history server in
 //! this process, and N contender *processes* (this crate's binary,
 //! `lockline-faults contender ...`), each reaching the members through its own
@@ -12,7 +13,9 @@
 //! leader half the time), kills a quorum for a moment, and silently
 //! blackholes a holder's connections; on PostgreSQL it also resets a holder's
 //! connections, kills the whole server and restarts it, crashes one backend
-//! (the postmaster then restarts every session) and freezes the whole server;
+//! (the postmaster then restarts every session), freezes the whole server
+//! and silences one of a holder's connections; on MariaDB it resets, kills,
+//! freezes and silences likewise; on both it fails over to the standby;
 //! on Redis it resets a holder's connections, kills the server and starts it
 //! again on the same port with its data directory, and freezes it.
 //! The [`checker`] then reads the history: tokens never go back, overlapping
@@ -22,7 +25,7 @@
 //! no entry left at the end.
 //!
 //! On etcd, ZooKeeper and Redis the register is the test's own: it accepts a token
-//! at least as high as the highest it accepted. On PostgreSQL each write is a
+//! at least as high as the highest it accepted. On PostgreSQL and MariaDB each write is a
 //! row inserted into a table of the database in lockline-sql's
 //! `FencedTransaction`, over the contender's own connection (through its
 //! proxy), which commits only while the lock is still held: the guarantee a
@@ -37,6 +40,7 @@
 //! ```text
 //! cargo run --release -p lockline-faults -- --backend etcd --seconds 600 --seed 7
 //! cargo run --release -p lockline-faults -- --backend postgres --seconds 600 --seed 7
+//! cargo run --release -p lockline-faults -- --backend mariadb --seconds 600 --seed 7
 //! cargo run --release -p lockline-faults -- --backend redis --seconds 600 --seed 7
 //! cargo run --release -p lockline-faults -- --backend redis-volatile --seconds 600 --seed 7
 //! ```

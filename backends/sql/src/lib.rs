@@ -122,10 +122,12 @@ pub(crate) struct Settings {
 /// behind the client's bounded round trips. A server that hears nothing from
 /// a connection's client (no answer to its probes, no acknowledgement of what
 /// it sent) ends it, and frees its guards and its slot, but never sooner
-/// than the session's TTL + a keepalive interval + the request timeout after
-/// the client last spoke: by then the client's own bounds (a ping each
-/// keepalive interval, answered within the loss deadline or the request
-/// timeout) have declared the session lost.
+/// than two keepalive intervals + the longer of the TTL and the request
+/// timeout + 1 s after the client last spoke: by then the client's own
+/// bounds have declared the session lost (the owning connection is pinged
+/// at the latest two intervals after it last answered, and a statement
+/// there without an answer within the longer of the loss deadline and the
+/// request timeout loses the session).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ServerKeepalive {
     pub(crate) idle_s: u64,
@@ -139,7 +141,8 @@ impl ServerKeepalive {
     const PROBES: u64 = 5;
 
     pub(crate) fn new(options: &SessionOptions) -> Self {
-        let silence = options.ttl() + options.keepalive_interval() + options.request_timeout();
+        let silence =
+            options.keepalive_interval() * 2 + options.ttl().max(options.request_timeout()) + Duration::from_secs(1);
         let silence_s = silence.as_secs() + u64::from(silence.subsec_nanos() > 0);
         let idle_s = options.keepalive_interval().as_secs().max(1);
         let interval_s = silence_s.saturating_sub(idle_s).div_ceil(Self::PROBES).max(1);
@@ -515,13 +518,23 @@ mod tests {
 
     #[test]
     fn the_server_gives_a_silent_client_up_only_after_its_own_bounds() {
-        for (ttl, keepalive, request) in [(3.0, 1.0, 5.0), (6.0, 2.0, 5.0), (0.5, 0.1, 0.2), (3600.0, 60.0, 30.0)] {
+        for (ttl, keepalive, request) in [
+            (3.0, 1.0, 5.0),
+            (6.0, 2.0, 5.0),
+            (1.0, 0.1, 0.2),
+            (3600.0, 1200.0, 0.2),
+            (86400.0, 60.0, 30.0),
+        ] {
             let options = SessionOptions::new()
                 .with_ttl(Duration::from_secs_f64(ttl))
                 .with_keepalive_interval(Duration::from_secs_f64(keepalive))
                 .with_request_timeout(Duration::from_secs_f64(request));
             let probe = ServerKeepalive::new(&options);
-            let client_bound = options.keepalive_interval() + options.request_timeout().max(options.loss_deadline());
+            // The owning connection pinged at the latest two intervals after
+            // it last answered, lost once a statement there has no answer
+            // within the longer of the request timeout and the loss deadline.
+            let client_bound =
+                options.keepalive_interval() * 2 + options.request_timeout().max(options.loss_deadline());
             assert!(probe.gives_up_after() >= client_bound, "{probe:?} for {options:?}");
             assert!(
                 Duration::from_millis(probe.user_timeout_ms) >= client_bound,
