@@ -123,7 +123,8 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     started_us BIGINT NULL,
     -- The longest TTL of a session opened since the server started.
     run_max_ttl_ms BIGINT NOT NULL DEFAULT 0,
-    -- After a restart: no grant until grace_ms after grace_from_us.
+    -- After a restart: no grant for grace_ms (by each session's own clock)
+    -- until a session that waited it out sets it to 0; grace_from_us names it.
     grace_ms BIGINT NOT NULL DEFAULT 0,
     grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;

@@ -9,7 +9,8 @@ CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
     started_at timestamptz,
     -- The longest TTL of a session opened since the server started.
     run_max_ttl_ms bigint NOT NULL DEFAULT 0,
-    -- After a restart: no grant until grace_ms after grace_from.
+    -- After a restart: no grant for grace_ms (by each session's own clock)
+    -- until a session that waited it out sets it to 0; grace_from names it.
     grace_ms bigint NOT NULL DEFAULT 0,
     grace_from timestamptz
 );
@@ -309,11 +310,14 @@ $fn$;
 -- their counter, which has then handed nothing out (its last value is NULL).
 -- A promoted standby is a server start too (its own start, not the one in the
 -- replicated meta row), its counter empty.
--- Holders of the run before may not have heard lost() yet: the answer is how
--- many milliseconds of the restart grace are left (the longest TTL of a session
--- opened in that run, counted from this first open, which comes after the
--- start, the reinitialization or the promotion: a standby may have started
--- hours before it was promoted), before which the session grants nothing.
+-- Holders of the run before may not have heard lost() yet: a restart grace
+-- begins at this first open, which comes after the start, the reinitialization
+-- or the promotion (a standby may have started hours before it was promoted):
+-- the longest TTL of a session opened in that run, or of a grace still in
+-- force. Each session opened in it grants nothing for all of it, by its own
+-- clock; one that waited it out ends it (grace_ms = 0). The answer is what is
+-- left by this server's clock, which lockline no longer uses (a step of the
+-- clock would shorten it).
 CREATE OR REPLACE FUNCTION "public"."lockline_open"(p_session text, p_ttl_ms bigint)
 RETURNS bigint LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -363,8 +367,10 @@ BEGIN
         END IF;
         IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
             PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), (extract(epoch from clock_timestamp()) * 1000000)::bigint));
-            UPDATE "public"."lockline_meta" SET started_at = v_started, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0,
-                grace_from = clock_timestamp();
+            -- A grace still in force (a restart within it) is kept when
+            -- longer: its holders may not have heard either.
+            UPDATE "public"."lockline_meta" SET started_at = v_started, grace_ms = greatest(grace_ms, run_max_ttl_ms),
+                run_max_ttl_ms = 0, grace_from = clock_timestamp();
         END IF;
     END IF;
     UPDATE "public"."lockline_meta" SET run_max_ttl_ms = p_ttl_ms WHERE run_max_ttl_ms < p_ttl_ms;

@@ -92,6 +92,15 @@ pub(crate) enum Status {
 /// asked for, its status, its owner's session id and heartbeat.
 pub(crate) type EntryStatus = (i64, i64, Status, String, Option<Beat>);
 
+/// A restart grace in force when a session opened: how long (the longest
+/// TTL of the run before the restart) and which one (when it began, in the
+/// server's microseconds: an id, never compared with a clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grace {
+    pub(crate) ms: i64,
+    pub(crate) id: i64,
+}
+
 /// One engine's statements over one set of tables.
 #[async_trait]
 pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
@@ -109,11 +118,18 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// moves the id counter past anything handed out before a server restart.
     async fn prepare(&self, conn: &mut Self::Conn) -> std::result::Result<(), lockline::Error>;
 
-    /// Registers a session owned by this connection. How many milliseconds
-    /// of a restart grace are left: after a server restart, the longest TTL
-    /// of a session opened before it, counted from the start, during which
-    /// no grant is made (holders from before may not have heard `lost()`).
-    async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<i64>;
+    /// Registers a session owned by this connection. Returns the restart
+    /// grace in force, if any: after a server restart (or a promotion), the
+    /// longest TTL of a session opened before it, during which no grant is
+    /// made (holders from before may not have heard `lost()`). It is in
+    /// force until a session that waited it out by its own clock ends it
+    /// ([`end_grace`](Self::end_grace)); no reading of the database's clock
+    /// shortens it.
+    async fn open(&self, conn: &mut Self::Conn, session: &str, ttl_ms: i64) -> DbResult<Option<Grace>>;
+
+    /// Ends restart grace `id` (from [`open`](Self::open)), if it is still
+    /// the one in force: a session waited it out.
+    async fn end_grace(&self, conn: &mut Self::Conn, id: i64) -> DbResult<()>;
 
     /// Renews the session from its control connection (not the one that
     /// holds its guards), raising its heartbeat count; `Some(n)`: renewed,

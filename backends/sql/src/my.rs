@@ -9,7 +9,9 @@ use lockline::{Error, Write};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
-use crate::dialect::{shape, Append, Beat, DbResult, Dialect, EntryStatus, Purpose, Reaped, Row, Status, Waited};
+use crate::dialect::{
+    shape, Append, Beat, DbResult, Dialect, EntryStatus, Grace, Purpose, Reaped, Row, Status, Waited,
+};
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
@@ -363,7 +365,8 @@ CREATE TABLE IF NOT EXISTS {meta} (
     started_us BIGINT NULL,
     -- The longest TTL of a session opened since the server started.
     run_max_ttl_ms BIGINT NOT NULL DEFAULT 0,
-    -- After a restart: no grant until grace_ms after grace_from_us.
+    -- After a restart: no grant for grace_ms (by each session's own clock)
+    -- until a session that waited it out sets it to 0; grace_from_us names it.
     grace_ms BIGINT NOT NULL DEFAULT 0,
     grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;
@@ -573,9 +576,11 @@ impl MySql {
         // grant until the longest TTL of that run has passed since now, the
         // first session after the start — or after a replica's promotion,
         // whose own start may be hours older (a grace counted from it would
-        // be over).
+        // be over). A grace still in force (a restart within it) is kept
+        // when longer: its holders may not have heard either.
         sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET started_us = ?, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0, grace_from_us = {NOW_US}",
+            "UPDATE {} SET started_us = ?, grace_ms = GREATEST(grace_ms, run_max_ttl_ms), run_max_ttl_ms = 0, \
+             grace_from_us = {NOW_US}",
             names.meta
         )))
         .bind(started_us)
@@ -990,7 +995,7 @@ impl Dialect for MySql {
         Ok(())
     }
 
-    async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<i64> {
+    async fn open(&self, conn: &mut MySqlConnection, session: &str, ttl_ms: i64) -> DbResult<Option<Grace>> {
         let names = self.names()?;
         // Sessions of processes that died a minute or more past their TTL,
         // whose connection is gone (its session lock with it): their rows go.
@@ -1047,14 +1052,29 @@ impl Dialect for MySql {
         .bind(ttl_ms)
         .execute(&mut *conn)
         .await?;
-        let left: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT CAST(GREATEST(0, grace_ms - ({NOW_US} - grace_from_us) DIV 1000) AS SIGNED) FROM {}",
+        // In force until a session waited it out by its own clock: no
+        // reading of the server's clock shortens it.
+        let grace: Option<(i64, Option<i64>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT grace_ms, grace_from_us FROM {} WHERE grace_ms > 0",
             names.meta
         )))
         .fetch_optional(&mut *conn)
-        .await?
-        .flatten();
-        Ok(left.unwrap_or(0))
+        .await?;
+        Ok(grace.map(|(ms, id)| Grace {
+            ms,
+            id: id.unwrap_or(0),
+        }))
+    }
+
+    async fn end_grace(&self, conn: &mut MySqlConnection, id: i64) -> DbResult<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET grace_ms = 0 WHERE grace_ms > 0 AND COALESCE(grace_from_us, 0) = ?",
+            self.names()?.meta
+        )))
+        .bind(id)
+        .execute(conn)
+        .await
+        .map(drop)
     }
 
     async fn end(&self, conn: &mut MySqlConnection, session: &str, owner_server_id: i64) -> DbResult<bool> {

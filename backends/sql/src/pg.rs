@@ -8,7 +8,9 @@ use lockline::{Error, Write};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
-use crate::dialect::{shape, Append, Beat, DbResult, Dialect, EntryStatus, Purpose, Reaped, Row, Status, Waited};
+use crate::dialect::{
+    shape, Append, Beat, DbResult, Dialect, EntryStatus, Grace, Purpose, Reaped, Row, Status, Waited,
+};
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
 use crate::Settings;
@@ -234,7 +236,8 @@ CREATE TABLE IF NOT EXISTS {meta} (
     started_at timestamptz,
     -- The longest TTL of a session opened since the server started.
     run_max_ttl_ms bigint NOT NULL DEFAULT 0,
-    -- After a restart: no grant until grace_ms after grace_from.
+    -- After a restart: no grant for grace_ms (by each session's own clock)
+    -- until a session that waited it out sets it to 0; grace_from names it.
     grace_ms bigint NOT NULL DEFAULT 0,
     grace_from timestamptz
 );
@@ -534,11 +537,14 @@ $fn$;
 -- their counter, which has then handed nothing out (its last value is NULL).
 -- A promoted standby is a server start too (its own start, not the one in the
 -- replicated meta row), its counter empty.
--- Holders of the run before may not have heard lost() yet: the answer is how
--- many milliseconds of the restart grace are left (the longest TTL of a session
--- opened in that run, counted from this first open, which comes after the
--- start, the reinitialization or the promotion: a standby may have started
--- hours before it was promoted), before which the session grants nothing.
+-- Holders of the run before may not have heard lost() yet: a restart grace
+-- begins at this first open, which comes after the start, the reinitialization
+-- or the promotion (a standby may have started hours before it was promoted):
+-- the longest TTL of a session opened in that run, or of a grace still in
+-- force. Each session opened in it grants nothing for all of it, by its own
+-- clock; one that waited it out ends it (grace_ms = 0). The answer is what is
+-- left by this server's clock, which lockline no longer uses (a step of the
+-- clock would shorten it).
 CREATE OR REPLACE FUNCTION {open}(p_session text, p_ttl_ms bigint)
 RETURNS bigint LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -588,8 +594,10 @@ BEGIN
         END IF;
         IF v_seen IS DISTINCT FROM v_started OR pg_sequence_last_value(v_seq) IS NULL THEN
             PERFORM setval(v_seq, greatest(coalesce(pg_sequence_last_value(v_seq), 0), {NOW_US}));
-            UPDATE {meta} SET started_at = v_started, grace_ms = run_max_ttl_ms, run_max_ttl_ms = 0,
-                grace_from = clock_timestamp();
+            -- A grace still in force (a restart within it) is kept when
+            -- longer: its holders may not have heard either.
+            UPDATE {meta} SET started_at = v_started, grace_ms = greatest(grace_ms, run_max_ttl_ms),
+                run_max_ttl_ms = 0, grace_from = clock_timestamp();
         END IF;
     END IF;
     UPDATE {meta} SET run_max_ttl_ms = p_ttl_ms WHERE run_max_ttl_ms < p_ttl_ms;
@@ -946,12 +954,38 @@ impl Dialect for Postgres {
         Ok(())
     }
 
-    async fn open(&self, conn: &mut PgConnection, session: &str, ttl_ms: i64) -> DbResult<i64> {
-        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.open)))
+    async fn open(&self, conn: &mut PgConnection, session: &str, ttl_ms: i64) -> DbResult<Option<Grace>> {
+        let names = self.names()?;
+        // The function also answers what is left of the grace by the
+        // server's clock (an older lockline's reading): not used, a step of
+        // that clock would shorten it.
+        let _: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.open)))
             .bind(session)
             .bind(ttl_ms)
-            .fetch_one(conn)
-            .await
+            .fetch_one(&mut *conn)
+            .await?;
+        let grace: Option<(i64, Option<i64>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT grace_ms, (extract(epoch FROM grace_from) * 1000000)::bigint FROM {} WHERE grace_ms > 0",
+            names.meta
+        )))
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(grace.map(|(ms, id)| Grace {
+            ms,
+            id: id.unwrap_or(0),
+        }))
+    }
+
+    async fn end_grace(&self, conn: &mut PgConnection, id: i64) -> DbResult<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET grace_ms = 0 WHERE grace_ms > 0 \
+             AND coalesce((extract(epoch FROM grace_from) * 1000000)::bigint, 0) = $1",
+            self.names()?.meta
+        )))
+        .bind(id)
+        .execute(conn)
+        .await
+        .map(drop)
     }
 
     async fn heartbeat(&self, conn: &mut PgConnection, session: &str) -> DbResult<Option<i64>> {

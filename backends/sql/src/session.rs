@@ -89,8 +89,10 @@ pub(crate) struct Shared<D: Dialect> {
     /// its TTL since then is silent (DESIGN §6.19).
     beats: std::sync::Mutex<HashMap<String, Seen>>,
     /// After a database restart: no grant before this (see
-    /// `Sql::without_restart_grace`).
-    grace_until: Option<Instant>,
+    /// `Sql::without_restart_grace`), and which grace it is.
+    grace_until: Option<(Instant, i64)>,
+    /// The grace was waited out and ended on the server (or tried).
+    grace_ended: AtomicBool,
     /// Outlive a reset holder before going past it (see
     /// `Sql::with_reset_grace`).
     reset_grace: bool,
@@ -494,6 +496,18 @@ impl<D: Dialect> Shared<D> {
         }
     }
 
+    /// Ends the restart grace this session waited out, once (best effort:
+    /// while it stays in force, each session opened in it waits all of it).
+    async fn end_grace(&self) {
+        let Some((until, id)) = self.grace_until else { return };
+        if Instant::now() < until || self.state.borrow().is_over() || self.grace_ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Err(error) = on_control!(self, "end the restart grace", |d, conn| d.end_grace(conn, id)) {
+            tracing::debug!(session = %self.id, %error, "could not end the restart grace");
+        }
+    }
+
     /// Proves the owning connection alive with a round trip on it, unless it
     /// answered a statement sent since `since` (a renewal on the control
     /// connection says the server still has it, not that its flow works).
@@ -507,14 +521,41 @@ impl<D: Dialect> Shared<D> {
         }
     }
 
+    /// Pings the owning connection each keepalive interval, on a timer of
+    /// its own (never held up by a slow renewal), unless it answered
+    /// something since the tick before: it is pinged at the latest two
+    /// intervals after it last answered, which the server's keepalive
+    /// (`ServerKeepalive`) counts on. Each ping in a task of its own, one
+    /// at a time: a ping queued behind the owning connection's statements
+    /// must not hold the next tick up.
+    async fn prove_owner_each_interval(self: Arc<Self>, opened_at: Instant) {
+        let interval = self.options.keepalive_interval();
+        let mut ticks = tokio::time::interval_at(opened_at + interval, interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let tick = ticks.tick().await;
+            if self.state.borrow().is_over() {
+                return;
+            }
+            if !self.proving.swap(true, Ordering::SeqCst) {
+                let shared = Arc::clone(&self);
+                tokio::spawn(async move {
+                    shared.prove_owner(tick - interval).await;
+                    shared.proving.store(false, Ordering::SeqCst);
+                });
+            }
+        }
+    }
+
     /// Renews until the session ends: `Suspended` while renewals fail,
     /// `Lost` once none has been confirmed for `ttl - safety margin`,
     /// counted from the send time of the last confirmed one. A renewal that
     /// has no answer within half the time left is abandoned with its
     /// connection and tried again at once on a fresh one.
     ///
-    /// Each interval the owning connection is also pinged, unless it
-    /// answered something since the last one; a ping (or any statement)
+    /// Each interval the owning connection is also pinged (on a timer of its
+    /// own, `prove_owner_each_interval`), unless it answered something since
+    /// the last one; a ping (or any statement)
     /// there with no answer within the request timeout loses the session
     /// (`on_owner!`). That bound, not the loss deadline, governs the owning
     /// connection: a statement may legitimately wait there (a row lock),
@@ -543,15 +584,6 @@ impl<D: Dialect> Shared<D> {
             let bound = ((deadline - sent) / 2)
                 .max(Duration::from_millis(50))
                 .min(request_timeout);
-            // In a task of its own: a ping queued behind the owning
-            // connection's statements must not hold the renewal up.
-            if !self.proving.swap(true, Ordering::SeqCst) {
-                let shared = Arc::clone(&self);
-                tokio::spawn(async move {
-                    shared.prove_owner(sent - interval).await;
-                    shared.proving.store(false, Ordering::SeqCst);
-                });
-            }
             let attempt = self.renew_within(bound);
             tokio::pin!(attempt);
             let mut overdue = true;
@@ -1073,10 +1105,14 @@ impl<D: Dialect> SqlSession<D> {
             let (mut conn, server_id) = dialect.connect(Purpose::Owner).await.map_err(|e| map(doing, e))?;
             dialect.prepare(&mut conn).await?;
             let ttl_ms = i64::try_from(options.ttl().as_millis()).unwrap_or(i64::MAX);
-            let grace_ms = dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
-            // Counted from the answer's arrival: later than the server's
-            // reading, so never shorter.
-            let grace = Instant::now() + Duration::from_millis(u64::try_from(grace_ms).unwrap_or(0));
+            let grace = dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
+            // The whole grace, counted from the answer's arrival (after the
+            // grace began): whenever this session opened in it, it waits all
+            // of it by its own clock.
+            let grace = grace.map(|g| {
+                let ms = u64::try_from(g.ms).unwrap_or(0);
+                (Instant::now() + Duration::from_millis(ms), g.id)
+            });
             let (control, _) = dialect.connect(Purpose::Control).await.map_err(|e| map(doing, e))?;
             Ok::<_, Error>((conn, server_id, control, grace))
         };
@@ -1106,18 +1142,27 @@ impl<D: Dialect> SqlSession<D> {
             reaping: std::sync::Mutex::new(std::collections::HashSet::new()),
             departures: std::sync::Mutex::new(HashMap::new()),
             beats: std::sync::Mutex::new(HashMap::new()),
-            grace_until: (restart_grace && grace > Instant::now()).then_some(grace),
+            grace_until: grace.filter(|&(until, _)| restart_grace && until > Instant::now()),
+            grace_ended: AtomicBool::new(false),
             reset_grace,
             entries: std::sync::Mutex::new(HashMap::new()),
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
+        let prove = tokio::spawn(Arc::clone(&shared).prove_owner_each_interval(opened_at)).abort_handle();
         let overflow = tokio::spawn(Arc::clone(&shared).check_overflow()).abort_handle();
+        let mut tasks = vec![keepalive, prove, overflow];
+        if let Some((until, _)) = shared.grace_until {
+            let waited = Arc::clone(&shared);
+            tasks.push(
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    waited.end_grace().await;
+                })
+                .abort_handle(),
+            );
+        }
         let state = shared.state.subscribe();
-        Ok(SqlSession {
-            shared,
-            state,
-            tasks: vec![keepalive, overflow],
-        })
+        Ok(SqlSession { shared, state, tasks })
     }
 
     fn id_of(&self, entry: &Entry) -> Result<(String, i64)> {
@@ -1267,7 +1312,7 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
     }
 
     fn grant_not_before(&self) -> Option<Instant> {
-        self.shared.grace_until
+        self.shared.grace_until.map(|(until, _)| until)
     }
 
     fn departure(&self, gone: &Entry) -> lockline::backend::Departure {
@@ -1393,6 +1438,9 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
 
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
+        // Waited out but not ended yet (the task's moment had not come):
+        // ended now, so that sessions opened later need not wait it all.
+        shared.end_grace().await;
         advance(&shared.state, SessionState::Closed);
         shared.signal_gone_all();
         for task in &self.tasks {
