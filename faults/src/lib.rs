@@ -198,19 +198,17 @@ impl Backend {
 
     /// The faults after which the server may grant a lock whose holder
     /// still believes it holds, for at most [`reset_notice`](Self::reset_notice):
-    /// on PostgreSQL and MariaDB those that reset a holder's connections (the
-    /// connection holds the lock), a failover among them; on Redis without persistence a restart
+    /// on PostgreSQL and MariaDB a reset of a holder's connections (the
+    /// connection holds the lock; docs/sql.md's one window, with the reset
+    /// grace off as by default). Not a crash of the server, of a backend, or
+    /// a failover: the restart grace (on by default) grants nothing until
+    /// every holder from before could have heard `lost()`, and the checker
+    /// holds the SQL backend to that. On Redis without persistence a restart
     /// of the server (it forgets every session and entry: docs/redis.md,
     /// "What Redis cannot promise"); none elsewhere.
     pub fn forgets(self) -> &'static [FaultKind] {
         match self {
-            Backend::Postgres => &[
-                FaultKind::CutHolder,
-                FaultKind::KillServer,
-                FaultKind::CrashBackend,
-                FaultKind::Failover,
-            ],
-            Backend::MariaDb => &[FaultKind::CutHolder, FaultKind::KillServer, FaultKind::Failover],
+            Backend::Postgres | Backend::MariaDb => &[FaultKind::CutHolder],
             Backend::RedisVolatile => &[FaultKind::KillServer],
             Backend::Etcd | Backend::ZooKeeper | Backend::Redis => &[],
         }
@@ -539,6 +537,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
                 let mut record = history.lock();
                 read_back = record.writes.iter().filter(|w| w.unsure).count();
                 disagreements = reconcile(&mut record.writes, &rows);
+                disagreements.extend(committed_out_of_order(&rows));
             }
             Err(error) => problems.push(error),
         }
@@ -571,7 +570,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
     if !disagreements.is_empty() {
         add_violation(
             &mut report,
-            "the fenced writes' answers and the database disagree:",
+            "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:",
             &disagreements,
         );
     }
@@ -651,6 +650,25 @@ fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite]) 
     problems
 }
 
+/// The register's commits in the order the server committed them: a
+/// token below one committed before it is a stale holder's write landing
+/// after a newer holder's, whatever the writers' clocks said (the fence
+/// must have refused it). Returns each such write.
+fn committed_out_of_order(committed: &[servers::StoredWrite]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut highest: Option<&servers::StoredWrite> = None;
+    for write in committed {
+        match highest {
+            Some(before) if write.1 < before.1 => problems.push(format!(
+                "the write of {} with token {} (seq {}) committed after the write of {} with token {} (seq {})",
+                write.0, write.1, write.2, before.0, before.1, before.2
+            )),
+            _ => highest = Some(write),
+        }
+    }
+    problems
+}
+
 /// Each contender's current session (opened and not given up), by id.
 fn live_sessions(history: &History) -> BTreeMap<String, history::Tag> {
     let record = history.lock();
@@ -687,7 +705,7 @@ fn all_sessions(history: &History) -> BTreeMap<String, history::Tag> {
 
 #[cfg(test)]
 mod tests {
-    use super::reconcile;
+    use super::{committed_out_of_order, reconcile};
     use crate::history::{Fence, Tag, Write};
 
     fn write(seq: u64, accepted: bool, unsure: bool, fence: Fence) -> Write {
@@ -736,5 +754,16 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("seq 3") && problems[0].contains("not in the database"));
         assert!(problems[1].contains("seq 4") && problems[1].contains("refused"));
+    }
+
+    #[test]
+    fn a_stale_write_committed_after_a_newer_one_is_caught() {
+        let tag = |slot| Tag { slot, incarnation: 0 };
+        let in_order = [(tag(0), 5, 1), (tag(0), 5, 2), (tag(1), 6, 1), (tag(2), 8, 1)];
+        assert_eq!(committed_out_of_order(&in_order), Vec::<String>::new());
+        let stale = [(tag(0), 5, 1), (tag(1), 6, 1), (tag(0), 5, 2), (tag(1), 6, 2)];
+        let found = committed_out_of_order(&stale);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("token 5 (seq 2) committed after"), "{found:?}");
     }
 }

@@ -50,12 +50,24 @@ pub const SQL_REGISTER: &str = "faults_register";
 /// its sequence number for that grant.
 pub type StoredWrite = (Tag, u64, u64);
 
-/// A write to [`SQL_REGISTER`] on PostgreSQL: the writer's tag, token and
-/// sequence number.
-pub const PG_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES ($1, $2, $3)";
+/// The order of the register's commits: one row whose counter each fenced
+/// write moves on in its transaction, holding the row until it commits, so
+/// that the counter's values are the commits' order on the server (which
+/// the writers' clocks cannot tell).
+pub const SQL_ORDER: &str = "faults_order";
 
-/// The same on MariaDB.
-pub const MY_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES (?, ?, ?)";
+/// A write to [`SQL_REGISTER`] on PostgreSQL: the writer's tag, token and
+/// sequence number, and its place in the commit order.
+pub const PG_REGISTER_INSERT: &str = "WITH o AS (UPDATE faults_order SET n = n + 1 RETURNING n) \
+     INSERT INTO faults_register (tag, token, seq, n) SELECT $1, $2, $3, o.n FROM o";
+
+/// The same on MariaDB: the order first (the counter's new value kept as
+/// the connection's `LAST_INSERT_ID()`), then the row.
+pub const MY_REGISTER_ORDER: &str = "UPDATE faults_order SET n = LAST_INSERT_ID(n + 1)";
+
+/// See [`MY_REGISTER_ORDER`].
+pub const MY_REGISTER_INSERT: &str =
+    "INSERT INTO faults_register (tag, token, seq, n) VALUES (?, ?, ?, LAST_INSERT_ID())";
 
 /// The register's rows as `tag|token|seq` lines (PostgreSQL's `psql -A`) or
 /// tab-separated ones (`mariadb -B`).
@@ -100,8 +112,10 @@ impl Postgres {
             SQL_DATABASE,
             &format!(
                 "CREATE TABLE {SQL_REGISTER} (id bigserial PRIMARY KEY, tag text NOT NULL, \
-                 token bigint NOT NULL, seq bigint NOT NULL); \
-                 ALTER TABLE {SQL_REGISTER} OWNER TO {SQL_ROLE};"
+                 token bigint NOT NULL, seq bigint NOT NULL, n bigint NOT NULL UNIQUE); \
+                 ALTER TABLE {SQL_REGISTER} OWNER TO {SQL_ROLE}; \
+                 CREATE TABLE {SQL_ORDER} (n bigint NOT NULL); INSERT INTO {SQL_ORDER} VALUES (0); \
+                 ALTER TABLE {SQL_ORDER} OWNER TO {SQL_ROLE};"
             ),
         )?;
         let standby = if with_standby {
@@ -262,7 +276,10 @@ impl Postgres {
     fn committed_writes(&self) -> Result<Vec<StoredWrite>, String> {
         let out = self
             .server
-            .psql_on(SQL_DATABASE, &format!("SELECT tag, token, seq FROM {SQL_REGISTER};"))
+            .psql_on(
+                SQL_DATABASE,
+                &format!("SELECT tag, token, seq FROM {SQL_REGISTER} ORDER BY n;"),
+            )
             .map_err(|e| format!("reading the register: {e}"))?;
         parse_register(&out, '|')
     }
@@ -315,7 +332,10 @@ impl MariaDb {
         server.grant_all_on(SQL_DATABASE, SQL_ROLE)?;
         server.sql(&format!(
             "CREATE TABLE {SQL_DATABASE}.{SQL_REGISTER} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-             tag VARCHAR(64) NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL) ENGINE = InnoDB"
+             tag VARCHAR(64) NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL, n BIGINT NOT NULL UNIQUE) \
+             ENGINE = InnoDB; \
+             CREATE TABLE {SQL_DATABASE}.{SQL_ORDER} (n BIGINT NOT NULL) ENGINE = InnoDB; \
+             INSERT INTO {SQL_DATABASE}.{SQL_ORDER} VALUES (0)"
         ))?;
         let mut mariadb = MariaDb { server, replica: None };
         if with_replica {
@@ -374,6 +394,29 @@ impl MariaDb {
         }
     }
 
+    /// lockline tells MariaDB servers apart by their start, read to the
+    /// second, and takes a start within 2.5 s of the one it knows for the
+    /// same (docs/sql.md, "Failover"): a replica whose start is that close
+    /// to its primary's (after a restart of the primary) is restarted once
+    /// the primary's start is 3 s old, as an operator who knows the limit
+    /// would.
+    fn distinct_starts(primary: &MariaDbServer, replica: &mut MariaDbServer) -> std::io::Result<()> {
+        let uptime = |server: &MariaDbServer| -> std::io::Result<i64> {
+            let out = server
+                .sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")?;
+            out.trim().parse().map_err(std::io::Error::other)
+        };
+        if (uptime(primary)? - uptime(replica)?).abs() >= 4 {
+            return Ok(());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while uptime(primary)? < 4 && Instant::now() < deadline {
+            // Another process's clock: nothing to await but its passing.
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        replica.restart()
+    }
+
     /// Kills the primary (once it commits semi-synchronously: every commit
     /// it confirmed is then on the replica), promotes the replica once it
     /// applied what it received, and makes it the server; returns the new
@@ -383,7 +426,8 @@ impl MariaDb {
             .replica
             .take()
             .ok_or_else(|| std::io::Error::other("no replica to fail over to"))?;
-        if let Err(error) = self.await_semi_sync() {
+        let mut replica = replica;
+        if let Err(error) = Self::distinct_starts(&self.server, &mut replica).and_then(|()| self.await_semi_sync()) {
             self.replica = Some(replica);
             return Err(error);
         }
@@ -397,7 +441,9 @@ impl MariaDb {
     fn committed_writes(&self) -> Result<Vec<StoredWrite>, String> {
         let out = self
             .server
-            .sql(&format!("SELECT tag, token, seq FROM {SQL_DATABASE}.{SQL_REGISTER}"))
+            .sql(&format!(
+                "SELECT tag, token, seq FROM {SQL_DATABASE}.{SQL_REGISTER} ORDER BY n"
+            ))
             .map_err(|e| format!("reading the register: {e}"))?;
         parse_register(&out, '\t')
     }
@@ -632,7 +678,8 @@ impl Servers {
     }
 
     /// Every write that committed to the backend's own register, when the
-    /// backend keeps one (PostgreSQL, MariaDB): (writer, token, seq).
+    /// backend keeps one (PostgreSQL, MariaDB): (writer, token, seq), in the
+    /// order the server committed them.
     pub fn committed_writes(&self) -> Option<Result<Vec<StoredWrite>, String>> {
         match self {
             Servers::Postgres(pg) => Some(pg.committed_writes()),

@@ -302,7 +302,7 @@ impl MariaDbServer {
         let mut options = options.clone();
         options
             .settings
-            .push(("server-id".to_owned(), (u32::from(self.port) + 100_000).to_string()));
+            .push(("server-id".to_owned(), next_server_id().to_string()));
         let replica = MariaDbServer::start_with(&options)?;
         replica.sql(&format!(
             "SET GLOBAL gtid_slave_pos = {}; \
@@ -588,4 +588,13 @@ fn greets(port: u16) -> bool {
     // 3 bytes of length, 1 of sequence number, then the payload.
     let mut head = [0u8; 5];
     stream.read_exact(&mut head).is_ok() && head[4] == 10
+}
+
+/// A server id no other replica started by this process has had, and none
+/// of another process is likely to: a replica skips the events of its own
+/// id, so an id reused along a chain of failovers would lose data.
+fn next_server_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10_000;
+    1_000_000 + (std::process::id() % 10_000) * 10_000 + n
 }
