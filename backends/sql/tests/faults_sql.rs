@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lockline::backend::{AppendRequest, Conflicts};
 use lockline::conformance::{bounded, until};
-use lockline::{Client, EntryKind, Error, SessionOptions, SessionState};
+use lockline::{Client, EntryKind, Error, Session, SessionOptions, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
@@ -461,15 +461,7 @@ async fn without_the_restart_grace_a_restart_grants_at_once(db: Db) {
 /// at once.
 async fn a_step_of_the_database_clock_does_not_shorten_the_restart_grace(db: Db) {
     let_the_start_age(&db).await;
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = Client::new(Sql::new(db.url_via(&proxy.address())));
-    let holder = far.session_with(options(3000)).await.expect("session");
-    let held = holder.mutex("stepped").expect("mutex").lock().await.expect("lock");
-    proxy.blackhole();
-    let lost = tokio::spawn(async move {
-        held.lost().await;
-        Instant::now()
-    });
+    let (proxy, holder, lost) = silent_holder(&db, Sql::new, 3000, "stepped").await;
     let db = crash_and_restart(db).await;
     let near = Client::new(Sql::new(db.url()));
     // The first session after the restart begins the grace.
@@ -534,6 +526,26 @@ async fn let_the_start_age(db: &Db) {
     }
 }
 
+/// A holder of `name` with a TTL of `ttl_ms`, through a proxy that has just
+/// gone silent: the proxy, the holder's session, and when it hears `lost()`.
+async fn silent_holder(
+    db: &Db,
+    sql: impl Fn(String) -> Sql,
+    ttl_ms: u64,
+    name: &str,
+) -> (TcpProxy, Session, tokio::task::JoinHandle<Instant>) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let far = Client::new(sql(db.url_via(&proxy.address())));
+    let holder = far.session_with(options(ttl_ms)).await.expect("session");
+    let held = holder.mutex(name).expect("mutex").lock().await.expect("lock");
+    proxy.blackhole();
+    let lost = tokio::spawn(async move {
+        held.lost().await;
+        Instant::now()
+    });
+    (proxy, holder, lost)
+}
+
 /// Crashes and restarts the database off the async workers.
 async fn crash_and_restart(mut db: Db) -> Db {
     let restarted = tokio::task::spawn_blocking(move || {
@@ -550,15 +562,7 @@ async fn crash_and_restart(mut db: Db) -> Db {
 /// between, so the old holder still hears `lost()` before the next grant.
 async fn a_second_restart_in_a_grace_keeps_the_longer_grace(db: Db) {
     let_the_start_age(&db).await;
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = Client::new(Sql::new(db.url_via(&proxy.address())));
-    let holder = far.session_with(options(12_000)).await.expect("session");
-    let held = holder.mutex("twice").expect("mutex").lock().await.expect("lock");
-    proxy.blackhole();
-    let lost = tokio::spawn(async move {
-        held.lost().await;
-        Instant::now()
-    });
+    let (proxy, holder, lost) = silent_holder(&db, Sql::new, 12_000, "twice").await;
     let db = crash_and_restart(db).await;
     let near = Client::new(Sql::new(db.url()));
     let between = bounded("a session between the restarts", near.session_with(options(2000)))
@@ -591,31 +595,12 @@ async fn a_second_restart_in_a_grace_keeps_the_longer_grace(db: Db) {
 /// crashed and restarted, then a fresh session locks the same name: when
 /// the old holder heard `lost()`, when the fresh one was granted, and when
 /// the server was back.
-async fn restart_beside_a_silent_holder(mut db: Db, sql: impl Fn(String) -> Sql) -> (Instant, Instant, Instant) {
-    if !db.is_postgres() {
-        // MariaDB's start is read as its clock minus its whole-second
-        // `Uptime`, so a start within 2.5 s of the one before is taken for
-        // the same (docs/sql.md): let the first start age past that.
-        until("the server has been up 3 s", || {
-            db.count("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'") >= 3
-        })
-        .await;
-    }
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let far = Client::new(sql(db.url_via(&proxy.address())));
-    let holder = far.session_with(options(3000)).await.expect("session");
-    let held = holder.mutex("grace").expect("mutex").lock().await.expect("lock");
+async fn restart_beside_a_silent_holder(db: Db, sql: impl Fn(String) -> Sql) -> (Instant, Instant, Instant) {
+    let_the_start_age(&db).await;
     let url = db.url();
-    proxy.blackhole();
-    let restarted = tokio::task::spawn_blocking(move || {
-        db.crash_and_restart();
-        (db, Instant::now())
-    });
-    let lost = tokio::spawn(async move {
-        held.lost().await;
-        Instant::now()
-    });
-    let (db, back_at) = bounded("the database restarts", restarted).await.expect("restart");
+    let (proxy, holder, lost) = silent_holder(&db, &sql, 3000, "grace").await;
+    let db = crash_and_restart(db).await;
+    let back_at = Instant::now();
     let near = Client::new(sql(url));
     let fresh = bounded("a new session", near.session_with(options(3000)))
         .await
