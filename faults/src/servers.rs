@@ -339,23 +339,12 @@ impl MariaDb {
         ))?;
         let mut mariadb = MariaDb { server, replica: None };
         if with_replica {
-            // lockline tells servers apart by their start, read to the
-            // second (docs/sql.md, "Failover"): the replica starts 3 s after.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while mariadb.uptime()? < 3 && Instant::now() < deadline {
-                // Another process's clock: nothing to await but its passing.
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            // Started at once: lockline tells a promoted replica from its
+            // primary by its own run marker even when their starts are
+            // within a second or two (docs/sql.md, "Failover").
             mariadb.replace_replica()?;
         }
         Ok(mariadb)
-    }
-
-    fn uptime(&self) -> std::io::Result<u64> {
-        let out = self
-            .server
-            .sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")?;
-        out.trim().parse().map_err(std::io::Error::other)
     }
 
     /// The contenders' URL through `address` (a proxy, or the server itself).
@@ -394,29 +383,6 @@ impl MariaDb {
         }
     }
 
-    /// lockline tells MariaDB servers apart by their start, read to the
-    /// second, and takes a start within 2.5 s of the one it knows for the
-    /// same (docs/sql.md, "Failover"): a replica whose start is that close
-    /// to its primary's (after a restart of the primary) is restarted once
-    /// the primary's start is 3 s old, as an operator who knows the limit
-    /// would.
-    fn distinct_starts(primary: &MariaDbServer, replica: &mut MariaDbServer) -> std::io::Result<()> {
-        let uptime = |server: &MariaDbServer| -> std::io::Result<i64> {
-            let out = server
-                .sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'")?;
-            out.trim().parse().map_err(std::io::Error::other)
-        };
-        if (uptime(primary)? - uptime(replica)?).abs() >= 4 {
-            return Ok(());
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while uptime(primary)? < 4 && Instant::now() < deadline {
-            // Another process's clock: nothing to await but its passing.
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        replica.restart()
-    }
-
     /// Kills the primary (once it commits semi-synchronously: every commit
     /// it confirmed is then on the replica), promotes the replica once it
     /// applied what it received, and makes it the server; returns the new
@@ -426,8 +392,7 @@ impl MariaDb {
             .replica
             .take()
             .ok_or_else(|| std::io::Error::other("no replica to fail over to"))?;
-        let mut replica = replica;
-        if let Err(error) = Self::distinct_starts(&self.server, &mut replica).and_then(|()| self.await_semi_sync()) {
+        if let Err(error) = self.await_semi_sync() {
             self.replica = Some(replica);
             return Err(error);
         }

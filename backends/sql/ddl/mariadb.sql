@@ -27,6 +27,14 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_data` (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
+-- MEMORY: a server start empties it. A row with a server's id says this run
+-- of that server has seen lockline's first session, so a restart is told
+-- even when the server's start (its clock less its whole-second uptime) looks
+-- the same, and so is a replica's promotion (the primary's row, replicated,
+-- has the primary's id).
+CREATE TABLE IF NOT EXISTS `lockline`.`lockline_run` (
+    server_id BIGINT NOT NULL PRIMARY KEY
+) ENGINE=MEMORY;
 -- An append, in one round trip: nothing it takes on the server (its turn on
 -- the name, a row lock) outlives the call, whatever becomes of the client.
 -- Appends to one name take turns on a named lock of the name's hash, held from

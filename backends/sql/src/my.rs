@@ -35,6 +35,9 @@ struct Names {
     sessions: String,
     meta: String,
     data: String,
+    /// A MEMORY table whose row with the server's id says this server has
+    /// run lockline since it started: a restart empties it.
+    run: String,
     /// The procedure an append calls (see `append`).
     append_procedure: String,
     /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
@@ -108,6 +111,7 @@ impl Names {
         let sessions = table("sessions");
         let meta = table("meta");
         let data = table("data");
+        let run = table("run");
         let append_procedure = table("append");
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         let sql = Statements {
@@ -196,6 +200,7 @@ impl Names {
             sessions,
             meta,
             data,
+            run,
             append_procedure,
             lock_prefix,
             sql,
@@ -231,6 +236,7 @@ impl Names {
             sessions,
             meta,
             data,
+            run,
             append_procedure,
             lock_prefix,
             ..
@@ -266,6 +272,14 @@ CREATE TABLE IF NOT EXISTS {data} (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
+-- MEMORY: a server start empties it. A row with a server's id says this run
+-- of that server has seen lockline's first session, so a restart is told
+-- even when the server's start (its clock less its whole-second uptime) looks
+-- the same, and so is a replica's promotion (the primary's row, replicated,
+-- has the primary's id).
+CREATE TABLE IF NOT EXISTS {run} (
+    server_id BIGINT NOT NULL PRIMARY KEY
+) ENGINE=MEMORY;
 -- An append, in one round trip: nothing it takes on the server (its turn on
 -- the name, a row lock) outlives the call, whatever becomes of the client.
 -- Appends to one name take turns on a named lock of the name's hash, held from
@@ -539,7 +553,21 @@ impl MySql {
             .fetch_optional(&mut *conn)
             .await?
             .flatten();
-        if same(seen) {
+        // The same start, and this run of this server has its marker: no
+        // restart. (A promoted replica has its primary's marker, replicated,
+        // under the primary's id.) The id is read here and written as a
+        // value, so that a statement-based replica replays the same row.
+        let server_id: i64 = sqlx::query_scalar("SELECT CAST(@@server_id AS SIGNED)")
+            .fetch_one(&mut *conn)
+            .await?;
+        let marked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {} WHERE server_id = ?",
+            names.run
+        )))
+        .bind(server_id)
+        .fetch_one(&mut *conn)
+        .await?;
+        if same(seen) && marked > 0 {
             return Ok(());
         }
         // No transaction: nothing is held between these statements, so an
@@ -584,6 +612,14 @@ impl MySql {
             names.meta
         )))
         .bind(started_us)
+        .execute(&mut *conn)
+        .await?;
+        // Marked last: an opener cut off before leaves the restart to the next.
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT IGNORE INTO {} (server_id) VALUES (?)",
+            names.run
+        )))
+        .bind(server_id)
         .execute(&mut *conn)
         .await?;
         Ok(())
@@ -899,7 +935,7 @@ impl Dialect for MySql {
                 ),
             });
         }
-        let expected: [(&str, &[(&str, &str)]); 3] = [
+        let expected: [(&str, &[(&str, &str)]); 4] = [
             (
                 "entries",
                 &[
@@ -923,6 +959,7 @@ impl Dialect for MySql {
                 ],
             ),
             ("data", &[("key", "varbinary"), ("value", "longblob")]),
+            ("run", &[("server_id", "bigint")]),
         ];
         for (table, columns) in expected {
             let problem = self

@@ -555,6 +555,45 @@ async fn crash_and_restart(mut db: Db) -> Db {
     bounded("the database restarts", restarted).await.expect("restart")
 }
 
+/// MariaDB tells a server's start by its clock less its whole-second
+/// `Uptime`, and takes a start within 2.5 s of the one it knows for the
+/// same. A restart it would so take (here: the start it knows set to the
+/// new one's) is told anyway, by the run marker a restart empties (a MEMORY
+/// table): the grace holds the next grant back until the old holder has
+/// heard `lost()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_tells_a_restart_its_start_cannot_tell() {
+    let db = Db::mariadb();
+    let (proxy, holder, lost) = silent_holder(&db, Sql::new, 3000, "marked").await;
+    let db = crash_and_restart(db).await;
+    db.sql(
+        "UPDATE lockline_meta SET started_us = \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) - 1000000 * \
+         (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME')",
+    );
+    let near = Client::new(Sql::new(db.url()));
+    let fresh = bounded("a new session", near.session_with(options(3000)))
+        .await
+        .expect("a new session");
+    let guard = bounded(
+        "the lock after the restart",
+        fresh.mutex("marked").expect("mutex").lock(),
+    )
+    .await
+    .expect("lock");
+    let granted_at = Instant::now();
+    let lost_at = bounded("the old holder hears of it", lost).await.expect("task");
+    assert!(
+        lost_at <= granted_at,
+        "the next holder was granted {:?} before the old holder was told",
+        lost_at - granted_at
+    );
+    guard.release().await.expect("release");
+    fresh.close().await.expect("close");
+    proxy.heal();
+    drop(holder);
+}
+
 /// A holder with a long TTL (12 s) on a silent path, the database restarted,
 /// a session with a short TTL (2 s) opened in the grace, and the database
 /// restarted again: the second grace keeps the first one's length (the
