@@ -229,6 +229,33 @@ impl Config {
         }
     }
 
+    /// The six modes mixed on one resource: a PR holder converts up to EX,
+    /// writes and converts down to CR; a CR holder converts up to PW with a
+    /// deadline and writes; a PR request with a deadline converts up to EX.
+    /// One session may expire, one wake-up may be duplicated.
+    pub fn dlm() -> Config {
+        use Mode::{Cr, Ex, Pr, Pw};
+        Config::modes(
+            "DLM modes mixed",
+            vec![
+                vec![
+                    Op::lock(0, Pr),
+                    Op::convert(0, Ex),
+                    Op::write(0),
+                    Op::convert(0, Cr),
+                    Op::release(0),
+                ],
+                vec![
+                    Op::lock(0, Cr),
+                    Op::convert_timeout(0, Pw),
+                    Op::write(0),
+                    Op::release(0),
+                ],
+                vec![Op::lock_timeout(0, Pr), Op::convert(0, Ex), Op::release(0)],
+            ],
+        )
+    }
+
     /// Conversions and their deadlock: two PR holders convert up to EX (one
     /// of them with a deadline), a third client asks for EX and writes.
     pub fn conversion_deadlock() -> Config {
@@ -336,6 +363,7 @@ impl Config {
             Config::election(),
             Config::read_write(),
             Config::semaphore(2),
+            Config::dlm(),
             Config::conversion_deadlock(),
             Config::conversion_cycle(),
             Config::conversion_token(),

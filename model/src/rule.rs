@@ -1,6 +1,6 @@
 //! The wait rule the model runs: the sound one, or one of its broken twins.
 
-use crate::property;
+use crate::{property, Config};
 
 /// Which wait rule the server and the clients follow.
 ///
@@ -66,6 +66,23 @@ impl Rule {
         Rule::WakeOnRemovalOnly,
         Rule::ForgetAttempts,
     ];
+
+    /// The configuration in which a broken twin is shown to violate
+    /// [`Rule::breaks`] (`None` for [`Rule::Sound`]). The sound rule keeps
+    /// every property in it.
+    pub fn shown_on(self) -> Option<Config> {
+        Some(match self {
+            Rule::Sound => return None,
+            Rule::WakeEveryWaiter | Rule::GrantOnWake | Rule::ForgetAttempts => Config::mutex(),
+            Rule::BypassWaiters => Config::read_write(),
+            Rule::NoDeadlockDetection => Config::conversion_deadlock(),
+            Rule::PairwiseDeadlockDetection => Config::conversion_cycle(),
+            Rule::KeepTokenOnConversion | Rule::TokenAtAppend => Config::conversion_token(),
+            Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
+            Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
+            Rule::WakeOnRemovalOnly => Config::down_conversion(),
+        })
+    }
 
     /// The property a broken twin violates (`None` for [`Rule::Sound`]).
     pub fn breaks(self) -> Option<&'static str> {
