@@ -90,3 +90,15 @@ fn every_broken_twin_is_tested() {
         assert!(shown_on.is_some_and(|name| checked.contains(&name)), "{rule:?}");
     }
 }
+
+/// The existing recipes take the create revision as their token: without
+/// conversions, grants of conflicting entries come in creation order, so the
+/// twin that does so keeps every property on them.
+#[test]
+fn tokens_at_append_are_sound_without_conversions() {
+    for config in [Config::mutex(), Config::election(), Config::read_write()] {
+        let report = QueueModel::new(config, Rule::TokenAtAppend).check();
+        assert!(report.exhaustive);
+        assert!(report.violated.is_empty(), "{}: {:?}", report.config, report.violated);
+    }
+}
