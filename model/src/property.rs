@@ -1,0 +1,46 @@
+//! The names of the properties the checker holds the model to.
+//!
+//! `always` properties (invariants) and the `eventually` one are what the
+//! sound rule must keep; `sometimes` properties show that the interesting
+//! states are reachable at all, so that an invariant is not kept by a model
+//! that never gets there.
+
+/// 1 (`always`): no two live sessions believe they hold one resource in
+/// incompatible modes (for a semaphore: no more holders than permits).
+pub const EXCLUSION: &str = "exclusion: no incompatible grants among live sessions";
+/// 2 (`always`): a client whose session expired never gets a write accepted
+/// after a write of a newer grant.
+pub const FENCED: &str = "fence: no stale write after a newer holder's";
+/// 2b (`always`): the fence never refuses a write of a holder whose session
+/// is live (tokens rise with the grants, not with the appends).
+pub const LIVE_WRITES_ACCEPTED: &str = "fence: a live holder's write is accepted";
+/// 3 (`always`): nothing is granted while an earlier incompatible request or
+/// conversion still waits (an up-conversion is ahead of every later request).
+pub const NO_BYPASS: &str = "FIFO: no grant past an earlier incompatible waiter";
+/// 4 (`always`): no entries wait on each other in a cycle (a conversion
+/// deadlock is detected when it arises, so none is ever left standing).
+pub const DEADLOCK_DETECTED: &str = "no undetected conversion deadlock";
+/// 5 (`always`): once every client has ended, every queue is empty.
+pub const NO_ENTRY_LEFT: &str = "no entry left once every client ends";
+/// 6 (`always`): a removal or change wakes only the clients that waited on
+/// that very entry.
+pub const HERD_FREE: &str = "herd-free: a removal wakes only its own waiters";
+/// 7 (`always`): a waiter whose entry is no longer blocked by the entry it
+/// waits on has a wake-up on its way.
+pub const NO_LOST_WAKEUP: &str = "no lost wake-up";
+/// 8 (`eventually`): every client ends (no one waits for ever).
+pub const ALL_END: &str = "every client ends";
+
+/// `sometimes`: some client holds something.
+pub const GRANTED: &str = "a grant";
+/// `sometimes`: an up-conversion is granted.
+pub const CONVERTED: &str = "an up-conversion granted";
+/// `sometimes`: a conversion deadlock is detected.
+pub const DEADLOCK_FOUND: &str = "a conversion deadlock detected";
+/// `sometimes`: the fence refuses a write of a client whose session expired.
+pub const STALE_WRITE_REFUSED: &str = "a stale holder's write refused";
+/// `sometimes`: a client believes it holds after its session expired.
+pub const STALE_HOLDER: &str = "a holder whose session expired";
+/// `sometimes`: a late or duplicated wake-up reaches a client that no longer
+/// waits on that entry, and is ignored.
+pub const STALE_WAKE_IGNORED: &str = "a late or duplicated wake-up ignored";

@@ -1,0 +1,103 @@
+//! The wait rule the model runs: the sound one, or one of its broken twins.
+
+use crate::{property, Config};
+
+/// Which wait rule the server and the clients follow.
+///
+/// [`Rule::Sound`] is the rule as the model says it must be coded (see the
+/// crate docs). Every other variant breaks it in one place, the way a plausible
+/// implementation (or DESIGN §4 read literally) would, and
+/// [`Rule::breaks`] names the property the checker then finds violated: each
+/// property is shown to catch something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// The rule the model checks.
+    Sound,
+    /// A removal wakes every waiter of the resource, not just those that
+    /// waited on the removed entry: the thundering herd.
+    WakeEveryWaiter,
+    /// A request is granted when compatible with every *granted* entry,
+    /// wherever it stands: a compatible newcomer overtakes an earlier
+    /// incompatible request that still waits.
+    BypassWaiters,
+    /// Conversion deadlocks are not detected: both conversions wait.
+    NoDeadlockDetection,
+    /// The Linux DLM's check: a conversion fails when another granted entry
+    /// converts to a mode its own granted mode blocks, while that entry's
+    /// granted mode blocks it. It misses a cycle that runs through a waiting
+    /// request.
+    PairwiseDeadlockDetection,
+    /// An up-conversion to a writing mode keeps the token the entry was
+    /// granted with.
+    KeepTokenOnConversion,
+    /// A request's fencing token is its entry's creation order (etcd's create
+    /// revision) instead of a fresh one when it is granted.
+    TokenAtAppend,
+    /// A waiter that wakes takes the lock without reading the queue again.
+    GrantOnWake,
+    /// DESIGN §4's up-conversion row as written: granted when compatible with
+    /// every granted entry, ahead of earlier requests that still wait.
+    ConversionPassesEarlierWaiters,
+    /// DESIGN §4's request row as written: a converting entry counts with its
+    /// new mode only (not also with the mode it still holds).
+    ConvertingCountsNewModeOnly,
+    /// A waiter wakes only when the entry it waits on is removed, not when
+    /// that entry changes mode (a down-conversion, a conversion given up or
+    /// granted).
+    WakeOnRemovalOnly,
+    /// The server knows an append's attempt only by the entry it made: a
+    /// retried append that arrives after its attempt was cancelled (or its
+    /// lock released) makes a new entry.
+    ForgetAttempts,
+}
+
+impl Rule {
+    /// Every broken twin of the sound rule.
+    pub const BROKEN: [Rule; 11] = [
+        Rule::WakeEveryWaiter,
+        Rule::BypassWaiters,
+        Rule::NoDeadlockDetection,
+        Rule::PairwiseDeadlockDetection,
+        Rule::KeepTokenOnConversion,
+        Rule::TokenAtAppend,
+        Rule::GrantOnWake,
+        Rule::ConversionPassesEarlierWaiters,
+        Rule::ConvertingCountsNewModeOnly,
+        Rule::WakeOnRemovalOnly,
+        Rule::ForgetAttempts,
+    ];
+
+    /// The configuration in which a broken twin is shown to violate
+    /// [`Rule::breaks`] (`None` for [`Rule::Sound`]). The sound rule keeps
+    /// every property in it.
+    pub fn shown_on(self) -> Option<Config> {
+        Some(match self {
+            Rule::Sound => return None,
+            Rule::WakeEveryWaiter | Rule::GrantOnWake | Rule::ForgetAttempts => Config::mutex(),
+            Rule::BypassWaiters => Config::read_write(),
+            Rule::NoDeadlockDetection => Config::conversion_deadlock(),
+            Rule::PairwiseDeadlockDetection => Config::conversion_cycle(),
+            Rule::KeepTokenOnConversion | Rule::TokenAtAppend => Config::conversion_token(),
+            Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
+            Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
+            Rule::WakeOnRemovalOnly => Config::down_conversion(),
+        })
+    }
+
+    /// The property a broken twin violates (`None` for [`Rule::Sound`]).
+    pub fn breaks(self) -> Option<&'static str> {
+        Some(match self {
+            Rule::Sound => return None,
+            Rule::WakeEveryWaiter => property::HERD_FREE,
+            Rule::BypassWaiters => property::NO_BYPASS,
+            Rule::NoDeadlockDetection | Rule::PairwiseDeadlockDetection => property::DEADLOCK_DETECTED,
+            Rule::KeepTokenOnConversion => property::FENCED,
+            Rule::TokenAtAppend => property::LIVE_WRITES_ACCEPTED,
+            Rule::GrantOnWake => property::EXCLUSION,
+            Rule::ConversionPassesEarlierWaiters => property::EXCLUSION,
+            Rule::ConvertingCountsNewModeOnly => property::EXCLUSION,
+            Rule::WakeOnRemovalOnly => property::NO_LOST_WAKEUP,
+            Rule::ForgetAttempts => property::NO_ENTRY_LEFT,
+        })
+    }
+}
