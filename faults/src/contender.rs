@@ -233,24 +233,16 @@ enum DbConn {
     MariaDb(MySqlConnection),
 }
 
-/// One fenced write on `$conn`: begun with `$begin`, the commit order's
-/// statement `$order` run (when there is one), the row inserted with
+/// One fenced write on `$conn`: begun with `$begin`, the row inserted with
 /// `$insert`, committed; evaluates to (verdict, time just before the commit,
 /// what went wrong).
 macro_rules! fenced_write {
-    ($begin:path, $conn:expr, $order:expr, $insert:expr, $guard:expr, $tag:expr, $token:expr, $seq:expr, $bound:expr) => {{
+    ($begin:path, $conn:expr, $insert:expr, $guard:expr, $tag:expr, $token:expr, $seq:expr, $bound:expr) => {{
         let bound = $bound;
         let begun = tokio::time::timeout(bound, async {
             let mut tx = $begin($guard, &mut *$conn)
                 .await
                 .map_err(|e| format!("fenced write: begin: {e}"))?;
-            let order: Option<&'static str> = $order;
-            if let Some(order) = order {
-                sqlx::query(order)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| format!("fenced write: order: {e}"))?;
-            }
             sqlx::query($insert)
                 .bind($tag)
                 .bind(i64::try_from($token).unwrap_or(i64::MAX))
@@ -340,7 +332,6 @@ impl DbRegister {
             Some(DbConn::Postgres(conn)) => fenced_write!(
                 FencedTransaction::begin_postgres,
                 conn,
-                None,
                 crate::servers::PG_REGISTER_INSERT,
                 guard,
                 tag,
@@ -351,7 +342,6 @@ impl DbRegister {
             Some(DbConn::MariaDb(conn)) => fenced_write!(
                 FencedTransaction::begin_mysql,
                 conn,
-                Some(crate::servers::MY_REGISTER_ORDER),
                 crate::servers::MY_REGISTER_INSERT,
                 guard,
                 tag,

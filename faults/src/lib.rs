@@ -650,10 +650,13 @@ fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite]) 
     problems
 }
 
-/// The register's commits in the order the server committed them: a
-/// token below one committed before it is a stale holder's write landing
-/// after a newer holder's, whatever the writers' clocks said (the fence
-/// must have refused it). Returns each such write.
+/// The register's rows in the server's order (PostgreSQL: of their
+/// commits; MariaDB: of their inserts): a token below one committed before
+/// it is a stale holder's write landing after a newer holder's, whatever
+/// the writers' clocks said (the fence must have refused it); and one
+/// inserted after a newer holder's committed write was made by a holder
+/// that was stale by then, so its commit must have been refused. Returns
+/// each such write.
 fn committed_out_of_order(committed: &[servers::StoredWrite]) -> Vec<String> {
     let mut problems = Vec::new();
     let mut highest: Option<&servers::StoredWrite> = None;

@@ -50,24 +50,12 @@ pub const SQL_REGISTER: &str = "faults_register";
 /// its sequence number for that grant.
 pub type StoredWrite = (Tag, u64, u64);
 
-/// The order of the register's commits: one row whose counter each fenced
-/// write moves on in its transaction, holding the row until it commits, so
-/// that the counter's values are the commits' order on the server (which
-/// the writers' clocks cannot tell).
-pub const SQL_ORDER: &str = "faults_order";
-
 /// A write to [`SQL_REGISTER`] on PostgreSQL: the writer's tag, token and
-/// sequence number, and its place in the commit order.
-pub const PG_REGISTER_INSERT: &str = "WITH o AS (UPDATE faults_order SET n = n + 1 RETURNING n) \
-     INSERT INTO faults_register (tag, token, seq, n) SELECT $1, $2, $3, o.n FROM o";
+/// sequence number.
+pub const PG_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES ($1, $2, $3)";
 
-/// The same on MariaDB: the order first (the counter's new value kept as
-/// the connection's `LAST_INSERT_ID()`), then the row.
-pub const MY_REGISTER_ORDER: &str = "UPDATE faults_order SET n = LAST_INSERT_ID(n + 1)";
-
-/// See [`MY_REGISTER_ORDER`].
-pub const MY_REGISTER_INSERT: &str =
-    "INSERT INTO faults_register (tag, token, seq, n) VALUES (?, ?, ?, LAST_INSERT_ID())";
+/// The same on MariaDB.
+pub const MY_REGISTER_INSERT: &str = "INSERT INTO faults_register (tag, token, seq) VALUES (?, ?, ?)";
 
 /// The register's rows as `tag|token|seq` lines (PostgreSQL's `psql -A`) or
 /// tab-separated ones (`mariadb -B`).
@@ -104,6 +92,8 @@ impl Postgres {
     fn start(with_standby: bool) -> std::io::Result<Self> {
         let server = PgServer::start_with(&PgOptions {
             durable: false,
+            // The register's commits in the server's order.
+            settings: vec![("track_commit_timestamp".to_owned(), "on".to_owned())],
             ..PgOptions::default()
         })?;
         server.create_user(SQL_ROLE, SQL_PASSWORD)?;
@@ -112,10 +102,8 @@ impl Postgres {
             SQL_DATABASE,
             &format!(
                 "CREATE TABLE {SQL_REGISTER} (id bigserial PRIMARY KEY, tag text NOT NULL, \
-                 token bigint NOT NULL, seq bigint NOT NULL, n bigint NOT NULL UNIQUE); \
-                 ALTER TABLE {SQL_REGISTER} OWNER TO {SQL_ROLE}; \
-                 CREATE TABLE {SQL_ORDER} (n bigint NOT NULL); INSERT INTO {SQL_ORDER} VALUES (0); \
-                 ALTER TABLE {SQL_ORDER} OWNER TO {SQL_ROLE};"
+                 token bigint NOT NULL, seq bigint NOT NULL); \
+                 ALTER TABLE {SQL_REGISTER} OWNER TO {SQL_ROLE};"
             ),
         )?;
         let standby = if with_standby {
@@ -278,7 +266,7 @@ impl Postgres {
             .server
             .psql_on(
                 SQL_DATABASE,
-                &format!("SELECT tag, token, seq FROM {SQL_REGISTER} ORDER BY n;"),
+                &format!("SELECT tag, token, seq FROM {SQL_REGISTER} ORDER BY pg_xact_commit_timestamp(xmin), id;"),
             )
             .map_err(|e| format!("reading the register: {e}"))?;
         parse_register(&out, '|')
@@ -332,10 +320,7 @@ impl MariaDb {
         server.grant_all_on(SQL_DATABASE, SQL_ROLE)?;
         server.sql(&format!(
             "CREATE TABLE {SQL_DATABASE}.{SQL_REGISTER} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-             tag VARCHAR(64) NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL, n BIGINT NOT NULL UNIQUE) \
-             ENGINE = InnoDB; \
-             CREATE TABLE {SQL_DATABASE}.{SQL_ORDER} (n BIGINT NOT NULL) ENGINE = InnoDB; \
-             INSERT INTO {SQL_DATABASE}.{SQL_ORDER} VALUES (0)"
+             tag VARCHAR(64) NOT NULL, token BIGINT NOT NULL, seq BIGINT NOT NULL) ENGINE = InnoDB"
         ))?;
         let mut mariadb = MariaDb { server, replica: None };
         if with_replica {
@@ -407,7 +392,7 @@ impl MariaDb {
         let out = self
             .server
             .sql(&format!(
-                "SELECT tag, token, seq FROM {SQL_DATABASE}.{SQL_REGISTER} ORDER BY n"
+                "SELECT tag, token, seq FROM {SQL_DATABASE}.{SQL_REGISTER} ORDER BY id"
             ))
             .map_err(|e| format!("reading the register: {e}"))?;
         parse_register(&out, '\t')
@@ -644,7 +629,9 @@ impl Servers {
 
     /// Every write that committed to the backend's own register, when the
     /// backend keeps one (PostgreSQL, MariaDB): (writer, token, seq), in the
-    /// order the server committed them.
+    /// order the server committed them on PostgreSQL (its commit
+    /// timestamps, `track_commit_timestamp`), in the order they were
+    /// inserted on MariaDB (their ids).
     pub fn committed_writes(&self) -> Option<Result<Vec<StoredWrite>, String>> {
         match self {
             Servers::Postgres(pg) => Some(pg.committed_writes()),

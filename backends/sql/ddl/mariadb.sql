@@ -27,13 +27,15 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_data` (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
--- MEMORY: a server start empties it. A row with a server's id says this run
--- of that server has seen lockline's first session, so a restart is told
--- even when the server's start (its clock less its whole-second uptime) looks
--- the same, and so is a replica's promotion (the primary's row, replicated,
--- has the primary's id).
+-- MEMORY: a server start empties it. A row with a server's id names the run
+-- of lockline that server's first session began (the meta row names the run
+-- in force), so a restart is told even when the server's start (its clock
+-- less its whole-second uptime) looks the same, and so is a replica's
+-- promotion (its primary's rows, replicated, have the primary's id; a row of
+-- its own is of an older run).
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_run` (
-    server_id BIGINT NOT NULL PRIMARY KEY
+    server_id BIGINT NOT NULL PRIMARY KEY,
+    run_id VARCHAR(32) CHARACTER SET ascii NOT NULL
 ) ENGINE=MEMORY;
 -- An append, in one round trip: nothing it takes on the server (its turn on
 -- the name, a row lock) outlives the call, whatever becomes of the client.
@@ -129,6 +131,8 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     singleton TINYINT NOT NULL PRIMARY KEY,
     layout INT NOT NULL,
     started_us BIGINT NULL,
+    -- The run of lockline on this server: see the run table.
+    run_id VARCHAR(32) CHARACTER SET ascii NULL,
     -- The longest TTL of a session opened since the server started.
     run_max_ttl_ms BIGINT NOT NULL DEFAULT 0,
     -- After a restart: no grant for grace_ms (by each session's own clock)

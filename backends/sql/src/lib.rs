@@ -123,7 +123,7 @@ pub(crate) struct Settings {
 /// a connection's client (no answer to its probes, no acknowledgement of what
 /// it sent) ends it, and frees its guards and its slot, but never sooner
 /// than two keepalive intervals + the longer of the TTL and the request
-/// timeout + 1 s after the client last spoke: by then the client's own
+/// timeout + 1 s + the safety margin after the client last spoke: by then the client's own
 /// bounds have declared the session lost (the owning connection is pinged
 /// at the latest two intervals after it last answered, and a statement
 /// there without an answer within the longer of the loss deadline and the
@@ -141,15 +141,26 @@ impl ServerKeepalive {
     const PROBES: u64 = 5;
 
     pub(crate) fn new(options: &SessionOptions) -> Self {
-        let silence =
-            options.keepalive_interval() * 2 + options.ttl().max(options.request_timeout()) + Duration::from_secs(1);
+        // Linux's limits: idle and interval in whole seconds up to 32,767,
+        // at most 127 probes.
+        const MAX_S: u64 = 32_767;
+        const MAX_PROBES: u64 = 127;
+        // A second and the safety margin for timers that fire late on a
+        // busy machine.
+        let margin = options.ttl().saturating_sub(options.loss_deadline());
+        let silence = options.keepalive_interval() * 2
+            + options.ttl().max(options.request_timeout())
+            + Duration::from_secs(1)
+            + margin;
         let silence_s = silence.as_secs() + u64::from(silence.subsec_nanos() > 0);
-        let idle_s = options.keepalive_interval().as_secs().max(1);
-        let interval_s = silence_s.saturating_sub(idle_s).div_ceil(Self::PROBES).max(1);
+        let idle_s = options.keepalive_interval().as_secs().clamp(1, MAX_S);
+        let rest = silence_s.saturating_sub(idle_s);
+        let interval_s = rest.div_ceil(Self::PROBES).clamp(1, MAX_S);
+        let count = rest.div_ceil(interval_s).clamp(Self::PROBES, MAX_PROBES);
         ServerKeepalive {
             idle_s,
             interval_s,
-            count: Self::PROBES,
+            count,
             user_timeout_ms: u64::try_from(silence.as_millis()).unwrap_or(u64::MAX),
         }
     }

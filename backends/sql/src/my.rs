@@ -272,13 +272,15 @@ CREATE TABLE IF NOT EXISTS {data} (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
--- MEMORY: a server start empties it. A row with a server's id says this run
--- of that server has seen lockline's first session, so a restart is told
--- even when the server's start (its clock less its whole-second uptime) looks
--- the same, and so is a replica's promotion (the primary's row, replicated,
--- has the primary's id).
+-- MEMORY: a server start empties it. A row with a server's id names the run
+-- of lockline that server's first session began (the meta row names the run
+-- in force), so a restart is told even when the server's start (its clock
+-- less its whole-second uptime) looks the same, and so is a replica's
+-- promotion (its primary's rows, replicated, have the primary's id; a row of
+-- its own is of an older run).
 CREATE TABLE IF NOT EXISTS {run} (
-    server_id BIGINT NOT NULL PRIMARY KEY
+    server_id BIGINT NOT NULL PRIMARY KEY,
+    run_id VARCHAR(32) CHARACTER SET ascii NOT NULL
 ) ENGINE=MEMORY;
 -- An append, in one round trip: nothing it takes on the server (its turn on
 -- the name, a row lock) outlives the call, whatever becomes of the client.
@@ -377,6 +379,8 @@ CREATE TABLE IF NOT EXISTS {meta} (
     singleton TINYINT NOT NULL PRIMARY KEY,
     layout INT NOT NULL,
     started_us BIGINT NULL,
+    -- The run of lockline on this server: see the run table.
+    run_id VARCHAR(32) CHARACTER SET ascii NULL,
     -- The longest TTL of a session opened since the server started.
     run_max_ttl_ms BIGINT NOT NULL DEFAULT 0,
     -- After a restart: no grant for grace_ms (by each session's own clock)
@@ -523,9 +527,31 @@ impl MySql {
         Ok(None)
     }
 
-    /// Moves the id counter past the server's clock in microseconds when the
-    /// server started since the last session was opened.
+    /// Moves the id counter past the server's clock in microseconds, and
+    /// begins a restart grace, when the server started (or a replica was
+    /// promoted) since the last session was opened. Openers take turns (a
+    /// named lock): one that finds the work done by another does nothing.
     async fn bump_after_restart(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<()> {
+        let turn = format!("{}start", names.lock_prefix);
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 30)")
+            .bind(&turn)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(shape(
+                "another connection is moving the id counter past a server restart",
+            ));
+        }
+        let bumped = self.bump_in_turn(conn, names).await;
+        // Released with the connection if this fails (it is then dropped).
+        sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(&turn)
+            .execute(&mut *conn)
+            .await?;
+        bumped
+    }
+
+    async fn bump_in_turn(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<()> {
         let (uptime_s, now_us): (i64, i64) = {
             let row = sqlx::query(AssertSqlSafe(format!(
                 "SELECT CAST(VARIABLE_VALUE AS SIGNED), {NOW_US} FROM information_schema.GLOBAL_STATUS \
@@ -549,32 +575,34 @@ impl MySql {
         };
         let started_us = now_us - uptime_s * 1_000_000;
         let same = |seen: Option<i64>| seen.is_some_and(|s| (s - started_us).abs() <= SAME_START_US);
-        let seen: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT started_us FROM {}", names.meta)))
-            .fetch_optional(&mut *conn)
-            .await?
-            .flatten();
-        // The same start, and this run of this server has its marker: no
-        // restart. (A promoted replica has its primary's marker, replicated,
-        // under the primary's id.) The id is read here and written as a
-        // value, so that a statement-based replica replays the same row.
+        let (seen, run): (Option<i64>, Option<String>) =
+            sqlx::query_as(AssertSqlSafe(format!("SELECT started_us, run_id FROM {}", names.meta)))
+                .fetch_optional(&mut *conn)
+                .await?
+                .unwrap_or((None, None));
+        // The same start, and this server's marker names the run the meta
+        // row names: no restart. A restart empties the marker; a promoted
+        // replica has no marker of its own id, or one of a run before the
+        // meta row's (its primary's markers are replicated under their ids).
+        // The id is read here and written as a value, so that a
+        // statement-based replica replays the same row.
         let server_id: i64 = sqlx::query_scalar("SELECT CAST(@@server_id AS SIGNED)")
             .fetch_one(&mut *conn)
             .await?;
-        let marked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM {} WHERE server_id = ?",
+        let marker: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT run_id FROM {} WHERE server_id = ?",
             names.run
         )))
         .bind(server_id)
-        .fetch_one(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
-        if same(seen) && marked > 0 {
+        if same(seen) && marker.is_some() && marker == run {
             return Ok(());
         }
-        // No transaction: nothing is held between these statements, so an
-        // opener cut off among them keeps no one else from opening. Openers
-        // racing after a restart may each move the counter, which is
-        // harmless; the layout's row is updated last, so one cut off before
-        // it leaves the move (and its marker's deletion) to the next opener.
+        // Nothing is held between these statements but the turn (a named
+        // lock, let go with the connection), so an opener cut off among
+        // them keeps no one else from opening; the next does the work
+        // again, which is harmless.
         // An explicit id above the counter moves it there (InnoDB keeps the
         // largest); the row itself is deleted at once, with any marker an
         // opener cut off left.
@@ -605,21 +633,31 @@ impl MySql {
         // first session after the start — or after a replica's promotion,
         // whose own start may be hours older (a grace counted from it would
         // be over). A grace still in force (a restart within it) is kept
-        // when longer: its holders may not have heard either.
+        // when longer: its holders may not have heard either. The new run
+        // starts from the TTLs of the sessions still alive (none after a
+        // real restart; all of them when the start only looked new).
+        // Assignments apply left to right: the grace reads the old run's.
+        let run = uuid::Uuid::new_v4().simple().to_string();
         sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET started_us = ?, grace_ms = GREATEST(grace_ms, run_max_ttl_ms), run_max_ttl_ms = 0, \
+            "UPDATE {meta} SET started_us = ?, run_id = ?, grace_ms = GREATEST(grace_ms, run_max_ttl_ms), \
+             run_max_ttl_ms = COALESCE((SELECT MAX(s.ttl_ms) FROM {sessions} s \
+               WHERE IS_USED_LOCK(CONCAT('{prefix}s:', s.id)) IS NOT NULL), 0), \
              grace_from_us = {NOW_US}",
-            names.meta
+            meta = names.meta,
+            sessions = names.sessions,
+            prefix = names.lock_prefix
         )))
         .bind(started_us)
+        .bind(&run)
         .execute(&mut *conn)
         .await?;
         // Marked last: an opener cut off before leaves the restart to the next.
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT IGNORE INTO {} (server_id) VALUES (?)",
+            "REPLACE INTO {} (server_id, run_id) VALUES (?, ?)",
             names.run
         )))
         .bind(server_id)
+        .bind(&run)
         .execute(&mut *conn)
         .await?;
         Ok(())
@@ -959,7 +997,7 @@ impl Dialect for MySql {
                 ],
             ),
             ("data", &[("key", "varbinary"), ("value", "longblob")]),
-            ("run", &[("server_id", "bigint")]),
+            ("run", &[("server_id", "bigint"), ("run_id", "varchar")]),
         ];
         for (table, columns) in expected {
             let problem = self
@@ -974,6 +1012,27 @@ impl Dialect for MySql {
                     ),
                 });
             }
+        }
+        // The run marker must be emptied by a restart: a MEMORY table (a
+        // server that forces another engine would keep it).
+        let engine: Option<String> = sqlx::query_scalar(
+            "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+        )
+        .bind(&names.database)
+        .bind(format!("{}run", self.tables.prefix))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| map("check lockline's tables", e))?
+        .flatten();
+        if !engine.as_deref().is_some_and(|e| e.eq_ignore_ascii_case("MEMORY")) {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "{target}: the table {} must be ENGINE=MEMORY (a server restart must empty it), not {}; \
+                     recreate it with the DDL script (Sql::ddl), on a server that allows MEMORY tables",
+                    names.run,
+                    engine.as_deref().unwrap_or("unknown")
+                ),
+            });
         }
         // Listed only to a user who may run it (or alter it).
         let procedures: i64 = sqlx::query_scalar(

@@ -594,6 +594,46 @@ async fn mariadb_tells_a_restart_its_start_cannot_tell() {
     drop(holder);
 }
 
+/// A start that only looks new to MariaDB (its run marker emptied, as a
+/// peer's replicated `DELETE` of a MEMORY table or a step of the clock would
+/// make it look) costs a grace but forgets nothing: the TTLs of the sessions
+/// still alive stay the run's, so a real restart after it still waits for
+/// them. And a run this server did not begin (its marker names an older run
+/// than the meta row: a switchover and back) is a new start too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_start_that_only_looks_new_forgets_no_live_session() {
+    let db = Db::mariadb();
+    let client = Client::new(Sql::new(db.url()));
+    let long = bounded("a long session", client.session_with(options(12_000)))
+        .await
+        .expect("session");
+    db.sql("DELETE FROM lockline_run");
+    let short = bounded("a short session", client.session_with(options(2000)))
+        .await
+        .expect("session");
+    assert_eq!(
+        db.count("SELECT run_max_ttl_ms FROM lockline_meta"),
+        12_000,
+        "the live session's TTL was forgotten"
+    );
+    assert_eq!(db.count("SELECT grace_ms FROM lockline_meta"), 12_000, "no grace began");
+    let run = db.sql("SELECT run_id FROM lockline_meta");
+    // Another server's run took over and handed back.
+    db.sql("UPDATE lockline_meta SET run_id = 'elsewhere', grace_ms = 0");
+    let again = bounded("a session after the switch back", client.session_with(options(2000)))
+        .await
+        .expect("session");
+    let now = db.sql("SELECT run_id FROM lockline_meta");
+    assert!(
+        now.trim() != "elsewhere" && now.trim() != run.trim(),
+        "no new run began: {now:?}"
+    );
+    assert_eq!(db.count("SELECT grace_ms FROM lockline_meta"), 12_000, "no grace began");
+    for session in [again, short, long] {
+        session.close().await.expect("close");
+    }
+}
+
 /// A holder with a long TTL (12 s) on a silent path, the database restarted,
 /// a session with a short TTL (2 s) opened in the grace, and the database
 /// restarted again: the second grace keeps the first one's length (the
