@@ -119,14 +119,17 @@ impl Postgres {
         format!("postgres://{SQL_ROLE}:{SQL_PASSWORD}@{address}/{SQL_DATABASE}")
     }
 
-    /// Crashes the primary, promotes the standby and makes it the server
-    /// (the old one is dropped); returns the new primary's address.
+    /// Crashes the primary as a machine's crash would (every process at
+    /// once: frozen, then killed, so that no backend serves a statement
+    /// after another's death freed its locks), promotes the standby and makes
+    /// it the server (the old one is dropped); returns the new primary's
+    /// address.
     fn fail_over(&mut self) -> std::io::Result<String> {
         let standby = self
             .standby
             .take()
             .ok_or_else(|| std::io::Error::other("no standby to fail over to"))?;
-        self.server.crash()?;
+        self.kill()?;
         standby.promote()?;
         self.server = standby;
         Ok(format!("127.0.0.1:{}", self.server.port()))
