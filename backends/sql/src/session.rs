@@ -91,8 +91,9 @@ pub(crate) struct Shared<D: Dialect> {
     /// After a database restart: no grant before this (see
     /// `Sql::without_restart_grace`), and which grace it is.
     grace_until: Option<(Instant, i64)>,
-    /// The grace was waited out and ended on the server (or tried).
-    grace_ended: AtomicBool,
+    /// The grace was waited out and ended on the server (or tried); held
+    /// while it is being ended, so that a close waits for an end under way.
+    grace_ended: tokio::sync::Mutex<bool>,
     /// Outlive a reset holder before going past it (see
     /// `Sql::with_reset_grace`).
     reset_grace: bool,
@@ -500,9 +501,14 @@ impl<D: Dialect> Shared<D> {
     /// while it stays in force, each session opened in it waits all of it).
     async fn end_grace(&self) {
         let Some((until, id)) = self.grace_until else { return };
-        if Instant::now() < until || self.state.borrow().is_over() || self.grace_ended.swap(true, Ordering::SeqCst) {
+        if Instant::now() < until || self.state.borrow().is_over() {
             return;
         }
+        let mut ended = self.grace_ended.lock().await;
+        if *ended {
+            return;
+        }
+        *ended = true;
         if let Err(error) = on_control!(self, "end the restart grace", |d, conn| d.end_grace(conn, id)) {
             tracing::debug!(session = %self.id, %error, "could not end the restart grace");
         }
@@ -1143,7 +1149,7 @@ impl<D: Dialect> SqlSession<D> {
             departures: std::sync::Mutex::new(HashMap::new()),
             beats: std::sync::Mutex::new(HashMap::new()),
             grace_until: grace.filter(|&(until, _)| restart_grace && until > Instant::now()),
-            grace_ended: AtomicBool::new(false),
+            grace_ended: tokio::sync::Mutex::new(false),
             reset_grace,
             entries: std::sync::Mutex::new(HashMap::new()),
         });

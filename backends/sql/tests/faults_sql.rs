@@ -477,16 +477,7 @@ async fn a_step_of_the_database_clock_does_not_shorten_the_restart_grace(db: Db)
     let stepped = bounded("a session after the step", near.session_with(options(3000)))
         .await
         .expect("a session after the step");
-    let guard = bounded("the lock", stepped.mutex("stepped").expect("mutex").lock())
-        .await
-        .expect("lock");
-    let granted_at = Instant::now();
-    let lost_at = bounded("the old holder hears of it", lost).await.expect("task");
-    assert!(
-        lost_at <= granted_at,
-        "after a step of the clock the next holder was granted {:?} before the old holder was told",
-        lost_at - granted_at
-    );
+    let guard = granted_after_the_old_holder_heard(&stepped, "stepped", lost, "a step of the clock").await;
     guard.release().await.expect("release");
     // Waited out: closing ends it on the server.
     stepped.close().await.expect("close");
@@ -546,6 +537,27 @@ async fn silent_holder(
     (proxy, holder, lost)
 }
 
+/// Locks `name` on `session` and checks that the old holder (`lost`: when
+/// it heard `lost()`) was told before this grant, `after` what.
+async fn granted_after_the_old_holder_heard(
+    session: &Session,
+    name: &str,
+    lost: tokio::task::JoinHandle<Instant>,
+    after: &str,
+) -> lockline::MutexGuard {
+    let guard = bounded("the lock", session.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock");
+    let granted_at = Instant::now();
+    let lost_at = bounded("the old holder hears of it", lost).await.expect("task");
+    assert!(
+        lost_at <= granted_at,
+        "after {after} the next holder was granted {:?} before the old holder was told",
+        lost_at - granted_at
+    );
+    guard
+}
+
 /// Crashes and restarts the database off the async workers.
 async fn crash_and_restart(mut db: Db) -> Db {
     let restarted = tokio::task::spawn_blocking(move || {
@@ -575,19 +587,7 @@ async fn mariadb_tells_a_restart_its_start_cannot_tell() {
     let fresh = bounded("a new session", near.session_with(options(3000)))
         .await
         .expect("a new session");
-    let guard = bounded(
-        "the lock after the restart",
-        fresh.mutex("marked").expect("mutex").lock(),
-    )
-    .await
-    .expect("lock");
-    let granted_at = Instant::now();
-    let lost_at = bounded("the old holder hears of it", lost).await.expect("task");
-    assert!(
-        lost_at <= granted_at,
-        "the next holder was granted {:?} before the old holder was told",
-        lost_at - granted_at
-    );
+    let guard = granted_after_the_old_holder_heard(&fresh, "marked", lost, "a restart").await;
     guard.release().await.expect("release");
     fresh.close().await.expect("close");
     proxy.heal();
@@ -652,16 +652,7 @@ async fn a_second_restart_in_a_grace_keeps_the_longer_grace(db: Db) {
     let after = bounded("a session after the second restart", near.session_with(options(2000)))
         .await
         .expect("a session after the second restart");
-    let guard = bounded("the lock", after.mutex("twice").expect("mutex").lock())
-        .await
-        .expect("lock");
-    let granted_at = Instant::now();
-    let lost_at = bounded("the old holder hears of it", lost).await.expect("task");
-    assert!(
-        lost_at <= granted_at,
-        "after a second restart the next holder was granted {:?} before the old holder was told",
-        lost_at - granted_at
-    );
+    let guard = granted_after_the_old_holder_heard(&after, "twice", lost, "a second restart").await;
     guard.release().await.expect("release");
     after.close().await.expect("close");
     drop(between);
