@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::task::AbortHandle;
 
+use crate::backend::EntryKind;
 use crate::sequencer::{Mode, Sequencer};
 use crate::session::SessionInner;
 use crate::{Entry, Error, FencingToken, Result, Session, SessionState, Write};
@@ -60,6 +61,12 @@ pub(crate) struct Hold {
     /// The lock's name and the mode it is held in, for its sequencer.
     name: Box<str>,
     mode: Mode,
+    /// When the append that made the entry was tried more than once: its
+    /// directory, kind and attempt. An earlier try may still be on its way
+    /// to the server, and could make the entry again after the release:
+    /// letting go fences the whole attempt, as a cancelled acquire does
+    /// (DESIGN §6.10).
+    retried: Option<(String, EntryKind, String)>,
 }
 
 /// What a hold and its monitor task share.
@@ -219,6 +226,7 @@ impl Hold {
         watch: Option<EntryWatch>,
         name: &str,
         mode: Mode,
+        retried: Option<(String, EntryKind, String)>,
     ) -> Self {
         let entry = Arc::new(entry);
         let shared = Arc::new(HoldShared {
@@ -245,6 +253,7 @@ impl Hold {
             released: false,
             name: name.into(),
             mode,
+            retried,
         }
     }
 
@@ -447,7 +456,15 @@ impl Drop for Hold {
         self.shared.metrics.letting_go();
         self.monitor.abort();
         let permit = self.shared.take_permit();
-        if self.released {
+        if let Some((dir, kind, attempt)) = self.retried.take() {
+            // The entry (unless released) and whatever a try still on its
+            // way may make; the same-session queue waits for it.
+            if !self.released {
+                self.shared.metrics.end(crate::observe::End::LetGo);
+            }
+            let entry = (!self.released).then(|| (*self.entry).clone());
+            self.session.inner.spawn_abandon(dir, kind, attempt, entry, permit);
+        } else if self.released {
             drop(permit);
         } else {
             self.shared.metrics.end(crate::observe::End::LetGo);

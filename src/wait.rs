@@ -208,6 +208,9 @@ impl Acquire<'_> {
             return Ok(busy);
         }
         let local = pending.local.take();
+        let retried = pending
+            .retried
+            .then(|| (self.name.to_owned(), self.kind, attempt.clone()));
         pending.disarm();
         inner.counters.bump(|c| &c.grants);
         tracing::Span::current().record("token", mine.token.get());
@@ -220,7 +223,7 @@ impl Acquire<'_> {
             EntryKind::Election => Mode::Leadership,
             _ => Mode::Mutex,
         };
-        let held = Hold::new(self.session.clone(), mine, local, own_watch, self.name, mode);
+        let held = Hold::new(self.session.clone(), mine, local, own_watch, self.name, mode, retried);
         Ok(Outcome::Held(held))
     }
 

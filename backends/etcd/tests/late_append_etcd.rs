@@ -164,3 +164,73 @@ async fn late_first_append_of_a_dropped_semaphore_acquire() {
 async fn late_first_append_of_a_dropped_campaign() {
     late_first_append(How::Abort, "election").await;
 }
+
+/// The same late first append after the acquire *succeeded*: the retry's
+/// entry was granted and then released (by `release()`, or by dropping the
+/// guard). The release fences the attempt as a whole, so the late append
+/// makes nothing: no entry of a live session is left holding a lock nobody
+/// holds (found by the queue rule's model).
+async fn late_first_append_after_a_grant(drop_the_guard: bool) {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let session = client
+        .session_with(
+            SessionOptions::new()
+                .with_ttl(Duration::from_secs(30))
+                .with_request_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect("session");
+    let direct = Client::new(Etcd::new(cluster.endpoints()));
+    let checker = direct.session().await.expect("session");
+    let name = "late-retry/granted";
+    proxy.set_requests_held(true);
+    let mutex = session.mutex(name).expect("mutex");
+    let acquire = tokio::spawn(async move { mutex.lock().await });
+    until("the first append is sent", || proxy.held_request_bytes() > 0).await;
+    // The connection dies with the first append still in the network; the
+    // acquire retries on a new connection and is granted.
+    proxy.orphan_connections();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set_requests_held(false);
+    let guard = bounded("the retried acquire is granted", acquire)
+        .await
+        .expect("task")
+        .expect("lock");
+    if drop_the_guard {
+        drop(guard);
+    } else {
+        guard.release().await.expect("release");
+    }
+    bounded("cleanup", session.flush()).await;
+    let entries = checker.mutex(name).expect("mutex");
+    assert!(
+        entries.contenders().await.expect("list").is_empty(),
+        "the release left its entry"
+    );
+    // Now the first append reaches the server.
+    proxy.deliver_orphans();
+    until("the server answers the late append", || proxy.orphan_answer_bytes() > 0).await;
+    let left = entries.contenders().await.expect("list");
+    assert!(
+        left.is_empty(),
+        "the late first append of a released acquire is in the queue, holding the lock: {left:?} ({:?})",
+        cluster.keys(name).expect("keys")
+    );
+    // And the session can take the lock again.
+    let again = bounded("the lock again", session.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock");
+    again.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_first_append_of_a_released_mutex_lock() {
+    late_first_append_after_a_grant(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_first_append_of_a_dropped_granted_mutex_lock() {
+    late_first_append_after_a_grant(true).await;
+}
