@@ -529,29 +529,13 @@ impl MySql {
 
     /// Moves the id counter past the server's clock in microseconds, and
     /// begins a restart grace, when the server started (or a replica was
-    /// promoted) since the last session was opened. Openers take turns (a
-    /// named lock): one that finds the work done by another does nothing.
+    /// promoted) since the last session was opened. Openers racing after a
+    /// restart may each move the counter (harmless); the meta row is
+    /// changed by one of them only (compared and set on the start and run
+    /// it read), so none undoes another's record of the live sessions'
+    /// TTLs. Nothing is held across round trips: an opener whose
+    /// connection goes silent keeps no one else from opening.
     async fn bump_after_restart(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<()> {
-        let turn = format!("{}start", names.lock_prefix);
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 30)")
-            .bind(&turn)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            return Err(shape(
-                "another connection is moving the id counter past a server restart",
-            ));
-        }
-        let bumped = self.bump_in_turn(conn, names).await;
-        // Released with the connection if this fails (it is then dropped).
-        sqlx::query("DO RELEASE_LOCK(?)")
-            .bind(&turn)
-            .execute(&mut *conn)
-            .await?;
-        bumped
-    }
-
-    async fn bump_in_turn(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<()> {
         let (uptime_s, now_us): (i64, i64) = {
             let row = sqlx::query(AssertSqlSafe(format!(
                 "SELECT CAST(VARIABLE_VALUE AS SIGNED), {NOW_US} FROM information_schema.GLOBAL_STATUS \
@@ -599,10 +583,6 @@ impl MySql {
         if same(seen) && marker.is_some() && marker == run {
             return Ok(());
         }
-        // Nothing is held between these statements but the turn (a named
-        // lock, let go with the connection), so an opener cut off among
-        // them keeps no one else from opening; the next does the work
-        // again, which is harmless.
         // An explicit id above the counter moves it there (InnoDB keeps the
         // largest); the row itself is deleted at once, with any marker an
         // opener cut off left.
@@ -637,20 +617,30 @@ impl MySql {
         // starts from the TTLs of the sessions still alive (none after a
         // real restart; all of them when the start only looked new).
         // Assignments apply left to right: the grace reads the old run's.
-        let run = uuid::Uuid::new_v4().simple().to_string();
-        sqlx::query(AssertSqlSafe(format!(
+        let new_run = uuid::Uuid::new_v4().simple().to_string();
+        let changed = sqlx::query(AssertSqlSafe(format!(
             "UPDATE {meta} SET started_us = ?, run_id = ?, grace_ms = GREATEST(grace_ms, run_max_ttl_ms), \
              run_max_ttl_ms = COALESCE((SELECT MAX(s.ttl_ms) FROM {sessions} s \
                WHERE IS_USED_LOCK(CONCAT('{prefix}s:', s.id)) IS NOT NULL), 0), \
-             grace_from_us = {NOW_US}",
+             grace_from_us = {NOW_US} \
+             WHERE started_us <=> ? AND run_id <=> ?",
             meta = names.meta,
             sessions = names.sessions,
             prefix = names.lock_prefix
         )))
         .bind(started_us)
+        .bind(&new_run)
+        .bind(seen)
         .bind(&run)
         .execute(&mut *conn)
-        .await?;
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            // Another opener changed it first: its run is the new one, and it
+            // marks it (or, cut off before, leaves all of it to the next).
+            return Ok(());
+        }
+        let run = new_run;
         // Marked last: an opener cut off before leaves the restart to the next.
         sqlx::query(AssertSqlSafe(format!(
             "REPLACE INTO {} (server_id, run_id) VALUES (?, ?)",
