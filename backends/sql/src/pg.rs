@@ -564,6 +564,8 @@ BEGIN
         v_unreadable := true;
     END;
     IF v_seen IS DISTINCT FROM v_started OR v_last IS NULL THEN
+        -- One mover at a time, holding this until its commit: see below.
+        PERFORM pg_advisory_xact_lock({class}, 1);
         SELECT m.started_at INTO v_seen FROM {meta} m FOR UPDATE;
         IF v_unreadable THEN
             -- PostgreSQL 15 and later: an unlogged sequence created while a
@@ -599,6 +601,12 @@ BEGIN
             UPDATE {meta} SET started_at = v_started, grace_ms = greatest(grace_ms, run_max_ttl_ms),
                 run_max_ttl_ms = 0, grace_from = clock_timestamp();
         END IF;
+    ELSE
+        -- A mover's setval shows at once, its grace only with its commit
+        -- (which may wait for a synchronous standby): wait for that commit,
+        -- so that no opener takes the moved counter for no restart and
+        -- skips the grace.
+        PERFORM pg_advisory_xact_lock_shared({class}, 1);
     END IF;
     UPDATE {meta} SET run_max_ttl_ms = p_ttl_ms WHERE run_max_ttl_ms < p_ttl_ms;
     -- Sessions of processes that died a minute or more past their TTL, whose

@@ -371,3 +371,91 @@ async fn a_promotion_that_lost_the_counter_of_a_dbas_tables_needs_their_owner() 
     after.close().await.expect("close");
     drop(vip);
 }
+
+/// A crashed backend while the synchronous standby is down: the postmaster
+/// reinitializes (unlogged tables and the counter emptied, its start
+/// unchanged), and the first session's open moves the counter at once (a
+/// sequence's `setval`) while its grace commits only when the standby is
+/// back. A second opener must not take the moved counter for no restart: it
+/// waits for that commit (its open fails with `Unavailable` after the
+/// holding connection's lock timeout, and is tried again), and no grant
+/// comes before the old holder's `lost()`. The randomized fault test found
+/// a grant 0.3 s after a backend's crash, the standby reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_held_up_by_a_synchronous_standby_is_not_skipped() {
+    let (primary, mut standby, _vip) = primary_and_standby(Replication::Synchronous);
+    let address = format!("127.0.0.1:{}", primary.port());
+    let far = TcpProxy::start(&address).expect("proxy");
+    let url = primary.url();
+    let holder = Client::new(Sql::new(url.replace(&address, &far.address())))
+        .session_with(options())
+        .await
+        .expect("session");
+    let held = holder.mutex("held-up").expect("mutex").lock().await.expect("lock");
+    far.blackhole();
+    let lost = tokio::spawn(async move {
+        held.lost().await;
+        Instant::now()
+    });
+    standby.member().kill().expect("stop the standby");
+    // A backend killed as the OOM killer would: the postmaster ends every
+    // session and reinitializes.
+    let pid = primary
+        .psql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() LIMIT 1;")
+        .expect("a backend");
+    let pid: libc::pid_t = pid.trim().parse().expect("a pid");
+    // SAFETY: kill(2) on a backend of the server this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill backend {pid}");
+    let counter = "SELECT pg_sequence_last_value(pg_get_serial_sequence('lockline_entries', 'id')) IS NULL;";
+    until("the server is back, its counter emptied", || {
+        primary.psql(counter).is_ok_and(|out| out.trim() == "t")
+    })
+    .await;
+    let near = Client::new(Sql::new(url));
+    // Its open moves the counter, then waits for the standby to commit.
+    let first = {
+        let near = near.clone();
+        tokio::spawn(async move { near.session_with(options()).await })
+    };
+    until("the first open moved the counter", || {
+        primary.psql(counter).is_ok_and(|out| out.trim() == "f")
+    })
+    .await;
+    let second = {
+        let near = near.clone();
+        tokio::spawn(async move {
+            let session = loop {
+                match near.session_with(options()).await {
+                    Ok(session) => break session,
+                    Err(Error::Unavailable { .. }) => continue,
+                    Err(error) => return Err(error),
+                }
+            };
+            let guard = session.mutex("held-up")?.lock().await?;
+            Ok::<_, Error>((Instant::now(), guard, session))
+        })
+    };
+    // Down for a second more, then back: the first open commits.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let standby = tokio::task::spawn_blocking(move || {
+        standby.restart().expect("the standby again");
+        standby
+    })
+    .await
+    .expect("standby");
+    let (granted_at, guard, session) = bounded("the second opener is granted", second)
+        .await
+        .expect("task")
+        .expect("lock");
+    let lost_at = bounded("the old holder hears of it", lost).await.expect("task");
+    assert!(
+        lost_at <= granted_at,
+        "the next holder was granted {:?} before the old holder was told",
+        lost_at - granted_at
+    );
+    guard.release().await.expect("release");
+    session.close().await.expect("close");
+    let first = bounded("the first open", first).await.expect("task").expect("session");
+    first.close().await.expect("close");
+    drop((holder, standby, far, primary));
+}
