@@ -245,7 +245,9 @@ async fn a_cut_during_an_append_leaves_the_lock_usable(db: Db) {
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let far = Client::new(Sql::new(db.url_via(&proxy.address())));
     let near = Client::new(Sql::new(url.clone()));
-    let ttl = 2000;
+    // Long enough to live through the set-up on a machine busier than two
+    // CPU hogs make it (a 2 s TTL was lost there before the cut).
+    let ttl = 4000;
     let cut = far.session_with(options(ttl)).await.expect("session");
     // A long TTL for the healthy contender: its own appends may wait on a
     // row lock on its one connection (see
