@@ -18,7 +18,9 @@ enum How {
     Timeout,
 }
 
-async fn late_first_append(how: How, kind: &str) {
+/// One etcd member, a proxy in front of it, and a client and session
+/// (TTL 30 s, request timeout 2 s) through the proxy.
+async fn behind_a_proxy() -> (EtcdCluster, TcpProxy, Client, lockline::Session) {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
     let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
@@ -30,6 +32,11 @@ async fn late_first_append(how: How, kind: &str) {
         )
         .await
         .expect("session");
+    (cluster, proxy, client, session)
+}
+
+async fn late_first_append(how: How, kind: &str) {
+    let (cluster, proxy, client, session) = behind_a_proxy().await;
     let direct = Client::new(Etcd::new(cluster.endpoints()));
     let holder = direct.session().await.expect("session");
     let checker = direct.session().await.expect("session");
@@ -171,17 +178,7 @@ async fn late_first_append_of_a_dropped_campaign() {
 /// makes nothing: no entry of a live session is left holding a lock nobody
 /// holds (found by the queue rule's model).
 async fn late_first_append_after_a_grant(drop_the_guard: bool) {
-    let cluster = EtcdCluster::start().expect("start etcd");
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
-    let session = client
-        .session_with(
-            SessionOptions::new()
-                .with_ttl(Duration::from_secs(30))
-                .with_request_timeout(Duration::from_secs(2)),
-        )
-        .await
-        .expect("session");
+    let (cluster, proxy, _client, session) = behind_a_proxy().await;
     let direct = Client::new(Etcd::new(cluster.endpoints()));
     let checker = direct.session().await.expect("session");
     let name = "late-retry/granted";
