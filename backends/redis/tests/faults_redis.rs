@@ -720,23 +720,6 @@ fn number_of(frozen: Frozen, connections: [usize; 2]) -> usize {
     }
 }
 
-/// Waits for a renewal of `key` seen on the server (its TTL raised again;
-/// the server is another process, with no event to await: look every 20 ms).
-async fn renewed(side: &mut redis::aio::MultiplexedConnection, key: &str) {
-    bounded("a renewal", async {
-        let mut last: i64 = side.pttl(key).await.expect("pttl");
-        loop {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let left: i64 = side.pttl(key).await.expect("pttl");
-            if left > last {
-                return;
-            }
-            last = left;
-        }
-    })
-    .await;
-}
-
 /// One of a holder's connections goes silent alone (a NAT forgetting one
 /// idle flow; nothing closed or reset) while another client waits: the
 /// holder gives the frozen connection up within the bound (a round trip on
@@ -775,7 +758,7 @@ async fn a_holder_with_one_frozen_connection(frozen: Frozen) {
         given_up <= bound,
         "the frozen {frozen:?} connection was given up {given_up:?} after the freeze, past {bound:?}"
     );
-    renewed(&mut side, held.key()).await;
+    support::renewed(&mut side, held.key()).await;
     assert!(
         held.is_held(),
         "the holder lost its lock though its other connections flow"
@@ -848,7 +831,7 @@ async fn a_waiter_with_one_frozen_connection(frozen: Frozen) {
         "the frozen {frozen:?} connection was given up {given_up:?} after the freeze, past {bound:?}"
     );
     let mut side = support::side(&server.url()).await;
-    renewed(&mut side, guard.key()).await;
+    support::renewed(&mut side, guard.key()).await;
     assert!(guard.is_held(), "the waiter lost the lock it was granted");
     assert!(
         !behind.is_finished(),

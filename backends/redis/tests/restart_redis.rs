@@ -55,23 +55,6 @@ fn suspended_then_live(seen: &[SessionState]) -> bool {
         .is_some_and(|at| seen[at..].contains(&SessionState::Live))
 }
 
-/// Waits for a renewal of `key`, seen as its TTL raised again (the server is
-/// another process, with no event to await: look every 20 ms).
-async fn renewed(side: &mut redis::aio::MultiplexedConnection, key: &str) {
-    bounded("a renewal", async {
-        let mut last: i64 = side.pttl(key).await.expect("pttl");
-        loop {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let left: i64 = side.pttl(key).await.expect("pttl");
-            if left > last {
-                return;
-            }
-            last = left;
-        }
-    })
-    .await;
-}
-
 /// Kills the server, leaves it down for `outage` (the fault's length: there
 /// is no event to await), and starts it again on the same port with its data.
 fn restart(server: &mut RedisServer, outage: Duration) {
@@ -108,7 +91,7 @@ async fn a_restart_shorter_than_the_loss_deadline_keeps_every_lock() {
     // Killed just after a renewal: the next one, a keepalive interval later,
     // falls in the outage; the loss deadline is 2.4 s after the renewal.
     let outage = options().loss_deadline() / 2;
-    renewed(&mut support::side(&server.url()).await, held.key()).await;
+    support::renewed(&mut support::side(&server.url()).await, held.key()).await;
     tokio::task::block_in_place(|| restart(&mut server, outage));
 
     // Suspended while the server was away, Live again once a renewal on a
@@ -138,7 +121,7 @@ async fn a_restart_shorter_than_the_loss_deadline_keeps_every_lock() {
     // Past the loss deadline counted from before the outage: still held,
     // nobody else granted, the waiter's session alive too.
     // Another renewal after that.
-    renewed(&mut side, held.key()).await;
+    support::renewed(&mut side, held.key()).await;
     assert!(!waiter.is_finished(), "another client was granted a held lock");
     assert_eq!(holder.state(), SessionState::Live);
     assert_eq!(

@@ -42,3 +42,20 @@ pub async fn expire(urls: &[String], session: &str) {
     }
     assert!(deleted, "no node held the session key of {session}");
 }
+
+/// Waits for a renewal of `key`, seen as its TTL raised again (the server is
+/// another process, with no event to await: look every 20 ms).
+pub async fn renewed(side: &mut redis::aio::MultiplexedConnection, key: &str) {
+    lockline::conformance::bounded("a renewal", async {
+        let mut last: i64 = side.pttl(key).await.expect("pttl");
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let left: i64 = side.pttl(key).await.expect("pttl");
+            if left > last {
+                return;
+            }
+            last = left;
+        }
+    })
+    .await;
+}
