@@ -44,6 +44,11 @@ pub enum EntryKind {
     /// acquires under that name fail with
     /// [`Error::InvalidName`].
     Foreign,
+    /// A contender of a [`Resource`](crate::Resource) in one of the six lock
+    /// modes. Its mode, its grant and its conversion live in its value,
+    /// written and read by the core (see [`Queue`]); the backend stores the
+    /// value and never reads it. Queues only with other entries of this kind.
+    Dlm,
 }
 
 impl EntryKind {
@@ -66,11 +71,14 @@ impl EntryKind {
         if self == EntryKind::Foreign || other == EntryKind::Foreign {
             return false;
         }
+        if (self == EntryKind::Dlm) != (other == EntryKind::Dlm) {
+            return false;
+        }
         (self == EntryKind::Semaphore) == (other == EntryKind::Semaphore)
     }
 
     /// A short lowercase label (`mutex`, `read`, `write`, `semaphore`,
-    /// `election`, `foreign recipe`).
+    /// `election`, `foreign recipe`, `lock mode`).
     pub fn label(self) -> &'static str {
         match self {
             EntryKind::Mutex => "mutex",
@@ -79,6 +87,7 @@ impl EntryKind {
             EntryKind::Semaphore => "semaphore",
             EntryKind::Election => "election",
             EntryKind::Foreign => "foreign recipe",
+            EntryKind::Dlm => "lock mode",
         }
     }
 }
@@ -161,6 +170,60 @@ pub enum Earlier {
     Gone,
     /// The nearest earlier entries, nearest first (at most the count asked for).
     Entries(Vec<Entry>),
+}
+
+/// One entry of a lock-mode queue as read with its value (see [`Queue`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// The entry.
+    pub entry: Entry,
+    /// The entry's current value.
+    pub value: Vec<u8>,
+    /// The entry's version as [`QueueUpdate::unchanged`] compares it: it
+    /// changes whenever the entry is written (etcd: its mod revision;
+    /// ZooKeeper: its data version). Opaque to the core.
+    pub version: i64,
+    /// When the entry was last written, in the server's order of writes to
+    /// this lock: a number the core compares with the token an update
+    /// returns (etcd: the mod revision; ZooKeeper: the `mzxid`).
+    pub changed: u64,
+}
+
+/// A lock-mode resource as one read sees it: its entries in creation order,
+/// with their values, and its lock value block.
+///
+/// A [`Resource`](crate::Resource) decides from this alone who holds what:
+/// each entry's value says its mode, whether it is granted and whether it
+/// converts. The backend stores entries of [`EntryKind::Dlm`] and the block,
+/// and applies [`QueueUpdate`]s atomically; it reads none of the values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Queue {
+    /// Every entry under the name, first-created first, foreign and other
+    /// recipes' entries included (with an empty value), as
+    /// [`BackendSession::list`] gives them.
+    pub slots: Vec<Slot>,
+    /// The resource's lock value block as last written, or `None` when it was
+    /// never written.
+    pub block: Option<Vec<u8>>,
+}
+
+/// An atomic, conditional change of a lock-mode resource: all of it, or
+/// nothing when a condition fails.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueUpdate<'a> {
+    /// The resource's name (its directory).
+    pub dir: &'a str,
+    /// Entries that must still exist, each at the version a read gave it.
+    /// Every entry in `set` and `delete` is also here.
+    pub unchanged: &'a [(&'a Entry, i64)],
+    /// New values for entries (of any session: a waiter marks the holder it
+    /// waits on). The entry keeps its owner and its session binding.
+    pub set: &'a [(&'a Entry, &'a [u8])],
+    /// Entries to delete.
+    pub delete: &'a [&'a Entry],
+    /// A new lock value block, written unconditionally when the other
+    /// conditions hold.
+    pub block: Option<&'a [u8]>,
 }
 
 /// How an entry a contender waited on went away.
@@ -392,6 +455,46 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     async fn removed_by_me(&self, entry: &Entry) -> Result<Option<bool>> {
         let _ = entry;
         Ok(None)
+    }
+
+    /// Reads a lock-mode resource: every entry under `dir` with its value and
+    /// version, and the lock value block, in one consistent read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Only reads; cancelling it leaves nothing behind.
+    ///
+    /// # Errors
+    ///
+    /// The default returns [`Error::Unsupported`].
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let _ = dir;
+        Err(Error::Unsupported {
+            backend: "this",
+            operation: "lock modes",
+        })
+    }
+
+    /// Applies `update` atomically if every entry in `update.unchanged` still
+    /// exists at its version. Returns `Some(token)`: a number above every
+    /// [`Slot::changed`] and every token this resource gave before (the
+    /// write's place in the server's order: etcd's revision, ZooKeeper's
+    /// zxid, a counter), which is also the new `changed` of every entry it
+    /// set; or `None`, having written nothing, when a condition failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// If cancelled, the update may or may not have been applied, all or none.
+    ///
+    /// # Errors
+    ///
+    /// The default returns [`Error::Unsupported`].
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let _ = update;
+        Err(Error::Unsupported {
+            backend: "this",
+            operation: "lock modes",
+        })
     }
 
     /// Asks the server now whether the session still lives (etcd: the lease's

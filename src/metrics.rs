@@ -190,6 +190,7 @@ fn recipe_of(kind: EntryKind) -> (usize, &'static str) {
         EntryKind::Semaphore => (3, "semaphore"),
         EntryKind::Election => (4, "election"),
         EntryKind::Foreign => (5, "foreign"),
+        EntryKind::Dlm => (6, "lock_mode"),
     }
 }
 
@@ -274,7 +275,7 @@ struct SessionHandles {
 /// One client's registered handles (kept in its counters).
 #[derive(Default)]
 pub(crate) struct Registry {
-    recipes: [OnceLock<Arc<RecipeHandles>>; 6],
+    recipes: [OnceLock<Arc<RecipeHandles>>; 7],
     sessions: OnceLock<SessionHandles>,
 }
 
