@@ -151,7 +151,9 @@ impl State {
     }
 
     fn record_mut(&mut self, entry: &Entry) -> Option<&mut Record> {
-        self.entries.get_mut(&entry.key).filter(|r| r.entry.order == entry.order)
+        self.entries
+            .get_mut(&entry.key)
+            .filter(|r| r.entry.order == entry.order)
     }
 }
 
