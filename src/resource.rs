@@ -1387,6 +1387,18 @@ async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, from: LockMo
     }
 }
 
+/// Whether the holder of a `lock-MODE` sequencer with `token` still holds
+/// `name` in that mode: its entry is granted in it with that token.
+pub(crate) async fn current(session: &Session, name: &str, mode: LockMode, token: FencingToken) -> Result<bool> {
+    let inner = &session.inner;
+    inner.check_usable()?;
+    let queue = inner.call(inner.remote.read_queue(name)).await?;
+    Ok(queue.slots.iter().any(|slot| {
+        let state = State::decode(&slot.value, slot.changed);
+        slot.entry.kind == EntryKind::Dlm && state.granted == Some(mode) && state.token == token.get()
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1496,16 +1508,4 @@ mod tests {
         // waits for entry 0; entry 0 (→EX) waits for granted entry 2.
         assert!(v.in_cycle(2));
     }
-}
-
-/// Whether the holder of a `lock-MODE` sequencer with `token` still holds
-/// `name` in that mode: its entry is granted in it with that token.
-pub(crate) async fn current(session: &Session, name: &str, mode: LockMode, token: FencingToken) -> Result<bool> {
-    let inner = &session.inner;
-    inner.check_usable()?;
-    let queue = inner.call(inner.remote.read_queue(name)).await?;
-    Ok(queue.slots.iter().any(|slot| {
-        let state = State::decode(&slot.value, slot.changed);
-        slot.entry.kind == EntryKind::Dlm && state.granted == Some(mode) && state.token == token.get()
-    }))
 }
