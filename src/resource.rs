@@ -707,8 +707,8 @@ impl Resource {
                     }
                     Err(error) => return Err(error),
                 },
-                changed = inner.remote.watch_value(&blocker, &seen) => match changed {
-                    Ok(_) => inner.counters.bump(|c| &c.wakeups),
+                changed = changed(inner, &blocker, seen) => match changed {
+                    Ok(()) => inner.counters.bump(|c| &c.wakeups),
                     Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
                     Err(error) => return Err(error),
                 },
@@ -854,6 +854,19 @@ impl ResourceGuard {
     /// The entry's key (etcd) or path (ZooKeeper).
     pub fn key(&self) -> &str {
         &self.entry.key
+    }
+
+    /// A sequencer for the lock as held now (`lock-MODE`, the token): a
+    /// resource that cannot keep the highest token it has seen asks
+    /// [`Client::check`](crate::Client::check) whether it is still current.
+    /// It stops being current when the lock is released, lost or converted.
+    pub fn sequencer(&self) -> crate::Sequencer {
+        let cell = self.cell();
+        crate::Sequencer::new(
+            &*self.resource.name,
+            Mode::Lock(cell.mode),
+            FencingToken::new(cell.token),
+        )
     }
 
     /// The resource's name.
@@ -1253,8 +1266,8 @@ impl ResourceGuard {
                 () = self.hold.lost() => {
                     return Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost { key: self.entry.key.clone() }));
                 }
-                changed = inner.remote.watch_value(&blocker, &seen) => match changed {
-                    Ok(_) => inner.counters.bump(|c| &c.wakeups),
+                changed = changed(inner, &blocker, seen) => match changed {
+                    Ok(()) => inner.counters.bump(|c| &c.wakeups),
                     Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
                     Err(error) => return Err(error),
                 },
@@ -1352,6 +1365,25 @@ impl Drop for ConversionCleanup {
                     }
                 }
             });
+        }
+    }
+}
+
+/// Resolves once `entry` is gone or the modes it blocks with change (a
+/// down-conversion, a conversion given up or granted), from the value
+/// `seen`. A request granted in the mode it asked for blocks as it did, and
+/// a waiter's mark on it changes nothing either: both are watched past,
+/// without a read, so that a release wakes only those it unblocks.
+async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>) -> Result<()> {
+    let modes = |value: &[u8]| {
+        let state = State::decode(value, 0);
+        state.granted.map_or(0, LockMode::bit) | state.requested.bit()
+    };
+    loop {
+        match inner.remote.watch_value(entry, &seen).await? {
+            None => return Ok(()),
+            Some(value) if modes(&value) != modes(&seen) => return Ok(()),
+            Some(value) => seen = value,
         }
     }
 }
