@@ -280,6 +280,12 @@ pub struct Config {
     /// checks that no contender already waiting when a holder lost the lock
     /// involuntarily was granted it sooner than the delay after the fault.
     pub lock_delay: Duration,
+    /// Lock-mode contenders: each takes a lock-mode resource in random
+    /// modes, converting while it holds, PW and EX holders writing the
+    /// register in the lock's own store with `write_if_held`
+    /// ([`contender::modes`]); the checker then judges holders by their
+    /// modes ([`checker`]).
+    pub modes: bool,
 }
 
 impl Config {
@@ -301,6 +307,17 @@ impl Config {
             kinds: Vec::new(),
             keep_logs: false,
             lock_delay: Duration::ZERO,
+            modes: false,
+        }
+    }
+
+    /// The lock-mode short run: 30 s of the backend's faults with lock-mode
+    /// contenders (see [`Config::modes`]).
+    pub fn short_modes(backend: Backend, program: PathBuf) -> Self {
+        Config {
+            duration: Duration::from_secs(30),
+            modes: true,
+            ..Config::short(backend, program)
         }
     }
 
@@ -400,6 +417,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         tag: String::new(),
         seed: config.seed,
         lock_delay: config.lock_delay,
+        modes: config.modes,
     };
     let endpoints = |addresses: &[String]| servers.endpoints(addresses);
     let mut fleet = Fleet::start(
@@ -531,12 +549,32 @@ pub fn run(config: &Config) -> Result<Report, String> {
     // Writes whose commit got no answer: the backend's store says whether they landed.
     let mut read_back = 0;
     let mut disagreements = Vec::new();
-    if let Some(committed) = servers.committed_writes() {
+    if config.modes {
+        // The lock-mode register: a key of the lock's own store per write.
+        let written: Vec<servers::StoredWrite> = history
+            .lock()
+            .writes
+            .iter()
+            .filter(|w| w.fence == history::Fence::Held)
+            .map(|w| (w.tag, w.token, w.seq))
+            .collect();
+        match servers.stored_register(&written) {
+            Ok((rows, ordered)) => {
+                let mut record = history.lock();
+                read_back = record.writes.iter().filter(|w| w.unsure).count();
+                disagreements = reconcile(&mut record.writes, &rows, "the store");
+                if ordered {
+                    disagreements.extend(committed_out_of_order(&rows));
+                }
+            }
+            Err(error) => problems.push(error),
+        }
+    } else if let Some(committed) = servers.committed_writes() {
         match committed {
             Ok(rows) => {
                 let mut record = history.lock();
                 read_back = record.writes.iter().filter(|w| w.unsure).count();
-                disagreements = reconcile(&mut record.writes, &rows);
+                disagreements = reconcile(&mut record.writes, &rows, "the database");
                 disagreements.extend(committed_out_of_order(&rows));
             }
             Err(error) => problems.push(error),
@@ -570,7 +608,11 @@ pub fn run(config: &Config) -> Result<Report, String> {
     if !disagreements.is_empty() {
         add_violation(
             &mut report,
-            "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:",
+            if config.modes {
+                "the fenced register in the lock's store: answers it disagrees with, or a stale write committed after a newer one:"
+            } else {
+                "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:"
+            },
             &disagreements,
         );
     }
@@ -624,10 +666,10 @@ pub fn run(config: &Config) -> Result<Report, String> {
 }
 
 /// Settles the writes whose writer got no answer to its commit by what the
-/// backend's store holds (`committed`: writer, token, seq), and checks the
-/// answered ones against it. Returns what disagrees: a write answered as
-/// committed that is not there, or one refused that is.
-fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite]) -> Vec<String> {
+/// backend's store holds (`committed`: writer, token, seq; `place` names
+/// it), and checks the answered ones against it. Returns what disagrees: a
+/// write answered as committed that is not there, or one refused that is.
+fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite], place: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let stored: std::collections::BTreeSet<_> = committed.iter().copied().collect();
     for write in writes.iter_mut().filter(|w| w.fence == history::Fence::Held) {
@@ -637,12 +679,12 @@ fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite]) 
             write.accepted = there;
         } else if write.accepted && !there {
             problems.push(format!(
-                "the write of {} with token {} (seq {}) was answered as committed but is not in the database",
+                "the write of {} with token {} (seq {}) was answered as committed but is not in {place}",
                 write.tag, write.token, write.seq
             ));
         } else if !write.accepted && there {
             problems.push(format!(
-                "the write of {} with token {} (seq {}) was refused (lock not held) but is in the database",
+                "the write of {} with token {} (seq {}) was refused (lock not held) but is in {place}",
                 write.tag, write.token, write.seq
             ));
         }
@@ -741,7 +783,7 @@ mod tests {
             write(5, true, false, Fence::Token), // the test's register: not in the store
         ];
         let stored = [(tag, 7, 0), (tag, 7, 1), (tag, 7, 4)];
-        let problems = reconcile(&mut writes, &stored);
+        let problems = reconcile(&mut writes, &stored, "the database");
         let settled: Vec<(bool, bool)> = writes.iter().map(|w| (w.accepted, w.unsure)).collect();
         assert_eq!(
             settled,

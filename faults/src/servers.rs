@@ -14,6 +14,7 @@ use lockline_testkit::{
     ZkEnsemble, ZkOptions,
 };
 
+use crate::contender::modes::{parse_register_key, register_key, REGISTER_PREFIX};
 use crate::history::Tag;
 use crate::Backend;
 
@@ -643,6 +644,67 @@ impl Servers {
         }
     }
 
+    /// The lock-mode contenders' fenced register, as the lock's own store
+    /// holds it: the writes among `written` (writer, token, seq) whose key
+    /// ([`register_key`](crate::contender::modes::register_key)) is there,
+    /// and whether they come in the server's order of the writes (etcd:
+    /// their create revisions; ZooKeeper: their nodes' czxid), read straight
+    /// from the servers by a fresh client; elsewhere each key is read with
+    /// lockline's `Session::read`, in no order.
+    ///
+    /// # Errors
+    ///
+    /// A message when the store cannot be read.
+    pub fn stored_register(&self, written: &[StoredWrite]) -> Result<(Vec<StoredWrite>, bool), String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let backend = self.backend();
+        let read = async {
+            match self {
+                Servers::Etcd(cluster) => etcd_register(cluster.endpoints()).await.map(|rows| (rows, true)),
+                Servers::ZooKeeper(ensemble) => zookeeper_register(&ensemble.connect_string())
+                    .await
+                    .map(|rows| (rows, true)),
+                Servers::Postgres(pg) => {
+                    let url = Postgres::url(&format!("127.0.0.1:{}", pg.server.port()));
+                    let client = lockline::Client::new(lockline_sql::Sql::new(url));
+                    lockline_register(client, backend, written)
+                        .await
+                        .map(|rows| (rows, false))
+                }
+                Servers::MariaDb(my) => {
+                    let url = MariaDb::url(&format!("127.0.0.1:{}", my.server.port()));
+                    let client = lockline::Client::new(lockline_sql::Sql::new(url));
+                    lockline_register(client, backend, written)
+                        .await
+                        .map(|rows| (rows, false))
+                }
+                Servers::Redis(server, _) => {
+                    let client = lockline::Client::new(lockline_redis::Redis::new(server.url()));
+                    lockline_register(client, backend, written)
+                        .await
+                        .map(|rows| (rows, false))
+                }
+            }
+        };
+        runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(120), read).await })
+            .map_err(|_| "reading the fenced register back took longer than 120 s".to_owned())?
+    }
+
+    fn backend(&self) -> Backend {
+        match self {
+            Servers::Etcd(_) => Backend::Etcd,
+            Servers::ZooKeeper(_) => Backend::ZooKeeper,
+            Servers::Postgres(_) => Backend::Postgres,
+            Servers::MariaDb(_) => Backend::MariaDb,
+            Servers::Redis(_, true) => Backend::Redis,
+            Servers::Redis(_, false) => Backend::RedisVolatile,
+        }
+    }
+
     /// The failover fault's outage: crashes the primary (PostgreSQL: every
     /// process; MariaDB: the server, once it commits semi-synchronously) and
     /// promotes its standby or replica, which becomes the server from now
@@ -786,6 +848,79 @@ async fn zookeeper_entries(connect: &str, name: &str) -> Result<Vec<Entry>, Stri
         }
     }
     Ok(entries)
+}
+
+/// The register's keys on etcd, in the order of their create revisions.
+async fn etcd_register(endpoints: Vec<String>) -> Result<Vec<StoredWrite>, String> {
+    use lockline_etcd::etcd_client::{Client, GetOptions};
+    let mut client = Client::connect(endpoints, None)
+        .await
+        .map_err(|e| format!("etcd connect: {e}"))?;
+    let answer = client
+        .get(REGISTER_PREFIX, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| format!("etcd get {REGISTER_PREFIX:?}: {e}"))?;
+    let mut kvs: Vec<_> = answer.kvs().iter().collect();
+    kvs.sort_by_key(|kv| kv.create_revision());
+    kvs.into_iter()
+        .map(|kv| stored_write(&String::from_utf8_lossy(kv.key())))
+        .collect()
+}
+
+/// The register's nodes on ZooKeeper, in the order of their czxid.
+async fn zookeeper_register(connect: &str) -> Result<Vec<StoredWrite>, String> {
+    use lockline_zookeeper::zookeeper_client::{Client, Error};
+    let client = Client::connect(connect)
+        .await
+        .map_err(|e| format!("ZooKeeper connect: {e}"))?;
+    let parent = format!("/{}", REGISTER_PREFIX.trim_end_matches('/'));
+    let children = match client.list_children(&parent).await {
+        Ok(children) => children,
+        Err(Error::NoNode) => return Ok(Vec::new()),
+        Err(error) => return Err(format!("ZooKeeper list {parent}: {error}")),
+    };
+    let mut nodes = Vec::new();
+    for child in children {
+        let path = format!("{parent}/{child}");
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) => nodes.push((stat.czxid, path)),
+            Ok(None) => {}
+            Err(error) => return Err(format!("ZooKeeper stat {path}: {error}")),
+        }
+    }
+    nodes.sort();
+    nodes.into_iter().map(|(_, path)| stored_write(&path)).collect()
+}
+
+/// The register's keys among `written`, read one by one through a lockline
+/// session of its own (closed after).
+async fn lockline_register(
+    client: lockline::Client,
+    backend: Backend,
+    written: &[StoredWrite],
+) -> Result<Vec<StoredWrite>, String> {
+    let session = client.session().await.map_err(|e| format!("{backend} session: {e}"))?;
+    let mut found = Vec::new();
+    let mut failed = None;
+    for &(tag, token, seq) in written {
+        let key = register_key(backend, &tag.to_string(), token, seq);
+        match session.read(&key).await {
+            Ok(Some(_)) => found.push((tag, token, seq)),
+            Ok(None) => {}
+            Err(error) => {
+                failed = Some(format!("{backend} read {key:?}: {error}"));
+                break;
+            }
+        }
+    }
+    let _ = session.close().await;
+    failed.map_or(Ok(found), Err)
+}
+
+fn stored_write(key: &str) -> Result<StoredWrite, String> {
+    let (tag, token, seq) =
+        parse_register_key(key).ok_or_else(|| format!("a register key not written by a contender: {key:?}"))?;
+    Ok((tag.parse()?, token, seq))
 }
 
 /// Waits until a Redis server answers `PING` (after a resume), up to 30 s.
