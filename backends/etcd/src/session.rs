@@ -11,7 +11,8 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use lockline::backend::{
-    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
+    QueueUpdate, Slot,
 };
 use lockline::{Error, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -48,6 +49,10 @@ pub(crate) struct EtcdSession {
     /// the server started at or before that revision sees every later
     /// deletion, so it needs no read of its own (see [`Seen`]).
     seen: std::sync::Mutex<Seen>,
+    /// Lock-mode entries' values as this session last read or wrote them,
+    /// with the revision of that read or write: a value watch the server
+    /// started at or before it needs no read of its own (see [`Values`]).
+    values: std::sync::Mutex<Values>,
     /// Whether this session's contenders wait with a lock-delay: only then
     /// do their waits remember how predecessors went, and their reads after
     /// a wait look at the predecessors' hand-over markers.
@@ -174,6 +179,37 @@ impl Seen {
     }
 }
 
+/// Lock-mode entries' values as a read ([`BackendSession::read_queue`]) or a
+/// write ([`BackendSession::update_queue`]) of this session saw them, by (key,
+/// create revision), with that revision: a
+/// [`watch_value`](BackendSession::watch_value) whose watch the server
+/// started at or before that revision, waiting for a change from that very
+/// value, sees every later write and the deletion as events, so it needs no
+/// read of its own. Taken by the first value watch on the entry; bounded (an
+/// entry read but never watched only costs a later watch its read).
+#[derive(Debug, Default)]
+struct Values(HashMap<(String, i64), (i64, Vec<u8>)>);
+
+impl Values {
+    /// At most this many entries are remembered.
+    const LIMIT: usize = 4096;
+
+    fn insert(&mut self, entry: &Entry, revision: i64, value: &[u8]) {
+        if self.0.len() >= Self::LIMIT {
+            self.0.clear();
+        }
+        self.0
+            .insert((entry.key.clone(), entry.order), (revision, value.to_vec()));
+    }
+
+    /// The revision at which `entry` was seen holding `value`, if remembered.
+    fn take(&mut self, entry: &Entry, value: &[u8]) -> Option<i64> {
+        self.0
+            .remove(&(entry.key.clone(), entry.order))
+            .and_then(|(revision, seen)| (seen == value).then_some(revision))
+    }
+}
+
 /// Which acquire attempt uses a session's one key of a name.
 #[derive(Debug, Clone)]
 struct KeyClaim {
@@ -242,6 +278,7 @@ impl EtcdSession {
             live: std::sync::Mutex::default(),
             namespace,
             seen: std::sync::Mutex::default(),
+            values: std::sync::Mutex::default(),
             lock_delay: !options.lock_delay().is_zero(),
             gone: std::sync::Mutex::default(),
             appended: AtomicBool::new(false),
@@ -496,7 +533,10 @@ enum Owner<'a> {
 
 /// Kinds whose key is the same for every entry of one session and name.
 fn shares_key(kind: EntryKind) -> bool {
-    !matches!(kind, EntryKind::Read | EntryKind::Write | EntryKind::Semaphore)
+    !matches!(
+        kind,
+        EntryKind::Read | EntryKind::Write | EntryKind::Semaphore | EntryKind::Dlm
+    )
 }
 
 fn article(kind: EntryKind) -> &'static str {
@@ -869,6 +909,88 @@ impl BackendSession for EtcdSession {
         Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
+    /// One transaction of two range reads at one revision: every key under
+    /// `<dir>/` by create revision (the entries of `dir` among them, keys of
+    /// nested locks left out), and the value block beside the lock.
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let dir = &*self.within(dir);
+        let prefix = layout::prefix(dir);
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix.clone(), Some(first_created(0))),
+            TxnOp::get(layout::block(dir), None),
+        ]);
+        let response = self.txn(txn, "read the queue of", dir).await?;
+        let read_at = response.header().map(|h| h.revision());
+        let ops = response.op_responses();
+        let listed = get_response(ops.first())?;
+        let block = get_response(ops.get(1))?.kvs().first().map(|kv| kv.value().to_vec());
+        let slots: Vec<Slot> = listed
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let entry = layout::entry(dir, kv)?;
+                Some(Slot {
+                    entry,
+                    value: kv.value().to_vec(),
+                    version: kv.mod_revision(),
+                    changed: u64::try_from(kv.mod_revision()).unwrap_or(0),
+                })
+            })
+            .collect();
+        if let Some(read_at) = read_at {
+            let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+            for slot in slots.iter().filter(|slot| slot.entry.kind == EntryKind::Dlm) {
+                values.insert(&slot.entry, read_at, &slot.value);
+            }
+        }
+        Ok(Queue { slots, block })
+    }
+
+    /// One transaction: if every unchanged entry's modification revision is
+    /// still the version read (which also makes it the very same entry: a
+    /// key deleted and created again has a later one, a missing key 0), then
+    /// put the new values keeping each key's lease (`ignore_lease`), delete,
+    /// and put the block; the token is the transaction's revision, which is
+    /// also the new modification revision of every key it put.
+    ///
+    /// A removal of this session's own entry writes its hand-over marker in
+    /// the same transaction, as [`remove`](BackendSession::remove) does. An
+    /// update that writes nothing else puts this session's tick key beside
+    /// the lock ([`layout::touched`]), so that its revision is its own.
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let dir = self.within(update.dir);
+        let marked = update
+            .delete
+            .iter()
+            .any(|entry| entry.owner.as_deref() == Some(self.id.as_str()))
+            && self.markers_allowed();
+        let response = match self.update_once(&dir, update, marked).await {
+            Err(refused) if marked && refused.is_refusal() => {
+                let response = self.update_once(&dir, update, false).await?;
+                self.refuse_markers(&refused);
+                response
+            }
+            other => other?,
+        };
+        let Some(token) = response else {
+            return Ok(None);
+        };
+        for entry in update.delete {
+            if entry.owner.as_deref() == Some(self.id.as_str()) {
+                self.untrack(&entry.key);
+            }
+        }
+        {
+            let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+            for (entry, value) in update.set {
+                if !update.delete.iter().any(|gone| gone.key == entry.key) {
+                    values.insert(entry, token, value);
+                }
+            }
+        }
+        Ok(Some(u64::try_from(token).unwrap_or(0)))
+    }
+
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
         let response = self.get(&entry.key, None, "read").await?;
         Ok(response
@@ -878,10 +1000,20 @@ impl BackendSession for EtcdSession {
             .map(|kv| kv.value().to_vec()))
     }
 
+    /// A watch on the key from the current revision, then one read, unless
+    /// a lock-mode read or update of this session showed the entry holding
+    /// `seen` at or after the revision the watch started from (then every
+    /// change since is an event still to come).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let known = self
+            .values
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(entry, seen);
         let mut watch = self.hub.watch(&entry.key, true);
         loop {
             match watch.next().await {
+                Signal::Created { revision } if known.is_some_and(|known| revision <= known) => {}
                 Signal::Created { .. } => match self.get_value(entry).await? {
                     None => return Ok(None),
                     Some(value) if value != seen => return Ok(Some(value)),
@@ -890,8 +1022,11 @@ impl BackendSession for EtcdSession {
                 Signal::Delete { revision } if revision > entry.order => return Ok(None),
                 Signal::Delete { .. } => {}
                 Signal::Put(written) => {
-                    // An older key under the same name: not this entry.
-                    if written.create_revision < entry.order {
+                    // An older key under the same name: not this entry. A
+                    // write the value seen already followed (replayed by a
+                    // member that lags): nothing new.
+                    if written.create_revision < entry.order || known.is_some_and(|known| written.mod_revision <= known)
+                    {
                         continue;
                     }
                     if written.create_revision > entry.order {
@@ -1144,6 +1279,82 @@ impl EtcdSession {
         }
         drop(seen);
         Appended { entry, nearest }
+    }
+
+    /// The transaction of [`update_queue`](BackendSession::update_queue),
+    /// with this session's hand-over marker if `marked`: the revision it
+    /// applied at, or `None` when a condition failed.
+    async fn update_once(&self, dir: &str, update: &QueueUpdate<'_>, marked: bool) -> Result<Option<i64>> {
+        let mut compares = Vec::with_capacity(update.unchanged.len());
+        for (entry, version) in update.unchanged {
+            if *version <= 0 {
+                // No entry that exists has such a version.
+                return Ok(None);
+            }
+            compares.push(Compare::mod_revision(entry.key.clone(), CompareOp::Equal, *version));
+        }
+        // The core lists every entry it sets or deletes as unchanged too;
+        // one it did not is still fenced on its identity.
+        let fenced = |entry: &Entry| update.unchanged.iter().any(|(known, _)| known.key == entry.key);
+        for entry in update
+            .set
+            .iter()
+            .map(|(entry, _)| *entry)
+            .chain(update.delete.iter().copied())
+        {
+            if !fenced(entry) {
+                compares.push(Compare::create_revision(
+                    entry.key.clone(),
+                    CompareOp::Equal,
+                    entry.order,
+                ));
+            }
+        }
+        // etcd refuses two writes of one key in a transaction: a deleted
+        // entry is not also set, and an entry set twice takes the last value.
+        let mut ops: Vec<TxnOp> = Vec::with_capacity(update.set.len() + update.delete.len() + 2);
+        let mut written: Vec<&str> = Vec::with_capacity(update.set.len());
+        for (at, (entry, value)) in update.set.iter().enumerate() {
+            let later = update.set[at + 1..].iter().any(|(other, _)| other.key == entry.key);
+            let deleted = update.delete.iter().any(|gone| gone.key == entry.key);
+            if later || deleted {
+                continue;
+            }
+            written.push(&entry.key);
+            ops.push(TxnOp::put(
+                entry.key.clone(),
+                value.to_vec(),
+                Some(PutOptions::new().with_ignore_lease()),
+            ));
+        }
+        for (at, entry) in update.delete.iter().enumerate() {
+            if !update.delete[..at].iter().any(|other| other.key == entry.key) {
+                ops.push(TxnOp::delete(entry.key.clone(), None));
+            }
+        }
+        if let Some(block) = update.block {
+            ops.push(TxnOp::put(layout::block(dir), block.to_vec(), None));
+        }
+        if marked {
+            ops.push(self.hand_over(dir, b""));
+        }
+        if ops.is_empty() {
+            ops.push(TxnOp::put(
+                layout::touched(dir, &self.id),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            ));
+        }
+        let txn = Txn::new().when(compares).and_then(ops);
+        let response = self.txn(txn, "update the queue of", dir).await?;
+        if !response.succeeded() {
+            return Ok(None);
+        }
+        let revision = response
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| Error::backend(BACKEND, "a transaction's answer without a header"))?;
+        Ok(Some(revision))
     }
 
     /// The abandonment of `attempt` was refused. That ends the session only if
