@@ -948,8 +948,9 @@ impl BackendSession for EtcdSession {
 
     /// One transaction: if every unchanged entry's modification revision is
     /// still the version read (which also makes it the very same entry: a
-    /// key deleted and created again has a later one, a missing key 0), then
-    /// put the new values keeping each key's lease (`ignore_lease`), delete,
+    /// key deleted and created again has a later one, a missing key 0) and
+    /// every present entry's create revision is still its own, then put the
+    /// new values keeping each key's lease (`ignore_lease`), delete,
     /// and put the block; the token is the transaction's revision, which is
     /// also the new modification revision of every key it put.
     ///
@@ -1293,9 +1294,20 @@ impl EtcdSession {
             }
             compares.push(Compare::mod_revision(entry.key.clone(), CompareOp::Equal, *version));
         }
-        // The core lists every entry it sets or deletes as unchanged too;
-        // one it did not is still fenced on its identity.
-        let fenced = |entry: &Entry| update.unchanged.iter().any(|(known, _)| known.key == entry.key);
+        // Present at any version: the very same entry (its create revision).
+        for entry in update.present {
+            compares.push(Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.order,
+            ));
+        }
+        // The core lists every entry it sets or deletes as unchanged or
+        // present too; one it did not is still fenced on its identity.
+        let fenced = |entry: &Entry| {
+            update.unchanged.iter().any(|(known, _)| known.key == entry.key)
+                || update.present.iter().any(|known| known.key == entry.key)
+        };
         for entry in update
             .set
             .iter()

@@ -318,6 +318,7 @@ async fn etcdctl_waits_behind_a_lock_mode_entry() {
         .update_queue(&QueueUpdate {
             dir: "interop/modes",
             unchanged: &[(&entry, version)],
+            present: &[],
             set: &[],
             delete: &[&entry],
             block: Some(b"lvb"),

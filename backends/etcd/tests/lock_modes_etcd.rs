@@ -63,6 +63,7 @@ async fn update(
     let update = QueueUpdate {
         dir,
         unchanged,
+        present: &[],
         set,
         delete,
         block,
@@ -323,6 +324,7 @@ async fn an_update_on_a_lost_sessions_entry_writes_nothing() {
         a.backend_session().update_queue(&QueueUpdate {
             dir,
             unchanged: &[(&ea, va)],
+            present: &[],
             set: &[(&ea, b"granted")],
             delete: &[],
             block: Some(b"stale"),
@@ -648,4 +650,53 @@ async fn entries_and_block_live_under_the_namespace() {
             .as_deref(),
         Some(&b"lvb"[..])
     );
+}
+
+/// A holder's release conditioned on its entry being present at any
+/// version goes through though a waiter marked the entry since the
+/// holder's read; it writes nothing once the entry is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_present_entry_ignores_marks_but_not_its_absence() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let (a, b) = (open(&cluster).await, open(&cluster).await);
+    let (ra, rb) = (a.backend_session(), b.backend_session());
+    let dir = "modes/present";
+    let held = append(ra, dir, "a1", b"EX granted").await;
+    let waiter = append(rb, dir, "b1", b"PR waiting").await;
+    let read = rb.read_queue(dir).await.expect("read");
+    // B marks the holder after A's read (A's version is stale now).
+    update(
+        rb,
+        dir,
+        &[(&held, slot(&read.slots, &held).version)],
+        &[(&held, b"EX granted, blocking PR")],
+        &[],
+        None,
+    )
+    .await
+    .expect("mark");
+    let leaving = [&held];
+    let release = QueueUpdate {
+        dir,
+        unchanged: &[],
+        present: &leaving,
+        set: &[],
+        delete: &leaving,
+        block: Some(b"lvb from A"),
+    };
+    let token = bounded("release", ra.update_queue(&release))
+        .await
+        .expect("release")
+        .expect("the entry was present");
+    let queue = rb.read_queue(dir).await.expect("read");
+    assert_eq!(queue.slots.len(), 1);
+    assert_eq!(queue.slots[0].entry, waiter);
+    assert_eq!(queue.block.as_deref(), Some(&b"lvb from A"[..]));
+    assert!(token > queue.slots[0].changed);
+    // Again: the entry is gone, nothing is written.
+    let again = bounded("release again", ra.update_queue(&release))
+        .await
+        .expect("answered");
+    assert_eq!(again, None);
+    assert_eq!(rb.read_queue(dir).await.expect("read"), queue);
 }
