@@ -121,7 +121,8 @@
 //!   by create revision, values included, and the block); an update is one
 //!   `Txn`: if each unchanged entry's modification revision is still the
 //!   version read (which also pins its identity: a key created again has a
-//!   later one), then put the new values with `ignore_lease` (an entry
+//!   later one) and each entry asked only to be present still has its
+//!   create revision, then put the new values with `ignore_lease` (an entry
 //!   marked by another session keeps its owner's lease and still goes with
 //!   its owner's session), delete, put the block; its token is the
 //!   transaction's revision, the new modification revision of every entry
