@@ -79,6 +79,10 @@ pub(crate) struct EtcdSession {
 #[derive(Debug, Default)]
 struct Gone(HashMap<(String, i64), Went>);
 
+/// An entry seen gone whose hand-over marker a read looks at: its (key,
+/// create revision), its lease in hex, the revision of its deletion.
+type Look = ((String, i64), String, i64);
+
 /// What a wait saw of an entry that went away.
 #[derive(Debug, Clone)]
 struct Went {
@@ -126,7 +130,7 @@ impl Gone {
     /// The undecided entries of the lock `dir` created before `order` whose
     /// markers a read can look at (the latest seen first), deciding at once
     /// those it cannot (no deletion revision or no lease seen: lost).
-    fn undecided(&mut self, dir: &str, order: i64) -> Vec<((String, i64), String, i64)> {
+    fn undecided(&mut self, dir: &str, order: i64) -> Vec<Look> {
         let mut found: Vec<_> = self
             .0
             .iter_mut()
@@ -202,11 +206,10 @@ impl Values {
             .insert((entry.key.clone(), entry.order), (revision, value.to_vec()));
     }
 
-    /// The revision at which `entry` was seen holding `value`, if remembered.
-    fn take(&mut self, entry: &Entry, value: &[u8]) -> Option<i64> {
-        self.0
-            .remove(&(entry.key.clone(), entry.order))
-            .and_then(|(revision, seen)| (seen == value).then_some(revision))
+    /// The revision at which `entry` was seen, and its value then, if
+    /// remembered.
+    fn take(&mut self, entry: &Entry) -> Option<(i64, Vec<u8>)> {
+        self.0.remove(&(entry.key.clone(), entry.order))
     }
 }
 
@@ -648,13 +651,7 @@ impl BackendSession for EtcdSession {
             // undecided, so lost (a lock-delay at worst), and the queue is
             // read alone.
             Err(error) if !looks.is_empty() && (error.is_refusal() || is_compacted(&error)) => {
-                tracing::debug!(key = %entry.key, %error, "hand-over markers unreadable; taken for losses");
-                {
-                    let mut gone = self.gone();
-                    for (id, ..) in &looks {
-                        gone.decide(id, false);
-                    }
-                }
+                self.looks_unreadable(&entry.key, &error, &looks);
                 self.read_earlier(entry, &prefix, nearest(), &[]).await?
             }
             other => other?,
@@ -666,22 +663,7 @@ impl BackendSession for EtcdSession {
         let ops = response.op_responses();
         let first = get_response(ops.first())?;
         if !looks.is_empty() {
-            let mut gone = self.gone();
-            for (i, (id, _, deleted_at)) in looks.iter().enumerate() {
-                // A read of a compacted revision ends the answer short on
-                // etcd 3.4 (3.5 refuses the whole request): undecided, so
-                // lost.
-                let (Ok(at), Ok(before)) = (get_response(ops.get(1 + 2 * i)), get_response(ops.get(2 + 2 * i))) else {
-                    tracing::debug!(key = %id.0, "hand-over marker history compacted away; taken for a loss");
-                    gone.decide(id, false);
-                    continue;
-                };
-                // Written by the very transaction that deleted the entry, or
-                // saying its session was closing just before the deletion.
-                let released = at.kvs().first().is_some_and(|kv| kv.mod_revision() == *deleted_at)
-                    || before.kvs().first().is_some_and(|kv| kv.value() == layout::CLOSING);
-                gone.decide(id, released);
-            }
+            self.decide_looks(&ops, 1, &looks);
         }
         let mut found: Vec<Entry> = Self::entries(dir, first)
             .into_iter()
@@ -912,18 +894,41 @@ impl BackendSession for EtcdSession {
     /// One transaction of two range reads at one revision: every key under
     /// `<dir>/` by create revision (the entries of `dir` among them, keys of
     /// nested locks left out), and the value block beside the lock.
+    ///
+    /// After a value watch of a session with a lock-delay saw an entry of
+    /// `dir` go, the same transaction reads that entry's hand-over marker as
+    /// of its deletion and the revision before, as the read after a wait
+    /// does for the other recipes ([`departure`](BackendSession::departure)
+    /// answers from it).
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
         let dir = &*self.within(dir);
-        let prefix = layout::prefix(dir);
-        let txn = Txn::new().and_then([
-            TxnOp::get(prefix.clone(), Some(first_created(0))),
-            TxnOp::get(layout::block(dir), None),
-        ]);
-        let response = self.txn(txn, "read the queue of", dir).await?;
+        let looks = if self.lock_delay {
+            self.gone().undecided(dir, i64::MAX)
+        } else {
+            Vec::new()
+        };
+        let read = |looks: &[Look]| {
+            let mut ops = vec![
+                TxnOp::get(layout::prefix(dir), Some(first_created(0))),
+                TxnOp::get(layout::block(dir), None),
+            ];
+            ops.extend(self.marker_reads(dir, looks));
+            self.txn(Txn::new().and_then(ops), "read the queue of", dir)
+        };
+        let (response, looked) = match read(&looks).await {
+            Err(error) if !looks.is_empty() && (error.is_refusal() || is_compacted(&error)) => {
+                self.looks_unreadable(dir, &error, &looks);
+                (read(&[]).await?, false)
+            }
+            other => (other?, !looks.is_empty()),
+        };
         let read_at = response.header().map(|h| h.revision());
         let ops = response.op_responses();
         let listed = get_response(ops.first())?;
         let block = get_response(ops.get(1))?.kvs().first().map(|kv| kv.value().to_vec());
+        if looked {
+            self.decide_looks(&ops, 2, &looks);
+        }
         let slots: Vec<Slot> = listed
             .kvs()
             .iter()
@@ -1002,25 +1007,39 @@ impl BackendSession for EtcdSession {
     }
 
     /// A watch on the key from the current revision, then one read, unless
-    /// a lock-mode read or update of this session showed the entry holding
-    /// `seen` at or after the revision the watch started from (then every
-    /// change since is an event still to come).
+    /// a lock-mode read or update of this session (or the value watch that
+    /// returned `seen`) showed the entry holding `seen` at or after the
+    /// revision the watch started from: then every change since is an event
+    /// still to come.
+    ///
+    /// With a lock-delay, an entry seen gone is remembered with the revision
+    /// of its deletion, for the next [`read_queue`](BackendSession::read_queue)
+    /// to read its hand-over marker.
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
-        let known = self
-            .values
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take(entry, seen);
+        let remembered = self.values.lock().unwrap_or_else(PoisonError::into_inner).take(entry);
+        // A revision at which the entry existed, and one at which it held `seen`.
+        let existed_at = remembered.as_ref().map(|(revision, _)| *revision);
+        let known = remembered.and_then(|(revision, value)| (value == seen).then_some(revision));
         let mut watch = self.hub.watch(&entry.key, true);
         loop {
             match watch.next().await {
                 Signal::Created { revision } if known.is_some_and(|known| revision <= known) => {}
-                Signal::Created { .. } => match self.get_value(entry).await? {
-                    None => return Ok(None),
-                    Some(value) if value != seen => return Ok(Some(value)),
-                    Some(_) => {}
+                Signal::Created { .. } => match boxed(self.value_at(entry)).await? {
+                    (None, _) => {
+                        drop(watch);
+                        boxed(self.went(entry, None, existed_at)).await;
+                        return Ok(None);
+                    }
+                    (Some(value), read_at) if value != seen => {
+                        self.remember(entry, read_at, &value);
+                        return Ok(Some(value));
+                    }
+                    (Some(_), _) => {}
                 },
-                Signal::Delete { revision } if revision > entry.order => return Ok(None),
+                Signal::Delete { revision } if revision > entry.order => {
+                    boxed(self.went(entry, Some(revision), None)).await;
+                    return Ok(None);
+                }
                 Signal::Delete { .. } => {}
                 Signal::Put(written) => {
                     // An older key under the same name: not this entry. A
@@ -1031,9 +1050,11 @@ impl BackendSession for EtcdSession {
                         continue;
                     }
                     if written.create_revision > entry.order {
+                        boxed(self.went(entry, None, None)).await;
                         return Ok(None);
                     }
                     if written.value != seen {
+                        self.remember(entry, Some(written.mod_revision), &written.value);
                         return Ok(Some(written.value));
                     }
                 }
@@ -1525,20 +1546,11 @@ impl EtcdSession {
         }
     }
 
-    /// The read after a wait: my entry confirmed, the nearest earlier keys,
-    /// and for each of `looks` (an entry seen deleted at a revision, and its
-    /// lease) that lease's hand-over marker as of the deletion and as of
-    /// the revision before.
-    async fn read_earlier(
-        &self,
-        entry: &Entry,
-        prefix: &str,
-        nearest: GetOptions,
-        looks: &[((String, i64), String, i64)],
-    ) -> Result<etcd_client::TxnResponse> {
-        let mut ops = Vec::with_capacity(1 + 2 * looks.len());
-        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
-        let dir = layout::dir_of(entry);
+    /// For each of `looks` (an entry of the lock `dir` seen deleted at a
+    /// revision, and its lease): two reads of that lease's hand-over marker,
+    /// as of the deletion and as of the revision before.
+    fn marker_reads(&self, dir: &str, looks: &[Look]) -> Vec<TxnOp> {
+        let mut ops = Vec::with_capacity(2 * looks.len());
         for (_, owner, deleted_at) in looks {
             let marker = layout::released(&self.markers, dir, owner);
             ops.push(TxnOp::get(
@@ -1550,6 +1562,58 @@ impl EtcdSession {
                 Some(GetOptions::new().with_revision((*deleted_at - 1).max(1))),
             ));
         }
+        ops
+    }
+
+    /// Decides how each of `looks` went from the answers of its
+    /// [`marker_reads`](Self::marker_reads), found in `ops` from `from` on.
+    fn decide_looks(&self, ops: &[TxnOpResponse], from: usize, looks: &[Look]) {
+        let mut gone = self.gone();
+        for (i, (id, _, deleted_at)) in looks.iter().enumerate() {
+            // A read of a compacted revision ends the answer short on
+            // etcd 3.4 (3.5 refuses the whole request): undecided, so
+            // lost.
+            let (Ok(at), Ok(before)) = (
+                get_response(ops.get(from + 2 * i)),
+                get_response(ops.get(from + 1 + 2 * i)),
+            ) else {
+                tracing::debug!(key = %id.0, "hand-over marker history compacted away; taken for a loss");
+                gone.decide(id, false);
+                continue;
+            };
+            // Written by the very transaction that deleted the entry, or
+            // saying its session was closing just before the deletion.
+            let released = at.kvs().first().is_some_and(|kv| kv.mod_revision() == *deleted_at)
+                || before.kvs().first().is_some_and(|kv| kv.value() == layout::CLOSING);
+            gone.decide(id, released);
+        }
+    }
+
+    /// The markers of `looks` cannot be read (history compacted away, the
+    /// marker prefix not readable): each undecided, so lost (a lock-delay at
+    /// worst).
+    fn looks_unreadable(&self, key: &str, error: &Error, looks: &[Look]) {
+        tracing::debug!(key, %error, "hand-over markers unreadable; taken for losses");
+        let mut gone = self.gone();
+        for (id, ..) in looks {
+            gone.decide(id, false);
+        }
+    }
+
+    /// The read after a wait: my entry confirmed, the nearest earlier keys,
+    /// and for each of `looks` (an entry seen deleted at a revision, and its
+    /// lease) that lease's hand-over marker as of the deletion and as of
+    /// the revision before.
+    async fn read_earlier(
+        &self,
+        entry: &Entry,
+        prefix: &str,
+        nearest: GetOptions,
+        looks: &[Look],
+    ) -> Result<etcd_client::TxnResponse> {
+        let mut ops = Vec::with_capacity(1 + 2 * looks.len());
+        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
+        ops.extend(self.marker_reads(layout::dir_of(entry), looks));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),
@@ -1579,6 +1643,46 @@ impl EtcdSession {
             .await
             .ok()
             .flatten()
+    }
+
+    /// `entry`'s current value (`None` when it is gone), and the revision
+    /// of the read.
+    async fn value_at(&self, entry: &Entry) -> Result<(Option<Vec<u8>>, Option<i64>)> {
+        let response = self.get(&entry.key, None, "read").await?;
+        let value = response
+            .kvs()
+            .first()
+            .filter(|kv| kv.create_revision() == entry.order)
+            .map(|kv| kv.value().to_vec());
+        Ok((value, response.header().map(|h| h.revision())))
+    }
+
+    /// Remembers that `entry` held `value` at `revision`, for the next value
+    /// watch on it (see [`Values`]).
+    fn remember(&self, entry: &Entry, revision: Option<i64>, value: &[u8]) {
+        if let Some(revision) = revision {
+            self.values
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(entry, revision, value);
+        }
+    }
+
+    /// A value watch saw `entry` go: with a lock-delay, remember it with the
+    /// revision of its deletion (`deleted_at`, or replayed from the server's
+    /// history after `existed_at`, a revision at which it existed), for the
+    /// next read of its lock to decide how it went.
+    async fn went(&self, entry: &Entry, deleted_at: Option<i64>, existed_at: Option<i64>) {
+        if !self.lock_delay {
+            return;
+        }
+        let noticed = Instant::now();
+        let deleted_at = match (deleted_at, existed_at) {
+            (Some(revision), _) => Some(revision),
+            (None, Some(seen)) => self.deleted_since(entry, seen).await,
+            (None, None) => None,
+        };
+        self.gone().insert(entry, deleted_at, noticed);
     }
 
     async fn exists(&self, entry: &Entry) -> Result<bool> {
