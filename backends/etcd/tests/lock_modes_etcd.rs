@@ -700,3 +700,61 @@ async fn a_release_on_a_present_entry_ignores_marks_but_not_its_absence() {
     assert_eq!(again, None);
     assert_eq!(rb.read_queue(dir).await.expect("read"), queue);
 }
+
+/// With a lock-delay, a waiter tells a holder's release through an update
+/// (which writes the value block) from a loss, from its value watch and
+/// the read after it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_with_a_lock_delay_tells_a_release_by_update_from_a_loss() {
+    use lockline::backend::Departure;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let waiting = client
+        .session_with(lockline::SessionOptions::new().with_lock_delay(std::time::Duration::from_secs(5)))
+        .await
+        .expect("session");
+    let rw = Arc::clone(waiting.backend_session());
+    for lost in [false, true] {
+        let dir = if lost {
+            "modes/delay-lost"
+        } else {
+            "modes/delay-released"
+        };
+        let holding = open(&cluster).await;
+        let rh = Arc::clone(holding.backend_session());
+        let held = append(&rh, dir, "h1", b"EX").await;
+        let mine = append(&rw, dir, "w1", b"PR").await;
+        let read = rw.read_queue(dir).await.expect("read");
+        let seen = slot(&read.slots, &held).value.clone();
+        let watching = {
+            let (rw, held) = (Arc::clone(&rw), held.clone());
+            tokio::spawn(async move { rw.watch_value(&held, &seen).await })
+        };
+        if lost {
+            revoke(&cluster, &holding).await;
+        } else {
+            let leaving = [&held];
+            let release = QueueUpdate {
+                dir,
+                unchanged: &[],
+                present: &leaving,
+                set: &[],
+                delete: &leaving,
+                block: Some(b"lvb"),
+            };
+            rh.update_queue(&release).await.expect("release").expect("present");
+        }
+        let heard = bounded("the holder goes", watching)
+            .await
+            .expect("join")
+            .expect("watch_value");
+        assert_eq!(heard, None);
+        let queue = rw.read_queue(dir).await.expect("read");
+        assert_eq!(queue.slots.len(), 1);
+        assert_eq!(queue.slots[0].entry, mine);
+        match (lost, rw.departure(&held)) {
+            (false, Departure::Released) | (true, Departure::Lost { .. }) => {}
+            (lost, departure) => panic!("lost: {lost}, departure: {departure:?}"),
+        }
+    }
+}
