@@ -129,7 +129,10 @@
 //!   it wrote, above every earlier one. An update that writes nothing else
 //!   puts the writer's empty tick key `n` + NUL + `lockline/touched-<lease
 //!   hex>` (bound to its lease), so that its token is still a revision of
-//!   its own. etcd takes at most 128 comparisons and 128 writes in one
+//!   its own. A removal through an update writes the hand-over marker as
+//!   a release does, and with a lock-delay the read after a value watch saw
+//!   an entry go reads its marker in the same `Txn` (see Lock-delay above).
+//!   etcd takes at most 128 comparisons and 128 writes in one
 //!   transaction (`--max-txn-ops`): an update that compares or writes more
 //!   entries than that fails with the server's error. lockline refuses to
 //!   queue lock modes with another recipe on one name; Go's
