@@ -1,4 +1,9 @@
 //! Key names: everything of lock `n` shares the hash tag `{n}`.
+//!
+//! The whole layout is in the crate docs. A lock-mode resource (entries of
+//! kind `lock mode`) uses the same keys as every other lock, and one more:
+//! its lock value block `{n}:b`, a plain string outside the queue, which
+//! no entry key (`{n}:e:…`) and no plain key `n` can be.
 
 use lockline::backend::{Entry, EntryKind};
 use lockline::{Error, FencingToken};

@@ -164,8 +164,9 @@ end
 /// Every earlier token is at most the clock when its counter was started
 /// or last lifted plus the grants made since, which stays below the clock
 /// as long as the clock did not step back and fewer than a million grants
-/// a second were made on the lock. Within one epoch the counter is only
-/// incremented, by one a grant. `TIME` and `INFO` make the script
+/// (appends and lock-mode writes) a second were made on the lock. Within
+/// one epoch the counter is only incremented, by one an append or a write
+/// of a lock-mode entry (an update of the queue, a `SET_VALUE`). `TIME` and `INFO` make the script
 /// non-deterministic, which effects replication allows (the default from
 /// Redis 5, the only mode from Redis 7); `redis.replicate_commands()`,
 /// called before any write, turns it on for Redis 3.2 and 4. The order is
