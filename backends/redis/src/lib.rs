@@ -82,7 +82,8 @@
 //!   read of the resource (`read_queue`) is one script: every entry, first
 //!   created first, with its value and `changed`, and the block `{n}:b`.
 //!   An update (`update_queue`) is one script: it checks every entry it is
-//!   conditioned on is still that entry (its order) at its version, takes
+//!   conditioned on is still that entry (its order) at its version (or, for
+//!   an entry it needs only present, at any version), takes
 //!   the lock's counter's next number as its token (lifted in a new epoch
 //!   as an append lifts it), sets values (of any session's entries: owner
 //!   and TTL stay its owner's) with `changed` = the token, deletes, writes

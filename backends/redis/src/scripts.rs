@@ -405,9 +405,10 @@ return {out, redis.call('GET', KEYS[2])}
 
 /// KEYS: queue, counter, the counter's epoch, the lock value block. ARGV:
 /// prefix, the caller's session id, `1` to write the block (`0`: leave
-/// it), the block, then three lists, each its length followed by its
+/// it), the block, then four lists, each its length followed by its
 /// items: the entries that must be unchanged (`attempt, order, version`),
-/// the values to set (`attempt, order, value`), the entries to delete
+/// those that must be present at any version (`attempt, order`), the
+/// values to set (`attempt, order, value`), the entries to delete
 /// (`attempt, order`); last, the epoch of the server the request was sent
 /// to (as for `APPEND`).
 ///
@@ -434,6 +435,12 @@ for k = 1, count do
   local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed')
   if not fields[1] or fields[1] ~= ARGV[i + 1] or (fields[2] or fields[1]) ~= ARGV[i + 2] then return {0} end
   i = i + 3
+end
+count = tonumber(ARGV[i])
+i = i + 1
+for k = 1, count do
+  if redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then return {0} end
+  i = i + 2
 end
 local sets = i + 1
 count = tonumber(ARGV[i])

@@ -1308,6 +1308,10 @@ impl BackendSession for RedisSession {
         for (entry, version) in update.unchanged {
             invocation.arg(attempt_of(entry)?).arg(entry.order).arg(*version);
         }
+        invocation.arg(update.present.len());
+        for entry in update.present {
+            invocation.arg(attempt_of(entry)?).arg(entry.order);
+        }
         invocation.arg(update.set.len());
         for (entry, value) in update.set {
             invocation.arg(attempt_of(entry)?).arg(entry.order).arg(*value);

@@ -203,6 +203,7 @@ async fn update_applies_everything_with_a_rising_token(fixture: &Fixture) {
         &a,
         &QueueUpdate {
             dir: DIR,
+            present: &[],
             unchanged: &[
                 (&holder, version(&holder)),
                 (&other, version(&other)),
@@ -237,6 +238,7 @@ async fn update_applies_everything_with_a_rising_token(fixture: &Fixture) {
         &b,
         &QueueUpdate {
             dir: DIR,
+            present: &[],
             unchanged: &[(&holder, slot(&after, &holder).version)],
             set: &[(&holder, b"granted PR")],
             delete: &[],
@@ -268,6 +270,7 @@ async fn a_changed_version_fails_the_update(fixture: &Fixture) {
     ];
     let first = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &unchanged,
         set: &[(&waiter, b"waiting PR on holder")],
         delete: &[],
@@ -277,6 +280,7 @@ async fn a_changed_version_fails_the_update(fixture: &Fixture) {
     // The same conditions again: the waiter's version moved.
     let stale = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &unchanged,
         set: &[(&holder, b"released")],
         delete: &[&waiter],
@@ -310,6 +314,58 @@ async fn a_changed_version_fails_the_update(fixture: &Fixture) {
     assert_eq!(done.block.as_deref(), Some(&b"stale"[..]));
 }
 
+/// An entry that needs only be present holds up nothing when others'
+/// marks moved its version (a holder's release), and fails the update once
+/// it is gone.
+async fn a_present_entry_is_checked_at_any_version(fixture: &Fixture) {
+    let (a, b) = (fixture.open(TTL).await, fixture.open(TTL).await);
+    let holder = append(&a, "holder", b"granted EX").await;
+    let waiter = append(&b, "waiter", b"waiting EX").await;
+    let seen = read(&a).await;
+    let held_at = slot(&seen, &holder).version;
+    // The waiter marks the holder: the holder's version moves.
+    let mark = QueueUpdate {
+        dir: DIR,
+        present: &[],
+        unchanged: &[(&holder, held_at), (&waiter, slot(&seen, &waiter).version)],
+        set: &[(&holder, b"granted EX, blocks EX")],
+        delete: &[],
+        block: None,
+    };
+    assert!(update(&b, &mark).await.is_some());
+    // Conditioned on the version it read, the holder's release would fail;
+    // needing its entry only present, it applies.
+    let stale = QueueUpdate {
+        dir: DIR,
+        present: &[],
+        unchanged: &[(&holder, held_at)],
+        set: &[],
+        delete: &[&holder],
+        block: Some(b"written at release"),
+    };
+    assert_eq!(update(&a, &stale).await, None);
+    let release = QueueUpdate {
+        unchanged: &[],
+        present: &[&holder],
+        ..stale
+    };
+    let token = update(&a, &release).await.expect("the release applies");
+    let now = read(&b).await;
+    assert_eq!(entries(&now), vec![waiter.clone()]);
+    assert_eq!(now.block.as_deref(), Some(&b"written at release"[..]));
+    assert!(now.slots.iter().all(|slot| slot.changed < token));
+    // Gone, it fails the same update; appended again, it is another entry.
+    assert_eq!(update(&a, &release).await, None);
+    let again = append(&a, "holder", b"waiting EX").await;
+    assert_eq!(again.key, holder.key);
+    let on_old = QueueUpdate {
+        block: Some(b"not written"),
+        ..release
+    };
+    assert_eq!(update(&a, &on_old).await, None);
+    assert_eq!(read(&b).await.block.as_deref(), Some(&b"written at release"[..]));
+}
+
 /// An entry that was deleted, or deleted and appended again under the same
 /// key (another entry: a new order), fails every update that names it.
 async fn a_deleted_or_recreated_entry_fails_the_update(fixture: &Fixture) {
@@ -321,6 +377,7 @@ async fn a_deleted_or_recreated_entry_fails_the_update(fixture: &Fixture) {
     assert!(bounded("remove", b.remove(&waiter)).await.expect("remove"));
     let on_both = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&holder, held_at), (&waiter, waited_at)],
         set: &[(&holder, b"granted EX, blocks EX")],
         delete: &[],
@@ -330,6 +387,7 @@ async fn a_deleted_or_recreated_entry_fails_the_update(fixture: &Fixture) {
     // Deleting the entry that is gone fails too.
     let delete_gone = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&holder, held_at)],
         set: &[],
         delete: &[&waiter],
@@ -343,6 +401,7 @@ async fn a_deleted_or_recreated_entry_fails_the_update(fixture: &Fixture) {
     assert_eq!(update(&a, &on_both).await, None);
     let set_old = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&holder, held_at)],
         set: &[(&waiter, b"marked")],
         delete: &[],
@@ -356,6 +415,7 @@ async fn a_deleted_or_recreated_entry_fails_the_update(fixture: &Fixture) {
     // The new entry, at its own version, can be set.
     let set_new = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&holder, held_at), (&again, slot(&now, &again).version)],
         set: &[(&again, b"marked")],
         delete: &[],
@@ -383,6 +443,7 @@ async fn a_lost_session_fails_the_update(fixture: &Fixture) {
         .expect("state");
     let grant = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &versions,
         set: &[(&waiter, b"granted EX")],
         delete: &[&holder],
@@ -399,6 +460,7 @@ async fn a_lost_session_fails_the_update(fixture: &Fixture) {
     // Conditioned on what is left, it applies.
     let alone = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&waiter, slot(&now, &waiter).version)],
         set: &[(&waiter, b"granted EX")],
         delete: &[],
@@ -418,6 +480,7 @@ async fn a_set_entry_keeps_its_owner_and_its_ttl(fixture: &Fixture) {
     let seen = read(&a).await;
     let mark = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[
             (&holder, slot(&seen, &holder).version),
             (&waiter, slot(&seen, &waiter).version),
@@ -503,6 +566,7 @@ async fn watches_wake_on_the_entry_they_watch_only(fixture: &Fixture) {
         &a,
         &QueueUpdate {
             dir: DIR,
+            present: &[],
             unchanged: &versions,
             set: &[(&holder, b"granted EX, blocks PR")],
             delete: &[&waiter],
@@ -566,6 +630,7 @@ async fn the_block_round_trips(fixture: &Fixture) {
     let version = slot(&read(&a).await, &only).version;
     let write = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&only, version)],
         set: &[],
         delete: &[],
@@ -615,6 +680,7 @@ async fn other_primitives_work_on_lock_mode_entries(fixture: &Fixture) {
     assert_ne!(after.version, before.version);
     let stale = QueueUpdate {
         dir: DIR,
+        present: &[],
         unchanged: &[(&entry, before.version)],
         set: &[(&entry, b"v3")],
         delete: &[],
@@ -659,6 +725,7 @@ on_node_and_cluster!(
     read_queue_gives_entries_in_creation_order_with_values,
     update_applies_everything_with_a_rising_token,
     a_changed_version_fails_the_update,
+    a_present_entry_is_checked_at_any_version,
     a_deleted_or_recreated_entry_fails_the_update,
     a_lost_session_fails_the_update,
     a_set_entry_keeps_its_owner_and_its_ttl,
