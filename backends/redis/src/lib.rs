@@ -92,7 +92,9 @@
 //!   wake. An entry's version *is* its `changed` (its order until first
 //!   written): every write of a lock-mode entry, `set_value` included,
 //!   takes a new number of the counter. A value watch subscribes to the
-//!   entry's channel, then looks at its value and TTL in one script.
+//!   entry's channel, then looks at its value and TTL in one script; an
+//!   entry it sees go is told released or lost (for a lock-delay) by the
+//!   message or the look, as for a wait.
 //!   Peers' recipes (redis-py's `Lock`, a `SET NX PX` lock) never see
 //!   lock-mode entries: they take no plain key.
 //! - **Single-key interop** = a mutex contender at the head of the queue also

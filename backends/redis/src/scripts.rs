@@ -372,10 +372,21 @@ return 1
 "#;
 
 /// KEYS: entry. ARGV: order. `{1, value, ttl ms}` (`PTTL`: -1 without a
-/// TTL), or `{0}` when gone: a value watcher's one look.
+/// TTL), or when the entry is gone (or is another entry) `{0, how}`, how
+/// it went as `STATUS` tells it: -3 with its owner's session, -2 let go by
+/// its owner. A value watcher's one look, which also answers a lock-delay
+/// with no request of its own.
 const GET_VALUE: &str = r#"
 local fields = redis.call('HMGET', KEYS[1], 'order', 'value')
-if fields[1] ~= ARGV[1] then return {0} end
+if fields[1] ~= ARGV[1] then
+  local close = string.find(KEYS[1], '}', 1, true)
+  local prefix = string.sub(KEYS[1], 1, close + 1)
+  local attempt = string.sub(KEYS[1], close + 4)
+  if redis.call('ZSCORE', prefix .. 'q', attempt) or redis.call('EXISTS', prefix .. 'l:' .. attempt) == 1 then
+    return {0, -3}
+  end
+  return {0, -2}
+end
 return {1, fields[2] or '', redis.call('PTTL', KEYS[1])}
 "#;
 

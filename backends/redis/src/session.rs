@@ -68,6 +68,15 @@ enum Status {
     Lost,
 }
 
+/// What a look at an entry's value found.
+#[derive(Debug)]
+enum Look {
+    /// There, with this value and this many ms left (-1: no TTL).
+    Live(Vec<u8>, i64),
+    /// Gone: [`Status::Released`] or [`Status::Lost`].
+    Gone(Status),
+}
+
 /// Acknowledgement of writes by replicas (`WAIT`), when asked for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplicaAcks {
@@ -452,9 +461,9 @@ impl Shared {
         .await
     }
 
-    /// This very entry's value and remaining TTL in ms (-1: none), or
-    /// `None` when it is gone. One script.
-    async fn look_value(&self, entry: &Entry) -> Result<Option<(Vec<u8>, i64)>> {
+    /// This very entry's value and remaining TTL in ms (-1: none), or how
+    /// it went. One script.
+    async fn look_value(&self, entry: &Entry) -> Result<Look> {
         let scripts = Arc::clone(&self.scripts);
         let mut invocation = scripts.get_value.key(&entry.key);
         invocation.arg(entry.order);
@@ -464,9 +473,13 @@ impl Shared {
             return Err(bad_reply(what, &reply));
         };
         match parts.as_slice() {
-            [found] if int(found) == Some(0) => Ok(None),
+            [found, how] if int(found) == Some(0) => match int(how) {
+                Some(-3) => Ok(Look::Gone(Status::Lost)),
+                Some(-2) => Ok(Look::Gone(Status::Released)),
+                _ => Err(bad_reply(what, &reply)),
+            },
             [found, value, left] if int(found) == Some(1) => match (bytes(value), int(left)) {
-                (Some(value), Some(left)) => Ok(Some((value, left))),
+                (Some(value), Some(left)) => Ok(Look::Live(value, left)),
                 _ => Err(bad_reply(what, &reply)),
             },
             _ => Err(bad_reply(what, &reply)),
@@ -1224,7 +1237,10 @@ impl BackendSession for RedisSession {
     }
 
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
-        Ok(self.shared.look_value(entry).await?.map(|(value, _)| value))
+        match self.shared.look_value(entry).await? {
+            Look::Live(value, _) => Ok(Some(value)),
+            Look::Gone(_) => Ok(None),
+        }
     }
 
     /// Subscribes to the entry's channel, then looks at it once (its value
@@ -1232,14 +1248,24 @@ impl BackendSession for RedisSession {
     /// channel (`value` from a write of its value, `gone`/`lost` once it is
     /// deleted) or its TTL, and looks again. Never polls: a live entry is
     /// looked at again only at a message, at its TTL (re-armed if renewed),
-    /// or when the pub/sub connection was made again.
+    /// or when the pub/sub connection was made again. An entry seen go is
+    /// remembered, for a lock-delay, as released or lost, from the message
+    /// or the look that saw it (as `wait_gone` does).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
         let (name, attempt) = self.name_of(entry)?;
         let shared = &self.shared;
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         loop {
-            let Some((value, left)) = shared.look_value(entry).await? else {
-                return Ok(None);
+            let (value, left) = match shared.look_value(entry).await? {
+                Look::Live(value, left) => (value, left),
+                Look::Gone(Status::Lost) => {
+                    shared.note_lost(entry);
+                    return Ok(None);
+                }
+                Look::Gone(_) => {
+                    shared.note_released(entry);
+                    return Ok(None);
+                }
             };
             if value != seen {
                 return Ok(Some(value));
@@ -1251,9 +1277,14 @@ impl BackendSession for RedisSession {
             };
             tokio::select! {
                 () = messages.changed() => {
-                    // Said only once the entry is deleted: the server's own
-                    // word, no look needed.
+                    // Said only once the entry is deleted, and how: the
+                    // server's own word, no look needed.
                     if messages.heard_gone() {
+                        if messages.heard_lost() {
+                            shared.note_lost(entry);
+                        } else {
+                            shared.note_released(entry);
+                        }
                         return Ok(None);
                     }
                 }

@@ -73,6 +73,8 @@ lockline::conformance_tests!(@cases ClusterFixture::start();
     lock_modes_tell_holders_they_block,
     lock_modes_leave_nothing_when_given_up,
     lock_modes_mixed_crowd_is_herd_free,
+    lock_modes_multi_resource_all_or_nothing,
+    lock_modes_lock_delay_after_an_involuntary_loss_only,
 );
 
 /// On a cluster a fenced write takes keys of the lock's slot (its hash tag
