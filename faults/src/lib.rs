@@ -230,6 +230,17 @@ impl Backend {
         }
     }
 
+    /// The faults after which the store has forgotten its data, the keys
+    /// fenced writes put included: a restart of Redis without persistence.
+    /// None elsewhere (the SQL databases keep `write_if_held`'s keys in a
+    /// logged table).
+    pub fn forgets_data(self) -> &'static [FaultKind] {
+        match self {
+            Backend::RedisVolatile => &[FaultKind::KillServer],
+            _ => &[],
+        }
+    }
+
     /// Whether the server frees the locks when such a fault ends (a Redis
     /// server back without its data) rather than when it begins (a
     /// PostgreSQL connection reset).
@@ -562,7 +573,15 @@ pub fn run(config: &Config) -> Result<Report, String> {
             Ok((rows, ordered)) => {
                 let mut record = history.lock();
                 read_back = record.writes.iter().filter(|w| w.unsure).count();
-                disagreements = reconcile(&mut record.writes, &rows, "the store");
+                // A restart that forgets the data (Redis without
+                // persistence) forgets the register's keys written before.
+                let forgotten_before = faults
+                    .iter()
+                    .filter(|f| config.backend.forgets_data().contains(&f.kind))
+                    .filter_map(|f| f.end)
+                    .max()
+                    .unwrap_or(0);
+                disagreements = reconcile(&mut record.writes, &rows, "the store", forgotten_before);
                 if ordered {
                     disagreements.extend(committed_out_of_order(&rows));
                 }
@@ -574,7 +593,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
             Ok(rows) => {
                 let mut record = history.lock();
                 read_back = record.writes.iter().filter(|w| w.unsure).count();
-                disagreements = reconcile(&mut record.writes, &rows, "the database");
+                disagreements = reconcile(&mut record.writes, &rows, "the database", 0);
                 disagreements.extend(committed_out_of_order(&rows));
             }
             Err(error) => problems.push(error),
@@ -669,15 +688,27 @@ pub fn run(config: &Config) -> Result<Report, String> {
 /// backend's store holds (`committed`: writer, token, seq; `place` names
 /// it), and checks the answered ones against it. Returns what disagrees: a
 /// write answered as committed that is not there, or one refused that is.
-fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite], place: &str) -> Vec<String> {
+/// Writes made up to `forgotten_before` (ns) may be gone with a restart
+/// that forgot the store's data (Redis without persistence): one answered
+/// as committed and missing is no finding, and one unanswered stays
+/// counted as landed.
+fn reconcile(
+    writes: &mut [history::Write],
+    committed: &[servers::StoredWrite],
+    place: &str,
+    forgotten_before: u64,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let stored: std::collections::BTreeSet<_> = committed.iter().copied().collect();
     for write in writes.iter_mut().filter(|w| w.fence == history::Fence::Held) {
         let there = stored.contains(&(write.tag, write.token, write.seq));
+        let forgotten = write.t <= forgotten_before;
         if write.unsure {
-            write.unsure = false;
-            write.accepted = there;
-        } else if write.accepted && !there {
+            if !forgotten || there {
+                write.unsure = false;
+                write.accepted = there;
+            }
+        } else if write.accepted && !there && !forgotten {
             problems.push(format!(
                 "the write of {} with token {} (seq {}) was answered as committed but is not in {place}",
                 write.tag, write.token, write.seq
@@ -783,7 +814,7 @@ mod tests {
             write(5, true, false, Fence::Token), // the test's register: not in the store
         ];
         let stored = [(tag, 7, 0), (tag, 7, 1), (tag, 7, 4)];
-        let problems = reconcile(&mut writes, &stored, "the database");
+        let problems = reconcile(&mut writes, &stored, "the database", 0);
         let settled: Vec<(bool, bool)> = writes.iter().map(|w| (w.accepted, w.unsure)).collect();
         assert_eq!(
             settled,
@@ -799,6 +830,27 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("seq 3") && problems[0].contains("not in the database"));
         assert!(problems[1].contains("seq 4") && problems[1].contains("refused"));
+    }
+
+    #[test]
+    fn writes_a_restart_forgot_are_not_held_against_the_store() {
+        let tag = Tag {
+            slot: 0,
+            incarnation: 0,
+        };
+        // Up to t = 2 the store's data was forgotten by a restart.
+        let mut writes = vec![
+            write(1, true, false, Fence::Held), // committed, forgotten: fine
+            write(2, true, true, Fence::Held),  // unsure, forgotten: still counted as landed
+            write(3, true, false, Fence::Held), // committed after the restart, missing: lost
+            write(4, true, true, Fence::Held),  // unsure after the restart, there: landed
+        ];
+        let stored = [(tag, 7, 4)];
+        let problems = reconcile(&mut writes, &stored, "the store", 2);
+        let settled: Vec<(bool, bool)> = writes.iter().map(|w| (w.accepted, w.unsure)).collect();
+        assert_eq!(settled, [(true, false), (true, true), (true, false), (true, false)]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("seq 3") && problems[0].contains("not in the store"));
     }
 
     #[test]
