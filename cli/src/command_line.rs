@@ -432,7 +432,9 @@ impl TypedValueParser for LockModes {
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
-        Some(Box::new(LockMode::ALL.iter().map(|mode| PossibleValue::new(mode.label()))))
+        Some(Box::new(
+            LockMode::ALL.iter().map(|mode| PossibleValue::new(mode.label())),
+        ))
     }
 }
 

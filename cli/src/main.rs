@@ -263,8 +263,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use futures::StreamExt;
 use lockline::{
-    Client, Error, FencingToken, Leadership, LockMode, MutexGuard, Permit, ReadGuard, ResourceGuard, Sequencer, Session,
-    SessionOptions, Tls,
+    Client, Error, FencingToken, Leadership, LockMode, MutexGuard, Permit, ReadGuard, ResourceGuard, Sequencer,
+    Session, SessionOptions, Tls,
 };
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;

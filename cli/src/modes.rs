@@ -130,7 +130,10 @@ mod tests {
                 assert_eq!(recipe(&line), Recipe::LockMode(mode), "{line}");
             }
         }
-        assert_eq!(recipe("lock --etcd http://a:1 --mode=Pw x"), Recipe::LockMode(LockMode::Pw));
+        assert_eq!(
+            recipe("lock --etcd http://a:1 --mode=Pw x"),
+            Recipe::LockMode(LockMode::Pw)
+        );
         // After NAME, the command's own flags.
         let parsed = args("lock --etcd http://a:1 x flock --mode EX y").expect("parse");
         assert_eq!(parsed.command(), ["flock", "--mode", "EX", "y"]);
@@ -141,12 +144,18 @@ mod tests {
     fn mode_goes_with_nonblock_timeout_and_lock_delay_as_the_mutex() {
         let one_try = args("lock --etcd http://a:1 --mode EX -n --conflict-exit-code 7 x true").expect("parse");
         assert_eq!(one_try.nonblock, Some(7));
-        assert_eq!(recipe("lock --etcd http://a:1 -n --mode pr x"), Recipe::LockMode(LockMode::Pr));
+        assert_eq!(
+            recipe("lock --etcd http://a:1 -n --mode pr x"),
+            Recipe::LockMode(LockMode::Pr)
+        );
         let bounded = args("lock --etcd http://a:1 --mode CW --timeout 1.5 --lock-delay 2 x").expect("parse");
         assert_eq!(bounded.timeout.map(|t| t.as_millis()), Some(1500));
         assert_eq!(bounded.lock_delay.as_secs(), 2);
         let error = args("lock --etcd http://a:1 --mode EX -n --timeout 1 x").expect_err("-n with --timeout");
-        assert!(error.contains("--nonblock and --timeout cannot be used together"), "{error}");
+        assert!(
+            error.contains("--nonblock and --timeout cannot be used together"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -185,7 +194,10 @@ mod tests {
         for (line, says) in [
             ("elect --etcd http://a:1 --mode EX x p", "--mode is for lock"),
             ("list --etcd http://a:1 --mode EX x", "--mode is for lock"),
-            ("check --etcd http://a:1 --mode EX lockline1:lock-EX:7:x", "--mode is for lock"),
+            (
+                "check --etcd http://a:1 --mode EX lockline1:lock-EX:7:x",
+                "--mode is for lock",
+            ),
         ] {
             let error = args(line).expect_err(line);
             assert!(error.contains(says), "{line}: {error}");
@@ -223,6 +235,9 @@ mod tests {
             line("r/dlm/1f-a", Some("1f"), token, Some(Pr), Ex),
             "r/dlm/1f-a\t1f\t42\tlock-PR\tconverting to EX\n"
         );
-        assert_eq!(line("r/dlm/2e-b", None, None, None, Cw), "r/dlm/2e-b\t-\t-\tlock-CW\twaiting\n");
+        assert_eq!(
+            line("r/dlm/2e-b", None, None, None, Cw),
+            "r/dlm/2e-b\t-\t-\tlock-CW\twaiting\n"
+        );
     }
 }

@@ -106,7 +106,10 @@ fn protected_readers_hold_together(server: &[String]) {
 
     let queue = list(server, name);
     assert_eq!(queue.len(), 2, "{queue:?}");
-    for (line, (key, token)) in queue.iter().zip([(&first_key, first_token), (&second_key, second_token)]) {
+    for (line, (key, token)) in queue
+        .iter()
+        .zip([(&first_key, first_token), (&second_key, second_token)])
+    {
         assert_eq!(line.len(), 5, "{line:?}");
         assert_eq!((&line[0], &line[2]), (key, &token.to_string()), "{queue:?}");
         assert!(!line[1].is_empty() && line[1] != "-", "an owner: {line:?}");
@@ -155,7 +158,11 @@ fn protected_readers_hold_together(server: &[String]) {
 
     first.close_stdin();
     assert_eq!(first.exits().code(), Some(0));
-    assert_eq!(check(server, &first_sequencer), Some(1), "a released holder's sequencer");
+    assert_eq!(
+        check(server, &first_sequencer),
+        Some(1),
+        "a released holder's sequencer"
+    );
     eventually("the first reader's entry goes", || list(server, name).len() == 3);
     assert!(!writer.has_exited(), "EX granted beside a PR holder");
     second.close_stdin();
@@ -212,9 +219,7 @@ fn timeouts_and_one_recipe_per_name(server: &[String]) {
 
     let name = "modes/a-mutex";
     let mut command = lockline("lock", server);
-    command
-        .args([name, "sh", "-c", "read line"])
-        .stdin(Stdio::piped());
+    command.args([name, "sh", "-c", "read line"]).stdin(Stdio::piped());
     let mut mutex = Running::spawn("mutex holder", command);
     mutex.holding();
     let (code, stderr) = one_try(server, &["--mode", "NL", "-n"], name, false);
@@ -250,7 +255,10 @@ fn a_conversion_is_listed(server: &[String], client: Client) {
         queue.first().is_some_and(|line| line[4] != "granted")
     });
     assert_eq!(
-        queue.iter().map(|line| (line[3].as_str(), line[4].as_str())).collect::<Vec<_>>(),
+        queue
+            .iter()
+            .map(|line| (line[3].as_str(), line[4].as_str()))
+            .collect::<Vec<_>>(),
         [("lock-PR", "converting to EX"), ("lock-PR", "granted")],
         "{queue:?}"
     );
