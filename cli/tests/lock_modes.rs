@@ -6,7 +6,7 @@
 //! kind at a time (123), the command's `LOCKLINE_SEQUENCER` is `lock-MODE`
 //! and `lockline check` answers it, `list` shows each entry's mode and
 //! state (a conversion made through the library among them), and a lost
-//! lock stops the command (120). On etcd.
+//! lock stops the command (120). On etcd and Redis.
 
 mod support;
 
@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use lockline::{Client, LockMode};
 use lockline_etcd::Etcd;
-use lockline_testkit::EtcdCluster;
+use lockline_redis::Redis;
+use lockline_testkit::{EtcdCluster, RedisServer};
 use support::{eventually, lockline, Running, BOUND};
 
 /// The `list` lines of `name`, split on tabs.
@@ -219,7 +220,9 @@ fn timeouts_and_one_recipe_per_name(server: &[String]) {
 
     let name = "modes/a-mutex";
     let mut command = lockline("lock", server);
-    command.args([name, "sh", "-c", "read line"]).stdin(Stdio::piped());
+    command
+        .args([name, "sh", "-c", "read line; exit 0"])
+        .stdin(Stdio::piped());
     let mut mutex = Running::spawn("mutex holder", command);
     mutex.holding();
     let (code, stderr) = one_try(server, &["--mode", "NL", "-n"], name, false);
@@ -279,13 +282,42 @@ fn a_conversion_is_listed(server: &[String], client: Client) {
     assert!(list(server, name).is_empty());
 }
 
+/// A lock-mode holder whose session ends (its `lockline` stopped with
+/// SIGSTOP past the TTL: nothing renews it, the server ends it and the `EX`
+/// waiting behind it holds): once resumed, `lockline` stops the command
+/// and exits 120, and its sequencer is no longer current.
+fn a_lost_lock_mode_stops_the_command(server: &[String]) {
+    let name = "modes/lost";
+    let mut command = lockline("lock", server);
+    command
+        .args(["--mode", "PW", "--ttl", "2", "--kill-after", "0.5", name])
+        .args(["sh", "-c", "echo \"$$\"; echo \"$LOCKLINE_SEQUENCER\"; read line"])
+        .stdin(Stdio::piped());
+    let mut held = Running::spawn("holder", command);
+    held.holding();
+    let pid: libc::pid_t = held.stdout_line().parse().expect("the command's pid");
+    let sequencer = held.stdout_line();
+    assert!(sequencer.starts_with("lockline1:lock-PW:"), "{sequencer}");
+    let mut writer = waiter("writer", server, "EX", name, 2);
+    held.signal(libc::SIGSTOP);
+    writer.holding();
+    assert_eq!(check(server, &sequencer), Some(1), "a lost holder's sequencer");
+    held.signal(libc::SIGCONT);
+    assert_eq!(held.exits().code(), Some(120));
+    // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
+    assert_ne!(unsafe { libc::kill(pid, 0) }, 0, "the command outlived the lost lock");
+    assert_eq!(writer.exits().code(), Some(0));
+    assert!(list(server, name).is_empty(), "{:?}", list(server, name));
+}
+
 fn every_lock_mode_case(server: &[String], client: Client) {
     let started = Instant::now();
     protected_readers_hold_together(server);
     concurrent_read_beside_protected_write(server);
     timeouts_and_one_recipe_per_name(server);
     a_conversion_is_listed(server, client);
-    assert!(started.elapsed() < 4 * BOUND);
+    a_lost_lock_mode_stops_the_command(server);
+    assert!(started.elapsed() < 5 * BOUND);
 }
 
 #[test]
@@ -295,37 +327,9 @@ fn lock_modes_on_etcd() {
     every_lock_mode_case(&server, Client::new(Etcd::new(cluster.endpoints())));
 }
 
-/// The lease of a lock-mode holder revoked (its session ended by the
-/// server): `lockline` stops the command and exits 120, its sequencer is
-/// no longer current, and the `EX` waiting behind it holds.
 #[test]
-fn a_lost_lock_mode_stops_the_command_on_etcd() {
-    let cluster = EtcdCluster::start().expect("start etcd");
-    let server = ["--etcd".to_owned(), cluster.endpoints().join(",")];
-    let name = "modes/lost";
-    let mut command = lockline("lock", &server);
-    command
-        .args(["--mode", "PW", "--kill-after", "0.5", name])
-        .args(["sh", "-c", "echo \"$$\"; echo \"$LOCKLINE_SEQUENCER\"; read line"])
-        .stdin(Stdio::piped());
-    let mut held = Running::spawn("holder", command);
-    held.holding();
-    let pid: libc::pid_t = held.stdout_line().parse().expect("the command's pid");
-    let sequencer = held.stdout_line();
-    assert!(sequencer.starts_with("lockline1:lock-PW:"), "{sequencer}");
-    let mut writer = waiter("writer", &server, "EX", name, 2);
-    let owner = list(&server, name)[0][1].clone();
-    let out = cluster
-        .etcdctl(&cluster.endpoints())
-        .args(["lease", "revoke", &owner])
-        .output()
-        .expect("etcdctl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(held.exits().code(), Some(120));
-    // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
-    assert_ne!(unsafe { libc::kill(pid, 0) }, 0, "the command outlived the lost lock");
-    assert_eq!(check(&server, &sequencer), Some(1), "a lost holder's sequencer");
-    writer.holding();
-    assert_eq!(writer.exits().code(), Some(0));
-    assert!(list(&server, name).is_empty());
+fn lock_modes_on_redis() {
+    let redis = RedisServer::start().expect("start Redis");
+    let server = ["--redis".to_owned(), redis.url()];
+    every_lock_mode_case(&server, Client::new(Redis::new(redis.url())));
 }
