@@ -1274,10 +1274,6 @@ async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Hold
         Mode::Listen | Mode::List | Mode::Check { .. } => Recipe::Exclusive,
     };
     let name = &args.name;
-    if let Recipe::LockMode(mode) = recipe {
-        let held = modes::acquire(session, name, mode, args.nonblock.is_some(), args.timeout).await?;
-        return Ok(held.map(Holding::Mode));
-    }
     // One try: `--nonblock`, or `--timeout 0` (which answers 124).
     if args.nonblock.is_some() || args.timeout == Some(Duration::ZERO) {
         let held = match recipe {
@@ -1288,7 +1284,7 @@ async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Hold
                 .try_acquire()
                 .await?
                 .map(Holding::Permit),
-            Recipe::LockMode(_) => None,
+            Recipe::LockMode(mode) => session.resource(name)?.try_lock(mode).await?.map(Holding::Mode),
         };
         return match (held, args.nonblock) {
             (Some(held), _) => Ok(Some(held)),
@@ -1313,6 +1309,9 @@ async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Hold
         (Recipe::Exclusive, Some(timeout)) => {
             Ok(Some(Holding::Lock(session.mutex(name)?.lock_timeout(timeout).await?)))
         }
+        (Recipe::LockMode(mode), Some(timeout)) => Ok(Some(Holding::Mode(
+            session.resource(name)?.lock_timeout(mode, timeout).await?,
+        ))),
         // Dropping the wait removes its entry, as any cancelled acquire.
         (_, Some(timeout)) => match tokio::time::timeout(timeout, wait).await {
             Ok(held) => held.map(Some),

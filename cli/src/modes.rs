@@ -4,7 +4,8 @@
 //!
 //! - `lock --mode MODE NAME [COMMAND...]` takes `NAME` in `MODE` (`NL`,
 //!   `CR`, `CW`, `PR`, `PW` or `EX`, any case) and holds it exactly as the
-//!   other recipes hold theirs: the command runs in its own process group
+//!   other recipes hold theirs (`acquire` and `hold` in `main.rs` take and
+//!   hold every recipe): the command runs in its own process group
 //!   and dies with the lock, `LOCKLINE_SEQUENCER` names the mode
 //!   (`lockline1:lock-PW:TOKEN:NAME`), the exit statuses are the same.
 //!   Holders of compatible modes hold together (two `PR`, a `CR` beside a
@@ -16,8 +17,8 @@
 //!   loss. `--mode` is refused with `-s` and `--limit`, in a line naming
 //!   both flags (a name is used by one recipe kind at a time).
 //! - `list NAME`, when `NAME` holds lock-mode entries, prints them in queue
-//!   order (a granted entry may follow a waiting one: an `NL` or `CR` is
-//!   granted past a waiting `EX`), one line each:
+//!   order (a granted entry may follow a waiting one: an `NL` is granted
+//!   past a waiting `EX`), one line each:
 //!   `KEY<TAB>OWNER<TAB>TOKEN<TAB>lock-MODE<TAB>STATE`, where MODE is the
 //!   mode held (asked for, while waiting), TOKEN the grant's fencing token
 //!   (`-` while waiting) and STATE `granted`, `waiting` or `converting to
@@ -25,34 +26,7 @@
 //!   A request in lock-delay is listed as `waiting` (it marks nothing in
 //!   its entry). Other names keep their four (or five) fields.
 
-use std::time::Duration;
-
-use lockline::{Contender, EntryKind, Error, FencingToken, LockMode, ModeContender, ResourceGuard, Session};
-
-/// Takes `name` in `mode`: one try when `nonblock` (`None` when it is
-/// taken, leaving no entry behind), else waits, for at most `timeout` when
-/// given ([`Error::Timeout`] then, the entry removed).
-///
-/// # Cancel safety
-///
-/// Cancelling removes the contender from the queue, as every acquire.
-pub(crate) async fn acquire(
-    session: &Session,
-    name: &str,
-    mode: LockMode,
-    nonblock: bool,
-    timeout: Option<Duration>,
-) -> lockline::Result<Option<ResourceGuard>> {
-    let resource = session.resource(name)?;
-    if nonblock {
-        return resource.try_lock(mode).await;
-    }
-    match timeout {
-        // Zero is one try, which answers `Error::Timeout` when taken.
-        Some(timeout) => resource.lock_timeout(mode, timeout).await.map(Some),
-        None => resource.lock(mode).await.map(Some),
-    }
-}
+use lockline::{Contender, EntryKind, Error, FencingToken, LockMode, ModeContender, Session};
 
 /// The listing of `name` when `queue` (its plain listing) holds lock-mode
 /// entries: one more read, of the resource's contenders with their modes.

@@ -153,9 +153,24 @@ fn protected_readers_hold_together(server: &[String]) {
             ("lock-PR", "waiting"),
         ])
     );
-    // NL is compatible with everything, waiting requests included.
+    // NL is compatible with everything, waiting requests included: granted
+    // past them, and listed after them.
     let (code, stderr) = one_try(server, &["--mode", "NL", "-n"], name, true);
     assert_eq!(code, Some(0), "{stderr}");
+    let mut null = holder("null", server, "nl", name);
+    null.holding();
+    assert_eq!(
+        modes(server, name),
+        pairs(&[
+            ("lock-PR", "granted"),
+            ("lock-PR", "granted"),
+            ("lock-EX", "waiting"),
+            ("lock-PR", "waiting"),
+            ("lock-NL", "granted"),
+        ])
+    );
+    null.close_stdin();
+    assert_eq!(null.exits().code(), Some(0));
 
     first.close_stdin();
     assert_eq!(first.exits().code(), Some(0));
