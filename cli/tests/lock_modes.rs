@@ -3,7 +3,8 @@
 //! beside anything), an incompatible `-n` exits with the conflict status at
 //! once and leaves no entry, a request waits behind an earlier incompatible
 //! one, `--timeout` bounds the wait (124), a name is used by one recipe
-//! kind at a time (123), the command's `LOCKLINE_SEQUENCER` is `lock-MODE`
+//! kind at a time (123), `--lock-delay` holds a request back after an
+//! involuntary loss, the command's `LOCKLINE_SEQUENCER` is `lock-MODE`
 //! and `lockline check` answers it, `list` shows each entry's mode and
 //! state (a conversion made through the library among them), and a lost
 //! lock stops the command (120). On etcd and Redis.
@@ -11,7 +12,7 @@
 mod support;
 
 use std::process::Stdio;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lockline::{Client, LockMode};
 use lockline_etcd::Etcd;
@@ -298,9 +299,11 @@ fn a_conversion_is_listed(server: &[String], client: Client) {
 }
 
 /// A lock-mode holder whose session ends (its `lockline` stopped with
-/// SIGSTOP past the TTL: nothing renews it, the server ends it and the `EX`
-/// waiting behind it holds): once resumed, `lockline` stops the command
-/// and exits 120, and its sequencer is no longer current.
+/// SIGSTOP past the TTL: nothing renews it, the server ends it): the `EX`
+/// waiting behind it with `--lock-delay 2` is listed as waiting once the
+/// holder's entry is gone and holds only after its delay; once resumed,
+/// the old holder's `lockline` stops the command and exits 120, and its
+/// sequencer is no longer current.
 fn a_lost_lock_mode_stops_the_command(server: &[String]) {
     let name = "modes/lost";
     let mut command = lockline("lock", server);
@@ -313,9 +316,24 @@ fn a_lost_lock_mode_stops_the_command(server: &[String]) {
     let pid: libc::pid_t = held.stdout_line().parse().expect("the command's pid");
     let sequencer = held.stdout_line();
     assert!(sequencer.starts_with("lockline1:lock-PW:"), "{sequencer}");
-    let mut writer = waiter("writer", server, "EX", name, 2);
+    let mut command = lockline("lock", server);
+    command.args(["--mode", "EX", "--lock-delay", "2", name, "true"]);
+    let mut writer = Running::spawn("writer", command);
+    eventually("the writer queues", || list(server, name).len() == 2);
     held.signal(libc::SIGSTOP);
+    eventually("the holder's entry goes", || match list(server, name).as_slice() {
+        [only] => {
+            assert_eq!((only[3].as_str(), only[4].as_str()), ("lock-EX", "waiting"), "{only:?}");
+            true
+        }
+        _ => false,
+    });
+    let gone = Instant::now();
     writer.holding();
+    // Counted from when the writer saw the entry go, no later than this
+    // test saw it gone; a second of the two is ample for what lies between.
+    let held_back = gone.elapsed();
+    assert!(held_back >= Duration::from_secs(1), "no lock-delay: {held_back:?}");
     assert_eq!(check(server, &sequencer), Some(1), "a lost holder's sequencer");
     held.signal(libc::SIGCONT);
     assert_eq!(held.exits().code(), Some(120));
