@@ -407,6 +407,11 @@ impl Backend for ZooKeeper {
     /// rather than dropped: Curator and kazoo refuse such a path too, and on
     /// etcd `/my-lock/` and `/my-lock` are two different locks, so quietly
     /// mapping both to `/my-lock` here would make one program's two locks one.
+    ///
+    /// A segment named like a node lockline reserves inside a lock's
+    /// directory (`lockline-value-block`, `lockline-stamp`: see the layout
+    /// in `docs/zookeeper.md`) is refused: `a/lockline-value-block` would be
+    /// the value block of the resource `a`.
     fn validate_name(&self, name: &str) -> Result<()> {
         let first = name.trim_start_matches('/').split('/').next().unwrap_or_default();
         if first == "zookeeper" && !self.has_chroot() {
@@ -421,6 +426,15 @@ impl Backend for ZooKeeper {
                 reason: format!(
                     "a ZooKeeper path cannot end in '/' (Curator and kazoo refuse it too); name the lock {:?}",
                     name.trim_end_matches('/')
+                ),
+            });
+        }
+        if let Some(segment) = name.split('/').find(|segment| layout::reserved(segment)) {
+            return Err(Error::InvalidName {
+                name: name.to_owned(),
+                reason: format!(
+                    "{segment:?} is a node name lockline reserves inside a lock's directory (a lock-mode \
+                     resource's value block)"
                 ),
             });
         }
@@ -470,7 +484,9 @@ impl Backend for ZooKeeper {
 
     /// Refuses a fenced write to a node (or a parent it would create) named
     /// like a lock contender: it would stand in its parent path's lock
-    /// queue as a holder nobody releases.
+    /// queue as a holder nobody releases. A node named like one lockline
+    /// reserves inside a lock's directory (a lock-mode resource's value
+    /// block) is refused too.
     fn validate_write_key(&self, key: &str) -> Result<()> {
         let body = key.trim_start_matches('/');
         // A node (or a parent the write creates) named like a contender of
@@ -482,6 +498,15 @@ impl Backend for ZooKeeper {
                     "the node name {segment:?} has the shape of a lock contender (Curator's, kazoo's or \
                      ZooKeeper's lock recipe, or a semaphore's `leases`/`locks`): written, it would block \
                      the lock of its parent path; use another name"
+                ),
+            });
+        }
+        if let Some(segment) = body.split('/').find(|segment| layout::reserved(segment)) {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: format!(
+                    "{segment:?} is a node name lockline reserves inside a lock's directory (a lock-mode \
+                     resource's value block): written, it would replace that block"
                 ),
             });
         }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockline::backend::{
-    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
+    QueueUpdate, Slot,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -15,7 +16,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{
     Acl, Acls, AuthId, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
-    OneshotWatcher, Permission, SessionState as ZkState, WatchedEvent,
+    MultiWriteResult, OneshotWatcher, Permission, SessionState as ZkState, Stat, WatchedEvent,
 };
 
 use crate::error::{denied, map};
@@ -88,7 +89,38 @@ pub(crate) struct ZkSession {
     /// [`ZkSession::departure`]): [`WAKE_MEMORY`], or half the negotiated
     /// session timeout when that is shorter.
     wake_memory: Duration,
+    /// What this session last saw of lock-mode resources' directories, by
+    /// path: the next `read_queue` reads those children's data in the same
+    /// request as the listing (see [`QueueMemo`]). At most
+    /// [`QUEUE_MEMO_MAX`] directories.
+    queues: StdMutex<HashMap<String, QueueMemo>>,
 }
+
+/// What a session last saw of one lock-mode resource's directory.
+///
+/// Only a guess that saves a round trip: `read_queue` sends the listing of
+/// the directory, the value block and the data of every child named here in
+/// one multi-read, and uses the answer only if every contender the listing
+/// shows was among them (a consistent snapshot of the whole queue);
+/// otherwise it reads again with the names it was just given.
+#[derive(Debug, Clone, Default)]
+struct QueueMemo {
+    /// The contenders' node names the last listing showed.
+    children: Vec<String>,
+    /// Whether the value block node existed (an update then sets its data
+    /// instead of creating it).
+    block: bool,
+}
+
+/// How many directories a session remembers a [`QueueMemo`] of; past it the
+/// memory is emptied (costing each resource one more round trip on its
+/// next read).
+const QUEUE_MEMO_MAX: usize = 1024;
+
+/// How many times `read_queue` reads again when contenders appeared between
+/// the listing it guessed from and its read, and `update_queue` writes
+/// again when its guess about the value block's node was wrong.
+const QUEUE_TRIES: usize = 16;
 
 /// How a wait on another contender's node ended.
 #[derive(Debug, Clone, Copy)]
@@ -457,6 +489,7 @@ impl ZkSession {
             held: StdMutex::default(),
             wakes: StdMutex::default(),
             wake_memory: WAKE_MEMORY.min(negotiated / 2),
+            queues: StdMutex::default(),
         }))
     }
 
@@ -839,6 +872,141 @@ impl ZkSession {
     fn mine(contenders: &[Contender], key: &str, dir: &str) -> bool {
         contenders.iter().any(|c| format!("{dir}/{}", c.name) == key)
     }
+
+    /// Remembers what a look at a lock-mode resource's directory showed
+    /// (see [`QueueMemo`]): `children` when given, and `block` when known.
+    fn remember_queue(&self, dir: &str, children: Option<Vec<String>>, block: Option<bool>) {
+        let mut queues = lock(&self.queues);
+        if queues.len() >= QUEUE_MEMO_MAX && !queues.contains_key(dir) {
+            queues.clear();
+        }
+        let memo = queues.entry(dir.to_owned()).or_default();
+        if let Some(children) = children {
+            memo.children = children;
+        }
+        if let Some(block) = block {
+            memo.block = block;
+        }
+    }
+
+    /// One multi-read of a lock-mode resource: the directory's children,
+    /// the value block, and the data and stat of each node in `guess`.
+    /// Returns the queue when every contender listed was among `guess`
+    /// (all of it from one snapshot), or else the contenders' names to read
+    /// next time.
+    async fn read_queue_once(
+        &self,
+        client: &Client,
+        dir: &str,
+        guess: &[String],
+    ) -> Result<std::result::Result<Queue, Vec<String>>> {
+        let block_path = layout::value_block_path(dir);
+        let paths: Vec<String> = guess.iter().map(|name| format!("{dir}/{name}")).collect();
+        let chroot = client.path().len();
+        let size = paths
+            .iter()
+            .chain([&block_path])
+            .map(|path| MULTI_OP_OVERHEAD + chroot + path.len())
+            .sum::<usize>()
+            + MULTI_OP_OVERHEAD
+            + chroot
+            + dir.len();
+        fits(size, dir)?;
+        let mut reader = client.new_multi_reader();
+        reader.add_get_children(dir).map_err(|e| self.err_on(e, "read", dir))?;
+        reader
+            .add_get_data(&block_path)
+            .map_err(|e| self.err_on(e, "read", &block_path))?;
+        for path in &paths {
+            reader.add_get_data(path).map_err(|e| self.err_on(e, "read", path))?;
+        }
+        let mut results = reader
+            .commit()
+            .await
+            .map_err(|e| self.err_on(e, "read", dir))?
+            .into_iter();
+        let unexpected = |path: &str| {
+            Error::backend(
+                crate::error::BACKEND,
+                format!("unexpected answer to reading {path:?} in a multi-read"),
+            )
+        };
+        let children = match results.next() {
+            Some(MultiReadResult::Children { children }) => children,
+            // No directory: no entries, and no block under it either.
+            Some(MultiReadResult::Error { err: ZkError::NoNode }) => Vec::new(),
+            Some(MultiReadResult::Error { err }) => return Err(self.err_on(err, "read", dir)),
+            _ => return Err(unexpected(dir)),
+        };
+        let block = match results.next() {
+            Some(MultiReadResult::Data { data, .. }) => Some(data),
+            Some(MultiReadResult::Error { err: ZkError::NoNode }) => None,
+            Some(MultiReadResult::Error { err }) => return Err(self.err_on(err, "read", &block_path)),
+            _ => return Err(unexpected(&block_path)),
+        };
+        let mut read: HashMap<&str, (Vec<u8>, Stat)> = HashMap::with_capacity(guess.len());
+        for ((name, path), result) in guess.iter().zip(&paths).zip(results) {
+            match result {
+                MultiReadResult::Data { data, stat } => {
+                    read.insert(name.as_str(), (data, stat));
+                }
+                // Gone since the listing the guess came from.
+                MultiReadResult::Error { err: ZkError::NoNode } => {}
+                MultiReadResult::Error { err } => return Err(self.err_on(err, "read", path)),
+                _ => return Err(unexpected(path)),
+            }
+        }
+        let contenders = layout::contenders(&children);
+        if !contenders.iter().all(|c| read.contains_key(c.name.as_str())) {
+            return Ok(Err(contenders.into_iter().map(|c| c.name).collect()));
+        }
+        let mut slots = Vec::with_capacity(contenders.len());
+        for contender in &contenders {
+            let Some((data, stat)) = read.remove(contender.name.as_str()) else {
+                continue;
+            };
+            let mut entry = contender.entry(dir);
+            entry.token = FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0));
+            entry.owner = (stat.ephemeral_owner != 0).then(|| format!("{:x}", stat.ephemeral_owner));
+            slots.push(Slot {
+                // Other recipes' entries come with an empty value.
+                value: if entry.kind == EntryKind::Dlm { data } else { Vec::new() },
+                entry,
+                version: i64::from(stat.version),
+                changed: u64::try_from(stat.mzxid).unwrap_or(0),
+            });
+        }
+        self.remember_queue(
+            dir,
+            Some(contenders.into_iter().map(|c| c.name).collect()),
+            Some(block.is_some()),
+        );
+        Ok(Ok(Queue { slots, block }))
+    }
+}
+
+/// What one operation of an update's `multi` stands for (see
+/// `update_queue`), to tell which failed.
+#[derive(Debug, Clone, Copy)]
+enum QueueStep<'a> {
+    /// A check, set or delete of an entry: its failure is a failed condition.
+    Entry(&'a Entry),
+    /// The value block's `setData`.
+    SetBlock,
+    /// The value block's `create`.
+    CreateBlock,
+    /// The stamp node's `create`.
+    CreateStamp,
+    /// The stamp node's `setData` or `delete`.
+    Stamp,
+}
+
+/// What an update does to one entry.
+#[derive(Debug, Clone, Copy)]
+enum EntryChange<'a> {
+    Check,
+    Set(&'a [u8]),
+    Delete,
 }
 
 /// How many times a fenced write is tried again when a node it puts or
@@ -975,6 +1143,11 @@ impl BackendSession for ZkSession {
         lock(&self.uncertain).remove(request.attempt);
         if marks(request.kind) {
             lock(&self.held).insert(entry.key.clone());
+        }
+        if request.kind == EntryKind::Dlm {
+            // The resource's next read reads these nodes' data with the
+            // listing, in one request.
+            self.remember_queue(&dir, Some(contenders.iter().map(|c| c.name.clone()).collect()), None);
         }
         let mut nearest: Vec<Entry> = conflicting(&contenders, request.conflicts)
             .filter(|c| layout::precedes(c, sequence))
@@ -1426,6 +1599,245 @@ impl BackendSession for ZkSession {
                 _ => {}
             }
         }
+    }
+
+    /// One round trip when the contenders are those this session last saw
+    /// under the name (by its last `read_queue`, or the listing of its
+    /// append there), two otherwise: a multi-read of the directory's
+    /// children, the value block (`<dir>/lockline-value-block`) and the data
+    /// and stat of every child it expects. The answer is one snapshot (the
+    /// server runs a multi-read between writes); it is used only if every
+    /// contender the listing shows had its data read in it, else the read is
+    /// sent again with the names just listed. A child gone since the
+    /// listing the guess came from simply reads as missing.
+    ///
+    /// `version` is the node's data version, `changed` its `mzxid`, the
+    /// entry's token its `czxid` and its owner the ephemeral owner.
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let client = self.client()?;
+        let dir = layout::dir_path(dir);
+        let mut guess = lock(&self.queues)
+            .get(&dir)
+            .map(|memo| memo.children.clone())
+            .unwrap_or_default();
+        for _ in 0..QUEUE_TRIES {
+            match self.read_queue_once(&client, &dir, &guess).await? {
+                Ok(queue) => return Ok(queue),
+                Err(listed) => guess = listed,
+            }
+        }
+        Err(Error::unavailable(
+            crate::error::BACKEND,
+            format!(
+                "reading the queue of {dir:?}: new contenders appeared between each listing and the read of \
+                 their data, {QUEUE_TRIES} times in a row"
+            ),
+        ))
+    }
+
+    /// One round trip: one `multi` of a version check (`check`, `setData`
+    /// or `delete` with the version read) on every entry named, then the
+    /// value block's `setData` (with a `create` before it at its first
+    /// write). All its operations share the transaction's zxid, which is the
+    /// token: the `mzxid` of its first `setData`. An update that sets no
+    /// entry and writes no block (only checks and deletes) creates, sets and
+    /// deletes the stamp node `<dir>/lockline-stamp` in the same `multi`, for
+    /// a `setData` stat (ZooKeeper answers checks and deletes without one,
+    /// and some servers answer a create inside a `multi` without its stat).
+    ///
+    /// A failed check, set or delete (the node is gone, or at another
+    /// version) fails the whole `multi`: `Ok(None)`, nothing written. An
+    /// entry is identified by its path, which carries its attempt id and
+    /// sequence number: a node deleted and made again under the same path
+    /// would need the same attempt to get the same sequence number in a
+    /// directory made anew, which lockline never does. Whether the block's
+    /// node exists is guessed from the last read; a wrong guess fails the
+    /// `multi` at the block's operation and it is sent again with the other.
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let client = self.client()?;
+        let dir = layout::dir_path(update.dir);
+        let block_path = layout::value_block_path(&dir);
+        let stamp_path = layout::stamp_path(&dir);
+        // One operation per entry, in the order the core named them.
+        let mut changes: Vec<(&Entry, Option<i32>, EntryChange<'_>)> = Vec::new();
+        let named = update
+            .unchanged
+            .iter()
+            .map(|(entry, _)| *entry)
+            .chain(update.set.iter().map(|(entry, _)| *entry))
+            .chain(update.delete.iter().copied());
+        for entry in named {
+            if changes.iter().any(|(seen, ..)| seen.key == entry.key) {
+                continue;
+            }
+            let version = match update.unchanged.iter().find(|(e, _)| e.key == entry.key) {
+                Some((_, version)) => match i32::try_from(*version) {
+                    Ok(version) => Some(version),
+                    // No ZooKeeper node is at such a version.
+                    Err(_) => return Ok(None),
+                },
+                None => None,
+            };
+            let change = if update.delete.iter().any(|e| e.key == entry.key) {
+                EntryChange::Delete
+            } else if let Some((_, value)) = update.set.iter().find(|(e, _)| e.key == entry.key) {
+                EntryChange::Set(value)
+            } else {
+                EntryChange::Check
+            };
+            changes.push((entry, version, change));
+        }
+        let sets = changes
+            .iter()
+            .any(|(_, _, change)| matches!(change, EntryChange::Set(_)));
+        let stamped = !sets && update.block.is_none();
+        let chroot = client.path().len();
+        let acls: usize = self
+            .acls
+            .iter()
+            .map(|acl| ACL_BYTES + acl.scheme().len() + acl.id().len())
+            .sum();
+        let size = changes
+            .iter()
+            .map(|(entry, _, change)| {
+                MULTI_OP_OVERHEAD
+                    + chroot
+                    + entry.key.len()
+                    + match change {
+                        EntryChange::Set(value) => value.len(),
+                        _ => 0,
+                    }
+            })
+            .sum::<usize>()
+            + update.block.map_or(0, |block| {
+                2 * (MULTI_OP_OVERHEAD + chroot + block_path.len() + block.len()) + acls
+            })
+            + if stamped {
+                3 * (MULTI_OP_OVERHEAD + chroot + stamp_path.len()) + acls
+            } else {
+                0
+            };
+        fits(size, &dir)?;
+        let persistent = CreateMode::Persistent.with_acls(Acls::new(&self.acls));
+        let mut block_exists = lock(&self.queues).get(&dir).is_none_or(|memo| memo.block);
+        for _ in 0..QUEUE_TRIES {
+            let mut multi = client.new_multi_writer();
+            let mut steps: Vec<QueueStep<'_>> = Vec::with_capacity(changes.len() + 3);
+            for &(entry, version, change) in &changes {
+                let added = match change {
+                    EntryChange::Check => multi.add_check_version(&entry.key, version.unwrap_or(-1)),
+                    EntryChange::Set(value) => multi.add_set_data(&entry.key, value, version),
+                    EntryChange::Delete => multi.add_delete(&entry.key, version),
+                };
+                added.map_err(|e| self.err_on(e, "write", &entry.key))?;
+                steps.push(QueueStep::Entry(entry));
+            }
+            if let Some(block) = update.block {
+                if !block_exists {
+                    multi
+                        .add_create(&block_path, block, &persistent)
+                        .map_err(|e| self.err_on(e, "write", &block_path))?;
+                    steps.push(QueueStep::CreateBlock);
+                }
+                multi
+                    .add_set_data(&block_path, block, None)
+                    .map_err(|e| self.err_on(e, "write", &block_path))?;
+                steps.push(QueueStep::SetBlock);
+            }
+            if stamped {
+                multi
+                    .add_create(&stamp_path, b"", &persistent)
+                    .and_then(|()| multi.add_set_data(&stamp_path, b"", None))
+                    .and_then(|()| multi.add_delete(&stamp_path, None))
+                    .map_err(|e| self.err_on(e, "write", &stamp_path))?;
+                steps.extend([QueueStep::CreateStamp, QueueStep::Stamp, QueueStep::Stamp]);
+            }
+            // Never sent past the loss deadline, however long the steps
+            // above took (a stalled process).
+            self.check_deadline()?;
+            let (index, source) = match multi.commit().await {
+                Ok(results) => {
+                    let Some(zxid) = results.iter().find_map(|result| match result {
+                        MultiWriteResult::SetData { stat } => Some(stat.mzxid),
+                        _ => None,
+                    }) else {
+                        return Err(Error::backend(
+                            crate::error::BACKEND,
+                            format!("the update of {dir:?} was applied but answered without the stat of its setData"),
+                        ));
+                    };
+                    let deleted: Vec<&str> = changes
+                        .iter()
+                        .filter(|(_, _, change)| matches!(change, EntryChange::Delete))
+                        .map(|(entry, ..)| entry.key.as_str())
+                        .collect();
+                    if !deleted.is_empty() {
+                        let mut held = lock(&self.held);
+                        for key in &deleted {
+                            held.remove(*key);
+                        }
+                    }
+                    if let Some(memo) = lock(&self.queues).get_mut(&dir) {
+                        memo.children
+                            .retain(|name| !deleted.iter().any(|key| key.rsplit('/').next() == Some(name.as_str())));
+                        memo.block |= update.block.is_some();
+                    }
+                    return Ok(Some(u64::try_from(zxid).unwrap_or(0)));
+                }
+                Err(MultiWriteError::RequestFailed {
+                    source: ZkError::NoAuth,
+                }) => return Err(denied("write", &dir)),
+                Err(MultiWriteError::RequestFailed { source }) => return Err(self.err_sent(source, &dir)),
+                Err(MultiWriteError::OperationFailed { index, source }) => (index, source),
+            };
+            let Some(step) = steps.get(index).copied() else {
+                return Err(self.err_on(source, "write", &dir));
+            };
+            match (step, source) {
+                // A condition failed: nothing was written.
+                (QueueStep::Entry(_), ZkError::NoNode | ZkError::BadVersion) => return Ok(None),
+                (QueueStep::Entry(entry), error) => return Err(self.err_on(error, "write", &entry.key)),
+                // The block's node is not where the last read left it:
+                // nothing was written, send the other operation.
+                (QueueStep::SetBlock, ZkError::NoNode) => block_exists = false,
+                (QueueStep::CreateBlock, ZkError::NodeExists) => block_exists = true,
+                // No directory (an update that names no entry): make it as
+                // an append would, and try again.
+                (QueueStep::CreateBlock | QueueStep::CreateStamp, ZkError::NoNode) => {
+                    if changes.is_empty() {
+                        let container = CreateMode::Container.with_acls(Acls::new(&self.acls));
+                        match client.mkdir(&dir, &container).await {
+                            Ok(()) | Err(ZkError::NodeExists) => {}
+                            Err(error) => return Err(self.err_on(error, "create", &dir)),
+                        }
+                    } else {
+                        return Err(self.err_on(ZkError::NoNode, "write", &dir));
+                    }
+                }
+                (QueueStep::CreateStamp, ZkError::NodeExists) => {
+                    return Err(Error::backend(
+                        crate::error::BACKEND,
+                        format!(
+                            "cannot update {dir:?}: a node {stamp_path:?} exists, a name lockline reserves \
+                             for its own use inside a transaction; delete it"
+                        ),
+                    ))
+                }
+                (QueueStep::SetBlock | QueueStep::CreateBlock, error) => {
+                    return Err(self.err_on(error, "write", &block_path))
+                }
+                (QueueStep::CreateStamp | QueueStep::Stamp, error) => {
+                    return Err(self.err_on(error, "write", &stamp_path))
+                }
+            }
+        }
+        Err(Error::backend(
+            crate::error::BACKEND,
+            format!(
+                "an update of {dir:?} was tried {QUEUE_TRIES} times; its value block node kept appearing or \
+                 vanishing under it"
+            ),
+        ))
     }
 
     /// Asks the server: one request that needs a live session. Past the loss
