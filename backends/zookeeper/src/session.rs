@@ -1039,9 +1039,15 @@ fn dir_of(key: &str) -> &str {
 }
 
 /// Whether a release of a node of `kind` carries the release mark (see
-/// `ZkSession::release_node`): every kind but an election candidate.
+/// `ZkSession::release_node`): every kind but an election candidate and a
+/// lock-mode contender.
+///
+/// A lock-mode waiter waits with `watch_value`, which reads the node's data
+/// when it changes: the mark would cost it one more round trip at every
+/// handoff, and a lock-mode resource asks no `departure` (it has no
+/// lock-delay), which is all the mark is for.
 fn marks(kind: EntryKind) -> bool {
-    kind != EntryKind::Election
+    !matches!(kind, EntryKind::Election | EntryKind::Dlm)
 }
 
 fn conflicting(contenders: &[Contender], conflicts: Conflicts) -> impl Iterator<Item = &Contender> {
@@ -1636,7 +1642,8 @@ impl BackendSession for ZkSession {
     }
 
     /// One round trip: one `multi` of a version check (`check`, `setData`
-    /// or `delete` with the version read) on every entry named, then the
+    /// or `delete` with the version read; version -1, "exists", for an
+    /// entry in `present`) on every entry named, then the
     /// value block's `setData` (with a `create` before it at its first
     /// write). All its operations share the transaction's zxid, which is the
     /// token: the `mzxid` of its first `setData`. An update that sets no
@@ -1660,10 +1667,13 @@ impl BackendSession for ZkSession {
         let stamp_path = layout::stamp_path(&dir);
         // One operation per entry, in the order the core named them.
         let mut changes: Vec<(&Entry, Option<i32>, EntryChange<'_>)> = Vec::new();
+        // An entry named in `present` (or only in `set` or `delete`) is
+        // required to exist at any version: version -1.
         let named = update
             .unchanged
             .iter()
             .map(|(entry, _)| *entry)
+            .chain(update.present.iter().copied())
             .chain(update.set.iter().map(|(entry, _)| *entry))
             .chain(update.delete.iter().copied());
         for entry in named {

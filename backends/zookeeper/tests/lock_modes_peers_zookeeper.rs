@@ -83,6 +83,7 @@ async fn lock_mode_holder(ensemble: &ZkEnsemble, name: &str) -> Session {
     let update = QueueUpdate {
         dir: name,
         unchanged: &[(&entry, queue.slots[0].version)],
+        present: &[],
         set: &[],
         delete: &[],
         block: Some(b"value block"),

@@ -68,6 +68,7 @@ async fn update(
     let update = QueueUpdate {
         dir,
         unchanged,
+        present: &[],
         set,
         delete,
         block,
@@ -232,6 +233,61 @@ async fn an_update_applies_only_at_the_versions_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_present_entry_may_be_at_any_version_but_must_exist() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let holder = session(&ensemble).await;
+    let waiter = session(&ensemble).await;
+    let held = append(&holder, "res/present", "h1", b"h:EX").await;
+    let waiting = append(&waiter, "res/present", "w1", b"w:EX").await;
+    let queue = read(&waiter, "res/present").await;
+    // The waiter marks the holder after the holder's last read.
+    update(
+        &waiter,
+        "res/present",
+        &[(&held, version(&queue, &held)), (&waiting, version(&queue, &waiting))],
+        &[(&held, b"h:EX:blocking")],
+        &[],
+        None,
+    )
+    .await
+    .expect("marked");
+    // The holder's down-conversion: whatever the version, while it exists.
+    let present = |set: &'static [u8], delete: bool, block: Option<&'static [u8]>| {
+        let remote = Arc::clone(remote(&holder));
+        let entry = held.clone();
+        async move {
+            let entries = [&entry];
+            let sets = [(&entry, set)];
+            let update = QueueUpdate {
+                dir: "res/present",
+                unchanged: &[],
+                present: &entries,
+                set: if delete { &[] } else { &sets },
+                delete: if delete { &entries } else { &[] },
+                block,
+            };
+            bounded("update_queue", remote.update_queue(&update))
+                .await
+                .expect("update_queue")
+        }
+    };
+    let token = present(b"h:PR", false, None).await.expect("applied");
+    let queue = read(&waiter, "res/present").await;
+    assert_eq!(slot(&queue, &held).value, b"h:PR");
+    assert_eq!(slot(&queue, &held).changed, token);
+    // Its release with a value block.
+    let released = present(b"", true, Some(b"lvb")).await.expect("released");
+    assert!(released > token);
+    let queue = read(&waiter, "res/present").await;
+    assert_eq!(keys(&queue), [&waiting.key]);
+    assert_eq!(queue.block.as_deref(), Some(&b"lvb"[..]));
+    // Gone: the condition fails.
+    assert_eq!(present(b"h:NL", false, None).await, None);
+    assert_eq!(present(b"", true, Some(b"other")).await, None);
+    assert_eq!(read(&waiter, "res/present").await.block.as_deref(), Some(&b"lvb"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_fails_on_a_deleted_entry() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let side = side_client(&ensemble).await;
@@ -345,6 +401,7 @@ async fn an_update_fails_once_the_owner_session_is_lost() {
         .update_queue(&QueueUpdate {
             dir: "res/lost",
             unchanged: &[(&first, v1)],
+            present: &[],
             set: &[(&first, b"a:converting")],
             delete: &[],
             block: Some(b"block"),
