@@ -37,13 +37,20 @@
 //!   its node: Curator sets no such watch); when the first fires, list once
 //!   more. **Release** = one `multi`
 //!   that sets my node's data and deletes it (the release mark, below; an
-//!   election candidate's node is just deleted); the
+//!   election candidate's and a lock-mode contender's node is just deleted); the
 //!   node's path is unique to this acquire, so it can never delete a newer
 //!   holder's. **Fencing token** = the node's `czxid` (the sequence number is not
 //!   used: it restarts when the directory is recreated).
 //! - A create whose answer is lost is retried by looking for the attempt's id in
 //!   the directory (owned by this session) before creating again: never a
 //!   duplicate.
+//! - **Lock modes** (a `Resource`): `_c_<attempt>-dlm-<sequence>` nodes with
+//!   the core's state as data, and the lock value block in the reserved
+//!   child `lockline-value-block`. Reading the queue is one multi-read of
+//!   the children, the block and every child's data and stat (two when a
+//!   contender this session had not seen queued); a conditional update is
+//!   one `multi` of version checks, writes and deletes whose zxid is the
+//!   token. See `docs/zookeeper.md`, "Lock modes".
 //!
 //! # Lock-delay: a release and a loss
 //!
@@ -81,6 +88,11 @@
 //! `LeaderLatch` wakes only on `NodeDeleted`: a latch queued behind a lockline
 //! candidate would miss the data change and wait for ever. A lock-delayed
 //! candidate therefore takes every resignation before it for a loss.
+//!
+//! **Lock modes are left out too.** A lock-mode contender's node is deleted
+//! plainly: its waiters wait with `watch_value`, which reads the node's data
+//! when it changes, so the mark would cost them a round trip at every
+//! handoff, and lock modes have no lock-delay to tell a release from a loss.
 //!
 //! **Other clients' releases look like losses.** Curator's and kazoo's
 //! releases (and ZooKeeper's own lock recipe's) are plain deletes, without
