@@ -1665,10 +1665,20 @@ impl BackendSession for ZkSession {
         let dir = layout::dir_path(update.dir);
         let block_path = layout::value_block_path(&dir);
         let stamp_path = layout::stamp_path(&dir);
-        // One operation per entry, in the order the core named them.
-        let mut changes: Vec<(&Entry, Option<i32>, EntryChange<'_>)> = Vec::new();
-        // An entry named in `present` (or only in `set` or `delete`) is
-        // required to exist at any version: version -1.
+        // One operation per entry, in the order the core named them. An
+        // entry named in `present` (or only in `set` or `delete`) must exist
+        // at any version: version -1.
+        let versions: HashMap<&str, i64> = update
+            .unchanged
+            .iter()
+            .map(|(entry, version)| (entry.key.as_str(), *version))
+            .collect();
+        let values: HashMap<&str, &[u8]> = update
+            .set
+            .iter()
+            .map(|(entry, value)| (entry.key.as_str(), *value))
+            .collect();
+        let deleted: HashSet<&str> = update.delete.iter().map(|entry| entry.key.as_str()).collect();
         let named = update
             .unchanged
             .iter()
@@ -1676,21 +1686,23 @@ impl BackendSession for ZkSession {
             .chain(update.present.iter().copied())
             .chain(update.set.iter().map(|(entry, _)| *entry))
             .chain(update.delete.iter().copied());
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut changes: Vec<(&Entry, Option<i32>, EntryChange<'_>)> = Vec::new();
         for entry in named {
-            if changes.iter().any(|(seen, ..)| seen.key == entry.key) {
+            if !seen.insert(entry.key.as_str()) {
                 continue;
             }
-            let version = match update.unchanged.iter().find(|(e, _)| e.key == entry.key) {
-                Some((_, version)) => match i32::try_from(*version) {
+            let version = match versions.get(entry.key.as_str()) {
+                Some(&version) => match i32::try_from(version) {
                     Ok(version) => Some(version),
                     // No ZooKeeper node is at such a version.
                     Err(_) => return Ok(None),
                 },
                 None => None,
             };
-            let change = if update.delete.iter().any(|e| e.key == entry.key) {
+            let change = if deleted.contains(entry.key.as_str()) {
                 EntryChange::Delete
-            } else if let Some((_, value)) = update.set.iter().find(|(e, _)| e.key == entry.key) {
+            } else if let Some(value) = values.get(entry.key.as_str()) {
                 EntryChange::Set(value)
             } else {
                 EntryChange::Check
@@ -1776,11 +1788,6 @@ impl BackendSession for ZkSession {
                             format!("the update of {dir:?} was applied but answered without the stat of its setData"),
                         ));
                     };
-                    let deleted: Vec<&str> = changes
-                        .iter()
-                        .filter(|(_, _, change)| matches!(change, EntryChange::Delete))
-                        .map(|(entry, ..)| entry.key.as_str())
-                        .collect();
                     if !deleted.is_empty() {
                         let mut held = lock(&self.held);
                         for key in &deleted {
@@ -1789,7 +1796,7 @@ impl BackendSession for ZkSession {
                     }
                     if let Some(memo) = lock(&self.queues).get_mut(&dir) {
                         memo.children
-                            .retain(|name| !deleted.iter().any(|key| key.rsplit('/').next() == Some(name.as_str())));
+                            .retain(|name| !deleted.contains(format!("{dir}/{name}").as_str()));
                         memo.block |= update.block.is_some();
                     }
                     return Ok(Some(u64::try_from(zxid).unwrap_or(0)));
