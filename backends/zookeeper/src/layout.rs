@@ -45,7 +45,7 @@
 //! | child of `/n` | what |
 //! |---|---|
 //! | `lockline-value-block` | the lock value block: a persistent node whose data is the block, created at its first write with the session's ACL policy. It keeps the container `/n` from being cleaned up, so a resource whose block was ever written keeps its directory and block until deleted by hand |
-//! | `lockline-stamp` | created, written and deleted inside one update `multi` that writes nothing else (only checks and deletes): its `setData` stat gives the update's zxid (the token). Never seen outside the transaction |
+//! | `lockline-stamp` | created, written and deleted inside one update `multi` of checks alone: its `setData` stat gives the update's zxid (the token). Never seen outside the transaction |
 //!
 //! Both live inside the lock's own directory, so the grant that lets a
 //! session queue on `/n` (CREATE and DELETE on `/n`, READ on the nodes)

@@ -37,7 +37,7 @@
 //!   its node: Curator sets no such watch); when the first fires, list once
 //!   more. **Release** = one `multi`
 //!   that sets my node's data and deletes it (the release mark, below; an
-//!   election candidate's and a lock-mode contender's node is just deleted); the
+//!   election candidate's node is just deleted); the
 //!   node's path is unique to this acquire, so it can never delete a newer
 //!   holder's. **Fencing token** = the node's `czxid` (the sequence number is not
 //!   used: it restarts when the directory is recreated).
@@ -89,10 +89,14 @@
 //! candidate would miss the data change and wait for ever. A lock-delayed
 //! candidate therefore takes every resignation before it for a loss.
 //!
-//! **Lock modes are left out too.** A lock-mode contender's node is deleted
-//! plainly: its waiters wait with `watch_value`, which reads the node's data
-//! when it changes, so the mark would cost them a round trip at every
-//! handoff, and lock modes have no lock-delay to tell a release from a loss.
+//! **Lock modes** release with the mark too (a release, the release
+//! inside an update, a `close()`), and their waiters wait with a data watch
+//! that reads the node again when it fires. That read is a multi-read of the
+//! whole queue: a release shows as the node gone after a change, and the
+//! read the waiter makes next is answered from that queue, so the mark costs
+//! no request. One more edge, on the side of a release: another session's
+//! mark on the node (a waiter telling the holder it blocks) followed by the
+//! holder's loss within that read's round trip.
 //!
 //! **Other clients' releases look like losses.** Curator's and kazoo's
 //! releases (and ZooKeeper's own lock recipe's) are plain deletes, without

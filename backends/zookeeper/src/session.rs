@@ -110,12 +110,64 @@ struct QueueMemo {
     /// Whether the value block node existed (an update then sets its data
     /// instead of creating it).
     block: bool,
+    /// A whole queue read by `watch_value` when it found the node it
+    /// watched released, and when: the `read_queue` the core makes next is
+    /// answered from it instead of the server (see
+    /// [`ZkSession::take_fresh`]).
+    fresh: Option<(Instant, Queue)>,
+}
+
+/// One multi-read of a lock-mode resource's directory (see
+/// [`ZkSession::snapshot`]).
+#[derive(Debug)]
+struct Snapshot {
+    /// The contenders its listing shows, in queue order.
+    contenders: Vec<Contender>,
+    /// The data and stat of the children it read, by name.
+    read: HashMap<String, (Vec<u8>, Stat)>,
+    /// The value block, when it exists.
+    block: Option<Vec<u8>>,
+}
+
+impl Snapshot {
+    /// The whole queue, if every contender listed had its data read in the
+    /// same request; otherwise the contenders' names, to read next time.
+    fn queue(mut self, dir: &str) -> std::result::Result<Queue, Vec<String>> {
+        if !self.contenders.iter().all(|c| self.read.contains_key(&c.name)) {
+            return Err(self.contenders.into_iter().map(|c| c.name).collect());
+        }
+        let mut slots = Vec::with_capacity(self.contenders.len());
+        for contender in &self.contenders {
+            let Some((data, stat)) = self.read.remove(&contender.name) else {
+                continue;
+            };
+            let mut entry = contender.entry(dir);
+            entry.token = FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0));
+            entry.owner = (stat.ephemeral_owner != 0).then(|| format!("{:x}", stat.ephemeral_owner));
+            slots.push(Slot {
+                // Other recipes' entries come with an empty value.
+                value: if entry.kind == EntryKind::Dlm { data } else { Vec::new() },
+                entry,
+                version: i64::from(stat.version),
+                changed: u64::try_from(stat.mzxid).unwrap_or(0),
+            });
+        }
+        Ok(Queue {
+            slots,
+            block: self.block,
+        })
+    }
 }
 
 /// How many directories a session remembers a [`QueueMemo`] of; past it the
 /// memory is emptied (costing each resource one more round trip on its
 /// next read).
 const QUEUE_MEMO_MAX: usize = 1024;
+
+/// How long a queue read by `watch_value` answers the next `read_queue`
+/// of its directory (see [`ZkSession::take_fresh`]): the core reads right
+/// after the wait.
+const FRESH_FOR: Duration = Duration::from_secs(1);
 
 /// How many times `read_queue` reads again when contenders appeared between
 /// the listing it guessed from and its read, and `update_queue` writes
@@ -881,6 +933,8 @@ impl ZkSession {
             queues.clear();
         }
         let memo = queues.entry(dir.to_owned()).or_default();
+        // A newer look than any kept queue: never answer from the older one.
+        memo.fresh = None;
         if let Some(children) = children {
             memo.children = children;
         }
@@ -891,15 +945,7 @@ impl ZkSession {
 
     /// One multi-read of a lock-mode resource: the directory's children,
     /// the value block, and the data and stat of each node in `guess`.
-    /// Returns the queue when every contender listed was among `guess`
-    /// (all of it from one snapshot), or else the contenders' names to read
-    /// next time.
-    async fn read_queue_once(
-        &self,
-        client: &Client,
-        dir: &str,
-        guess: &[String],
-    ) -> Result<std::result::Result<Queue, Vec<String>>> {
+    async fn snapshot(&self, client: &Client, dir: &str, guess: &[String]) -> Result<Snapshot> {
         let block_path = layout::value_block_path(dir);
         let paths: Vec<String> = guess.iter().map(|name| format!("{dir}/{name}")).collect();
         let chroot = client.path().len();
@@ -944,11 +990,11 @@ impl ZkSession {
             Some(MultiReadResult::Error { err }) => return Err(self.err_on(err, "read", &block_path)),
             _ => return Err(unexpected(&block_path)),
         };
-        let mut read: HashMap<&str, (Vec<u8>, Stat)> = HashMap::with_capacity(guess.len());
+        let mut read = HashMap::with_capacity(guess.len());
         for ((name, path), result) in guess.iter().zip(&paths).zip(results) {
             match result {
                 MultiReadResult::Data { data, stat } => {
-                    read.insert(name.as_str(), (data, stat));
+                    read.insert(name.clone(), (data, stat));
                 }
                 // Gone since the listing the guess came from.
                 MultiReadResult::Error { err: ZkError::NoNode } => {}
@@ -956,32 +1002,97 @@ impl ZkSession {
                 _ => return Err(unexpected(path)),
             }
         }
-        let contenders = layout::contenders(&children);
-        if !contenders.iter().all(|c| read.contains_key(c.name.as_str())) {
-            return Ok(Err(contenders.into_iter().map(|c| c.name).collect()));
+        Ok(Snapshot {
+            contenders: layout::contenders(&children),
+            read,
+            block,
+        })
+    }
+
+    /// [`snapshot`](Self::snapshot), remembered: the queue when it is
+    /// whole, else the names to read next time.
+    async fn read_queue_once(
+        &self,
+        client: &Client,
+        dir: &str,
+        guess: &[String],
+    ) -> Result<std::result::Result<Queue, Vec<String>>> {
+        let snapshot = self.snapshot(client, dir, guess).await?;
+        Ok(self.remember_snapshot(dir, snapshot))
+    }
+
+    /// Remembers what a snapshot showed (the contenders' names, whether the
+    /// block exists) and returns its queue when it is whole, else the names.
+    fn remember_snapshot(&self, dir: &str, snapshot: Snapshot) -> std::result::Result<Queue, Vec<String>> {
+        let block = snapshot.block.is_some();
+        let queue = snapshot.queue(dir);
+        let names = match &queue {
+            Ok(queue) => queue
+                .slots
+                .iter()
+                .map(|s| s.entry.key.rsplit('/').next().unwrap_or_default().to_owned())
+                .collect(),
+            Err(names) => names.clone(),
+        };
+        self.remember_queue(dir, Some(names), Some(block));
+        queue
+    }
+
+    /// The queue `watch_value` read when the node it watched was released,
+    /// if no more than [`FRESH_FOR`] ago and nothing since: it is taken
+    /// once. Every read of the directory from the server, and every write
+    /// of this session to it, drops it (see `forget_fresh`), so a session's
+    /// reads of one resource never go back in time and always show its own
+    /// writes: such a queue is what a read from a server a moment behind the
+    /// leader gives, which ZooKeeper's reads may always be.
+    fn take_fresh(&self, dir: &str) -> Option<Queue> {
+        let (at, queue) = lock(&self.queues).get_mut(dir)?.fresh.take()?;
+        (at.elapsed() <= FRESH_FOR).then_some(queue)
+    }
+
+    /// Drops the queue kept for the next read of `dir` (see
+    /// [`take_fresh`](Self::take_fresh)): this session writes there.
+    fn forget_fresh(&self, dir: &str) {
+        if let Some(memo) = lock(&self.queues).get_mut(dir) {
+            memo.fresh = None;
         }
-        let mut slots = Vec::with_capacity(contenders.len());
-        for contender in &contenders {
-            let Some((data, stat)) = read.remove(contender.name.as_str()) else {
-                continue;
-            };
-            let mut entry = contender.entry(dir);
-            entry.token = FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0));
-            entry.owner = (stat.ephemeral_owner != 0).then(|| format!("{:x}", stat.ephemeral_owner));
-            slots.push(Slot {
-                // Other recipes' entries come with an empty value.
-                value: if entry.kind == EntryKind::Dlm { data } else { Vec::new() },
-                entry,
-                version: i64::from(stat.version),
-                changed: u64::try_from(stat.mzxid).unwrap_or(0),
-            });
+    }
+
+    /// After the data of another contender's lock-mode node changed: one
+    /// multi-read of the whole queue, the node's data with it, in the round
+    /// trip a read of the node alone would take. `None` when the node is
+    /// gone, as a release leaves it (it marks the node and deletes it in one
+    /// transaction); the queue is then kept for the `read_queue` the core
+    /// makes next, which so costs no request. Otherwise the node's data.
+    async fn read_after_change(&self, client: &Client, entry: &Entry) -> Result<Option<Vec<u8>>> {
+        let dir = dir_of(&entry.key);
+        let name = entry.key.rsplit('/').next().unwrap_or_default();
+        let mut guess = lock(&self.queues)
+            .get(dir)
+            .map(|memo| memo.children.clone())
+            .unwrap_or_default();
+        if !guess.iter().any(|g| g == name) {
+            guess.push(name.to_owned());
         }
-        self.remember_queue(
-            dir,
-            Some(contenders.into_iter().map(|c| c.name).collect()),
-            Some(block.is_some()),
-        );
-        Ok(Ok(Queue { slots, block }))
+        let snapshot = self.snapshot(client, dir, &guess).await?;
+        let present = snapshot.contenders.iter().any(|c| c.name == name);
+        let data = snapshot.read.get(name).map(|(data, _)| data.clone());
+        let queue = self.remember_snapshot(dir, snapshot);
+        if !present {
+            if let Ok(queue) = queue {
+                if let Some(memo) = lock(&self.queues).get_mut(dir) {
+                    memo.fresh = Some((Instant::now(), queue));
+                }
+            }
+            return Ok(None);
+        }
+        // Listed, so read in the same snapshot.
+        data.map(Some).ok_or_else(|| {
+            Error::backend(
+                crate::error::BACKEND,
+                format!("{:?} was listed but not read in one multi-read", entry.key),
+            )
+        })
     }
 }
 
@@ -1039,15 +1150,9 @@ fn dir_of(key: &str) -> &str {
 }
 
 /// Whether a release of a node of `kind` carries the release mark (see
-/// `ZkSession::release_node`): every kind but an election candidate and a
-/// lock-mode contender.
-///
-/// A lock-mode waiter waits with `watch_value`, which reads the node's data
-/// when it changes: the mark would cost it one more round trip at every
-/// handoff, and a lock-mode resource asks no `departure` (it has no
-/// lock-delay), which is all the mark is for.
+/// `ZkSession::release_node`): every kind but an election candidate.
 fn marks(kind: EntryKind) -> bool {
-    !matches!(kind, EntryKind::Election | EntryKind::Dlm)
+    kind != EntryKind::Election
 }
 
 fn conflicting(contenders: &[Contender], conflicts: Conflicts) -> impl Iterator<Item = &Contender> {
@@ -1075,6 +1180,7 @@ impl BackendSession for ZkSession {
         fits(request.value.len(), request.dir)?;
         let client = self.client()?;
         let dir = layout::dir_path(request.dir);
+        self.forget_fresh(&dir);
         let prefix = layout::node_prefix(&dir, request.kind, request.attempt);
         let retried = lock(&self.uncertain).contains(request.attempt);
         let found = if retried {
@@ -1395,6 +1501,7 @@ impl BackendSession for ZkSession {
     /// can have it.
     async fn remove(&self, entry: &Entry) -> Result<bool> {
         let client = self.client()?;
+        self.forget_fresh(dir_of(&entry.key));
         let removed = self.release_node(&client, &entry.key, marks(entry.kind)).await;
         if removed.is_ok() {
             lock(&self.held).remove(&entry.key);
@@ -1408,6 +1515,7 @@ impl BackendSession for ZkSession {
         }
         let client = self.client()?;
         let dir = layout::dir_path(dir);
+        self.forget_fresh(&dir);
         for contender in self.children(&client, &dir).await? {
             if contender.attempt.as_deref() == Some(attempt) {
                 let path = format!("{dir}/{}", contender.name);
@@ -1422,6 +1530,7 @@ impl BackendSession for ZkSession {
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
         fits(value.len(), &entry.key)?;
         let client = self.client()?;
+        self.forget_fresh(dir_of(&entry.key));
         match client.set_data(&entry.key, value, None).await {
             Ok(_) => Ok(()),
             Err(ZkError::NoNode) => Err(Error::LockLost { key: entry.key.clone() }),
@@ -1577,15 +1686,102 @@ impl BackendSession for ZkSession {
         }
     }
 
+    /// A data watch on the node (`getData`), then its event: `None` on
+    /// `NodeDeleted`; on `NodeDataChanged` the node is read again (and
+    /// watched again if its data is back to `seen`).
+    ///
+    /// On another session's lock-mode node, the read after a change is a
+    /// multi-read of the whole queue, in the same one round trip: a release
+    /// marks the node and deletes it in one transaction (see
+    /// `release_node`), so that read finds it gone, and the queue it read is
+    /// kept for the `read_queue` the core makes next (which then sends
+    /// nothing). A handoff thus costs the event, one multi-read and the
+    /// update, and with a lock-delay the wait remembers how the node went for
+    /// [`departure`](BackendSession::departure): released when the read
+    /// after its data changed found it gone (or when it was gone already at
+    /// the first read, as `wait_gone` takes it), lost on `NodeDeleted`.
+    ///
+    /// The edge, on the side of a release: another session marked the
+    /// node (a waiter telling the holder it blocks) and the holder was lost
+    /// within the round trip after that mark; the read then finds the node
+    /// gone after a change, as after a release.
+    ///
+    /// A request that fails for want of a connection is sent again once the
+    /// client has reconnected (the session's own tracking ends the wait if
+    /// it is lost meanwhile), as `wait_gone` does: the wait ends only by
+    /// what happened to the node, and a node found gone after such a retry
+    /// counts as lost.
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let own = entry.owner.as_deref() == Some(self.id.as_str());
+        let whole_queue = !own && entry.kind == EntryKind::Dlm;
+        let remember = whole_queue && !self.options.lock_delay().is_zero();
+        if remember {
+            lock(&self.wakes).remove(&entry.key);
+        }
+        // Whether the node's data changed since the caller's read, and
+        // whether a request had to be sent again (a node found gone then may
+        // have gone at any time since).
+        let mut changed = false;
+        let mut retried = false;
+        let mut backoff = WATCH_RETRY_PAUSE;
         loop {
             // The client clone is dropped before the wait, as in
             // `wait_for_entry`.
             let client = self.client()?;
-            let (data, _, watcher) = match client.get_and_watch_data(&entry.key).await {
+            let failed = if changed && whole_queue {
+                match self.read_after_change(&client, entry).await {
+                    Ok(None) => {
+                        if remember {
+                            self.note_wake(&entry.key, !retried);
+                        }
+                        return Ok(None);
+                    }
+                    Ok(Some(data)) if data != seen => return Ok(Some(data)),
+                    // Back to what the caller saw: watch again.
+                    Ok(Some(_)) => None,
+                    Err(error) => Some(error),
+                }
+            } else {
+                None
+            };
+            let watched = match failed {
+                Some(error) => Err(error),
+                None => {
+                    // Whether the connection changed while the request was out.
+                    let mut connection = client.state_watcher();
+                    connection.state();
+                    match client.get_and_watch_data(&entry.key).await {
+                        Ok(found) => Ok(found),
+                        Err(ZkError::NoNode) => {
+                            if remember {
+                                // Gone between the read that named it and
+                                // this one: as `wait_gone` takes it (see
+                                // `departure`).
+                                let across_reconnection =
+                                    tokio::time::timeout(Duration::ZERO, connection.changed()).await.is_ok();
+                                self.note_wake(&entry.key, !retried && !across_reconnection);
+                            }
+                            return Ok(None);
+                        }
+                        Err(error) => Err(self.err_on(error, "read", &entry.key)),
+                    }
+                }
+            };
+            let (data, _, watcher) = match watched {
                 Ok(found) => found,
-                Err(ZkError::NoNode) => return Ok(None),
-                Err(error) => return Err(self.err_on(error, "read", &entry.key)),
+                // Sent again once the client has reconnected (the session's
+                // own tracking ends the wait if it is lost meanwhile), so
+                // that the wait ends only by what happened to the node.
+                Err(error) if error.is_transient() => {
+                    tracing::debug!(key = %entry.key, %error, "value watch failed; asking again once connected");
+                    let state = client.state_watcher();
+                    drop(client);
+                    reconnected(Some(state), backoff).await;
+                    backoff = (backoff * 2).min(WATCH_RETRY_MAX_PAUSE);
+                    retried = true;
+                    continue;
+                }
+                Err(error) => return Err(error),
             };
             drop(client);
             if data != seen {
@@ -1593,7 +1789,12 @@ impl BackendSession for ZkSession {
             }
             let event = watcher.changed().await;
             match event.event_type {
-                EventType::NodeDeleted => return Ok(None),
+                EventType::NodeDeleted => {
+                    if remember {
+                        self.note_wake(&entry.key, false);
+                    }
+                    return Ok(None);
+                }
                 EventType::Session => {
                     return Err(match event.session_state {
                         ZkState::Closed => Error::Closed {
@@ -1602,7 +1803,7 @@ impl BackendSession for ZkSession {
                         _ => self.err(ZkError::SessionExpired),
                     })
                 }
-                _ => {}
+                _ => changed = true,
             }
         }
     }
@@ -1622,6 +1823,9 @@ impl BackendSession for ZkSession {
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
         let client = self.client()?;
         let dir = layout::dir_path(dir);
+        if let Some(queue) = self.take_fresh(&dir) {
+            return Ok(queue);
+        }
         let mut guess = lock(&self.queues)
             .get(&dir)
             .map(|memo| memo.children.clone())
@@ -1641,16 +1845,17 @@ impl BackendSession for ZkSession {
         ))
     }
 
-    /// One round trip: one `multi` of a version check (`check`, `setData`
-    /// or `delete` with the version read; version -1, "exists", for an
-    /// entry in `present`) on every entry named, then the
-    /// value block's `setData` (with a `create` before it at its first
-    /// write). All its operations share the transaction's zxid, which is the
-    /// token: the `mzxid` of its first `setData`. An update that sets no
-    /// entry and writes no block (only checks and deletes) creates, sets and
-    /// deletes the stamp node `<dir>/lockline-stamp` in the same `multi`, for
-    /// a `setData` stat (ZooKeeper answers checks and deletes without one,
-    /// and some servers answer a create inside a `multi` without its stat).
+    /// One round trip: one `multi` of a version check on every entry named
+    /// (`check` or `setData` with the version read; version -1, "exists",
+    /// for an entry in `present`; a deleted entry is released as
+    /// `release_node` does, its data set to the release mark at that version,
+    /// then deleted), then the value block's `setData` (with a `create`
+    /// before it at its first write). All its operations share the
+    /// transaction's zxid, which is the token: the `mzxid` of its first
+    /// `setData`. An update of checks alone creates, sets and deletes the
+    /// stamp node `<dir>/lockline-stamp` in the same `multi`, for a `setData`
+    /// stat (ZooKeeper answers a check without one, and some servers answer
+    /// a create inside a `multi` without its stat).
     ///
     /// A failed check, set or delete (the node is gone, or at another
     /// version) fails the whole `multi`: `Ok(None)`, nothing written. An
@@ -1663,6 +1868,7 @@ impl BackendSession for ZkSession {
     async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
         let client = self.client()?;
         let dir = layout::dir_path(update.dir);
+        self.forget_fresh(&dir);
         let block_path = layout::value_block_path(&dir);
         let stamp_path = layout::stamp_path(&dir);
         // One operation per entry, in the order the core named them. An
@@ -1709,9 +1915,12 @@ impl BackendSession for ZkSession {
             };
             changes.push((entry, version, change));
         }
+        // A delete is a release: the node is marked (its data set) and
+        // deleted, as `release_node` does, so a lock-delayed waiter tells
+        // it from a loss; the mark's `setData` gives the zxid too.
         let sets = changes
             .iter()
-            .any(|(_, _, change)| matches!(change, EntryChange::Set(_)));
+            .any(|(_, _, change)| !matches!(change, EntryChange::Check));
         let stamped = !sets && update.block.is_none();
         let chroot = client.path().len();
         let acls: usize = self
@@ -1727,7 +1936,9 @@ impl BackendSession for ZkSession {
                     + entry.key.len()
                     + match change {
                         EntryChange::Set(value) => value.len(),
-                        _ => 0,
+                        // The mark, then the delete.
+                        EntryChange::Delete => MULTI_OP_OVERHEAD + chroot + entry.key.len() + RELEASE_MARK.len(),
+                        EntryChange::Check => 0,
                     }
             })
             .sum::<usize>()
@@ -1749,7 +1960,12 @@ impl BackendSession for ZkSession {
                 let added = match change {
                     EntryChange::Check => multi.add_check_version(&entry.key, version.unwrap_or(-1)),
                     EntryChange::Set(value) => multi.add_set_data(&entry.key, value, version),
-                    EntryChange::Delete => multi.add_delete(&entry.key, version),
+                    EntryChange::Delete => {
+                        steps.push(QueueStep::Entry(entry));
+                        multi
+                            .add_set_data(&entry.key, RELEASE_MARK, version)
+                            .and_then(|()| multi.add_delete(&entry.key, None))
+                    }
                 };
                 added.map_err(|e| self.err_on(e, "write", &entry.key))?;
                 steps.push(QueueStep::Entry(entry));

@@ -690,12 +690,38 @@ async fn each_primitive_is_one_request_when_the_queue_is_as_last_seen() {
     let queue = read(&a, "res/trips").await;
     assert_eq!(keys(&queue), [&mine.key, &late.key]);
     assert_eq!(requests(&before), [(MULTI_READ, 1)].into());
-    // A delete-only update (the stamp rides in the same multi).
+    // A delete-only update.
     let before = proxy.zk_counts();
     update(&a, "res/trips", &[(&mine, version(&queue, &mine))], &[], &[&mine], None)
         .await
         .expect("deleted");
     assert_eq!(requests(&before), [(MULTI, 1)].into());
+    // A check-only update (the stamp rides in the same multi).
+    let queue = read(&a, "res/trips").await;
+    let before = proxy.zk_counts();
+    update(&a, "res/trips", &[(&late, version(&queue, &late))], &[], &[], None)
+        .await
+        .expect("checked");
+    assert_eq!(requests(&before), [(MULTI, 1)].into());
+
+    // A handoff: `a` waits on `late` until it changes or goes; `b`
+    // releases it. The wake and the read after it are one multi-read.
+    let next = append(&a, "res/trips", "a2", b"a").await;
+    let watcher = Arc::clone(remote(&a));
+    let watched = late.clone();
+    let waiting = tokio::spawn(async move { watcher.watch_value(&watched, b"late").await });
+    let id = a.id().to_owned();
+    lockline::conformance::until("the waiter's watch is set", || ensemble.watches(0, &late.key, &id)).await;
+    let before = proxy.zk_counts();
+    assert!(remote(&b).remove(&late).await.expect("release"));
+    assert_eq!(bounded("woken", waiting).await.expect("task").expect("watch"), None);
+    let queue = read(&a, "res/trips").await;
+    assert_eq!(keys(&queue), [&next.key]);
+    assert_eq!(requests(&before), [(MULTI_READ, 1)].into());
+    // Once: the next read asks the server.
+    let before = proxy.zk_counts();
+    assert_eq!(read(&a, "res/trips").await, queue);
+    assert_eq!(requests(&before), [(MULTI_READ, 1)].into());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -805,4 +831,35 @@ async fn reserved_node_names_are_refused_as_lock_names_and_fenced_write_keys() {
         }
     }
     guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_kept_by_a_wake_never_hides_this_sessions_own_writes() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let a = session(&ensemble).await;
+    let b = session(&ensemble).await;
+    let held = append(&b, "res/kept", "b1", b"b").await;
+    let mine = append(&a, "res/kept", "a1", b"a").await;
+    let watcher = Arc::clone(remote(&a));
+    let watched = held.clone();
+    let waiting = tokio::spawn(async move { watcher.watch_value(&watched, b"b").await });
+    let id = a.id().to_owned();
+    lockline::conformance::until("the waiter's watch is set", || ensemble.watches(0, &held.key, &id)).await;
+    assert!(remote(&b).remove(&held).await.expect("release"));
+    assert_eq!(bounded("woken", waiting).await.expect("task").expect("watch"), None);
+    // The wake kept the queue it read; this session writes before it reads.
+    update(
+        &a,
+        "res/kept",
+        &[(&mine, 0)],
+        &[(&mine, b"a:granted")],
+        &[],
+        Some(b"lvb"),
+    )
+    .await
+    .expect("granted");
+    let queue = read(&a, "res/kept").await;
+    assert_eq!(keys(&queue), [&mine.key]);
+    assert_eq!(queue.slots[0].value, b"a:granted");
+    assert_eq!(queue.block.as_deref(), Some(&b"lvb"[..]));
 }
