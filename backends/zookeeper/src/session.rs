@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
@@ -94,6 +95,21 @@ pub(crate) struct ZkSession {
     /// request as the listing (see [`QueueMemo`]). At most
     /// [`QUEUE_MEMO_MAX`] directories.
     queues: StdMutex<HashMap<String, QueueMemo>>,
+    /// Counts this session's writes to lock directories, each once when it
+    /// begins and once when it ends (or is dropped): a queue kept for a
+    /// later read (see [`ZkSession::take_fresh`]) serves only while the
+    /// count has not moved since its read was sent.
+    writes: AtomicU64,
+}
+
+/// A write of this session to a lock directory under way (see
+/// `ZkSession::writes`): counted when made and when dropped.
+struct Writing<'a>(&'a AtomicU64);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// What a session last saw of one lock-mode resource's directory.
@@ -111,10 +127,10 @@ struct QueueMemo {
     /// instead of creating it).
     block: bool,
     /// A whole queue read by `watch_value` when it found the node it
-    /// watched released, and when: the `read_queue` the core makes next is
-    /// answered from it instead of the server (see
-    /// [`ZkSession::take_fresh`]).
-    fresh: Option<(Instant, Queue)>,
+    /// watched released, when, and the session's write count when its read
+    /// was sent: the `read_queue` the core makes next is answered from it
+    /// instead of the server (see [`ZkSession::take_fresh`]).
+    fresh: Option<(Instant, u64, Queue)>,
 }
 
 /// One multi-read of a lock-mode resource's directory (see
@@ -542,6 +558,7 @@ impl ZkSession {
             wakes: StdMutex::default(),
             wake_memory: WAKE_MEMORY.min(negotiated / 2),
             queues: StdMutex::default(),
+            writes: AtomicU64::new(0),
         }))
     }
 
@@ -1040,22 +1057,23 @@ impl ZkSession {
 
     /// The queue `watch_value` read when the node it watched was released,
     /// if no more than [`FRESH_FOR`] ago and nothing since: it is taken
-    /// once. Every read of the directory from the server, and every write
-    /// of this session to it, drops it (see `forget_fresh`), so a session's
-    /// reads of one resource never go back in time and always show its own
-    /// writes: such a queue is what a read from a server a moment behind the
-    /// leader gives, which ZooKeeper's reads may always be.
+    /// once. A later read of the directory from the server drops it, and no
+    /// write of this session may have begun or ended since its read was sent
+    /// (see [`writing`](Self::writing)), so a session's reads of one
+    /// resource never go back in time and always show its own writes: such
+    /// a queue is what a read from a server a moment behind the leader
+    /// gives, which ZooKeeper's reads may always be.
     fn take_fresh(&self, dir: &str) -> Option<Queue> {
-        let (at, queue) = lock(&self.queues).get_mut(dir)?.fresh.take()?;
-        (at.elapsed() <= FRESH_FOR).then_some(queue)
+        let (at, writes, queue) = lock(&self.queues).get_mut(dir)?.fresh.take()?;
+        (at.elapsed() <= FRESH_FOR && writes == self.writes.load(Ordering::SeqCst)).then_some(queue)
     }
 
-    /// Drops the queue kept for the next read of `dir` (see
-    /// [`take_fresh`](Self::take_fresh)): this session writes there.
-    fn forget_fresh(&self, dir: &str) {
-        if let Some(memo) = lock(&self.queues).get_mut(dir) {
-            memo.fresh = None;
-        }
+    /// Counts a write of this session to a lock directory, now and when the
+    /// returned guard is dropped: a kept queue read before either never
+    /// answers a read after it (see [`take_fresh`](Self::take_fresh)).
+    fn writing(&self) -> Writing<'_> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        Writing(&self.writes)
     }
 
     /// After the data of another contender's lock-mode node changed: one
@@ -1074,6 +1092,7 @@ impl ZkSession {
         if !guess.iter().any(|g| g == name) {
             guess.push(name.to_owned());
         }
+        let writes = self.writes.load(Ordering::SeqCst);
         let snapshot = self.snapshot(client, dir, &guess).await?;
         let present = snapshot.contenders.iter().any(|c| c.name == name);
         let data = snapshot.read.get(name).map(|(data, _)| data.clone());
@@ -1081,7 +1100,7 @@ impl ZkSession {
         if !present {
             if let Ok(queue) = queue {
                 if let Some(memo) = lock(&self.queues).get_mut(dir) {
-                    memo.fresh = Some((Instant::now(), queue));
+                    memo.fresh = Some((Instant::now(), writes, queue));
                 }
             }
             return Ok(None);
@@ -1180,7 +1199,7 @@ impl BackendSession for ZkSession {
         fits(request.value.len(), request.dir)?;
         let client = self.client()?;
         let dir = layout::dir_path(request.dir);
-        self.forget_fresh(&dir);
+        let _writing = self.writing();
         let prefix = layout::node_prefix(&dir, request.kind, request.attempt);
         let retried = lock(&self.uncertain).contains(request.attempt);
         let found = if retried {
@@ -1501,7 +1520,7 @@ impl BackendSession for ZkSession {
     /// can have it.
     async fn remove(&self, entry: &Entry) -> Result<bool> {
         let client = self.client()?;
-        self.forget_fresh(dir_of(&entry.key));
+        let _writing = self.writing();
         let removed = self.release_node(&client, &entry.key, marks(entry.kind)).await;
         if removed.is_ok() {
             lock(&self.held).remove(&entry.key);
@@ -1515,7 +1534,7 @@ impl BackendSession for ZkSession {
         }
         let client = self.client()?;
         let dir = layout::dir_path(dir);
-        self.forget_fresh(&dir);
+        let _writing = self.writing();
         for contender in self.children(&client, &dir).await? {
             if contender.attempt.as_deref() == Some(attempt) {
                 let path = format!("{dir}/{}", contender.name);
@@ -1530,7 +1549,7 @@ impl BackendSession for ZkSession {
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
         fits(value.len(), &entry.key)?;
         let client = self.client()?;
-        self.forget_fresh(dir_of(&entry.key));
+        let _writing = self.writing();
         match client.set_data(&entry.key, value, None).await {
             Ok(_) => Ok(()),
             Err(ZkError::NoNode) => Err(Error::LockLost { key: entry.key.clone() }),
@@ -1868,7 +1887,7 @@ impl BackendSession for ZkSession {
     async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
         let client = self.client()?;
         let dir = layout::dir_path(update.dir);
-        self.forget_fresh(&dir);
+        let _writing = self.writing();
         let block_path = layout::value_block_path(&dir);
         let stamp_path = layout::stamp_path(&dir);
         // One operation per entry, in the order the core named them. An
