@@ -2,7 +2,7 @@
 //! (`lockline-value-block`) are no contenders to kazoo's and Curator's
 //! recipes: a peer queueing after them holds at once (with the patterns
 //! kazoo is told to see lockline's other recipes). lockline sees the peer's
-//! node in the queue, which is how the core refuses to mix them.
+//! node in the queue and refuses to queue a lock mode beside it.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use lockline::backend::{AppendRequest, Conflicts, EntryKind, QueueUpdate};
 use lockline::conformance::bounded;
-use lockline::{Client, Session};
+use lockline::{Client, Error, LockMode, Session};
 use lockline_testkit::{LineChild, ZkEnsemble};
 use lockline_zookeeper::ZooKeeper;
 
@@ -105,6 +105,12 @@ async fn peer_holds_beside(mut peer: LineChild, session: &Session, name: &str, k
     let kinds: Vec<EntryKind> = queue.slots.iter().map(|s| s.entry.kind).collect();
     assert_eq!(kinds, [EntryKind::Dlm, kind]);
     assert_eq!(queue.block.as_deref(), Some(&b"value block"[..]));
+    // lockline refuses to queue a lock mode beside the peer's node.
+    let resource = session.resource(name).expect("resource");
+    match bounded("a lock mode beside a peer", resource.try_lock(LockMode::Nl)).await {
+        Err(Error::InvalidName { .. }) => {}
+        other => panic!("a lock mode must not queue beside {kind:?}: {other:?}"),
+    }
     peer.close_stdin();
     assert_eq!(peer.line(Duration::from_secs(20)).as_deref(), Some("released"));
     peer.wait().expect("the peer exits");
