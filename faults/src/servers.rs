@@ -836,7 +836,12 @@ async fn zookeeper_entries(connect: &str, name: &str) -> Result<Vec<Entry>, Stri
         Err(error) => return Err(format!("ZooKeeper list {path}: {error}")),
     };
     let mut entries = Vec::new();
-    for child in children {
+    // A lock-mode resource's value block (and the stamp its updates make
+    // and delete in one transaction) are reserved children, no contenders.
+    for child in children
+        .into_iter()
+        .filter(|c| c != "lockline-value-block" && c != "lockline-stamp")
+    {
         let key = format!("{path}/{child}");
         match client.check_stat(&key).await {
             Ok(Some(stat)) => entries.push(Entry {

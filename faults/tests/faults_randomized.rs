@@ -144,3 +144,13 @@ fn redis_without_persistence_survives_the_nemesis() {
 fn etcd_in_lock_modes_survives_the_nemesis() {
     modes_run(Backend::Etcd);
 }
+
+#[test]
+fn zookeeper_in_lock_modes_survives_the_nemesis() {
+    modes_run(Backend::ZooKeeper);
+}
+
+#[test]
+fn redis_in_lock_modes_survives_the_nemesis() {
+    modes_run(Backend::Redis);
+}
