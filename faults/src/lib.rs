@@ -34,6 +34,11 @@
 //! has written). A write whose commit got no answer is read back from the
 //! table before the check.
 //!
+//! With [`Config::modes`] (`--modes`) the contenders take a lock-mode
+//! resource instead, in random modes with conversions, PW and EX holders
+//! writing a register in the lock's own store with `write_if_held`; the
+//! checker judges holders by their modes (docs/faults.md, "Lock modes").
+//!
 //! The short run is an integration test (`tests/faults_randomized.rs`, part of
 //! `cargo test --workspace`); the long one is the binary:
 //!
@@ -570,7 +575,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
             .map(|w| (w.tag, w.token, w.seq))
             .collect();
         match servers.stored_register(&written) {
-            Ok((rows, ordered)) => {
+            Ok(stored) => {
                 let mut record = history.lock();
                 read_back = record.writes.iter().filter(|w| w.unsure).count();
                 // A restart that forgets the data (Redis without
@@ -581,10 +586,11 @@ pub fn run(config: &Config) -> Result<Report, String> {
                     .filter_map(|f| f.end)
                     .max()
                     .unwrap_or(0);
-                disagreements = reconcile(&mut record.writes, &rows, "the store", forgotten_before);
-                if ordered {
-                    disagreements.extend(committed_out_of_order(&rows));
+                disagreements = reconcile(&mut record.writes, &stored.rows, "the store", forgotten_before);
+                if stored.ordered {
+                    disagreements.extend(committed_out_of_order(&stored.rows));
                 }
+                disagreements.extend(stored.divergent);
             }
             Err(error) => problems.push(error),
         }

@@ -7,6 +7,7 @@
 //! semi-synchronous replica; or one Redis server, with or without
 //! persistence (a kill and restart on the same port, a pause).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use lockline_testkit::{
@@ -17,6 +18,36 @@ use lockline_testkit::{
 use crate::contender::modes::{parse_register_key, register_key, REGISTER_PREFIX};
 use crate::history::Tag;
 use crate::Backend;
+
+/// The lock-mode register as the lock's own store holds it (see
+/// [`Servers::stored_register`]).
+#[derive(Debug, Clone, Default)]
+pub struct StoredRegister {
+    /// The writes found: writer, token, seq.
+    pub rows: Vec<StoredWrite>,
+    /// Whether `rows` come in the server's order of the writes.
+    pub ordered: bool,
+    /// Members that lack writes another member has, in words (ZooKeeper).
+    pub divergent: Vec<String>,
+}
+
+impl StoredRegister {
+    fn ordered(rows: Vec<StoredWrite>) -> Self {
+        StoredRegister {
+            rows,
+            ordered: true,
+            divergent: Vec::new(),
+        }
+    }
+
+    fn unordered(rows: Vec<StoredWrite>) -> Self {
+        StoredRegister {
+            rows,
+            ordered: false,
+            divergent: Vec::new(),
+        }
+    }
+}
 
 /// A running cluster of one backend.
 #[derive(Debug)]
@@ -647,15 +678,16 @@ impl Servers {
     /// The lock-mode contenders' fenced register, as the lock's own store
     /// holds it: the writes among `written` (writer, token, seq) whose key
     /// ([`register_key`](crate::contender::modes::register_key)) is there,
-    /// and whether they come in the server's order of the writes (etcd:
-    /// their create revisions; ZooKeeper: their nodes' czxid), read straight
-    /// from the servers by a fresh client; elsewhere each key is read with
-    /// lockline's `Session::read`, in no order.
+    /// in the server's order of the writes on etcd (their create revisions,
+    /// one linearizable read) and ZooKeeper (their nodes' czxid, each member
+    /// read on its own after a `sync`: members that disagree are named);
+    /// elsewhere each key is read with lockline's `Session::read`, in no
+    /// order.
     ///
     /// # Errors
     ///
     /// A message when the store cannot be read.
-    pub fn stored_register(&self, written: &[StoredWrite]) -> Result<(Vec<StoredWrite>, bool), String> {
+    pub fn stored_register(&self, written: &[StoredWrite]) -> Result<StoredRegister, String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -663,29 +695,30 @@ impl Servers {
         let backend = self.backend();
         let read = async {
             match self {
-                Servers::Etcd(cluster) => etcd_register(cluster.endpoints()).await.map(|rows| (rows, true)),
-                Servers::ZooKeeper(ensemble) => zookeeper_register(&ensemble.connect_string())
-                    .await
-                    .map(|rows| (rows, true)),
+                Servers::Etcd(cluster) => etcd_register(cluster.endpoints()).await.map(StoredRegister::ordered),
+                Servers::ZooKeeper(ensemble) => {
+                    let members: Vec<String> = (0..ensemble.size()).map(|i| ensemble.address(i)).collect();
+                    zookeeper_register(&members).await
+                }
                 Servers::Postgres(pg) => {
                     let url = Postgres::url(&format!("127.0.0.1:{}", pg.server.port()));
                     let client = lockline::Client::new(lockline_sql::Sql::new(url));
                     lockline_register(client, backend, written)
                         .await
-                        .map(|rows| (rows, false))
+                        .map(StoredRegister::unordered)
                 }
                 Servers::MariaDb(my) => {
                     let url = MariaDb::url(&format!("127.0.0.1:{}", my.server.port()));
                     let client = lockline::Client::new(lockline_sql::Sql::new(url));
                     lockline_register(client, backend, written)
                         .await
-                        .map(|rows| (rows, false))
+                        .map(StoredRegister::unordered)
                 }
                 Servers::Redis(server, _) => {
                     let client = lockline::Client::new(lockline_redis::Redis::new(server.url()));
                     lockline_register(client, backend, written)
                         .await
-                        .map(|rows| (rows, false))
+                        .map(StoredRegister::unordered)
                 }
             }
         };
@@ -872,29 +905,68 @@ async fn etcd_register(endpoints: Vec<String>) -> Result<Vec<StoredWrite>, Strin
         .collect()
 }
 
-/// The register's nodes on ZooKeeper, in the order of their czxid.
-async fn zookeeper_register(connect: &str) -> Result<Vec<StoredWrite>, String> {
+/// The register's nodes on ZooKeeper, in the order of their czxid: every
+/// member read on its own, after a `sync` (which brings it up to the
+/// leader's commits), so that members which lost a committed write are
+/// named. The rows are every node any member has.
+async fn zookeeper_register(members: &[String]) -> Result<StoredRegister, String> {
     use lockline_zookeeper::zookeeper_client::{Client, Error};
-    let client = Client::connect(connect)
-        .await
-        .map_err(|e| format!("ZooKeeper connect: {e}"))?;
     let parent = format!("/{}", REGISTER_PREFIX.trim_end_matches('/'));
-    let children = match client.list_children(&parent).await {
-        Ok(children) => children,
-        Err(Error::NoNode) => return Ok(Vec::new()),
-        Err(error) => return Err(format!("ZooKeeper list {parent}: {error}")),
-    };
-    let mut nodes = Vec::new();
-    for child in children {
-        let path = format!("{parent}/{child}");
-        match client.check_stat(&path).await {
-            Ok(Some(stat)) => nodes.push((stat.czxid, path)),
-            Ok(None) => {}
-            Err(error) => return Err(format!("ZooKeeper stat {path}: {error}")),
+    let mut seen: Vec<BTreeMap<String, i64>> = Vec::new();
+    for member in members {
+        let client = Client::connect(member)
+            .await
+            .map_err(|e| format!("ZooKeeper connect {member}: {e}"))?;
+        let mut nodes = BTreeMap::new();
+        match client.sync(&parent).await {
+            Ok(()) | Err(Error::NoNode) => {}
+            Err(error) => return Err(format!("ZooKeeper sync {parent} on {member}: {error}")),
+        }
+        let children = match client.list_children(&parent).await {
+            Ok(children) => children,
+            Err(Error::NoNode) => Vec::new(),
+            Err(error) => return Err(format!("ZooKeeper list {parent} on {member}: {error}")),
+        };
+        for child in children {
+            let path = format!("{parent}/{child}");
+            match client.check_stat(&path).await {
+                Ok(Some(stat)) => {
+                    nodes.insert(path, stat.czxid);
+                }
+                Ok(None) => {}
+                Err(error) => return Err(format!("ZooKeeper stat {path} on {member}: {error}")),
+            }
+        }
+        seen.push(nodes);
+    }
+    let mut union: BTreeMap<String, i64> = BTreeMap::new();
+    for nodes in &seen {
+        union.extend(nodes.iter().map(|(path, czxid)| (path.clone(), *czxid)));
+    }
+    let mut divergent = Vec::new();
+    for (i, nodes) in seen.iter().enumerate() {
+        let missing: Vec<&String> = union.keys().filter(|path| !nodes.contains_key(*path)).collect();
+        if let Some(first) = missing.first() {
+            divergent.push(format!(
+                "ZooKeeper member n{} ({}) lacks {} of the {} register nodes the others have, {first} the first",
+                i + 1,
+                members[i],
+                missing.len(),
+                union.len()
+            ));
         }
     }
+    let mut nodes: Vec<(i64, String)> = union.into_iter().map(|(path, czxid)| (czxid, path)).collect();
     nodes.sort();
-    nodes.into_iter().map(|(_, path)| stored_write(&path)).collect()
+    let rows = nodes
+        .into_iter()
+        .map(|(_, path)| stored_write(&path))
+        .collect::<Result<_, _>>()?;
+    Ok(StoredRegister {
+        rows,
+        ordered: true,
+        divergent,
+    })
 }
 
 /// The register's keys among `written`, read one by one through a lockline
