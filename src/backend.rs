@@ -214,8 +214,12 @@ pub struct QueueUpdate<'a> {
     /// The resource's name (its directory).
     pub dir: &'a str,
     /// Entries that must still exist, each at the version a read gave it.
-    /// Every entry in `set` and `delete` is also here.
+    /// Every entry in `set` is also here, and every entry in `delete` here
+    /// or in `present`.
     pub unchanged: &'a [(&'a Entry, i64)],
+    /// Entries that must still exist, at whatever version (a holder's
+    /// release, which others' marks on its entry must not hold up).
+    pub present: &'a [&'a Entry],
     /// New values for entries (of any session: a waiter marks the holder it
     /// waits on). The entry keeps its owner and its session binding.
     pub set: &'a [(&'a Entry, &'a [u8])],
@@ -476,7 +480,8 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     }
 
     /// Applies `update` atomically if every entry in `update.unchanged` still
-    /// exists at its version. Returns `Some(token)`: a number above every
+    /// exists at its version and every entry in `update.present` still
+    /// exists. Returns `Some(token)`: a number above every
     /// [`Slot::changed`] and every token this resource gave before (the
     /// write's place in the server's order: etcd's revision, ZooKeeper's
     /// zxid, a counter), which is also the new `changed` of every entry it

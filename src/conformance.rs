@@ -24,6 +24,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+mod lock_modes;
+pub use lock_modes::*;
+
 use crate::{Client, Error, FencingToken, LeaderSelector, Mutex, MutexGuard, Session, SessionOptions, Term, Write};
 
 /// The longest any single step of a case may take before the case fails.
@@ -1899,6 +1902,17 @@ macro_rules! conformance_tests {
             leader_selector_survives_leader_kills,
             sequencers_are_current_only_while_held,
             multi_locks_are_all_or_nothing_and_never_deadlock,
+            lock_modes_follow_the_matrix,
+            lock_modes_never_bypass_a_waiter,
+            lock_modes_convert_down_at_once,
+            lock_modes_convert_up_with_priority,
+            lock_modes_detect_conversion_deadlock,
+            lock_modes_value_block,
+            lock_modes_tell_holders_they_block,
+            lock_modes_leave_nothing_when_given_up,
+            lock_modes_fence_and_lose,
+            lock_modes_mixed_crowd_is_herd_free,
+            lock_modes_multi_resource_all_or_nothing,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -145,6 +145,40 @@ pub enum Error {
         reason: String,
     },
 
+    /// An up-conversion of a [`Resource`](crate::Resource) lock would wait for
+    /// ever: it closes a cycle of conversions and requests that each wait on
+    /// another (two PR holders both converting to EX). Detected when the
+    /// conversion is asked for, from the one read it makes; the conversion
+    /// that closes the cycle fails, and the lock keeps the mode it held (or
+    /// is demoted to NL, see
+    /// [`Resource::demote_on_deadlock`](crate::Resource::demote_on_deadlock)).
+    #[error("converting {name:?} from {from} to {to} would deadlock: {held} is now held")]
+    Deadlock {
+        /// The resource's name.
+        name: String,
+        /// The mode held when the conversion was asked for.
+        from: crate::LockMode,
+        /// The mode asked for.
+        to: crate::LockMode,
+        /// The mode the lock is held in now.
+        held: crate::LockMode,
+    },
+
+    /// An operation that the mode a [`Resource`](crate::Resource) lock is
+    /// held in does not allow: writing the lock value block below PW,
+    /// fenced writes below CW.
+    #[error("{operation} needs a lock held in {needs}; {name:?} is held in {held}")]
+    WrongMode {
+        /// The resource's name.
+        name: String,
+        /// What was asked (`set the lock value block`, `fenced writes`).
+        operation: &'static str,
+        /// The modes that allow it.
+        needs: &'static str,
+        /// The mode the lock is held in.
+        held: crate::LockMode,
+    },
+
     /// The backend does not offer this operation: an out-of-tree backend
     /// written before the operation existed (every backend of this
     /// repository offers every operation).

@@ -67,6 +67,9 @@ pub(crate) struct Hold {
     /// letting go fences the whole attempt, as a cancelled acquire does
     /// (DESIGN §6.10).
     retried: Option<(String, EntryKind, String)>,
+    /// A lock-mode resource's value block, written by the release together
+    /// with the entry's removal (a PW or EX holder's release).
+    release_block: Option<Vec<u8>>,
 }
 
 /// What a hold and its monitor task share.
@@ -254,6 +257,33 @@ impl Hold {
             name: name.into(),
             mode,
             retried,
+            release_block: None,
+        }
+    }
+
+    /// Makes the release write `block` as the lock-mode resource's value
+    /// block, atomically with the entry's removal.
+    pub(crate) fn set_release_block(&mut self, block: Option<Vec<u8>>) {
+        self.release_block = block;
+    }
+
+    /// Removes the entry once (fenced), writing the release's value block
+    /// with it if there is one.
+    async fn remove_entry(&self) -> Result<bool> {
+        let remote = &self.session.inner.remote;
+        match &self.release_block {
+            None => remote.remove(&self.entry).await,
+            Some(block) => {
+                let update = crate::backend::QueueUpdate {
+                    dir: &self.name,
+                    unchanged: &[],
+                    present: &[&self.entry],
+                    set: &[],
+                    delete: &[&self.entry],
+                    block: Some(block),
+                };
+                Ok(remote.update_queue(&update).await?.is_some())
+            }
         }
     }
 
@@ -395,7 +425,7 @@ impl Hold {
         let mut pause = RELEASE_RETRY_PAUSE;
         let mut retried = false;
         let removed = loop {
-            match inner.call(inner.remote.remove(&self.entry)).await {
+            match inner.call(self.remove_entry()).await {
                 Err(error)
                     if error.is_transient()
                         && tokio::time::Instant::now() + pause < deadline

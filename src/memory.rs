@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::{
+    backend::{Queue, QueueUpdate, Slot},
     AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
     Result, SessionOptions, SessionState, Write,
 };
@@ -79,6 +80,8 @@ struct State {
     /// what a waiter's lock-delay asks (`departure`). Forgotten once asked,
     /// or all at once when many pile up.
     lost: HashMap<(String, i64), tokio::time::Instant>,
+    /// Lock-mode resources' value blocks, by name.
+    blocks: HashMap<String, Vec<u8>>,
 }
 
 struct Record {
@@ -87,6 +90,10 @@ struct Record {
     attempt: String,
     /// The current value; `None` is sent when the entry is deleted.
     value: watch::Sender<Option<Vec<u8>>>,
+    /// Bumped on every write of the value (a lock-mode slot's version).
+    version: i64,
+    /// The revision of the last write of the value.
+    changed: u64,
 }
 
 impl Store {
@@ -141,6 +148,12 @@ impl State {
     /// The record of this very entry (same key, same creation order).
     fn record(&self, entry: &Entry) -> Option<&Record> {
         self.entries.get(&entry.key).filter(|r| r.entry.order == entry.order)
+    }
+
+    fn record_mut(&mut self, entry: &Entry) -> Option<&mut Record> {
+        self.entries
+            .get_mut(&entry.key)
+            .filter(|r| r.entry.order == entry.order)
     }
 }
 
@@ -276,6 +289,8 @@ impl BackendSession for MemorySession {
                 dir: request.dir.to_owned(),
                 attempt: request.attempt.to_owned(),
                 value: watch::Sender::new(Some(request.value.to_vec())),
+                version: 1,
+                changed: order.unsigned_abs(),
             },
         );
         state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
@@ -379,14 +394,67 @@ impl BackendSession for MemorySession {
     }
 
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<()> {
-        let state = self.store.lock();
-        match state.record(entry) {
+        let mut state = self.store.lock();
+        state.revision += 1;
+        let revision = state.revision.unsigned_abs();
+        match state.record_mut(entry) {
             Some(record) => {
+                record.version += 1;
+                record.changed = revision;
                 record.value.send_replace(Some(value.to_vec()));
                 Ok(())
             }
             None => Err(Error::LockLost { key: entry.key.clone() }),
         }
+    }
+
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let state = self.store.lock();
+        let slots = state.dirs.get(dir).map_or_else(Vec::new, |dir| {
+            dir.values()
+                .filter_map(|key| state.entries.get(key))
+                .map(|r| Slot {
+                    entry: r.entry.clone(),
+                    value: r.value.borrow().clone().unwrap_or_default(),
+                    version: r.version,
+                    changed: r.changed,
+                })
+                .collect()
+        });
+        Ok(Queue {
+            slots,
+            block: state.blocks.get(dir).cloned(),
+        })
+    }
+
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let mut state = self.store.lock();
+        let holds = update
+            .unchanged
+            .iter()
+            .all(|(entry, version)| state.record(entry).is_some_and(|r| r.version == *version))
+            && update.present.iter().all(|entry| state.record(entry).is_some());
+        if !holds {
+            return Ok(None);
+        }
+        state.revision += 1;
+        let revision = state.revision.unsigned_abs();
+        for (entry, value) in update.set {
+            if let Some(record) = state.record_mut(entry) {
+                record.version += 1;
+                record.changed = revision;
+                record.value.send_replace(Some(value.to_vec()));
+            }
+        }
+        for entry in update.delete {
+            if state.record(entry).is_some() {
+                state.delete(&entry.key);
+            }
+        }
+        if let Some(block) = update.block {
+            state.blocks.insert(update.dir.to_owned(), block.to_vec());
+        }
+        Ok(Some(revision))
     }
 
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {

@@ -201,6 +201,7 @@ fn kind_of(mode: Mode) -> EntryKind {
         Mode::Write => EntryKind::Write,
         Mode::Permit { .. } => EntryKind::Semaphore,
         Mode::Leadership => EntryKind::Election,
+        Mode::Lock(_) => EntryKind::Dlm,
     }
 }
 

@@ -27,6 +27,8 @@ pub enum Mode {
     },
     /// The leadership of an election.
     Leadership,
+    /// A [`Resource`](crate::Resource) held in a lock mode (`lock-PW`).
+    Lock(crate::LockMode),
 }
 
 impl Mode {
@@ -35,7 +37,7 @@ impl Mode {
         match self {
             Mode::Read => Rule::Shared,
             Mode::Permit { permits } => Rule::Permits(permits),
-            Mode::Mutex | Mode::Write | Mode::Leadership => Rule::Exclusive,
+            Mode::Mutex | Mode::Write | Mode::Leadership | Mode::Lock(_) => Rule::Exclusive,
         }
     }
 
@@ -48,6 +50,7 @@ impl Mode {
             Mode::Read => kind == EntryKind::Read,
             Mode::Write => kind == EntryKind::Write,
             Mode::Permit { .. } => kind == EntryKind::Semaphore,
+            Mode::Lock(_) => kind == EntryKind::Dlm,
         }
     }
 }
@@ -60,6 +63,7 @@ impl fmt::Display for Mode {
             Mode::Write => f.write_str("write"),
             Mode::Permit { permits } => write!(f, "permit-{permits}"),
             Mode::Leadership => f.write_str("leader"),
+            Mode::Lock(mode) => write!(f, "lock-{mode}"),
         }
     }
 }
@@ -73,7 +77,8 @@ impl fmt::Display for Mode {
 /// Its text form (`Display`, `FromStr`) is one line of visible ASCII, safe in
 /// an HTTP header or an environment variable, and versioned:
 /// `lockline1:MODE:TOKEN:NAME`, with MODE one of `mutex`, `read`, `write`,
-/// `permit-N` (a semaphore of N permits), `leader`; TOKEN in decimal; NAME
+/// `permit-N` (a semaphore of N permits), `leader`, `lock-M` (a
+/// [`Resource`](crate::Resource) held in lock mode M, `NL` … `EX`); TOKEN in decimal; NAME
 /// the lock's name with every byte outside `A-Z a-z 0-9 - . _ ~ /`
 /// percent-encoded (`%3A` for `:`, UTF-8 bytes for other characters).
 ///
@@ -181,6 +186,10 @@ impl FromStr for Sequencer {
             "read" => Mode::Read,
             "write" => Mode::Write,
             "leader" => Mode::Leadership,
+            other if other.starts_with("lock-") => match other["lock-".len()..].parse::<crate::LockMode>() {
+                Ok(mode) if other["lock-".len()..] == *mode.label() => Mode::Lock(mode),
+                _ => return Err(invalid(format!("unknown mode {other:?}"))),
+            },
             other => match other
                 .strip_prefix("permit-")
                 .filter(|n| decimal(n))

@@ -309,6 +309,18 @@ impl Session {
         Ok(RwLock::new(self.clone(), name))
     }
 
+    /// A resource named `name`, locked in the six DLM lock modes (see
+    /// [`Resource`](crate::Resource)). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn resource(&self, name: &str) -> Result<crate::Resource> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(crate::Resource::new(self.clone(), name))
+    }
+
     /// A semaphore named `name` allowing `permits` holders (see [`Semaphore`]).
     ///
     /// # Errors
@@ -374,6 +386,9 @@ impl Session {
     ///
     /// As [`queue`](Self::queue).
     pub async fn check(&self, sequencer: &crate::Sequencer) -> Result<bool> {
+        if let crate::Mode::Lock(mode) = sequencer.mode() {
+            return crate::resource::current(self, sequencer.name(), mode, sequencer.token()).await;
+        }
         let entries = self.queue(sequencer.name()).await?;
         Ok(crate::client::current(&entries, sequencer))
     }

@@ -84,7 +84,7 @@ pub(crate) struct Acquire<'a> {
 }
 
 /// How an acquire ended when it did not fail.
-enum Outcome {
+pub(crate) enum Outcome {
     Held(Hold),
     /// Taken, and the acquire may not wait ([`Patience::Never`]). `here`:
     /// this session itself holds or waits for it.
@@ -386,7 +386,7 @@ impl Acquire<'_> {
     /// The mark is written before the lock-delay is counted, as the `waits`
     /// gauge comes before its counter: whoever sees `lock_delays` go up and
     /// then lists the queue finds the mark (unless writing it failed).
-    async fn hold_back(
+    pub(crate) async fn hold_back(
         &self,
         mine: &Entry,
         until: Instant,
@@ -395,7 +395,7 @@ impl Acquire<'_> {
     ) -> Result<Option<Outcome>> {
         let inner = &self.session.inner;
         tracing::debug!(key = %mine.key, left = ?until.saturating_duration_since(Instant::now()), "lock-delay after an involuntary loss");
-        let marked = mine.kind != EntryKind::Election
+        let marked = !matches!(mine.kind, EntryKind::Election | EntryKind::Dlm)
             && inner
                 .call(inner.remote.set_value(mine, &delay_mark(until)))
                 .await
@@ -449,7 +449,7 @@ impl Acquire<'_> {
     /// transient failure is retried (the primitives are idempotent: a retried
     /// append finds its own entry) until the session is over, the deadline
     /// passes, or, for `try_*` calls, at once.
-    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T>
+    pub(crate) async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
@@ -468,7 +468,7 @@ impl Acquire<'_> {
 
     /// Waits out a retry's backoff, unless the session ends or the deadline
     /// passes first.
-    async fn back_off(&self, error: &Error, backoff: &mut Duration) -> Result<()> {
+    pub(crate) async fn back_off(&self, error: &Error, backoff: &mut Duration) -> Result<()> {
         let inner = &self.session.inner;
         tracing::debug!(name = self.name, %error, ?backoff, "transient failure while acquiring; retrying");
         let pause = *backoff;
@@ -481,7 +481,7 @@ impl Acquire<'_> {
     }
 
     /// Bounds a server call by the deadline, if there is one.
-    async fn bounded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn bounded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         match self.patience {
             Patience::Until(at, _) => match tokio::time::timeout_at(at, call).await {
                 Ok(result) => result,
@@ -491,7 +491,7 @@ impl Acquire<'_> {
         }
     }
 
-    fn timeout_error(&self, held_by_this_session: bool) -> Error {
+    pub(crate) fn timeout_error(&self, held_by_this_session: bool) -> Error {
         let waited = match self.patience {
             Patience::Until(_, waited) => waited,
             Patience::Forever | Patience::Never => Duration::ZERO,
@@ -520,29 +520,29 @@ pub(crate) const DELAY_MARK: &str = "lockline-delay-until:";
 /// An entry (or an append in flight) that is not yet a grant. Dropped armed, it
 /// removes the entry through the session's background cleanup: that is what
 /// makes every acquire cancel-safe (DESIGN §6.4).
-struct PendingEntry<'a> {
-    session: &'a Arc<SessionInner>,
-    dir: &'a str,
-    kind: EntryKind,
-    attempt: Option<String>,
-    entry: Option<Entry>,
+pub(crate) struct PendingEntry<'a> {
+    pub(crate) session: &'a Arc<SessionInner>,
+    pub(crate) dir: &'a str,
+    pub(crate) kind: EntryKind,
+    pub(crate) attempt: Option<String>,
+    pub(crate) entry: Option<Entry>,
     /// Whether the append was tried more than once (an earlier try may still
     /// be on its way to the server).
-    retried: bool,
+    pub(crate) retried: bool,
     /// The same-session queue permit: let go only once the entry is gone, so the
     /// next same-session contender never finds this entry still there.
-    local: Option<OwnedMutexGuard<()>>,
+    pub(crate) local: Option<OwnedMutexGuard<()>>,
 }
 
 impl PendingEntry<'_> {
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.attempt = None;
         self.entry = None;
     }
 
     /// Removes the entry now (a `try_*` that lost, a deadline that passed); if
     /// that fails it is left to the background cleanup.
-    async fn remove_now(&mut self) {
+    pub(crate) async fn remove_now(&mut self) {
         let Some(entry) = self.entry.clone() else {
             return;
         };
