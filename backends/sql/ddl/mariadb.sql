@@ -144,7 +144,8 @@ DELIMITER ;
 DELIMITER //
 -- A change of a lock-mode queue, atomically or not at all, in one round trip.
 -- p_named lists the entries it names, by ascending id, "id version op length;"
--- each: the version it must be at (-1: none), op 1 sets its value (the next
+-- each: the version it must be at (-1: none; -2: any, but there), op 1 sets
+-- its value (the next
 -- length bytes of p_values), 2 deletes it. Changes of one name take the name's
 -- turn, as appends do, for the whole transaction, and lock the named rows in id
 -- order (shared where only a version is checked). A named entry missing, dead
@@ -197,14 +198,14 @@ proc: BEGIN
                 FROM `lockline`.`lockline_entries` WHERE id = v_id AND name = p_name LOCK IN SHARE MODE;
         END IF;
         IF v_done THEN
-            IF v_want >= 0 THEN
+            IF v_want <> -1 THEN
                 ROLLBACK;
                 DO RELEASE_LOCK(v_turn);
                 SELECT NULL;
                 LEAVE proc;
             END IF;
         ELSE
-            IF v_want >= 0 AND (v_version <> v_want OR (v_session <> p_session
+            IF v_want <> -1 AND ((v_want >= 0 AND v_version <> v_want) OR (v_session <> p_session
                     AND IS_FREE_LOCK(CONCAT('ll:bb29fb052a1f:e:', v_attempt))
                     AND NOT (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM `lockline`.`lockline_sessions` WHERE id = v_session)))) THEN
                 ROLLBACK;
@@ -283,11 +284,14 @@ DELIMITER //
 -- another session finds, and wakes its holder by KILL QUERY; the entry's
 -- watchers column says how far to look, raised before the version is read),
 -- then waits on the value lock of p_epoch the entry's owner holds, bounded by
--- p_bound_ms and a third of the owner's TTL. 0: moved on, gone, or woken; 3:
--- still at that version with its guard free (lost with its owner's
--- connection); 1: the bound ran out.
+-- p_bound_ms and a third of the owner's TTL. Answers a code (0: moved on,
+-- gone, or woken; 3: there with its guard free, lost with its owner's
+-- connection; 1: the bound ran out) and, unless the bound ran out, the entry
+-- as it is then (read: 1; value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again.
 CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_watch`(
-    p_id BIGINT, p_epoch BIGINT, p_version BIGINT, p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT)
+    p_id BIGINT, p_epoch BIGINT, p_version BIGINT, p_session VARCHAR(64) CHARACTER SET ascii,
+    p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT)
     MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
     DECLARE v_slot INT DEFAULT 0;
@@ -296,6 +300,11 @@ BEGIN
     DECLARE v_bound BIGINT;
     DECLARE v_got INT;
     DECLARE v_code INT DEFAULT 0;
+    DECLARE v_read BOOLEAN DEFAULT TRUE;
+    DECLARE v_value LONGBLOB;
+    DECLARE v_version, v_epoch BIGINT;
+    DECLARE v_live BOOLEAN;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_value = NULL;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         DO RELEASE_ALL_LOCKS();
@@ -314,20 +323,28 @@ BEGIN
     UPDATE `lockline`.`lockline_entries` SET watchers = v_slot + 1 WHERE id = p_id AND watchers <= v_slot;
     IF EXISTS (SELECT 1 FROM `lockline`.`lockline_entries` WHERE id = p_id AND version = p_version) THEN
         SET v_bound = LEAST(p_bound_ms, COALESCE((SELECT ttl_ms DIV 3 FROM `lockline`.`lockline_sessions` WHERE id = p_owner), p_bound_ms));
+        -- NULL: ended by a writer's KILL QUERY (see the wake procedure).
         SET v_got = GET_LOCK(v_lock, GREATEST(v_bound, 1) / 1000);
         IF v_got = 1 THEN
             DO RELEASE_LOCK(v_lock);
-            -- A write or a removal of its owner commits before letting go.
-            IF EXISTS (SELECT 1 FROM `lockline`.`lockline_entries` WHERE id = p_id AND version = p_version
-                       AND IS_FREE_LOCK(CONCAT('ll:bb29fb052a1f:e:', attempt))) THEN
-                SET v_code = 3;
-            END IF;
         ELSEIF v_got = 0 THEN
             SET v_code = 1;
+            SET v_read = FALSE;
+        END IF;
+    END IF;
+    IF v_read THEN
+        -- A write or a removal commits before its writer lets go or wakes.
+        SELECT e.value, e.version, e.epoch, e.session = p_session
+                OR IS_USED_LOCK(CONCAT('ll:bb29fb052a1f:e:', e.attempt)) IS NOT NULL
+                OR (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM `lockline`.`lockline_sessions` s WHERE s.id = e.session))
+            INTO v_value, v_version, v_epoch, v_live
+            FROM `lockline`.`lockline_entries` e WHERE e.id = p_id;
+        IF v_value IS NOT NULL AND NOT v_live THEN
+            SET v_code = 3;
         END IF;
     END IF;
     DO RELEASE_LOCK(v_slot_lock);
-    SELECT v_code;
+    SELECT v_code, v_read, v_value, v_version, v_epoch, v_live;
 END//
 DELIMITER ;
 DELIMITER //

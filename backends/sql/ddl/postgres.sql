@@ -292,7 +292,8 @@ $fn$;
 
 -- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
 -- entries it names, ascending, once each; p_versions the version each must be
--- at (-1: none, only written); p_writes whether it sets or deletes it.
+-- at (-1: none, only written; -2: any, but there); p_writes whether it sets
+-- or deletes it.
 -- Changes of one name take turns with its appends (the name's advisory lock),
 -- and lock the named rows in id order (shared where only a version is
 -- checked). A named entry missing, dead (its guard free) or at another
@@ -325,7 +326,7 @@ DECLARE
     v_token bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock(472486338, hashtext(p_name));
-    SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v >= 0;
+    SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v <> -1;
     FOR r IN SELECT e.id, e.session FROM "public"."lockline_entries" e WHERE e.name = p_name ORDER BY e.id LOOP
         i := array_position(p_ids, r.id);
         IF i IS NULL THEN
@@ -346,8 +347,8 @@ BEGIN
         IF r.session = p_session THEN
             v_own := v_own || r.id;
         END IF;
-        IF p_versions[i] >= 0 THEN
-            IF v_version <> p_versions[i] THEN
+        IF p_versions[i] <> -1 THEN
+            IF p_versions[i] >= 0 AND v_version <> p_versions[i] THEN
                 RETURN NULL;
             END IF;
             IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # 2026619832316723200)
@@ -406,25 +407,29 @@ $fn$;
 -- Waits until the lock-mode entry p_id is no longer at p_version: until its
 -- owner lets go of its value lock of p_epoch (it wrote the entry, removed it,
 -- or its connection ended), bounded as "public"."lockline_wait". w_code 0: moved on or gone; 3:
--- still at that version with its guard free (lost with its owner's
--- connection); 1: the bound ran out, with the owner's heartbeat. Writes by
+-- there with its guard free (lost with its owner's connection); 1: the bound
+-- ran out, with the owner's heartbeat. Unless the bound ran out, the entry as
+-- it is then (w_read; its value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again. Writes by
 -- other sessions are told on the entry's channel instead.
-CREATE OR REPLACE FUNCTION "public"."lockline_watch"(p_id bigint, p_epoch bigint, p_version bigint, p_owner text, p_bound_ms bigint)
-RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint) LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION "public"."lockline_watch"(p_id bigint, p_epoch bigint, p_version bigint, p_session text, p_owner text,
+    p_bound_ms bigint)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint, w_read boolean, w_value bytea, w_version bigint,
+    w_epoch bigint, w_live boolean) LANGUAGE plpgsql AS $fn$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.version = p_version) THEN
-        w_code := 0;
-        RETURN NEXT;
-        RETURN;
+    w_code := 0;
+    IF EXISTS (SELECT 1 FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.version = p_version) THEN
+        SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
+          FROM "public"."lockline_wait"(hashtextextended(p_id::text || ':' || p_epoch::text, 2026619832316723200), p_owner, p_bound_ms, NULL) x;
     END IF;
-    SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
-      FROM "public"."lockline_wait"(hashtextextended(p_id::text || ':' || p_epoch::text, 2026619832316723200), p_owner, p_bound_ms, NULL) x;
-    IF w_code = 0 THEN
-        -- A removal of its owner's in flight deletes the row before letting
-        -- go: wait for its commit before calling the entry lost.
+    w_read := w_code = 0;
+    IF w_read THEN
+        -- A write or a removal of its owner's in flight lets go of the value
+        -- lock before its commit: wait for that, then read.
         PERFORM set_config('lock_timeout', '0', true);
-        PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.version = p_version FOR SHARE;
-        IF FOUND AND pg_try_advisory_xact_lock_shared(p_id # 2026619832316723200) THEN
+        SELECT e.value, e.version, e.epoch, (e.session = p_session OR NOT pg_try_advisory_xact_lock_shared(e.id # 2026619832316723200) OR (coalesce(current_setting('lockline.reset_grace', true), '') = 'on' AND EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = e.session))) INTO w_value, w_version, w_epoch, w_live
+          FROM "public"."lockline_entries" e WHERE e.id = p_id FOR SHARE OF e;
+        IF FOUND AND NOT w_live THEN
             w_code := 3;
         END IF;
     END IF;

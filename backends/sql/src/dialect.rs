@@ -82,12 +82,49 @@ pub(crate) struct Watched<V = Vec<u8>> {
     pub(crate) epoch: i64,
 }
 
+/// What a [`QueueChange`] asks of an entry it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Condition {
+    /// Nothing: it is only written (and passed over if gone).
+    None,
+    /// That it is live, at any version.
+    Present,
+    /// That it is live at this version.
+    Version(i64),
+}
+
+impl Condition {
+    /// As the function or procedure takes it: -1 none, -2 present, else
+    /// the version (never negative).
+    pub(crate) fn code(self) -> i64 {
+        match self {
+            Condition::None => -1,
+            Condition::Present => -2,
+            Condition::Version(version) => version.max(0),
+        }
+    }
+
+    /// Both conditions at once.
+    fn and(self, other: Condition) -> Condition {
+        match (self, other) {
+            (Condition::None, c) | (c, Condition::None) => c,
+            (Condition::Present, c) | (c, Condition::Present) => c,
+            (Condition::Version(a), Condition::Version(b)) if a == b => Condition::Version(a),
+            // Two versions at once: no entry is at a version this high.
+            (Condition::Version(_), Condition::Version(_)) => Condition::Version(i64::MAX),
+        }
+    }
+}
+
+/// A lock-mode entry as read for a watcher: its value, version and epoch,
+/// and whether it is live; `None` when its row is gone.
+pub(crate) type Found = Option<(Watched, bool)>;
+
 /// One entry an [`QueueChange`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Named {
     pub(crate) id: i64,
-    /// The version it must be at; `None`: only written, no condition.
-    pub(crate) version: Option<i64>,
+    pub(crate) condition: Condition,
     /// Whether the change sets or deletes it (an exclusive row lock).
     pub(crate) writes: bool,
 }
@@ -106,38 +143,36 @@ pub(crate) struct QueueChange<'a> {
 }
 
 impl<'a> QueueChange<'a> {
-    /// The change, its entries named once each in id order.
+    /// The change, its entries named once each in id order: those that
+    /// must be at a version (`unchanged`), those that must be there
+    /// (`present`), those written.
     pub(crate) fn new(
         name: &'a str,
         session: &'a str,
         unchanged: &[(i64, i64)],
+        present: &[i64],
         set: Vec<(i64, &'a [u8])>,
         delete: Vec<i64>,
         block: Option<&'a [u8]>,
     ) -> Self {
         let mut named: std::collections::BTreeMap<i64, Named> = std::collections::BTreeMap::new();
-        for &(id, version) in unchanged {
+        let mut name_it = |id: i64, condition: Condition, writes: bool| {
             let slot = named.entry(id).or_insert(Named {
                 id,
-                version: None,
+                condition: Condition::None,
                 writes: false,
             });
-            // Two versions for one entry cannot both hold: a version no
-            // entry has (-1) makes the condition fail.
-            slot.version = match slot.version {
-                Some(seen) if seen != version => Some(-1),
-                _ => Some(version),
-            };
+            slot.condition = slot.condition.and(condition);
+            slot.writes |= writes;
+        };
+        for &(id, version) in unchanged {
+            name_it(id, Condition::Version(version), false);
+        }
+        for &id in present {
+            name_it(id, Condition::Present, false);
         }
         for id in set.iter().map(|(id, _)| *id).chain(delete.iter().copied()) {
-            named
-                .entry(id)
-                .or_insert(Named {
-                    id,
-                    version: None,
-                    writes: true,
-                })
-                .writes = true;
+            name_it(id, Condition::None, true);
         }
         QueueChange {
             name,
@@ -294,26 +329,30 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// name before), or `None`, having written nothing.
     async fn update_queue(&self, conn: &mut Self::Conn, change: &QueueChange<'_>) -> DbResult<Option<i64>>;
 
-    /// A lock-mode entry's value, version and epoch while it is live, as
-    /// [`read_queue`](Self::read_queue) counts it; `None` when gone. Waits
-    /// for a write of it in flight to commit.
-    async fn watch_read(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Option<Watched>>;
+    /// A lock-mode entry's value, version and epoch, and whether it is
+    /// live as [`read_queue`](Self::read_queue) counts it (its row there
+    /// with its guard free: its owner's connection ended); `None` when its
+    /// row is gone. Waits for a write of it in flight to commit.
+    async fn watch_read(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Found>;
 
     /// Waits until the lock-mode entry `id` is no longer at `at.version`:
     /// until the value lock its owner holds for `at.epoch` is free (its
     /// owner wrote it, removed it or is gone), or (MariaDB/MySQL) a writer
     /// of another session wakes it; at once when it moved on already;
     /// bounded as [`wait`](Self::wait). [`Waited::Lost`]: the entry is
-    /// still at that version with its guard free (its owner's connection
-    /// ended).
+    /// there with its guard free (its owner's connection ended). Unless
+    /// the bound ran out, also the entry as the wait read it after waking
+    /// (as [`watch_read`](Self::watch_read) gives it), so that the
+    /// watcher need not read it again.
     async fn wait_watch(
         &self,
         conn: &mut Self::Conn,
         id: i64,
         at: Watched<()>,
+        session: &str,
         owner: &str,
         bound_ms: i64,
-    ) -> DbResult<Waited>;
+    ) -> DbResult<(Waited, Option<Found>)>;
 
     /// A connection that hears of writes to lock-mode entries by sessions
     /// that do not own them (PostgreSQL: `LISTEN`); `None` when the

@@ -39,7 +39,8 @@
 //!   send time of its last answered heartbeat, before that. No wall clock
 //!   is compared.
 //! - **Bounded connections.** A session has one connection that holds its
-//!   guards, its control connection, and at most
+//!   guards, its control connection (on PostgreSQL, while it watches
+//!   lock-mode entries, also one that listens for their writes), and at most
 //!   [`Sql::with_wait_connections`] more for its waiters (16 by default),
 //!   given to the waiters nearest the heads of their queues; waiters beyond
 //!   them have their predecessors looked at every 100 ms, in one statement.

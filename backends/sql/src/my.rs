@@ -10,8 +10,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{
-    shape, Append, Beat, DbResult, Dialect, EntryStatus, Grace, Purpose, QueueChange, QueueRow, Reaped, Row, Status,
-    Waited, Watched,
+    shape, Append, Beat, DbResult, Dialect, EntryStatus, Found, Grace, Purpose, QueueChange, QueueRow, Reaped, Row,
+    Status, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION};
@@ -231,10 +231,10 @@ impl Names {
             .into(),
             update_queue: format!("CALL {update_procedure}(?, ?, ?, ?, ?)").into(),
             watch_read: format!(
-                "SELECT e.value, e.version, e.epoch FROM {entries} e WHERE e.id = ? AND {live} LOCK IN SHARE MODE"
+                "SELECT e.value, e.version, e.epoch, {live} FROM {entries} e WHERE e.id = ? LOCK IN SHARE MODE"
             )
             .into(),
-            watch: format!("CALL {watch_procedure}(?, ?, ?, ?, ?)").into(),
+            watch: format!("CALL {watch_procedure}(?, ?, ?, ?, ?, ?)").into(),
             watchers_of: format!("SELECT kind, watchers FROM {entries} WHERE id = ? AND session = ?").into(),
             wake: format!("CALL {wake_procedure}(?, ?)").into(),
         };
@@ -469,7 +469,8 @@ INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
         let update = format!(
             r#"-- A change of a lock-mode queue, atomically or not at all, in one round trip.
 -- p_named lists the entries it names, by ascending id, "id version op length;"
--- each: the version it must be at (-1: none), op 1 sets its value (the next
+-- each: the version it must be at (-1: none; -2: any, but there), op 1 sets
+-- its value (the next
 -- length bytes of p_values), 2 deletes it. Changes of one name take the name's
 -- turn, as appends do, for the whole transaction, and lock the named rows in id
 -- order (shared where only a version is checked). A named entry missing, dead
@@ -522,14 +523,14 @@ proc: BEGIN
                 FROM {entries} WHERE id = v_id AND name = p_name LOCK IN SHARE MODE;
         END IF;
         IF v_done THEN
-            IF v_want >= 0 THEN
+            IF v_want <> -1 THEN
                 ROLLBACK;
                 DO RELEASE_LOCK(v_turn);
                 SELECT NULL;
                 LEAVE proc;
             END IF;
         ELSE
-            IF v_want >= 0 AND (v_version <> v_want OR (v_session <> p_session
+            IF v_want <> -1 AND ((v_want >= 0 AND v_version <> v_want) OR (v_session <> p_session
                     AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', v_attempt))
                     AND NOT (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM {sessions} WHERE id = v_session)))) THEN
                 ROLLBACK;
@@ -608,11 +609,14 @@ END"#
 -- another session finds, and wakes its holder by KILL QUERY; the entry's
 -- watchers column says how far to look, raised before the version is read),
 -- then waits on the value lock of p_epoch the entry's owner holds, bounded by
--- p_bound_ms and a third of the owner's TTL. 0: moved on, gone, or woken; 3:
--- still at that version with its guard free (lost with its owner's
--- connection); 1: the bound ran out.
+-- p_bound_ms and a third of the owner's TTL. Answers a code (0: moved on,
+-- gone, or woken; 3: there with its guard free, lost with its owner's
+-- connection; 1: the bound ran out) and, unless the bound ran out, the entry
+-- as it is then (read: 1; value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again.
 CREATE PROCEDURE IF NOT EXISTS {watch_procedure}(
-    p_id BIGINT, p_epoch BIGINT, p_version BIGINT, p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT)
+    p_id BIGINT, p_epoch BIGINT, p_version BIGINT, p_session VARCHAR(64) CHARACTER SET ascii,
+    p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT)
     MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
     DECLARE v_slot INT DEFAULT 0;
@@ -621,6 +625,11 @@ BEGIN
     DECLARE v_bound BIGINT;
     DECLARE v_got INT;
     DECLARE v_code INT DEFAULT 0;
+    DECLARE v_read BOOLEAN DEFAULT TRUE;
+    DECLARE v_value LONGBLOB;
+    DECLARE v_version, v_epoch BIGINT;
+    DECLARE v_live BOOLEAN;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_value = NULL;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         DO RELEASE_ALL_LOCKS();
@@ -639,20 +648,28 @@ BEGIN
     UPDATE {entries} SET watchers = v_slot + 1 WHERE id = p_id AND watchers <= v_slot;
     IF EXISTS (SELECT 1 FROM {entries} WHERE id = p_id AND version = p_version) THEN
         SET v_bound = LEAST(p_bound_ms, COALESCE((SELECT ttl_ms DIV 3 FROM {sessions} WHERE id = p_owner), p_bound_ms));
+        -- NULL: ended by a writer's KILL QUERY (see the wake procedure).
         SET v_got = GET_LOCK(v_lock, GREATEST(v_bound, 1) / 1000);
         IF v_got = 1 THEN
             DO RELEASE_LOCK(v_lock);
-            -- A write or a removal of its owner commits before letting go.
-            IF EXISTS (SELECT 1 FROM {entries} WHERE id = p_id AND version = p_version
-                       AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', attempt))) THEN
-                SET v_code = 3;
-            END IF;
         ELSEIF v_got = 0 THEN
             SET v_code = 1;
+            SET v_read = FALSE;
+        END IF;
+    END IF;
+    IF v_read THEN
+        -- A write or a removal commits before its writer lets go or wakes.
+        SELECT e.value, e.version, e.epoch, e.session = p_session
+                OR IS_USED_LOCK(CONCAT('{lock_prefix}e:', e.attempt)) IS NOT NULL
+                OR (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = e.session))
+            INTO v_value, v_version, v_epoch, v_live
+            FROM {entries} e WHERE e.id = p_id;
+        IF v_value IS NOT NULL AND NOT v_live THEN
+            SET v_code = 3;
         END IF;
     END IF;
     DO RELEASE_LOCK(v_slot_lock);
-    SELECT v_code;
+    SELECT v_code, v_read, v_value, v_version, v_epoch, v_live;
 END"#
         );
         let wake = format!(
@@ -1959,7 +1976,7 @@ impl Dialect for MySql {
             let delete = change.delete.contains(&entry.id);
             let op = u8::from(set.is_some()) | (u8::from(delete) << 1);
             let length = set.map_or(0, <[u8]>::len);
-            named.push_str(&format!("{} {} {op} {length};", entry.id, entry.version.unwrap_or(-1)));
+            named.push_str(&format!("{} {} {op} {length};", entry.id, entry.condition.code()));
             if let Some(value) = set {
                 values.extend_from_slice(value);
             }
@@ -1979,18 +1996,20 @@ impl Dialect for MySql {
         row.try_get(0)
     }
 
-    async fn watch_read(&self, conn: &mut MySqlConnection, id: i64, session: &str) -> DbResult<Option<Watched>> {
+    async fn watch_read(&self, conn: &mut MySqlConnection, id: i64, session: &str) -> DbResult<Found> {
         let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch_read)))
-            .bind(id)
             .bind(session)
+            .bind(id)
             .fetch_optional(conn)
             .await?;
         row.map(|r| {
-            Ok(Watched {
+            let watched = Watched {
                 value: r.try_get(0)?,
                 version: r.try_get(1)?,
                 epoch: r.try_get(2)?,
-            })
+            };
+            let live: Option<i64> = r.try_get(3)?;
+            Ok((watched, live == Some(1)))
         })
         .transpose()
     }
@@ -2000,43 +2019,64 @@ impl Dialect for MySql {
         conn: &mut MySqlConnection,
         id: i64,
         at: Watched<()>,
+        session: &str,
         owner: &str,
         bound_ms: i64,
-    ) -> DbResult<Waited> {
+    ) -> DbResult<(Waited, Option<Found>)> {
         let names = self.names()?;
         let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.watch)))
             .bind(id)
             .bind(at.epoch)
             .bind(at.version)
+            .bind(session)
             .bind(owner)
             .bind(bound_ms)
             .fetch_all(&mut *conn)
             .await;
-        let code: Option<i64> = match found {
-            Ok(found) => match found.as_slice() {
-                [row] => row.try_get(0)?,
-                _ => return Err(shape(format!("the watch answered {} rows, not one", found.len()))),
-            },
+        let row = match found {
+            Ok(mut found) if found.len() == 1 => found.remove(0),
+            Ok(found) => return Err(shape(format!("the watch answered {} rows, not one", found.len()))),
             // Woken in a step other than the wait: its slot may still be
             // held, which would draw wakes meant for it to the next wait.
             Err(error) if crate::error::interrupted(&error) => {
                 conn.execute("DO RELEASE_ALL_LOCKS()").await?;
-                return Ok(Waited::Interrupted);
+                return Ok((Waited::Interrupted, None));
             }
             Err(error) => return Err(error),
         };
-        match code {
-            Some(0) => Ok(Waited::Released),
-            Some(3) => Ok(Waited::Lost),
+        let code: Option<i64> = row.try_get(0)?;
+        let waited = match code {
+            Some(0) => Waited::Released,
+            Some(3) => Waited::Lost,
             Some(1) => {
                 let beat: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.beat_of)))
                     .bind(owner)
                     .fetch_optional(&mut *conn)
                     .await?;
-                Ok(Waited::TimedOut(beat.map(|(count, ttl_ms)| Beat { count, ttl_ms })))
+                return Ok((
+                    Waited::TimedOut(beat.map(|(count, ttl_ms)| Beat { count, ttl_ms })),
+                    None,
+                ));
             }
-            other => Err(shape(format!("the watch answered {other:?}"))),
+            other => return Err(shape(format!("the watch answered {other:?}"))),
+        };
+        let read: Option<i64> = row.try_get(1)?;
+        if read != Some(1) {
+            return Ok((waited, None));
         }
+        let value: Option<Vec<u8>> = row.try_get(2)?;
+        let found = match value {
+            None => None,
+            Some(value) => {
+                let watched = Watched {
+                    value,
+                    version: row.try_get::<Option<i64>, _>(3)?.unwrap_or_default(),
+                    epoch: row.try_get::<Option<i64>, _>(4)?.unwrap_or_default(),
+                };
+                Some((watched, row.try_get::<Option<i64>, _>(5)? == Some(1)))
+            }
+        };
+        Ok((waited, Some(found)))
     }
 }
 

@@ -9,8 +9,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{
-    shape, Append, Beat, DbResult, Dialect, EntryStatus, Grace, Listener, Purpose, QueueChange, QueueRow, Reaped, Row,
-    Status, Waited, Watched,
+    shape, Append, Beat, DbResult, Dialect, EntryStatus, Found, Grace, Listener, Purpose, QueueChange, QueueRow,
+    Reaped, Row, Status, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
 use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION};
@@ -210,10 +210,15 @@ impl Names {
             )
             .into(),
             watch_read: format!(
-                "SELECT e.value, e.version, e.epoch FROM {entries} e WHERE e.id = $1 AND {live} FOR SHARE OF e"
+                "SELECT e.value, e.version, e.epoch, {live} FROM {entries} e WHERE e.id = $1 FOR SHARE OF e"
             )
             .into(),
-            watch: format!("SELECT w_code, w_beat, w_ttl_ms FROM {}($1, $2, $3, $4, $5)", f("watch")).into(),
+            watch: format!(
+                "SELECT w_code, w_beat, w_ttl_ms, w_read, w_value, w_version, w_epoch, w_live \
+                 FROM {}($1, $2, $3, $4, $5, $6)",
+                f("watch")
+            )
+            .into(),
         };
         Names {
             schema: schema.to_owned(),
@@ -264,6 +269,13 @@ impl Names {
             f("open"),
         );
         let entries_text = entries.replace('\'', "''");
+        // Whether entry e is live, for a function that has the caller's
+        // session in p_session.
+        let live_in = format!(
+            "(e.session = p_session OR NOT pg_try_advisory_xact_lock_shared(e.id # {salt}) \
+             OR (coalesce(current_setting('lockline.reset_grace', true), '') = 'on' \
+                 AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = e.session)))"
+        );
         let prefix = entries.rsplit_once('.').map_or("", |(_, t)| t).trim_matches('"');
         let prefix = prefix.strip_suffix("entries").unwrap_or(prefix);
         let schema = quote(&self.schema);
@@ -563,7 +575,8 @@ $fn$;
 
 -- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
 -- entries it names, ascending, once each; p_versions the version each must be
--- at (-1: none, only written); p_writes whether it sets or deletes it.
+-- at (-1: none, only written; -2: any, but there); p_writes whether it sets
+-- or deletes it.
 -- Changes of one name take turns with its appends (the name's advisory lock),
 -- and lock the named rows in id order (shared where only a version is
 -- checked). A named entry missing, dead (its guard free) or at another
@@ -596,7 +609,7 @@ DECLARE
     v_token bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock({class}, hashtext(p_name));
-    SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v >= 0;
+    SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v <> -1;
     FOR r IN SELECT e.id, e.session FROM {entries} e WHERE e.name = p_name ORDER BY e.id LOOP
         i := array_position(p_ids, r.id);
         IF i IS NULL THEN
@@ -617,8 +630,8 @@ BEGIN
         IF r.session = p_session THEN
             v_own := v_own || r.id;
         END IF;
-        IF p_versions[i] >= 0 THEN
-            IF v_version <> p_versions[i] THEN
+        IF p_versions[i] <> -1 THEN
+            IF p_versions[i] >= 0 AND v_version <> p_versions[i] THEN
                 RETURN NULL;
             END IF;
             IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # {salt})
@@ -677,25 +690,29 @@ $fn$;
 -- Waits until the lock-mode entry p_id is no longer at p_version: until its
 -- owner lets go of its value lock of p_epoch (it wrote the entry, removed it,
 -- or its connection ended), bounded as {wait}. w_code 0: moved on or gone; 3:
--- still at that version with its guard free (lost with its owner's
--- connection); 1: the bound ran out, with the owner's heartbeat. Writes by
+-- there with its guard free (lost with its owner's connection); 1: the bound
+-- ran out, with the owner's heartbeat. Unless the bound ran out, the entry as
+-- it is then (w_read; its value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again. Writes by
 -- other sessions are told on the entry's channel instead.
-CREATE OR REPLACE FUNCTION {watch}(p_id bigint, p_epoch bigint, p_version bigint, p_owner text, p_bound_ms bigint)
-RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint) LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION {watch}(p_id bigint, p_epoch bigint, p_version bigint, p_session text, p_owner text,
+    p_bound_ms bigint)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint, w_read boolean, w_value bytea, w_version bigint,
+    w_epoch bigint, w_live boolean) LANGUAGE plpgsql AS $fn$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM {entries} e WHERE e.id = p_id AND e.version = p_version) THEN
-        w_code := 0;
-        RETURN NEXT;
-        RETURN;
+    w_code := 0;
+    IF EXISTS (SELECT 1 FROM {entries} e WHERE e.id = p_id AND e.version = p_version) THEN
+        SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
+          FROM {wait}(hashtextextended(p_id::text || ':' || p_epoch::text, {salt}), p_owner, p_bound_ms, NULL) x;
     END IF;
-    SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
-      FROM {wait}(hashtextextended(p_id::text || ':' || p_epoch::text, {salt}), p_owner, p_bound_ms, NULL) x;
-    IF w_code = 0 THEN
-        -- A removal of its owner's in flight deletes the row before letting
-        -- go: wait for its commit before calling the entry lost.
+    w_read := w_code = 0;
+    IF w_read THEN
+        -- A write or a removal of its owner's in flight lets go of the value
+        -- lock before its commit: wait for that, then read.
         PERFORM set_config('lock_timeout', '0', true);
-        PERFORM 1 FROM {entries} e WHERE e.id = p_id AND e.version = p_version FOR SHARE;
-        IF FOUND AND pg_try_advisory_xact_lock_shared(p_id # {salt}) THEN
+        SELECT e.value, e.version, e.epoch, {live_in} INTO w_value, w_version, w_epoch, w_live
+          FROM {entries} e WHERE e.id = p_id FOR SHARE OF e;
+        IF FOUND AND NOT w_live THEN
             w_code := 3;
         END IF;
     END IF;
@@ -1494,7 +1511,7 @@ impl Dialect for Postgres {
 
     async fn update_queue(&self, conn: &mut PgConnection, change: &QueueChange<'_>) -> DbResult<Option<i64>> {
         let ids: Vec<i64> = change.named.iter().map(|n| n.id).collect();
-        let versions: Vec<i64> = change.named.iter().map(|n| n.version.unwrap_or(-1)).collect();
+        let versions: Vec<i64> = change.named.iter().map(|n| n.condition.code()).collect();
         let writes: Vec<bool> = change.named.iter().map(|n| n.writes).collect();
         let set_ids: Vec<i64> = change.set.iter().map(|(id, _)| *id).collect();
         let set_values: Vec<&[u8]> = change.set.iter().map(|(_, value)| *value).collect();
@@ -1512,18 +1529,19 @@ impl Dialect for Postgres {
             .await
     }
 
-    async fn watch_read(&self, conn: &mut PgConnection, id: i64, session: &str) -> DbResult<Option<Watched>> {
+    async fn watch_read(&self, conn: &mut PgConnection, id: i64, session: &str) -> DbResult<Found> {
         let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch_read)))
             .bind(id)
             .bind(session)
             .fetch_optional(conn)
             .await?;
         row.map(|r| {
-            Ok(Watched {
+            let watched = Watched {
                 value: r.try_get(0)?,
                 version: r.try_get(1)?,
                 epoch: r.try_get(2)?,
-            })
+            };
+            Ok((watched, r.try_get(3)?))
         })
         .transpose()
     }
@@ -1533,18 +1551,37 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         id: i64,
         at: Watched<()>,
+        session: &str,
         owner: &str,
         bound_ms: i64,
-    ) -> DbResult<Waited> {
+    ) -> DbResult<(Waited, Option<Found>)> {
         let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch)))
             .bind(id)
             .bind(at.epoch)
             .bind(at.version)
+            .bind(session)
             .bind(owner)
             .bind(bound_ms)
             .fetch_one(conn)
             .await?;
-        waited(&row)
+        let waited = waited(&row)?;
+        let read: Option<bool> = row.try_get(3)?;
+        if read != Some(true) {
+            return Ok((waited, None));
+        }
+        let value: Option<Vec<u8>> = row.try_get(4)?;
+        let found = match value {
+            None => None,
+            Some(value) => {
+                let watched = Watched {
+                    value,
+                    version: row.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
+                    epoch: row.try_get::<Option<i64>, _>(6)?.unwrap_or_default(),
+                };
+                Some((watched, row.try_get::<Option<bool>, _>(7)?.unwrap_or(false)))
+            }
+        };
+        Ok((waited, Some(found)))
     }
 
     fn notifies(&self) -> bool {

@@ -15,7 +15,9 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::dialect::{Append, Beat, DbResult, Dialect, Purpose, QueueChange, Reaped, Row, Status, Waited, Watched};
+use crate::dialect::{
+    Append, Beat, DbResult, Dialect, Found, Purpose, QueueChange, Reaped, Row, Status, Waited, Watched,
+};
 use crate::error::{connection_gone, interrupted, map, timed_out, Doing};
 use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
 use crate::notices::Notices;
@@ -341,6 +343,23 @@ impl<D: Dialect> Shared<D> {
         }
     }
 
+    /// Records how an entry of another session this session waited on went
+    /// (for a lock-delay's `departure`): lost with its owner's connection
+    /// or session, or released.
+    fn saw_go(&self, entry: &Entry, lost: bool) {
+        if self.options.lock_delay().is_zero() || entry.owner.as_deref() == Some(self.id.as_str()) {
+            return;
+        }
+        let Some((_, id)) = parse_entry_key(&entry.key) else {
+            return;
+        };
+        let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
+        if departures.len() > 4096 {
+            departures.clear();
+        }
+        departures.insert(id, lost.then(Instant::now));
+    }
+
     /// Forgets an owner's heartbeat (its session ended).
     fn forget_beat(&self, owner: &str) {
         self.beats.lock().unwrap_or_else(PoisonError::into_inner).remove(owner);
@@ -664,7 +683,19 @@ impl<D: Dialect> Shared<D> {
     /// `Ok(true)` when the entry went with its owner's connection or
     /// session (lost), `Ok(false)` when its owner released it.
     async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
-        let lost = self.wait_on_server(on, owner, priority).await?;
+        self.wait_on_reading(on, owner, priority, None).await
+    }
+
+    /// As [`wait_on`](Self::wait_on); a lock-mode watch's wait also puts
+    /// into `found` the entry as it read it after waking, if it did.
+    async fn wait_on_reading(
+        self: &Arc<Self>,
+        on: WaitOn,
+        owner: &str,
+        priority: i64,
+        found: Option<&FoundSlot>,
+    ) -> Result<bool> {
+        let lost = self.wait_on_server(on, owner, priority, found).await?;
         if lost && self.reset_grace {
             if let WaitOn::Guard(id) | WaitOn::Watch(id, _) = on {
                 self.outlive(owner, id).await?;
@@ -702,7 +733,13 @@ impl<D: Dialect> Shared<D> {
     }
 
     /// Waits on the server (see `wait_on`).
-    async fn wait_on_server(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
+    async fn wait_on_server(
+        self: &Arc<Self>,
+        on: WaitOn,
+        owner: &str,
+        priority: i64,
+        found: Option<&FoundSlot>,
+    ) -> Result<bool> {
         loop {
             self.check_live()?;
             // While no wait connection is free, the overflow check looks at
@@ -727,6 +764,7 @@ impl<D: Dialect> Shared<D> {
                 on,
                 owner: owner.to_owned(),
                 stop: Arc::clone(&stop),
+                found: found.cloned(),
             };
             tokio::spawn(task.run(lease, tx));
             let _stop_on_drop = StopOnDrop(stop);
@@ -948,7 +986,13 @@ struct WaitTask<D: Dialect> {
     on: WaitOn,
     owner: String,
     stop: Arc<Stop>,
+    /// Where a lock-mode watch's wait puts the entry as it read it.
+    found: Option<FoundSlot>,
 }
+
+/// The entry as a watch's wait read it after waking (see
+/// `Dialect::wait_watch`), for the watcher to take.
+type FoundSlot = Arc<std::sync::Mutex<Option<Found>>>;
 
 impl<D: Dialect> WaitTask<D> {
     async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>) {
@@ -995,7 +1039,15 @@ impl<D: Dialect> WaitTask<D> {
                                 .await
                         }
                         WaitOn::Watch(id, at) => {
-                            dialect.wait_watch(&mut idle.conn, id, at, &self.owner, bound_ms).await
+                            let watched = dialect
+                                .wait_watch(&mut idle.conn, id, at, &shared.id, &self.owner, bound_ms)
+                                .await;
+                            watched.map(|(waited, found)| {
+                                if let (Some(slot), Some(found)) = (&self.found, found) {
+                                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(found);
+                                }
+                                waited
+                            })
                         }
                     }
                 };
@@ -1264,15 +1316,36 @@ impl<D: Dialect> SqlSession<D> {
                 }
             }
         };
+        // Whether the last wait saw the entry's owner's connection end (the
+        // entry's value lock free with the entry still there).
+        let mut lost = false;
+        // The entry as the last wait read it after waking: no read needed.
+        // (Read before the notices are marked seen below: a write after it
+        // moved the version, at which the next wait returns at once.)
+        let mut woken: Option<Found> = None;
         loop {
             shared.check_live()?;
             if let Some(notices) = notices.as_mut() {
                 notices.seen();
             }
-            let found = on_owner!(shared, "read the entry's value", |d, conn| d
-                .watch_read(conn, id, &shared.id))?;
-            let Some(Watched { value, version, epoch }) = found else {
-                return Ok(None);
+            let found = match woken.take() {
+                Some(found) => found,
+                None => on_owner!(shared, "read the entry's value", |d, conn| d
+                    .watch_read(conn, id, &shared.id))?,
+            };
+            let (value, version, epoch) = match found {
+                Some((Watched { value, version, epoch }, true)) => (value, version, epoch),
+                // There with its guard free: gone with its owner's
+                // connection (or, its wait having seen that, deleted by
+                // whoever met it dead).
+                Some((_, false)) => {
+                    shared.saw_go(entry, true);
+                    return Ok(None);
+                }
+                None => {
+                    shared.saw_go(entry, lost);
+                    return Ok(None);
+                }
             };
             if value != seen {
                 return Ok(Some(value));
@@ -1282,20 +1355,20 @@ impl<D: Dialect> SqlSession<D> {
                 version,
                 epoch,
             };
-            let waited = shared.wait_on(WaitOn::Watch(id, at), &owner, entry.order);
-            match notices.as_mut() {
+            // A slot of this wait's own: a wait dropped for a notice may
+            // still answer into its slot later.
+            let slot = FoundSlot::default();
+            let waited = shared.wait_on_reading(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot));
+            lost = match notices.as_mut() {
                 Some(notices) => {
                     tokio::select! {
-                        () = notices.changed() => {}
-                        waited = waited => {
-                            waited?;
-                        }
+                        () = notices.changed() => false,
+                        waited = waited => waited?,
                     }
                 }
-                None => {
-                    waited.await?;
-                }
-            }
+                None => waited.await?,
+            };
+            woken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         }
     }
 
@@ -1416,13 +1489,7 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         }
         let owner = entry.owner.clone().unwrap_or_default();
         let lost = shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await?;
-        if !shared.options.lock_delay().is_zero() {
-            let mut departures = shared.departures.lock().unwrap_or_else(PoisonError::into_inner);
-            if departures.len() > 4096 {
-                departures.clear();
-            }
-            departures.insert(id, lost.then(Instant::now));
-        }
+        shared.saw_go(entry, lost);
         Ok(())
     }
 
@@ -1555,13 +1622,20 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
                 None => return Ok(None),
             }
         }
+        let mut present = Vec::with_capacity(update.present.len());
+        for entry in update.present {
+            match under(entry) {
+                Some(id) => present.push(id),
+                None => return Ok(None),
+            }
+        }
         let set = update
             .set
             .iter()
             .filter_map(|(entry, value)| Some((under(entry)?, *value)))
             .collect();
         let delete: Vec<i64> = update.delete.iter().filter_map(|entry| under(entry)).collect();
-        let change = QueueChange::new(update.dir, &shared.id, &unchanged, set, delete, update.block);
+        let change = QueueChange::new(update.dir, &shared.id, &unchanged, &present, set, delete, update.block);
         let token = on_owner!(shared, "change the queue", |d, conn| d.update_queue(conn, &change))?;
         let Some(token) = token else {
             return Ok(None);

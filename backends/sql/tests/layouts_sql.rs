@@ -94,6 +94,7 @@ async fn layout_2_tables_are_refused_and_moved_as_documented(db: Db) {
         b.backend_session().update_queue(&QueueUpdate {
             dir: "moved/modes",
             unchanged: &unchanged,
+            present: &[],
             set: &[(&entry, b"EX, wanted")],
             delete: &[],
             block: Some(b"block"),

@@ -25,6 +25,7 @@ on_both!(
     an_update_applies_when_every_version_holds_and_its_token_rises,
     a_stale_version_fails_the_update_and_writes_nothing,
     a_deleted_entry_fails_the_update,
+    a_present_entry_holds_at_any_version,
     entries_of_a_lost_session_fail_the_update,
     another_sessions_entry_keeps_its_owner_when_set,
     the_value_block_round_trips,
@@ -119,6 +120,7 @@ async fn set(
         QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set,
             delete: &[],
             block,
@@ -220,6 +222,7 @@ async fn an_update_applies_when_every_version_holds_and_its_token_rises(db: Db) 
         QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set: &[(&waiter, b"EX granted")],
             delete: &[&holder],
             block: None,
@@ -279,6 +282,7 @@ async fn a_stale_version_fails_the_update_and_writes_nothing(db: Db) {
         QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set: &[],
             delete: &[&mine],
             block: None,
@@ -323,6 +327,7 @@ async fn a_deleted_entry_fails_the_update(db: Db) {
         QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set: &[(&mine, b"set")],
             delete: &[&theirs],
             block: None,
@@ -331,6 +336,59 @@ async fn a_deleted_entry_fails_the_update(db: Db) {
     .await;
     assert!(applied.is_some());
     assert_eq!(slot(&read(&a, dir).await, &mine).value, b"set");
+}
+
+async fn a_present_entry_holds_at_any_version(db: Db) {
+    let (a, b) = (open(&db).await, open(&db).await);
+    let dir = "modes/present";
+    let holder = append(&a, dir, b"EX granted").await;
+    let other = append(&b, dir, b"PR waiting").await;
+    let seen = read(&a, dir).await;
+    // Another session marks the holder after its read: a release asked
+    // only that the entry be there still applies, with its block.
+    set(&b, dir, &seen, &[(&holder, b"EX granted, blocking")], None)
+        .await
+        .expect("applied");
+    let held = [&holder];
+    let release = |block: &'static [u8]| QueueUpdate {
+        dir,
+        unchanged: &[],
+        present: &held,
+        set: &[],
+        delete: &held,
+        block: Some(block),
+    };
+    let token = update(&a, release(b"written at release"))
+        .await
+        .expect("present at any version");
+    let after = read(&b, dir).await;
+    assert_eq!(after.slots.len(), 1);
+    assert_eq!(after.slots[0].entry, other);
+    assert_eq!(after.block.as_deref(), Some(&b"written at release"[..]));
+    assert!(token > slot(&seen, &other).changed);
+    // Gone: the same release fails, and writes nothing.
+    assert_eq!(update(&a, release(b"again")).await, None);
+    assert_eq!(read(&b, dir).await, after);
+    // A dead entry is not there either.
+    let c = open(&db).await;
+    let doomed = append(&c, dir, b"PR granted").await;
+    cut(&db, &c);
+    read_until(&b, dir, 1).await;
+    let present = [&doomed];
+    let failed = update(
+        &b,
+        QueueUpdate {
+            dir,
+            unchanged: &[],
+            present: &present,
+            set: &[(&other, b"PR granted")],
+            delete: &[],
+            block: None,
+        },
+    )
+    .await;
+    assert_eq!(failed, None);
+    assert_eq!(slot(&read(&b, dir).await, &other).value, b"PR waiting");
 }
 
 async fn entries_of_a_lost_session_fail_the_update(db: Db) {
@@ -358,6 +416,7 @@ async fn entries_of_a_lost_session_fail_the_update(db: Db) {
         backend(&b).update_queue(&QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set: &[(&theirs, b"still mine?")],
             delete: &[],
             block: None,
@@ -503,6 +562,7 @@ async fn a_watch_wakes_when_the_owner_writes_or_removes_the_entry(db: Db) {
         QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set: &[],
             delete: &[&entry],
             block: None,
@@ -533,6 +593,7 @@ async fn a_watch_wakes_when_another_session_deletes_the_entry(db: Db) {
         QueueUpdate {
             dir,
             unchanged: &unchanged,
+            present: &[],
             set: &[],
             delete: &[&entry],
             block: None,
