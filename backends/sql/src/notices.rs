@@ -1,7 +1,7 @@
 //! Notices of writes to lock-mode entries by sessions that do not own them
 //! (PostgreSQL: `LISTEN` on each watched entry's channel): one connection
 //! per session, however many entries it watches, opened while it watches
-//! any.
+//! any (and a keepalive interval longer).
 //!
 //! A watcher blocks on the server on the lock its entry's owner holds for
 //! the entry's version, which wakes it when the owner writes or removes the
@@ -80,6 +80,7 @@ impl Notices {
             timeout,
             listener: None,
             channels: HashMap::new(),
+            idle: false,
         };
         let handle = tokio::spawn(task.run(receiver)).abort_handle();
         (Notices { commands }, handle)
@@ -111,6 +112,10 @@ struct Task<D: Dialect> {
     listener: Option<Box<dyn Listener>>,
     /// Each entry listened to: its watchers, and the count of its notices.
     channels: HashMap<i64, (usize, watch::Sender<u64>)>,
+    /// The connection listened to nothing at the last tick: it goes at the
+    /// next if it still does (kept meanwhile for the next watch: a waiter
+    /// of a busy lock watches one entry after another).
+    idle: bool,
 }
 
 /// The next notice of `listener`, or never while there is none.
@@ -190,6 +195,7 @@ impl<D: Dialect> Task<D> {
     }
 
     async fn listen(&mut self, id: i64) -> DbResult<watch::Receiver<u64>> {
+        self.idle = false;
         if let Some((watchers, count)) = self.channels.get_mut(&id) {
             if self.listener.is_some() {
                 *watchers += 1;
@@ -230,18 +236,20 @@ impl<D: Dialect> Task<D> {
                 self.broke(&error);
             }
         }
-        if self.channels.is_empty() {
-            // Nothing watched: the connection goes until it is needed.
-            self.listener = None;
-        }
     }
 
     /// Each keepalive interval while anything is watched: a round trip on
     /// the connection (made again if it is missing or does not answer).
+    /// Nothing watched for a whole interval: the connection goes until it
+    /// is needed again.
     async fn prove(&mut self) {
         if self.channels.is_empty() {
+            if std::mem::replace(&mut self.idle, true) {
+                self.listener = None;
+            }
             return;
         }
+        self.idle = false;
         let proven = match self.listener.as_mut() {
             Some(listener) => bounded(self.timeout, listener.ping()).await,
             None => self.connect().await,
