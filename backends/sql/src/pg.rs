@@ -1591,6 +1591,9 @@ impl Dialect for Postgres {
     async fn listener(&self) -> DbResult<Option<Box<dyn Listener>>> {
         let channel = self.names()?.channel.clone();
         let (options, set) = self.connect_options(Purpose::Control);
+        // Told apart from the session's other connections in
+        // pg_stat_activity.
+        let options = options.application_name("lockline notices");
         let set: Arc<str> = set.into();
         // A pool of one connection, which the driver's listener needs to
         // connect again after a loss (re-listening to every channel).

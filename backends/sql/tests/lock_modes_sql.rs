@@ -710,3 +710,36 @@ async fn lock_mode_entries_are_abandoned_listed_and_waited_on(db: Db) {
     until("no lock but the sessions' own", || db.locks().waiting == 0).await;
     assert_eq!(db.entries(), 0);
 }
+
+/// PostgreSQL: the connection that hears of other sessions' writes is made
+/// again when it ends, and its watchers read their entries again, so a
+/// write meanwhile is not missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_survives_its_listening_connections_end() {
+    let db = Db::postgres();
+    let (owner, watcher, writer) = (open(&db).await, open(&db).await, open(&db).await);
+    let dir = "modes/listener";
+    let entry = append(&owner, dir, b"PR granted").await;
+    let watching = watch(&watcher, &entry, b"PR granted");
+    waiting(&db, 1).await;
+    let listening = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockline notices'";
+    until("the watcher listens", || db.count(listening) == 1).await;
+    db.sql("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = 'lockline notices';");
+    let seen = read(&writer, dir).await;
+    set(&writer, dir, &seen, &[(&entry, b"PR granted, blocking")], None)
+        .await
+        .expect("applied");
+    assert_eq!(woken(watching).await.as_deref(), Some(&b"PR granted, blocking"[..]));
+    // And it hears the next write on the connection made again.
+    let watching = watch(&watcher, &entry, b"PR granted, blocking");
+    waiting(&db, 1).await;
+    until("the watcher listens again", || db.count(listening) == 1).await;
+    let seen = read(&writer, dir).await;
+    set(&writer, dir, &seen, &[(&entry, b"PR granted, blocked twice")], None)
+        .await
+        .expect("applied");
+    assert_eq!(
+        woken(watching).await.as_deref(),
+        Some(&b"PR granted, blocked twice"[..])
+    );
+}
