@@ -414,6 +414,9 @@ pub fn run(config: &Config) -> Result<Report, String> {
     if let Some(kind) = config.kinds.iter().find(|k| !k.applies_to(config.backend)) {
         return Err(format!("the fault {kind} cannot be injected on {}", config.backend));
     }
+    if config.modes && !config.lock_delay.is_zero() {
+        return Err("the lock-delay check judges mutex grants only: no lock-delay with lock modes".into());
+    }
     let (history, address) = History::start().map_err(|e| format!("register: {e}"))?;
     let logs = tempfile::Builder::new()
         .prefix("lockline-faults-")

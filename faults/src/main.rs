@@ -58,7 +58,8 @@ const USAGE: &str =
               fault was granted it sooner than the delay after the fault
   --modes     lock-mode contenders: a resource taken in random modes (NL, CR, CW, PR, PW, EX), converted
               up and down while held; PW and EX holders write a register in the lock's own store with
-              write_if_held; the checker flags holders in incompatible modes side by side";
+              write_if_held; the checker flags holders in incompatible modes side by side (not with
+              --lock-delay)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
@@ -158,6 +159,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
             }
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
         }
+    }
+    if config.modes && !config.lock_delay.is_zero() {
+        return Err(format!(
+            "--modes and --lock-delay: the lock-delay check judges mutex grants only\n{USAGE}"
+        ));
     }
     for backend in &backends {
         if let Some(kind) = config.kinds.iter().find(|k| !k.applies_to(*backend)) {

