@@ -1912,6 +1912,7 @@ macro_rules! conformance_tests {
             lock_modes_leave_nothing_when_given_up,
             lock_modes_fence_and_lose,
             lock_modes_mixed_crowd_is_herd_free,
+            lock_modes_multi_resource_all_or_nothing,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

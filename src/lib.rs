@@ -11,6 +11,7 @@ mod guard;
 mod lock_mode;
 mod memory;
 mod multilock;
+mod multiresource;
 mod mutex;
 mod name;
 #[cfg(not(feature = "metrics"))]
@@ -83,6 +84,7 @@ pub use error::{BoxError, Error, Result};
 pub use lock_mode::LockMode;
 pub use memory::MemoryBackend;
 pub use multilock::{MultiGuard, MultiLock};
+pub use multiresource::{MultiResource, MultiResourceGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use name::MAX_NAME_LEN;
 pub use options::{SessionOptions, SessionState, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};

@@ -616,6 +616,9 @@ impl Resource {
         let notify = !matches!(patience, Patience::Never) || self.notify_on_try;
         let mut own_watch: Option<EntryWatch> = None;
         let mut backoff = INITIAL_BACKOFF;
+        // The entry this contender last waited on and saw go: how it went
+        // decides a lock-delay.
+        let mut last_gone: Option<Entry> = None;
         loop {
             let queue = acquire.retrying(|| inner.remote.read_queue(&self.name)).await?;
             let view = View::new(&self.name, queue)?;
@@ -627,6 +630,21 @@ impl Resource {
                 let state = inner.state();
                 if state.is_over() {
                     return Err(inner.over_error(state));
+                }
+                // Next after a holder that lost its lock involuntarily: hold
+                // back for the lock-delay, then look once more.
+                let delay = inner.options.lock_delay();
+                if let Some(gone) = last_gone.take().filter(|_| !delay.is_zero()) {
+                    if let crate::backend::Departure::Lost { noticed } = inner.remote.departure(&gone) {
+                        if acquire
+                            .hold_back(&mine, noticed + delay, &mut pending, &mut own_watch)
+                            .await?
+                            .is_some()
+                        {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
                 }
                 if let Some(until) = inner.remote.grant_not_before().filter(|&t| t > Instant::now()) {
                     if acquire
@@ -708,7 +726,10 @@ impl Resource {
                     Err(error) => return Err(error),
                 },
                 changed = changed(inner, &blocker, seen) => match changed {
-                    Ok(()) => inner.counters.bump(|c| &c.wakeups),
+                    Ok(gone) => {
+                        inner.counters.bump(|c| &c.wakeups);
+                        last_gone = gone.then_some(blocker);
+                    }
                     Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
                     Err(error) => return Err(error),
                 },
@@ -1267,7 +1288,7 @@ impl ResourceGuard {
                     return Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost { key: self.entry.key.clone() }));
                 }
                 changed = changed(inner, &blocker, seen) => match changed {
-                    Ok(()) => inner.counters.bump(|c| &c.wakeups),
+                    Ok(_) => inner.counters.bump(|c| &c.wakeups),
                     Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
                     Err(error) => return Err(error),
                 },
@@ -1374,15 +1395,15 @@ impl Drop for ConversionCleanup {
 /// `seen`. A request granted in the mode it asked for blocks as it did, and
 /// a waiter's mark on it changes nothing either: both are watched past,
 /// without a read, so that a release wakes only those it unblocks.
-async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>) -> Result<()> {
+async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>) -> Result<bool> {
     let modes = |value: &[u8]| {
         let state = State::decode(value, 0);
         state.granted.map_or(0, LockMode::bit) | state.requested.bit()
     };
     loop {
         match inner.remote.watch_value(entry, &seen).await? {
-            None => return Ok(()),
-            Some(value) if modes(&value) != modes(&seen) => return Ok(()),
+            None => return Ok(true),
+            Some(value) if modes(&value) != modes(&seen) => return Ok(false),
             Some(value) => seen = value,
         }
     }

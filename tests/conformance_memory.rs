@@ -26,4 +26,4 @@ lockline::conformance_tests!(Memory {
 // Lock-delay needs the backend to tell a release from a loss.
 lockline::conformance_tests!(@cases Memory {
     store: MemoryBackend::new()
-}; lock_delay_holds_back_after_an_involuntary_loss_only);
+}; lock_delay_holds_back_after_an_involuntary_loss_only, lock_modes_lock_delay_after_an_involuntary_loss_only);

@@ -4,9 +4,9 @@
 //! of its ancestors. Properties: no panic; a key is an entry of at most one of
 //! its ancestors (read by position, never by searching for a word); a decoded
 //! entry re-encodes to the key it came from and its directory cuts back to
-//! `DIR`; every key the layout writes decodes to its kind; markers are never
-//! entries of any lock, beside it or under a marker prefix the backend
-//! accepts.
+//! `DIR`; every key the layout writes decodes to its kind; markers (and a
+//! lock-mode resource's value block and tick keys) are never entries of any
+//! lock, beside it or under a marker prefix the backend accepts.
 #![no_main]
 
 #[allow(dead_code)]
@@ -111,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
         EntryKind::Read,
         EntryKind::Write,
         EntryKind::Semaphore,
+        EntryKind::Dlm,
     ] {
         let written = layout::key(dir, kind, &lease_hex, &attempt);
         let entry = layout::entry(
@@ -135,6 +136,8 @@ fuzz_target!(|data: &[u8]| {
     for marker in [
         layout::released(&beside, dir, &lease_hex),
         layout::abandoned(&beside, dir, &lease_hex, &attempt),
+        layout::block(dir),
+        layout::touched(dir, &lease_hex),
     ] {
         assert!(beside.covers(&marker));
         assert!(!layout::is_entry(dir, marker.as_bytes()), "{marker:?}");

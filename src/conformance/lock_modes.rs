@@ -415,3 +415,76 @@ pub async fn lock_modes_mixed_crowd_is_herd_free<F: Fixture>(fixture: &F) {
         "{wakeups} wakeups for {releases} releases"
     );
 }
+
+/// Several resources taken as one, each in its mode: all or nothing.
+pub async fn lock_modes_multi_resource_all_or_nothing<F: Fixture>(fixture: &F) {
+    let (_ca, a, _cb, b) = two(fixture).await;
+    let (first, second) = (unique("multi-a"), unique("multi-b"));
+    let holder = lock_in(&a.resource(&second).expect("resource"), Ex).await;
+    let both = b
+        .multi_resource([(second.as_str(), Pr), (first.as_str(), Pr)])
+        .expect("multi");
+    assert!(bounded("try both", both.try_lock()).await.expect("try").is_none());
+    assert!(
+        contenders(&b.resource(&first).expect("resource")).await.is_empty(),
+        "the part taken is let go"
+    );
+    release(holder).await;
+    let held = bounded("lock both", both.lock()).await.expect("lock both");
+    let modes: Vec<_> = held.guards().iter().map(|g| (g.name().to_owned(), g.mode())).collect();
+    assert_eq!(modes, vec![(first.clone(), Pr), (second.clone(), Pr)], "in name order");
+    let beside = a
+        .multi_resource([(first.as_str(), Cr), (second.as_str(), Pr)])
+        .expect("multi");
+    let beside = bounded("compatible modes", beside.try_lock())
+        .await
+        .expect("try")
+        .expect("CR and PR beside PR");
+    assert!(matches!(
+        a.multi_resource([(first.as_str(), Cr), (first.as_str(), Pr)]),
+        Err(Error::InvalidOptions { .. })
+    ));
+    bounded("release", beside.release()).await.expect("release");
+    bounded("release", held.release()).await.expect("release");
+}
+
+/// With a lock-delay, the next holder waits it out after a PW or EX
+/// holder's involuntary loss, and not after a release.
+pub async fn lock_modes_lock_delay_after_an_involuntary_loss_only<F: Fixture>(fixture: &F) {
+    let delay = Duration::from_millis(1500);
+    let (ca, cb) = (fixture.client().await, fixture.client().await);
+    let waiting = bounded(
+        "open a session",
+        cb.session_with(fixture.options().with_lock_delay(delay)),
+    )
+    .await
+    .expect("session");
+    for lost in [true, false] {
+        let name = unique("modes-lock-delay");
+        let doomed = session(fixture, &ca).await;
+        let holder = lock_in(&doomed.resource(&name).expect("resource"), Ex).await;
+        let resource = waiting.resource(&name).expect("resource");
+        let waiter = spawn_queued(&cb, async move {
+            let guard = resource.lock(Pr).await;
+            (tokio::time::Instant::now(), guard)
+        })
+        .await;
+        fixture.watch_set(&waiting, holder.key()).await;
+        let before = cb.stats().lock_delays;
+        let at = tokio::time::Instant::now();
+        if lost {
+            fixture.expire(&doomed).await;
+        } else {
+            release(holder).await;
+        }
+        let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+        let guard = guard.expect("PR");
+        if lost {
+            assert!(granted_at - at >= delay, "granted {:?} after the loss", granted_at - at);
+            assert!(cb.stats().lock_delays > before);
+        } else {
+            assert_eq!(cb.stats().lock_delays, before, "no lock-delay after a release");
+        }
+        release(guard).await;
+    }
+}

@@ -106,6 +106,15 @@ pub(crate) fn denied(operation: &'static str, key: &str, message: &str) -> Error
             which alone is not enough), or, with Etcd::with_marker_prefix (--marker-prefix), on `NAME/` and on that \
             prefix"
             .to_owned(),
+        // A lock-mode resource's entries are under `NAME/`, its value block
+        // beside them.
+        "read the queue of" => "read on a prefix of the resource's name such as `locks/` or the name itself (its \
+            entries are under `NAME/`, its value block at `NAME` + NUL + `lockline/block`, outside `NAME/`)"
+            .to_owned(),
+        "update the queue of" => "read-write on a prefix of the resource's name such as `locks/` or the name \
+            itself (its entries are under `NAME/`, its value block at `NAME` + NUL + `lockline/block`, outside \
+            `NAME/`, which alone is not enough)"
+            .to_owned(),
         "read" | "watch" => "read on this key's prefix".to_owned(),
         "revoke the lease of" => "write on every key on the lease (unrenewed, it expires within its TTL)".to_owned(),
         _ => "read-write on this key's prefix".to_owned(),

@@ -8,10 +8,26 @@
 //! | read lock | `<name>/read/<lease hex>-<attempt>` | empty |
 //! | write lock | `<name>/write/<lease hex>-<attempt>` | empty |
 //! | semaphore permit | `<name>/semaphore/<lease hex>-<attempt>` | empty |
+//! | lock-mode contender | `<name>/dlm/<lease hex>-<attempt>` | the core's encoded state |
 //!
 //! Every key is bound to the session's lease; the queue is ordered by create
 //! revision across the whole `<name>/` prefix; the fencing token is the
 //! holder's create revision.
+//!
+//! A lock-mode resource (lockline's `Resource`, the six DLM modes) keeps,
+//! besides its entries:
+//!
+//! | what | key | value | lease |
+//! |---|---|---|---|
+//! | lock value block | `<name>` NUL `lockline/block` ([`block`]) | the block as last written | none: it outlives every session |
+//! | tick of an update that writes nothing else | `<name>` NUL `lockline/touched-<lease hex>` ([`touched`]) | empty | the writer's |
+//!
+//! Both lie beside the lock like the markers (see [`BESIDE`]): in the key
+//! range of the name, outside `<name>/`, so no lock's listing (lockline's,
+//! Go's, `etcdctl lock`'s) takes them for a contender, and a fenced write
+//! can never reach them. An entry's version and the place of its last write
+//! in the server's order are both its modification revision; an update's
+//! token is the revision of its transaction.
 
 use lockline::backend::{Conflicts, Entry, EntryKind};
 use lockline::FencingToken;
@@ -46,6 +62,7 @@ pub(crate) fn key(dir: &str, kind: EntryKind, lease_hex: &str, attempt: &str) ->
         EntryKind::Read => format!("{dir}/read/{lease_hex}-{attempt}"),
         EntryKind::Write => format!("{dir}/write/{lease_hex}-{attempt}"),
         EntryKind::Semaphore => format!("{dir}/semaphore/{lease_hex}-{attempt}"),
+        EntryKind::Dlm => format!("{dir}/dlm/{lease_hex}-{attempt}"),
         // Mutex, election, and any kind added later: one key per session.
         _ => format!("{dir}/{lease_hex}"),
     }
@@ -127,6 +144,23 @@ pub(crate) fn abandoned(markers: &Markers, dir: &str, lease_hex: &str, attempt: 
     format!("{}{lease_hex}-{attempt}", markers.base(dir))
 }
 
+/// The lock value block of the lock-mode resource `dir`:
+/// `<dir>\0lockline/block`, beside the lock whatever the marker prefix (every
+/// client of the resource must find the same key), with no lease. Shaped
+/// like no marker (a lease's hex is followed by `-`, and `released-` starts
+/// otherwise) and no entry of any lock.
+pub(crate) fn block(dir: &str) -> String {
+    format!("{dir}{BESIDE}block")
+}
+
+/// The key an update of the lock-mode resource `dir` that changes nothing
+/// else writes, so that it still gets a revision of its own (its token must
+/// be above every earlier one): `<dir>\0lockline/touched-<lease hex>`, empty,
+/// bound to the writer's lease.
+pub(crate) fn touched(dir: &str, lease_hex: &str) -> String {
+    format!("{dir}{BESIDE}touched-{lease_hex}")
+}
+
 /// The prefix abandoned-attempt markers lived under by default before they
 /// moved beside each lock: a namespace of its own, under no lock's prefix.
 pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
@@ -180,7 +214,7 @@ pub(crate) fn is_entry(dir: &str, key: &[u8]) -> bool {
 /// - `db/<lease hex>` (mutex, election, and Go / `etcdctl` / server-side lock
 ///   contenders);
 /// - `db/read/<lease hex>-<attempt>`, `db/write/<lease hex>-<attempt>`,
-///   `db/semaphore/<lease hex>-<attempt>`.
+///   `db/semaphore/<lease hex>-<attempt>`, `db/dlm/<lease hex>-<attempt>`.
 ///
 /// A name is never searched for a word: a lock may be called `read`,
 /// `a/write/b` or `semaphore`.
@@ -209,6 +243,7 @@ fn kind_under(dir: &str, key: &str) -> Option<EntryKind> {
                 "read" => EntryKind::Read,
                 "write" => EntryKind::Write,
                 "semaphore" => EntryKind::Semaphore,
+                "dlm" => EntryKind::Dlm,
                 _ => return None,
             };
             let (lease, attempt) = tail.split_once('-')?;
@@ -233,7 +268,9 @@ fn is_lease_hex(text: &str) -> bool {
 pub(crate) fn dir_of(entry: &Entry) -> &str {
     let key = entry.key.as_str();
     let cut = match entry.kind {
-        EntryKind::Read | EntryKind::Write | EntryKind::Semaphore => key.rsplitn(3, '/').nth(2).map(str::len),
+        EntryKind::Read | EntryKind::Write | EntryKind::Semaphore | EntryKind::Dlm => {
+            key.rsplitn(3, '/').nth(2).map(str::len)
+        }
         _ => key.rfind('/'),
     };
     cut.map_or(key, |at| &key[..at])
@@ -251,6 +288,7 @@ mod tests {
         );
         assert_eq!(key("/x", EntryKind::Election, "1f", "u1"), "/x/1f");
         assert_eq!(key("rw", EntryKind::Write, "1f", "u1"), "rw/write/1f-u1");
+        assert_eq!(key("res", EntryKind::Dlm, "1f", "u1"), "res/dlm/1f-u1");
         assert_eq!(conflict_prefix("rw", Conflicts::Exclusive), "rw/");
         assert_eq!(conflict_prefix("rw", Conflicts::All), "rw/");
     }
@@ -351,6 +389,12 @@ mod tests {
             kind_under("db", &format!("db/semaphore/1f-{attempt}")),
             Some(EntryKind::Semaphore)
         );
+        assert_eq!(kind_under("db", &format!("db/dlm/1f-{attempt}")), Some(EntryKind::Dlm));
+        // A mutex named `db/dlm` is no lock-mode entry of `db`, and a
+        // lock-mode entry of `db` is no entry of `db/dlm`.
+        assert_eq!(kind_under("db", "db/dlm/1f"), None);
+        assert_eq!(kind_under("db/dlm", "db/dlm/1f"), Some(EntryKind::Mutex));
+        assert_eq!(kind_under("db/dlm", &format!("db/dlm/1f-{attempt}")), None);
         // Other locks' keys under the same prefix.
         assert_eq!(kind_under("db", "db/read/1f"), None, "mutex db/read");
         assert_eq!(kind_under("db", "db/x/1f"), None, "mutex db/x");
@@ -381,5 +425,42 @@ mod tests {
         assert_eq!(dir_of(&entry("db/read/1f", EntryKind::Mutex)), "db/read");
         assert_eq!(dir_of(&entry("db/read/read/1f-u", EntryKind::Read)), "db/read");
         assert_eq!(dir_of(&entry("write/write/1f-u", EntryKind::Write)), "write");
+        assert_eq!(dir_of(&entry("a/dlm/b/dlm/1f-u", EntryKind::Dlm)), "a/dlm/b");
+    }
+
+    #[test]
+    fn the_value_block_lies_beside_the_lock_and_is_no_entry_or_marker() {
+        let beside = Markers::BesideEachLock;
+        for dir in ["locks/a", "/res/", "a/dlm", "db"] {
+            let block = block(dir);
+            let touched = touched(dir, "694d7a1b2c");
+            for key in [&block, &touched] {
+                assert!(key.starts_with(dir), "{key:?}");
+                assert!(!key.starts_with(&prefix(dir)), "{key:?} is under {dir:?}/");
+                assert!(!is_entry(dir, key.as_bytes()), "{key:?}");
+                for (at, _) in key.match_indices('/') {
+                    assert!(!is_entry(&key[..at], key.as_bytes()), "{key:?}");
+                }
+                // Fenced writes can never reach it.
+                assert!(beside.covers(key), "{key:?}");
+            }
+            // No marker of any session or attempt.
+            for lease in ["b", "1f", "694d7a1b2c"] {
+                assert_ne!(block, released(&beside, dir, lease));
+                assert_ne!(touched, released(&beside, dir, lease));
+                for attempt in ["lock", "u1"] {
+                    assert_ne!(block, abandoned(&beside, dir, lease, attempt));
+                    assert_ne!(touched, abandoned(&beside, dir, lease, attempt));
+                }
+            }
+        }
+        assert_ne!(block("a"), block("a/b"));
+        assert_eq!(block("res"), "res\0lockline/block");
+    }
+
+    #[test]
+    fn a_marker_prefix_shaped_like_lock_mode_entries_is_found() {
+        let under = Markers::Under("locks/dlm/".to_owned());
+        assert_eq!(under.shadowed_lock().as_deref(), Some("locks"));
     }
 }

@@ -28,7 +28,7 @@
 //!   `n/` and a session's entry is `n/<lease id in lowercase hex>`, ordered by
 //!   create revision. `etcdctl lock n`, Go's `concurrency.Mutex` and etcd's
 //!   server-side lock API exclude lockline's holders and vice versa. A key is
-//!   an entry of `n` only as `n/<lease hex>` or `n/{read,write,semaphore}/<lease
+//!   an entry of `n` only as `n/<lease hex>` or `n/{read,write,semaphore,dlm}/<lease
 //!   hex>-<attempt>`: the keys of nested locks (`n/read`, `n/x`) are ignored,
 //!   so lockline names may nest and contain any recipe word (Go's mutex `n`
 //!   still counts every key under `n/`).
@@ -108,7 +108,38 @@
 //!   `locks/a/` alone (the lock's prefix, not its name) does not cover the
 //!   markers either: nothing inside `locks/a/` can be written without Go
 //!   taking it for a contender, so that role needs a marker prefix too.
-
+//! - **Lock modes** (lockline's `Resource`: NL, CR, CW, PR, PW, EX, with
+//!   conversions and a lock value block) = one entry per contender,
+//!   `n/dlm/<lease hex>-<attempt>`, bound to the lease like every entry,
+//!   holding the core's encoded state (mode, grant, conversion) as its
+//!   value, ordered by create revision. The resource's lock value block is
+//!   the key `n` + NUL + `lockline/block`, beside the lock like the markers
+//!   (whatever the marker prefix: every client of the resource must find
+//!   the same key), with no lease: it outlives every session, one small key
+//!   per resource that ever wrote one, left in place. Reading the resource
+//!   is one `Txn` of two range reads at one revision (every key under `n/`
+//!   by create revision, values included, and the block); an update is one
+//!   `Txn`: if each unchanged entry's modification revision is still the
+//!   version read (which also pins its identity: a key created again has a
+//!   later one) and each entry asked only to be present still has its
+//!   create revision, then put the new values with `ignore_lease` (an entry
+//!   marked by another session keeps its owner's lease and still goes with
+//!   its owner's session), delete, put the block; its token is the
+//!   transaction's revision, the new modification revision of every entry
+//!   it wrote, above every earlier one. An update that writes nothing else
+//!   puts the writer's empty tick key `n` + NUL + `lockline/touched-<lease
+//!   hex>` (bound to its lease), so that its token is still a revision of
+//!   its own. A removal through an update writes the hand-over marker as
+//!   a release does, and with a lock-delay the read after a value watch saw
+//!   an entry go reads its marker in the same `Txn` (see Lock-delay above).
+//!   etcd takes at most 128 comparisons and 128 writes in one
+//!   transaction (`--max-txn-ops`): an update that compares or writes more
+//!   entries than that fails with the server's error. lockline refuses to
+//!   queue lock modes with another recipe on one name; Go's
+//!   `concurrency.Mutex` and `etcdctl lock n` count the `dlm/` entries as
+//!   contenders (every key under `n/`), and a Go or `etcdctl` mutex of a
+//!   parent name (`locks` for `locks/a`) counts the value block of `locks/a`
+//!   as a holder that never leaves: keep such names apart.
 //!
 //! # Secure clusters
 //!
@@ -399,7 +430,7 @@ impl Etcd {
     /// Under [`with_namespace`](Self::with_namespace) the marker prefix is
     /// relative to the namespace, like every other key. A prefix under which
     /// markers have the shape of a lock's entries (its last segment `read`,
-    /// `write` or `semaphore`, as in `locks/read/`: a marker would be a
+    /// `write`, `semaphore` or `dlm`, as in `locks/read/`: a marker would be a
     /// reader of the lock `locks`) is refused with
     /// [`Error::InvalidOptions`] when a session opens.
     ///
@@ -666,7 +697,7 @@ impl Backend for Etcd {
                     name: key.to_owned(),
                     reason: format!(
                         "the key has the shape of a holder of the lock {dir:?} (`NAME/<lease hex>`, \
-                         `NAME/read|write|semaphore/<lease hex>-<attempt>`): written, it would block \
+                         `NAME/read|write|semaphore|dlm/<lease hex>-<attempt>`): written, it would block \
                          that lock for lockline, Go and etcdctl; use another last segment"
                     ),
                 });
@@ -689,8 +720,8 @@ impl Backend for Etcd {
             return Err(Error::InvalidOptions {
                 reason: format!(
                     "the marker prefix {:?} puts markers where they have the shape of entries of the lock {lock:?} \
-                     (`NAME/read|write|semaphore/<lease hex>-<attempt>`); give a prefix whose last segment is \
-                     not read, write or semaphore, such as locks/__lockline_abandoned__/",
+                     (`NAME/read|write|semaphore|dlm/<lease hex>-<attempt>`); give a prefix whose last segment is \
+                     not read, write, semaphore or dlm, such as locks/__lockline_abandoned__/",
                     self.markers.as_deref().unwrap_or_default()
                 ),
             });

@@ -11,7 +11,8 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use lockline::backend::{
-    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
+    QueueUpdate, Slot,
 };
 use lockline::{Error, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -48,6 +49,10 @@ pub(crate) struct EtcdSession {
     /// the server started at or before that revision sees every later
     /// deletion, so it needs no read of its own (see [`Seen`]).
     seen: std::sync::Mutex<Seen>,
+    /// Lock-mode entries' values as this session last read or wrote them,
+    /// with the revision of that read or write: a value watch the server
+    /// started at or before it needs no read of its own (see [`Values`]).
+    values: std::sync::Mutex<Values>,
     /// Whether this session's contenders wait with a lock-delay: only then
     /// do their waits remember how predecessors went, and their reads after
     /// a wait look at the predecessors' hand-over markers.
@@ -73,6 +78,10 @@ pub(crate) struct EtcdSession {
 /// [`layout::released`]) and handed to [`BackendSession::departure`].
 #[derive(Debug, Default)]
 struct Gone(HashMap<(String, i64), Went>);
+
+/// An entry seen gone whose hand-over marker a read looks at: its (key,
+/// create revision), its lease in hex, the revision of its deletion.
+type Look = ((String, i64), String, i64);
 
 /// What a wait saw of an entry that went away.
 #[derive(Debug, Clone)]
@@ -121,7 +130,7 @@ impl Gone {
     /// The undecided entries of the lock `dir` created before `order` whose
     /// markers a read can look at (the latest seen first), deciding at once
     /// those it cannot (no deletion revision or no lease seen: lost).
-    fn undecided(&mut self, dir: &str, order: i64) -> Vec<((String, i64), String, i64)> {
+    fn undecided(&mut self, dir: &str, order: i64) -> Vec<Look> {
         let mut found: Vec<_> = self
             .0
             .iter_mut()
@@ -170,6 +179,36 @@ impl Seen {
     }
 
     fn take(&mut self, entry: &Entry) -> Option<i64> {
+        self.0.remove(&(entry.key.clone(), entry.order))
+    }
+}
+
+/// Lock-mode entries' values as a read ([`BackendSession::read_queue`]) or a
+/// write ([`BackendSession::update_queue`]) of this session saw them, by (key,
+/// create revision), with that revision: a
+/// [`watch_value`](BackendSession::watch_value) whose watch the server
+/// started at or before that revision, waiting for a change from that very
+/// value, sees every later write and the deletion as events, so it needs no
+/// read of its own. Taken by the first value watch on the entry; bounded (an
+/// entry read but never watched only costs a later watch its read).
+#[derive(Debug, Default)]
+struct Values(HashMap<(String, i64), (i64, Vec<u8>)>);
+
+impl Values {
+    /// At most this many entries are remembered.
+    const LIMIT: usize = 4096;
+
+    fn insert(&mut self, entry: &Entry, revision: i64, value: &[u8]) {
+        if self.0.len() >= Self::LIMIT {
+            self.0.clear();
+        }
+        self.0
+            .insert((entry.key.clone(), entry.order), (revision, value.to_vec()));
+    }
+
+    /// The revision at which `entry` was seen, and its value then, if
+    /// remembered.
+    fn take(&mut self, entry: &Entry) -> Option<(i64, Vec<u8>)> {
         self.0.remove(&(entry.key.clone(), entry.order))
     }
 }
@@ -242,6 +281,7 @@ impl EtcdSession {
             live: std::sync::Mutex::default(),
             namespace,
             seen: std::sync::Mutex::default(),
+            values: std::sync::Mutex::default(),
             lock_delay: !options.lock_delay().is_zero(),
             gone: std::sync::Mutex::default(),
             appended: AtomicBool::new(false),
@@ -496,7 +536,10 @@ enum Owner<'a> {
 
 /// Kinds whose key is the same for every entry of one session and name.
 fn shares_key(kind: EntryKind) -> bool {
-    !matches!(kind, EntryKind::Read | EntryKind::Write | EntryKind::Semaphore)
+    !matches!(
+        kind,
+        EntryKind::Read | EntryKind::Write | EntryKind::Semaphore | EntryKind::Dlm
+    )
 }
 
 fn article(kind: EntryKind) -> &'static str {
@@ -608,13 +651,7 @@ impl BackendSession for EtcdSession {
             // undecided, so lost (a lock-delay at worst), and the queue is
             // read alone.
             Err(error) if !looks.is_empty() && (error.is_refusal() || is_compacted(&error)) => {
-                tracing::debug!(key = %entry.key, %error, "hand-over markers unreadable; taken for losses");
-                {
-                    let mut gone = self.gone();
-                    for (id, ..) in &looks {
-                        gone.decide(id, false);
-                    }
-                }
+                self.looks_unreadable(&entry.key, &error, &looks);
                 self.read_earlier(entry, &prefix, nearest(), &[]).await?
             }
             other => other?,
@@ -626,22 +663,7 @@ impl BackendSession for EtcdSession {
         let ops = response.op_responses();
         let first = get_response(ops.first())?;
         if !looks.is_empty() {
-            let mut gone = self.gone();
-            for (i, (id, _, deleted_at)) in looks.iter().enumerate() {
-                // A read of a compacted revision ends the answer short on
-                // etcd 3.4 (3.5 refuses the whole request): undecided, so
-                // lost.
-                let (Ok(at), Ok(before)) = (get_response(ops.get(1 + 2 * i)), get_response(ops.get(2 + 2 * i))) else {
-                    tracing::debug!(key = %id.0, "hand-over marker history compacted away; taken for a loss");
-                    gone.decide(id, false);
-                    continue;
-                };
-                // Written by the very transaction that deleted the entry, or
-                // saying its session was closing just before the deletion.
-                let released = at.kvs().first().is_some_and(|kv| kv.mod_revision() == *deleted_at)
-                    || before.kvs().first().is_some_and(|kv| kv.value() == layout::CLOSING);
-                gone.decide(id, released);
-            }
+            self.decide_looks(&ops, 1, &looks);
         }
         let mut found: Vec<Entry> = Self::entries(dir, first)
             .into_iter()
@@ -869,6 +891,112 @@ impl BackendSession for EtcdSession {
         Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
+    /// One transaction of two range reads at one revision: every key under
+    /// `<dir>/` by create revision (the entries of `dir` among them, keys of
+    /// nested locks left out), and the value block beside the lock.
+    ///
+    /// After a value watch of a session with a lock-delay saw an entry of
+    /// `dir` go, the same transaction reads that entry's hand-over marker as
+    /// of its deletion and the revision before, as the read after a wait
+    /// does for the other recipes ([`departure`](BackendSession::departure)
+    /// answers from it).
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let dir = &*self.within(dir);
+        let looks = if self.lock_delay {
+            self.gone().undecided(dir, i64::MAX)
+        } else {
+            Vec::new()
+        };
+        let read = |looks: &[Look]| {
+            let mut ops = vec![
+                TxnOp::get(layout::prefix(dir), Some(first_created(0))),
+                TxnOp::get(layout::block(dir), None),
+            ];
+            ops.extend(self.marker_reads(dir, looks));
+            self.txn(Txn::new().and_then(ops), "read the queue of", dir)
+        };
+        let (response, looked) = match read(&looks).await {
+            Err(error) if !looks.is_empty() && (error.is_refusal() || is_compacted(&error)) => {
+                self.looks_unreadable(dir, &error, &looks);
+                (read(&[]).await?, false)
+            }
+            other => (other?, !looks.is_empty()),
+        };
+        let read_at = response.header().map(|h| h.revision());
+        let ops = response.op_responses();
+        let listed = get_response(ops.first())?;
+        let block = get_response(ops.get(1))?.kvs().first().map(|kv| kv.value().to_vec());
+        if looked {
+            self.decide_looks(&ops, 2, &looks);
+        }
+        let slots: Vec<Slot> = listed
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let entry = layout::entry(dir, kv)?;
+                Some(Slot {
+                    entry,
+                    value: kv.value().to_vec(),
+                    version: kv.mod_revision(),
+                    changed: u64::try_from(kv.mod_revision()).unwrap_or(0),
+                })
+            })
+            .collect();
+        if let Some(read_at) = read_at {
+            let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+            for slot in slots.iter().filter(|slot| slot.entry.kind == EntryKind::Dlm) {
+                values.insert(&slot.entry, read_at, &slot.value);
+            }
+        }
+        Ok(Queue { slots, block })
+    }
+
+    /// One transaction: if every unchanged entry's modification revision is
+    /// still the version read (which also makes it the very same entry: a
+    /// key deleted and created again has a later one, a missing key 0) and
+    /// every present entry's create revision is still its own, then put the
+    /// new values keeping each key's lease (`ignore_lease`), delete,
+    /// and put the block; the token is the transaction's revision, which is
+    /// also the new modification revision of every key it put.
+    ///
+    /// A removal of this session's own entry writes its hand-over marker in
+    /// the same transaction, as [`remove`](BackendSession::remove) does. An
+    /// update that writes nothing else puts this session's tick key beside
+    /// the lock ([`layout::touched`]), so that its revision is its own.
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let dir = self.within(update.dir);
+        let marked = update
+            .delete
+            .iter()
+            .any(|entry| entry.owner.as_deref() == Some(self.id.as_str()))
+            && self.markers_allowed();
+        let response = match self.update_once(&dir, update, marked).await {
+            Err(refused) if marked && refused.is_refusal() => {
+                let response = self.update_once(&dir, update, false).await?;
+                self.refuse_markers(&refused);
+                response
+            }
+            other => other?,
+        };
+        let Some(token) = response else {
+            return Ok(None);
+        };
+        for entry in update.delete {
+            if entry.owner.as_deref() == Some(self.id.as_str()) {
+                self.untrack(&entry.key);
+            }
+        }
+        {
+            let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+            for (entry, value) in update.set {
+                if !update.delete.iter().any(|gone| gone.key == entry.key) {
+                    values.insert(entry, token, value);
+                }
+            }
+        }
+        Ok(Some(u64::try_from(token).unwrap_or(0)))
+    }
+
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
         let response = self.get(&entry.key, None, "read").await?;
         Ok(response
@@ -878,26 +1006,55 @@ impl BackendSession for EtcdSession {
             .map(|kv| kv.value().to_vec()))
     }
 
+    /// A watch on the key from the current revision, then one read, unless
+    /// a lock-mode read or update of this session (or the value watch that
+    /// returned `seen`) showed the entry holding `seen` at or after the
+    /// revision the watch started from: then every change since is an event
+    /// still to come.
+    ///
+    /// With a lock-delay, an entry seen gone is remembered with the revision
+    /// of its deletion, for the next [`read_queue`](BackendSession::read_queue)
+    /// to read its hand-over marker.
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let remembered = self.values.lock().unwrap_or_else(PoisonError::into_inner).take(entry);
+        // A revision at which the entry existed, and one at which it held `seen`.
+        let existed_at = remembered.as_ref().map(|(revision, _)| *revision);
+        let known = remembered.and_then(|(revision, value)| (value == seen).then_some(revision));
         let mut watch = self.hub.watch(&entry.key, true);
         loop {
             match watch.next().await {
-                Signal::Created { .. } => match self.get_value(entry).await? {
-                    None => return Ok(None),
-                    Some(value) if value != seen => return Ok(Some(value)),
-                    Some(_) => {}
+                Signal::Created { revision } if known.is_some_and(|known| revision <= known) => {}
+                Signal::Created { .. } => match boxed(self.value_at(entry)).await? {
+                    (None, _) => {
+                        drop(watch);
+                        boxed(self.went(entry, None, existed_at)).await;
+                        return Ok(None);
+                    }
+                    (Some(value), read_at) if value != seen => {
+                        self.remember(entry, read_at, &value);
+                        return Ok(Some(value));
+                    }
+                    (Some(_), _) => {}
                 },
-                Signal::Delete { revision } if revision > entry.order => return Ok(None),
+                Signal::Delete { revision } if revision > entry.order => {
+                    boxed(self.went(entry, Some(revision), None)).await;
+                    return Ok(None);
+                }
                 Signal::Delete { .. } => {}
                 Signal::Put(written) => {
-                    // An older key under the same name: not this entry.
-                    if written.create_revision < entry.order {
+                    // An older key under the same name: not this entry. A
+                    // write the value seen already followed (replayed by a
+                    // member that lags): nothing new.
+                    if written.create_revision < entry.order || known.is_some_and(|known| written.mod_revision <= known)
+                    {
                         continue;
                     }
                     if written.create_revision > entry.order {
+                        boxed(self.went(entry, None, None)).await;
                         return Ok(None);
                     }
                     if written.value != seen {
+                        self.remember(entry, Some(written.mod_revision), &written.value);
                         return Ok(Some(written.value));
                     }
                 }
@@ -1146,6 +1303,93 @@ impl EtcdSession {
         Appended { entry, nearest }
     }
 
+    /// The transaction of [`update_queue`](BackendSession::update_queue),
+    /// with this session's hand-over marker if `marked`: the revision it
+    /// applied at, or `None` when a condition failed.
+    async fn update_once(&self, dir: &str, update: &QueueUpdate<'_>, marked: bool) -> Result<Option<i64>> {
+        let mut compares = Vec::with_capacity(update.unchanged.len());
+        for (entry, version) in update.unchanged {
+            if *version <= 0 {
+                // No entry that exists has such a version.
+                return Ok(None);
+            }
+            compares.push(Compare::mod_revision(entry.key.clone(), CompareOp::Equal, *version));
+        }
+        // Present at any version: the very same entry (its create revision).
+        for entry in update.present {
+            compares.push(Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.order,
+            ));
+        }
+        // The core lists every entry it sets or deletes as unchanged or
+        // present too; one it did not is still fenced on its identity.
+        let fenced = |entry: &Entry| {
+            update.unchanged.iter().any(|(known, _)| known.key == entry.key)
+                || update.present.iter().any(|known| known.key == entry.key)
+        };
+        for entry in update
+            .set
+            .iter()
+            .map(|(entry, _)| *entry)
+            .chain(update.delete.iter().copied())
+        {
+            if !fenced(entry) {
+                compares.push(Compare::create_revision(
+                    entry.key.clone(),
+                    CompareOp::Equal,
+                    entry.order,
+                ));
+            }
+        }
+        // etcd refuses two writes of one key in a transaction: a deleted
+        // entry is not also set, and an entry set twice takes the last value.
+        let mut ops: Vec<TxnOp> = Vec::with_capacity(update.set.len() + update.delete.len() + 2);
+        let mut written: Vec<&str> = Vec::with_capacity(update.set.len());
+        for (at, (entry, value)) in update.set.iter().enumerate() {
+            let later = update.set[at + 1..].iter().any(|(other, _)| other.key == entry.key);
+            let deleted = update.delete.iter().any(|gone| gone.key == entry.key);
+            if later || deleted {
+                continue;
+            }
+            written.push(&entry.key);
+            ops.push(TxnOp::put(
+                entry.key.clone(),
+                value.to_vec(),
+                Some(PutOptions::new().with_ignore_lease()),
+            ));
+        }
+        for (at, entry) in update.delete.iter().enumerate() {
+            if !update.delete[..at].iter().any(|other| other.key == entry.key) {
+                ops.push(TxnOp::delete(entry.key.clone(), None));
+            }
+        }
+        if let Some(block) = update.block {
+            ops.push(TxnOp::put(layout::block(dir), block.to_vec(), None));
+        }
+        if marked {
+            ops.push(self.hand_over(dir, b""));
+        }
+        if ops.is_empty() {
+            ops.push(TxnOp::put(
+                layout::touched(dir, &self.id),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            ));
+        }
+        let txn = Txn::new().when(compares).and_then(ops);
+        let response = self.txn(txn, "update the queue of", dir).await?;
+        if !response.succeeded() {
+            return Ok(None);
+        }
+        let revision = response
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| Error::backend(BACKEND, "a transaction's answer without a header"))?;
+        Ok(Some(revision))
+    }
+
     /// The abandonment of `attempt` was refused. That ends the session only if
     /// it can leave an entry behind: when the marker alone may be written
     /// (so no try of the append still on its way can create the key any more)
@@ -1302,20 +1546,11 @@ impl EtcdSession {
         }
     }
 
-    /// The read after a wait: my entry confirmed, the nearest earlier keys,
-    /// and for each of `looks` (an entry seen deleted at a revision, and its
-    /// lease) that lease's hand-over marker as of the deletion and as of
-    /// the revision before.
-    async fn read_earlier(
-        &self,
-        entry: &Entry,
-        prefix: &str,
-        nearest: GetOptions,
-        looks: &[((String, i64), String, i64)],
-    ) -> Result<etcd_client::TxnResponse> {
-        let mut ops = Vec::with_capacity(1 + 2 * looks.len());
-        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
-        let dir = layout::dir_of(entry);
+    /// For each of `looks` (an entry of the lock `dir` seen deleted at a
+    /// revision, and its lease): two reads of that lease's hand-over marker,
+    /// as of the deletion and as of the revision before.
+    fn marker_reads(&self, dir: &str, looks: &[Look]) -> Vec<TxnOp> {
+        let mut ops = Vec::with_capacity(2 * looks.len());
         for (_, owner, deleted_at) in looks {
             let marker = layout::released(&self.markers, dir, owner);
             ops.push(TxnOp::get(
@@ -1327,6 +1562,58 @@ impl EtcdSession {
                 Some(GetOptions::new().with_revision((*deleted_at - 1).max(1))),
             ));
         }
+        ops
+    }
+
+    /// Decides how each of `looks` went from the answers of its
+    /// [`marker_reads`](Self::marker_reads), found in `ops` from `from` on.
+    fn decide_looks(&self, ops: &[TxnOpResponse], from: usize, looks: &[Look]) {
+        let mut gone = self.gone();
+        for (i, (id, _, deleted_at)) in looks.iter().enumerate() {
+            // A read of a compacted revision ends the answer short on
+            // etcd 3.4 (3.5 refuses the whole request): undecided, so
+            // lost.
+            let (Ok(at), Ok(before)) = (
+                get_response(ops.get(from + 2 * i)),
+                get_response(ops.get(from + 1 + 2 * i)),
+            ) else {
+                tracing::debug!(key = %id.0, "hand-over marker history compacted away; taken for a loss");
+                gone.decide(id, false);
+                continue;
+            };
+            // Written by the very transaction that deleted the entry, or
+            // saying its session was closing just before the deletion.
+            let released = at.kvs().first().is_some_and(|kv| kv.mod_revision() == *deleted_at)
+                || before.kvs().first().is_some_and(|kv| kv.value() == layout::CLOSING);
+            gone.decide(id, released);
+        }
+    }
+
+    /// The markers of `looks` cannot be read (history compacted away, the
+    /// marker prefix not readable): each undecided, so lost (a lock-delay at
+    /// worst).
+    fn looks_unreadable(&self, key: &str, error: &Error, looks: &[Look]) {
+        tracing::debug!(key, %error, "hand-over markers unreadable; taken for losses");
+        let mut gone = self.gone();
+        for (id, ..) in looks {
+            gone.decide(id, false);
+        }
+    }
+
+    /// The read after a wait: my entry confirmed, the nearest earlier keys,
+    /// and for each of `looks` (an entry seen deleted at a revision, and its
+    /// lease) that lease's hand-over marker as of the deletion and as of
+    /// the revision before.
+    async fn read_earlier(
+        &self,
+        entry: &Entry,
+        prefix: &str,
+        nearest: GetOptions,
+        looks: &[Look],
+    ) -> Result<etcd_client::TxnResponse> {
+        let mut ops = Vec::with_capacity(1 + 2 * looks.len());
+        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
+        ops.extend(self.marker_reads(layout::dir_of(entry), looks));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),
@@ -1356,6 +1643,46 @@ impl EtcdSession {
             .await
             .ok()
             .flatten()
+    }
+
+    /// `entry`'s current value (`None` when it is gone), and the revision
+    /// of the read.
+    async fn value_at(&self, entry: &Entry) -> Result<(Option<Vec<u8>>, Option<i64>)> {
+        let response = self.get(&entry.key, None, "read").await?;
+        let value = response
+            .kvs()
+            .first()
+            .filter(|kv| kv.create_revision() == entry.order)
+            .map(|kv| kv.value().to_vec());
+        Ok((value, response.header().map(|h| h.revision())))
+    }
+
+    /// Remembers that `entry` held `value` at `revision`, for the next value
+    /// watch on it (see [`Values`]).
+    fn remember(&self, entry: &Entry, revision: Option<i64>, value: &[u8]) {
+        if let Some(revision) = revision {
+            self.values
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(entry, revision, value);
+        }
+    }
+
+    /// A value watch saw `entry` go: with a lock-delay, remember it with the
+    /// revision of its deletion (`deleted_at`, or replayed from the server's
+    /// history after `existed_at`, a revision at which it existed), for the
+    /// next read of its lock to decide how it went.
+    async fn went(&self, entry: &Entry, deleted_at: Option<i64>, existed_at: Option<i64>) {
+        if !self.lock_delay {
+            return;
+        }
+        let noticed = Instant::now();
+        let deleted_at = match (deleted_at, existed_at) {
+            (Some(revision), _) => Some(revision),
+            (None, Some(seen)) => self.deleted_since(entry, seen).await,
+            (None, None) => None,
+        };
+        self.gone().insert(entry, deleted_at, noticed);
     }
 
     async fn exists(&self, entry: &Entry) -> Result<bool> {

@@ -51,6 +51,8 @@ pub(crate) enum Signal {
 pub(crate) struct Written {
     pub(crate) key: Vec<u8>,
     pub(crate) create_revision: i64,
+    /// The revision of this write.
+    pub(crate) mod_revision: i64,
     pub(crate) value: Vec<u8>,
 }
 
@@ -466,6 +468,7 @@ async fn run(
                             (EventType::Put, Some(kv)) => Signal::Put(Box::new(Written {
                                 key: kv.key().to_vec(),
                                 create_revision: kv.create_revision(),
+                                mod_revision: kv.mod_revision(),
                                 value: kv.value().to_vec(),
                             })),
                             (EventType::Put, None) => continue,

@@ -36,4 +36,4 @@ impl Fixture for EtcdFixture {
 lockline::conformance_tests!(EtcdFixture::start());
 
 // Lock-delay needs the backend to tell a release from a loss.
-lockline::conformance_tests!(@cases EtcdFixture::start(); lock_delay_holds_back_after_an_involuntary_loss_only);
+lockline::conformance_tests!(@cases EtcdFixture::start(); lock_delay_holds_back_after_an_involuntary_loss_only, lock_modes_lock_delay_after_an_involuntary_loss_only);

@@ -264,3 +264,70 @@ async fn etcdctl_elect_campaigns_behind_lockline_s_leader() {
         .expect("etcdctl leads after lockline");
     assert!(key.starts_with("interop/campaign/"), "{key}");
 }
+
+/// `etcdctl lock` counts every key under the name's prefix, lockline's
+/// lock-mode entries included: it waits behind one, and takes the lock once
+/// an update removes it. The resource's value block, beside the name, does
+/// not hold it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_waits_behind_a_lock_mode_entry() {
+    use lockline::backend::{AppendRequest, Conflicts, EntryKind, QueueUpdate};
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let session = client.session().await.expect("session");
+    let remote = session.backend_session();
+    let entry = remote
+        .append(&AppendRequest {
+            dir: "interop/modes",
+            kind: EntryKind::Dlm,
+            attempt: "a1",
+            value: b"EX granted",
+            conflicts: Conflicts::All,
+            nearest: 0,
+        })
+        .await
+        .expect("append")
+        .entry;
+    let read = remote.read_queue("interop/modes").await.expect("read");
+    let version = read.slots[0].version;
+
+    let mut raw = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    let mut watch = raw
+        .watch("interop/modes/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    let etcdctl = run_etcdctl(&cluster, &["lock", "interop/modes"]);
+    bounded("etcdctl queues", async {
+        loop {
+            let response = watch.message().await.expect("watch").expect("stream");
+            if response.events().iter().any(|e| e.event_type() == EventType::Put) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        etcdctl.line(Duration::from_millis(300)).is_none(),
+        "etcdctl took a lock a lock-mode entry holds"
+    );
+
+    // The holder leaves and writes the value block in one update.
+    let left = remote
+        .update_queue(&QueueUpdate {
+            dir: "interop/modes",
+            unchanged: &[(&entry, version)],
+            present: &[],
+            set: &[],
+            delete: &[&entry],
+            block: Some(b"lvb"),
+        })
+        .await
+        .expect("update");
+    assert!(left.is_some());
+    let key = etcdctl
+        .line(Duration::from_secs(10))
+        .expect("etcdctl gets the lock once the entry is gone");
+    assert!(key.starts_with("interop/modes/"), "{key}");
+}

@@ -34,3 +34,65 @@ async fn a_semaphore_and_a_mutex_never_share_a_name() {
     assert_eq!(left.len(), 1, "the refused contender left an entry: {left:?}");
     permit.release().await.expect("release");
 }
+
+/// A lock-mode resource and any other recipe never share a name: a Go-layout
+/// key (as `etcdctl lock` writes it) or a lockline mutex holder makes a
+/// lock-mode request fail, and a lock-mode holder makes a mutex fail, each
+/// leaving no entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_mode_resource_and_another_recipe_never_share_a_name() {
+    use lockline::LockMode;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let holder = client.session().await.expect("session");
+    let other = client.session().await.expect("session");
+
+    // A Go-layout key of another client's lease.
+    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("side client");
+    let lease = side.lease_grant(60, None).await.expect("grant").id();
+    side.put(
+        format!("mixed/go/{lease:x}"),
+        "",
+        Some(lockline_etcd::etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .expect("put");
+    let refused = other
+        .resource("mixed/go")
+        .expect("resource")
+        .try_lock(LockMode::Nl)
+        .await;
+    assert!(matches!(refused, Err(Error::InvalidName { .. })), "{refused:?}");
+
+    // A lockline mutex holder.
+    let guard = holder.mutex("mixed/c").expect("mutex").lock().await.expect("lock");
+    let refused = other.resource("mixed/c").expect("resource").lock(LockMode::Cr).await;
+    assert!(matches!(refused, Err(Error::InvalidName { .. })), "{refused:?}");
+    guard.release().await.expect("release");
+
+    // A lock-mode holder: a mutex refuses to queue behind it.
+    let held = holder
+        .resource("mixed/d")
+        .expect("resource")
+        .lock(LockMode::Pr)
+        .await
+        .expect("lock");
+    let refused = other.mutex("mixed/d").expect("mutex").lock().await;
+    assert!(matches!(refused, Err(Error::InvalidName { .. })), "{refused:?}");
+    other.flush().await;
+    holder.flush().await;
+    for name in ["mixed/c", "mixed/d"] {
+        let left = side
+            .get(
+                format!("{name}/"),
+                Some(lockline_etcd::etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .expect("get");
+        let expected = usize::from(name == "mixed/d");
+        assert_eq!(left.kvs().len(), expected, "{name}: {:?}", left.kvs());
+    }
+    held.release().await.expect("release");
+}

@@ -1,4 +1,9 @@
 //! Key names: everything of lock `n` shares the hash tag `{n}`.
+//!
+//! The whole layout is in the crate docs. A lock-mode resource (entries of
+//! kind `lock mode`) uses the same keys as every other lock, and one more:
+//! its lock value block `{n}:b`, a plain string outside the queue, which
+//! no entry key (`{n}:e:…`) and no plain key `n` can be.
 
 use lockline::backend::{Entry, EntryKind};
 use lockline::{Error, FencingToken};
@@ -34,6 +39,13 @@ pub(crate) fn joined(name: &str) -> String {
     format!("{{{name}}}:joined")
 }
 
+/// The lock value block of the lock-mode resource `n` (a string, never
+/// deleted, like the counter): not a member of the queue, so never listed
+/// as an entry.
+pub(crate) fn block(name: &str) -> String {
+    format!("{{{name}}}:b")
+}
+
 /// The session's own key, renewed with its entries: while it exists the
 /// session lives on the server.
 pub(crate) fn session_key(id: &str) -> String {
@@ -62,6 +74,7 @@ pub(crate) fn kind_from_label(label: &str) -> EntryKind {
         "write" => EntryKind::Write,
         "semaphore" => EntryKind::Semaphore,
         "election" => EntryKind::Election,
+        "lock mode" => EntryKind::Dlm,
         _ => EntryKind::Foreign,
     }
 }
@@ -84,8 +97,8 @@ pub(crate) fn is_plain_blocker(entry: &Entry) -> bool {
 }
 
 /// Whether `key` has the shape of a lock's own keys: `{n}:q`, `{n}:seq`, `{n}:run`,
-/// `{n}:e:…`, `{n}:c:…`, `{n}:x:…`, `{n}:l:…`, `{n}:joined`, or a session
-/// key.
+/// `{n}:e:…`, `{n}:c:…`, `{n}:x:…`, `{n}:l:…`, `{n}:joined`, `{n}:b`, or a
+/// session key.
 pub(crate) fn is_layout_key(key: &str) -> bool {
     if key.starts_with("lockline:session:") {
         return true;
@@ -97,7 +110,7 @@ pub(crate) fn is_layout_key(key: &str) -> bool {
         return false;
     };
     let tail = &rest[close + 1..];
-    matches!(tail, ":q" | ":seq" | ":run" | ":joined")
+    matches!(tail, ":q" | ":seq" | ":run" | ":joined" | ":b")
         || tail.starts_with(":e:")
         || tail.starts_with(":c:")
         || tail.starts_with(":x:")
@@ -133,6 +146,15 @@ mod tests {
     }
 
     #[test]
+    fn the_block_is_a_layout_key_and_no_entry() {
+        assert_eq!(block("jobs"), "{jobs}:b");
+        assert!(is_layout_key(&block("jobs")));
+        assert_eq!(parse_entry_key(&block("jobs")), None);
+        // A name that ends in the layout's words is still its own lock.
+        assert!(!is_layout_key("{jobs}:b:x"));
+    }
+
+    #[test]
     fn labels_round_trip() {
         for kind in [
             EntryKind::Mutex,
@@ -140,6 +162,7 @@ mod tests {
             EntryKind::Write,
             EntryKind::Semaphore,
             EntryKind::Election,
+            EntryKind::Dlm,
         ] {
             assert_eq!(kind_from_label(kind_label(kind)), kind);
         }

@@ -25,11 +25,12 @@
 //! | `{n}:seq` | string | the lock's counter: order and fencing token of each entry (never deleted, so tokens keep growing; started from the server's clock in microseconds when missing, and lifted to it once in each new epoch of the server, so a counter lost with the data, or brought back without its latest increments, goes on above every earlier token) |
 //! | `{n}:run` | string | the counter's epoch: `<run_id>:<master_replid>` of the server that last started or lifted it |
 //! | `{n}:q` | sorted set | the queue: one member per entry (its attempt id), scored by its order |
-//! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain` |
+//! | `{n}:e:<attempt>` | hash with a TTL | an entry: `kind`, `owner` (session id), `order`, `value`, `plain`; a lock-mode entry (`kind` = `lock mode`) also `changed` |
 //! | `{n}:c:<attempt>` | channel | where the entry's release is published: its one waiter listens |
 //! | `{n}:x:<attempt>` | string with a TTL | the tombstone of an acquire abandoned with its append in flight (a late append creates nothing) |
 //! | `{n}:l:<attempt>` | string with a TTL of a minute | the mark of an entry that went with its owner's session (for lock-delay) |
 //! | `{n}:joined` | channel | where election candidates' appends are published (for observers) |
+//! | `{n}:b` | string | the lock value block of a lock-mode resource (never deleted, like the counter; not a member of the queue, so never an entry) |
 //! | `n` | string with a TTL | the plain key a mutex holder owns, as `SET n … NX PX` would |
 //! | `lockline:session:<id>` | string with a TTL | the session: while it exists the session lives |
 //!
@@ -75,6 +76,27 @@
 //!   expired with nobody reaping it is seen at the waiter's timer, at its
 //!   TTL: the delay counts from then. A release sends what it sent
 //!   without lock-delay; the waiter makes no request of its own.
+//! - **Lock modes** ([`Resource`](lockline::Resource)) = entries of kind
+//!   `lock mode` in the same queue, whose value (the core's encoding of
+//!   mode, grant and conversion) the backend stores and never reads. A
+//!   read of the resource (`read_queue`) is one script: every entry, first
+//!   created first, with its value and `changed`, and the block `{n}:b`.
+//!   An update (`update_queue`) is one script: it checks every entry it is
+//!   conditioned on is still that entry (its order) at its version (or, for
+//!   an entry it needs only present, at any version), takes
+//!   the lock's counter's next number as its token (lifted in a new epoch
+//!   as an append lifts it), sets values (of any session's entries: owner
+//!   and TTL stay its owner's) with `changed` = the token, deletes, writes
+//!   the block, and publishes `value` on each set entry's channel and
+//!   `gone`/`lost` on each deleted one's: only the entries' own watchers
+//!   wake. An entry's version *is* its `changed` (its order until first
+//!   written): every write of a lock-mode entry, `set_value` included,
+//!   takes a new number of the counter. A value watch subscribes to the
+//!   entry's channel, then looks at its value and TTL in one script; an
+//!   entry it sees go is told released or lost (for a lock-delay) by the
+//!   message or the look, as for a wait.
+//!   Peers' recipes (redis-py's `Lock`, a `SET NX PX` lock) never see
+//!   lock-mode entries: they take no plain key.
 //! - **Single-key interop** = a mutex contender at the head of the queue also
 //!   takes the plain key `n` (`SET n <entry key> PX ttl`, only where `n` does
 //!   not exist), renews it with the entry and deletes it on release.

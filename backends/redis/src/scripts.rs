@@ -4,10 +4,12 @@
 //! Keys of a lock `n` (see the crate docs for the whole layout):
 //! `{n}:q` the queue (sorted set: attempt id scored by order), `{n}:seq` the
 //! counter, `{n}:e:<attempt>` an entry (hash: kind, owner, order, value,
-//! plain; with a TTL), `{n}:c:<attempt>` its channel, `{n}:joined` the
-//! channel an election candidate's append publishes on, `{n}:l:<attempt>`
-//! the mark of an entry lost with its owner's session, and `n` itself, the
-//! plain key a mutex holder owns for clients of the single-key lock.
+//! plain, and for a lock-mode entry changed; with a TTL), `{n}:c:<attempt>`
+//! its channel, `{n}:joined` the channel an election candidate's append
+//! publishes on, `{n}:l:<attempt>` the mark of an entry lost with its
+//! owner's session, `{n}:b` the lock value block of a lock-mode resource,
+//! and `n` itself, the plain key a mutex holder owns for clients of the
+//! single-key lock.
 //!
 //! What an entry's channel carries says how the entry went, for a waiter's
 //! lock-delay: `gone` (or `gone <attempt>`) when its owner removed it (a
@@ -28,9 +30,12 @@ use redis::Script;
 /// longest lock-delay), so that a waiter that subscribed after the message
 /// reads it in its look at the entry (`STATUS`); `reap` takes the member of
 /// an entry that expired (its owner stopped renewing) out of the queue,
-/// marks it lost and tells its waiter, if any. Said here rather than in
-/// Lua comments: with replica acknowledgement a writing script's text goes
-/// with every request.
+/// marks it lost and tells its waiter, if any; `next_number` gives the
+/// next number of the lock's counter (an append's order, a lock-mode
+/// update's token), started or lifted to the server's clock first when
+/// the counter is missing or was last started or lifted in another epoch
+/// (see [`APPEND`]). Said here rather than in Lua comments: with replica
+/// acknowledgement a writing script's text goes with every request.
 const COMMON: &str = r#"
 local function mark_lost(prefix, member)
   redis.call('SET', prefix .. 'l:' .. member, '', 'PX', 60000)
@@ -106,6 +111,33 @@ local function head(out, plain, entry, ttl, wants_plain, prefix)
   end
   return out
 end
+
+local function next_number(seq, epoch, now_epoch)
+  if now_epoch == '' then
+    if redis.replicate_commands then redis.replicate_commands() end
+    local server = redis.pcall('INFO', 'server')
+    local replication = redis.pcall('INFO', 'replication')
+    if type(server) == 'string' and type(replication) == 'string' then
+      local run = string.match(server, 'run_id:(%w+)') or ''
+      now_epoch = run .. ':' .. (string.match(replication, 'master_replid:(%w+)') or '')
+    else
+      now_epoch = '-'
+    end
+  end
+  local count = redis.call('GET', seq)
+  local lift = not count
+  if not lift and now_epoch ~= '-' then lift = redis.call('GET', epoch) ~= now_epoch end
+  if lift then
+    if redis.replicate_commands then redis.replicate_commands() end
+    local now = redis.call('TIME')
+    local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+    if not count or not string.find(count, '^%d+$') or #count < #clock or (#count == #clock and count < clock) then
+      redis.call('SET', seq, clock)
+    end
+    if now_epoch ~= '-' then redis.call('SET', epoch, now_epoch) end
+  end
+  return string.format('%d', redis.call('INCR', seq))
+end
 "#;
 
 /// KEYS: queue, counter, plain key, the counter's epoch (`{n}:run`).
@@ -132,8 +164,9 @@ end
 /// Every earlier token is at most the clock when its counter was started
 /// or last lifted plus the grants made since, which stays below the clock
 /// as long as the clock did not step back and fewer than a million grants
-/// a second were made on the lock. Within one epoch the counter is only
-/// incremented, by one a grant. `TIME` and `INFO` make the script
+/// (appends and lock-mode writes) a second were made on the lock. Within
+/// one epoch the counter is only incremented, by one an append or a write
+/// of a lock-mode entry (an update of the queue, a `SET_VALUE`). `TIME` and `INFO` make the script
 /// non-deterministic, which effects replication allows (the default from
 /// Redis 5, the only mode from Redis 7); `redis.replicate_commands()`,
 /// called before any write, turns it on for Redis 3.2 and 4. The order is
@@ -153,31 +186,7 @@ if not order then
   if queue_type ~= 'none' and queue_type ~= 'zset' then
     return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
   end
-  local now_epoch = ARGV[10]
-  if now_epoch == '' then
-    if redis.replicate_commands then redis.replicate_commands() end
-    local server = redis.pcall('INFO', 'server')
-    local replication = redis.pcall('INFO', 'replication')
-    if type(server) == 'string' and type(replication) == 'string' then
-      local run = string.match(server, 'run_id:(%w+)') or ''
-      now_epoch = run .. ':' .. (string.match(replication, 'master_replid:(%w+)') or '')
-    else
-      now_epoch = '-'
-    end
-  end
-  local count = redis.call('GET', seq)
-  local lift = not count
-  if not lift and now_epoch ~= '-' then lift = redis.call('GET', epoch) ~= now_epoch end
-  if lift then
-    if redis.replicate_commands then redis.replicate_commands() end
-    local now = redis.call('TIME')
-    local clock = now[1] .. string.format('%06d', tonumber(now[2]))
-    if not count or not string.find(count, '^%d+$') or #count < #clock or (#count == #clock and count < clock) then
-      redis.call('SET', seq, clock)
-    end
-    if now_epoch ~= '-' then redis.call('SET', epoch, now_epoch) end
-  end
-  order = string.format('%d', redis.call('INCR', seq))
+  order = next_number(seq, epoch, ARGV[10])
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])
   redis.call('PEXPIRE', entry, ARGV[6])
   redis.call('ZADD', q, order, attempt)
@@ -344,20 +353,145 @@ redis.call('PUBLISH', ARGV[3], 'lost')
 return 0
 "#;
 
-/// KEYS: entry. ARGV: order, value, channel. Replaces the value of the
-/// entry if it is still that one and tells its watchers. Returns 1 if set.
+/// KEYS: entry, counter, the counter's epoch. ARGV: order, value, channel,
+/// the epoch of the server the request was sent to (as for `APPEND`).
+/// Replaces the value of the entry if it is still that one and tells its
+/// watchers. A lock-mode entry's `changed` (its version, see
+/// `READ_QUEUE`) takes the counter's next number, as an update of the
+/// queue does; other kinds leave the counter alone. Returns 1 if set.
 const SET_VALUE: &str = r#"
-if redis.call('HGET', KEYS[1], 'order') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'value', ARGV[2])
+local fields = redis.call('HMGET', KEYS[1], 'order', 'kind')
+if fields[1] ~= ARGV[1] then return 0 end
+if fields[2] == 'lock mode' then
+  redis.call('HSET', KEYS[1], 'value', ARGV[2], 'changed', next_number(KEYS[2], KEYS[3], ARGV[4]))
+else
+  redis.call('HSET', KEYS[1], 'value', ARGV[2])
+end
 redis.call('PUBLISH', ARGV[3], 'value')
 return 1
 "#;
 
-/// KEYS: entry. ARGV: order. `{1, value}` or `{0}` when gone.
+/// KEYS: entry. ARGV: order. `{1, value, ttl ms}` (`PTTL`: -1 without a
+/// TTL), or when the entry is gone (or is another entry) `{0, how}`, how
+/// it went as `STATUS` tells it: -3 with its owner's session, -2 let go by
+/// its owner. A value watcher's one look, which also answers a lock-delay
+/// with no request of its own.
 const GET_VALUE: &str = r#"
 local fields = redis.call('HMGET', KEYS[1], 'order', 'value')
-if fields[1] ~= ARGV[1] then return {0} end
-return {1, fields[2]}
+if fields[1] ~= ARGV[1] then
+  local close = string.find(KEYS[1], '}', 1, true)
+  local prefix = string.sub(KEYS[1], 1, close + 1)
+  local attempt = string.sub(KEYS[1], close + 4)
+  if redis.call('ZSCORE', prefix .. 'q', attempt) or redis.call('EXISTS', prefix .. 'l:' .. attempt) == 1 then
+    return {0, -3}
+  end
+  return {0, -2}
+end
+return {1, fields[2] or '', redis.call('PTTL', KEYS[1])}
+"#;
+
+/// KEYS: queue, the lock value block (`{n}:b`). ARGV: prefix. The queue of
+/// a lock-mode resource in one read: `{slots, block}`, each slot `{attempt,
+/// kind, order, owner, value, changed}`, first-created first (`changed`:
+/// the counter's number taken by the last write of the entry's value, or
+/// its order when none was made; it is also the entry's version); the
+/// block is nil when it was never written. Reaps expired members (each
+/// marked lost, its waiter told so), as `LIST` does.
+const READ_QUEUE: &str = r#"
+local q, prefix = KEYS[1], ARGV[1]
+local members = redis.call('ZRANGE', q, 0, -1)
+local out = {}
+for i = 1, #members do
+  local member = members[i]
+  local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'order', 'owner', 'value', 'changed')
+  if fields[1] then
+    local order = fields[2] or ''
+    out[#out + 1] = {member, fields[1], order, fields[3] or '', fields[4] or '', fields[5] or order}
+  else
+    reap(q, prefix, member)
+  end
+end
+return {out, redis.call('GET', KEYS[2])}
+"#;
+
+/// KEYS: queue, counter, the counter's epoch, the lock value block. ARGV:
+/// prefix, the caller's session id, `1` to write the block (`0`: leave
+/// it), the block, then four lists, each its length followed by its
+/// items: the entries that must be unchanged (`attempt, order, version`),
+/// those that must be present at any version (`attempt, order`), the
+/// values to set (`attempt, order, value`), the entries to delete
+/// (`attempt, order`); last, the epoch of the server the request was sent
+/// to (as for `APPEND`).
+///
+/// Checks first, writing nothing: every listed entry must still be that
+/// entry (its order), and every unchanged one at its version (`changed`,
+/// or its order when never set). Then takes the counter's next number
+/// (the token), sets each value with `changed` = the token and publishes
+/// `value` on that entry's channel only (its value watcher), deletes each
+/// entry to delete with its member (publishing `gone` on its channel, or
+/// `lost`, with the entry marked lost, when another session owns it, as a
+/// removal does), and writes the block. Returns `{1, token}`, or `{0}`
+/// when a check failed.
+const UPDATE_QUEUE: &str = r#"
+local q, seq, epoch, block = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, me = ARGV[1], ARGV[2]
+local queue_type = redis.call('TYPE', q)['ok']
+if queue_type ~= 'none' and queue_type ~= 'zset' then
+  return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
+end
+local i = 5
+local count = tonumber(ARGV[i])
+i = i + 1
+for k = 1, count do
+  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed')
+  if not fields[1] or fields[1] ~= ARGV[i + 1] or (fields[2] or fields[1]) ~= ARGV[i + 2] then return {0} end
+  i = i + 3
+end
+count = tonumber(ARGV[i])
+i = i + 1
+for k = 1, count do
+  if redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then return {0} end
+  i = i + 2
+end
+local sets = i + 1
+count = tonumber(ARGV[i])
+i = i + 1
+for k = 1, count do
+  if redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then return {0} end
+  i = i + 3
+end
+local deletes = i + 1
+count = tonumber(ARGV[i])
+i = i + 1
+local owners = {}
+for k = 1, count do
+  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'owner')
+  if not fields[1] or fields[1] ~= ARGV[i + 1] then return {0} end
+  owners[k] = fields[2] or ''
+  i = i + 2
+end
+local token = next_number(seq, epoch, ARGV[#ARGV])
+i = sets
+while i < deletes - 1 do
+  redis.call('HSET', prefix .. 'e:' .. ARGV[i], 'value', ARGV[i + 2], 'changed', token)
+  redis.call('PUBLISH', prefix .. 'c:' .. ARGV[i], 'value')
+  i = i + 3
+end
+i = deletes
+for k = 1, #owners do
+  local attempt = ARGV[i]
+  redis.call('DEL', prefix .. 'e:' .. attempt)
+  redis.call('ZREM', q, attempt)
+  local word = 'gone'
+  if owners[k] ~= me then
+    word = 'lost'
+    mark_lost(prefix, attempt)
+  end
+  redis.call('PUBLISH', prefix .. 'c:' .. attempt, word)
+  i = i + 2
+end
+if ARGV[3] == '1' then redis.call('SET', block, ARGV[4]) end
+return {1, token}
 "#;
 
 /// KEYS: entry, then the keys written. ARGV: order, then one op per key
@@ -389,6 +523,8 @@ pub(crate) struct Scripts {
     pub(crate) set_value: Script,
     pub(crate) get_value: Script,
     pub(crate) write_if_held: Script,
+    pub(crate) read_queue: Script,
+    pub(crate) update_queue: Script,
 }
 
 impl Scripts {
@@ -401,9 +537,11 @@ impl Scripts {
             list: with_common(LIST),
             status: Script::new(STATUS),
             renew_holder: Script::new(RENEW_HOLDER),
-            set_value: Script::new(SET_VALUE),
+            set_value: with_common(SET_VALUE),
             get_value: Script::new(GET_VALUE),
             write_if_held: Script::new(WRITE_IF_HELD),
+            read_queue: with_common(READ_QUEUE),
+            update_queue: with_common(UPDATE_QUEUE),
         }
     }
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use lockline::backend::{
-    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind,
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
+    QueueUpdate, Slot,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use redis::{Pipeline, ScriptInvocation, Value};
@@ -65,6 +66,15 @@ enum Status {
     Released,
     /// Gone with its owner's session: expired, or removed as lost.
     Lost,
+}
+
+/// What a look at an entry's value found.
+#[derive(Debug)]
+enum Look {
+    /// There, with this value and this many ms left (-1: no TTL).
+    Live(Vec<u8>, i64),
+    /// Gone: [`Status::Released`] or [`Status::Lost`].
+    Gone(Status),
 }
 
 /// Acknowledgement of writes by replicas (`WAIT`), when asked for.
@@ -230,6 +240,58 @@ fn entries_from(name: &str, value: &Value) -> Option<Vec<Entry>> {
     items.iter().map(|item| entry_from(name, item)).collect()
 }
 
+/// The bytes of a value in a script's reply (nil: empty).
+fn bytes(value: &Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes.clone()),
+        Value::SimpleString(text) => Some(text.clone().into_bytes()),
+        Value::Nil => Some(Vec::new()),
+        _ => None,
+    }
+}
+
+/// One slot of `READ_QUEUE`'s reply: `{attempt, kind, order, owner, value,
+/// changed}`.
+fn slot_from(name: &str, item: &Value) -> Option<Slot> {
+    let Value::Array(fields) = item else { return None };
+    let [member, kind, order, owner, value, changed] = fields.as_slice() else {
+        return None;
+    };
+    let order: i64 = text(order)?.parse().ok()?;
+    let changed: u64 = text(changed)?.parse().ok()?;
+    Some(Slot {
+        entry: Entry {
+            key: layout::entry_key(name, &text(member)?),
+            kind: layout::kind_from_label(&text(kind)?),
+            order,
+            token: FencingToken::new(order.unsigned_abs()),
+            owner: Some(text(owner)?),
+        },
+        value: bytes(value)?,
+        // Every write of a lock-mode entry takes a new number of the
+        // lock's counter: that number is its version too.
+        version: i64::try_from(changed).ok()?,
+        changed,
+    })
+}
+
+/// `READ_QUEUE`'s reply: `{slots, block}`.
+fn queue_from(name: &str, reply: &Value) -> Option<Queue> {
+    let Value::Array(parts) = reply else { return None };
+    let [Value::Array(slots), block] = parts.as_slice() else {
+        return None;
+    };
+    let slots = slots
+        .iter()
+        .map(|item| slot_from(name, item))
+        .collect::<Option<Vec<_>>>()?;
+    let block = match block {
+        Value::Nil => None,
+        other => Some(bytes(other)?),
+    };
+    Some(Queue { slots, block })
+}
+
 fn conflicts_arg(conflicts: Conflicts) -> &'static str {
     match conflicts {
         Conflicts::Exclusive => "exclusive",
@@ -372,11 +434,56 @@ impl Shared {
         Ok(reply)
     }
 
+    /// Runs a writing script whose last argument is the epoch of the server
+    /// it is sent to (see `APPEND` in the scripts), added here on the very
+    /// connection the script goes on: no request of its own. Bounded by the
+    /// request timeout, confirmed by replicas as [`run`](Self::run) is.
+    async fn run_in_epoch(
+        &self,
+        what: &str,
+        script: &redis::Script,
+        mut invocation: ScriptInvocation<'_>,
+    ) -> Result<Value> {
+        let (reply, acked) = self
+            .exchange(what, self.options.request_timeout(), |mut link| async move {
+                invocation.arg(link.epoch());
+                self.invoke(script, &invocation, true, &mut link).await
+            })
+            .await?;
+        self.check_acks(what, acked)?;
+        Ok(reply)
+    }
+
     async fn command<T: redis::FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
         self.exchange(what, self.options.request_timeout(), |mut link| async move {
             cmd.query_async::<T>(&mut link).await
         })
         .await
+    }
+
+    /// This very entry's value and remaining TTL in ms (-1: none), or how
+    /// it went. One script.
+    async fn look_value(&self, entry: &Entry) -> Result<Look> {
+        let scripts = Arc::clone(&self.scripts);
+        let mut invocation = scripts.get_value.key(&entry.key);
+        invocation.arg(entry.order);
+        let what = "read the entry's value";
+        let reply = self.run(what, &scripts.get_value, &invocation, false).await?;
+        let Value::Array(parts) = &reply else {
+            return Err(bad_reply(what, &reply));
+        };
+        match parts.as_slice() {
+            [found, how] if int(found) == Some(0) => match int(how) {
+                Some(-3) => Ok(Look::Gone(Status::Lost)),
+                Some(-2) => Ok(Look::Gone(Status::Released)),
+                _ => Err(bad_reply(what, &reply)),
+            },
+            [found, value, left] if int(found) == Some(1) => match (bytes(value), int(left)) {
+                (Some(value), Some(left)) => Ok(Look::Live(value, left)),
+                _ => Err(bad_reply(what, &reply)),
+            },
+            _ => Err(bad_reply(what, &reply)),
+        }
     }
 
     /// Looks at this very entry: its remaining TTL, or how it went.
@@ -1114,11 +1221,13 @@ impl BackendSession for RedisSession {
         let scripts = Arc::clone(&shared.scripts);
         let mut invocation = scripts.set_value.key(&entry.key);
         invocation
+            .key(layout::counter(name))
+            .key(layout::epoch(name))
             .arg(entry.order)
             .arg(value)
             .arg(layout::channel(name, attempt));
         let reply = shared
-            .run("set the entry's value", &scripts.set_value, &invocation, true)
+            .run_in_epoch("set the entry's value", &scripts.set_value, invocation)
             .await?;
         if int(&reply) == Some(1) {
             Ok(())
@@ -1128,46 +1237,142 @@ impl BackendSession for RedisSession {
     }
 
     async fn get_value(&self, entry: &Entry) -> Result<Option<Vec<u8>>> {
-        let shared = &self.shared;
-        let scripts = Arc::clone(&shared.scripts);
-        let mut invocation = scripts.get_value.key(&entry.key);
-        invocation.arg(entry.order);
-        let reply = shared
-            .run("read the entry's value", &scripts.get_value, &invocation, false)
-            .await?;
-        let Value::Array(parts) = &reply else {
-            return Err(bad_reply("read the entry's value", &reply));
-        };
-        match parts.as_slice() {
-            [found] if int(found) == Some(0) => Ok(None),
-            [found, Value::BulkString(value)] if int(found) == Some(1) => Ok(Some(value.clone())),
-            [found, Value::Nil] if int(found) == Some(1) => Ok(Some(Vec::new())),
-            _ => Err(bad_reply("read the entry's value", &reply)),
+        match self.shared.look_value(entry).await? {
+            Look::Live(value, _) => Ok(Some(value)),
+            Look::Gone(_) => Ok(None),
         }
     }
 
+    /// Subscribes to the entry's channel, then looks at it once (its value
+    /// and its remaining TTL, one script); waits for a message on the
+    /// channel (`value` from a write of its value, `gone`/`lost` once it is
+    /// deleted) or its TTL, and looks again. Never polls: a live entry is
+    /// looked at again only at a message, at its TTL (re-armed if renewed),
+    /// or when the pub/sub connection was made again. An entry seen go is
+    /// remembered, for a lock-delay, as released or lost, from the message
+    /// or the look that saw it (as `wait_gone` does).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
         let (name, attempt) = self.name_of(entry)?;
         let shared = &self.shared;
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         loop {
-            match self.get_value(entry).await? {
-                None => return Ok(None),
-                Some(value) if value != seen => return Ok(Some(value)),
-                Some(_) => {}
-            }
-            let Status::Live(left) = shared.status(entry).await? else {
-                return Ok(None);
+            let (value, left) = match shared.look_value(entry).await? {
+                Look::Live(value, left) => (value, left),
+                Look::Gone(Status::Lost) => {
+                    shared.note_lost(entry);
+                    return Ok(None);
+                }
+                Look::Gone(_) => {
+                    shared.note_released(entry);
+                    return Ok(None);
+                }
             };
+            if value != seen {
+                return Ok(Some(value));
+            }
             let recheck = if left >= 0 {
                 Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
             } else {
                 no_ttl_recheck(&shared.options)
             };
             tokio::select! {
-                () = messages.changed() => {}
+                () = messages.changed() => {
+                    // Said only once the entry is deleted, and how: the
+                    // server's own word, no look needed.
+                    if messages.heard_gone() {
+                        if messages.heard_lost() {
+                            shared.note_lost(entry);
+                        } else {
+                            shared.note_released(entry);
+                        }
+                        return Ok(None);
+                    }
+                }
                 () = tokio::time::sleep(recheck) => {}
             }
+        }
+    }
+
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let shared = &self.shared;
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.read_queue.key(layout::queue(dir));
+        invocation.key(layout::block(dir)).arg(layout::prefix(dir));
+        let what = "read the lock-mode queue";
+        let reply = shared
+            .run(what, &scripts.read_queue, &invocation, false)
+            .await
+            .map_err(|e| for_lock(e, dir))?;
+        queue_from(dir, &reply).ok_or_else(|| bad_reply(what, &reply))
+    }
+
+    /// One script (see `UPDATE_QUEUE`): the checks, the counter's next
+    /// number as the token, the values, the deletions, the block and the
+    /// messages on the set and deleted entries' own channels, all on the
+    /// lock's slot.
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let shared = &self.shared;
+        // A session declared lost no longer writes: its entries are being
+        // deleted, and would fail the checks once they are.
+        shared.check_live()?;
+        let name = update.dir;
+        let attempt_of = |entry: &Entry| -> Result<String> {
+            match layout::parse_entry_key(&entry.key) {
+                Some((dir, attempt)) if dir == name => Ok(attempt.to_owned()),
+                _ => Err(Error::InvalidName {
+                    name: entry.key.clone(),
+                    reason: format!("not an entry of the lock {name:?} in the Redis layout"),
+                }),
+            }
+        };
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.update_queue.key(layout::queue(name));
+        invocation
+            .key(layout::counter(name))
+            .key(layout::epoch(name))
+            .key(layout::block(name))
+            .arg(layout::prefix(name))
+            .arg(&shared.id)
+            .arg(if update.block.is_some() { "1" } else { "0" })
+            .arg(update.block.unwrap_or_default())
+            .arg(update.unchanged.len());
+        for (entry, version) in update.unchanged {
+            invocation.arg(attempt_of(entry)?).arg(entry.order).arg(*version);
+        }
+        invocation.arg(update.present.len());
+        for entry in update.present {
+            invocation.arg(attempt_of(entry)?).arg(entry.order);
+        }
+        invocation.arg(update.set.len());
+        for (entry, value) in update.set {
+            invocation.arg(attempt_of(entry)?).arg(entry.order).arg(*value);
+        }
+        invocation.arg(update.delete.len());
+        for entry in update.delete {
+            invocation.arg(attempt_of(entry)?).arg(entry.order);
+        }
+        let what = "update the lock-mode queue";
+        let reply = shared
+            .run_in_epoch(what, &scripts.update_queue, invocation)
+            .await
+            .map_err(|e| for_lock(e, name))?;
+        let Value::Array(parts) = &reply else {
+            return Err(bad_reply(what, &reply));
+        };
+        match parts.as_slice() {
+            [applied] if int(applied) == Some(0) => Ok(None),
+            [applied, token] if int(applied) == Some(1) => {
+                let Some(token) = text(token).and_then(|t| t.parse::<u64>().ok()) else {
+                    return Err(bad_reply(what, &reply));
+                };
+                for entry in update.delete {
+                    if entry.owner.as_deref() == Some(shared.id.as_str()) {
+                        shared.forget(&entry.key);
+                    }
+                }
+                Ok(Some(token))
+            }
+            _ => Err(bad_reply(what, &reply)),
         }
     }
 

@@ -4,10 +4,12 @@
 //! node. The fenced-write cases write keys of other slots than the lock's,
 //! which a cluster refuses in one script (CROSSSLOT): they are replaced by
 //! `fenced_writes_take_keys_of_the_locks_slot` below, which writes keys
-//! carrying the lock's hash tag and checks that others are refused.
+//! carrying the lock's hash tag and checks that others are refused; so is
+//! the lock-mode case `lock_modes_fence_and_lose`, by
+//! `lock_modes_fence_and_lose_in_the_locks_slot`.
 
 use lockline::conformance::{bounded, Fixture};
-use lockline::{Client, Error, Session, Write};
+use lockline::{Client, Error, LockMode, Session, Write};
 use lockline_redis::Redis;
 use lockline_testkit::{free_port, RedisCluster};
 
@@ -62,6 +64,17 @@ lockline::conformance_tests!(@cases ClusterFixture::start();
     recipe_words_and_nested_names_are_separate_locks,
     leader_selector_survives_leader_kills,
     lock_delay_holds_back_after_an_involuntary_loss_only,
+    lock_modes_follow_the_matrix,
+    lock_modes_never_bypass_a_waiter,
+    lock_modes_convert_down_at_once,
+    lock_modes_convert_up_with_priority,
+    lock_modes_detect_conversion_deadlock,
+    lock_modes_value_block,
+    lock_modes_tell_holders_they_block,
+    lock_modes_leave_nothing_when_given_up,
+    lock_modes_mixed_crowd_is_herd_free,
+    lock_modes_multi_resource_all_or_nothing,
+    lock_modes_lock_delay_after_an_involuntary_loss_only,
 );
 
 /// On a cluster a fenced write takes keys of the lock's slot (its hash tag
@@ -156,4 +169,64 @@ async fn a_seed_node_that_is_down_does_not_silence_releases() {
     let guard = bounded("granted", waiter).await.expect("task").expect("lock");
     assert_eq!(client.stats().wakeups - wakeups, 1, "one wakeup for the one release");
     guard.release().await.expect("release");
+}
+
+/// `lock_modes_fence_and_lose` of the conformance suite, its fenced write
+/// made to a key of the resource's slot (`{name}/state`): an up-conversion
+/// to a writing mode takes a token above the writer that came and went,
+/// sequencers name the mode and stop checking once released, a PW holder
+/// writes fenced, no other recipe queues under the resource's name (nor it
+/// under a mutex's), and a lost holder is told while another takes EX.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_modes_fence_and_lose_in_the_locks_slot() {
+    let fixture = ClusterFixture::start();
+    let (ca, cb) = (fixture.client().await, fixture.client().await);
+    let a = bounded("session", ca.session()).await.expect("session");
+    let b = bounded("session", cb.session()).await.expect("session");
+    let name = "fence";
+    let lock = |session: &Session, mode: LockMode| {
+        let resource = session.resource(name).expect("resource");
+        async move { bounded("lock in a mode", resource.lock(mode)).await.expect("lock") }
+    };
+    let mut reader = lock(&a, LockMode::Cr).await;
+    let writer = lock(&b, LockMode::Pw).await;
+    let seen = writer.token();
+    let sequencer = writer.sequencer();
+    assert_eq!(sequencer.to_string().split(':').nth(1), Some("lock-PW"));
+    assert!(bounded("check", ca.check(&sequencer)).await.expect("check"));
+    bounded("release", writer.release()).await.expect("release");
+    assert!(!bounded("check", ca.check(&sequencer)).await.expect("check"));
+    bounded("CR to PW", reader.convert(LockMode::Pw))
+        .await
+        .expect("convert");
+    assert!(reader.token() > seen, "above the writer that came and went");
+    bounded(
+        "a PW fenced write",
+        reader.write_if_held([Write::put("{fence}/state", "1")]),
+    )
+    .await
+    .expect("PW writes while held");
+    assert_eq!(a.read("{fence}/state").await.expect("read").as_deref(), Some(&b"1"[..]));
+    match bounded("a mutex under the name", a.mutex(name).expect("mutex").try_lock()).await {
+        Err(Error::InvalidName { .. }) => {}
+        other => panic!("a mutex must not queue with lock modes: {other:?}"),
+    }
+    let mutex = bounded("lock", b.mutex("mutex-first").expect("mutex").lock())
+        .await
+        .expect("lock");
+    match bounded(
+        "a resource under a mutex's name",
+        b.resource("mutex-first").expect("resource").try_lock(LockMode::Nl),
+    )
+    .await
+    {
+        Err(Error::InvalidName { .. }) => {}
+        other => panic!("lock modes must not queue with a mutex: {other:?}"),
+    }
+    bounded("release", mutex.release()).await.expect("release");
+    fixture.expire(&a).await;
+    bounded("the lost holder is told", reader.lost()).await;
+    assert!(!reader.is_held());
+    let next = lock(&b, LockMode::Ex).await;
+    bounded("release", next.release()).await.expect("release");
 }
