@@ -607,7 +607,8 @@ pub const EX_HEADER: &str = "| N | first | grants/s: mutex | EX | EX ÷ mutex | 
      |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 /// The second table's header.
-pub const MIXED_HEADER: &str = "| N | grants/s | mixed ÷ mutex (grants/s) | conversions/s | deadlocks refused | \
+pub const MIXED_HEADER: &str =
+    "| N | grants/s | mixed ÷ mutex (grants/s) | conversions/s | up-conversions refused as deadlocks | \
      acquire p50 / p99 (ms) | wakeups/release | incompatible holds seen |\n\
      |---:|---:|---:|---:|---:|---:|---:|---:|";
 
@@ -636,7 +637,7 @@ pub async fn run(
         args.seconds
     );
     if let Some(why) = unsupported(&format!("{prefix}modes-probe"), &mut client).await? {
-        println!("not measured: {why}");
+        println!("not measured: a resource's try_lock answered Unsupported ({why})");
         return Ok(Vec::new());
     }
     println!();

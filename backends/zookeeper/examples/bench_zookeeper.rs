@@ -432,10 +432,12 @@ async fn main() -> BoxResult<()> {
         },
     )?;
     let seconds = args.seconds;
-    println!(
-        "ZooKeeper handoff benchmark: standalone ZooKeeper on {}, {seconds} s per measurement",
-        ensemble.address(0)
-    );
+    if !modes.only {
+        println!(
+            "ZooKeeper handoff benchmark: standalone ZooKeeper on {}, {seconds} s per measurement",
+            ensemble.address(0)
+        );
+    }
     println!(
         "server JVM: {} ({jvm:?}{})",
         jvm.flags().join(" "),
