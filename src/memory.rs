@@ -272,6 +272,15 @@ impl BackendSession for MemorySession {
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
         self.check_live()?;
         let mut state = self.store.lock();
+        // Checked again under the store's lock: an expiry between the two
+        // would otherwise leave an entry owned by an ended session.
+        if !state.sessions.contains_key(&self.id) {
+            drop(state);
+            self.check_live()?;
+            return Err(Error::SessionLost {
+                session: self.id.clone(),
+            });
+        }
         state.revision += 1;
         let order = state.revision;
         let key = format!("{}/{}-{}-{:08}", request.dir, request.kind.label(), self.id, order);

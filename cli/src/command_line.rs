@@ -20,10 +20,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use clap::builder::{PossibleValue, TypedValueParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
-use lockline::{MAX_LOCK_DELAY, MAX_PERMITS};
+use lockline::{LockMode, MAX_LOCK_DELAY, MAX_PERMITS};
 
 /// The longest `--kill-after` accepted: a grace is meant to be short, since on
 /// a lost lock the command runs unprotected during it.
@@ -32,7 +33,7 @@ pub(crate) const MAX_KILL_AFTER: Duration = Duration::from_secs(3600);
 const SERVER: &str = "Server (one of)";
 const SECURE: &str = "Secure clusters (etcd, ZooKeeper)";
 
-const TOP_USAGE: &str = "lockline lock [-s|--limit N] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]
+const TOP_USAGE: &str = "lockline lock [-s|--limit N|--mode MODE] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]
        lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
        lockline elect -l|--listen [OPTIONS] NAME
        lockline list [OPTIONS] NAME
@@ -67,7 +68,10 @@ const LIST_OUTPUT: &str = "\
 list prints one line per contender, the holder first:
 KEY<TAB>OWNER<TAB>TOKEN<TAB>KIND, no header (OWNER - when unknown); a
 contender in lock-delay (not the holder yet: nobody holds until then) has a
-fifth field, \"lock-delay until TIME\" (UTC, RFC 3339).";
+fifth field, \"lock-delay until TIME\" (UTC, RFC 3339). A name taken with
+--mode lists its contenders in queue order, KIND lock-MODE (the mode held,
+or asked for while waiting) and a fifth field, granted, waiting or
+\"converting to MODE\"; TOKEN is - while waiting.";
 
 const OUTPUT: &str = "\
 Standard output: with COMMAND it is COMMAND's alone; the held key goes to
@@ -89,8 +93,9 @@ const SET_FOR_COMMAND: &str = "\
 Set for COMMAND: LOCKLINE_KEY (the held key), LOCKLINE_TOKEN (the fencing
 token: pass it to whatever the lock protects, which refuses lower tokens) and
 LOCKLINE_SEQUENCER (lockline1:MODE:TOKEN:NAME, MODE mutex, read under -s,
-permit-N under --limit N, leader under elect: pass it to a resource that
-cannot keep tokens, which asks `lockline check` whether it is current).";
+permit-N under --limit N, lock-PW (say) under --mode PW, leader under
+elect: pass it to a resource that cannot keep tokens, which asks `lockline
+check` whether it is current).";
 
 const EXIT_STATUSES: &str = "\
 Exit statuses:
@@ -148,10 +153,11 @@ pub(crate) enum Command {
     /// and releases it when COMMAND exits; without COMMAND, prints the held
     /// key and holds the lock until SIGINT, SIGTERM, SIGHUP or SIGQUIT. The
     /// lock is exclusive; with -s it is shared (a read lock), with --limit N
-    /// a permit of a semaphore of N; with -n it is one try.
+    /// a permit of a semaphore of N, with --mode MODE it is taken in one of
+    /// the six lock modes (NL, CR, CW, PR, PW, EX); with -n it is one try.
     #[command(
         help_template = SUBCOMMAND_TEMPLATE,
-        override_usage = "lockline lock [-s|--limit N] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]",
+        override_usage = "lockline lock [-s|--limit N|--mode MODE] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]",
         after_help = holding_after_help(),
     )]
     Lock(LockArgs),
@@ -174,7 +180,10 @@ pub(crate) enum Command {
     /// Prints the queue of NAME, the holder first: one line per contender,
     /// KEY<TAB>OWNER<TAB>TOKEN<TAB>KIND, no header (OWNER - when unknown); a
     /// contender in lock-delay (not the holder yet: nobody holds until then)
-    /// has a fifth field, "lock-delay until TIME" (UTC, RFC 3339).
+    /// has a fifth field, "lock-delay until TIME" (UTC, RFC 3339). A name
+    /// taken with lock --mode lists in queue order, KIND lock-MODE, with a
+    /// fifth field: granted, waiting or "converting to MODE" (TOKEN - while
+    /// waiting).
     #[command(help_template = SUBCOMMAND_TEMPLATE, override_usage = "lockline list [OPTIONS] NAME", after_help = reading_after_help())]
     List(ListArgs),
     /// Ask whether a holder's sequencer is still current
@@ -214,6 +223,12 @@ pub(crate) struct LockArgs {
     /// holders at once; every contender of NAME must give the same N
     #[arg(long, value_name = "N", value_parser = permits, allow_hyphen_values = true)]
     pub(crate) limit: Option<usize>,
+    /// lock: take NAME in a lock mode (any case): holders of compatible
+    /// modes hold together (NL with all; CR with all but EX; CW with NL, CR,
+    /// CW; PR with NL, CR, PR; PW with NL, CR; EX with NL); every contender
+    /// of NAME takes it with --mode
+    #[arg(long, value_name = "MODE", value_parser = LockModes, conflicts_with_all = ["shared", "limit"])]
+    pub(crate) mode: Option<LockMode>,
     /// lock: one try, as flock -n: if NAME is taken, exit at once with the
     /// --conflict-exit-code status, leaving no entry behind
     #[arg(short = 'n', long, conflicts_with = "timeout")]
@@ -389,6 +404,37 @@ fn permits(value: &str) -> Result<usize, String> {
     match value.parse::<usize>() {
         Ok(permits) if (1..=MAX_PERMITS).contains(&permits) => Ok(permits),
         _ => Err(format!("a number of permits from 1 to {MAX_PERMITS}")),
+    }
+}
+
+/// `--mode`: one of the six lock modes, in any case; the modes are its
+/// possible values, for the help and the completion scripts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LockModes;
+
+impl TypedValueParser for LockModes {
+    type Value = LockMode;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<LockMode, clap::Error> {
+        fn lock_mode(value: &str) -> Result<LockMode, String> {
+            value
+                .parse()
+                .map_err(|_| "expected a lock mode: NL, CR, CW, PR, PW or EX (any case)".to_owned())
+        }
+        // clap's own error for a refused value: it names the flag.
+        let parser: fn(&str) -> Result<LockMode, String> = lock_mode;
+        parser.parse_ref(command, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            LockMode::ALL.iter().map(|mode| PossibleValue::new(mode.label())),
+        ))
     }
 }
 

@@ -2,7 +2,7 @@
 //! Redis, PostgreSQL or MariaDB/MySQL, for scripts.
 //!
 //! ```text
-//! lockline lock [-s|--limit N] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]
+//! lockline lock [-s|--limit N|--mode MODE] [-n] [OPTIONS] NAME [--] [COMMAND [ARGS...]]
 //! lockline elect [OPTIONS] NAME PROPOSAL [--] [COMMAND [ARGS...]]
 //! lockline elect -l|--listen [OPTIONS] NAME
 //! lockline list [OPTIONS] NAME
@@ -21,11 +21,16 @@
 //!   semaphore, as `consul lock -n N`: up to N holders at once; every
 //!   contender of `NAME` gives the same N, a name is used by one recipe
 //!   kind at a time, and a waiter waits on the entry N places ahead of it,
-//!   so a permit freed nearer to it is taken once that one goes).
+//!   so a permit freed nearer to it is taken once that one goes), and
+//!   `--mode MODE` takes it in one of the six lock modes of a VMS-style lock
+//!   manager (`NL`, `CR`, `CW`, `PR`, `PW`, `EX`, any case; see `modes.rs`):
+//!   holders of compatible modes hold together (two `PR`, a `CR` beside a
+//!   `PW`), a request waits for every earlier entry it is incompatible
+//!   with, and every contender of `NAME` takes it with `--mode`.
 //!   `-n`/`--nonblock` makes one try, as `flock -n`: when `NAME` is taken it exits at once with the
 //!   `--conflict-exit-code` status (default 1, as flock's `-E`) and leaves
-//!   no entry behind; it goes with `-s` or `--limit`, not with `--timeout`.
-//!   `-s` with `--limit` is refused (123).
+//!   no entry behind; it goes with `-s`, `--limit` or `--mode`, not with
+//!   `--timeout`. Two of `-s`, `--limit` and `--mode` are refused (123).
 //! - `elect` campaigns in the election `NAME` with `PROPOSAL` as the value.
 //!   Once leader it runs `COMMAND` exactly as `lock` does (same process
 //!   group, same end on a lost leadership, same exit statuses, same
@@ -47,10 +52,17 @@
 //!   ends) has a fifth field, `lock-delay until TIME`, TIME in UTC as RFC 3339
 //!   with milliseconds; the core looks at the first four contenders of a
 //!   queue for it, and does not mark an election candidate (its value is its
-//!   proclamation). A listing that cannot be written exits 125.
+//!   proclamation). A name taken with `--mode` lists its contenders in queue
+//!   order (a granted entry may follow a waiting one), each
+//!   `KEY<TAB>OWNER<TAB>TOKEN<TAB>lock-MODE<TAB>STATE`: MODE held (asked
+//!   for, while waiting), TOKEN the grant's (`-` while waiting), STATE
+//!   `granted`, `waiting` or `converting to MODE`. A listing that cannot be
+//!   written exits 125.
 //! - `check` asks the server whether `SEQUENCER` (a holder's
 //!   `LOCKLINE_SEQUENCER`, `lockline1:MODE:TOKEN:NAME`) is still current: its
-//!   entry is still there with that token and holds by the wait rule. Exit 0
+//!   entry is still there with that token and holds by the wait rule (a
+//!   `lock-MODE` sequencer: its entry is granted in that mode with that
+//!   token). Exit 0
 //!   if it is, 1 if not (released, lost, a later holder's turn), as `test`
 //!   answers, and quietly: a resource runs `if lockline check "$SEQ"`. With
 //!   `--verbose` it also prints `current` or `not current` on standard
@@ -81,7 +93,7 @@
 //! below), `--lock-delay SECS` (lock and elect: the session's lock-delay,
 //! at most 60, fractions allowed, default 0: after a holder lost the lock
 //! involuntarily, wait that much longer before taking it; a release hands
-//! on at once), `-s`/`--shared`, `--limit N`, `-n`/`--nonblock` and
+//! on at once), `-s`/`--shared`, `--limit N`, `--mode MODE`, `-n`/`--nonblock` and
 //! `--conflict-exit-code STATUS` (lock, above), `--metrics ADDR` (lock and
 //! elect: serve lockline's metrics for Prometheus at `http://ADDR/metrics`
 //! while running, the lock's name among the labels; an address that cannot
@@ -110,8 +122,9 @@
 //! Set for the command: `LOCKLINE_KEY` (the held key), `LOCKLINE_TOKEN`
 //! (the fencing token) and `LOCKLINE_SEQUENCER` (the holder's sequencer,
 //! `lockline1:MODE:TOKEN:NAME`, MODE `mutex` under `lock`, `read` under
-//! `lock -s`, `permit-N` under `lock --limit N` and `leader` under `elect`,
-//! for `lockline check`).
+//! `lock -s`, `permit-N` under `lock --limit N`, `lock-MODE` (`lock-PW`, ...)
+//! under `lock --mode MODE` and `leader` under `elect`, for `lockline
+//! check`).
 //!
 //! # Output
 //!
@@ -239,6 +252,7 @@
 mod output;
 mod command_line;
 mod group;
+mod modes;
 mod signals;
 
 use std::ffi::OsStr;
@@ -249,7 +263,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use futures::StreamExt;
 use lockline::{
-    Client, Error, FencingToken, Leadership, MutexGuard, Permit, ReadGuard, Sequencer, Session, SessionOptions, Tls,
+    Client, Error, FencingToken, Leadership, LockMode, MutexGuard, Permit, ReadGuard, ResourceGuard, Sequencer,
+    Session, SessionOptions, Tls,
 };
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
@@ -475,6 +490,8 @@ enum Recipe {
     Shared,
     /// `--limit N`: a permit of a semaphore of N.
     Limit(usize),
+    /// `--mode MODE`: a resource in one of the six lock modes.
+    LockMode(LockMode),
 }
 
 /// What to do with `NAME`.
@@ -595,10 +612,12 @@ fn parse(argv: Vec<String>, env: impl Fn(&str) -> Option<String>) -> Result<Acti
     let (connection, ttl, holding, listen, verbose, rest, subcommand) = match cli.command {
         Command::Completions { shell } => return Ok(Action::Completions(shell)),
         Command::Lock(lock) => {
-            recipe = match (lock.shared, lock.limit) {
-                (true, _) => Recipe::Shared,
-                (false, Some(permits)) => Recipe::Limit(permits),
-                (false, None) => Recipe::Exclusive,
+            // clap refuses two of them together.
+            recipe = match (lock.shared, lock.limit, lock.mode) {
+                (true, _, _) => Recipe::Shared,
+                (false, Some(permits), _) => Recipe::Limit(permits),
+                (false, None, Some(mode)) => Recipe::LockMode(mode),
+                (false, None, None) => Recipe::Exclusive,
             };
             nonblock = match (lock.nonblock, lock.conflict_exit_code) {
                 (true, code) => Some(code.unwrap_or(DEFAULT_CONFLICT)),
@@ -1167,12 +1186,14 @@ enum Held {
     Lost,
 }
 
-/// A held lock, read lock, permit or leadership: the same guard surface.
+/// A held lock, read lock, permit, lock mode or leadership: the same guard
+/// surface.
 #[derive(Debug)]
 enum Holding {
     Lock(MutexGuard),
     Read(ReadGuard),
     Permit(Permit),
+    Mode(ResourceGuard),
     Leader(Leadership),
 }
 
@@ -1183,6 +1204,7 @@ macro_rules! each {
             Holding::Lock($guard) => $body,
             Holding::Read($guard) => $body,
             Holding::Permit($guard) => $body,
+            Holding::Mode($guard) => $body,
             Holding::Leader($guard) => $body,
         }
     };
@@ -1195,6 +1217,7 @@ impl Holding {
             Holding::Lock(_) => "lock",
             Holding::Read(_) => "shared lock",
             Holding::Permit(_) => "permit",
+            Holding::Mode(_) => "lock",
             Holding::Leader(_) => "leadership",
         }
     }
@@ -1229,6 +1252,7 @@ impl Holding {
             Holding::Lock(guard) => guard.release().await,
             Holding::Read(guard) => guard.release().await,
             Holding::Permit(guard) => guard.release().await,
+            Holding::Mode(guard) => guard.release().await,
             Holding::Leader(leadership) => leadership.resign().await,
         }
     }
@@ -1260,6 +1284,7 @@ async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Hold
                 .try_acquire()
                 .await?
                 .map(Holding::Permit),
+            Recipe::LockMode(mode) => session.resource(name)?.try_lock(mode).await?.map(Holding::Mode),
         };
         return match (held, args.nonblock) {
             (Some(held), _) => Ok(Some(held)),
@@ -1276,6 +1301,7 @@ async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Hold
             Recipe::Exclusive => Holding::Lock(session.mutex(name)?.lock().await?),
             Recipe::Shared => Holding::Read(session.rwlock(name)?.read().await?),
             Recipe::Limit(permits) => Holding::Permit(session.semaphore(name, permits)?.acquire().await?),
+            Recipe::LockMode(mode) => Holding::Mode(session.resource(name)?.lock(mode).await?),
         })
     };
     match (recipe, args.timeout) {
@@ -1283,6 +1309,9 @@ async fn acquire(args: &Args, session: &Session) -> lockline::Result<Option<Hold
         (Recipe::Exclusive, Some(timeout)) => {
             Ok(Some(Holding::Lock(session.mutex(name)?.lock_timeout(timeout).await?)))
         }
+        (Recipe::LockMode(mode), Some(timeout)) => Ok(Some(Holding::Mode(
+            session.resource(name)?.lock_timeout(mode, timeout).await?,
+        ))),
         // Dropping the wait removes its entry, as any cancelled acquire.
         (_, Some(timeout)) => match tokio::time::timeout(timeout, wait).await {
             Ok(held) => held.map(Some),
@@ -1395,29 +1424,41 @@ async fn listen(args: &Args, session: &Session, signals: &mut StopSignals) -> lo
     }
 }
 
-/// `list`: prints the queue of `NAME`, the holder first.
+/// `list`: prints the queue of `NAME`, the holder first (a lock-mode
+/// resource's in queue order, see [`modes::listing`]).
 async fn list(args: &Args, session: &Session, signals: &mut StopSignals) -> lockline::Result<Held> {
-    let queue = tokio::select! {
+    let read = async {
+        let queue = session.queue(&args.name).await?;
+        let modes = modes::listing(session, &args.name, &queue).await?;
+        Ok::<_, Error>((queue, modes))
+    };
+    let (queue, modes) = tokio::select! {
         biased;
         signal = signals.recv() => return Ok(Held::Cancelled(signal)),
-        queue = session.queue(&args.name) => queue?,
+        read = read => read?,
     };
-    let mut text = String::new();
-    for contender in queue {
-        let owner = contender.owner.as_deref().unwrap_or("-");
-        text.push_str(&format!(
-            "{}\t{owner}\t{}\t{}",
-            contender.key,
-            contender.token,
-            contender.kind.label()
-        ));
-        // Next in line after a holder that lost the lock involuntarily: not
-        // the holder yet, whatever its place.
-        if let Some(until) = contender.delayed_until {
-            text.push_str(&format!("\tlock-delay until {}", output::utc(until)));
+    let text = match modes {
+        Some(text) => text,
+        None => {
+            let mut text = String::new();
+            for contender in queue {
+                let owner = contender.owner.as_deref().unwrap_or("-");
+                text.push_str(&format!(
+                    "{}\t{owner}\t{}\t{}",
+                    contender.key,
+                    contender.token,
+                    contender.kind.label()
+                ));
+                // Next in line after a holder that lost the lock
+                // involuntarily: not the holder yet, whatever its place.
+                if let Some(until) = contender.delayed_until {
+                    text.push_str(&format!("\tlock-delay until {}", output::utc(until)));
+                }
+                text.push('\n');
+            }
+            text
         }
-        text.push('\n');
-    }
+    };
     output::output(text.into_bytes());
     // The listing is all `list` is for: a listing that could not be written
     // is a failure, not a success.

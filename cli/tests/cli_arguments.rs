@@ -338,11 +338,16 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "--limit <N>",
         "-n, --nonblock",
         "--conflict-exit-code <STATUS>",
+        "--mode <MODE>",
+        "lock-MODE",
     ];
     let lock = [
-        "usage: lockline lock [-s|--limit N] [-n] [OPTIONS] NAME",
+        "usage: lockline lock [-s|--limit N|--mode MODE] [-n] [OPTIONS] NAME",
         "-s, --shared",
         "--limit <N>",
+        "--mode <MODE>",
+        "[possible values: NL, CR, CW, PR, PW, EX]",
+        "lock-PW (say) under --mode PW",
         "-n, --nonblock",
         "--conflict-exit-code <STATUS>",
         "lock -n: NAME is taken",

@@ -335,7 +335,8 @@ pub async fn lock_modes_fence_and_lose<F: Fixture>(fixture: &F) {
     assert!(!bounded("check", ca.check(&sequencer)).await.expect("check"));
     bounded("CR to PW", reader.convert(Pw)).await.expect("convert");
     assert!(reader.token() > seen, "above the writer that came and went");
-    let key = unique("fenced-key");
+    // Absolute, as every backend takes it (a ZooKeeper path must be).
+    let key = format!("/{}", unique("fenced-key"));
     bounded("a PW fenced write", reader.write_if_held([Write::put(&key, "1")]))
         .await
         .expect("PW writes while held");

@@ -8,6 +8,50 @@
 //! | write lock | `_c_<attempt>-__WRIT__<sequence>` |
 //! | semaphore permit | `_c_<attempt>-lease-<sequence>` |
 //! | election candidate | `_c_<attempt>-latch-<sequence>` (Curator `LeaderLatch`), value as data |
+//! | lock-mode contender | `_c_<attempt>-dlm-<sequence>`, the core's encoded state as data |
+//!
+//! # Lock modes
+//!
+//! A lock-mode resource (the core's `Resource`) named `n` keeps its contenders in the
+//! directory `/n` like every other recipe: ephemeral-sequential
+//! `_c_<attempt>-dlm-<sequence>` nodes whose data is the entry's value (its
+//! mode, grant and conversion, written and read by the core only). The
+//! Curator-style `_c_<attempt>-` prefix lets a retried append find the node
+//! its lost create made, as for the other kinds. No peer recipe takes such a
+//! node for one of its contenders:
+//!
+//! - Curator's `InterProcessMutex`, `InterProcessReadWriteLock` and
+//!   `LeaderLatch` sort every child by what follows their marker (`lock-`,
+//!   `__READ__`/`__WRIT__`, `latch-`), and a child without the marker by its
+//!   whole name: `_c_...` sorts after every sequence number, so a DLM node is
+//!   never before a Curator contender (never its holder nor the node it
+//!   waits on), and the read lock counts only nodes containing `__WRIT__`;
+//! - kazoo's `Lock`/`ReadLock`/`WriteLock` match `(__lock__|__rlock__|<extra
+//!   patterns>)` followed by ten digits at the end of a name, so `-dlm-`
+//!   matches only if a user passes it as an extra pattern;
+//! - ZooKeeper's own lock recipe (`WriteLock` of `zookeeper-recipes-lock`)
+//!   takes *every* child with a number after its last `-` for a contender:
+//!   it would queue behind DLM nodes (the safe side), as it does behind
+//!   Curator's and kazoo's.
+//!
+//! The core refuses to mix lock-mode contenders with any other kind under
+//! one name ([`EntryKind::queues_with`]).
+//!
+//! Two more children with reserved names, which no recipe (lockline's,
+//! Curator's, kazoo's or ZooKeeper's, see above) takes for a contender: no
+//! trailing sequence number, no recipe marker, sorted after every sequence
+//! number by Curator:
+//!
+//! | child of `/n` | what |
+//! |---|---|
+//! | `lockline-value-block` | the lock value block: a persistent node whose data is the block, created at its first write with the session's ACL policy. It keeps the container `/n` from being cleaned up, so a resource whose block was ever written keeps its directory and block until deleted by hand |
+//! | `lockline-stamp` | created, written and deleted inside one update `multi` of checks alone: its `setData` stat gives the update's zxid (the token). Never seen outside the transaction |
+//!
+//! Both live inside the lock's own directory, so the grant that lets a
+//! session queue on `/n` (CREATE and DELETE on `/n`, READ on the nodes)
+//! covers them, plus WRITE on the block node (which its creator's ACL policy
+//! gives). Lock names and fenced-write keys with a segment of either name
+//! are refused.
 //!
 //! Recognised from other clients: kazoo's `<hex>__lock__<seq>` (exclusive) and
 //! `<hex>__rlock__<seq>` (shared), ZooKeeper's recipe `x-<session>-<seq>`
@@ -38,9 +82,33 @@ pub(crate) fn node_prefix(dir: &str, kind: EntryKind, attempt: &str) -> String {
         EntryKind::Write => "__WRIT__",
         EntryKind::Semaphore => "lease-",
         EntryKind::Election => "latch-",
+        EntryKind::Dlm => "dlm-",
         _ => "lock-",
     };
     format!("{dir}/_c_{attempt}-{marker}")
+}
+
+/// The lock value block's node name under a lock-mode resource's directory.
+pub(crate) const VALUE_BLOCK: &str = "lockline-value-block";
+
+/// The name of the node an update that writes nothing else creates, writes
+/// and deletes in its one `multi`, for the zxid of its `setData` stat.
+pub(crate) const STAMP: &str = "lockline-stamp";
+
+/// Whether a node name is one of the names this layout reserves inside a
+/// lock's directory (see the module docs).
+pub(crate) fn reserved(segment: &str) -> bool {
+    segment == VALUE_BLOCK || segment == STAMP
+}
+
+/// The path of the lock value block of the resource whose directory is `dir`.
+pub(crate) fn value_block_path(dir: &str) -> String {
+    format!("{dir}/{VALUE_BLOCK}")
+}
+
+/// The path of the stamp node of the resource whose directory is `dir`.
+pub(crate) fn stamp_path(dir: &str) -> String {
+    format!("{dir}/{STAMP}")
 }
 
 /// A child of a lock directory that is a contender.
@@ -119,6 +187,8 @@ pub(crate) fn parse(name: &str) -> Option<Contender> {
         (EntryKind::Semaphore, Some(attempt))
     } else if let Some(attempt) = curator("latch-") {
         (EntryKind::Election, Some(attempt))
+    } else if let Some(attempt) = curator("dlm-") {
+        (EntryKind::Dlm, Some(attempt))
     } else if rest.ends_with("__lock__") {
         (EntryKind::Mutex, None)
     } else if rest.ends_with("__rlock__") {
@@ -246,6 +316,56 @@ mod tests {
         assert!(before(i32::MAX, i32::MIN));
         assert!(!before(i32::MIN, i32::MAX));
         assert!(before(-5, 2) && !before(2, -5) && !before(7, 7));
+    }
+
+    #[test]
+    fn lock_mode_names() {
+        let prefix = node_prefix("/res", EntryKind::Dlm, "1b4e28ba-2fa1-11d2-883f-0016d3cca427");
+        assert_eq!(prefix, "/res/_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-dlm-");
+        let c = parse("_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-dlm-0000000012").expect("parsed");
+        assert_eq!(
+            (c.kind, c.sequence, c.attempt.as_deref()),
+            (EntryKind::Dlm, 12, Some("1b4e28ba-2fa1-11d2-883f-0016d3cca427"))
+        );
+        assert_eq!(parse("_c_ab-dlm--000000003").map(|c| c.sequence), Some(-3));
+        // Queued by sequence with whatever else is in the directory.
+        let children = vec![
+            "_c_b-dlm-0000000002".to_owned(),
+            "_c_a-lock-0000000001".to_owned(),
+            VALUE_BLOCK.to_owned(),
+        ];
+        let order: Vec<EntryKind> = contenders(&children).iter().map(|c| c.kind).collect();
+        assert_eq!(order, vec![EntryKind::Mutex, EntryKind::Dlm]);
+    }
+
+    #[test]
+    fn reserved_names_are_no_contenders_of_any_recipe() {
+        for name in [VALUE_BLOCK, STAMP] {
+            assert!(reserved(name));
+            // Not lockline's (nor a foreign semaphore's).
+            assert_eq!(parse(name), None, "{name}");
+            // No Curator marker (Curator sorts such a child by its whole
+            // name, after every sequence number), and no trailing digits
+            // (kazoo's pattern, ZooKeeper's recipe's number after the last
+            // '-').
+            for marker in [
+                "lock-",
+                "latch-",
+                "__READ__",
+                "__WRIT__",
+                "lease-",
+                "__lock__",
+                "__rlock__",
+            ] {
+                assert!(!name.contains(marker), "{name} contains {marker}");
+            }
+            assert!(!name.ends_with(|c: char| c.is_ascii_digit()));
+            // Curator sorts it after every sequence number, wrapped ones too.
+            assert!(name > "9999999999");
+        }
+        assert_eq!(value_block_path("/res"), "/res/lockline-value-block");
+        assert_eq!(stamp_path("/res"), "/res/lockline-stamp");
+        assert!(!reserved("lockline"));
     }
 
     #[test]

@@ -44,6 +44,13 @@
 //! - A create whose answer is lost is retried by looking for the attempt's id in
 //!   the directory (owned by this session) before creating again: never a
 //!   duplicate.
+//! - **Lock modes** (a `Resource`): `_c_<attempt>-dlm-<sequence>` nodes with
+//!   the core's state as data, and the lock value block in the reserved
+//!   child `lockline-value-block`. Reading the queue is one multi-read of
+//!   the children, the block and every child's data and stat (two when a
+//!   contender this session had not seen queued); a conditional update is
+//!   one `multi` of version checks, writes and deletes whose zxid is the
+//!   token. See `docs/zookeeper.md`, "Lock modes".
 //!
 //! # Lock-delay: a release and a loss
 //!
@@ -81,6 +88,15 @@
 //! `LeaderLatch` wakes only on `NodeDeleted`: a latch queued behind a lockline
 //! candidate would miss the data change and wait for ever. A lock-delayed
 //! candidate therefore takes every resignation before it for a loss.
+//!
+//! **Lock modes** release with the mark too (a release, the release
+//! inside an update, a `close()`), and their waiters wait with a data watch
+//! that reads the node again when it fires. That read is a multi-read of the
+//! whole queue: a release shows as the node gone after a change, and the
+//! read the waiter makes next is answered from that queue, so the mark costs
+//! no request. One more edge, on the side of a release: another session's
+//! mark on the node (a waiter telling the holder it blocks) followed by the
+//! holder's loss within that read's round trip.
 //!
 //! **Other clients' releases look like losses.** Curator's and kazoo's
 //! releases (and ZooKeeper's own lock recipe's) are plain deletes, without
@@ -407,6 +423,11 @@ impl Backend for ZooKeeper {
     /// rather than dropped: Curator and kazoo refuse such a path too, and on
     /// etcd `/my-lock/` and `/my-lock` are two different locks, so quietly
     /// mapping both to `/my-lock` here would make one program's two locks one.
+    ///
+    /// A segment named like a node lockline reserves inside a lock's
+    /// directory (`lockline-value-block`, `lockline-stamp`: see the layout
+    /// in `docs/zookeeper.md`) is refused: `a/lockline-value-block` would be
+    /// the value block of the resource `a`.
     fn validate_name(&self, name: &str) -> Result<()> {
         let first = name.trim_start_matches('/').split('/').next().unwrap_or_default();
         if first == "zookeeper" && !self.has_chroot() {
@@ -421,6 +442,15 @@ impl Backend for ZooKeeper {
                 reason: format!(
                     "a ZooKeeper path cannot end in '/' (Curator and kazoo refuse it too); name the lock {:?}",
                     name.trim_end_matches('/')
+                ),
+            });
+        }
+        if let Some(segment) = name.split('/').find(|segment| layout::reserved(segment)) {
+            return Err(Error::InvalidName {
+                name: name.to_owned(),
+                reason: format!(
+                    "{segment:?} is a node name lockline reserves inside a lock's directory (a lock-mode \
+                     resource's value block)"
                 ),
             });
         }
@@ -470,7 +500,9 @@ impl Backend for ZooKeeper {
 
     /// Refuses a fenced write to a node (or a parent it would create) named
     /// like a lock contender: it would stand in its parent path's lock
-    /// queue as a holder nobody releases.
+    /// queue as a holder nobody releases. A node named like one lockline
+    /// reserves inside a lock's directory (a lock-mode resource's value
+    /// block) is refused too.
     fn validate_write_key(&self, key: &str) -> Result<()> {
         let body = key.trim_start_matches('/');
         // A node (or a parent the write creates) named like a contender of
@@ -482,6 +514,15 @@ impl Backend for ZooKeeper {
                     "the node name {segment:?} has the shape of a lock contender (Curator's, kazoo's or \
                      ZooKeeper's lock recipe, or a semaphore's `leases`/`locks`): written, it would block \
                      the lock of its parent path; use another name"
+                ),
+            });
+        }
+        if let Some(segment) = body.split('/').find(|segment| layout::reserved(segment)) {
+            return Err(Error::InvalidName {
+                name: key.to_owned(),
+                reason: format!(
+                    "{segment:?} is a node name lockline reserves inside a lock's directory (a lock-mode \
+                     resource's value block): written, it would replace that block"
                 ),
             });
         }

@@ -89,4 +89,6 @@ lockline::conformance_tests!(ZkFixture::start());
 
 // Lock-delay: a release marks its node (its data changed and deleted in one
 // transaction), a loss does not.
-lockline::conformance_tests!(@cases ZkFixture::start(); lock_delay_holds_back_after_an_involuntary_loss_only);
+lockline::conformance_tests!(@cases ZkFixture::start();
+    lock_delay_holds_back_after_an_involuntary_loss_only,
+    lock_modes_lock_delay_after_an_involuntary_loss_only);
