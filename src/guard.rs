@@ -498,9 +498,33 @@ impl Drop for Hold {
             drop(permit);
         } else {
             self.shared.metrics.end(crate::observe::End::LetGo);
-            self.session
-                .inner
-                .spawn_remove((*self.entry).clone(), "release", permit);
+            let inner = Arc::clone(&self.session.inner);
+            let entry = (*self.entry).clone();
+            match (self.release_block.take(), tokio::runtime::Handle::try_current()) {
+                // A PW or EX lock-mode holder writes its value block as its
+                // release would; the plain removal is the fallback.
+                (Some(block), Ok(runtime)) => {
+                    let name = self.name.to_string();
+                    runtime.spawn(async move {
+                        let update = crate::backend::QueueUpdate {
+                            dir: &name,
+                            unchanged: &[],
+                            present: &[&entry],
+                            set: &[],
+                            delete: &[&entry],
+                            block: Some(&block),
+                        };
+                        match inner.call(inner.remote.update_queue(&update)).await {
+                            Ok(Some(_)) => {
+                                inner.counters.bump(|c| &c.releases);
+                                drop(permit);
+                            }
+                            _ => inner.spawn_remove(entry, "release", permit),
+                        }
+                    });
+                }
+                _ => inner.spawn_remove(entry, "release", permit),
+            }
         }
     }
 }

@@ -117,10 +117,10 @@ impl MultiLock {
     /// ran out (`waited` is the whole `timeout`), having let go of the
     /// others; otherwise as [`lock`](Self::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut guards = Vec::with_capacity(self.mutexes.len());
         for mutex in &self.mutexes {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(timeout, |at| at.saturating_duration_since(Instant::now()));
             match mutex.lock_timeout(left).await {
                 Ok(guard) => guards.push(guard),
                 Err(Error::Timeout {

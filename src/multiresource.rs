@@ -116,10 +116,10 @@ impl MultiResource {
     /// is the whole `timeout`), having let go of the others; otherwise as
     /// [`lock`](Self::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MultiResourceGuard> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut guards = Vec::with_capacity(self.parts.len());
         for (resource, mode) in &self.parts {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(timeout, |at| at.saturating_duration_since(Instant::now()));
             match resource.lock_timeout(*mode, left).await {
                 Ok(guard) => guards.push(guard),
                 Err(Error::Timeout {

@@ -45,8 +45,8 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 // ---------------------------------------------------------------------------
 // The state an entry's value carries.
 
-/// One entry's state, as its value holds it: `dlm1 <granted|-> <requested>
-/// <token> <blocked> <nonce>`.
+/// One entry's state, as its value holds it: `dlm2 <granted|-> <requested>
+/// <token> <blocked> <since> <conv> <nonce>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct State {
     /// The mode held, or `None` for a request still waiting.
@@ -60,9 +60,16 @@ struct State {
     /// The modes waiters blocked by this entry asked for (bits of
     /// [`LockMode::bit`]).
     blocked: u8,
+    /// While converting: when the conversion was marked, in the server's
+    /// order of writes (0 when written: that write's [`Slot::changed`]).
+    /// Of the conversions on a cycle, the one marked last gives up.
+    since: u64,
+    /// While converting: the conversion's id, so that taking back a
+    /// cancelled conversion never takes back a later one.
+    conv: u32,
 }
 
-const STATE_HEAD: &str = "dlm1";
+const STATE_HEAD: &str = "dlm2";
 
 impl State {
     fn waiting(mode: LockMode) -> State {
@@ -71,6 +78,8 @@ impl State {
             requested: mode,
             token: 0,
             blocked: 0,
+            since: 0,
+            conv: 0,
         }
     }
 
@@ -80,6 +89,8 @@ impl State {
             requested: mode,
             token,
             blocked: 0,
+            since: 0,
+            conv: 0,
         }
     }
 
@@ -93,8 +104,8 @@ impl State {
         let granted = self.granted.map_or("-", LockMode::label);
         let nonce: u32 = rand_nonce();
         format!(
-            "{STATE_HEAD} {granted} {} {} {} {nonce:08x}",
-            self.requested, self.token, self.blocked
+            "{STATE_HEAD} {granted} {} {} {} {} {} {nonce:08x}",
+            self.requested, self.token, self.blocked, self.since, self.conv
         )
         .into_bytes()
     }
@@ -122,11 +133,19 @@ impl State {
             token => token,
         };
         let blocked = words.next()?.parse().ok()?;
+        let converting = granted.is_some_and(|g| g != requested);
+        let since = match words.next()?.parse().ok()? {
+            0 if converting => changed,
+            since => since,
+        };
+        let conv = words.next()?.parse().ok()?;
         Some(State {
             granted,
             requested,
             token,
             blocked,
+            since,
+            conv,
         })
     }
 }
@@ -241,6 +260,27 @@ impl Block {
         value
     }
 
+    /// Whether the block names a PW or EX holder whose entry is gone: it
+    /// lost its lock without a release (or was dropped).
+    fn lost_holder(&self, view: &View) -> bool {
+        self.holder.as_ref().is_some_and(|(key, order)| {
+            !view
+                .slots
+                .iter()
+                .any(|(slot, _)| slot.entry.key == *key && slot.entry.order == *order)
+        })
+    }
+
+    /// The block a grant outside PW and EX writes: `None` (no write) unless
+    /// it names a lost holder, which it then clears, keeping the block not
+    /// valid (a lock-delay after that loss is served once).
+    fn cleared_if_lost(&self, view: &View) -> Option<Block> {
+        self.lost_holder(view).then(|| Block {
+            value: self.seen(view),
+            holder: None,
+        })
+    }
+
     /// The block a PW or EX grant writes: it names the new holder, and
     /// keeps the knowledge that an earlier one was lost.
     fn granted_to(&self, view: &View, entry: &Entry) -> Block {
@@ -324,17 +364,17 @@ impl View {
         }
     }
 
-    /// Whether `at` lies on a cycle of entries that wait on each other.
-    fn in_cycle(&self, at: usize) -> bool {
+    /// Whether `from` reaches `to` through entries that wait.
+    fn reaches(&self, from: usize, to: usize) -> bool {
         let waits = |j: usize| {
             let state = self.slots[j].1;
             state.granted.is_none() || state.converting().is_some()
         };
         let mut seen = Vec::new();
-        let mut stack = vec![at];
-        while let Some(from) = stack.pop() {
-            for next in self.blockers(from) {
-                if next == at {
+        let mut stack = vec![from];
+        while let Some(at) = stack.pop() {
+            for next in self.blockers(at) {
+                if next == to {
                     return true;
                 }
                 if waits(next) && !seen.contains(&next) {
@@ -344,6 +384,22 @@ impl View {
             }
         }
         false
+    }
+
+    /// Whether the conversion `at`, on a cycle, was marked after every
+    /// other conversion on a cycle with it (ties: the later entry): that one
+    /// gives up, and the others wait for it to.
+    fn last_marked_on_cycle(&self, at: usize) -> bool {
+        let key = |j: usize| (self.slots[j].1.since, self.slots[j].0.entry.order);
+        (0..self.slots.len())
+            .filter(|&j| j != at && self.slots[j].1.converting().is_some())
+            .filter(|&j| self.reaches(at, j) && self.reaches(j, at))
+            .all(|j| key(j) < key(at))
+    }
+
+    /// Whether `at` lies on a cycle of entries that wait on each other.
+    fn in_cycle(&self, at: usize) -> bool {
+        self.reaches(at, at)
     }
 
     /// The condition of a decision on entry `at`: every entry the rule
@@ -528,7 +584,7 @@ impl Resource {
         let patience = if timeout.is_zero() {
             Patience::Never
         } else {
-            Patience::Until(Instant::now() + timeout, timeout)
+            crate::wait::patience_for(timeout)
         };
         match self.request(mode, patience).await? {
             Some(guard) => Ok(guard),
@@ -619,6 +675,8 @@ impl Resource {
         // The entry this contender last waited on and saw go: how it went
         // decides a lock-delay.
         let mut last_gone: Option<Entry> = None;
+        let delay = inner.options.lock_delay();
+        let mut delayed = false;
         loop {
             let queue = acquire.retrying(|| inner.remote.read_queue(&self.name)).await?;
             let view = View::new(&self.name, queue)?;
@@ -633,9 +691,9 @@ impl Resource {
                 }
                 // Next after a holder that lost its lock involuntarily: hold
                 // back for the lock-delay, then look once more.
-                let delay = inner.options.lock_delay();
                 if let Some(gone) = last_gone.take().filter(|_| !delay.is_zero()) {
                     if let crate::backend::Departure::Lost { noticed } = inner.remote.departure(&gone) {
+                        delayed = true;
                         if acquire
                             .hold_back(&mine, noticed + delay, &mut pending, &mut own_watch)
                             .await?
@@ -656,8 +714,30 @@ impl Resource {
                     }
                     continue;
                 }
-                let granted = State::held(mode, 0).encode();
-                let block = mode.sole_writer().then(|| view.block.granted_to(&view, &mine));
+                // After a PW or EX holder lost its lock (the block still
+                // names it), the lock-delay too, once.
+                if !delayed && !delay.is_zero() && mode != LockMode::Nl && view.block.lost_holder(&view) {
+                    delayed = true;
+                    let until = Instant::now() + delay;
+                    if acquire
+                        .hold_back(&mine, until, &mut pending, &mut own_watch)
+                        .await?
+                        .is_some()
+                    {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                let granted = State {
+                    blocked: view.slots[at].1.blocked,
+                    ..State::held(mode, 0)
+                }
+                .encode();
+                let block = if mode.sole_writer() {
+                    Some(view.block.granted_to(&view, &mine))
+                } else {
+                    view.block.cleared_if_lost(&view)
+                };
                 let block_bytes = block.as_ref().map(Block::encode);
                 let unchanged = view.unchanged(at);
                 let update = QueueUpdate {
@@ -675,8 +755,8 @@ impl Resource {
                 pending.disarm();
                 inner.counters.bump(|c| &c.grants);
                 let value = match &block {
-                    Some(block) => block.value.clone(),
-                    None => view.block.seen(&view),
+                    Some(block) if mode.sole_writer() => block.value.clone(),
+                    _ => view.block.seen(&view),
                 };
                 return Ok(Some(self.guard(
                     mine,
@@ -725,7 +805,7 @@ impl Resource {
                     }
                     Err(error) => return Err(error),
                 },
-                changed = changed(inner, &blocker, seen) => match changed {
+                changed = changed(inner, &blocker, seen, view.slots[at].1) => match changed {
                     Ok(gone) => {
                         inner.counters.bump(|c| &c.wakeups);
                         last_gone = gone.then_some(blocker);
@@ -741,7 +821,7 @@ impl Resource {
         }
     }
 
-    /// Marks the granted entry `on` with the mode entry `at` asks for, if it
+    /// Marks the entry `on` with the mode entry `at` asks for, if it
     /// is not marked with it yet: its holder's
     /// [`blocking`](ResourceGuard::blocking) then hears of it. Returns the
     /// value written. Best effort: a mark that fails is taken again on the
@@ -749,8 +829,10 @@ impl Resource {
     async fn mark(&self, view: &View, at: usize, on: usize) -> Option<Vec<u8>> {
         let (slot, state) = &view.slots[on];
         let asked = view.slots[at].1.requested;
-        let held = state.granted?;
-        if held.compatible(asked) && state.converting().is_none_or(|t| t.compatible(asked)) {
+        // A waiting request is marked too: its grant keeps the mark, so its
+        // holder hears of the waiter behind it.
+        let held = state.granted.is_some_and(|g| !g.compatible(asked));
+        if !held && state.requested.compatible(asked) {
             return None;
         }
         if state.blocked & asked.bit() != 0 {
@@ -814,6 +896,7 @@ impl Resource {
                 value: value.clone(),
                 pending: None,
                 told: 0,
+                uncertain: false,
             })),
         };
         guard.sync_release_block();
@@ -833,11 +916,14 @@ struct Cell {
     pending: Option<Vec<u8>>,
     /// The blocked modes the holder was told of.
     told: u8,
+    /// A conversion's write was sent and its answer never came: the mode
+    /// above may be less than what the server holds, until a read tells.
+    uncertain: bool,
 }
 
 /// A resource held in a [`LockMode`]. Dropped without
 /// [`release`](Self::release), it releases in the background (a PW or EX
-/// holder's unwritten value block is then marked not valid).
+/// holder writes its value block then too).
 #[must_use = "dropping the guard releases the lock"]
 pub struct ResourceGuard {
     hold: Hold,
@@ -1065,7 +1151,9 @@ impl ResourceGuard {
     }
 
     /// Converts only if that needs no wait; `Ok(false)` otherwise, the mode
-    /// unchanged.
+    /// unchanged. A conversion that would deadlock fails as
+    /// [`convert`](Self::convert) does (demoted to NL with
+    /// [`Resource::demote_on_deadlock`]).
     ///
     /// # Cancel safety
     ///
@@ -1092,7 +1180,7 @@ impl ResourceGuard {
         let patience = if timeout.is_zero() {
             Patience::Never
         } else {
-            Patience::Until(Instant::now() + timeout, timeout)
+            crate::wait::patience_for(timeout)
         };
         if self.converting(mode, patience).await? {
             Ok(())
@@ -1106,12 +1194,13 @@ impl ResourceGuard {
     }
 
     async fn converting(&mut self, mode: LockMode, patience: Patience) -> Result<bool> {
+        if let Some(error) = self.known_loss().await {
+            return Err(error);
+        }
+        self.resync().await?;
         let from = self.mode();
         if mode == from {
             return Ok(true);
-        }
-        if let Some(error) = self.known_loss().await {
-            return Err(error);
         }
         if mode.is_down_from(from) {
             self.down(mode).await?;
@@ -1121,13 +1210,15 @@ impl ResourceGuard {
             session: self.hold.session().clone(),
             name: self.resource.name.clone(),
             entry: self.entry.clone(),
-            from,
-            to: mode,
-            armed: false,
+            conv: None,
         };
         let outcome = self.up(mode, patience, &mut cleanup).await;
-        if outcome.is_ok() {
-            cleanup.armed = false;
+        match &outcome {
+            // Granted: nothing to take back.
+            Ok(true) => cleanup.conv = None,
+            // Given up or failed: take the mark back now (a drop meanwhile
+            // leaves it to the background).
+            Ok(false) | Err(_) => cleanup.take_back().await,
         }
         outcome
     }
@@ -1145,42 +1236,118 @@ impl ResourceGuard {
         })
     }
 
-    /// A down-conversion: one write, whatever others marked on the entry.
-    async fn down(&mut self, mode: LockMode) -> Result<()> {
-        let inner = self.hold.session().inner.clone();
-        let token = self.cell().token;
-        let value = State::held(mode, token).encode();
-        let block = (!mode.sole_writer()).then(|| self.leaving_block()).flatten();
-        let update = QueueUpdate {
-            dir: &self.resource.name,
-            unchanged: &[],
-            present: &[&self.entry],
-            set: &[(&self.entry, &value)],
-            delete: &[],
-            block: block.as_deref(),
-        };
-        match inner.call(inner.remote.update_queue(&update)).await {
-            Ok(Some(_)) => {}
-            Ok(None) => return Err(inner.vanished_error(&self.entry.key).await),
-            Err(error) => return Err(error),
+    /// After a conversion whose answer never came (the call was cancelled
+    /// in flight), reads what the server holds for this lock: the guard
+    /// under-claims meanwhile (the mode before an up-conversion, the mode
+    /// after a down-conversion), never over-claims.
+    async fn resync(&mut self) -> Result<()> {
+        if !self.cell().uncertain {
+            return Ok(());
         }
+        let inner = self.hold.session().inner.clone();
+        let queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
+        let Some(slot) = queue
+            .slots
+            .iter()
+            .find(|s| s.entry.key == self.entry.key && s.entry.order == self.entry.order)
+        else {
+            return Err(inner.vanished_error(&self.entry.key).await);
+        };
+        let state = State::decode(&slot.value, slot.changed);
+        let block = Block::decode(queue.block.as_deref());
         {
             let mut cell = self.cell();
-            if block.is_some() {
-                if let Some(bytes) = cell.pending.take() {
-                    cell.value.bytes = bytes;
-                    cell.value.sequence += 1;
-                    cell.value.valid = true;
+            if let Some(held) = state.granted {
+                if held != cell.mode {
+                    // Entering PW or EX, the grant read the block as it is
+                    // now (no one else writes it meanwhile).
+                    if held.sole_writer() && !cell.mode.sole_writer() {
+                        cell.value = block.value;
+                    }
+                    cell.mode = held;
+                    cell.token = state.token;
+                    cell.told = 0;
                 }
             }
-            cell.mode = mode;
-            cell.told = 0;
+            cell.uncertain = false;
         }
         self.sync_release_block();
         Ok(())
     }
 
-    /// An up-conversion: mark, wait on one blocker at a time, grant.
+    /// A down-conversion: one read, then one write conditioned on the entry
+    /// as read, keeping the marks of waiters it still blocks (its holder is
+    /// told of them again).
+    async fn down(&mut self, mode: LockMode) -> Result<()> {
+        let inner = self.hold.session().inner.clone();
+        let token = self.cell().token;
+        let block = (!mode.sole_writer()).then(|| self.leaving_block()).flatten();
+        // The lower mode first: a call cancelled in flight leaves the guard
+        // claiming less than the server may hold, never more.
+        let pending = {
+            let mut cell = self.cell();
+            cell.uncertain = true;
+            cell.mode = mode;
+            cell.told = 0;
+            if block.is_some() {
+                cell.pending.take()
+            } else {
+                None
+            }
+        };
+        self.hold.set_release_block(None);
+        loop {
+            let queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
+            let Some(slot) = queue
+                .slots
+                .iter()
+                .find(|s| s.entry.key == self.entry.key && s.entry.order == self.entry.order)
+            else {
+                return Err(inner.vanished_error(&self.entry.key).await);
+            };
+            let marks = State::decode(&slot.value, slot.changed).blocked;
+            let still = LockMode::ALL
+                .into_iter()
+                .filter(|m| marks & m.bit() != 0 && !m.compatible(mode))
+                .fold(0, |bits, m| bits | m.bit());
+            let value = State {
+                blocked: still,
+                ..State::held(mode, token)
+            }
+            .encode();
+            let unchanged = [(&slot.entry, slot.version)];
+            let update = QueueUpdate {
+                dir: &self.resource.name,
+                unchanged: &unchanged,
+                present: &[],
+                set: &[(&self.entry, &value)],
+                delete: &[],
+                block: block.as_deref(),
+            };
+            if inner.call(inner.remote.update_queue(&update)).await?.is_some() {
+                break;
+            }
+        }
+        {
+            let mut cell = self.cell();
+            if let Some(bytes) = pending {
+                cell.value.bytes = bytes;
+                cell.value.sequence += 1;
+                cell.value.valid = true;
+            }
+            cell.uncertain = false;
+        }
+        self.sync_release_block();
+        Ok(())
+    }
+
+    /// An up-conversion: mark the entry as converting (conditioned on its
+    /// own version only), then read again and decide from that read alone:
+    /// whatever was granted without seeing the mark had its grant
+    /// conditioned on this entry's earlier version, so it was granted
+    /// before the mark and shows in the read; whatever reads after the mark
+    /// counts this entry with its new mode. Of the conversions on a cycle,
+    /// the one marked last gives up.
     async fn up(&mut self, mode: LockMode, patience: Patience, cleanup: &mut ConversionCleanup) -> Result<bool> {
         let session = self.hold.session().clone();
         let inner = &session.inner;
@@ -1188,7 +1355,9 @@ impl ResourceGuard {
         let from = self.mode();
         let token = self.cell().token;
         let notify = !matches!(patience, Patience::Never) || self.resource.notify_on_try;
-        let mut marked = false;
+        let delay = inner.options.lock_delay();
+        let mut delayed = false;
+        let mut last_gone: Option<Entry> = None;
         let mut backoff = INITIAL_BACKOFF;
         loop {
             let queue = acquire
@@ -1198,17 +1367,88 @@ impl ResourceGuard {
             let Some(at) = view.position(&self.entry) else {
                 return Err(inner.vanished_error(&self.entry.key).await);
             };
-            // The rule applied as if the conversion were marked: the read
-            // that decides is the read the mark is conditioned on.
-            view.slots[at].1.requested = mode;
-            if !marked && view.in_cycle(at) {
+            let mine = view.slots[at].1;
+            let marked = cleanup
+                .conv
+                .is_some_and(|conv| mine.converting() == Some(mode) && mine.conv == conv);
+            if !marked {
+                // As if marked: a conversion that would wait and close a
+                // cycle of marks already there is the last one; one that
+                // would wait in a try gives up before writing anything.
+                view.slots[at].1.requested = mode;
+                if view.blocker(at).is_some() {
+                    if view.in_cycle(at) {
+                        return Err(self.deadlock(from, mode).await);
+                    }
+                    if let Patience::Never = patience {
+                        if notify {
+                            if let Some(on) = view.blocker(at) {
+                                self.resource.mark(&view, at, on).await;
+                            }
+                        }
+                        return Ok(false);
+                    }
+                }
+                let conv = rand_nonce() | 1;
+                let value = State {
+                    granted: Some(from),
+                    requested: mode,
+                    token,
+                    blocked: mine.blocked,
+                    since: 0,
+                    conv,
+                }
+                .encode();
+                let slot = &view.slots[at].0;
+                let unchanged = [(&slot.entry, slot.version)];
+                let update = QueueUpdate {
+                    dir: &self.resource.name,
+                    unchanged: &unchanged,
+                    present: &[],
+                    set: &[(&slot.entry, &value)],
+                    delete: &[],
+                    block: None,
+                };
+                cleanup.conv = Some(conv);
+                if acquire.retrying(|| inner.remote.update_queue(&update)).await?.is_none() {
+                    cleanup.conv = None;
+                }
+                continue;
+            }
+            if view.in_cycle(at) && view.last_marked_on_cycle(at) {
                 return Err(self.deadlock(from, mode).await);
             }
             let Some(on) = view.blocker(at) else {
+                // Next after a holder that lost its lock involuntarily: the
+                // lock-delay first.
+                let lost = last_gone
+                    .take()
+                    .filter(|_| !delay.is_zero())
+                    .map(|gone| inner.remote.departure(&gone));
+                let noticed = match lost {
+                    Some(crate::backend::Departure::Lost { noticed }) => Some(noticed),
+                    _ if !delayed && !delay.is_zero() && view.block.lost_holder(&view) => Some(Instant::now()),
+                    _ => None,
+                };
+                if let Some(noticed) = noticed.filter(|_| mode != LockMode::Nl) {
+                    delayed = true;
+                    inner.counters.bump(|c| &c.lock_delays);
+                    if !self.pause_until(noticed + delay, patience).await? {
+                        return Ok(false);
+                    }
+                    continue;
+                }
                 let granted_token = if mode.writes() { 0 } else { token };
-                let value = State::held(mode, granted_token).encode();
-                let block =
-                    (mode.sole_writer() && !from.sole_writer()).then(|| view.block.granted_to(&view, &self.entry));
+                let value = State {
+                    blocked: mine.blocked,
+                    ..State::held(mode, granted_token)
+                }
+                .encode();
+                let block = if mode.sole_writer() && !from.sole_writer() {
+                    Some(view.block.granted_to(&view, &self.entry))
+                } else {
+                    view.block.cleared_if_lost(&view)
+                };
                 let block_bytes = block.as_ref().map(Block::encode);
                 let unchanged = view.unchanged(at);
                 let update = QueueUpdate {
@@ -1219,18 +1459,24 @@ impl ResourceGuard {
                     delete: &[],
                     block: block_bytes.as_deref(),
                 };
-                let Some(fresh) = acquire.retrying(|| inner.remote.update_queue(&update)).await? else {
+                // The grant's answer is awaited past the deadline (within the
+                // request timeout): a grant the server made is never reported
+                // as a timeout. The guard claims nothing new until it comes.
+                self.cell().uncertain = true;
+                let Some(fresh) = self.granting(&update).await? else {
+                    self.cell().uncertain = false;
                     continue;
                 };
                 let mut cell = self.cell();
                 cell.mode = mode;
                 cell.told = 0;
+                cell.uncertain = false;
                 if mode.writes() {
                     cell.token = fresh;
                 }
                 cell.value = match &block {
-                    Some(block) => block.value.clone(),
-                    None => view.block.seen(&view),
+                    Some(block) if mode.sole_writer() && !from.sole_writer() => block.value.clone(),
+                    _ => view.block.seen(&view),
                 };
                 drop(cell);
                 self.sync_release_block();
@@ -1241,31 +1487,6 @@ impl ResourceGuard {
                     self.resource.mark(&view, at, on).await;
                 }
                 return Ok(false);
-            }
-            if !marked {
-                let value = State {
-                    granted: Some(from),
-                    requested: mode,
-                    token,
-                    blocked: 0,
-                }
-                .encode();
-                let unchanged = view.unchanged(at);
-                let update = QueueUpdate {
-                    dir: &self.resource.name,
-                    unchanged: &unchanged,
-                    present: &[],
-                    set: &[(&self.entry, &value)],
-                    delete: &[],
-                    block: None,
-                };
-                cleanup.armed = true;
-                if acquire.retrying(|| inner.remote.update_queue(&update)).await?.is_none() {
-                    continue;
-                }
-                marked = true;
-                // Read again: the mark changed this entry's version.
-                continue;
             }
             let mut seen = view.slots[on].0.value.clone();
             if notify {
@@ -1287,16 +1508,52 @@ impl ResourceGuard {
                 () = self.hold.lost() => {
                     return Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost { key: self.entry.key.clone() }));
                 }
-                changed = changed(inner, &blocker, seen) => match changed {
-                    Ok(_) => inner.counters.bump(|c| &c.wakeups),
+                changed = changed(inner, &blocker, seen, view.slots[at].1) => match changed {
+                    Ok(gone) => {
+                        inner.counters.bump(|c| &c.wakeups);
+                        last_gone = gone.then_some(blocker);
+                    }
                     Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
                     Err(error) => return Err(error),
                 },
-                () = deadline => {
-                    cleanup.take_back().await;
-                    return Ok(false);
-                }
+                () = deadline => return Ok(false),
             }
+        }
+    }
+
+    /// Applies a conversion's grant, retrying a transient failure within the
+    /// request timeout whatever the caller's deadline.
+    async fn granting(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let inner = &self.hold.session().inner;
+        let until = Instant::now() + inner.options.request_timeout();
+        let mut pause = INITIAL_BACKOFF;
+        loop {
+            match inner.call(inner.remote.update_queue(update)).await {
+                Err(error) if error.is_transient() && Instant::now() + pause < until && !inner.state().is_over() => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Waits until `until` (a lock-delay) unless the session ends, the lock
+    /// is lost or the deadline passes first: `Ok(false)` for the deadline.
+    async fn pause_until(&self, until: Instant, patience: Patience) -> Result<bool> {
+        let inner = &self.hold.session().inner;
+        let deadline = async {
+            match patience {
+                Patience::Until(at, _) => tokio::time::sleep_until(at).await,
+                Patience::Forever | Patience::Never => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            state = inner.over() => Err(inner.over_error(state)),
+            () = self.hold.lost() => Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost { key: self.entry.key.clone() })),
+            () = deadline => Ok(false),
+            () = tokio::time::sleep_until(until) => Ok(true),
         }
     }
 
@@ -1329,50 +1586,55 @@ impl ResourceGuard {
     /// [`Error::SessionLost`] or [`Error::LockLost`] when the lock was lost
     /// before the release, [`Error::Unavailable`] when the server cannot be
     /// reached (the removal goes on in the background).
-    pub async fn release(self) -> Result<()> {
+    pub async fn release(mut self) -> Result<()> {
+        if self.hold.is_held() {
+            // Best effort: a guard that cannot tell its mode writes no block.
+            if self.resync().await.is_err() {
+                self.hold.set_release_block(None);
+            }
+        }
         self.hold.release().await
     }
 }
 
-/// Takes a cancelled or timed-out conversion back, so that it leaves
-/// nothing behind: the entry is set back to its held mode if it is still
-/// marked as converting.
+/// Takes a cancelled, timed-out or failed conversion back, so that it
+/// leaves nothing behind: the entry is set back to its held mode if it is
+/// still marked with this very conversion.
 struct ConversionCleanup {
     session: Session,
     name: Arc<str>,
     entry: Entry,
-    from: LockMode,
-    to: LockMode,
-    armed: bool,
+    /// The conversion's id once its mark may have been written.
+    conv: Option<u32>,
 }
 
 impl ConversionCleanup {
+    /// Takes the mark back now; if this is cancelled, the drop does it in
+    /// the background.
     async fn take_back(&mut self) {
-        if !self.armed {
+        let Some(conv) = self.conv else {
             return;
+        };
+        if take_back(&self.session.inner, &self.name, &self.entry, conv)
+            .await
+            .is_ok()
+        {
+            self.conv = None;
         }
-        self.armed = false;
-        let _ = take_back(&self.session.inner, &self.name, &self.entry, self.from, self.to).await;
     }
 }
 
 impl Drop for ConversionCleanup {
     fn drop(&mut self) {
-        if !self.armed {
+        let Some(conv) = self.conv.take() else {
             return;
-        }
-        let (inner, name, entry, from, to) = (
-            self.session.inner.clone(),
-            self.name.clone(),
-            self.entry.clone(),
-            self.from,
-            self.to,
-        );
+        };
+        let (inner, name, entry) = (self.session.inner.clone(), self.name.clone(), self.entry.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let mut pause = INITIAL_BACKOFF;
                 for _ in 0..8 {
-                    match take_back(&inner, &name, &entry, from, to).await {
+                    match take_back(&inner, &name, &entry, conv).await {
                         Ok(()) => return,
                         Err(error) if error.is_transient() => {
                             tracing::debug!(key = %entry.key, %error, "taking back a cancelled conversion; retrying");
@@ -1390,27 +1652,37 @@ impl Drop for ConversionCleanup {
     }
 }
 
-/// Resolves once `entry` is gone or the modes it blocks with change (a
-/// down-conversion, a conversion given up or granted), from the value
-/// `seen`. A request granted in the mode it asked for blocks as it did, and
-/// a waiter's mark on it changes nothing either: both are watched past,
-/// without a read, so that a release wakes only those it unblocks.
-async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>) -> Result<bool> {
-    let modes = |value: &[u8]| {
-        let state = State::decode(value, 0);
-        state.granted.map_or(0, LockMode::bit) | state.requested.bit()
-    };
+/// Resolves once `entry` is gone (`true`) or no longer blocks `me` (`false`):
+/// a down-conversion, a conversion given up or granted. A change that
+/// leaves it blocking (a request granted in the mode it asked for, a
+/// waiter's mark) is watched past without a read: a release or a
+/// conversion wakes only the waiters it lets on.
+async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>, me: State) -> Result<bool> {
     loop {
         match inner.remote.watch_value(entry, &seen).await? {
             None => return Ok(true),
-            Some(value) if modes(&value) != modes(&seen) => return Ok(false),
+            Some(value) if !blocks(State::decode(&value, 0), me) => return Ok(false),
             Some(value) => seen = value,
         }
     }
 }
 
-/// Sets `entry` back to `from` if it is still marked as converting to `to`.
-async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, from: LockMode, to: LockMode) -> Result<()> {
+/// Whether an entry in state `other` keeps `me` waiting, as
+/// [`View::blockers`] counts it (`other` earlier than `me` when it is a
+/// waiting request and `me` converts).
+fn blocks(other: State, me: State) -> bool {
+    match me.converting() {
+        Some(target) => match other.granted {
+            Some(held) => !held.compatible(target),
+            None => !other.requested.compatible(target),
+        },
+        None => other.granted.is_some_and(|g| !g.compatible(me.requested)) || !other.requested.compatible(me.requested),
+    }
+}
+
+/// Sets `entry` back to the mode it holds if it is still marked with the
+/// conversion `conv`.
+async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, conv: u32) -> Result<()> {
     loop {
         let queue = inner.call(inner.remote.read_queue(name)).await?;
         let Some(slot) = queue
@@ -1421,10 +1693,17 @@ async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, from: LockMo
             return Ok(());
         };
         let state = State::decode(&slot.value, slot.changed);
-        if state.granted != Some(from) || state.requested != to {
+        let Some(held) = state
+            .granted
+            .filter(|_| state.converting().is_some() && state.conv == conv)
+        else {
             return Ok(());
+        };
+        let value = State {
+            blocked: state.blocked,
+            ..State::held(held, state.token)
         }
-        let value = State::held(from, state.token).encode();
+        .encode();
         let unchanged = [(&slot.entry, slot.version)];
         let update = QueueUpdate {
             dir: name,
@@ -1489,14 +1768,26 @@ mod tests {
             requested: to,
             token: 1,
             blocked: 0,
+            since: 0,
+            conv: 0,
         }
     }
 
     #[test]
     fn states_round_trip() {
-        for state in [State::waiting(Pw), State::held(Cr, 17), converting(Pr, Ex)] {
+        let marked = State {
+            since: 5,
+            conv: 7,
+            ..converting(Pr, Ex)
+        };
+        for state in [State::waiting(Pw), State::held(Cr, 17), marked] {
             assert_eq!(State::decode(&state.encode(), 99), state);
         }
+        assert_eq!(
+            State::decode(&converting(Pr, Ex).encode(), 99).since,
+            99,
+            "a mark's own write order"
+        );
         assert_eq!(State::decode(&State::held(Ex, 0).encode(), 42).token, 42);
         assert_eq!(State::decode(b"rubbish", 1), State::waiting(Ex));
         assert_ne!(

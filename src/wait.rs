@@ -69,6 +69,15 @@ pub(crate) enum Patience {
     Until(Instant, Duration),
 }
 
+/// Waiting at most `timeout` (not zero): until its deadline, or for ever
+/// when the deadline lies past what the clock can tell (`Duration::MAX`).
+pub(crate) fn patience_for(timeout: Duration) -> Patience {
+    match Instant::now().checked_add(timeout) {
+        Some(at) => Patience::Until(at, timeout),
+        None => Patience::Forever,
+    }
+}
+
 /// One acquire: what to append and how to wait.
 #[derive(Debug)]
 pub(crate) struct Acquire<'a> {
@@ -110,7 +119,7 @@ impl Acquire<'_> {
         self.patience = if timeout.is_zero() {
             Patience::Never
         } else {
-            Patience::Until(Instant::now() + timeout, timeout)
+            patience_for(timeout)
         };
         let (name, waited) = (self.name.to_owned(), timeout);
         match self.attempt().await? {

@@ -7,7 +7,8 @@
 //! involuntary loss, the command's `LOCKLINE_SEQUENCER` is `lock-MODE`
 //! and `lockline check` answers it, `list` shows each entry's mode and
 //! state (a conversion made through the library among them), and a lost
-//! lock stops the command (120). On etcd and Redis.
+//! lock stops the command (120). On etcd, ZooKeeper and Redis (and on
+//! PostgreSQL and MariaDB where the SQL backend has lock modes).
 
 mod support;
 
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 use lockline::{Client, LockMode};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
-use lockline_testkit::{EtcdCluster, RedisServer};
+use lockline_testkit::{EtcdCluster, RedisServer, ZkEnsemble};
+use lockline_zookeeper::ZooKeeper;
 use support::{eventually, lockline, Running, BOUND};
 
 /// The `list` lines of `name`, split on tabs.
@@ -365,4 +367,11 @@ fn lock_modes_on_redis() {
     let redis = RedisServer::start().expect("start Redis");
     let server = ["--redis".to_owned(), redis.url()];
     every_lock_mode_case(&server, Client::new(Redis::new(redis.url())));
+}
+
+#[test]
+fn lock_modes_on_zookeeper() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let server = ["--zookeeper".to_owned(), ensemble.connect_string()];
+    every_lock_mode_case(&server, Client::new(ZooKeeper::new(ensemble.connect_string())));
 }
