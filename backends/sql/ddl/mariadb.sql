@@ -1,4 +1,4 @@
--- lockline's tables and procedure (layout 2) for MariaDB 10.6 or later, or MySQL 8.0.29
+-- lockline's tables and procedures (layout 3) for MariaDB 10.6 or later, or MySQL 8.0.29
 -- or later, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
@@ -12,6 +12,15 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_entries` (
     attempt VARCHAR(64) CHARACTER SET ascii NOT NULL,
     value LONGBLOB NOT NULL,
     version BIGINT NOT NULL DEFAULT 0,
+    -- The version of the value lock its owner holds (election and lock-mode
+    -- entries): raised by its owner's own writes only, so equal to version
+    -- unless another session wrote it.
+    epoch BIGINT NOT NULL DEFAULT 0,
+    -- A lock-mode entry: the token of its last write by the update_queue
+    -- procedure (0: none yet), and how many watch slots were ever used
+    -- (see the watch procedure).
+    changed BIGINT NOT NULL DEFAULT 0,
+    watchers INT NOT NULL DEFAULT 0,
     UNIQUE KEY entries_attempt (attempt),
     KEY entries_name (name, id),
     KEY entries_session (session)
@@ -25,6 +34,12 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_sessions` (
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_data` (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
+    value LONGBLOB NOT NULL
+) ENGINE=InnoDB;
+-- The lock value block of each lock-mode resource (by its name) that was
+-- given one.
+CREATE TABLE IF NOT EXISTS `lockline`.`lockline_blocks` (
+    name VARBINARY(512) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
 -- MEMORY: a server start empties it. A row with a server's id names the run
@@ -88,7 +103,7 @@ BEGIN
             SET v_id = LAST_INSERT_ID();
         END IF;
         DO RELEASE_LOCK(v_turn);
-        IF p_kind = 'election' THEN
+        IF p_kind IN ('election', 'dlm') THEN
             SET v_version = CONCAT('ll:bb29fb052a1f:v:', v_id, ':0');
             IF NOT (IS_USED_LOCK(v_version) <=> CONNECTION_ID()) THEN
                 DO GET_LOCK(v_version, 0);
@@ -126,6 +141,235 @@ BEGIN
     SELECT v_id, v_nearest;
 END//
 DELIMITER ;
+DELIMITER //
+-- A change of a lock-mode queue, atomically or not at all, in one round trip.
+-- p_named lists the entries it names, by ascending id, "id version op length;"
+-- each: the version it must be at (-1: none; -2: any, but there), op 1 sets
+-- its value (the next
+-- length bytes of p_values), 2 deletes it. Changes of one name take the name's
+-- turn, as appends do, for the whole transaction, and lock the named rows in id
+-- order (shared where only a version is checked). A named entry missing, dead
+-- or at another version: NULL, nothing written. Otherwise dead entries of the
+-- name are deleted, the token drawn from the entries' AUTO_INCREMENT (a row
+-- inserted and deleted again: the counter a restart moves past the clock), the
+-- values set (version raised, changed = the token), the entries deleted, the
+-- block written when given (NULL: left alone), and the token answered. After
+-- the commit the entries' watchers are told: the caller's own entries by their
+-- value lock (of epoch: moved, or let go of with the guard), other sessions'
+-- by waking each watcher that holds one of the entry's watch slots (KILL
+-- QUERY). An entry both set and deleted is deleted.
+CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_update_queue`(
+    p_name VARBINARY(512), p_session VARCHAR(64) CHARACTER SET ascii, p_named LONGTEXT CHARACTER SET ascii,
+    p_values LONGBLOB, p_block LONGBLOB)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+proc: BEGIN
+    DECLARE v_turn VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('ll:bb29fb052a1f:n:', SHA1(p_name));
+    DECLARE v_rest LONGTEXT CHARACTER SET ascii DEFAULT p_named;
+    DECLARE v_wake LONGTEXT CHARACTER SET ascii DEFAULT '';
+    DECLARE v_item VARCHAR(200) CHARACTER SET ascii;
+    DECLARE v_id, v_want, v_version, v_epoch, v_token, v_pos BIGINT;
+    DECLARE v_op, v_len, v_watchers INT;
+    DECLARE v_session, v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        ROLLBACK;
+        DO RELEASE_LOCK(v_turn);
+        RESIGNAL;
+    END;
+    IF NOT (GET_LOCK(v_turn, @@innodb_lock_wait_timeout) <=> 1) THEN
+        SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205,
+            MESSAGE_TEXT = 'Lock wait timeout exceeded: changes of the same name held their turn';
+    END IF;
+    START TRANSACTION;
+    WHILE v_rest <> '' DO
+        SET v_item = SUBSTRING_INDEX(v_rest, ';', 1);
+        SET v_rest = SUBSTRING(v_rest, LENGTH(v_item) + 2);
+        SET v_id = CAST(SUBSTRING_INDEX(v_item, ' ', 1) AS SIGNED);
+        SET v_want = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 2), ' ', -1) AS SIGNED);
+        SET v_op = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 3), ' ', -1) AS SIGNED);
+        SET v_done = FALSE;
+        IF v_op > 0 THEN
+            SELECT version, epoch, session, attempt, watchers INTO v_version, v_epoch, v_session, v_attempt, v_watchers
+                FROM `lockline`.`lockline_entries` WHERE id = v_id AND name = p_name FOR UPDATE;
+        ELSE
+            SELECT version, epoch, session, attempt, watchers INTO v_version, v_epoch, v_session, v_attempt, v_watchers
+                FROM `lockline`.`lockline_entries` WHERE id = v_id AND name = p_name LOCK IN SHARE MODE;
+        END IF;
+        IF v_done THEN
+            IF v_want <> -1 THEN
+                ROLLBACK;
+                DO RELEASE_LOCK(v_turn);
+                SELECT NULL;
+                LEAVE proc;
+            END IF;
+        ELSE
+            IF v_want <> -1 AND ((v_want >= 0 AND v_version <> v_want) OR (v_session <> p_session
+                    AND IS_FREE_LOCK(CONCAT('ll:bb29fb052a1f:e:', v_attempt))
+                    AND NOT (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM `lockline`.`lockline_sessions` WHERE id = v_session)))) THEN
+                ROLLBACK;
+                DO RELEASE_LOCK(v_turn);
+                SELECT NULL;
+                LEAVE proc;
+            END IF;
+            IF v_op > 0 THEN
+                SET v_wake = CONCAT(v_wake, v_id, ' ', v_op, ' ', v_session = p_session, ' ', v_epoch, ' ',
+                    v_watchers, ' ', v_attempt, ';');
+            END IF;
+        END IF;
+    END WHILE;
+    -- Dead entries of the name: deleted before anyone goes past them.
+    DELETE FROM `lockline`.`lockline_entries` WHERE name = p_name AND session <> p_session
+        AND IS_FREE_LOCK(CONCAT('ll:bb29fb052a1f:e:', attempt))
+        AND NOT (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM `lockline`.`lockline_sessions` s WHERE s.id = session));
+    INSERT INTO `lockline`.`lockline_entries` (name, kind, session, attempt, value)
+        VALUES ('', 'token', '', CONCAT('token:', CONNECTION_ID()), '');
+    SET v_token = LAST_INSERT_ID();
+    DELETE FROM `lockline`.`lockline_entries` WHERE id = v_token;
+    SET v_rest = p_named;
+    SET v_pos = 1;
+    WHILE v_rest <> '' DO
+        SET v_item = SUBSTRING_INDEX(v_rest, ';', 1);
+        SET v_rest = SUBSTRING(v_rest, LENGTH(v_item) + 2);
+        SET v_id = CAST(SUBSTRING_INDEX(v_item, ' ', 1) AS SIGNED);
+        SET v_op = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 3), ' ', -1) AS SIGNED);
+        SET v_len = CAST(SUBSTRING_INDEX(v_item, ' ', -1) AS SIGNED);
+        IF v_op = 1 THEN
+            UPDATE `lockline`.`lockline_entries` SET value = SUBSTRING(p_values, v_pos, v_len), version = version + 1,
+                epoch = epoch + (session = p_session), changed = v_token
+                WHERE id = v_id AND name = p_name;
+        END IF;
+        SET v_pos = v_pos + v_len;
+        IF v_op & 2 THEN
+            DELETE FROM `lockline`.`lockline_entries` WHERE id = v_id AND name = p_name;
+        END IF;
+    END WHILE;
+    IF p_block IS NOT NULL THEN
+        INSERT INTO `lockline`.`lockline_blocks` (name, value) VALUES (p_name, p_block) ON DUPLICATE KEY UPDATE value = VALUES(value);
+    END IF;
+    COMMIT;
+    DO RELEASE_LOCK(v_turn);
+    -- Committed: a watcher woken now reads the new values. Nothing here fails
+    -- the change.
+    BEGIN
+        DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+        WHILE v_wake <> '' DO
+            SET v_item = SUBSTRING_INDEX(v_wake, ';', 1);
+            SET v_wake = SUBSTRING(v_wake, LENGTH(v_item) + 2);
+            SET v_id = CAST(SUBSTRING_INDEX(v_item, ' ', 1) AS SIGNED);
+            SET v_op = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 2), ' ', -1) AS SIGNED);
+            SET v_epoch = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 4), ' ', -1) AS SIGNED);
+            SET v_watchers = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 5), ' ', -1) AS SIGNED);
+            SET v_attempt = SUBSTRING_INDEX(v_item, ' ', -1);
+            IF SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 3), ' ', -1) = '1' THEN
+                IF v_op & 2 THEN
+                    DO RELEASE_LOCK(CONCAT('ll:bb29fb052a1f:e:', v_attempt));
+                    DO RELEASE_LOCK(CONCAT('ll:bb29fb052a1f:v:', v_id, ':', v_epoch));
+                ELSE
+                    DO GET_LOCK(CONCAT('ll:bb29fb052a1f:v:', v_id, ':', v_epoch + 1), 0);
+                    DO RELEASE_LOCK(CONCAT('ll:bb29fb052a1f:v:', v_id, ':', v_epoch));
+                END IF;
+            ELSE
+                CALL `lockline`.`lockline_wake`(v_id, v_watchers);
+            END IF;
+        END WHILE;
+    END;
+    SELECT v_token;
+END//
+DELIMITER ;
+DELIMITER //
+-- A watcher's wait on a lock-mode entry at p_version, in one round trip:
+-- takes the lowest free watch slot of the entry (a named lock a writer of
+-- another session finds, and wakes its holder by KILL QUERY; the entry's
+-- watchers column says how far to look, raised before the version is read),
+-- then waits on the value lock of p_epoch the entry's owner holds, bounded by
+-- p_bound_ms and a third of the owner's TTL. Answers a code (0: moved on,
+-- gone, or woken; 3: there with its guard free, lost with its owner's
+-- connection; 1: the bound ran out) and, unless the bound ran out, the entry
+-- as it is then (read: 1; value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again.
+CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_watch`(
+    p_id BIGINT, p_epoch BIGINT, p_version BIGINT, p_session VARCHAR(64) CHARACTER SET ascii,
+    p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_slot INT DEFAULT 0;
+    DECLARE v_slot_lock VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_lock VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('ll:bb29fb052a1f:v:', p_id, ':', p_epoch);
+    DECLARE v_bound BIGINT;
+    DECLARE v_got INT;
+    DECLARE v_code INT DEFAULT 0;
+    DECLARE v_read BOOLEAN DEFAULT TRUE;
+    DECLARE v_value LONGBLOB;
+    DECLARE v_version, v_epoch BIGINT;
+    DECLARE v_live BOOLEAN;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_value = NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        DO RELEASE_ALL_LOCKS();
+        RESIGNAL;
+    END;
+    -- A wait connection holds nothing between its waits: a slot left by a
+    -- wait cut short goes now.
+    DO RELEASE_ALL_LOCKS();
+    slots: LOOP
+        SET v_slot_lock = CONCAT('ll:bb29fb052a1f:w:', p_id, ':', v_slot);
+        IF GET_LOCK(v_slot_lock, 0) <=> 1 THEN
+            LEAVE slots;
+        END IF;
+        SET v_slot = v_slot + 1;
+    END LOOP;
+    UPDATE `lockline`.`lockline_entries` SET watchers = v_slot + 1 WHERE id = p_id AND watchers <= v_slot;
+    IF EXISTS (SELECT 1 FROM `lockline`.`lockline_entries` WHERE id = p_id AND version = p_version) THEN
+        SET v_bound = LEAST(p_bound_ms, COALESCE((SELECT ttl_ms DIV 3 FROM `lockline`.`lockline_sessions` WHERE id = p_owner), p_bound_ms));
+        -- NULL: ended by a writer's KILL QUERY (see the wake procedure).
+        SET v_got = GET_LOCK(v_lock, GREATEST(v_bound, 1) / 1000);
+        IF v_got = 1 THEN
+            DO RELEASE_LOCK(v_lock);
+        ELSEIF v_got = 0 THEN
+            SET v_code = 1;
+            SET v_read = FALSE;
+        END IF;
+    END IF;
+    IF v_read THEN
+        -- A write or a removal commits before its writer lets go or wakes.
+        SELECT e.value, e.version, e.epoch, e.session = p_session
+                OR IS_USED_LOCK(CONCAT('ll:bb29fb052a1f:e:', e.attempt)) IS NOT NULL
+                OR (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM `lockline`.`lockline_sessions` s WHERE s.id = e.session))
+            INTO v_value, v_version, v_epoch, v_live
+            FROM `lockline`.`lockline_entries` e WHERE e.id = p_id;
+        IF v_value IS NOT NULL AND NOT v_live THEN
+            SET v_code = 3;
+        END IF;
+    END IF;
+    DO RELEASE_LOCK(v_slot_lock);
+    SELECT v_code, v_read, v_value, v_version, v_epoch, v_live;
+END//
+DELIMITER ;
+DELIMITER //
+-- Wakes the watchers of entry p_id (see the watch procedure): KILL QUERY of
+-- each connection holding one of its first p_slots watch slots. A connection
+-- gone already, or one of another user without CONNECTION ADMIN, is passed
+-- over (that watcher wakes at its wait's bound).
+CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_wake`(p_id BIGINT, p_slots INT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_slot INT DEFAULT 0;
+    DECLARE v_conn BIGINT;
+    DECLARE CONTINUE HANDLER FOR 1094, 1095 BEGIN END;
+    WHILE v_slot < p_slots DO
+        SET v_conn = IS_USED_LOCK(CONCAT('ll:bb29fb052a1f:w:', p_id, ':', v_slot));
+        IF v_conn IS NOT NULL AND v_conn <> CONNECTION_ID() THEN
+            SET @lockline_kill = CONCAT('KILL QUERY ', v_conn);
+            PREPARE lockline_kill FROM @lockline_kill;
+            EXECUTE lockline_kill;
+            DEALLOCATE PREPARE lockline_kill;
+        END IF;
+        SET v_slot = v_slot + 1;
+    END WHILE;
+END//
+DELIMITER ;
 -- Created last: its row says the rest exists (MariaDB DDL is not transactional).
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     singleton TINYINT NOT NULL PRIMARY KEY,
@@ -140,4 +384,4 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     grace_ms BIGINT NOT NULL DEFAULT 0,
     grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;
-INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 2);
+INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 3);

@@ -1,4 +1,4 @@
--- lockline's tables and functions (layout 2), for PostgreSQL 14 or later.
+-- lockline's tables and functions (layout 3), for PostgreSQL 14 or later.
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing
 -- token (an entry's id) never repeats: the first session opened after each server
@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
     grace_ms bigint NOT NULL DEFAULT 0,
     grace_from timestamptz
 );
-INSERT INTO "public"."lockline_meta" (layout) VALUES (2) ON CONFLICT DO NOTHING;
+INSERT INTO "public"."lockline_meta" (layout) VALUES (3) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL,
@@ -22,7 +22,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
     session text NOT NULL,
     attempt text NOT NULL,
     value bytea NOT NULL DEFAULT '\x',
-    version bigint NOT NULL DEFAULT 0
+    version bigint NOT NULL DEFAULT 0,
+    -- The version of the value lock its owner holds (election and lock-mode
+    -- entries): raised by its owner's own writes only, so equal to version
+    -- unless another session wrote it.
+    epoch bigint NOT NULL DEFAULT 0,
+    -- A lock-mode entry: the token of its last write by lockline_update_queue
+    -- (0: none yet).
+    changed bigint NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS "lockline_entries_attempt" ON "public"."lockline_entries" (attempt);
 CREATE INDEX IF NOT EXISTS "lockline_entries_name" ON "public"."lockline_entries" (name, id);
@@ -37,6 +44,12 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_sessions" (
 );
 CREATE TABLE IF NOT EXISTS "public"."lockline_data" (
     key text PRIMARY KEY,
+    value bytea NOT NULL
+);
+-- The lock value block of each lock-mode resource (by its name) that was
+-- given one. Logged, as the data table: it outlives its holders and restarts.
+CREATE TABLE IF NOT EXISTS "public"."lockline_blocks" (
+    name text PRIMARY KEY,
     value bytea NOT NULL
 );
 
@@ -106,7 +119,7 @@ BEGIN
         RAISE EXCEPTION 'the guard (advisory lock %) of entry % is held by another connection', v_id # 2026619832316723200, v_id
             USING ERRCODE = '55P03';
     END IF;
-    IF p_kind = 'election' AND NOT pg_try_advisory_lock(hashtextextended(v_id::text || ':0', 2026619832316723200)) THEN
+    IF p_kind IN ('election', 'dlm') AND NOT pg_try_advisory_lock(hashtextextended(v_id::text || ':0', 2026619832316723200)) THEN
         PERFORM pg_advisory_unlock(v_id # 2026619832316723200);
         RAISE EXCEPTION 'the value lock of entry % is held by another connection', v_id USING ERRCODE = '55P03';
     END IF;
@@ -126,19 +139,22 @@ END
 $fn$;
 
 -- Deletes an entry of p_session; lets go of its guard when p_unlock (called on
--- the owning connection).
+-- the owning connection). A lock-mode entry removed by another session: its
+-- watchers hear of it on its channel.
 CREATE OR REPLACE FUNCTION "public"."lockline_remove"(p_id bigint, p_session text, p_unlock boolean)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE
     v_kind text;
     v_version bigint;
 BEGIN
-    DELETE FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.version INTO v_kind, v_version;
+    DELETE FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
     IF p_unlock THEN
         PERFORM pg_advisory_unlock(p_id # 2026619832316723200);
-        IF v_kind = 'election' THEN
+        IF v_kind IN ('election', 'dlm') THEN
             PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, 2026619832316723200));
         END IF;
+    ELSIF v_kind = 'dlm' THEN
+        PERFORM pg_notify('ll1c2991c2feb9_' || p_id::text, '');
     END IF;
     RETURN v_kind IS NOT NULL;
 END
@@ -153,10 +169,10 @@ DECLARE
     v_version bigint;
 BEGIN
     DELETE FROM "public"."lockline_entries" e WHERE e.attempt = p_attempt AND e.session = p_session
-    RETURNING e.id, e.kind, e.version INTO v_id, v_kind, v_version;
+    RETURNING e.id, e.kind, e.epoch INTO v_id, v_kind, v_version;
     IF v_id IS NOT NULL THEN
         PERFORM pg_advisory_unlock(v_id # 2026619832316723200);
-        IF v_kind = 'election' THEN
+        IF v_kind IN ('election', 'dlm') THEN
             PERFORM pg_advisory_unlock(hashtextextended(v_id::text || ':' || v_version::text, 2026619832316723200));
         END IF;
     END IF;
@@ -231,22 +247,24 @@ BEGIN
                     AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
         PERFORM pg_terminate_backend(s.pid, 5000);
     END IF;
-    DELETE FROM "public"."lockline_entries" e WHERE e.session = p_owner;
+    DELETE FROM "public"."lockline_entries" e
+     WHERE e.id IN (SELECT x.id FROM "public"."lockline_entries" x WHERE x.session = p_owner ORDER BY x.id FOR UPDATE);
     DELETE FROM "public"."lockline_sessions" x WHERE x.id = p_owner;
     RETURN 2;
 END
 $fn$;
 
 -- Replaces an election entry's value: takes the lock of the next version before
--- letting go of the current one, which wakes the value's watchers.
+-- letting go of the current one, which wakes the value's watchers. (The value
+-- lock follows epoch, which is the version unless another session wrote it.)
 CREATE OR REPLACE FUNCTION "public"."lockline_set_value"(p_id bigint, p_session text, p_value bytea)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE
     v_old bigint;
 BEGIN
-    SELECT e.version INTO v_old FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session FOR UPDATE;
+    SELECT e.epoch INTO v_old FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session FOR UPDATE;
     IF NOT FOUND THEN RETURN false; END IF;
-    UPDATE "public"."lockline_entries" e SET value = p_value, version = v_old + 1 WHERE e.id = p_id;
+    UPDATE "public"."lockline_entries" e SET value = p_value, version = e.version + 1, epoch = v_old + 1 WHERE e.id = p_id;
     PERFORM pg_advisory_lock(hashtextextended(p_id::text || ':' || (v_old + 1)::text, 2026619832316723200));
     PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_old::text, 2026619832316723200));
     RETURN true;
@@ -272,11 +290,160 @@ BEGIN
 END
 $fn$;
 
--- Deletes a session's entries and its row.
+-- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
+-- entries it names, ascending, once each; p_versions the version each must be
+-- at (-1: none, only written; -2: any, but there); p_writes whether it sets
+-- or deletes it.
+-- Changes of one name take turns with its appends (the name's advisory lock),
+-- and lock the named rows in id order (shared where only a version is
+-- checked). A named entry missing, dead (its guard free) or at another
+-- version: NULL. Otherwise dead entries of the name are deleted (which waits
+-- for a fenced commit of theirs in flight), the values set (their version
+-- raised, their changed set to the token), the entries deleted, the block
+-- written if given, and the token returned: the next value of the entries'
+-- id counter, which a restart moves past (see "public"."lockline_open"). Watchers hear of each
+-- write: the caller's own entries by their value lock (of epoch), moved (or let
+-- go of with the entry) last, after every step that can fail; other sessions'
+-- entries, whose value lock their owner holds, by a notification on the
+-- entry's channel, sent at commit. An entry both set and deleted is deleted.
+CREATE OR REPLACE FUNCTION "public"."lockline_update_queue"(p_name text, p_session text, p_ids bigint[], p_versions bigint[],
+    p_writes boolean[], p_set_ids bigint[], p_set_values bytea[], p_delete_ids bigint[], p_block bytea)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    r record;
+    i integer;
+    v_reset boolean := coalesce(current_setting('lockline.reset_grace', true), '') = 'on';
+    v_conditions integer;
+    v_met integer := 0;
+    v_version bigint;
+    v_own bigint[] := '{}';
+    v_dead bigint[] := '{}';
+    v_moved bigint[] := '{}';
+    v_moved_to bigint[] := '{}';
+    v_gone bigint[] := '{}';
+    v_gone_at bigint[] := '{}';
+    v_told bigint[] := '{}';
+    v_token bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(472486338, hashtext(p_name));
+    SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v <> -1;
+    FOR r IN SELECT e.id, e.session FROM "public"."lockline_entries" e WHERE e.name = p_name ORDER BY e.id LOOP
+        i := array_position(p_ids, r.id);
+        IF i IS NULL THEN
+            IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # 2026619832316723200)
+               AND (NOT v_reset OR NOT EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = r.session)) THEN
+                v_dead := v_dead || r.id;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF p_writes[i] THEN
+            SELECT e.version INTO v_version FROM "public"."lockline_entries" e WHERE e.id = r.id FOR UPDATE;
+        ELSE
+            SELECT e.version INTO v_version FROM "public"."lockline_entries" e WHERE e.id = r.id FOR SHARE;
+        END IF;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+        IF r.session = p_session THEN
+            v_own := v_own || r.id;
+        END IF;
+        IF p_versions[i] <> -1 THEN
+            IF p_versions[i] >= 0 AND v_version <> p_versions[i] THEN
+                RETURN NULL;
+            END IF;
+            IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # 2026619832316723200)
+               AND (NOT v_reset OR NOT EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = r.session)) THEN
+                RETURN NULL;
+            END IF;
+            v_met := v_met + 1;
+        END IF;
+    END LOOP;
+    IF v_met < v_conditions THEN
+        RETURN NULL;
+    END IF;
+    IF cardinality(v_dead) > 0 THEN
+        DELETE FROM "public"."lockline_entries" e WHERE e.id = ANY(v_dead);
+    END IF;
+    v_token := nextval(pg_get_serial_sequence('"public"."lockline_entries"', 'id'));
+    FOR r IN UPDATE "public"."lockline_entries" e SET value = x.value, version = e.version + 1, changed = v_token,
+             epoch = e.epoch + (e.session = p_session)::integer
+             FROM unnest(p_set_ids, p_set_values) AS x(id, value)
+             WHERE e.id = x.id AND e.name = p_name AND e.id <> ALL(p_delete_ids) RETURNING e.id, e.epoch LOOP
+        IF r.id = ANY(v_own) THEN
+            v_moved := v_moved || r.id;
+            v_moved_to := v_moved_to || r.epoch;
+        ELSE
+            v_told := v_told || r.id;
+        END IF;
+    END LOOP;
+    FOR r IN DELETE FROM "public"."lockline_entries" e WHERE e.id = ANY(p_delete_ids) AND e.name = p_name
+             RETURNING e.id, e.epoch LOOP
+        IF r.id = ANY(v_own) THEN
+            v_gone := v_gone || r.id;
+            v_gone_at := v_gone_at || r.epoch;
+        ELSE
+            v_told := v_told || r.id;
+        END IF;
+    END LOOP;
+    IF p_block IS NOT NULL THEN
+        INSERT INTO "public"."lockline_blocks" AS b (name, value) VALUES (p_name, p_block)
+        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value WHERE b.value IS DISTINCT FROM EXCLUDED.value;
+    END IF;
+    FOR i IN 1 .. cardinality(v_told) LOOP
+        PERFORM pg_notify('ll1c2991c2feb9_' || v_told[i]::text, '');
+    END LOOP;
+    FOR i IN 1 .. cardinality(v_moved) LOOP
+        PERFORM pg_advisory_lock(hashtextextended(v_moved[i]::text || ':' || v_moved_to[i]::text, 2026619832316723200));
+        PERFORM pg_advisory_unlock(hashtextextended(v_moved[i]::text || ':' || (v_moved_to[i] - 1)::text, 2026619832316723200));
+    END LOOP;
+    FOR i IN 1 .. cardinality(v_gone) LOOP
+        PERFORM pg_advisory_unlock(v_gone[i] # 2026619832316723200);
+        PERFORM pg_advisory_unlock(hashtextextended(v_gone[i]::text || ':' || v_gone_at[i]::text, 2026619832316723200));
+    END LOOP;
+    RETURN v_token;
+END
+$fn$;
+
+-- Waits until the lock-mode entry p_id is no longer at p_version: until its
+-- owner lets go of its value lock of p_epoch (it wrote the entry, removed it,
+-- or its connection ended), bounded as "public"."lockline_wait". w_code 0: moved on or gone; 3:
+-- there with its guard free (lost with its owner's connection); 1: the bound
+-- ran out, with the owner's heartbeat. Unless the bound ran out, the entry as
+-- it is then (w_read; its value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again. Writes by
+-- other sessions are told on the entry's channel instead.
+CREATE OR REPLACE FUNCTION "public"."lockline_watch"(p_id bigint, p_epoch bigint, p_version bigint, p_session text, p_owner text,
+    p_bound_ms bigint)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint, w_read boolean, w_value bytea, w_version bigint,
+    w_epoch bigint, w_live boolean) LANGUAGE plpgsql AS $fn$
+BEGIN
+    w_code := 0;
+    IF EXISTS (SELECT 1 FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.version = p_version) THEN
+        SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
+          FROM "public"."lockline_wait"(hashtextextended(p_id::text || ':' || p_epoch::text, 2026619832316723200), p_owner, p_bound_ms, NULL) x;
+    END IF;
+    w_read := w_code = 0;
+    IF w_read THEN
+        -- A write or a removal of its owner's in flight lets go of the value
+        -- lock before its commit: wait for that, then read.
+        PERFORM set_config('lock_timeout', '0', true);
+        SELECT e.value, e.version, e.epoch, (e.session = p_session OR NOT pg_try_advisory_xact_lock_shared(e.id # 2026619832316723200) OR (coalesce(current_setting('lockline.reset_grace', true), '') = 'on' AND EXISTS (SELECT 1 FROM "public"."lockline_sessions" s WHERE s.id = e.session))) INTO w_value, w_version, w_epoch, w_live
+          FROM "public"."lockline_entries" e WHERE e.id = p_id FOR SHARE OF e;
+        IF FOUND AND NOT w_live THEN
+            w_code := 3;
+        END IF;
+    END IF;
+    RETURN NEXT;
+END
+$fn$;
+
+-- Deletes a session's entries (their rows locked in id order, as
+-- "public"."lockline_update_queue" locks the rows it names) and its row.
 CREATE OR REPLACE FUNCTION "public"."lockline_close"(p_session text)
 RETURNS void LANGUAGE plpgsql AS $fn$
 BEGIN
-    DELETE FROM "public"."lockline_entries" e WHERE e.session = p_session;
+    DELETE FROM "public"."lockline_entries" e
+     WHERE e.id IN (SELECT x.id FROM "public"."lockline_entries" x WHERE x.session = p_session ORDER BY x.id FOR UPDATE);
     DELETE FROM "public"."lockline_sessions" s WHERE s.id = p_session;
 END
 $fn$;
@@ -295,7 +462,8 @@ BEGIN
             RETURN false;
         END IF;
     END IF;
-    DELETE FROM "public"."lockline_entries" e WHERE e.session = p_session;
+    DELETE FROM "public"."lockline_entries" e
+     WHERE e.id IN (SELECT x.id FROM "public"."lockline_entries" x WHERE x.session = p_session ORDER BY x.id FOR UPDATE);
     DELETE FROM "public"."lockline_sessions" s WHERE s.id = p_session;
     RETURN true;
 END

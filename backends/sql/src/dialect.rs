@@ -53,6 +53,136 @@ pub(crate) enum Waited {
     /// The wait ran to its bound: the owner's heartbeat as read when it
     /// did (`None`: the owner's session row is gone).
     TimedOut(Option<Beat>),
+    /// The wait was ended by a `KILL QUERY` this session did not send
+    /// (MariaDB/MySQL: a writer waking an entry's watchers, or such a wake
+    /// meant for the connection's previous wait): ask again.
+    Interrupted,
+}
+
+/// An entry of a lock-mode queue as [`Dialect::read_queue`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueRow {
+    pub(crate) row: Row,
+    /// Its value (empty for entries of other kinds).
+    pub(crate) value: Vec<u8>,
+    /// Raised by one on every write of the value.
+    pub(crate) version: i64,
+    /// The token of its last write by [`Dialect::update_queue`], or its id
+    /// when none wrote it yet.
+    pub(crate) changed: i64,
+}
+
+/// A lock-mode entry as a watcher reads it: its value, its version (raised
+/// by every write), and its epoch (raised by its owner's own writes only:
+/// the value lock its owner holds is that epoch's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Watched<V = Vec<u8>> {
+    pub(crate) value: V,
+    pub(crate) version: i64,
+    pub(crate) epoch: i64,
+}
+
+/// What a [`QueueChange`] asks of an entry it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Condition {
+    /// Nothing: it is only written (and passed over if gone).
+    None,
+    /// That it is live, at any version.
+    Present,
+    /// That it is live at this version.
+    Version(i64),
+}
+
+impl Condition {
+    /// As the function or procedure takes it: -1 none, -2 present, else
+    /// the version (never negative).
+    pub(crate) fn code(self) -> i64 {
+        match self {
+            Condition::None => -1,
+            Condition::Present => -2,
+            Condition::Version(version) => version.max(0),
+        }
+    }
+
+    /// Both conditions at once.
+    fn and(self, other: Condition) -> Condition {
+        match (self, other) {
+            (Condition::None, c) | (c, Condition::None) => c,
+            (Condition::Present, c) | (c, Condition::Present) => c,
+            (Condition::Version(a), Condition::Version(b)) if a == b => Condition::Version(a),
+            // Two versions at once: no entry is at a version this high.
+            (Condition::Version(_), Condition::Version(_)) => Condition::Version(i64::MAX),
+        }
+    }
+}
+
+/// A lock-mode entry as read for a watcher: its value, version and epoch,
+/// and whether it is live; `None` when its row is gone.
+pub(crate) type Found = Option<(Watched, bool)>;
+
+/// One entry an [`QueueChange`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Named {
+    pub(crate) id: i64,
+    pub(crate) condition: Condition,
+    /// Whether the change sets or deletes it (an exclusive row lock).
+    pub(crate) writes: bool,
+}
+
+/// An atomic, conditional change of one lock-mode queue.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueChange<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) session: &'a str,
+    /// Every entry named, once each, by ascending id: the order its row
+    /// locks are taken in.
+    pub(crate) named: Vec<Named>,
+    pub(crate) set: Vec<(i64, &'a [u8])>,
+    pub(crate) delete: Vec<i64>,
+    pub(crate) block: Option<&'a [u8]>,
+}
+
+impl<'a> QueueChange<'a> {
+    /// The change, its entries named once each in id order: those that
+    /// must be at a version (`unchanged`), those that must be there
+    /// (`present`), those written.
+    pub(crate) fn new(
+        name: &'a str,
+        session: &'a str,
+        unchanged: &[(i64, i64)],
+        present: &[i64],
+        set: Vec<(i64, &'a [u8])>,
+        delete: Vec<i64>,
+        block: Option<&'a [u8]>,
+    ) -> Self {
+        let mut named: std::collections::BTreeMap<i64, Named> = std::collections::BTreeMap::new();
+        let mut name_it = |id: i64, condition: Condition, writes: bool| {
+            let slot = named.entry(id).or_insert(Named {
+                id,
+                condition: Condition::None,
+                writes: false,
+            });
+            slot.condition = slot.condition.and(condition);
+            slot.writes |= writes;
+        };
+        for &(id, version) in unchanged {
+            name_it(id, Condition::Version(version), false);
+        }
+        for &id in present {
+            name_it(id, Condition::Present, false);
+        }
+        for id in set.iter().map(|(id, _)| *id).chain(delete.iter().copied()) {
+            name_it(id, Condition::None, true);
+        }
+        QueueChange {
+            name,
+            session,
+            named: named.into_values().collect(),
+            set,
+            delete,
+            block,
+        }
+    }
 }
 
 /// What a look at a silent owner found.
@@ -184,6 +314,58 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// its bound answers the owner's heartbeat as read at its end.
     async fn wait(&self, conn: &mut Self::Conn, id: i64, owner: &str, bound_ms: i64) -> DbResult<Waited>;
 
+    /// Every live entry of `name`, first first, with its value, version and
+    /// the token of its last write, and the name's lock value block: one
+    /// statement, one snapshot.
+    async fn read_queue(
+        &self,
+        conn: &mut Self::Conn,
+        name: &str,
+        session: &str,
+    ) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)>;
+
+    /// Applies `change` if every entry it names with a version is live at
+    /// that version: its token (above every token and `changed` of the
+    /// name before), or `None`, having written nothing.
+    async fn update_queue(&self, conn: &mut Self::Conn, change: &QueueChange<'_>) -> DbResult<Option<i64>>;
+
+    /// A lock-mode entry's value, version and epoch, and whether it is
+    /// live as [`read_queue`](Self::read_queue) counts it (its row there
+    /// with its guard free: its owner's connection ended); `None` when its
+    /// row is gone. Waits for a write of it in flight to commit.
+    async fn watch_read(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Found>;
+
+    /// Waits until the lock-mode entry `id` is no longer at `at.version`:
+    /// until the value lock its owner holds for `at.epoch` is free (its
+    /// owner wrote it, removed it or is gone), or (MariaDB/MySQL) a writer
+    /// of another session wakes it; at once when it moved on already;
+    /// bounded as [`wait`](Self::wait). [`Waited::Lost`]: the entry is
+    /// there with its guard free (its owner's connection ended). Unless
+    /// the bound ran out, also the entry as the wait read it after waking
+    /// (as [`watch_read`](Self::watch_read) gives it), so that the
+    /// watcher need not read it again.
+    async fn wait_watch(
+        &self,
+        conn: &mut Self::Conn,
+        id: i64,
+        at: Watched<()>,
+        session: &str,
+        owner: &str,
+        bound_ms: i64,
+    ) -> DbResult<(Waited, Option<Found>)>;
+
+    /// A connection that hears of writes to lock-mode entries by sessions
+    /// that do not own them (PostgreSQL: `LISTEN`); `None` when the
+    /// engine wakes watchers on the server instead.
+    async fn listener(&self) -> DbResult<Option<Box<dyn Listener>>> {
+        Ok(None)
+    }
+
+    /// Whether [`listener`](Self::listener) gives one.
+    fn notifies(&self) -> bool {
+        false
+    }
+
     /// As [`wait`](Self::wait), on the lock an election entry's owner holds
     /// for its value's `version`.
     async fn wait_version(
@@ -233,6 +415,23 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// the session, then its rows are deleted. `false` when the old
     /// connection would not end in time (its rows are then left alone).
     async fn end(&self, conn: &mut Self::Conn, session: &str, owner_server_id: i64) -> DbResult<bool>;
+}
+
+/// A connection told of writes to entries (see [`Dialect::listener`]).
+#[async_trait]
+pub(crate) trait Listener: Send + fmt::Debug {
+    /// Starts hearing of entry `id`; returns once the server listens.
+    async fn listen(&mut self, id: i64) -> DbResult<()>;
+
+    /// Stops hearing of entry `id`.
+    async fn unlisten(&mut self, id: i64) -> DbResult<()>;
+
+    /// The next entry written; `None` when the connection was lost and
+    /// made again (whatever was sent meanwhile is missed).
+    async fn recv(&mut self) -> DbResult<Option<i64>>;
+
+    /// A statement that does nothing: whether the connection still works.
+    async fn ping(&mut self) -> DbResult<()>;
 }
 
 /// Turns a row-shape problem into the driver's decode error.

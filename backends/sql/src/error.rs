@@ -193,3 +193,18 @@ pub(crate) fn is_lock_timeout(error: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// Whether a statement was ended by `KILL QUERY` (MariaDB/MySQL
+/// `ER_QUERY_INTERRUPTED`, PostgreSQL `query_canceled`).
+pub(crate) fn interrupted(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("57014")
+                || db
+                    .message()
+                    .to_ascii_lowercase()
+                    .contains("query execution was interrupted")
+        }
+        _ => false,
+    }
+}

@@ -1,4 +1,30 @@
 //! Where lockline keeps its rows, and how entries are named.
+//!
+//! Every contender is a row of `PREFIXentries` (`lockline_entries` by
+//! default): its `id` (the table's identity / `AUTO_INCREMENT`) orders its
+//! lock's queue and is its fencing token; its key as users see it is
+//! `NAME/ID` ([`entry_key`]), and its `kind` a label ([`kind_label`]).
+//!
+//! **Lock modes** (`EntryKind::Dlm`, label `dlm`): a contender of a
+//! `Resource` is a row like any other, under the resource's name, with the
+//! core's encoded state as its `value`. Besides `version` (raised by every
+//! write of the value), such a row carries `changed`, the token of its last
+//! write by `update_queue` (0 until one: read back as its `id`, the place
+//! of its creation in the same counter), and `epoch`, the version of the
+//! value lock its owner's connection holds (raised by the owner's own
+//! writes only; a watcher waits on that lock), and on MariaDB/MySQL
+//! `watchers`, how many watch slots (named locks `ll:<salt>:w:<id>:<n>`)
+//! writers of other sessions look at. A token is the next value of the
+//! entries' own id counter (PostgreSQL `nextval` of the identity's
+//! sequence; MariaDB/MySQL the `AUTO_INCREMENT` of a row inserted and
+//! deleted in the change's transaction), so it is above every id and token
+//! before it and moves past the clock with the counter after a restart.
+//! The resource's lock value block is the row of its name in
+//! `PREFIXblocks` (`name`, `value`): a table of its own, which no key of
+//! `PREFIXdata` (fenced writes) and no entry can meet, never listed as an
+//! entry, kept when the queue empties and across restarts. No peer client
+//! reads these rows; the core refuses to mix lock-mode entries with other
+//! kinds under one name.
 
 use lockline::{Error, Result};
 
@@ -6,8 +32,12 @@ use lockline::{Error, Result};
 /// `meta` table, checked at every session open. 2: on MariaDB/MySQL an
 /// append is one call of a stored procedure, and no table keeps a row per
 /// lock name; sessions carry a heartbeat count; the meta row keeps the
-/// restart grace.
-pub(crate) const LAYOUT_VERSION: i32 = 2;
+/// restart grace. 3: lock modes (`EntryKind::Dlm`, kind `dlm`): entries
+/// carry `changed` (the token of their last write by `update_queue`; on
+/// MariaDB/MySQL also `watchers`, the watch slots used), a `blocks` table
+/// keeps each lock-mode resource's lock value block, and `update_queue`
+/// (with, on MariaDB/MySQL, `watch` and `wake`) is a function or procedure.
+pub(crate) const LAYOUT_VERSION: i32 = 3;
 
 /// The default prefix of lockline's table names.
 pub(crate) const DEFAULT_PREFIX: &str = "lockline_";
@@ -84,6 +114,9 @@ pub(crate) fn parse_entry_key(key: &str) -> Option<(&str, i64)> {
     (id > 0 && !name.is_empty()).then_some((name, id))
 }
 
+/// The label of a lock-mode entry (`EntryKind::Dlm`).
+pub(crate) const DLM: &str = "dlm";
+
 /// The label stored for each kind.
 pub(crate) fn kind_label(kind: lockline::EntryKind) -> &'static str {
     use lockline::EntryKind;
@@ -93,6 +126,7 @@ pub(crate) fn kind_label(kind: lockline::EntryKind) -> &'static str {
         EntryKind::Semaphore => "semaphore",
         EntryKind::Election => "election",
         EntryKind::Mutex => "mutex",
+        EntryKind::Dlm => DLM,
         _ => "foreign",
     }
 }
@@ -107,6 +141,7 @@ pub(crate) fn kind_from_label(label: &str) -> lockline::EntryKind {
         "write" => EntryKind::Write,
         "semaphore" => EntryKind::Semaphore,
         "election" => EntryKind::Election,
+        DLM => EntryKind::Dlm,
         _ => EntryKind::Foreign,
     }
 }

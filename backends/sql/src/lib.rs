@@ -39,10 +39,19 @@
 //!   send time of its last answered heartbeat, before that. No wall clock
 //!   is compared.
 //! - **Bounded connections.** A session has one connection that holds its
-//!   guards, its control connection, and at most
+//!   guards, its control connection (on PostgreSQL, while it watches
+//!   lock-mode entries, also one that listens for their writes), and at most
 //!   [`Sql::with_wait_connections`] more for its waiters (16 by default),
 //!   given to the waiters nearest the heads of their queues; waiters beyond
 //!   them have their predecessors looked at every 100 ms, in one statement.
+//! - **Lock modes** (`Resource`): a contender is an entry row of kind `dlm`;
+//!   the queue is read in one statement and changed conditionally in one
+//!   call of a function (PostgreSQL) or procedure (MariaDB/MySQL), its token
+//!   drawn from the entries' id counter; a resource's lock value block is a
+//!   row of `lockline_blocks`. A watcher of an entry waits on the server on
+//!   the value lock its owner holds, and a write by another session wakes
+//!   that entry's watchers alone (PostgreSQL `NOTIFY` on the entry's channel;
+//!   MariaDB `KILL QUERY` of the waits holding its watch slots).
 //! - **A reset connection frees its locks at once**, as a crash does: the
 //!   holder hears `lost()` at its next heartbeat, within a keepalive
 //!   interval (the SQL chapter of the documentation, `docs/sql.md`, says
@@ -68,6 +77,7 @@ mod fenced;
 mod layout;
 #[cfg(feature = "mysql")]
 mod my;
+mod notices;
 #[cfg(feature = "postgres")]
 mod pg;
 mod pool;
@@ -294,7 +304,9 @@ impl Sql {
     }
 
     /// Names lockline's tables `PREFIX` + `entries`, `sessions`, `meta`,
-    /// `data` (default `lockline_`). A lower-case identifier, possibly empty.
+    /// `data`, `blocks` (and `run` on MariaDB/MySQL), and its functions or
+    /// procedures likewise (default `lockline_`). A lower-case identifier,
+    /// possibly empty.
     pub fn with_table_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self

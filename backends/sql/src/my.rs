@@ -10,10 +10,11 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{
-    shape, Append, Beat, DbResult, Dialect, EntryStatus, Grace, Purpose, Reaped, Row, Status, Waited,
+    shape, Append, Beat, DbResult, Dialect, EntryStatus, Found, Grace, Purpose, QueueChange, QueueRow, Reaped, Row,
+    Status, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
-use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
+use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION};
 use crate::Settings;
 
 /// The server's clock in microseconds since the epoch, whatever the
@@ -38,8 +39,14 @@ struct Names {
     /// A MEMORY table whose row with the server's id says this server has
     /// run lockline since it started: a restart empties it.
     run: String,
+    blocks: String,
     /// The procedure an append calls (see `append`).
     append_procedure: String,
+    /// The procedures of lock modes: a change of a queue, a watcher's wait,
+    /// and waking an entry's watchers.
+    update_procedure: String,
+    watch_procedure: String,
+    wake_procedure: String,
     /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
     /// (the names are server-wide, at most 64 characters).
     lock_prefix: String,
@@ -78,6 +85,12 @@ struct Statements {
     close_session: Arc<str>,
     open: Arc<str>,
     check: Arc<str>,
+    read_queue: Arc<str>,
+    update_queue: Arc<str>,
+    watch_read: Arc<str>,
+    watch: Arc<str>,
+    watchers_of: Arc<str>,
+    wake: Arc<str>,
 }
 
 /// The MariaDB/MySQL dialect for one database URL and table set.
@@ -112,8 +125,18 @@ impl Names {
         let meta = table("meta");
         let data = table("data");
         let run = table("run");
+        let blocks = table("blocks");
         let append_procedure = table("append");
+        let update_procedure = table("update_queue");
+        let watch_procedure = table("watch");
+        let wake_procedure = table("wake");
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
+        // A dead entry that still blocks: with the reset grace
+        // (Sql::with_reset_grace), one whose session is still there.
+        let live = format!(
+            "(e.session = ? OR IS_USED_LOCK({guard}) IS NOT NULL OR (@lockline_reset_grace <=> 1 \
+             AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = e.session)))"
+        );
         let sql = Statements {
             heartbeat: format!(
                 "UPDATE {sessions} SET renewed_us = {NOW_US}, beat = beat + 1 WHERE id = ? AND beat >= 0 \
@@ -146,7 +169,7 @@ impl Names {
             )
             .into(),
             remove: format!("DELETE FROM {entries} WHERE id = ? AND session = ?").into(),
-            attempt_of: format!("SELECT attempt, kind, version FROM {entries} WHERE id = ?").into(),
+            attempt_of: format!("SELECT attempt, kind, epoch FROM {entries} WHERE id = ?").into(),
             // Waits at most the bound given and a third of the owner's TTL.
             wait: format!(
                 "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 4 \
@@ -168,8 +191,11 @@ impl Names {
             reap_done: format!("DELETE FROM {sessions} WHERE id = ? AND beat < 0").into(),
             reap_entries: format!("DELETE FROM {entries} WHERE session = ?").into(),
             reap_session: format!("DELETE FROM {sessions} WHERE id = ? AND renewed_us = ?").into(),
-            value_of: format!("SELECT version FROM {entries} WHERE id = ? AND session = ? FOR UPDATE").into(),
-            bump_value: format!("UPDATE {entries} SET value = ?, version = version + 1 WHERE id = ?").into(),
+            value_of: format!("SELECT epoch FROM {entries} WHERE id = ? AND session = ? FOR UPDATE").into(),
+            bump_value: format!(
+                "UPDATE {entries} SET value = ?, version = version + 1, epoch = epoch + 1 WHERE id = ?"
+            )
+            .into(),
             get_value: format!(
                 "SELECT e.value, e.version FROM {entries} e WHERE e.id = ? \
                  AND (e.session = ? OR IS_USED_LOCK({guard}) IS NOT NULL) LOCK IN SHARE MODE"
@@ -193,6 +219,24 @@ impl Names {
                  WHERE e.id = ? AND e.session = ? AND IS_USED_LOCK({guard}) = s.conn LOCK IN SHARE MODE"
             )
             .into(),
+            // The block first (no id), then the entries: one statement, one
+            // read view. Values of other kinds' entries are not sent.
+            read_queue: format!(
+                "SELECT NULL, NULL, NULL, b.value, NULL, NULL FROM {blocks} b WHERE b.name = ? \
+                 UNION ALL \
+                 SELECT e.id, e.kind, e.session, IF(e.kind = '{DLM}', e.value, x''), e.version, \
+                 GREATEST(e.changed, e.id) FROM {entries} e WHERE e.name = ? AND {live} \
+                 ORDER BY 1"
+            )
+            .into(),
+            update_queue: format!("CALL {update_procedure}(?, ?, ?, ?, ?)").into(),
+            watch_read: format!(
+                "SELECT e.value, e.version, e.epoch, {live} FROM {entries} e WHERE e.id = ? LOCK IN SHARE MODE"
+            )
+            .into(),
+            watch: format!("CALL {watch_procedure}(?, ?, ?, ?, ?, ?)").into(),
+            watchers_of: format!("SELECT kind, watchers FROM {entries} WHERE id = ? AND session = ?").into(),
+            wake: format!("CALL {wake_procedure}(?, ?)").into(),
         };
         Names {
             database: database.to_owned(),
@@ -201,7 +245,11 @@ impl Names {
             meta,
             data,
             run,
+            blocks,
             append_procedure,
+            update_procedure,
+            watch_procedure,
+            wake_procedure,
             lock_prefix,
             sql,
         }
@@ -220,16 +268,24 @@ impl Names {
     }
 
     /// The DDL script for a DBA (the `mariadb` client needs `DELIMITER`
-    /// around the procedure, whose body holds `;`).
+    /// around each procedure, whose body holds `;`).
     fn ddl(&self) -> String {
-        let [tables, procedure, meta] = self.ddl_steps();
-        format!("{tables}DELIMITER //\n{procedure}//\nDELIMITER ;\n{meta}")
+        let steps = self.ddl_steps();
+        let mut script = String::new();
+        for (i, step) in steps.iter().enumerate() {
+            if i == 0 || i + 1 == steps.len() {
+                script.push_str(step);
+            } else {
+                script.push_str(&format!("DELIMITER //\n{step}//\nDELIMITER ;\n"));
+            }
+        }
+        script
     }
 
     /// The DDL in the steps a connection runs one after the other: the
-    /// tables, the append procedure, and the layout's row (last: its row
-    /// says the rest exists).
-    fn ddl_steps(&self) -> [String; 3] {
+    /// tables, the procedures, and the layout's row (last: its row says the
+    /// rest exists).
+    fn ddl_steps(&self) -> Vec<String> {
         let Names {
             database,
             entries,
@@ -237,13 +293,17 @@ impl Names {
             meta,
             data,
             run,
+            blocks,
             append_procedure,
+            update_procedure,
+            watch_procedure,
+            wake_procedure,
             lock_prefix,
             ..
         } = self;
         let version = LAYOUT_VERSION;
         let tables = format!(
-            r#"-- lockline's tables and procedure (layout {version}) for MariaDB 10.6 or later, or MySQL 8.0.29
+            r#"-- lockline's tables and procedures (layout {version}) for MariaDB 10.6 or later, or MySQL 8.0.29
 -- or later, in database `{database}`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
@@ -257,6 +317,15 @@ CREATE TABLE IF NOT EXISTS {entries} (
     attempt VARCHAR(64) CHARACTER SET ascii NOT NULL,
     value LONGBLOB NOT NULL,
     version BIGINT NOT NULL DEFAULT 0,
+    -- The version of the value lock its owner holds (election and lock-mode
+    -- entries): raised by its owner's own writes only, so equal to version
+    -- unless another session wrote it.
+    epoch BIGINT NOT NULL DEFAULT 0,
+    -- A lock-mode entry: the token of its last write by the update_queue
+    -- procedure (0: none yet), and how many watch slots were ever used
+    -- (see the watch procedure).
+    changed BIGINT NOT NULL DEFAULT 0,
+    watchers INT NOT NULL DEFAULT 0,
     UNIQUE KEY entries_attempt (attempt),
     KEY entries_name (name, id),
     KEY entries_session (session)
@@ -270,6 +339,12 @@ CREATE TABLE IF NOT EXISTS {sessions} (
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS {data} (
     `key` VARBINARY(3072) NOT NULL PRIMARY KEY,
+    value LONGBLOB NOT NULL
+) ENGINE=InnoDB;
+-- The lock value block of each lock-mode resource (by its name) that was
+-- given one.
+CREATE TABLE IF NOT EXISTS {blocks} (
+    name VARBINARY(512) NOT NULL PRIMARY KEY,
     value LONGBLOB NOT NULL
 ) ENGINE=InnoDB;
 -- MEMORY: a server start empties it. A row with a server's id names the run
@@ -335,7 +410,7 @@ BEGIN
             SET v_id = LAST_INSERT_ID();
         END IF;
         DO RELEASE_LOCK(v_turn);
-        IF p_kind = 'election' THEN
+        IF p_kind IN ('election', '{DLM}') THEN
             SET v_version = CONCAT('{lock_prefix}v:', v_id, ':0');
             IF NOT (IS_USED_LOCK(v_version) <=> CONNECTION_ID()) THEN
                 DO GET_LOCK(v_version, 0);
@@ -391,7 +466,236 @@ CREATE TABLE IF NOT EXISTS {meta} (
 INSERT IGNORE INTO {meta} (singleton, layout) VALUES (1, {version});
 "#
         );
-        [tables, procedure, meta]
+        let update = format!(
+            r#"-- A change of a lock-mode queue, atomically or not at all, in one round trip.
+-- p_named lists the entries it names, by ascending id, "id version op length;"
+-- each: the version it must be at (-1: none; -2: any, but there), op 1 sets
+-- its value (the next
+-- length bytes of p_values), 2 deletes it. Changes of one name take the name's
+-- turn, as appends do, for the whole transaction, and lock the named rows in id
+-- order (shared where only a version is checked). A named entry missing, dead
+-- or at another version: NULL, nothing written. Otherwise dead entries of the
+-- name are deleted, the token drawn from the entries' AUTO_INCREMENT (a row
+-- inserted and deleted again: the counter a restart moves past the clock), the
+-- values set (version raised, changed = the token), the entries deleted, the
+-- block written when given (NULL: left alone), and the token answered. After
+-- the commit the entries' watchers are told: the caller's own entries by their
+-- value lock (of epoch: moved, or let go of with the guard), other sessions'
+-- by waking each watcher that holds one of the entry's watch slots (KILL
+-- QUERY). An entry both set and deleted is deleted.
+CREATE PROCEDURE IF NOT EXISTS {update_procedure}(
+    p_name VARBINARY(512), p_session VARCHAR(64) CHARACTER SET ascii, p_named LONGTEXT CHARACTER SET ascii,
+    p_values LONGBLOB, p_block LONGBLOB)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+proc: BEGIN
+    DECLARE v_turn VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('{lock_prefix}n:', SHA1(p_name));
+    DECLARE v_rest LONGTEXT CHARACTER SET ascii DEFAULT p_named;
+    DECLARE v_wake LONGTEXT CHARACTER SET ascii DEFAULT '';
+    DECLARE v_item VARCHAR(200) CHARACTER SET ascii;
+    DECLARE v_id, v_want, v_version, v_epoch, v_token, v_pos BIGINT;
+    DECLARE v_op, v_len, v_watchers INT;
+    DECLARE v_session, v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        ROLLBACK;
+        DO RELEASE_LOCK(v_turn);
+        RESIGNAL;
+    END;
+    IF NOT (GET_LOCK(v_turn, @@innodb_lock_wait_timeout) <=> 1) THEN
+        SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205,
+            MESSAGE_TEXT = 'Lock wait timeout exceeded: changes of the same name held their turn';
+    END IF;
+    START TRANSACTION;
+    WHILE v_rest <> '' DO
+        SET v_item = SUBSTRING_INDEX(v_rest, ';', 1);
+        SET v_rest = SUBSTRING(v_rest, LENGTH(v_item) + 2);
+        SET v_id = CAST(SUBSTRING_INDEX(v_item, ' ', 1) AS SIGNED);
+        SET v_want = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 2), ' ', -1) AS SIGNED);
+        SET v_op = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 3), ' ', -1) AS SIGNED);
+        SET v_done = FALSE;
+        IF v_op > 0 THEN
+            SELECT version, epoch, session, attempt, watchers INTO v_version, v_epoch, v_session, v_attempt, v_watchers
+                FROM {entries} WHERE id = v_id AND name = p_name FOR UPDATE;
+        ELSE
+            SELECT version, epoch, session, attempt, watchers INTO v_version, v_epoch, v_session, v_attempt, v_watchers
+                FROM {entries} WHERE id = v_id AND name = p_name LOCK IN SHARE MODE;
+        END IF;
+        IF v_done THEN
+            IF v_want <> -1 THEN
+                ROLLBACK;
+                DO RELEASE_LOCK(v_turn);
+                SELECT NULL;
+                LEAVE proc;
+            END IF;
+        ELSE
+            IF v_want <> -1 AND ((v_want >= 0 AND v_version <> v_want) OR (v_session <> p_session
+                    AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', v_attempt))
+                    AND NOT (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM {sessions} WHERE id = v_session)))) THEN
+                ROLLBACK;
+                DO RELEASE_LOCK(v_turn);
+                SELECT NULL;
+                LEAVE proc;
+            END IF;
+            IF v_op > 0 THEN
+                SET v_wake = CONCAT(v_wake, v_id, ' ', v_op, ' ', v_session = p_session, ' ', v_epoch, ' ',
+                    v_watchers, ' ', v_attempt, ';');
+            END IF;
+        END IF;
+    END WHILE;
+    -- Dead entries of the name: deleted before anyone goes past them.
+    DELETE FROM {entries} WHERE name = p_name AND session <> p_session
+        AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', attempt))
+        AND NOT (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = session));
+    INSERT INTO {entries} (name, kind, session, attempt, value)
+        VALUES ('', 'token', '', CONCAT('token:', CONNECTION_ID()), '');
+    SET v_token = LAST_INSERT_ID();
+    DELETE FROM {entries} WHERE id = v_token;
+    SET v_rest = p_named;
+    SET v_pos = 1;
+    WHILE v_rest <> '' DO
+        SET v_item = SUBSTRING_INDEX(v_rest, ';', 1);
+        SET v_rest = SUBSTRING(v_rest, LENGTH(v_item) + 2);
+        SET v_id = CAST(SUBSTRING_INDEX(v_item, ' ', 1) AS SIGNED);
+        SET v_op = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 3), ' ', -1) AS SIGNED);
+        SET v_len = CAST(SUBSTRING_INDEX(v_item, ' ', -1) AS SIGNED);
+        IF v_op = 1 THEN
+            UPDATE {entries} SET value = SUBSTRING(p_values, v_pos, v_len), version = version + 1,
+                epoch = epoch + (session = p_session), changed = v_token
+                WHERE id = v_id AND name = p_name;
+        END IF;
+        SET v_pos = v_pos + v_len;
+        IF v_op & 2 THEN
+            DELETE FROM {entries} WHERE id = v_id AND name = p_name;
+        END IF;
+    END WHILE;
+    IF p_block IS NOT NULL THEN
+        INSERT INTO {blocks} (name, value) VALUES (p_name, p_block) ON DUPLICATE KEY UPDATE value = VALUES(value);
+    END IF;
+    COMMIT;
+    DO RELEASE_LOCK(v_turn);
+    -- Committed: a watcher woken now reads the new values. Nothing here fails
+    -- the change.
+    BEGIN
+        DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+        WHILE v_wake <> '' DO
+            SET v_item = SUBSTRING_INDEX(v_wake, ';', 1);
+            SET v_wake = SUBSTRING(v_wake, LENGTH(v_item) + 2);
+            SET v_id = CAST(SUBSTRING_INDEX(v_item, ' ', 1) AS SIGNED);
+            SET v_op = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 2), ' ', -1) AS SIGNED);
+            SET v_epoch = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 4), ' ', -1) AS SIGNED);
+            SET v_watchers = CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 5), ' ', -1) AS SIGNED);
+            SET v_attempt = SUBSTRING_INDEX(v_item, ' ', -1);
+            IF SUBSTRING_INDEX(SUBSTRING_INDEX(v_item, ' ', 3), ' ', -1) = '1' THEN
+                IF v_op & 2 THEN
+                    DO RELEASE_LOCK(CONCAT('{lock_prefix}e:', v_attempt));
+                    DO RELEASE_LOCK(CONCAT('{lock_prefix}v:', v_id, ':', v_epoch));
+                ELSE
+                    DO GET_LOCK(CONCAT('{lock_prefix}v:', v_id, ':', v_epoch + 1), 0);
+                    DO RELEASE_LOCK(CONCAT('{lock_prefix}v:', v_id, ':', v_epoch));
+                END IF;
+            ELSE
+                CALL {wake_procedure}(v_id, v_watchers);
+            END IF;
+        END WHILE;
+    END;
+    SELECT v_token;
+END"#
+        );
+        let watch = format!(
+            r#"-- A watcher's wait on a lock-mode entry at p_version, in one round trip:
+-- takes the lowest free watch slot of the entry (a named lock a writer of
+-- another session finds, and wakes its holder by KILL QUERY; the entry's
+-- watchers column says how far to look, raised before the version is read),
+-- then waits on the value lock of p_epoch the entry's owner holds, bounded by
+-- p_bound_ms and a third of the owner's TTL. Answers a code (0: moved on,
+-- gone, or woken; 3: there with its guard free, lost with its owner's
+-- connection; 1: the bound ran out) and, unless the bound ran out, the entry
+-- as it is then (read: 1; value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again.
+CREATE PROCEDURE IF NOT EXISTS {watch_procedure}(
+    p_id BIGINT, p_epoch BIGINT, p_version BIGINT, p_session VARCHAR(64) CHARACTER SET ascii,
+    p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_slot INT DEFAULT 0;
+    DECLARE v_slot_lock VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_lock VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('{lock_prefix}v:', p_id, ':', p_epoch);
+    DECLARE v_bound BIGINT;
+    DECLARE v_got INT;
+    DECLARE v_code INT DEFAULT 0;
+    DECLARE v_read BOOLEAN DEFAULT TRUE;
+    DECLARE v_value LONGBLOB;
+    DECLARE v_version, v_epoch BIGINT;
+    DECLARE v_live BOOLEAN;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_value = NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        DO RELEASE_ALL_LOCKS();
+        RESIGNAL;
+    END;
+    -- A wait connection holds nothing between its waits: a slot left by a
+    -- wait cut short goes now.
+    DO RELEASE_ALL_LOCKS();
+    slots: LOOP
+        SET v_slot_lock = CONCAT('{lock_prefix}w:', p_id, ':', v_slot);
+        IF GET_LOCK(v_slot_lock, 0) <=> 1 THEN
+            LEAVE slots;
+        END IF;
+        SET v_slot = v_slot + 1;
+    END LOOP;
+    UPDATE {entries} SET watchers = v_slot + 1 WHERE id = p_id AND watchers <= v_slot;
+    IF EXISTS (SELECT 1 FROM {entries} WHERE id = p_id AND version = p_version) THEN
+        SET v_bound = LEAST(p_bound_ms, COALESCE((SELECT ttl_ms DIV 3 FROM {sessions} WHERE id = p_owner), p_bound_ms));
+        -- NULL: ended by a writer's KILL QUERY (see the wake procedure).
+        SET v_got = GET_LOCK(v_lock, GREATEST(v_bound, 1) / 1000);
+        IF v_got = 1 THEN
+            DO RELEASE_LOCK(v_lock);
+        ELSEIF v_got = 0 THEN
+            SET v_code = 1;
+            SET v_read = FALSE;
+        END IF;
+    END IF;
+    IF v_read THEN
+        -- A write or a removal commits before its writer lets go or wakes.
+        SELECT e.value, e.version, e.epoch, e.session = p_session
+                OR IS_USED_LOCK(CONCAT('{lock_prefix}e:', e.attempt)) IS NOT NULL
+                OR (@lockline_reset_grace <=> 1 AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = e.session))
+            INTO v_value, v_version, v_epoch, v_live
+            FROM {entries} e WHERE e.id = p_id;
+        IF v_value IS NOT NULL AND NOT v_live THEN
+            SET v_code = 3;
+        END IF;
+    END IF;
+    DO RELEASE_LOCK(v_slot_lock);
+    SELECT v_code, v_read, v_value, v_version, v_epoch, v_live;
+END"#
+        );
+        let wake = format!(
+            r#"-- Wakes the watchers of entry p_id (see the watch procedure): KILL QUERY of
+-- each connection holding one of its first p_slots watch slots. A connection
+-- gone already, or one of another user without CONNECTION ADMIN, is passed
+-- over (that watcher wakes at its wait's bound).
+CREATE PROCEDURE IF NOT EXISTS {wake_procedure}(p_id BIGINT, p_slots INT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_slot INT DEFAULT 0;
+    DECLARE v_conn BIGINT;
+    DECLARE CONTINUE HANDLER FOR 1094, 1095 BEGIN END;
+    WHILE v_slot < p_slots DO
+        SET v_conn = IS_USED_LOCK(CONCAT('{lock_prefix}w:', p_id, ':', v_slot));
+        IF v_conn IS NOT NULL AND v_conn <> CONNECTION_ID() THEN
+            SET @lockline_kill = CONCAT('KILL QUERY ', v_conn);
+            PREPARE lockline_kill FROM @lockline_kill;
+            EXECUTE lockline_kill;
+            DEALLOCATE PREPARE lockline_kill;
+        END IF;
+        SET v_slot = v_slot + 1;
+    END WHILE;
+END"#
+        );
+        vec![tables, procedure, update, watch, wake, meta]
     }
 }
 
@@ -727,8 +1031,9 @@ impl MySql {
                  a direct connection"
                     .into(),
             )),
-            // GET_LOCK ended by KILL QUERY answers NULL.
-            None => Err(sqlx::Error::Protocol("the wait was interrupted (KILL QUERY)".into())),
+            // GET_LOCK ended by KILL QUERY answers NULL: this session's
+            // cancel, or a writer's wake meant for a watch on this connection.
+            None => Ok(Waited::Interrupted),
             Some(other) => Err(shape(format!("wait returned {other}"))),
         }
     }
@@ -958,12 +1263,12 @@ impl Dialect for MySql {
         if layout != Some(LAYOUT_VERSION) {
             return Err(Error::InvalidOptions {
                 reason: format!(
-                    "{target}: {} holds layout {layout:?}, this lockline uses layout {LAYOUT_VERSION}",
+                    "{target}: {} holds layout {layout:?}, this lockline uses layout {LAYOUT_VERSION}: move the tables to it while no session of the older lockline runs (the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")",
                     names.meta
                 ),
             });
         }
-        let expected: [(&str, &[(&str, &str)]); 4] = [
+        let expected: [(&str, &[(&str, &str)]); 5] = [
             (
                 "entries",
                 &[
@@ -974,6 +1279,9 @@ impl Dialect for MySql {
                     ("attempt", "varchar"),
                     ("value", "longblob"),
                     ("version", "bigint"),
+                    ("epoch", "bigint"),
+                    ("changed", "bigint"),
+                    ("watchers", "int"),
                 ],
             ),
             (
@@ -988,6 +1296,7 @@ impl Dialect for MySql {
             ),
             ("data", &[("key", "varbinary"), ("value", "longblob")]),
             ("run", &[("server_id", "bigint"), ("run_id", "varchar")]),
+            ("blocks", &[("name", "varbinary"), ("value", "longblob")]),
         ];
         for (table, columns) in expected {
             let problem = self
@@ -1024,23 +1333,29 @@ impl Dialect for MySql {
                 ),
             });
         }
-        // Listed only to a user who may run it (or alter it).
-        let procedures: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.ROUTINES \
-             WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
-        )
-        .bind(&names.database)
-        .bind(format!("{}append", self.tables.prefix))
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| map("check lockline's procedure", e))?;
-        if procedures == 0 {
-            return Err(Error::InvalidOptions {
-                reason: format!(
-                    "{target}: the procedure {} is missing, or this user may not execute it: create it with the DDL script (Sql::ddl) and grant EXECUTE on it",
-                    names.append_procedure
-                ),
-            });
+        // Listed only to a user who may run them (or alter them).
+        for (procedure, full) in [
+            ("append", &names.append_procedure),
+            ("update_queue", &names.update_procedure),
+            ("watch", &names.watch_procedure),
+            ("wake", &names.wake_procedure),
+        ] {
+            let found: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.ROUTINES \
+                 WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
+            )
+            .bind(&names.database)
+            .bind(format!("{}{procedure}", self.tables.prefix))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map("check lockline's procedures", e))?;
+            if found == 0 {
+                return Err(Error::InvalidOptions {
+                    reason: format!(
+                        "{target}: the procedure {full} is missing, or this user may not execute it: create it with the DDL script (Sql::ddl) and grant EXECUTE on it"
+                    ),
+                });
+            }
         }
         self.bump_after_restart(conn, names)
             .await
@@ -1051,7 +1366,7 @@ impl Dialect for MySql {
         // at a statement's first use), and a broken owning connection loses
         // the session.
         let sql = &names.sql;
-        let owner_statements: [&str; 20] = [
+        let owner_statements: [&str; 25] = [
             &sql.append,
             &sql.find,
             &sql.exists,
@@ -1069,6 +1384,11 @@ impl Dialect for MySql {
             &sql.read,
             &sql.close_entries,
             &sql.close_session,
+            &sql.read_queue,
+            &sql.update_queue,
+            &sql.watch_read,
+            &sql.watchers_of,
+            &sql.wake,
             "DO RELEASE_LOCK(?)",
             "SELECT GET_LOCK(?, 0)",
             "SELECT CAST(IS_USED_LOCK(?) AS SIGNED)",
@@ -1285,6 +1605,16 @@ impl Dialect for MySql {
     async fn remove(&self, conn: &mut MySqlConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {
         let names = self.names()?;
         let locks = if unlock { self.locks_of(conn, id).await? } else { None };
+        // Another session's lock-mode entry: its watchers are woken after.
+        let watched: Option<(String, i32)> = if unlock {
+            None
+        } else {
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.watchers_of)))
+                .bind(id)
+                .bind(session)
+                .fetch_optional(&mut *conn)
+                .await?
+        };
         let removed = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.remove)))
             .bind(id)
             .bind(session)
@@ -1292,8 +1622,17 @@ impl Dialect for MySql {
             .await?;
         if let Some((attempt, kind, version)) = locks {
             self.release(conn, &names.guard(&attempt)).await?;
-            if kind == "election" {
+            if kind == "election" || kind == DLM {
                 self.release(conn, &names.version_lock(id, version)).await?;
+            }
+        }
+        if let Some((kind, watchers)) = watched {
+            if kind == DLM && watchers > 0 && removed.rows_affected() == 1 {
+                sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.wake)))
+                    .bind(id)
+                    .bind(watchers)
+                    .execute(&mut *conn)
+                    .await?;
             }
         }
         Ok(removed.rows_affected() == 1)
@@ -1588,6 +1927,156 @@ impl Dialect for MySql {
             .execute(&mut *conn)
             .await?;
         Ok(())
+    }
+    async fn read_queue(
+        &self,
+        conn: &mut MySqlConnection,
+        name: &str,
+        session: &str,
+    ) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.read_queue)))
+            .bind(name)
+            .bind(name)
+            .bind(session)
+            .fetch_all(conn)
+            .await?;
+        let mut block = None;
+        let mut rows = Vec::with_capacity(found.len());
+        for r in &found {
+            let id: Option<i64> = r.try_get(0)?;
+            let Some(id) = id else {
+                block = Some(r.try_get(3)?);
+                continue;
+            };
+            rows.push(QueueRow {
+                row: Row {
+                    id,
+                    kind: r.try_get(1)?,
+                    session: r.try_get(2)?,
+                },
+                value: r.try_get(3)?,
+                version: r.try_get(4)?,
+                changed: r.try_get(5)?,
+            });
+        }
+        Ok((rows, block))
+    }
+
+    async fn update_queue(&self, conn: &mut MySqlConnection, change: &QueueChange<'_>) -> DbResult<Option<i64>> {
+        // "id version op length;" by ascending id, the values set after
+        // each other in that order (see the procedure).
+        let mut named = String::new();
+        let mut values = Vec::new();
+        for entry in &change.named {
+            let set = change
+                .set
+                .iter()
+                .find(|(id, _)| *id == entry.id)
+                .map(|(_, value)| *value);
+            let delete = change.delete.contains(&entry.id);
+            let op = u8::from(set.is_some()) | (u8::from(delete) << 1);
+            let length = set.map_or(0, <[u8]>::len);
+            named.push_str(&format!("{} {} {op} {length};", entry.id, entry.condition.code()));
+            if let Some(value) = set {
+                values.extend_from_slice(value);
+            }
+        }
+        self.check_size(values.len() + change.block.map_or(0, <[u8]>::len) + named.len() + change.name.len())?;
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.update_queue)))
+            .bind(change.name)
+            .bind(change.session)
+            .bind(named)
+            .bind(values)
+            .bind(change.block)
+            .fetch_all(conn)
+            .await?;
+        let [row] = found.as_slice() else {
+            return Err(shape(format!("the change answered {} rows, not one", found.len())));
+        };
+        row.try_get(0)
+    }
+
+    async fn watch_read(&self, conn: &mut MySqlConnection, id: i64, session: &str) -> DbResult<Found> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch_read)))
+            .bind(session)
+            .bind(id)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| {
+            let watched = Watched {
+                value: r.try_get(0)?,
+                version: r.try_get(1)?,
+                epoch: r.try_get(2)?,
+            };
+            let live: Option<i64> = r.try_get(3)?;
+            Ok((watched, live == Some(1)))
+        })
+        .transpose()
+    }
+
+    async fn wait_watch(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        at: Watched<()>,
+        session: &str,
+        owner: &str,
+        bound_ms: i64,
+    ) -> DbResult<(Waited, Option<Found>)> {
+        let names = self.names()?;
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.watch)))
+            .bind(id)
+            .bind(at.epoch)
+            .bind(at.version)
+            .bind(session)
+            .bind(owner)
+            .bind(bound_ms)
+            .fetch_all(&mut *conn)
+            .await;
+        let row = match found {
+            Ok(mut found) if found.len() == 1 => found.remove(0),
+            Ok(found) => return Err(shape(format!("the watch answered {} rows, not one", found.len()))),
+            // Woken in a step other than the wait: its slot may still be
+            // held, which would draw wakes meant for it to the next wait.
+            Err(error) if crate::error::interrupted(&error) => {
+                conn.execute("DO RELEASE_ALL_LOCKS()").await?;
+                return Ok((Waited::Interrupted, None));
+            }
+            Err(error) => return Err(error),
+        };
+        let code: Option<i64> = row.try_get(0)?;
+        let waited = match code {
+            Some(0) => Waited::Released,
+            Some(3) => Waited::Lost,
+            Some(1) => {
+                let beat: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.beat_of)))
+                    .bind(owner)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                return Ok((
+                    Waited::TimedOut(beat.map(|(count, ttl_ms)| Beat { count, ttl_ms })),
+                    None,
+                ));
+            }
+            other => return Err(shape(format!("the watch answered {other:?}"))),
+        };
+        let read: Option<i64> = row.try_get(1)?;
+        if read != Some(1) {
+            return Ok((waited, None));
+        }
+        let value: Option<Vec<u8>> = row.try_get(2)?;
+        let found = match value {
+            None => None,
+            Some(value) => {
+                let watched = Watched {
+                    value,
+                    version: row.try_get::<Option<i64>, _>(3)?.unwrap_or_default(),
+                    epoch: row.try_get::<Option<i64>, _>(4)?.unwrap_or_default(),
+                };
+                Some((watched, row.try_get::<Option<i64>, _>(5)? == Some(1)))
+            }
+        };
+        Ok((waited, Some(found)))
     }
 }
 

@@ -5,14 +5,15 @@ use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use lockline::{Error, Write};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{
-    shape, Append, Beat, DbResult, Dialect, EntryStatus, Grace, Purpose, Reaped, Row, Status, Waited,
+    shape, Append, Beat, DbResult, Dialect, EntryStatus, Found, Grace, Listener, Purpose, QueueChange, QueueRow,
+    Reaped, Row, Status, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
-use crate::layout::{fnv64, Tables, LAYOUT_VERSION};
+use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION};
 use crate::Settings;
 
 /// The database's clock in microseconds since the epoch.
@@ -32,6 +33,10 @@ struct Names {
     sessions: String,
     meta: String,
     data: String,
+    blocks: String,
+    /// `ll<hash>_`: the start of the notification channel of each entry
+    /// (`ll<hash>_<id>`), kept apart per table set.
+    channel: String,
     /// `"schema".prefix` for functions: `{functions}append`.
     functions: String,
     /// XORed into an entry's id to make its guard's advisory-lock key
@@ -67,6 +72,10 @@ struct Statements {
     end: Arc<str>,
     open: Arc<str>,
     check: Arc<str>,
+    read_queue: Arc<str>,
+    update_queue: Arc<str>,
+    watch_read: Arc<str>,
+    watch: Arc<str>,
 }
 
 /// The PostgreSQL dialect for one database URL and table set.
@@ -110,7 +119,16 @@ impl Names {
         let sessions = table("sessions");
         let meta = table("meta");
         let data = table("data");
+        let blocks = table("blocks");
+        let channel = format!("ll{:012x}_", hash >> 16);
         let functions = format!("{q}.\"{prefix}");
+        // A dead entry that still blocks: with the reset grace
+        // (Sql::with_reset_grace), one whose session is still there.
+        let live = format!(
+            "(e.session = $2 OR NOT pg_try_advisory_xact_lock_shared(e.id # {salt}) \
+             OR (coalesce(current_setting('lockline.reset_grace', true), '') = 'on' \
+                 AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = e.session)))"
+        );
         // `"schema"."prefix` + `append"`: a function name quoted whole.
         let f = |name: &str| format!("{functions}{name}\"");
         let sql = Statements {
@@ -175,6 +193,32 @@ impl Names {
                  AND NOT pg_try_advisory_xact_lock_shared(e.id # {salt}) FOR SHARE OF e"
             )
             .into(),
+            // The block first (no id), then the entries: one statement, one
+            // snapshot. Values of other kinds' entries are not sent.
+            read_queue: format!(
+                "SELECT NULL::bigint, NULL::text, NULL::text, b.value, NULL::bigint, NULL::bigint \
+                 FROM {blocks} b WHERE b.name = $1 \
+                 UNION ALL \
+                 SELECT e.id, e.kind, e.session, CASE WHEN e.kind = '{DLM}' THEN e.value ELSE '\\x'::bytea END, \
+                 e.version, greatest(e.changed, e.id) FROM {entries} e WHERE e.name = $1 AND {live} \
+                 ORDER BY 1 NULLS FIRST"
+            )
+            .into(),
+            update_queue: format!(
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                f("update_queue")
+            )
+            .into(),
+            watch_read: format!(
+                "SELECT e.value, e.version, e.epoch, {live} FROM {entries} e WHERE e.id = $1 FOR SHARE OF e"
+            )
+            .into(),
+            watch: format!(
+                "SELECT w_code, w_beat, w_ttl_ms, w_read, w_value, w_version, w_epoch, w_live \
+                 FROM {}($1, $2, $3, $4, $5, $6)",
+                f("watch")
+            )
+            .into(),
         };
         Names {
             schema: schema.to_owned(),
@@ -182,6 +226,8 @@ impl Names {
             sessions,
             meta,
             data,
+            blocks,
+            channel,
             functions,
             salt,
             class,
@@ -200,12 +246,15 @@ impl Names {
             sessions,
             meta,
             data,
+            blocks,
+            channel,
             salt,
             class,
             ..
         } = self;
         let f = |name: &str| self.function(name);
         let end = f("end");
+        let (update_queue, watch) = (f("update_queue"), f("watch"));
         let (append, nearest, earlier, remove, abandon, wait, reap, set_value, write, close, open) = (
             f("append"),
             f("nearest"),
@@ -220,6 +269,13 @@ impl Names {
             f("open"),
         );
         let entries_text = entries.replace('\'', "''");
+        // Whether entry e is live, for a function that has the caller's
+        // session in p_session.
+        let live_in = format!(
+            "(e.session = p_session OR NOT pg_try_advisory_xact_lock_shared(e.id # {salt}) \
+             OR (coalesce(current_setting('lockline.reset_grace', true), '') = 'on' \
+                 AND EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = e.session)))"
+        );
         let prefix = entries.rsplit_once('.').map_or("", |(_, t)| t).trim_matches('"');
         let prefix = prefix.strip_suffix("entries").unwrap_or(prefix);
         let schema = quote(&self.schema);
@@ -249,7 +305,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {entries} (
     session text NOT NULL,
     attempt text NOT NULL,
     value bytea NOT NULL DEFAULT '\x',
-    version bigint NOT NULL DEFAULT 0
+    version bigint NOT NULL DEFAULT 0,
+    -- The version of the value lock its owner holds (election and lock-mode
+    -- entries): raised by its owner's own writes only, so equal to version
+    -- unless another session wrote it.
+    epoch bigint NOT NULL DEFAULT 0,
+    -- A lock-mode entry: the token of its last write by {prefix}update_queue
+    -- (0: none yet).
+    changed bigint NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS "{prefix}entries_attempt" ON {entries} (attempt);
 CREATE INDEX IF NOT EXISTS "{prefix}entries_name" ON {entries} (name, id);
@@ -264,6 +327,12 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {sessions} (
 );
 CREATE TABLE IF NOT EXISTS {data} (
     key text PRIMARY KEY,
+    value bytea NOT NULL
+);
+-- The lock value block of each lock-mode resource (by its name) that was
+-- given one. Logged, as the data table: it outlives its holders and restarts.
+CREATE TABLE IF NOT EXISTS {blocks} (
+    name text PRIMARY KEY,
     value bytea NOT NULL
 );
 
@@ -333,7 +402,7 @@ BEGIN
         RAISE EXCEPTION 'the guard (advisory lock %) of entry % is held by another connection', v_id # {salt}, v_id
             USING ERRCODE = '55P03';
     END IF;
-    IF p_kind = 'election' AND NOT pg_try_advisory_lock(hashtextextended(v_id::text || ':0', {salt})) THEN
+    IF p_kind IN ('election', '{DLM}') AND NOT pg_try_advisory_lock(hashtextextended(v_id::text || ':0', {salt})) THEN
         PERFORM pg_advisory_unlock(v_id # {salt});
         RAISE EXCEPTION 'the value lock of entry % is held by another connection', v_id USING ERRCODE = '55P03';
     END IF;
@@ -353,19 +422,22 @@ END
 $fn$;
 
 -- Deletes an entry of p_session; lets go of its guard when p_unlock (called on
--- the owning connection).
+-- the owning connection). A lock-mode entry removed by another session: its
+-- watchers hear of it on its channel.
 CREATE OR REPLACE FUNCTION {remove}(p_id bigint, p_session text, p_unlock boolean)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE
     v_kind text;
     v_version bigint;
 BEGIN
-    DELETE FROM {entries} e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.version INTO v_kind, v_version;
+    DELETE FROM {entries} e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
     IF p_unlock THEN
         PERFORM pg_advisory_unlock(p_id # {salt});
-        IF v_kind = 'election' THEN
+        IF v_kind IN ('election', '{DLM}') THEN
             PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, {salt}));
         END IF;
+    ELSIF v_kind = '{DLM}' THEN
+        PERFORM pg_notify('{channel}' || p_id::text, '');
     END IF;
     RETURN v_kind IS NOT NULL;
 END
@@ -380,10 +452,10 @@ DECLARE
     v_version bigint;
 BEGIN
     DELETE FROM {entries} e WHERE e.attempt = p_attempt AND e.session = p_session
-    RETURNING e.id, e.kind, e.version INTO v_id, v_kind, v_version;
+    RETURNING e.id, e.kind, e.epoch INTO v_id, v_kind, v_version;
     IF v_id IS NOT NULL THEN
         PERFORM pg_advisory_unlock(v_id # {salt});
-        IF v_kind = 'election' THEN
+        IF v_kind IN ('election', '{DLM}') THEN
             PERFORM pg_advisory_unlock(hashtextextended(v_id::text || ':' || v_version::text, {salt}));
         END IF;
     END IF;
@@ -458,22 +530,24 @@ BEGIN
                     AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) THEN
         PERFORM pg_terminate_backend(s.pid, 5000);
     END IF;
-    DELETE FROM {entries} e WHERE e.session = p_owner;
+    DELETE FROM {entries} e
+     WHERE e.id IN (SELECT x.id FROM {entries} x WHERE x.session = p_owner ORDER BY x.id FOR UPDATE);
     DELETE FROM {sessions} x WHERE x.id = p_owner;
     RETURN 2;
 END
 $fn$;
 
 -- Replaces an election entry's value: takes the lock of the next version before
--- letting go of the current one, which wakes the value's watchers.
+-- letting go of the current one, which wakes the value's watchers. (The value
+-- lock follows epoch, which is the version unless another session wrote it.)
 CREATE OR REPLACE FUNCTION {set_value}(p_id bigint, p_session text, p_value bytea)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE
     v_old bigint;
 BEGIN
-    SELECT e.version INTO v_old FROM {entries} e WHERE e.id = p_id AND e.session = p_session FOR UPDATE;
+    SELECT e.epoch INTO v_old FROM {entries} e WHERE e.id = p_id AND e.session = p_session FOR UPDATE;
     IF NOT FOUND THEN RETURN false; END IF;
-    UPDATE {entries} e SET value = p_value, version = v_old + 1 WHERE e.id = p_id;
+    UPDATE {entries} e SET value = p_value, version = e.version + 1, epoch = v_old + 1 WHERE e.id = p_id;
     PERFORM pg_advisory_lock(hashtextextended(p_id::text || ':' || (v_old + 1)::text, {salt}));
     PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_old::text, {salt}));
     RETURN true;
@@ -499,11 +573,160 @@ BEGIN
 END
 $fn$;
 
--- Deletes a session's entries and its row.
+-- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
+-- entries it names, ascending, once each; p_versions the version each must be
+-- at (-1: none, only written; -2: any, but there); p_writes whether it sets
+-- or deletes it.
+-- Changes of one name take turns with its appends (the name's advisory lock),
+-- and lock the named rows in id order (shared where only a version is
+-- checked). A named entry missing, dead (its guard free) or at another
+-- version: NULL. Otherwise dead entries of the name are deleted (which waits
+-- for a fenced commit of theirs in flight), the values set (their version
+-- raised, their changed set to the token), the entries deleted, the block
+-- written if given, and the token returned: the next value of the entries'
+-- id counter, which a restart moves past (see {open}). Watchers hear of each
+-- write: the caller's own entries by their value lock (of epoch), moved (or let
+-- go of with the entry) last, after every step that can fail; other sessions'
+-- entries, whose value lock their owner holds, by a notification on the
+-- entry's channel, sent at commit. An entry both set and deleted is deleted.
+CREATE OR REPLACE FUNCTION {update_queue}(p_name text, p_session text, p_ids bigint[], p_versions bigint[],
+    p_writes boolean[], p_set_ids bigint[], p_set_values bytea[], p_delete_ids bigint[], p_block bytea)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    r record;
+    i integer;
+    v_reset boolean := coalesce(current_setting('lockline.reset_grace', true), '') = 'on';
+    v_conditions integer;
+    v_met integer := 0;
+    v_version bigint;
+    v_own bigint[] := '{{}}';
+    v_dead bigint[] := '{{}}';
+    v_moved bigint[] := '{{}}';
+    v_moved_to bigint[] := '{{}}';
+    v_gone bigint[] := '{{}}';
+    v_gone_at bigint[] := '{{}}';
+    v_told bigint[] := '{{}}';
+    v_token bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock({class}, hashtext(p_name));
+    SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v <> -1;
+    FOR r IN SELECT e.id, e.session FROM {entries} e WHERE e.name = p_name ORDER BY e.id LOOP
+        i := array_position(p_ids, r.id);
+        IF i IS NULL THEN
+            IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # {salt})
+               AND (NOT v_reset OR NOT EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = r.session)) THEN
+                v_dead := v_dead || r.id;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF p_writes[i] THEN
+            SELECT e.version INTO v_version FROM {entries} e WHERE e.id = r.id FOR UPDATE;
+        ELSE
+            SELECT e.version INTO v_version FROM {entries} e WHERE e.id = r.id FOR SHARE;
+        END IF;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+        IF r.session = p_session THEN
+            v_own := v_own || r.id;
+        END IF;
+        IF p_versions[i] <> -1 THEN
+            IF p_versions[i] >= 0 AND v_version <> p_versions[i] THEN
+                RETURN NULL;
+            END IF;
+            IF r.session <> p_session AND pg_try_advisory_xact_lock_shared(r.id # {salt})
+               AND (NOT v_reset OR NOT EXISTS (SELECT 1 FROM {sessions} s WHERE s.id = r.session)) THEN
+                RETURN NULL;
+            END IF;
+            v_met := v_met + 1;
+        END IF;
+    END LOOP;
+    IF v_met < v_conditions THEN
+        RETURN NULL;
+    END IF;
+    IF cardinality(v_dead) > 0 THEN
+        DELETE FROM {entries} e WHERE e.id = ANY(v_dead);
+    END IF;
+    v_token := nextval(pg_get_serial_sequence('{entries_text}', 'id'));
+    FOR r IN UPDATE {entries} e SET value = x.value, version = e.version + 1, changed = v_token,
+             epoch = e.epoch + (e.session = p_session)::integer
+             FROM unnest(p_set_ids, p_set_values) AS x(id, value)
+             WHERE e.id = x.id AND e.name = p_name AND e.id <> ALL(p_delete_ids) RETURNING e.id, e.epoch LOOP
+        IF r.id = ANY(v_own) THEN
+            v_moved := v_moved || r.id;
+            v_moved_to := v_moved_to || r.epoch;
+        ELSE
+            v_told := v_told || r.id;
+        END IF;
+    END LOOP;
+    FOR r IN DELETE FROM {entries} e WHERE e.id = ANY(p_delete_ids) AND e.name = p_name
+             RETURNING e.id, e.epoch LOOP
+        IF r.id = ANY(v_own) THEN
+            v_gone := v_gone || r.id;
+            v_gone_at := v_gone_at || r.epoch;
+        ELSE
+            v_told := v_told || r.id;
+        END IF;
+    END LOOP;
+    IF p_block IS NOT NULL THEN
+        INSERT INTO {blocks} AS b (name, value) VALUES (p_name, p_block)
+        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value WHERE b.value IS DISTINCT FROM EXCLUDED.value;
+    END IF;
+    FOR i IN 1 .. cardinality(v_told) LOOP
+        PERFORM pg_notify('{channel}' || v_told[i]::text, '');
+    END LOOP;
+    FOR i IN 1 .. cardinality(v_moved) LOOP
+        PERFORM pg_advisory_lock(hashtextextended(v_moved[i]::text || ':' || v_moved_to[i]::text, {salt}));
+        PERFORM pg_advisory_unlock(hashtextextended(v_moved[i]::text || ':' || (v_moved_to[i] - 1)::text, {salt}));
+    END LOOP;
+    FOR i IN 1 .. cardinality(v_gone) LOOP
+        PERFORM pg_advisory_unlock(v_gone[i] # {salt});
+        PERFORM pg_advisory_unlock(hashtextextended(v_gone[i]::text || ':' || v_gone_at[i]::text, {salt}));
+    END LOOP;
+    RETURN v_token;
+END
+$fn$;
+
+-- Waits until the lock-mode entry p_id is no longer at p_version: until its
+-- owner lets go of its value lock of p_epoch (it wrote the entry, removed it,
+-- or its connection ended), bounded as {wait}. w_code 0: moved on or gone; 3:
+-- there with its guard free (lost with its owner's connection); 1: the bound
+-- ran out, with the owner's heartbeat. Unless the bound ran out, the entry as
+-- it is then (w_read; its value, version, epoch and whether it is live, or
+-- NULLs when gone), so that the watcher need not read it again. Writes by
+-- other sessions are told on the entry's channel instead.
+CREATE OR REPLACE FUNCTION {watch}(p_id bigint, p_epoch bigint, p_version bigint, p_session text, p_owner text,
+    p_bound_ms bigint)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint, w_read boolean, w_value bytea, w_version bigint,
+    w_epoch bigint, w_live boolean) LANGUAGE plpgsql AS $fn$
+BEGIN
+    w_code := 0;
+    IF EXISTS (SELECT 1 FROM {entries} e WHERE e.id = p_id AND e.version = p_version) THEN
+        SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
+          FROM {wait}(hashtextextended(p_id::text || ':' || p_epoch::text, {salt}), p_owner, p_bound_ms, NULL) x;
+    END IF;
+    w_read := w_code = 0;
+    IF w_read THEN
+        -- A write or a removal of its owner's in flight lets go of the value
+        -- lock before its commit: wait for that, then read.
+        PERFORM set_config('lock_timeout', '0', true);
+        SELECT e.value, e.version, e.epoch, {live_in} INTO w_value, w_version, w_epoch, w_live
+          FROM {entries} e WHERE e.id = p_id FOR SHARE OF e;
+        IF FOUND AND NOT w_live THEN
+            w_code := 3;
+        END IF;
+    END IF;
+    RETURN NEXT;
+END
+$fn$;
+
+-- Deletes a session's entries (their rows locked in id order, as
+-- {update_queue} locks the rows it names) and its row.
 CREATE OR REPLACE FUNCTION {close}(p_session text)
 RETURNS void LANGUAGE plpgsql AS $fn$
 BEGIN
-    DELETE FROM {entries} e WHERE e.session = p_session;
+    DELETE FROM {entries} e
+     WHERE e.id IN (SELECT x.id FROM {entries} x WHERE x.session = p_session ORDER BY x.id FOR UPDATE);
     DELETE FROM {sessions} s WHERE s.id = p_session;
 END
 $fn$;
@@ -522,7 +745,8 @@ BEGIN
             RETURN false;
         END IF;
     END IF;
-    DELETE FROM {entries} e WHERE e.session = p_session;
+    DELETE FROM {entries} e
+     WHERE e.id IN (SELECT x.id FROM {entries} x WHERE x.session = p_session ORDER BY x.id FOR UPDATE);
     DELETE FROM {sessions} s WHERE s.id = p_session;
     RETURN true;
 END
@@ -670,6 +894,62 @@ impl Postgres {
         Ok(Arc::clone(&self.names()?.sql.check))
     }
 
+    /// The options of a connection for `purpose`, and the statement that
+    /// sets its settings again once connected (answering its pid).
+    fn connect_options(&self, purpose: Purpose) -> (PgConnectOptions, String) {
+        let Settings {
+            owner_lock_timeout,
+            check_interval,
+            ..
+        } = self.settings;
+        let lock_timeout = match purpose {
+            // The owning connection never waits long on a row (a fenced
+            // commit in flight): its renewals queue behind it.
+            Purpose::Owner => format!("{}ms", owner_lock_timeout.as_millis().max(1)),
+            Purpose::Control | Purpose::Wait => "0".to_owned(),
+        };
+        let check = format!("{}ms", check_interval.as_millis().max(1));
+        // The server's second line behind the client's bounded round trips
+        // (see `ServerKeepalive`); ignored on a Unix socket.
+        let probe = self.settings.server_keepalive;
+        let (idle, interval, count, user_timeout) = (
+            probe.idle_s.to_string(),
+            probe.interval_s.to_string(),
+            probe.count.to_string(),
+            probe.user_timeout_ms.to_string(),
+        );
+        // Nothing lockline reads is a float: no extra_float_digits, one
+        // startup parameter fewer for a pooler to refuse before `options`.
+        let settings = [
+            ("idle_session_timeout", "0"),
+            ("idle_in_transaction_session_timeout", "0"),
+            ("statement_timeout", "0"),
+            ("lock_timeout", lock_timeout.as_str()),
+            ("client_connection_check_interval", check.as_str()),
+            ("standard_conforming_strings", "on"),
+            ("tcp_keepalives_idle", idle.as_str()),
+            ("tcp_keepalives_interval", interval.as_str()),
+            ("tcp_keepalives_count", count.as_str()),
+            ("tcp_user_timeout", user_timeout.as_str()),
+        ];
+        let options = self
+            .connect
+            .clone()
+            .application_name("lockline")
+            .extra_float_digits(None)
+            .options(settings);
+        // Set again in the session: a session-mode pool started with
+        // `ignore_startup_parameters = options` drops the startup ones.
+        let mut set = String::from("SELECT pg_backend_pid()");
+        for (name, value) in settings {
+            set.push_str(&format!(", set_config('{name}', '{value}', false)"));
+        }
+        if self.settings.reset_grace {
+            set.push_str(", set_config('lockline.reset_grace', 'on', false)");
+        }
+        (options, set)
+    }
+
     fn doing<'a>(&self, what: &'a str, target: &'a str) -> Doing<'a> {
         Doing {
             backend: "postgres",
@@ -770,57 +1050,8 @@ impl Dialect for Postgres {
     }
 
     async fn connect(&self, purpose: Purpose) -> DbResult<(PgConnection, i64)> {
-        let Settings {
-            owner_lock_timeout,
-            check_interval,
-            ..
-        } = self.settings;
-        let lock_timeout = match purpose {
-            // The owning connection never waits long on a row (a fenced
-            // commit in flight): its renewals queue behind it.
-            Purpose::Owner => format!("{}ms", owner_lock_timeout.as_millis().max(1)),
-            Purpose::Control | Purpose::Wait => "0".to_owned(),
-        };
-        let check = format!("{}ms", check_interval.as_millis().max(1));
-        // The server's second line behind the client's bounded round trips
-        // (see `ServerKeepalive`); ignored on a Unix socket.
-        let probe = self.settings.server_keepalive;
-        let (idle, interval, count, user_timeout) = (
-            probe.idle_s.to_string(),
-            probe.interval_s.to_string(),
-            probe.count.to_string(),
-            probe.user_timeout_ms.to_string(),
-        );
-        // Nothing lockline reads is a float: no extra_float_digits, one
-        // startup parameter fewer for a pooler to refuse before `options`.
-        let settings = [
-            ("idle_session_timeout", "0"),
-            ("idle_in_transaction_session_timeout", "0"),
-            ("statement_timeout", "0"),
-            ("lock_timeout", lock_timeout.as_str()),
-            ("client_connection_check_interval", check.as_str()),
-            ("standard_conforming_strings", "on"),
-            ("tcp_keepalives_idle", idle.as_str()),
-            ("tcp_keepalives_interval", interval.as_str()),
-            ("tcp_keepalives_count", count.as_str()),
-            ("tcp_user_timeout", user_timeout.as_str()),
-        ];
-        let options = self
-            .connect
-            .clone()
-            .application_name("lockline")
-            .extra_float_digits(None)
-            .options(settings);
+        let (options, set) = self.connect_options(purpose);
         let mut conn = options.connect().await?;
-        // Set again in the session: a session-mode pool started with
-        // `ignore_startup_parameters = options` drops the startup ones.
-        let mut set = String::from("SELECT pg_backend_pid()");
-        for (name, value) in settings {
-            set.push_str(&format!(", set_config('{name}', '{value}', false)"));
-        }
-        if self.settings.reset_grace {
-            set.push_str(", set_config('lockline.reset_grace', 'on', false)");
-        }
         let pid: i32 = sqlx::query_scalar(AssertSqlSafe(set)).fetch_one(&mut conn).await?;
         Ok((conn, i64::from(pid)))
     }
@@ -885,12 +1116,12 @@ impl Dialect for Postgres {
         if layout != Some(LAYOUT_VERSION) {
             return Err(Error::InvalidOptions {
                 reason: format!(
-                    "{target}: {} holds layout {layout:?}, this lockline uses layout {LAYOUT_VERSION}",
+                    "{target}: {} holds layout {layout:?}, this lockline uses layout {LAYOUT_VERSION}: move the tables to it while no session of the older lockline runs (the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")",
                     names.meta
                 ),
             });
         }
-        let expected: [(&str, &[(&str, &str)]); 3] = [
+        let expected: [(&str, &[(&str, &str)]); 4] = [
             (
                 "entries",
                 &[
@@ -901,6 +1132,8 @@ impl Dialect for Postgres {
                     ("attempt", "text"),
                     ("value", "bytea"),
                     ("version", "bigint"),
+                    ("epoch", "bigint"),
+                    ("changed", "bigint"),
                 ],
             ),
             (
@@ -915,6 +1148,7 @@ impl Dialect for Postgres {
                 ],
             ),
             ("data", &[("key", "text"), ("value", "bytea")]),
+            ("blocks", &[("name", "text"), ("value", "bytea")]),
         ];
         for (table, columns) in expected {
             let problem = self
@@ -945,6 +1179,8 @@ impl Dialect for Postgres {
                         "write",
                         "close",
                         "open",
+                        "update_queue",
+                        "watch",
                     ]
                     .map(|f| names.function(f))
                     .to_vec(),
@@ -1239,5 +1475,204 @@ impl Dialect for Postgres {
             .execute(conn)
             .await?;
         Ok(())
+    }
+    async fn read_queue(
+        &self,
+        conn: &mut PgConnection,
+        name: &str,
+        session: &str,
+    ) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.read_queue)))
+            .bind(name)
+            .bind(session)
+            .fetch_all(conn)
+            .await?;
+        let mut block = None;
+        let mut rows = Vec::with_capacity(found.len());
+        for r in &found {
+            let id: Option<i64> = r.try_get(0)?;
+            let Some(id) = id else {
+                block = Some(r.try_get(3)?);
+                continue;
+            };
+            rows.push(QueueRow {
+                row: Row {
+                    id,
+                    kind: r.try_get(1)?,
+                    session: r.try_get(2)?,
+                },
+                value: r.try_get(3)?,
+                version: r.try_get(4)?,
+                changed: r.try_get(5)?,
+            });
+        }
+        Ok((rows, block))
+    }
+
+    async fn update_queue(&self, conn: &mut PgConnection, change: &QueueChange<'_>) -> DbResult<Option<i64>> {
+        let ids: Vec<i64> = change.named.iter().map(|n| n.id).collect();
+        let versions: Vec<i64> = change.named.iter().map(|n| n.condition.code()).collect();
+        let writes: Vec<bool> = change.named.iter().map(|n| n.writes).collect();
+        let set_ids: Vec<i64> = change.set.iter().map(|(id, _)| *id).collect();
+        let set_values: Vec<&[u8]> = change.set.iter().map(|(_, value)| *value).collect();
+        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.update_queue)))
+            .bind(change.name)
+            .bind(change.session)
+            .bind(ids)
+            .bind(versions)
+            .bind(writes)
+            .bind(set_ids)
+            .bind(set_values)
+            .bind(&change.delete)
+            .bind(change.block)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn watch_read(&self, conn: &mut PgConnection, id: i64, session: &str) -> DbResult<Found> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch_read)))
+            .bind(id)
+            .bind(session)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| {
+            let watched = Watched {
+                value: r.try_get(0)?,
+                version: r.try_get(1)?,
+                epoch: r.try_get(2)?,
+            };
+            Ok((watched, r.try_get(3)?))
+        })
+        .transpose()
+    }
+
+    async fn wait_watch(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        at: Watched<()>,
+        session: &str,
+        owner: &str,
+        bound_ms: i64,
+    ) -> DbResult<(Waited, Option<Found>)> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch)))
+            .bind(id)
+            .bind(at.epoch)
+            .bind(at.version)
+            .bind(session)
+            .bind(owner)
+            .bind(bound_ms)
+            .fetch_one(conn)
+            .await?;
+        let waited = waited(&row)?;
+        let read: Option<bool> = row.try_get(3)?;
+        if read != Some(true) {
+            return Ok((waited, None));
+        }
+        let value: Option<Vec<u8>> = row.try_get(4)?;
+        let found = match value {
+            None => None,
+            Some(value) => {
+                let watched = Watched {
+                    value,
+                    version: row.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
+                    epoch: row.try_get::<Option<i64>, _>(6)?.unwrap_or_default(),
+                };
+                Some((watched, row.try_get::<Option<bool>, _>(7)?.unwrap_or(false)))
+            }
+        };
+        Ok((waited, Some(found)))
+    }
+
+    fn notifies(&self) -> bool {
+        true
+    }
+
+    async fn listener(&self) -> DbResult<Option<Box<dyn Listener>>> {
+        let channel = self.names()?.channel.clone();
+        let (options, set) = self.connect_options(Purpose::Control);
+        // Told apart from the session's other connections in
+        // pg_stat_activity.
+        let options = options.application_name("lockline notices");
+        let set: Arc<str> = set.into();
+        // A pool of one connection, which the driver's listener needs to
+        // connect again after a loss (re-listening to every channel).
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(self.settings.request_timeout)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                let set = Arc::clone(&set);
+                Box::pin(async move {
+                    sqlx::query(AssertSqlSafe(set)).execute(conn).await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options);
+        let listener = PgListener::connect_with(&pool).await?;
+        Ok(Some(Box::new(EntryListener {
+            listener,
+            channel,
+            pool,
+        })))
+    }
+}
+
+/// Notifications of writes to lock-mode entries by sessions that do not
+/// own them: `LISTEN` on each watched entry's channel.
+struct EntryListener {
+    listener: PgListener,
+    channel: String,
+    pool: PgPool,
+}
+
+impl std::fmt::Debug for EntryListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EntryListener")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for EntryListener {
+    fn drop(&mut self) {
+        // Closes the connection once the listener lets go of it.
+        let pool = self.pool.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { pool.close().await });
+        }
+    }
+}
+
+#[async_trait]
+impl Listener for EntryListener {
+    async fn listen(&mut self, id: i64) -> DbResult<()> {
+        self.listener.listen(&format!("{}{id}", self.channel)).await
+    }
+
+    async fn unlisten(&mut self, id: i64) -> DbResult<()> {
+        self.listener.unlisten(&format!("{}{id}", self.channel)).await
+    }
+
+    async fn recv(&mut self) -> DbResult<Option<i64>> {
+        loop {
+            let Some(notification) = self.listener.try_recv().await? else {
+                return Ok(None);
+            };
+            let id = notification
+                .channel()
+                .strip_prefix(self.channel.as_str())
+                .and_then(|id| id.parse().ok());
+            if let Some(id) = id {
+                return Ok(Some(id));
+            }
+        }
+    }
+
+    async fn ping(&mut self) -> DbResult<()> {
+        sqlx::query("SELECT 1").execute(&mut self.listener).await.map(drop)
     }
 }

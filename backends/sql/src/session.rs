@@ -7,15 +7,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use lockline::backend::{advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind};
+use lockline::backend::{
+    advance, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Queue, QueueUpdate, Slot,
+};
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::dialect::{Append, Beat, DbResult, Dialect, Purpose, Reaped, Row, Status, Waited};
-use crate::error::{connection_gone, map, timed_out, Doing};
+use crate::dialect::{
+    Append, Beat, DbResult, Dialect, Found, Purpose, QueueChange, Reaped, Row, Status, Waited, Watched,
+};
+use crate::error::{connection_gone, interrupted, map, timed_out, Doing};
 use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
+use crate::notices::Notices;
 use crate::pool::{Idle, Lease, Stop, WaitPool};
 
 /// How a waiter without a wait connection is woken: its signal, and the
@@ -102,6 +107,10 @@ pub(crate) struct Shared<D: Dialect> {
     /// The session's own entries by id: whether their guard is held, and
     /// the flag their holders wait on.
     entries: std::sync::Mutex<HashMap<i64, Arc<Gone>>>,
+    /// Where the engine tells of writes to lock-mode entries by sessions
+    /// that do not own them (PostgreSQL); `None` when it wakes watchers on
+    /// the server itself (MariaDB/MySQL).
+    notices: Option<Notices>,
 }
 
 /// A session of the [`Sql`](crate::Sql) backend.
@@ -332,6 +341,23 @@ impl<D: Dialect> Shared<D> {
                 .clamp(Duration::from_millis(1), ttl),
             None => ttl,
         }
+    }
+
+    /// Records how an entry of another session this session waited on went
+    /// (for a lock-delay's `departure`): lost with its owner's connection
+    /// or session, or released.
+    fn saw_go(&self, entry: &Entry, lost: bool) {
+        if self.options.lock_delay().is_zero() || entry.owner.as_deref() == Some(self.id.as_str()) {
+            return;
+        }
+        let Some((_, id)) = parse_entry_key(&entry.key) else {
+            return;
+        };
+        let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
+        if departures.len() > 4096 {
+            departures.clear();
+        }
+        departures.insert(id, lost.then(Instant::now));
     }
 
     /// Forgets an owner's heartbeat (its session ended).
@@ -657,9 +683,21 @@ impl<D: Dialect> Shared<D> {
     /// `Ok(true)` when the entry went with its owner's connection or
     /// session (lost), `Ok(false)` when its owner released it.
     async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
-        let lost = self.wait_on_server(on, owner, priority).await?;
+        self.wait_on_reading(on, owner, priority, None).await
+    }
+
+    /// As [`wait_on`](Self::wait_on); a lock-mode watch's wait also puts
+    /// into `found` the entry as it read it after waking, if it did.
+    async fn wait_on_reading(
+        self: &Arc<Self>,
+        on: WaitOn,
+        owner: &str,
+        priority: i64,
+        found: Option<&FoundSlot>,
+    ) -> Result<bool> {
+        let lost = self.wait_on_server(on, owner, priority, found).await?;
         if lost && self.reset_grace {
-            if let WaitOn::Guard(id) = on {
+            if let WaitOn::Guard(id) | WaitOn::Watch(id, _) = on {
                 self.outlive(owner, id).await?;
             }
         }
@@ -695,7 +733,13 @@ impl<D: Dialect> Shared<D> {
     }
 
     /// Waits on the server (see `wait_on`).
-    async fn wait_on_server(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
+    async fn wait_on_server(
+        self: &Arc<Self>,
+        on: WaitOn,
+        owner: &str,
+        priority: i64,
+        found: Option<&FoundSlot>,
+    ) -> Result<bool> {
         loop {
             self.check_live()?;
             // While no wait connection is free, the overflow check looks at
@@ -720,6 +764,7 @@ impl<D: Dialect> Shared<D> {
                 on,
                 owner: owner.to_owned(),
                 stop: Arc::clone(&stop),
+                found: found.cloned(),
             };
             tokio::spawn(task.run(lease, tx));
             let _stop_on_drop = StopOnDrop(stop);
@@ -740,6 +785,7 @@ impl<D: Dialect> Shared<D> {
         let (id, version) = match on {
             WaitOn::Guard(id) => (id, None),
             WaitOn::Version(id, version) => (id, Some(version)),
+            WaitOn::Watch(id, at) => (id, Some(at.version)),
         };
         self.overflow.lock().unwrap_or_else(PoisonError::into_inner).insert(
             key,
@@ -900,8 +946,13 @@ impl<D: Dialect> Shared<D> {
 /// What a wait blocks on.
 #[derive(Debug, Clone, Copy)]
 enum WaitOn {
+    /// An entry's guard: until it is gone.
     Guard(i64),
+    /// An election entry's value version: until its owner writes it.
     Version(i64, i64),
+    /// A lock-mode entry at a version, and its owner's value lock of an
+    /// epoch: until anyone writes it, or it is gone.
+    Watch(i64, Watched<()>),
 }
 
 /// How one server-side wait ended: on its own, or stopped (and then
@@ -935,7 +986,13 @@ struct WaitTask<D: Dialect> {
     on: WaitOn,
     owner: String,
     stop: Arc<Stop>,
+    /// Where a lock-mode watch's wait puts the entry as it read it.
+    found: Option<FoundSlot>,
 }
+
+/// The entry as a watch's wait read it after waking (see
+/// `Dialect::wait_watch`), for the watcher to take.
+type FoundSlot = Arc<std::sync::Mutex<Option<Found>>>;
 
 impl<D: Dialect> WaitTask<D> {
     async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>) {
@@ -980,6 +1037,17 @@ impl<D: Dialect> WaitTask<D> {
                             dialect
                                 .wait_version(&mut idle.conn, id, version, &self.owner, bound_ms)
                                 .await
+                        }
+                        WaitOn::Watch(id, at) => {
+                            let watched = dialect
+                                .wait_watch(&mut idle.conn, id, at, &shared.id, &self.owner, bound_ms)
+                                .await;
+                            watched.map(|(waited, found)| {
+                                if let (Some(slot), Some(found)) = (&self.found, found) {
+                                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(found);
+                                }
+                                waited
+                            })
                         }
                     }
                 };
@@ -1027,6 +1095,25 @@ impl<D: Dialect> WaitTask<D> {
                 Ok(Waited::Released) => return (TaskOutcome::Released, true),
                 Ok(Waited::Lost) => return (TaskOutcome::Lost, true),
                 Ok(Waited::TimedOut(beat)) => beat,
+                // A writer's wake (MariaDB/MySQL): a watcher reads its
+                // entry again; any other wait was hit by a wake meant for
+                // this connection's watch before, and asks again.
+                Ok(Waited::Interrupted) => {
+                    if matches!(self.on, WaitOn::Watch(..)) {
+                        return (TaskOutcome::Released, true);
+                    }
+                    continue;
+                }
+                Err(error) if interrupted(&error) && !self.stop.is_set() => {
+                    let reset = tokio::time::timeout(request_timeout, dialect.reset(&mut idle.conn)).await;
+                    if !reset.is_ok_and(|r| r.is_ok()) {
+                        return (TaskOutcome::Preempted, false);
+                    }
+                    if matches!(self.on, WaitOn::Watch(..)) {
+                        return (TaskOutcome::Released, true);
+                    }
+                    continue;
+                }
                 Err(error) => {
                     return (TaskOutcome::Failed(map(shared.doing("wait on a guard"), error)), false);
                 }
@@ -1036,11 +1123,16 @@ impl<D: Dialect> WaitTask<D> {
             let reaped = match beat {
                 Some(beat) if shared.silent(&self.owner, beat) => {
                     let id = match self.on {
-                        WaitOn::Guard(id) | WaitOn::Version(id, _) => id,
+                        WaitOn::Guard(id) | WaitOn::Version(id, _) | WaitOn::Watch(id, _) => id,
                     };
                     let reaping = dialect.reap(&mut idle.conn, &self.owner, id, beat.count);
                     match tokio::time::timeout(request_timeout, reaping).await {
                         Ok(Ok(reaped)) => reaped,
+                        Ok(Err(error)) if interrupted(&error) && !self.stop.is_set() => {
+                            // A wake meant for this connection's watch
+                            // before: look again, on a fresh connection.
+                            return (TaskOutcome::Preempted, false);
+                        }
                         Ok(Err(error)) => {
                             // Not reused: a statement that failed may have
                             // left a transaction (and its row locks) open.
@@ -1067,7 +1159,7 @@ impl<D: Dialect> WaitTask<D> {
                     shared.forget_beat(&self.owner);
                     // Its guard is free, or will be once the server has
                     // ended its connection: wait for that too.
-                    if matches!(self.on, WaitOn::Version(..)) {
+                    if matches!(self.on, WaitOn::Version(..) | WaitOn::Watch(..)) {
                         return (TaskOutcome::Released, true);
                     }
                 }
@@ -1131,6 +1223,16 @@ impl<D: Dialect> SqlSession<D> {
                 ))
             }
         };
+        let (notices, notices_task) = if dialect.notifies() {
+            let (notices, task) = Notices::start(
+                Arc::clone(&dialect),
+                options.keepalive_interval(),
+                options.request_timeout(),
+            );
+            (Some(notices), Some(task))
+        } else {
+            (None, None)
+        };
         let shared = Arc::new(Shared {
             dialect,
             id,
@@ -1152,11 +1254,13 @@ impl<D: Dialect> SqlSession<D> {
             grace_ended: tokio::sync::Mutex::new(false),
             reset_grace,
             entries: std::sync::Mutex::new(HashMap::new()),
+            notices,
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
         let prove = tokio::spawn(Arc::clone(&shared).prove_owner_each_interval(opened_at)).abort_handle();
         let overflow = tokio::spawn(Arc::clone(&shared).check_overflow()).abort_handle();
         let mut tasks = vec![keepalive, prove, overflow];
+        tasks.extend(notices_task);
         if let Some((until, _)) = shared.grace_until {
             let waited = Arc::clone(&shared);
             tasks.push(
@@ -1187,6 +1291,84 @@ impl<D: Dialect> SqlSession<D> {
             order: row.id,
             token: FencingToken::new(row.id.unsigned_abs()),
             owner: Some(row.session.clone()),
+        }
+    }
+
+    /// Waits until a lock-mode entry's value differs from `seen` (the new
+    /// value) or the entry is gone (`None`). On the server, on the lock its
+    /// owner holds for the entry's version (a write by its owner, its
+    /// removal, the end of its owner's connection); a write by another
+    /// session is heard on the entry's channel (PostgreSQL) or wakes the
+    /// wait itself (MariaDB/MySQL, see the watch procedure).
+    async fn watch_lock_mode(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let (_, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let owner = entry.owner.clone().unwrap_or_default();
+        let mut notices = match &shared.notices {
+            None => None,
+            Some(notices) => {
+                let timeout = shared.options.request_timeout();
+                match tokio::time::timeout(timeout, notices.subscribe(id)).await {
+                    Err(_) => return Err(timed_out(shared.doing("listen for the entry's writes"), timeout)),
+                    Ok(None) => return Err(shared.over_error()),
+                    Ok(Some(Err(error))) => return Err(map(shared.doing("listen for the entry's writes"), error)),
+                    Ok(Some(Ok(subscription))) => Some(subscription),
+                }
+            }
+        };
+        // Whether the last wait saw the entry's owner's connection end (the
+        // entry's value lock free with the entry still there).
+        let mut lost = false;
+        // The entry as the last wait read it after waking: no read needed.
+        // (Read before the notices are marked seen below: a write after it
+        // moved the version, at which the next wait returns at once.)
+        let mut woken: Option<Found> = None;
+        loop {
+            shared.check_live()?;
+            if let Some(notices) = notices.as_mut() {
+                notices.seen();
+            }
+            let found = match woken.take() {
+                Some(found) => found,
+                None => on_owner!(shared, "read the entry's value", |d, conn| d
+                    .watch_read(conn, id, &shared.id))?,
+            };
+            let (value, version, epoch) = match found {
+                Some((Watched { value, version, epoch }, true)) => (value, version, epoch),
+                // There with its guard free: gone with its owner's
+                // connection (or, its wait having seen that, deleted by
+                // whoever met it dead).
+                Some((_, false)) => {
+                    shared.saw_go(entry, true);
+                    return Ok(None);
+                }
+                None => {
+                    shared.saw_go(entry, lost);
+                    return Ok(None);
+                }
+            };
+            if value != seen {
+                return Ok(Some(value));
+            }
+            let at = Watched {
+                value: (),
+                version,
+                epoch,
+            };
+            // A slot of this wait's own: a wait dropped for a notice may
+            // still answer into its slot later.
+            let slot = FoundSlot::default();
+            let waited = shared.wait_on_reading(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot));
+            lost = match notices.as_mut() {
+                Some(notices) => {
+                    tokio::select! {
+                        () = notices.changed() => false,
+                        waited = waited => waited?,
+                    }
+                }
+                None => waited.await?,
+            };
+            woken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         }
     }
 
@@ -1307,13 +1489,7 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         }
         let owner = entry.owner.clone().unwrap_or_default();
         let lost = shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await?;
-        if !shared.options.lock_delay().is_zero() {
-            let mut departures = shared.departures.lock().unwrap_or_else(PoisonError::into_inner);
-            if departures.len() > 4096 {
-                departures.clear();
-            }
-            departures.insert(id, lost.then(Instant::now));
-        }
+        shared.saw_go(entry, lost);
         Ok(())
     }
 
@@ -1390,6 +1566,9 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
     }
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        if entry.kind == EntryKind::Dlm {
+            return self.watch_lock_mode(entry, seen).await;
+        }
         let (_, id) = self.id_of(entry)?;
         let shared = &self.shared;
         let owner = entry.owner.clone().unwrap_or_default();
@@ -1408,6 +1587,70 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
                 .wait_on(WaitOn::Version(id, version), &owner, entry.order)
                 .await?;
         }
+    }
+
+    async fn read_queue(&self, dir: &str) -> Result<Queue> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        let (rows, block) = on_owner!(shared, "read the queue", |d, conn| d.read_queue(conn, dir, &shared.id))?;
+        let slots = rows
+            .into_iter()
+            .map(|row| Slot {
+                entry: self.entry_from(dir, &row.row),
+                value: row.value,
+                version: row.version,
+                changed: row.changed.unsigned_abs(),
+            })
+            .collect();
+        Ok(Queue { slots, block })
+    }
+
+    async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        // An entry of another lock (or not of this layout) is not the very
+        // same entry under this name: a condition on it fails.
+        let under = |entry: &Entry| {
+            parse_entry_key(&entry.key)
+                .filter(|(name, id)| *name == update.dir && *id == entry.order)
+                .map(|(_, id)| id)
+        };
+        let mut unchanged = Vec::with_capacity(update.unchanged.len());
+        for (entry, version) in update.unchanged {
+            match under(entry) {
+                Some(id) => unchanged.push((id, *version)),
+                None => return Ok(None),
+            }
+        }
+        let mut present = Vec::with_capacity(update.present.len());
+        for entry in update.present {
+            match under(entry) {
+                Some(id) => present.push(id),
+                None => return Ok(None),
+            }
+        }
+        let set = update
+            .set
+            .iter()
+            .filter_map(|(entry, value)| Some((under(entry)?, *value)))
+            .collect();
+        let delete: Vec<i64> = update.delete.iter().filter_map(|entry| under(entry)).collect();
+        let change = QueueChange::new(update.dir, &shared.id, &unchanged, &present, set, delete, update.block);
+        let token = on_owner!(shared, "change the queue", |d, conn| d.update_queue(conn, &change))?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        // Our own entries it deleted: their guards went with them.
+        let own: Vec<i64> = update
+            .delete
+            .iter()
+            .filter(|entry| entry.owner.as_deref() == Some(shared.id.as_str()))
+            .filter_map(|entry| under(entry))
+            .collect();
+        for id in own {
+            shared.forget(id);
+        }
+        Ok(Some(token.unsigned_abs()))
     }
 
     async fn write_if_held(&self, entry: &Entry, writes: &[Write]) -> Result<bool> {

@@ -316,7 +316,7 @@ async fn a_promotion_that_lost_the_counter_of_a_dbas_tables_needs_their_owner() 
     let ddl = Sql::new(primary.url()).ddl().expect("ddl");
     primary.psql(&ddl).expect("run the DDL script");
     primary.create_user("app", "secret").expect("create user");
-    let grants = "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data TO app; \
+    let grants = "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data, lockline_blocks TO app; \
                   GRANT USAGE, SELECT, UPDATE ON SEQUENCE lockline_entries_id_seq TO app;";
     primary.psql(grants).expect("grant");
     let url = via(

@@ -110,7 +110,7 @@ async fn a_user_who_may_not_create_tables_is_told_which_privilege(db: Db) {
 async fn a_foreign_table_of_the_same_name_is_refused(db: Db) {
     db.sql("CREATE TABLE lockline_meta (singleton int PRIMARY KEY, layout int NOT NULL, started_at int)");
     // The current layout version: only the entries table is foreign.
-    db.sql("INSERT INTO lockline_meta VALUES (1, 2, NULL)");
+    db.sql("INSERT INTO lockline_meta VALUES (1, 3, NULL)");
     db.sql("CREATE TABLE lockline_entries (id bigint PRIMARY KEY, owner text)");
     match open(db.url()).await {
         Err(Error::InvalidOptions { reason }) => {
@@ -137,7 +137,7 @@ async fn tables_made_by_a_dba_serve_a_user_who_may_create_nothing(db: Db) {
     db.create_user("app", "secret");
     if db.is_postgres() {
         db.sql(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data TO app; \
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data, lockline_blocks TO app; \
              GRANT USAGE, SELECT, UPDATE ON SEQUENCE lockline_entries_id_seq TO app;",
         );
     }
@@ -201,7 +201,7 @@ async fn ending_another_users_silent_holder_needs_a_privilege(db: Db) {
         db.create_user(user, "secret");
         if db.is_postgres() {
             db.sql(&format!(
-                "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data TO {user}; \
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON lockline_entries, lockline_sessions, lockline_meta, lockline_data, lockline_blocks TO {user}; \
                  GRANT USAGE, SELECT, UPDATE ON SEQUENCE lockline_entries_id_seq TO {user};"
             ));
         }

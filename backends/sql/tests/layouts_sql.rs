@@ -1,0 +1,115 @@
+//! Tables of an older layout are refused with a message that says where
+//! the way to move them is, and the way the SQL chapter gives
+//! (`docs/sql.md`, "Layout versions") moves layout 2 tables (as the
+//! previous lockline's script made them, kept in `tests/fixtures/`) to the
+//! current layout, on PostgreSQL and on MariaDB.
+
+use std::time::Duration;
+
+use lockline::backend::{AppendRequest, Conflicts, EntryKind, QueueUpdate};
+use lockline::conformance::bounded;
+use lockline::{Client, Error, SessionOptions};
+use lockline_sql::Sql;
+
+#[macro_use]
+mod support;
+
+use support::db::Db;
+
+on_both!(layout_2_tables_are_refused_and_moved_as_documented);
+
+/// The statements `docs/sql.md` gives, before and after the script.
+const POSTGRES_BEFORE: &str = "ALTER TABLE lockline_entries ADD COLUMN epoch bigint NOT NULL DEFAULT 0, \
+     ADD COLUMN changed bigint NOT NULL DEFAULT 0; \
+     UPDATE lockline_entries SET epoch = version;";
+const MARIADB_BEFORE: &str = "ALTER TABLE lockline_entries ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0 AFTER version, \
+     ADD COLUMN changed BIGINT NOT NULL DEFAULT 0 AFTER epoch, \
+     ADD COLUMN watchers INT NOT NULL DEFAULT 0 AFTER changed; \
+     UPDATE lockline_entries SET epoch = version; \
+     DROP PROCEDURE lockline_append;";
+const AFTER: &str = "UPDATE lockline_meta SET layout = 3;";
+
+fn options() -> SessionOptions {
+    SessionOptions::new().with_ttl(Duration::from_secs(10))
+}
+
+async fn layout_2_tables_are_refused_and_moved_as_documented(db: Db) {
+    let (old, before) = if db.is_postgres() {
+        (include_str!("fixtures/layout2_postgres.sql"), POSTGRES_BEFORE)
+    } else {
+        (include_str!("fixtures/layout2_mariadb.sql"), MARIADB_BEFORE)
+    };
+    db.sql(old);
+    let client = Client::new(Sql::new(db.url()));
+    match bounded("open on layout 2", client.session_with(options())).await {
+        Err(Error::InvalidOptions { reason }) => {
+            assert!(reason.contains("layout Some(2)"), "{reason}");
+            assert!(reason.contains("Layout versions"), "{reason}");
+        }
+        other => panic!("layout 2 tables must be refused, got {other:?}"),
+    }
+    db.sql(before);
+    db.sql(&Sql::new(db.url()).ddl().expect("ddl"));
+    db.sql(AFTER);
+    let (a, b) = (
+        bounded("open", client.session_with(options())).await.expect("session"),
+        bounded("open", client.session_with(options())).await.expect("session"),
+    );
+    // The recipes of before work.
+    let guard = a.mutex("moved/mutex").expect("mutex").lock().await.expect("lock");
+    guard.release().await.expect("release");
+    let leadership = bounded(
+        "campaign",
+        a.election("moved/election").expect("election").campaign(b"a"),
+    )
+    .await
+    .expect("campaign");
+    leadership.proclaim(b"a2").await.expect("proclaim");
+    leadership.resign().await.expect("resign");
+    // And lock modes: an entry, a conditional update with a block, and a
+    // watch woken by another session's write.
+    let request = AppendRequest {
+        dir: "moved/modes",
+        kind: EntryKind::Dlm,
+        attempt: "moved-attempt",
+        value: b"EX",
+        conflicts: Conflicts::All,
+        nearest: 0,
+    };
+    let entry = bounded("append", a.backend_session().append(&request))
+        .await
+        .expect("append")
+        .entry;
+    let watching = {
+        let backend = std::sync::Arc::clone(b.backend_session());
+        let entry = entry.clone();
+        tokio::spawn(async move { backend.watch_value(&entry, b"EX").await })
+    };
+    let queue = bounded("read", b.backend_session().read_queue("moved/modes"))
+        .await
+        .expect("read");
+    let unchanged = [(&entry, queue.slots[0].version)];
+    let token = bounded(
+        "update",
+        b.backend_session().update_queue(&QueueUpdate {
+            dir: "moved/modes",
+            unchanged: &unchanged,
+            present: &[],
+            set: &[(&entry, b"EX, wanted")],
+            delete: &[],
+            block: Some(b"block"),
+        }),
+    )
+    .await
+    .expect("update");
+    assert!(token.is_some());
+    let woken = bounded("the watch wakes", watching)
+        .await
+        .expect("task")
+        .expect("watch");
+    assert_eq!(woken.as_deref(), Some(&b"EX, wanted"[..]));
+    let queue = bounded("read", a.backend_session().read_queue("moved/modes"))
+        .await
+        .expect("read");
+    assert_eq!(queue.block.as_deref(), Some(&b"block"[..]));
+}
