@@ -222,6 +222,9 @@ pub struct Figures {
     /// Times two incompatible modes were tracked as held at once (mixed
     /// only; 0 unless the lock is broken).
     pub overlaps: u64,
+    /// The server's counters per grant over the whole measurement, one per
+    /// [`ServerCounters::names`] (none without them).
+    pub server: Vec<f64>,
 }
 
 impl Figures {
@@ -239,6 +242,60 @@ impl Figures {
     pub fn per_sec(&self, count: u64) -> f64 {
         count as f64 / self.outcome.seconds
     }
+}
+
+/// What a backend's server counts, read around each measurement of the
+/// section (from before its sessions open until they are closed) and
+/// printed per grant: statements and log flushes of a database, commands
+/// of Redis, say.
+///
+/// Called from the program's main task, one call at a time.
+#[allow(async_fn_in_trait)] // Used by the examples' main tasks only, never spawned.
+pub trait ServerCounters {
+    /// What is counted, one column per name (`WAL flushes`, say; the table
+    /// adds `/grant`).
+    fn names(&self) -> Vec<String>;
+
+    /// Reads the counters before a measurement.
+    async fn before(&mut self) -> BoxResult<()>;
+
+    /// Each counter's increase since [`before`](Self::before), divided by
+    /// `grants` (every grant of the measurement), in the order of
+    /// [`names`](Self::names).
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>>;
+}
+
+/// No server counters (the memory backend's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCounters;
+
+impl ServerCounters for NoCounters {
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, _grants: u64) -> BoxResult<Vec<f64>> {
+        Ok(Vec::new())
+    }
+}
+
+/// Runs one measurement between two readings of `counters`.
+async fn counted<C: ServerCounters>(
+    counters: &mut C,
+    measurement: impl std::future::Future<Output = BoxResult<Figures>>,
+) -> Result<Figures, String> {
+    async {
+        counters.before().await?;
+        let mut figures = measurement.await?;
+        figures.server = counters.per_grant(figures.outcome.all_grants).await?;
+        Ok::<_, BoxError>(figures)
+    }
+    .await
+    .map_err(reason)
 }
 
 /// One N's three measurements; a measurement that failed or stalled holds
@@ -462,6 +519,7 @@ pub async fn mixed_run(
         conversions: converted,
         deadlocks: refused,
         overlaps: tracker.overlaps.load(Ordering::SeqCst),
+        server: Vec::new(),
     })
 }
 
@@ -494,29 +552,30 @@ fn reason(error: BoxError) -> String {
 }
 
 /// Measures one N: the mutex and EX (in the order `ex_first` says), then the
-/// mixed workload, each on its own lock named after `prefix` and `round`.
-pub async fn measure(
+/// mixed workload, each on its own lock named after `prefix` and `round`,
+/// each between two readings of `counters`.
+pub async fn measure<C: ServerCounters>(
     n: usize,
     round: usize,
     args: &ModesArgs,
     prefix: &str,
     client: &mut dyn FnMut() -> Client,
+    counters: &mut C,
 ) -> Row {
     let seconds = args.seconds;
     let ex_first = round % 2 == 1;
     let mutex_name = format!("{prefix}modes-mutex-{round}");
     let ex_name = format!("{prefix}modes-ex-{round}");
     let (mutex, ex) = if ex_first {
-        let ex = ex_run(n, seconds, &ex_name, client).await.map_err(reason);
-        (mutex_run(n, seconds, &mutex_name, client).await.map_err(reason), ex)
+        let ex = counted(counters, ex_run(n, seconds, &ex_name, client)).await;
+        let mutex = counted(counters, mutex_run(n, seconds, &mutex_name, client)).await;
+        (mutex, ex)
     } else {
-        let mutex = mutex_run(n, seconds, &mutex_name, client).await.map_err(reason);
-        (mutex, ex_run(n, seconds, &ex_name, client).await.map_err(reason))
+        let mutex = counted(counters, mutex_run(n, seconds, &mutex_name, client)).await;
+        (mutex, counted(counters, ex_run(n, seconds, &ex_name, client)).await)
     };
     let mixed_name = format!("{prefix}modes-mixed-{round}");
-    let mixed = mixed_run(n, seconds, &mixed_name, args.seed, client)
-        .await
-        .map_err(reason);
+    let mixed = counted(counters, mixed_run(n, seconds, &mixed_name, args.seed, client)).await;
     Row {
         n,
         ex_first,
@@ -538,8 +597,16 @@ fn cell(value: Option<f64>, decimals: usize) -> String {
     value.map_or("failed".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
-/// The first table's line for `row`: mutex and EX side by side.
-pub fn ex_line(row: &Row) -> String {
+/// The server's counters of `figures`, one cell each (`columns` of them).
+fn server_cells(figures: Option<&Figures>, columns: usize) -> Vec<String> {
+    (0..columns)
+        .map(|i| cell(figures.and_then(|f| f.server.get(i).copied()), 2))
+        .collect()
+}
+
+/// The first table's line for `row`: mutex and EX side by side, then
+/// `counters` columns of server counters per grant (mutex / EX).
+pub fn ex_line(row: &Row, counters: usize) -> String {
     let (mutex, ex) = (row.mutex.as_ref().ok(), row.ex.as_ref().ok());
     let grants = (mutex.map(Figures::grants_per_sec), ex.map(Figures::grants_per_sec));
     let contended = row.n > 1;
@@ -565,8 +632,13 @@ pub fn ex_line(row: &Row) -> String {
             }
         })
     };
+    let server: String = server_cells(mutex, counters)
+        .into_iter()
+        .zip(server_cells(ex, counters))
+        .map(|(m, e)| format!(" {m} / {e} |"))
+        .collect();
     format!(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |{server}",
         row.n,
         if row.ex_first { "EX" } else { "mutex" },
         cell(grants.0, 0),
@@ -582,12 +654,17 @@ pub fn ex_line(row: &Row) -> String {
     )
 }
 
-/// The second table's line for `row`: the mixed workload.
-pub fn mixed_line(row: &Row) -> String {
+/// The second table's line for `row`: the mixed workload, then `counters`
+/// columns of server counters per grant.
+pub fn mixed_line(row: &Row, counters: usize) -> String {
     let mutex = row.mutex.as_ref().ok().map(Figures::grants_per_sec);
+    let server: String = server_cells(row.mixed.as_ref().ok(), counters)
+        .into_iter()
+        .map(|c| format!(" {c} |"))
+        .collect();
     match &row.mixed {
         Ok(mixed) => format!(
-            "| {} | {:.0} | {} | {:.0} | {} | {} | {:.2} | {} |",
+            "| {} | {:.0} | {} | {:.0} | {} | {} | {:.2} | {} |{server}",
             row.n,
             mixed.grants_per_sec(),
             divided(Some(mixed.grants_per_sec()), mutex),
@@ -597,25 +674,39 @@ pub fn mixed_line(row: &Row) -> String {
             mixed.wakeups_per_release,
             mixed.overlaps,
         ),
-        Err(_) => format!("| {} | failed | - | - | - | - | - | - |", row.n),
+        Err(_) => format!("| {} | failed | - | - | - | - | - | - |{server}", row.n),
     }
 }
 
-/// The first table's header.
-pub const EX_HEADER: &str = "| N | first | grants/s: mutex | EX | EX ÷ mutex | handoffs/s: mutex | EX | EX ÷ mutex | \
-     handoff p50 / p99 (ms; N = 1: acquire): mutex | EX | wakeups/release: mutex / EX |\n\
-     |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+/// The first table's header and its rule, with a column per name of
+/// `counters` (server counters per grant).
+pub fn ex_header(counters: &[String]) -> String {
+    let extra: String = counters.iter().map(|c| format!(" {c}/grant: mutex / EX |")).collect();
+    format!(
+        "| N | first | grants/s: mutex | EX | EX ÷ mutex | handoffs/s: mutex | EX | EX ÷ mutex | \
+         handoff p50 / p99 (ms; N = 1: acquire): mutex | EX | wakeups/release: mutex / EX |{extra}\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|{}",
+        "---:|".repeat(counters.len())
+    )
+}
 
-/// The second table's header.
-pub const MIXED_HEADER: &str =
-    "| N | grants/s | mixed ÷ mutex (grants/s) | conversions/s | up-conversions refused as deadlocks | \
-     acquire p50 / p99 (ms) | wakeups/release | incompatible holds seen |\n\
-     |---:|---:|---:|---:|---:|---:|---:|---:|";
+/// The second table's header and its rule, with a column per name of
+/// `counters`.
+pub fn mixed_header(counters: &[String]) -> String {
+    let extra: String = counters.iter().map(|c| format!(" {c}/grant |")).collect();
+    format!(
+        "| N | grants/s | mixed ÷ mutex (grants/s) | conversions/s | up-conversions refused as deadlocks | \
+         acquire p50 / p99 (ms) | wakeups/release | incompatible holds seen |{extra}\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|{}",
+        "---:|".repeat(counters.len())
+    )
+}
 
 /// The whole lock-mode section of a program (see the module docs): a
-/// heading naming `backend` (what runs it: `single-node etcd on ...`), the two tables, and the failures, if any.
-/// Lock names begin with `prefix` (`bench/`, say); `client` gives each
-/// contender its own client of the server under test.
+/// heading naming `backend` (what runs it: `single-node etcd on ...`), the
+/// two tables, and the failures, if any. Lock names begin with `prefix`
+/// (`bench/`, say); `client` gives each contender its own client of the
+/// server under test.
 ///
 /// When the backend does not lock resources yet ([`Error::Unsupported`]),
 /// prints one line saying so and measures nothing.
@@ -624,11 +715,21 @@ pub const MIXED_HEADER: &str =
 ///
 /// When the first session cannot be opened; a measurement that fails is a
 /// finding, printed in its row and below the tables.
-pub async fn run(
+pub async fn run(backend: &str, args: &ModesArgs, prefix: &str, client: impl FnMut() -> Client) -> BoxResult<Vec<Row>> {
+    run_with(backend, args, prefix, client, &mut NoCounters).await
+}
+
+/// [`run`], with the server's `counters` per grant in the tables.
+///
+/// # Errors
+///
+/// As [`run`].
+pub async fn run_with<C: ServerCounters>(
     backend: &str,
     args: &ModesArgs,
     prefix: &str,
     mut client: impl FnMut() -> Client,
+    counters: &mut C,
 ) -> BoxResult<Vec<Row>> {
     println!();
     println!(
@@ -640,20 +741,21 @@ pub async fn run(
         println!("not measured: a resource's try_lock answered Unsupported ({why})");
         return Ok(Vec::new());
     }
+    let names = counters.names();
     println!();
-    println!("{EX_HEADER}");
+    println!("{}", ex_header(&names));
     let mut rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
-        let row = measure(n, round, args, prefix, &mut client).await;
-        println!("{}", ex_line(&row));
+        let row = measure(n, round, args, prefix, &mut client, counters).await;
+        println!("{}", ex_line(&row, names.len()));
         rows.push(row);
     }
     println!();
     println!("Mixed workload: {} (seed {}).", mixed_description(), args.seed);
     println!();
-    println!("{MIXED_HEADER}");
+    println!("{}", mixed_header(&names));
     for row in &rows {
-        println!("{}", mixed_line(row));
+        println!("{}", mixed_line(row, names.len()));
     }
     let mut failures: Vec<String> = Vec::new();
     for row in &rows {
@@ -820,10 +922,11 @@ mod tests {
             mixed: Err("stalled".into()),
         };
         assert_eq!(
-            ex_line(&row),
+            ex_line(&row, 0),
             "| 4 | EX | 1000 | 500 | 0.50 | 999 | 500 | 0.50 | - | - | 1.00 / 1.00 |"
         );
-        assert_eq!(mixed_line(&row), "| 4 | failed | - | - | - | - | - | - |");
+        assert_eq!(mixed_line(&row, 0), "| 4 | failed | - | - | - | - | - | - |");
+        assert_eq!(mixed_line(&row, 1), "| 4 | failed | - | - | - | - | - | - | failed |");
         let row = Row {
             n: 1,
             ex_first: false,
@@ -836,10 +939,29 @@ mod tests {
             }),
         };
         assert_eq!(
-            ex_line(&row),
+            ex_line(&row, 0),
             "| 1 | mutex | failed | 50 | - | failed | - | - | failed | - | failed / 1.00 |"
         );
-        assert_eq!(mixed_line(&row), "| 1 | 150 | - | 10 | 3 | - | 1.00 | 0 |");
+        assert_eq!(mixed_line(&row, 0), "| 1 | 150 | - | 10 | 3 | - | 1.00 | 0 |");
+        let row = Row {
+            ex: Ok(Figures {
+                server: vec![2.0, 0.5],
+                ..figures(100, 0)
+            }),
+            ..row
+        };
+        assert_eq!(
+            ex_line(&row, 2),
+            "| 1 | mutex | failed | 50 | - | failed | - | - | failed | - | failed / 1.00 | failed / 2.00 | failed / 0.50 |"
+        );
+        let header = ex_header(&["flushes".to_owned()]);
+        let (names, rule) = header.split_once('\n').expect("two lines");
+        assert!(names.ends_with("| flushes/grant: mutex / EX |"), "{names}");
+        assert_eq!(names.matches('|').count(), rule.matches('|').count());
+        let header = mixed_header(&["flushes".to_owned(), "statements".to_owned()]);
+        let (names, rule) = header.split_once('\n').expect("two lines");
+        assert!(names.ends_with("| flushes/grant | statements/grant |"), "{names}");
+        assert_eq!(names.matches('|').count(), rule.matches('|').count());
     }
 
     /// The whole section against the memory backend, briefly: every

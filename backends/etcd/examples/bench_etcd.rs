@@ -41,7 +41,9 @@
 //! (default 1, 4, 16), lockline's mutex and a `Resource` in EX side by side
 //! (EX ÷ mutex), then a mixed workload of the six modes with conversions
 //! (grants/s, wakeups per release), `--modes-seconds` each (default 2).
-//! `--modes-only` runs only this part.
+//! `--modes-only` runs only this part. Server counters per grant: revisions
+//! (`etcd_debugging_mvcc_current_revision`: writes that changed keys) and
+//! WAL fsyncs (`etcd_disk_wal_fsync_duration_seconds_count`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -85,6 +87,39 @@ fn server_counts(cluster: &EtcdCluster) -> (f64, f64) {
         metric(cluster, "etcd_debugging_mvcc_events_total "),
         metric(cluster, "etcd_debugging_mvcc_delete_total "),
     )
+}
+
+/// The server's revisions (writes that changed keys) and WAL fsyncs, per
+/// grant of each lock-mode measurement.
+struct EtcdCounters<'a> {
+    cluster: &'a EtcdCluster,
+    before: [f64; 2],
+}
+
+impl EtcdCounters<'_> {
+    fn read(&self) -> [f64; 2] {
+        [
+            metric(self.cluster, "etcd_debugging_mvcc_current_revision "),
+            metric(self.cluster, "etcd_disk_wal_fsync_duration_seconds_count "),
+        ]
+    }
+}
+
+impl lock_modes::ServerCounters for EtcdCounters<'_> {
+    fn names(&self) -> Vec<String> {
+        vec!["revisions".to_owned(), "WAL fsyncs".to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.before = self.read();
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        let after = self.read();
+        let grants = grants.max(1) as f64;
+        Ok(after.iter().zip(self.before).map(|(a, b)| (a - b) / grants).collect())
+    }
 }
 
 /// One client's sequential puts: puts/s and each put's latency.
@@ -498,7 +533,18 @@ async fn main() -> BoxResult<()> {
         mutex_tables(&cluster, &args).await?;
     }
     let on = format!("single-node etcd on {}", cluster.endpoint(0));
-    lock_modes::run(&on, &modes, "bench/", || Client::new(Etcd::new(cluster.endpoints()))).await?;
+    let mut counters = EtcdCounters {
+        cluster: &cluster,
+        before: [0.0; 2],
+    };
+    lock_modes::run_with(
+        &on,
+        &modes,
+        "bench/",
+        || Client::new(Etcd::new(cluster.endpoints())),
+        &mut counters,
+    )
+    .await?;
     drop(cluster);
     if !modes.only && !own.switch("--no-versus") {
         versus_go(&args, warmup).await?;

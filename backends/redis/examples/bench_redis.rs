@@ -44,7 +44,8 @@
 //! for each N of `--modes-contenders` (default 1, 4, 16), lockline's mutex
 //! and a `Resource` in EX side by side (EX ÷ mutex), then a mixed workload
 //! of the six modes with conversions (grants/s, wakeups per release),
-//! `--modes-seconds` each (default 2). `--modes-only` runs only this part.
+//! `--modes-seconds` each (default 2), with the server's commands per
+//! grant. `--modes-only` runs only this part.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -82,6 +83,29 @@ async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f6
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0))
+}
+
+/// The server's commands (`total_commands_processed`, its scripts' own
+/// included) per grant of each lock-mode measurement.
+struct RedisCounters {
+    side: redis::aio::MultiplexedConnection,
+    before: f64,
+}
+
+impl lock_modes::ServerCounters for RedisCounters {
+    fn names(&self) -> Vec<String> {
+        vec!["server commands".to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.before = commands_processed(&mut self.side).await?;
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        let after = commands_processed(&mut self.side).await?;
+        Ok(vec![(after - self.before) / grants.max(1) as f64])
+    }
 }
 
 /// One client's sequential `SET`s/s, and each one's latency.
@@ -334,6 +358,17 @@ async fn main() -> BoxResult<()> {
         mutex_tables(&server, &args).await?;
     }
     let on = format!("redis-server on 127.0.0.1:{} (no persistence)", server.port());
-    lock_modes::run(&on, &modes, "bench/", || Client::new(Redis::new(server.url()))).await?;
+    let mut counters = RedisCounters {
+        side: connection(&server).await?,
+        before: 0.0,
+    };
+    lock_modes::run_with(
+        &on,
+        &modes,
+        "bench/",
+        || Client::new(Redis::new(server.url())),
+        &mut counters,
+    )
+    .await?;
     Ok(())
 }

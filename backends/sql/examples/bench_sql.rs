@@ -72,7 +72,8 @@
 //! `--modes-contenders` (default 1, 4, 16), lockline's mutex and a
 //! `Resource` in EX side by side (EX ÷ mutex), then a mixed workload of the
 //! six modes with conversions (grants/s, wakeups per release),
-//! `--modes-seconds` each (default 2).
+//! `--modes-seconds` each (default 2), with the server's statements and
+//! log flushes per grant, counted as for the tables above.
 
 mod support;
 
@@ -431,6 +432,37 @@ fn ratio_cell(a: f64, b: f64) -> String {
     }
 }
 
+/// The server's statements and log flushes per grant of each lock-mode
+/// measurement, read as [`bracketed`] reads them.
+struct SqlCounters<'a> {
+    monitor: &'a mut Db,
+    open_before: i64,
+    before: Option<support::Counters>,
+}
+
+impl lock_modes::ServerCounters for SqlCounters<'_> {
+    fn names(&self) -> Vec<String> {
+        let engine = self.monitor.engine();
+        vec![statements_name(engine).to_owned(), flush_name(engine).to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.open_before = self.monitor.connections().await?;
+        self.before = Some(self.monitor.counters().await?);
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        let before = self.before.take().ok_or("counters not read before the measurement")?;
+        self.monitor.wait_connections_at_most(self.open_before).await?;
+        if self.monitor.engine() == Engine::Postgres {
+            tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+        }
+        let per = self.monitor.counters().await?.per(&before, grants);
+        Ok(vec![per.statements, per.flushes])
+    }
+}
+
 /// One engine's server: the mutex's tables and the durability pairs
 /// (unless `--modes-only`), then the lock modes.
 async fn bench(engine: Engine, args: &BenchArgs, modes: &ModesArgs, durability: &[usize]) -> BoxResult<()> {
@@ -449,7 +481,12 @@ async fn bench(engine: Engine, args: &BenchArgs, modes: &ModesArgs, durability: 
         server.port()
     );
     let sql = Sql::new(server.url());
-    lock_modes::run(&on, modes, "bench/", || Client::new(sql.clone())).await?;
+    let mut counters = SqlCounters {
+        monitor: &mut monitor,
+        open_before: 0,
+        before: None,
+    };
+    lock_modes::run_with(&on, modes, "bench/", || Client::new(sql.clone()), &mut counters).await?;
     Ok(())
 }
 

@@ -60,7 +60,8 @@
 //! N of `--modes-contenders` (default 1, 4, 16), lockline's mutex and a
 //! `Resource` in EX side by side (EX ÷ mutex), then a mixed workload of the
 //! six modes with conversions (grants/s, wakeups per release),
-//! `--modes-seconds` each (default 2).
+//! `--modes-seconds` each (default 2), with the requests the server
+//! received per grant (`zk_packets_received`).
 
 use std::process::Command;
 use std::time::Instant;
@@ -91,6 +92,40 @@ fn fired_watches(ensemble: &ZkEnsemble) -> f64 {
             .unwrap_or(f64::NAN)
     };
     get("zk_sum_node_deleted_watch_count") + get("zk_sum_node_changed_watch_count")
+}
+
+/// The requests the server received (`mntr`'s `zk_packets_received`) per
+/// grant of each lock-mode measurement.
+struct ZkCounters<'a> {
+    ensemble: &'a ZkEnsemble,
+    before: f64,
+}
+
+impl ZkCounters<'_> {
+    fn read(&self) -> f64 {
+        let mntr = self.ensemble.four_letter(0, "mntr").unwrap_or_default();
+        mntr.lines()
+            .find_map(|l| {
+                l.strip_prefix("zk_packets_received")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(f64::NAN)
+    }
+}
+
+impl lock_modes::ServerCounters for ZkCounters<'_> {
+    fn names(&self) -> Vec<String> {
+        vec!["requests (server)".to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.before = self.read();
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        Ok(vec![(self.read() - self.before) / grants.max(1) as f64])
+    }
 }
 
 /// One client's sequential `set_data`/s on `path`, and each call's latency.
@@ -459,9 +494,17 @@ async fn main() -> BoxResult<()> {
         mutex_tables(&ensemble, &args).await?;
     }
     let on = format!("standalone ZooKeeper on {}", ensemble.address(0));
-    lock_modes::run(&on, &modes, "bench/", || {
-        Client::new(ZooKeeper::new(ensemble.connect_string()))
-    })
+    let mut counters = ZkCounters {
+        ensemble: &ensemble,
+        before: 0.0,
+    };
+    lock_modes::run_with(
+        &on,
+        &modes,
+        "bench/",
+        || Client::new(ZooKeeper::new(ensemble.connect_string())),
+        &mut counters,
+    )
     .await?;
     drop(ensemble);
     if modes.only {
