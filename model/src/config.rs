@@ -356,6 +356,19 @@ impl Config {
         }
     }
 
+    /// Three PR holders convert up to EX and release, waiting as long as
+    /// it takes; no session expires (an expiry would end any wait). Each
+    /// pair of them is a conversion deadlock, so the three conversions lie
+    /// on one strongly connected tangle of cycles.
+    pub fn three_conversions() -> Config {
+        use Mode::{Ex, Pr};
+        let client = vec![Op::lock(0, Pr), Op::convert(0, Ex), Op::release(0)];
+        Config {
+            expiries: 0,
+            ..Config::modes("three PR→EX", vec![client.clone(), client.clone(), client])
+        }
+    }
+
     /// Every configuration the crate's tests check with the sound rule.
     pub fn all() -> Vec<Config> {
         vec![
@@ -370,6 +383,7 @@ impl Config {
             Config::conversion_behind_waiter(),
             Config::sideways_conversion(),
             Config::down_conversion(),
+            Config::three_conversions(),
         ]
     }
 }
