@@ -74,9 +74,17 @@ fn waits(entry: &Entry) -> bool {
     !entry.granted || entry.converting.is_some()
 }
 
-/// The order of conversion marks: the mark's revision, ties by entry order.
+/// The order of conversion marks: the mark's place, ties by entry order.
 fn mark_order(entry: &Entry) -> (u8, u8) {
     (entry.since, entry.id)
+}
+
+/// The `since` of a mark written now: after every mark standing. Only the
+/// order of the standing marks is ever compared, so the model numbers them
+/// densely rather than by the revision (which would split states that
+/// differ only in how many marks came and went).
+fn next_mark(resource: &Resource) -> u8 {
+    resource.entries.iter().map(|e| e.since).max().unwrap_or(0) + 1
 }
 
 impl QueueModel {
@@ -261,14 +269,16 @@ impl QueueModel {
         }
     }
 
-    /// On a read after its mark: whether the conversion `id` gives up.
+    /// On a read after its mark: whether the conversion `id` gives up: it
+    /// lies on a cycle its own mark closed.
     fn deadlock_after_mark(&self, resource: &Resource, id: u8) -> bool {
         match self.rule {
             Rule::NoDeadlockDetection => false,
             Rule::PairwiseDeadlockDetection => self.pairwise(resource, id, true),
             Rule::EveryConversionOnCycleGivesUp => self.in_cycle(resource, id),
             Rule::EarliestMarkGivesUp => self.in_cycle(resource, id) && self.marked_at_end(resource, id, false),
-            _ => self.in_cycle(resource, id) && self.marked_at_end(resource, id, true),
+            Rule::DeferToAnyLaterMark => self.in_cycle(resource, id) && self.marked_at_end(resource, id, true),
+            _ => self.on_cycle_marked_last(resource, id),
         }
     }
 
@@ -360,20 +370,25 @@ impl QueueModel {
     /// one write, and tells its waiters.
     fn set_converting(&self, state: &mut State, resource: u8, id: u8, to: Option<Mode>) {
         let res = &mut state.resources[usize::from(resource)];
+        let since = if to.is_some() { next_mark(res) } else { 0 };
         let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
             return;
-        };
-        let since = if to.is_some() {
-            res.revision += 1;
-            res.revision
-        } else {
-            0
         };
         let entry = &mut res.entries[pos];
         entry.converting = to;
         entry.since = since;
-        entry.version += 1;
+        self.written(entry);
         self.notify(state, resource, id, false);
+    }
+
+    /// Counts a write of `entry` in its version, which only the
+    /// [`Rule::GrantBeforeMark`] twin reads: the other rules' conditional
+    /// writes are single steps (see the crate docs), and versions nobody
+    /// reads would only split states.
+    fn written(&self, entry: &mut Entry) {
+        if self.rule == Rule::GrantBeforeMark {
+            entry.version += 1;
+        }
     }
 
     /// A request granted: decided on one read, written conditioned on the
@@ -403,7 +418,7 @@ impl QueueModel {
         let entry = &mut res.entries[pos];
         entry.granted = true;
         entry.token = token;
-        entry.version += 1;
+        self.written(entry);
         state.ghost.bypass |= bypass;
         state.clients[client].held[usize::from(resource)] = Some(Held {
             entry: id,
@@ -435,7 +450,7 @@ impl QueueModel {
         entry.mode = target;
         entry.converting = None;
         entry.since = 0;
-        entry.version += 1;
+        self.written(entry);
         let token = entry.token;
         state.ghost.bypass |= bypass;
         state.ghost.converted = true;
@@ -516,7 +531,7 @@ impl QueueModel {
         };
         let mut read = res.clone();
         read.entries[pos].converting = Some(mode);
-        read.entries[pos].since = read.revision.saturating_add(1);
+        read.entries[pos].since = next_mark(res);
         let blocked = self.decide(&read, id) != Decision::Hold;
         if blocked && self.deadlock_before_mark(&read, id) {
             self.deadlock_found(state, &read, id);
@@ -575,7 +590,7 @@ impl QueueModel {
                 };
                 if mode != held.mode {
                     res.entries[pos].mode = mode;
-                    res.entries[pos].version += 1;
+                    self.written(&mut res.entries[pos]);
                     if let Some(h) = state.clients[client].held[r].as_mut() {
                         h.mode = mode;
                     }

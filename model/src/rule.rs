@@ -36,6 +36,13 @@ pub enum Rule {
     /// read after its mark), instead of the one marked last. The first may
     /// have made that read before the cycle closed, and sleeps.
     EarliestMarkGivesUp,
+    /// A conversion on a read after its mark gives up only when it was
+    /// marked after *every* conversion that lies on a cycle with it
+    /// (`View::last_marked_on_cycle` as first coded), instead of when it
+    /// lies on a cycle whose other conversions were all marked before it.
+    /// Deferring to a later mark that closed another cycle, it sleeps on a
+    /// cycle its own mark closed once that later conversion gives up.
+    DeferToAnyLaterMark,
     /// Every conversion that finds itself on a cycle on a read after its mark
     /// gives up, not only the one marked last: a conversion whose cycle
     /// another conversion has already given up on fails too.
@@ -74,13 +81,14 @@ pub enum Rule {
 
 impl Rule {
     /// Every broken twin of the sound rule.
-    pub const BROKEN: [Rule; 16] = [
+    pub const BROKEN: [Rule; 17] = [
         Rule::WakeEveryWaiter,
         Rule::WakeOnAnyChange,
         Rule::BypassWaiters,
         Rule::NoDeadlockDetection,
         Rule::PairwiseDeadlockDetection,
         Rule::EarliestMarkGivesUp,
+        Rule::DeferToAnyLaterMark,
         Rule::EveryConversionOnCycleGivesUp,
         Rule::KeepMarkOnDeadlock,
         Rule::GrantBeforeMark,
@@ -106,6 +114,7 @@ impl Rule {
             | Rule::EveryConversionOnCycleGivesUp
             | Rule::KeepMarkOnDeadlock => Config::conversion_deadlock(),
             Rule::PairwiseDeadlockDetection => Config::conversion_cycle(),
+            Rule::DeferToAnyLaterMark => Config::three_conversions(),
             Rule::KeepTokenOnConversion | Rule::TokenAtAppend | Rule::GrantBeforeMark => Config::conversion_token(),
             Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
             Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
@@ -119,9 +128,10 @@ impl Rule {
             Rule::Sound => return None,
             Rule::WakeEveryWaiter | Rule::WakeOnAnyChange => property::HERD_FREE,
             Rule::BypassWaiters => property::NO_BYPASS,
-            Rule::NoDeadlockDetection | Rule::PairwiseDeadlockDetection | Rule::EarliestMarkGivesUp => {
-                property::DEADLOCK_DETECTED
-            }
+            Rule::NoDeadlockDetection
+            | Rule::PairwiseDeadlockDetection
+            | Rule::EarliestMarkGivesUp
+            | Rule::DeferToAnyLaterMark => property::DEADLOCK_DETECTED,
             Rule::EveryConversionOnCycleGivesUp => property::NO_FALSE_DEADLOCK,
             Rule::KeepMarkOnDeadlock => property::NO_STRAY_MARK,
             Rule::GrantBeforeMark => property::EXCLUSION,

@@ -50,6 +50,15 @@ fn the_earliest_mark_giving_up_leaves_a_deadlock_standing() {
 }
 
 #[test]
+fn deferring_to_any_later_mark_leaves_two_conversions_asleep_on_each_other() {
+    assert_breaks(Rule::DeferToAnyLaterMark);
+    // Three PR holders converting to EX: the one marked last gives up, the
+    // two left wait on each other for ever.
+    let report = QueueModel::new(Config::three_conversions(), Rule::DeferToAnyLaterMark).find(property::ALL_END);
+    assert!(report.violates(property::ALL_END), "{:?}", report.violated_names());
+}
+
+#[test]
 fn every_conversion_on_a_cycle_giving_up_fails_one_that_a_later_mark_blocked() {
     assert_breaks(Rule::EveryConversionOnCycleGivesUp);
 }
@@ -105,7 +114,7 @@ fn forgetting_an_attempt_lets_a_late_append_leave_an_entry() {
 #[test]
 fn every_broken_twin_is_tested() {
     // One test above per variant: adding a variant means adding its test.
-    assert_eq!(Rule::BROKEN.len(), 16);
+    assert_eq!(Rule::BROKEN.len(), 17);
     assert!(Rule::BROKEN.iter().all(|rule| rule.breaks().is_some()));
     assert_eq!(Rule::Sound.breaks(), None);
     // The sound rule is checked on every configuration a twin is shown on.
