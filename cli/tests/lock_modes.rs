@@ -7,8 +7,8 @@
 //! involuntary loss, the command's `LOCKLINE_SEQUENCER` is `lock-MODE`
 //! and `lockline check` answers it, `list` shows each entry's mode and
 //! state (a conversion made through the library among them), and a lost
-//! lock stops the command (120). On etcd, ZooKeeper and Redis (and on
-//! PostgreSQL and MariaDB where the SQL backend has lock modes).
+//! lock stops the command (120). On etcd, ZooKeeper, Redis, PostgreSQL and
+//! MariaDB.
 
 mod support;
 
@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use lockline::{Client, LockMode};
 use lockline_etcd::Etcd;
 use lockline_redis::Redis;
-use lockline_testkit::{EtcdCluster, RedisServer, ZkEnsemble};
+use lockline_sql::Sql;
+use lockline_testkit::{EtcdCluster, MariaDbServer, PgOptions, PgServer, RedisServer, ZkEnsemble};
 use lockline_zookeeper::ZooKeeper;
 use support::{eventually, lockline, Running, BOUND};
 
@@ -374,4 +375,24 @@ fn lock_modes_on_zookeeper() {
     let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
     let server = ["--zookeeper".to_owned(), ensemble.connect_string()];
     every_lock_mode_case(&server, Client::new(ZooKeeper::new(ensemble.connect_string())));
+}
+
+#[test]
+fn lock_modes_on_postgres() {
+    let options = PgOptions {
+        durable: false,
+        ..Default::default()
+    };
+    let server = PgServer::start_with(&options).expect("start PostgreSQL");
+    let flags = ["--postgres".to_owned(), server.url()];
+    every_lock_mode_case(&flags, Client::new(Sql::new(server.url())));
+}
+
+#[test]
+fn lock_modes_on_mariadb() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    server.create_database("cli").expect("create database");
+    let url = format!("{}/cli", server.url());
+    let flags = ["--mysql".to_owned(), url.clone()];
+    every_lock_mode_case(&flags, Client::new(Sql::new(url)));
 }
