@@ -316,13 +316,24 @@ impl Hold {
     }
 
     pub(crate) async fn lost(&self) {
+        Self::lost_of(&self.shared).await;
+    }
+
+    /// As [`lost`](Self::lost), borrowing nothing of the hold: a call that
+    /// changes the hold (a conversion) can race against it.
+    pub(crate) fn lost_owned(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        async move { Self::lost_of(&shared).await }
+    }
+
+    async fn lost_of(shared: &HoldShared) {
         loop {
-            let changed = self.shared.changed.notified();
+            let changed = shared.changed.notified();
             tokio::pin!(changed);
             // Registered before looking, so no change in between is missed.
             changed.as_mut().enable();
             let (loss, monitor_gone) = {
-                let cell = self.shared.cell();
+                let cell = shared.cell();
                 (cell.loss, cell.monitor_gone)
             };
             if loss.is_some() {

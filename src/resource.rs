@@ -1166,7 +1166,10 @@ impl ResourceGuard {
     ///
     /// [`Error::Deadlock`] when it would wait for ever (the lock keeps its
     /// mode, or is NL with [`Resource::demote_on_deadlock`]); as
-    /// [`release`](Self::release) when the lock is lost.
+    /// [`release`](Self::release) when the lock is lost, as soon as
+    /// [`lost`](Self::lost) would resolve, whatever request of the
+    /// conversion is still in flight (the guard is borrowed while it
+    /// converts, so the call itself tells of the loss).
     pub async fn convert(&mut self, mode: LockMode) -> Result<()> {
         self.converting(mode, Patience::Forever).await.map(|_| ())
     }
@@ -1218,6 +1221,25 @@ impl ResourceGuard {
         if let Some(error) = self.known_loss().await {
             return Err(error);
         }
+        // The whole conversion ends as soon as the lock is lost, a request
+        // of it still in flight or not (one stuck in an outage runs until
+        // the request timeout, past the loss deadline): its holder cannot
+        // watch `lost()` while it converts, the guard being borrowed.
+        let lost = self.hold.lost_owned();
+        let outcome = tokio::select! {
+            biased;
+            () = lost => None,
+            outcome = self.convert_now(mode, patience) => Some(outcome),
+        };
+        match outcome {
+            Some(outcome) => outcome,
+            None => Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost {
+                key: self.entry.key.clone(),
+            })),
+        }
+    }
+
+    async fn convert_now(&mut self, mode: LockMode, patience: Patience) -> Result<bool> {
         self.resync().await?;
         let from = self.mode();
         if mode == from {

@@ -42,29 +42,99 @@
 //! - **No hangs**: opening a session, `lock_timeout` and `release()` return
 //!   within their deadlines (plus 5 s); the contenders report when they do not.
 //! - **Orphans** (checked by the runner at the end): no entry remains.
+//!
+//! **Lock modes** (`--modes`): a holder of a lock-mode resource holds in
+//! one mode at a time; each grant is cut into sections at its conversions
+//! (a down-conversion from the moment it was asked for, an up-conversion
+//! from the moment it was granted). Two sections *overlap* only when their
+//! modes are incompatible (EX beside anyone but NL, PW beside anything but
+//! CR and NL, PR beside CW, PW or EX, CW beside PR, PW or EX); such an
+//! overlap is judged exactly as two mutex holders' (`lost()` first, the
+//! frozen and reset allowances, the earlier holder's writes fenced), an
+//! up-conversion counting as a grant. Sections in compatible modes are
+//! counted, never judged. PW and EX holders write the register (a key of the
+//! lock's own store per write, with `write_if_held`: [`Fence::Held`]); its
+//! order rule applies to their writes unchanged. Tokens: a section that
+//! took a fresh token (a grant, an up-conversion to CW, PW or EX) carries
+//! one above every incompatible section begun before it. Recovery and
+//! stalls count grants in any mode but NL (an NL request waits for nobody).
 
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
+
+use lockline::LockMode;
 
 use crate::clock::secs;
 use crate::history::{Event, Fence, Tag, What, Write};
 use crate::nemesis::{Fault, FaultKind};
 
-/// One critical section.
+/// One critical section: a holding interval in one mode. A lock-mode
+/// holder's grant is cut into one section per mode it held in, at each
+/// conversion.
 #[derive(Debug, Clone)]
 struct Section {
     tag: Tag,
     token: u64,
+    /// When it began: the grant, or the conversion that began it.
     grant: u64,
     end: Option<u64>,
     lost: Option<u64>,
+    /// The mode held; `None` for a mutex (it excludes everyone, as EX).
+    mode: Option<LockMode>,
+    /// Begun by a conversion rather than a grant.
+    converted: bool,
+    /// Its token was taken when it began (a grant, an up-conversion to CW,
+    /// PW or EX): above every token granted before.
+    fresh: bool,
+}
+
+impl Section {
+    /// Whether two holders in these sections may hold at once.
+    fn compatible(&self, other: &Section) -> bool {
+        match (self.mode, other.mode) {
+            (Some(a), Some(b)) => a.compatible(b),
+            _ => false,
+        }
+    }
+
+    /// A grant that shows the lock can be had (not a conversion, nor an NL
+    /// grant, which waits for nobody).
+    fn counts_as_grant(&self) -> bool {
+        !self.converted && self.mode != Some(LockMode::Nl)
+    }
+
+    /// The mode, for messages.
+    fn in_mode(&self) -> String {
+        self.mode.map_or_else(String::new, |m| format!(" in {m}"))
+    }
+
+    /// How it began, for messages.
+    fn began(&self) -> &'static str {
+        if self.converted {
+            "converted"
+        } else {
+            "granted"
+        }
+    }
 }
 
 /// What the checker found: the figures and every violation.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
-    /// Grants (critical sections).
+    /// Grants (critical sections; a lock-mode grant counts once, however
+    /// often it converts).
     pub grants: usize,
+    /// Lock-mode runs: grants by the mode granted.
+    pub modes: BTreeMap<String, usize>,
+    /// Lock-mode runs: conversions, up (granted) and down.
+    pub conversions: (usize, usize),
+    /// Lock-mode runs: up-conversions that failed with `Error::Deadlock`.
+    pub deadlocks: usize,
+    /// Lock-mode runs: up-conversions whose `convert_timeout` ran out.
+    pub convert_timeouts: usize,
+    /// Lock-mode runs: pairs of holders whose sections overlapped in
+    /// compatible modes (sharing, as the matrix allows).
+    pub overlaps_compatible: usize,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, usize>,
     /// Overlapping pairs of critical sections.
@@ -123,6 +193,22 @@ pub struct Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "grants: {}   sessions opened: {}", self.grants, self.sessions)?;
+        if !self.modes.is_empty() {
+            let modes: Vec<String> = LockMode::ALL
+                .iter()
+                .map(|m| format!("{m} {}", self.modes.get(m.label()).copied().unwrap_or(0)))
+                .collect();
+            writeln!(
+                f,
+                "lock modes granted: {}; conversions: {} up, {} down; deadlocks: {}; conversion timeouts: {}; compatible holders side by side: {}",
+                modes.join(", "),
+                self.conversions.0,
+                self.conversions.1,
+                self.deadlocks,
+                self.convert_timeouts,
+                self.overlaps_compatible
+            )?;
+        }
         let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
         writeln!(
             f,
@@ -266,17 +352,58 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             }
         };
         match &event.what {
-            What::Grant { token, .. } => {
+            What::Grant { token, mode, .. } => {
                 close(&mut sections, &mut open, event.t);
                 open.insert(event.tag, sections.len());
+                if let Some(mode) = mode {
+                    *report.modes.entry(mode.label().to_owned()).or_default() += 1;
+                }
                 sections.push(Section {
                     tag: event.tag,
                     token: *token,
                     grant: event.t,
                     end: None,
                     lost: None,
+                    mode: *mode,
+                    converted: false,
+                    fresh: true,
                 });
             }
+            What::Converted { from, to, token } => {
+                let up = !to.is_down_from(*from);
+                if up {
+                    report.conversions.0 += 1;
+                } else {
+                    report.conversions.1 += 1;
+                }
+                match open.get(&event.tag) {
+                    Some(&i) if sections[i].mode == Some(*from) => {
+                        sections[i].end.get_or_insert(event.t);
+                        open.insert(event.tag, sections.len());
+                        sections.push(Section {
+                            tag: event.tag,
+                            token: *token,
+                            grant: event.t,
+                            end: None,
+                            lost: None,
+                            mode: Some(*to),
+                            converted: true,
+                            fresh: up && to.writes(),
+                        });
+                    }
+                    held => report.violations.push(format!(
+                        "{} reported a conversion from {from} to {to} at {:.3}s while holding {}",
+                        event.tag,
+                        rel(event.t),
+                        held.map_or("nothing".to_owned(), |&i| format!(
+                            "in {}",
+                            sections[i].mode.map_or("a mutex".to_owned(), |m| m.to_string())
+                        ))
+                    )),
+                }
+            }
+            What::Deadlock { .. } => report.deadlocks += 1,
+            What::ConvertTimeout { .. } => report.convert_timeouts += 1,
             What::Lost { token } => {
                 report.lost += 1;
                 if let Some(section) = sections
@@ -313,7 +440,9 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     sections.sort_by_key(|s| s.grant);
-    report.grants = sections.len();
+    report.grants = sections.iter().filter(|s| !s.converted).count();
+    // Grants that show the lock can be had, for recovery and stalls.
+    let grants: Vec<&Section> = sections.iter().filter(|s| s.counts_as_grant()).collect();
     let was_paused = |tag: Tag, from: u64, to: u64| {
         paused
             .get(&tag)
@@ -356,7 +485,10 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             rel(t)
         ));
     }
-    for pair in sections.windows(2) {
+    // Mutex grants in the order they happened carry strictly increasing
+    // tokens.
+    let mutex: Vec<&Section> = sections.iter().filter(|s| s.mode.is_none()).collect();
+    for pair in mutex.windows(2) {
         if pair[1].token == pair[0].token && pair[1].tag == pair[0].tag {
             let released = events
                 .iter()
@@ -381,6 +513,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             ));
         }
     }
+    check_mode_tokens(&sections, bounds, &mut report);
 
     // Overlaps.
     let blackholes: Vec<&Fault> = faults.iter().filter(|f| f.kind == FaultKind::BlackholeHolder).collect();
@@ -390,6 +523,10 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         let end = a.end.unwrap_or(bounds.stop);
         for b in sections[i + 1..].iter().take_while(|b| b.grant < end) {
             if b.tag == a.tag {
+                continue;
+            }
+            if a.compatible(b) {
+                report.overlaps_compatible += 1;
                 continue;
             }
             report.overlaps_raw += 1;
@@ -451,8 +588,14 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             };
             if accepted > 0 {
                 report.violations.push(format!(
-                    "unfenced overlap: {} (token {}) had {accepted} write(s) accepted after {} (token {}) was granted at {:.3}s; {when_lost}; {context}",
-                    a.tag, a.token, b.tag, b.token, rel(b.grant)
+                    "unfenced overlap: {} (token {}{}) had {accepted} write(s) accepted after {} (token {}) was {} at {:.3}s; {when_lost}; {context}",
+                    a.tag,
+                    a.token,
+                    a.in_mode(),
+                    b.tag,
+                    b.token,
+                    b.began(),
+                    rel(b.grant)
                 ));
             } else if after.is_empty() {
                 report.overlaps_idle += 1;
@@ -479,12 +622,16 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                     }
                 } else {
                     report.violations.push(format!(
-                    "lost() after the next grant: {} (token {}, granted {:.3}s, not frozen) still held when {} (token {}) was granted at {:.3}s; {when_lost}; {} of its writes rejected; {context}",
+                    "lost() after the next grant: {} (token {}{}, {} {:.3}s, not frozen) still held when {} (token {}{}) was {} at {:.3}s; {when_lost}; {} of its writes rejected; {context}",
                     a.tag,
                     a.token,
+                    a.in_mode(),
+                    a.began(),
                     rel(a.grant),
                     b.tag,
                     b.token,
+                    b.in_mode(),
+                    b.began(),
                     rel(b.grant),
                     after.len() - accepted,
                 ));
@@ -502,7 +649,10 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         else {
             continue;
         };
-        let Some(next) = sections.iter().find(|s| s.grant > fault.start && s.tag != tag) else {
+        let Some(next) = sections
+            .iter()
+            .find(|s| s.grant > fault.start && s.tag != tag && !s.compatible(section))
+        else {
             continue;
         };
         report.blackholed_holders.0 += 1;
@@ -524,7 +674,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         } else {
             fault.start
         };
-        match sections.iter().find(|s| s.grant > from) {
+        match grants.iter().find(|s| s.grant > from) {
             Some(next) => {
                 let took = next.grant - from;
                 if worst.as_ref().is_none_or(|(w, _)| took > *w) {
@@ -559,7 +709,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
     if bounds.lock_delay > 0 {
         check_lock_delay(&events, &sections, faults, bounds, &mut report);
     }
-    let mut grants: Vec<u64> = sections.iter().map(|s| s.grant).collect();
+    let mut grants: Vec<u64> = grants.iter().map(|s| s.grant).collect();
     grants.push(bounds.stop);
     for pair in grants.windows(2) {
         let (from, to) = (pair[0], pair[1]);
@@ -581,6 +731,43 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     report
+}
+
+/// Lock-mode tokens: a section whose token was taken when it began (a
+/// grant, an up-conversion to CW, PW or EX) carries a token above that of
+/// every section in an incompatible mode that began before it (that holder
+/// had left, or lost its lock, before this one could be granted, so its
+/// token was handed out first). Compatible holders are granted side by
+/// side, and their reports may come in another order than the server's:
+/// their tokens are not compared. One violation per section.
+fn check_mode_tokens(sections: &[Section], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    for (j, later) in sections.iter().enumerate() {
+        if later.mode.is_none() || !later.fresh {
+            continue;
+        }
+        let above = sections[..j].iter().find(|earlier| {
+            earlier.mode.is_some()
+                && earlier.grant < later.grant
+                && !earlier.compatible(later)
+                && earlier.token >= later.token
+        });
+        if let Some(earlier) = above {
+            report.violations.push(format!(
+                "fencing token did not increase: {} was {} token {}{} at {:.3}s after {} was {} token {}{} at {:.3}s",
+                later.tag,
+                later.began(),
+                later.token,
+                later.in_mode(),
+                rel(later.grant),
+                earlier.tag,
+                earlier.began(),
+                earlier.token,
+                earlier.in_mode(),
+                rel(earlier.grant)
+            ));
+        }
+    }
 }
 
 /// Riding out: an outage of [`Bounds::ride_out_kinds`] no
@@ -823,8 +1010,34 @@ mod tests {
             What::Grant {
                 token,
                 key: String::new(),
+                mode: None,
             },
         )
+    }
+
+    /// A lock-mode grant.
+    fn granted_in(t: u64, slot: usize, token: u64, mode: LockMode) -> Event {
+        ev(
+            t,
+            slot,
+            What::Grant {
+                token,
+                key: String::new(),
+                mode: Some(mode),
+            },
+        )
+    }
+
+    fn converted(t: u64, slot: usize, from: LockMode, to: LockMode, token: u64) -> Event {
+        ev(t, slot, What::Converted { from, to, token })
+    }
+
+    fn release(t: u64, slot: usize, token: u64) -> Event {
+        ev(t, slot, What::Release { token, dropped: false })
+    }
+
+    fn starts_with(report: &Report, head: &str) -> usize {
+        report.violations.iter().filter(|v| v.starts_with(head)).count()
     }
 
     fn write(t: u64, slot: usize, token: u64, accepted: bool) -> Write {
@@ -1499,5 +1712,348 @@ mod tests {
         let kept = check(&events, &[], &[pause], bounds);
         assert!(kept.violations.is_empty(), "{kept}");
         assert_eq!(kept.lock_delay_checks, 0);
+    }
+
+    use LockMode::{Cr, Cw, Ex, Nl, Pr, Pw};
+
+    #[test]
+    fn two_running_holders_in_incompatible_modes_are_caught_and_compatible_ones_pass() {
+        // c0 holds in `held` from 1 s to 4 s; c1 is granted `asked` at 2 s,
+        // beside it, and releases at 3 s. Neither was faulted.
+        for held in LockMode::ALL {
+            for asked in LockMode::ALL {
+                let events = vec![
+                    granted_in(S, 0, 10, held),
+                    granted_in(2 * S, 1, 11, asked),
+                    release(3 * S, 1, 11),
+                    release(4 * S, 0, 10),
+                ];
+                let report = check(&events, &[], &[], bounds(5 * S));
+                if held.compatible(asked) {
+                    assert_eq!(
+                        report.violations,
+                        Vec::<String>::new(),
+                        "{held} beside {asked}: {report}"
+                    );
+                    assert_eq!((report.overlaps_compatible, report.overlaps_raw), (1, 0));
+                } else {
+                    assert_eq!(report.violations.len(), 1, "{held} beside {asked}: {report}");
+                    assert!(
+                        report.violations[0].starts_with(&format!(
+                            "lost() after the next grant: c0.0 (token 10 in {held}, granted 1.000s, not frozen) still held when c1.0 (token 11 in {asked}) was granted"
+                        )),
+                        "{report}"
+                    );
+                }
+            }
+        }
+        // The rule the brief states, row by row.
+        let beside = |a: LockMode, b: LockMode| {
+            let events = vec![
+                granted_in(S, 0, 10, a),
+                granted_in(2 * S, 1, 11, b),
+                release(3 * S, 1, 11),
+                release(4 * S, 0, 10),
+            ];
+            check(&events, &[], &[], bounds(5 * S)).violations.is_empty()
+        };
+        assert!(LockMode::ALL.iter().all(|&m| beside(Ex, m) == (m == Nl)));
+        assert!(LockMode::ALL.iter().all(|&m| beside(Pw, m) == matches!(m, Nl | Cr)));
+        assert!([Cw, Pw, Ex].iter().all(|&m| !beside(Pr, m)));
+    }
+
+    #[test]
+    fn an_up_conversion_beside_an_incompatible_holder_is_caught() {
+        // c0 and c1 share PR; c1 converts to EX at 2 s while c0 still holds
+        // (until 3 s).
+        let events = vec![
+            granted_in(S, 0, 10, Pr),
+            granted_in(S + S / 2, 1, 11, Pr),
+            ev(S + S / 2 + 1, 1, What::Converting { from: Pr, to: Ex }),
+            converted(2 * S, 1, Pr, Ex, 12),
+            release(3 * S, 0, 10),
+            release(4 * S, 1, 12),
+        ];
+        let report = check(&events, &[], &[], bounds(5 * S));
+        assert_eq!(report.violations.len(), 1, "{report}");
+        assert!(
+            report.violations[0].starts_with(
+                "lost() after the next grant: c0.0 (token 10 in PR, granted 1.000s, not frozen) still held when c1.0 (token 12 in EX) was converted at 2.000s"
+            ),
+            "{report}"
+        );
+        assert_eq!(report.grants, 2, "a conversion is no grant");
+        assert_eq!(report.conversions, (1, 0));
+        // Converted once c0 let go: fine.
+        let events = vec![
+            granted_in(S, 0, 10, Pr),
+            granted_in(S + S / 2, 1, 11, Pr),
+            release(S + 9 * S / 10, 0, 10),
+            converted(2 * S, 1, Pr, Ex, 12),
+            release(4 * S, 1, 12),
+        ];
+        let report = check(&events, &[], &[], bounds(5 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!(report.overlaps_compatible, 1, "PR beside PR before the conversion");
+    }
+
+    #[test]
+    fn a_down_conversion_shares_from_when_it_was_asked_for_and_not_before() {
+        // c0 holds EX from 1 s and converts down to CR at 2 s; c1 is granted
+        // PR (compatible with CR, not with EX).
+        let run = |granted: u64| {
+            let events = vec![
+                granted_in(S, 0, 10, Ex),
+                converted(2 * S, 0, Ex, Cr, 10),
+                granted_in(granted, 1, 11, Pr),
+                release(3 * S, 1, 11),
+                release(4 * S, 0, 10),
+            ];
+            check(&events, &[], &[], bounds(5 * S))
+        };
+        let after = run(2 * S + S / 10);
+        assert_eq!(after.violations, Vec::<String>::new(), "{after}");
+        assert_eq!(after.conversions, (0, 1));
+        let before = run(2 * S - S / 10);
+        assert_eq!(before.violations.len(), 1, "{before}");
+        assert!(
+            before.violations[0].starts_with("lost() after the next grant: c0.0 (token 10 in EX"),
+            "{before}"
+        );
+    }
+
+    #[test]
+    fn a_frozen_mode_holder_is_judged_as_a_frozen_mutex_holder() {
+        // c0 holds PW, is frozen from 1.1 s to 5 s; c1 is granted EX at 4 s
+        // (c0's session expired); c0 wakes and writes once before it hears
+        // lost().
+        let events = vec![
+            granted_in(S, 0, 10, Pw),
+            ev(S + S / 10, 0, What::Paused),
+            granted_in(4 * S, 1, 11, Ex),
+            ev(5 * S, 0, What::Resumed),
+            ev(5 * S + S / 5, 0, What::Lost { token: 10 }),
+            release(6 * S, 1, 11),
+        ];
+        let pause = vec![Fault {
+            kind: FaultKind::PauseHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: S + S / 10,
+            end: Some(5 * S),
+        }];
+        let refused = [
+            held_write(4 * S + S / 2, 1, 11, true),
+            held_write(5 * S + S / 10, 0, 10, false),
+        ];
+        let report = check(&events, &refused, &pause, bounds(10 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!((report.overlaps_raw, report.overlaps_fenced), (1, 1));
+        // The stale write landed: fencing failed.
+        let landed = [
+            held_write(4 * S + S / 2, 1, 11, true),
+            held_write(5 * S + S / 10, 0, 10, true),
+        ];
+        let report = check(&events, &landed, &pause, bounds(10 * S));
+        assert_eq!(
+            starts_with(&report, "unfenced overlap: c0.0 (token 10 in PW)"),
+            1,
+            "{report}"
+        );
+        assert_eq!(starts_with(&report, "register accepted token 10"), 1, "{report}");
+        // The same without the freeze: a running holder beside EX.
+        let running: Vec<Event> = events
+            .iter()
+            .filter(|e| !matches!(e.what, What::Paused | What::Resumed))
+            .cloned()
+            .collect();
+        let report = check(&running, &refused, &[], bounds(10 * S));
+        assert_eq!(starts_with(&report, "lost() after the next grant"), 1, "{report}");
+    }
+
+    #[test]
+    fn a_reset_mode_holder_gets_the_reset_allowance_and_no_more() {
+        // As for a mutex on PostgreSQL: c0's connections are reset at 2 s, the
+        // server frees its EX at once, c1 is granted PR at 2.1 s, c0 hears
+        // lost() at 2.6 s; every write of c0 after that grant refused.
+        let events = vec![
+            granted_in(S, 0, 10, Ex),
+            granted_in(2 * S + S / 10, 1, 11, Pr),
+            ev(2 * S + 6 * S / 10, 0, What::Lost { token: 10 }),
+        ];
+        let cut = vec![Fault {
+            kind: FaultKind::CutHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: 2 * S,
+            end: Some(3 * S),
+        }];
+        let refused = [held_write(2 * S + S / 5, 0, 10, false)];
+        let lenient = Bounds {
+            reset_notice: S,
+            reset_kinds: crate::Backend::Postgres.forgets(),
+            ..bounds(4 * S)
+        };
+        let report = check(&events, &refused, &cut, lenient);
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!(report.reset_holders_late.0, 1);
+        let tight = Bounds {
+            reset_notice: S / 2,
+            ..lenient
+        };
+        let report = check(&events, &refused, &cut, tight);
+        assert_eq!(starts_with(&report, "lost() after the next grant"), 1, "{report}");
+        // Where a reset frees nothing (etcd), no allowance.
+        let report = check(&events, &refused, &cut, bounds(4 * S));
+        assert_eq!(starts_with(&report, "lost() after the next grant"), 1, "{report}");
+    }
+
+    #[test]
+    fn mode_tokens_must_rise_over_incompatible_holders_only() {
+        // Two CR grants reported out of their tokens' order (compatible: no
+        // order to keep); then EX with a token below theirs.
+        let events = vec![
+            granted_in(S, 0, 20, Cr),
+            granted_in(S + S / 10, 1, 19, Cr),
+            release(2 * S, 0, 20),
+            release(2 * S, 1, 19),
+            granted_in(3 * S, 2, 18, Ex),
+            release(4 * S, 2, 18),
+        ];
+        let report = check(&events, &[], &[], bounds(5 * S));
+        assert_eq!(report.violations.len(), 1, "{report}");
+        assert!(
+            report.violations[0]
+                .starts_with("fencing token did not increase: c2.0 was granted token 18 in EX at 3.000s after c0.0 was granted token 20 in CR"),
+            "{report}"
+        );
+        let fine = vec![
+            granted_in(S, 0, 20, Cr),
+            granted_in(S + S / 10, 1, 19, Cr),
+            release(2 * S, 0, 20),
+            release(2 * S, 1, 19),
+            granted_in(3 * S, 2, 21, Ex),
+            release(4 * S, 2, 21),
+        ];
+        let report = check(&fine, &[], &[], bounds(5 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        // An up-conversion to a writing mode must take a fresh token; one to
+        // PR keeps its old token, below a writer that held meanwhile.
+        let stale = vec![
+            granted_in(S, 0, 10, Pr),
+            converted(2 * S, 0, Pr, Pw, 10),
+            release(3 * S, 0, 10),
+        ];
+        let report = check(&stale, &[], &[], bounds(5 * S));
+        assert_eq!(
+            starts_with(
+                &report,
+                "fencing token did not increase: c0.0 was converted token 10 in PW"
+            ),
+            1,
+            "{report}"
+        );
+        let kept = vec![
+            granted_in(S / 2, 0, 10, Cr),
+            granted_in(S, 1, 12, Pw),
+            release(2 * S, 1, 12),
+            converted(2 * S + S / 10, 0, Cr, Pr, 10),
+            release(3 * S, 0, 10),
+        ];
+        let report = check(&kept, &[], &[], bounds(5 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+    }
+
+    #[test]
+    fn the_register_order_applies_to_pw_and_ex_writes() {
+        // EX (11) then PW (12), cleanly handed over; a write of token 11
+        // landing after token 12's is a register going back.
+        let events = vec![
+            granted_in(S, 0, 11, Ex),
+            release(2 * S, 0, 11),
+            granted_in(2 * S + 1, 1, 12, Pw),
+            release(3 * S, 1, 12),
+        ];
+        let in_order = [held_write(S + 5, 0, 11, true), held_write(2 * S + 5, 1, 12, true)];
+        let report = check(&events, &in_order, &[], bounds(4 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        let back = [
+            held_write(S + 5, 0, 11, true),
+            held_write(2 * S + 5, 1, 12, true),
+            held_write(2 * S + 9, 0, 11, true),
+        ];
+        let report = check(&events, &back, &[], bounds(4 * S));
+        assert_eq!(
+            starts_with(&report, "register accepted token 11 from c0.0"),
+            1,
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn recovery_counts_no_nl_grant() {
+        // A holder killed at 1 s; only NL grants follow (they wait for
+        // nobody): no recovery. A CR grant within the bound is one.
+        let kill = vec![Fault {
+            kind: FaultKind::KillHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: S,
+            end: Some(S + 1),
+        }];
+        let mut events = vec![
+            granted_in(S / 2, 0, 10, Ex),
+            ev(S, 0, What::Killed),
+            granted_in(2 * S, 1, 11, Nl),
+            release(3 * S, 1, 11),
+            granted_in(12 * S, 2, 12, Nl),
+            release(13 * S, 2, 12),
+        ];
+        let report = check(&events, &[], &kill, bounds(20 * S));
+        assert_eq!(starts_with(&report, "no grant after kill-holder"), 1, "{report}");
+        events.push(granted_in(4 * S, 3, 13, Cr));
+        events.push(release(5 * S, 3, 13));
+        events.sort_by_key(|e| e.t);
+        let report = check(&events, &[], &kill, bounds(20 * S));
+        assert_eq!(starts_with(&report, "no grant after"), 0, "{report}");
+        assert_eq!(starts_with(&report, "slow recovery"), 0, "{report}");
+    }
+
+    #[test]
+    fn a_conversion_from_a_mode_not_held_is_caught() {
+        let events = vec![granted_in(S, 0, 10, Ex), converted(2 * S, 0, Pr, Pw, 11)];
+        let report = check(&events, &[], &[], bounds(3 * S));
+        assert_eq!(
+            starts_with(
+                &report,
+                "c0.0 reported a conversion from PR to PW at 2.000s while holding in EX"
+            ),
+            1,
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn a_blackholed_holder_counts_against_the_next_incompatible_grant() {
+        // c0 holds CR, blackholed at 2 s; c1 is granted PR at 2.5 s (beside
+        // CR: it says nothing); c0 hears lost() at 4 s; c2 is granted EX at 5 s.
+        let events = vec![
+            granted_in(S, 0, 10, Cr),
+            granted_in(2 * S + S / 2, 1, 11, Pr),
+            ev(4 * S, 0, What::Lost { token: 10 }),
+            release(4 * S + S / 2, 1, 11),
+            granted_in(5 * S, 2, 12, Ex),
+            release(6 * S, 2, 12),
+        ];
+        let blackhole = vec![Fault {
+            kind: FaultKind::BlackholeHolder,
+            target: "c0.0".into(),
+            holder: Some(tag(0)),
+            start: 2 * S,
+            end: Some(5 * S),
+        }];
+        let report = check(&events, &[], &blackhole, bounds(10 * S));
+        assert_eq!(report.violations, Vec::<String>::new(), "{report}");
+        assert_eq!(report.blackholed_holders, (1, 1));
     }
 }

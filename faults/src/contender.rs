@@ -17,6 +17,9 @@
 //! only while the lock is held) over the contender's own connection; the
 //! harness is told what the commit answered, stamped just before the commit.
 //!
+//! With `--modes on` it takes a lock-mode resource instead, in random modes
+//! with conversions (see [`modes`]).
+//!
 //! SIGTERM stops it: it releases what it holds, cancels what it waits for,
 //! waits for the session's background cleanup and reports `idle`; when its
 //! standard input closes it closes the session, reports `closed` and exits.
@@ -38,6 +41,8 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::now_ns;
 use crate::rng::Rng;
 use crate::Backend;
+
+pub mod modes;
 
 /// Beyond a call's own deadline, how long before the contender calls it a hang.
 const HANG_SLACK: Duration = Duration::from_secs(5);
@@ -62,6 +67,9 @@ pub struct ContenderArgs {
     pub seed: u64,
     /// The sessions' lock-delay (zero: none).
     pub lock_delay: Duration,
+    /// Take a lock-mode resource in random modes, with conversions, instead
+    /// of a mutex (see [`modes`]).
+    pub modes: bool,
 }
 
 impl ContenderArgs {
@@ -84,6 +92,8 @@ impl ContenderArgs {
             self.seed.to_string(),
             "--lock-delay-ms".into(),
             self.lock_delay.as_millis().to_string(),
+            "--modes".into(),
+            if self.modes { "on" } else { "off" }.into(),
         ]
     }
 
@@ -96,6 +106,7 @@ impl ContenderArgs {
         let (mut backend, mut endpoints, mut name, mut ttl, mut report, mut tag, mut seed) =
             (None, None, None, None, None, None, None);
         let mut lock_delay = Duration::ZERO;
+        let mut modes = false;
         while let Some(flag) = args.next() {
             let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
@@ -109,6 +120,13 @@ impl ContenderArgs {
                 "--lock-delay-ms" => {
                     lock_delay = Duration::from_millis(value.parse().map_err(|_| "bad --lock-delay-ms")?)
                 }
+                "--modes" => {
+                    modes = match value.as_str() {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err("--modes is on or off".into()),
+                    }
+                }
                 other => return Err(format!("unknown contender argument {other:?}")),
             }
         }
@@ -121,6 +139,7 @@ impl ContenderArgs {
             tag: tag.ok_or("--tag is required")?,
             seed: seed.ok_or("--seed is required")?,
             lock_delay,
+            modes,
         })
     }
 }
@@ -173,6 +192,13 @@ impl Register {
     /// asked to commit at `t`; whether the register asks the holder to stay.
     async fn fenced(&mut self, t: u64, token: u64, seq: u64, verdict: Verdict) -> std::io::Result<bool> {
         let request = format!("F {} {t} {token} {seq} {}\n", self.tag, verdict.word());
+        self.exchange(&request).await
+    }
+
+    /// Checks in while holding without writing; whether the register asks
+    /// the holder to stay.
+    async fn check_in(&mut self) -> std::io::Result<bool> {
+        let request = format!("S {}\n", self.tag);
         self.exchange(&request).await
     }
 
@@ -399,7 +425,8 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
     let options = SessionOptions::new()
         .with_ttl(args.ttl)
         .with_lock_delay(args.lock_delay);
-    let db = if args.backend.is_sql() {
+    // Lock-mode holders write the lock's own store with `write_if_held`.
+    let db = if args.backend.is_sql() && !args.modes {
         Some(
             DbRegister::new(args.backend, &args.endpoints, args.ttl, options.request_timeout())
                 .map_err(|e| std::io::Error::other(format!("the register's database URL: {e}")))?,
@@ -416,8 +443,13 @@ pub async fn run(args: ContenderArgs) -> std::io::Result<()> {
         stop,
         session: None,
         db,
+        backend: args.backend,
     };
-    worker.contend(&mut rng, &mut register).await;
+    if args.modes {
+        worker.contend_modes(&mut rng, &mut register).await;
+    } else {
+        worker.contend(&mut rng, &mut register).await;
+    }
 
     // Stopped: nothing held, nothing queued; wait for the background cleanup.
     if let Some(session) = &worker.session {
@@ -452,6 +484,8 @@ struct Worker {
     session: Option<Session>,
     /// PostgreSQL, MariaDB: the register is a table written in fenced transactions.
     db: Option<DbRegister>,
+    /// The backend (lock-mode holders name their register keys for it).
+    backend: Backend,
 }
 
 impl Worker {

@@ -6,7 +6,14 @@
 //!   with its own reading of the shared monotonic clock (`started`, `session <id>`,
 //!   `session-over <id>`, `wait <lock|timeout>`, `grant <token> <key>`,
 //!   `lost <token>`, `release <token> <release|drop>`, `released <token> <ok|error>`,
-//!   `timeout`, `error <text>`, `idle`, `closed`);
+//!   `timeout`, `error <text>`, `idle`, `closed`); a contender of a lock-mode
+//!   resource (`--modes`) reports `grant-mode <MODE> <token> <key>` instead
+//!   of `grant`, `converting <from> <to>` when it asks for an up-conversion,
+//!   `convert <from> <to> <token>` when the mode it holds in changes (a
+//!   down-conversion as it asks, for it stops using the stronger mode then;
+//!   an up-conversion once granted), and `deadlock <from> <to>` or
+//!   `convert-timeout <from> <to>` when an up-conversion fails and it keeps
+//!   the mode it held;
 //! - `W <tag> <token> <seq>`: a write to the fenced register, answered `OK` or
 //!   `REJECT <highest>`. The register accepts a token at least as high as the
 //!   highest it accepted, and stamps the write when it decides. An answer
@@ -18,7 +25,9 @@
 //!   the contender's time just before it asked to commit and what the commit
 //!   answered (`unsure`: no answer, resolved later from the database; `failed`:
 //!   it never got as far as committing, and is not recorded). Answered `OK`,
-//!   with ` stay` as above.
+//!   with ` stay` as above;
+//! - `S <tag>`: a holder that does not write (a lock-mode holder in NL, CR,
+//!   CW or PR) checks in while it holds, answered `OK`, with ` stay` as above.
 //!
 //! The harness adds its own events (spawn, kill, pause, blackhole, ...) with
 //! the same clock. A condition variable lets the harness await events (a grant,
@@ -32,6 +41,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use lockline::LockMode;
 
 use crate::clock::now_ns;
 
@@ -92,6 +103,41 @@ pub enum What {
         token: u64,
         /// The entry's key or path.
         key: String,
+        /// The mode a lock-mode resource was granted in; `None` for a mutex
+        /// (which excludes every other holder, as EX does).
+        mode: Option<LockMode>,
+    },
+    /// A lock-mode holder asked for an up-conversion (it holds `from` while it waits).
+    Converting {
+        /// The mode held.
+        from: LockMode,
+        /// The mode asked for.
+        to: LockMode,
+    },
+    /// The mode a lock-mode holder holds in changed: a down-conversion as
+    /// it was asked for (the holder no longer uses `from` from then on), an
+    /// up-conversion once granted.
+    Converted {
+        /// The mode it held.
+        from: LockMode,
+        /// The mode it holds now.
+        to: LockMode,
+        /// Its fencing token now (fresh after an up-conversion to CW, PW or EX).
+        token: u64,
+    },
+    /// An up-conversion failed with `Error::Deadlock`; the holder keeps `from`.
+    Deadlock {
+        /// The mode held (and kept).
+        from: LockMode,
+        /// The mode asked for.
+        to: LockMode,
+    },
+    /// `convert_timeout` ran out; the holder keeps `from`.
+    ConvertTimeout {
+        /// The mode held (and kept).
+        from: LockMode,
+        /// The mode asked for.
+        to: LockMode,
     },
     /// The guard's `lost()` resolved.
     Lost {
@@ -203,6 +249,9 @@ pub struct Record {
     pub garbled: Vec<String>,
     /// Holders the nemesis wants to keep holding (told so in the register's answers).
     pub stay: Vec<Tag>,
+    /// When each holder that does not write last checked in (`S`), on the
+    /// register's clock.
+    pub checked_in: BTreeMap<Tag, u64>,
 }
 
 impl Record {
@@ -343,6 +392,14 @@ impl History {
                 if reply.write_all(answer.as_bytes()).is_err() {
                     return;
                 }
+            } else if let Some(rest) = line.strip_prefix("S ") {
+                let Some(answer) = self.check_in(rest) else {
+                    self.lock().garbled.push(line);
+                    return;
+                };
+                if reply.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
             } else if let Some(rest) = line.strip_prefix("E ") {
                 match parse_event(rest) {
                     Some(event) => self.push(event),
@@ -417,6 +474,18 @@ impl History {
         self.shared.changed.notify_all();
         Some(format!("OK{stay}\n"))
     }
+
+    /// A holder that does not write checks in: recorded with the register's
+    /// time, answered with ` stay` as a write is.
+    fn check_in(&self, rest: &str) -> Option<String> {
+        let tag: Tag = rest.trim().parse().ok()?;
+        let mut record = self.lock();
+        record.checked_in.insert(tag, now_ns());
+        let stay = if record.stay.contains(&tag) { " stay" } else { "" };
+        drop(record);
+        self.shared.changed.notify_all();
+        Some(format!("OK{stay}\n"))
+    }
 }
 
 fn parse_event(rest: &str) -> Option<Event> {
@@ -437,7 +506,36 @@ fn parse_event(rest: &str) -> Option<Event> {
             What::Grant {
                 token: token.parse().ok()?,
                 key: key.to_owned(),
+                mode: None,
             }
+        }
+        "grant-mode" => {
+            let (mode, rest) = args.split_once(' ')?;
+            let (token, key) = rest.split_once(' ')?;
+            What::Grant {
+                token: token.parse().ok()?,
+                key: key.to_owned(),
+                mode: Some(mode.parse().ok()?),
+            }
+        }
+        "converting" | "deadlock" | "convert-timeout" => {
+            let (from, to) = args.split_once(' ')?;
+            let (from, to) = (from.parse().ok()?, to.parse().ok()?);
+            match kind {
+                "converting" => What::Converting { from, to },
+                "deadlock" => What::Deadlock { from, to },
+                _ => What::ConvertTimeout { from, to },
+            }
+        }
+        "convert" => {
+            let mut modes = args.split(' ');
+            let from = modes.next()?.parse().ok()?;
+            let to = modes.next()?.parse().ok()?;
+            let token = modes.next()?.parse().ok()?;
+            if modes.next().is_some() {
+                return None;
+            }
+            What::Converted { from, to, token }
         }
         "lost" => What::Lost { token: token()? },
         "release" => {
@@ -484,7 +582,8 @@ mod tests {
             event.what,
             What::Grant {
                 token: 42,
-                key: "jepsen/register/abc".into()
+                key: "jepsen/register/abc".into(),
+                mode: None,
             }
         );
         let event = parse_event("c0.0 5 release 42 drop").expect("parses");
@@ -497,6 +596,67 @@ mod tests {
         );
         assert!(parse_event("c0.0 5 bogus").is_none());
         assert!(parse_event("x 5 idle").is_none());
+    }
+
+    #[test]
+    fn lock_mode_events_parse() {
+        let event = parse_event("c1.0 9 grant-mode PW 42 jepsen/register/dlm/7-x").expect("parses");
+        assert_eq!(
+            event.what,
+            What::Grant {
+                token: 42,
+                key: "jepsen/register/dlm/7-x".into(),
+                mode: Some(LockMode::Pw),
+            }
+        );
+        let parsed = |line: &str| parse_event(line).map(|e| e.what);
+        assert_eq!(
+            parsed("c1.0 9 converting PR EX"),
+            Some(What::Converting {
+                from: LockMode::Pr,
+                to: LockMode::Ex
+            })
+        );
+        assert_eq!(
+            parsed("c1.0 9 convert PR EX 77"),
+            Some(What::Converted {
+                from: LockMode::Pr,
+                to: LockMode::Ex,
+                token: 77
+            })
+        );
+        assert_eq!(
+            parsed("c1.0 9 deadlock PR PW"),
+            Some(What::Deadlock {
+                from: LockMode::Pr,
+                to: LockMode::Pw
+            })
+        );
+        assert_eq!(
+            parsed("c1.0 9 convert-timeout CR EX"),
+            Some(What::ConvertTimeout {
+                from: LockMode::Cr,
+                to: LockMode::Ex
+            })
+        );
+        assert!(parse_event("c1.0 9 grant-mode XX 42 k").is_none());
+        assert!(parse_event("c1.0 9 convert PR EX").is_none());
+        assert!(parse_event("c1.0 9 convert PR EX 7 8").is_none());
+    }
+
+    #[test]
+    fn a_check_in_is_recorded_and_answered_with_stay() {
+        let history = History { shared: Arc::default() };
+        assert_eq!(history.check_in("c2.1").as_deref(), Some("OK\n"));
+        let tag = Tag {
+            slot: 2,
+            incarnation: 1,
+        };
+        history.lock().stay.push(tag);
+        assert_eq!(history.check_in("c2.1").as_deref(), Some("OK stay\n"));
+        assert!(history.check_in("nobody").is_none());
+        assert!(history.lock().checked_in.contains_key(&tag));
+        assert!(history.lock().writes.is_empty(), "a check-in is no write");
     }
 
     #[test]

@@ -34,6 +34,11 @@
 //! has written). A write whose commit got no answer is read back from the
 //! table before the check.
 //!
+//! With [`Config::modes`] (`--modes`) the contenders take a lock-mode
+//! resource instead, in random modes with conversions, PW and EX holders
+//! writing a register in the lock's own store with `write_if_held`; the
+//! checker judges holders by their modes (docs/faults.md, "Lock modes").
+//!
 //! The short run is an integration test (`tests/faults_randomized.rs`, part of
 //! `cargo test --workspace`); the long one is the binary:
 //!
@@ -230,6 +235,17 @@ impl Backend {
         }
     }
 
+    /// The faults after which the store has forgotten its data, the keys
+    /// fenced writes put included: a restart of Redis without persistence.
+    /// None elsewhere (the SQL databases keep `write_if_held`'s keys in a
+    /// logged table).
+    pub fn forgets_data(self) -> &'static [FaultKind] {
+        match self {
+            Backend::RedisVolatile => &[FaultKind::KillServer],
+            _ => &[],
+        }
+    }
+
     /// Whether the server frees the locks when such a fault ends (a Redis
     /// server back without its data) rather than when it begins (a
     /// PostgreSQL connection reset).
@@ -280,6 +296,12 @@ pub struct Config {
     /// checks that no contender already waiting when a holder lost the lock
     /// involuntarily was granted it sooner than the delay after the fault.
     pub lock_delay: Duration,
+    /// Lock-mode contenders: each takes a lock-mode resource in random
+    /// modes, converting while it holds, PW and EX holders writing the
+    /// register in the lock's own store with `write_if_held`
+    /// ([`contender::modes`]); the checker then judges holders by their
+    /// modes ([`checker`]).
+    pub modes: bool,
 }
 
 impl Config {
@@ -301,6 +323,17 @@ impl Config {
             kinds: Vec::new(),
             keep_logs: false,
             lock_delay: Duration::ZERO,
+            modes: false,
+        }
+    }
+
+    /// The lock-mode short run: 30 s of the backend's faults with lock-mode
+    /// contenders (see [`Config::modes`]).
+    pub fn short_modes(backend: Backend, program: PathBuf) -> Self {
+        Config {
+            duration: Duration::from_secs(30),
+            modes: true,
+            ..Config::short(backend, program)
         }
     }
 
@@ -400,6 +433,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         tag: String::new(),
         seed: config.seed,
         lock_delay: config.lock_delay,
+        modes: config.modes,
     };
     let endpoints = |addresses: &[String]| servers.endpoints(addresses);
     let mut fleet = Fleet::start(
@@ -531,12 +565,41 @@ pub fn run(config: &Config) -> Result<Report, String> {
     // Writes whose commit got no answer: the backend's store says whether they landed.
     let mut read_back = 0;
     let mut disagreements = Vec::new();
-    if let Some(committed) = servers.committed_writes() {
+    if config.modes {
+        // The lock-mode register: a key of the lock's own store per write.
+        let written: Vec<servers::StoredWrite> = history
+            .lock()
+            .writes
+            .iter()
+            .filter(|w| w.fence == history::Fence::Held)
+            .map(|w| (w.tag, w.token, w.seq))
+            .collect();
+        match servers.stored_register(&written) {
+            Ok(stored) => {
+                let mut record = history.lock();
+                read_back = record.writes.iter().filter(|w| w.unsure).count();
+                // A restart that forgets the data (Redis without
+                // persistence) forgets the register's keys written before.
+                let forgotten_before = faults
+                    .iter()
+                    .filter(|f| config.backend.forgets_data().contains(&f.kind))
+                    .filter_map(|f| f.end)
+                    .max()
+                    .unwrap_or(0);
+                disagreements = reconcile(&mut record.writes, &stored.rows, "the store", forgotten_before);
+                if stored.ordered {
+                    disagreements.extend(committed_out_of_order(&stored.rows));
+                }
+                disagreements.extend(stored.divergent);
+            }
+            Err(error) => problems.push(error),
+        }
+    } else if let Some(committed) = servers.committed_writes() {
         match committed {
             Ok(rows) => {
                 let mut record = history.lock();
                 read_back = record.writes.iter().filter(|w| w.unsure).count();
-                disagreements = reconcile(&mut record.writes, &rows);
+                disagreements = reconcile(&mut record.writes, &rows, "the database", 0);
                 disagreements.extend(committed_out_of_order(&rows));
             }
             Err(error) => problems.push(error),
@@ -570,7 +633,11 @@ pub fn run(config: &Config) -> Result<Report, String> {
     if !disagreements.is_empty() {
         add_violation(
             &mut report,
-            "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:",
+            if config.modes {
+                "the fenced register in the lock's store: answers it disagrees with, or a stale write committed after a newer one:"
+            } else {
+                "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:"
+            },
             &disagreements,
         );
     }
@@ -624,25 +691,37 @@ pub fn run(config: &Config) -> Result<Report, String> {
 }
 
 /// Settles the writes whose writer got no answer to its commit by what the
-/// backend's store holds (`committed`: writer, token, seq), and checks the
-/// answered ones against it. Returns what disagrees: a write answered as
-/// committed that is not there, or one refused that is.
-fn reconcile(writes: &mut [history::Write], committed: &[servers::StoredWrite]) -> Vec<String> {
+/// backend's store holds (`committed`: writer, token, seq; `place` names
+/// it), and checks the answered ones against it. Returns what disagrees: a
+/// write answered as committed that is not there, or one refused that is.
+/// Writes made up to `forgotten_before` (ns) may be gone with a restart
+/// that forgot the store's data (Redis without persistence): one answered
+/// as committed and missing is no finding, and one unanswered stays
+/// counted as landed.
+fn reconcile(
+    writes: &mut [history::Write],
+    committed: &[servers::StoredWrite],
+    place: &str,
+    forgotten_before: u64,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let stored: std::collections::BTreeSet<_> = committed.iter().copied().collect();
     for write in writes.iter_mut().filter(|w| w.fence == history::Fence::Held) {
         let there = stored.contains(&(write.tag, write.token, write.seq));
+        let forgotten = write.t <= forgotten_before;
         if write.unsure {
-            write.unsure = false;
-            write.accepted = there;
-        } else if write.accepted && !there {
+            if !forgotten || there {
+                write.unsure = false;
+                write.accepted = there;
+            }
+        } else if write.accepted && !there && !forgotten {
             problems.push(format!(
-                "the write of {} with token {} (seq {}) was answered as committed but is not in the database",
+                "the write of {} with token {} (seq {}) was answered as committed but is not in {place}",
                 write.tag, write.token, write.seq
             ));
         } else if !write.accepted && there {
             problems.push(format!(
-                "the write of {} with token {} (seq {}) was refused (lock not held) but is in the database",
+                "the write of {} with token {} (seq {}) was refused (lock not held) but is in {place}",
                 write.tag, write.token, write.seq
             ));
         }
@@ -741,7 +820,7 @@ mod tests {
             write(5, true, false, Fence::Token), // the test's register: not in the store
         ];
         let stored = [(tag, 7, 0), (tag, 7, 1), (tag, 7, 4)];
-        let problems = reconcile(&mut writes, &stored);
+        let problems = reconcile(&mut writes, &stored, "the database", 0);
         let settled: Vec<(bool, bool)> = writes.iter().map(|w| (w.accepted, w.unsure)).collect();
         assert_eq!(
             settled,
@@ -757,6 +836,27 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("seq 3") && problems[0].contains("not in the database"));
         assert!(problems[1].contains("seq 4") && problems[1].contains("refused"));
+    }
+
+    #[test]
+    fn writes_a_restart_forgot_are_not_held_against_the_store() {
+        let tag = Tag {
+            slot: 0,
+            incarnation: 0,
+        };
+        // Up to t = 2 the store's data was forgotten by a restart.
+        let mut writes = vec![
+            write(1, true, false, Fence::Held), // committed, forgotten: fine
+            write(2, true, true, Fence::Held),  // unsure, forgotten: still counted as landed
+            write(3, true, false, Fence::Held), // committed after the restart, missing: lost
+            write(4, true, true, Fence::Held),  // unsure after the restart, there: landed
+        ];
+        let stored = [(tag, 7, 4)];
+        let problems = reconcile(&mut writes, &stored, "the store", 2);
+        let settled: Vec<(bool, bool)> = writes.iter().map(|w| (w.accepted, w.unsure)).collect();
+        assert_eq!(settled, [(true, false), (true, true), (true, false), (true, false)]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("seq 3") && problems[0].contains("not in the store"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! ```text
 //! lockline-faults [--backend etcd|zookeeper|postgres|mariadb|redis|redis-volatile|all[,...]] [--seconds N] [--seed N]
 //!                 [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] [--lock-delay SECS]
-//!                 [--quiet] [--keep-logs]
+//!                 [--modes] [--quiet] [--keep-logs]
 //! ```
 //!
 //! `--backend` takes one backend, several separated by commas, `all`, or
@@ -22,6 +22,11 @@
 //! `--lock-delay SECS` gives the contenders a lock-delay; the checker then
 //! also checks that a contender already waiting when a holder lost the lock
 //! to a fault is granted it no sooner than the delay after the fault.
+//! `--modes` runs lock-mode contenders instead of mutex ones: each takes a
+//! lock-mode resource in random modes and converts while it holds, PW and
+//! EX holders writing a register in the lock's own store with
+//! `write_if_held`; the checker judges holders by their modes (see
+//! docs/faults.md).
 //!
 //! Starts the servers, the contenders and the nemesis, prints the figures and
 //! every violation, and exits with status 1 when there is one. The defaults
@@ -38,7 +43,7 @@ use lockline_faults::{run, Backend, Config};
 const USAGE: &str =
     "usage: lockline-faults [--backend etcd|zookeeper|postgres|mariadb|redis|redis-volatile|all[,...]] \
                      [--seconds N] [--seed N] [--contenders N] [--ttl SECS] [--slack SECS] [--faults KIND,...] \
-                     [--lock-delay SECS] [--quiet] [--keep-logs]
+                     [--lock-delay SECS] [--modes] [--quiet] [--keep-logs]
   --backend   one or more of etcd, zookeeper, postgres, mariadb, redis, redis-volatile (comma-separated), all,
               or both (etcd and zookeeper); default all. redis: one server with appendonly yes and
               appendfsync always; redis-volatile: one server without persistence (a restart forgets
@@ -50,7 +55,10 @@ const USAGE: &str =
               default: every kind the backend can have (cut-holder on postgres, mariadb and redis only)
   --lock-delay the contenders' lock-delay (seconds, fractions allowed, at most 60; default 0): the
               checker then also checks that no contender waiting when a holder lost the lock to a
-              fault was granted it sooner than the delay after the fault";
+              fault was granted it sooner than the delay after the fault
+  --modes     lock-mode contenders: a resource taken in random modes (NL, CR, CW, PR, PW, EX), converted
+              up and down while held; PW and EX holders write a register in the lock's own store with
+              write_if_held; the checker flags holders in incompatible modes side by side";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
@@ -72,7 +80,8 @@ fn main() -> ExitCode {
             ..config.clone()
         };
         println!(
-            "== {backend}: {:?} of faults, seed {}, {} contenders, TTL {:?}, recovery bound {:?}",
+            "== {backend}{}: {:?} of faults, seed {}, {} contenders, TTL {:?}, recovery bound {:?}",
+            if config.modes { " (lock modes)" } else { "" },
             config.duration,
             config.seed,
             config.contenders,
@@ -108,6 +117,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Vec<Backend>, Config
         }
         if flag == "--keep-logs" {
             config.keep_logs = true;
+            continue;
+        }
+        if flag == "--modes" {
+            config.modes = true;
             continue;
         }
         if flag == "-h" || flag == "--help" {

@@ -286,8 +286,11 @@ impl<'a> Nemesis<'a> {
                 tag
             };
             let asked = now_ns();
+            // A write, or a check-in of a holder that does not write (a
+            // lock-mode holder in NL, CR, CW or PR), answered since.
             let heard = self.history.wait_until(Duration::from_secs(1), |r| {
                 r.writes.iter().rev().take_while(|w| w.t > asked).any(|w| w.tag == tag)
+                    || r.checked_in.get(&tag).is_some_and(|&t| t > asked)
             });
             if heard && self.history.lock().holders.contains_key(&tag) {
                 return Some((tag.slot, tag));

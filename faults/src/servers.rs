@@ -7,6 +7,7 @@
 //! semi-synchronous replica; or one Redis server, with or without
 //! persistence (a kill and restart on the same port, a pause).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use lockline_testkit::{
@@ -14,8 +15,39 @@ use lockline_testkit::{
     ZkEnsemble, ZkOptions,
 };
 
+use crate::contender::modes::{parse_register_key, register_key, REGISTER_PREFIX};
 use crate::history::Tag;
 use crate::Backend;
+
+/// The lock-mode register as the lock's own store holds it (see
+/// [`Servers::stored_register`]).
+#[derive(Debug, Clone, Default)]
+pub struct StoredRegister {
+    /// The writes found: writer, token, seq.
+    pub rows: Vec<StoredWrite>,
+    /// Whether `rows` come in the server's order of the writes.
+    pub ordered: bool,
+    /// Members that lack writes another member has, in words (ZooKeeper).
+    pub divergent: Vec<String>,
+}
+
+impl StoredRegister {
+    fn ordered(rows: Vec<StoredWrite>) -> Self {
+        StoredRegister {
+            rows,
+            ordered: true,
+            divergent: Vec::new(),
+        }
+    }
+
+    fn unordered(rows: Vec<StoredWrite>) -> Self {
+        StoredRegister {
+            rows,
+            ordered: false,
+            divergent: Vec::new(),
+        }
+    }
+}
 
 /// A running cluster of one backend.
 #[derive(Debug)]
@@ -643,6 +675,69 @@ impl Servers {
         }
     }
 
+    /// The lock-mode contenders' fenced register, as the lock's own store
+    /// holds it: the writes among `written` (writer, token, seq) whose key
+    /// ([`register_key`](crate::contender::modes::register_key)) is there,
+    /// in the server's order of the writes on etcd (their create revisions,
+    /// one linearizable read) and ZooKeeper (their nodes' czxid, each member
+    /// read on its own after a `sync`: members that disagree are named);
+    /// elsewhere each key is read with lockline's `Session::read`, in no
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// A message when the store cannot be read.
+    pub fn stored_register(&self, written: &[StoredWrite]) -> Result<StoredRegister, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let backend = self.backend();
+        let read = async {
+            match self {
+                Servers::Etcd(cluster) => etcd_register(cluster.endpoints()).await.map(StoredRegister::ordered),
+                Servers::ZooKeeper(ensemble) => {
+                    let members: Vec<String> = (0..ensemble.size()).map(|i| ensemble.address(i)).collect();
+                    zookeeper_register(&members).await
+                }
+                Servers::Postgres(pg) => {
+                    let url = Postgres::url(&format!("127.0.0.1:{}", pg.server.port()));
+                    let client = lockline::Client::new(lockline_sql::Sql::new(url));
+                    lockline_register(client, backend, written)
+                        .await
+                        .map(StoredRegister::unordered)
+                }
+                Servers::MariaDb(my) => {
+                    let url = MariaDb::url(&format!("127.0.0.1:{}", my.server.port()));
+                    let client = lockline::Client::new(lockline_sql::Sql::new(url));
+                    lockline_register(client, backend, written)
+                        .await
+                        .map(StoredRegister::unordered)
+                }
+                Servers::Redis(server, _) => {
+                    let client = lockline::Client::new(lockline_redis::Redis::new(server.url()));
+                    lockline_register(client, backend, written)
+                        .await
+                        .map(StoredRegister::unordered)
+                }
+            }
+        };
+        runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(120), read).await })
+            .map_err(|_| "reading the fenced register back took longer than 120 s".to_owned())?
+    }
+
+    fn backend(&self) -> Backend {
+        match self {
+            Servers::Etcd(_) => Backend::Etcd,
+            Servers::ZooKeeper(_) => Backend::ZooKeeper,
+            Servers::Postgres(_) => Backend::Postgres,
+            Servers::MariaDb(_) => Backend::MariaDb,
+            Servers::Redis(_, true) => Backend::Redis,
+            Servers::Redis(_, false) => Backend::RedisVolatile,
+        }
+    }
+
     /// The failover fault's outage: crashes the primary (PostgreSQL: every
     /// process; MariaDB: the server, once it commits semi-synchronously) and
     /// promotes its standby or replica, which becomes the server from now
@@ -774,7 +869,12 @@ async fn zookeeper_entries(connect: &str, name: &str) -> Result<Vec<Entry>, Stri
         Err(error) => return Err(format!("ZooKeeper list {path}: {error}")),
     };
     let mut entries = Vec::new();
-    for child in children {
+    // A lock-mode resource's value block (and the stamp its updates make
+    // and delete in one transaction) are reserved children, no contenders.
+    for child in children
+        .into_iter()
+        .filter(|c| c != "lockline-value-block" && c != "lockline-stamp")
+    {
         let key = format!("{path}/{child}");
         match client.check_stat(&key).await {
             Ok(Some(stat)) => entries.push(Entry {
@@ -786,6 +886,118 @@ async fn zookeeper_entries(connect: &str, name: &str) -> Result<Vec<Entry>, Stri
         }
     }
     Ok(entries)
+}
+
+/// The register's keys on etcd, in the order of their create revisions.
+async fn etcd_register(endpoints: Vec<String>) -> Result<Vec<StoredWrite>, String> {
+    use lockline_etcd::etcd_client::{Client, GetOptions};
+    let mut client = Client::connect(endpoints, None)
+        .await
+        .map_err(|e| format!("etcd connect: {e}"))?;
+    let answer = client
+        .get(REGISTER_PREFIX, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| format!("etcd get {REGISTER_PREFIX:?}: {e}"))?;
+    let mut kvs: Vec<_> = answer.kvs().iter().collect();
+    kvs.sort_by_key(|kv| kv.create_revision());
+    kvs.into_iter()
+        .map(|kv| stored_write(&String::from_utf8_lossy(kv.key())))
+        .collect()
+}
+
+/// The register's nodes on ZooKeeper, in the order of their czxid: every
+/// member read on its own, after a `sync` (which brings it up to the
+/// leader's commits), so that members which lost a committed write are
+/// named. The rows are every node any member has.
+async fn zookeeper_register(members: &[String]) -> Result<StoredRegister, String> {
+    use lockline_zookeeper::zookeeper_client::{Client, Error};
+    let parent = format!("/{}", REGISTER_PREFIX.trim_end_matches('/'));
+    let mut seen: Vec<BTreeMap<String, i64>> = Vec::new();
+    for member in members {
+        let client = Client::connect(member)
+            .await
+            .map_err(|e| format!("ZooKeeper connect {member}: {e}"))?;
+        let mut nodes = BTreeMap::new();
+        match client.sync(&parent).await {
+            Ok(()) | Err(Error::NoNode) => {}
+            Err(error) => return Err(format!("ZooKeeper sync {parent} on {member}: {error}")),
+        }
+        let children = match client.list_children(&parent).await {
+            Ok(children) => children,
+            Err(Error::NoNode) => Vec::new(),
+            Err(error) => return Err(format!("ZooKeeper list {parent} on {member}: {error}")),
+        };
+        for child in children {
+            let path = format!("{parent}/{child}");
+            match client.check_stat(&path).await {
+                Ok(Some(stat)) => {
+                    nodes.insert(path, stat.czxid);
+                }
+                Ok(None) => {}
+                Err(error) => return Err(format!("ZooKeeper stat {path} on {member}: {error}")),
+            }
+        }
+        seen.push(nodes);
+    }
+    let mut union: BTreeMap<String, i64> = BTreeMap::new();
+    for nodes in &seen {
+        union.extend(nodes.iter().map(|(path, czxid)| (path.clone(), *czxid)));
+    }
+    let mut divergent = Vec::new();
+    for (i, nodes) in seen.iter().enumerate() {
+        let missing: Vec<&String> = union.keys().filter(|path| !nodes.contains_key(*path)).collect();
+        if let Some(first) = missing.first() {
+            divergent.push(format!(
+                "ZooKeeper member n{} ({}) lacks {} of the {} register nodes the others have, {first} the first",
+                i + 1,
+                members[i],
+                missing.len(),
+                union.len()
+            ));
+        }
+    }
+    let mut nodes: Vec<(i64, String)> = union.into_iter().map(|(path, czxid)| (czxid, path)).collect();
+    nodes.sort();
+    let rows = nodes
+        .into_iter()
+        .map(|(_, path)| stored_write(&path))
+        .collect::<Result<_, _>>()?;
+    Ok(StoredRegister {
+        rows,
+        ordered: true,
+        divergent,
+    })
+}
+
+/// The register's keys among `written`, read one by one through a lockline
+/// session of its own (closed after).
+async fn lockline_register(
+    client: lockline::Client,
+    backend: Backend,
+    written: &[StoredWrite],
+) -> Result<Vec<StoredWrite>, String> {
+    let session = client.session().await.map_err(|e| format!("{backend} session: {e}"))?;
+    let mut found = Vec::new();
+    let mut failed = None;
+    for &(tag, token, seq) in written {
+        let key = register_key(backend, &tag.to_string(), token, seq);
+        match session.read(&key).await {
+            Ok(Some(_)) => found.push((tag, token, seq)),
+            Ok(None) => {}
+            Err(error) => {
+                failed = Some(format!("{backend} read {key:?}: {error}"));
+                break;
+            }
+        }
+    }
+    let _ = session.close().await;
+    failed.map_or(Ok(found), Err)
+}
+
+fn stored_write(key: &str) -> Result<StoredWrite, String> {
+    let (tag, token, seq) =
+        parse_register_key(key).ok_or_else(|| format!("a register key not written by a contender: {key:?}"))?;
+    Ok((tag.parse()?, token, seq))
 }
 
 /// Waits until a Redis server answers `PING` (after a resume), up to 30 s.

@@ -1,6 +1,7 @@
 //! The randomized fault test's short run, one per backend and mode (about 40 s
-//! each, nine runs taking turns): contender processes, a fenced register, a
-//! seeded nemesis, a checker. The long run is the `lockline-faults` binary
+//! each, nine runs taking turns), and shorter lock-mode runs (about 30 s
+//! each): contender processes, a fenced register, a seeded nemesis, a
+//! checker. The long run is the `lockline-faults` binary
 //! (see docs/faults.md).
 
 use std::path::PathBuf;
@@ -49,6 +50,31 @@ fn connection_and_failover_run(backend: Backend) {
             "no {kind} was dealt:\n{report}"
         );
     }
+}
+
+/// Lock-mode contenders: a resource taken in random modes, converted up and
+/// down while held, PW and EX holders writing a register in the lock's own
+/// store with `write_if_held`; no two holders in incompatible modes side by
+/// side (but as the loss allowances let a mutex holder), tokens rising over
+/// incompatible holders, the register never going back.
+fn modes_run(backend: Backend) {
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_lockline-faults"));
+    let report = run_checked(Config::short_modes(backend, program));
+    assert!(
+        report.overlaps_compatible > 0,
+        "no two holders ever shared the resource:\n{report}"
+    );
+    assert!(
+        report.conversions.0 > 0 && report.conversions.1 > 0,
+        "conversions both ways wanted:\n{report}"
+    );
+    assert!(
+        ["PR", "PW", "EX"]
+            .iter()
+            .all(|m| report.modes.get(*m).copied().unwrap_or(0) > 0),
+        "PR, PW and EX grants wanted:\n{report}"
+    );
+    assert!(report.writes_accepted > 0, "no PW or EX holder wrote:\n{report}");
 }
 
 fn run_checked(config: Config) -> lockline_faults::checker::Report {
@@ -112,4 +138,19 @@ fn redis_survives_the_nemesis() {
 #[test]
 fn redis_without_persistence_survives_the_nemesis() {
     short_run(Backend::RedisVolatile);
+}
+
+#[test]
+fn etcd_in_lock_modes_survives_the_nemesis() {
+    modes_run(Backend::Etcd);
+}
+
+#[test]
+fn zookeeper_in_lock_modes_survives_the_nemesis() {
+    modes_run(Backend::ZooKeeper);
+}
+
+#[test]
+fn redis_in_lock_modes_survives_the_nemesis() {
+    modes_run(Backend::Redis);
 }

@@ -401,6 +401,46 @@ async fn silent_partition_with_a_2s_ttl() {
     silent_partition_is_suspended_then_lost_before_expiry(options(2)).await;
 }
 
+/// A conversion whose request is stuck in a silent partition ends with the
+/// loss (`SessionLost`), when `lost()` resolves (the loss deadline, 2.4 s
+/// with a TTL of 3 s), not when its request times out (60 s here, past the
+/// step's bound): a converting holder cannot watch `lost()` itself (the
+/// guard is borrowed). One that waited out its request went on holding
+/// beside the next writer (the lock-mode fault test found it twice: a
+/// down-conversion and an up-conversion each asked for as a quorum was
+/// killed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversion_in_a_silent_partition_ends_with_the_loss() {
+    use lockline::LockMode;
+    use lockline_testkit::TcpProxy;
+    let cluster = EtcdCluster::start().expect("start etcd");
+    for (from, to) in [(LockMode::Ex, LockMode::Pr), (LockMode::Pr, LockMode::Ex)] {
+        let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+        let client = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+        let session = client
+            .session_with(options(3).with_request_timeout(Duration::from_secs(60)))
+            .await
+            .expect("session");
+        let mut guard = session
+            .resource(&format!("partition/modes-{from}-{to}"))
+            .expect("resource")
+            .lock(from)
+            .await
+            .expect("lock");
+        proxy.blackhole();
+        let converted = bounded("the conversion", guard.convert(to)).await;
+        assert!(
+            matches!(converted, Err(Error::SessionLost { .. })),
+            "{from} to {to}: {converted:?}"
+        );
+        assert!(!guard.is_held());
+        if !to.is_down_from(from) {
+            assert_eq!(guard.mode(), from, "not converted up");
+        }
+        assert_eq!(session.state(), SessionState::Lost);
+    }
+}
+
 /// A session declared lost stops renewing and revokes its lease as soon as
 /// the server is reachable again: after a partition long enough to declare
 /// the loss but shorter than the TTL, its keys go at once on heal, not when
