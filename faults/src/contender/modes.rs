@@ -1,4 +1,4 @@
-//! The lock-mode contender (`--modes`): one [`Resource`] taken over and over
+//! The lock-mode contender (`--modes`): one [`Resource`](lockline::Resource) taken over and over
 //! in a random mode, converted up or down now and then while held.
 //!
 //! Each round it asks for a mode, weighted so that readers and writers
