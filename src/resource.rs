@@ -386,15 +386,36 @@ impl View {
         false
     }
 
-    /// Whether the conversion `at`, on a cycle, was marked after every
-    /// other conversion on a cycle with it (ties: the later entry): that one
-    /// gives up, and the others wait for it to.
-    fn last_marked_on_cycle(&self, at: usize) -> bool {
+    /// Whether the conversion `at` lies on a cycle that its own mark closed:
+    /// a cycle through waiting entries none of whose other conversions was
+    /// marked after it (ties: the later entry). That conversion gives up;
+    /// a cycle closed by a later mark is that one's to break. (Deferring to
+    /// any later mark on a cycle is wrong: that mark may close another
+    /// cycle, and once it is taken back the first one stands with no one
+    /// awake to see it — the model's `DeferToAnyLaterMark`.)
+    fn closes_cycle(&self, at: usize) -> bool {
         let key = |j: usize| (self.slots[j].1.since, self.slots[j].0.entry.order);
-        (0..self.slots.len())
-            .filter(|&j| j != at && self.slots[j].1.converting().is_some())
-            .filter(|&j| self.reaches(at, j) && self.reaches(j, at))
-            .all(|j| key(j) < key(at))
+        let passable = |j: usize| {
+            let state = self.slots[j].1;
+            match state.converting() {
+                Some(_) => key(j) < key(at),
+                None => state.granted.is_none(),
+            }
+        };
+        let mut seen = Vec::new();
+        let mut stack = vec![at];
+        while let Some(from) = stack.pop() {
+            for next in self.blockers(from) {
+                if next == at {
+                    return true;
+                }
+                if passable(next) && !seen.contains(&next) {
+                    seen.push(next);
+                    stack.push(next);
+                }
+            }
+        }
+        false
     }
 
     /// Whether `at` lies on a cycle of entries that wait on each other.
@@ -1431,13 +1452,13 @@ impl ResourceGuard {
                     delete: &[],
                     block: None,
                 };
+                // Armed before the write: a mark whose answer is lost (and
+                // whose retry then fails its condition) is still taken back.
                 cleanup.conv = Some(conv);
-                if acquire.retrying(|| inner.remote.update_queue(&update)).await?.is_none() {
-                    cleanup.conv = None;
-                }
+                acquire.retrying(|| inner.remote.update_queue(&update)).await?;
                 continue;
             }
-            if view.in_cycle(at) && view.last_marked_on_cycle(at) {
+            if view.closes_cycle(at) {
                 return Err(self.deadlock(from, mode).await);
             }
             let Some(on) = view.blocker(at) else {
@@ -1864,6 +1885,20 @@ mod tests {
         assert!(v.in_cycle(1));
         let v = view(&[converting(Pr, Ex), State::held(Pr, 2)]);
         assert!(!v.in_cycle(0));
+    }
+
+    #[test]
+    fn the_conversion_whose_mark_closed_a_cycle_gives_up() {
+        let marked = |since| State {
+            since,
+            ..converting(Pr, Ex)
+        };
+        let v = view(&[marked(1), marked(2)]);
+        assert!(v.closes_cycle(1) && !v.closes_cycle(0));
+        // Three: the last closes a cycle, and so does the second (with the
+        // first alone): each gives up rather than wait on the other.
+        let v = view(&[marked(1), marked(2), marked(3)]);
+        assert!(v.closes_cycle(2) && v.closes_cycle(1) && !v.closes_cycle(0));
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! - **Against a peer library** ([`versus`]): lockline and another client
 //!   (Go's `concurrency`, Curator) on the same server, the same workload,
 //!   grants/s and the client's and server's CPU time per grant.
+//! - **Lock modes** ([`lock_modes`]): on any backend, for each N, the
+//!   mutex and a resource in EX side by side (EX ÷ mutex), and a mixed
+//!   workload of the six modes with conversions (grants/s, wakeups per
+//!   release).
 //! - **Scale** (`scale_*`): many locks on one session and many sessions in
 //!   one process ([`scale::run`]), with a counting allocator and a
 //!   byte-counting proxy; a backend implements [`scale::ScaleServer`].
@@ -32,6 +36,7 @@ mod contest;
 mod crowd;
 mod crowd_child;
 mod latency;
+pub mod lock_modes;
 pub mod report;
 pub mod scale;
 pub mod versus;

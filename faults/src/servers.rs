@@ -677,7 +677,7 @@ impl Servers {
 
     /// The lock-mode contenders' fenced register, as the lock's own store
     /// holds it: the writes among `written` (writer, token, seq) whose key
-    /// ([`register_key`]) is there,
+    /// ([`register_key`](crate::contender::modes::register_key())) is there,
     /// in the server's order of the writes on etcd (their create revisions,
     /// one linearizable read) and ZooKeeper (their nodes' czxid, each member
     /// read on its own after a `sync`: members that disagree are named);

@@ -232,28 +232,33 @@ impl Config {
     /// The six modes mixed on one resource: a PR holder converts up to EX,
     /// writes and converts down to CR; a CR holder converts up to PW with a
     /// deadline and writes; a PR request with a deadline converts up to EX.
-    /// One session may expire, one wake-up may be duplicated.
+    /// One session may expire; no wake-up is duplicated (the other
+    /// configurations duplicate one; here it would triple the states, and
+    /// late wake-ups are still reached).
     pub fn dlm() -> Config {
         use Mode::{Cr, Ex, Pr, Pw};
-        Config::modes(
-            "DLM modes mixed",
-            vec![
+        Config {
+            duplicate_wakes: 0,
+            ..Config::modes(
+                "DLM modes mixed",
                 vec![
-                    Op::lock(0, Pr),
-                    Op::convert(0, Ex),
-                    Op::write(0),
-                    Op::convert(0, Cr),
-                    Op::release(0),
+                    vec![
+                        Op::lock(0, Pr),
+                        Op::convert(0, Ex),
+                        Op::write(0),
+                        Op::convert(0, Cr),
+                        Op::release(0),
+                    ],
+                    vec![
+                        Op::lock(0, Cr),
+                        Op::convert_timeout(0, Pw),
+                        Op::write(0),
+                        Op::release(0),
+                    ],
+                    vec![Op::lock_timeout(0, Pr), Op::convert(0, Ex), Op::release(0)],
                 ],
-                vec![
-                    Op::lock(0, Cr),
-                    Op::convert_timeout(0, Pw),
-                    Op::write(0),
-                    Op::release(0),
-                ],
-                vec![Op::lock_timeout(0, Pr), Op::convert(0, Ex), Op::release(0)],
-            ],
-        )
+            )
+        }
     }
 
     /// Conversions and their deadlock: two PR holders convert up to EX (one
@@ -356,6 +361,20 @@ impl Config {
         }
     }
 
+    /// Three PR holders convert up to EX and release, waiting as long as
+    /// it takes; no session expires (an expiry would end any wait), one
+    /// wake-up may be duplicated. Each pair of them is a conversion
+    /// deadlock: when the conversion marked last gives up, the other two
+    /// still form a cycle, which the later-marked of them must break.
+    pub fn three_conversions() -> Config {
+        use Mode::{Ex, Pr};
+        let client = vec![Op::lock(0, Pr), Op::convert(0, Ex), Op::release(0)];
+        Config {
+            expiries: 0,
+            ..Config::modes("three PR→EX", vec![client.clone(), client.clone(), client])
+        }
+    }
+
     /// Every configuration the crate's tests check with the sound rule.
     pub fn all() -> Vec<Config> {
         vec![
@@ -370,6 +389,7 @@ impl Config {
             Config::conversion_behind_waiter(),
             Config::sideways_conversion(),
             Config::down_conversion(),
+            Config::three_conversions(),
         ]
     }
 }

@@ -1,24 +1,26 @@
 //! A model of lockline's queue protocol — the one wait rule of DESIGN §4,
 //! extended to the six lock modes of a VMS-style lock manager — checked
-//! exhaustively with [stateright](https://docs.rs/stateright) before the
-//! modes are coded.
+//! exhaustively with [stateright](https://docs.rs/stateright).
 //!
 //! # What is modelled
 //!
 //! - **A server** holding, per resource, a queue of [entries](state::Entry):
 //!   an id (the creation order, etcd's create revision), the owning client
 //!   (one session per client), a [`Mode`] (the one granted, or the one asked
-//!   for while waiting), a *granted* mark, the mode an up-conversion asks for,
-//!   and a fencing token. A revision counter gives ids and tokens. Next to
-//!   each queue stands a **fenced resource** that accepts a write only with
-//!   a token at least as high as the highest it accepted.
+//!   for while waiting), a *granted* mark, the mode an up-conversion asks for
+//!   and when that mark was written (`since`), and a fencing token. A
+//!   revision counter gives ids and tokens. Next to each queue stands a
+//!   **fenced resource** that accepts a write only with a token at least as
+//!   high as the highest it accepted.
 //! - **Clients**, each running a short [script](Op) on its own session:
 //!   append a request and wait, convert, write, release. A client waits on
-//!   exactly one entry; when told that entry was removed or changed, it
-//!   reads the queue once and decides: granted, or wait on the next blocker.
-//!   A `try_` request is refused at once, a timed one may give up at any
-//!   moment (removing its entry, or keeping its granted mode when it was a
-//!   conversion).
+//!   exactly one entry; when told that entry is gone or no longer blocks
+//!   it, it reads the queue once and decides: granted, or wait on the next
+//!   blocker. A `try_` request is refused at once, a timed one may give up
+//!   at any moment (removing its entry, or taking its conversion back).
+//! - **Up-conversions in two phases**, as `ResourceGuard::up` does them:
+//!   a read, the mark (one write), then reads that decide, each a separate
+//!   step that any other step may come between (see below).
 //! - **Faults**, within small budgets ([`Config`]): a session may expire at
 //!   any moment (the server deletes its entries; the client keeps believing
 //!   what it believed, and may write, until it learns); a wake-up may be
@@ -35,22 +37,57 @@
 //!   entry. Later entries are never looked at.
 //! - **A down-conversion** (every mode compatible with the old one is
 //!   compatible with the new one) is granted at once. Anything else is an
-//!   **up-conversion**, CW ⇄ PR included: granted when its new mode is
-//!   compatible with every other granted entry *and every earlier request
-//!   still waiting*; otherwise it waits on the first such entry, each in turn.
-//!   Every later request waits for it (it counts with its new mode).
-//! - **Conversion deadlock** is looked for when an up-conversion is asked:
-//!   if the entry now lies on a cycle of entries waiting on each other
-//!   (requests and conversions, each with an edge to every entry that keeps
-//!   it waiting), the conversion fails at once and the entry keeps its
-//!   granted mode.
+//!   **up-conversion**, CW ⇄ PR included, made of separate steps:
+//!   1. *The read before the mark* ([`Action::Step`]), counting the entry
+//!      as converting: if it would wait and lie on a cycle, the conversion
+//!      fails with a deadlock, writing nothing; if it would wait and may
+//!      not (a try), it gives up, writing nothing; otherwise:
+//!   2. *The mark* ([`Action::Mark`]): one write of the entry's own value
+//!      (its condition is the entry's own version, which only its owner
+//!      writes), stamped with its place in the server's order of writes.
+//!      From here on every request reading the queue counts the entry with
+//!      both modes.
+//!   3. *A read after the mark* ([`Action::ReadAfterMark`], and again after
+//!      each wake-up): if the entry lies on a cycle whose other conversions
+//!      were all marked before it — a cycle its own mark closed — it gives
+//!      up ([`Action::TakeBack`], a later separate step, writes its held mode
+//!      back). Otherwise it is granted when its new mode is compatible with
+//!      every other granted entry *and every earlier request still waiting*,
+//!      or waits on the first such entry in queue order.
+//! - **Deadlock**: entries and "is kept waiting by" edges (a request to
+//!   each earlier entry it conflicts with, a conversion to each granted
+//!   entry and earlier waiting request its new mode conflicts with) form a
+//!   graph; a cycle of waiting entries is a deadlock. Only a mark adds edges
+//!   that can close a cycle, and every edge it adds touches its own entry,
+//!   so every cycle goes through the conversion whose mark closed it, the
+//!   latest on it; that conversion's read after its mark comes after the
+//!   cycle closed, finds it (if nothing broke it meanwhile) and gives up.
+//!   "Marked last of every conversion on a cycle with me", the rule as first
+//!   coded, defers to a later mark that closed a *different* cycle; once
+//!   that one gives up, the cycle left is one whose closing conversion has
+//!   read already and sleeps ([`Rule::DeferToAnyLaterMark`]).
+//! - **Grants are conditioned writes.** The code reads, decides, and writes
+//!   the grant conditioned on the entries the decision read still being at
+//!   the versions read (a request: those before it and itself; a
+//!   conversion: all). The model makes read, decision and grant one step,
+//!   which is the same: the write applies only if those entries are
+//!   unchanged, so at the write the queue holds what the decision read,
+//!   except for entries appended since; those come later than a request
+//!   (which never looks at later entries), and for a conversion are
+//!   requests that read its mark, so are granted beside it only in modes
+//!   compatible with its new mode, which changes nothing it decided. A
+//!   failed condition only reads again. The grant before the mark is not
+//!   like that: appended after that read, a request reads the entry
+//!   unmarked, and is granted beside it ([`Rule::GrantBeforeMark`], modelled
+//!   with the read and the write as separate steps and versions compared).
 //! - **Tokens**: every grant takes a fresh token from the revision counter
 //!   (the revision of the write that marks the entry granted), and so does an
-//!   up-conversion to a writing mode (CW, PW, EX). Deciding and marking are
-//!   one atomic step (an etcd transaction, a ZooKeeper multi).
-//! - **Wake-ups**: removing an entry, or changing its mode or its conversion
-//!   (a down-conversion, a conversion granted or given up), wakes exactly the
-//!   clients that wait on that entry. A client woken for an entry it no
+//!   up-conversion to a writing mode (CW, PW, EX).
+//! - **Wake-ups**: a waiter watches the one entry it waits on and is woken
+//!   when that entry is removed, or changed so that it no longer keeps the
+//!   waiter waiting (a down-conversion, a conversion granted or taken back);
+//!   a change that leaves it blocking (a request granted in the mode it
+//!   asked for, a mark) wakes no one. A client woken for an entry it no
 //!   longer waits on ignores it; a client that finds its own entry gone has
 //!   lost its session.
 //! - **Appends** are idempotent per attempt for the attempt's whole life: a
@@ -71,28 +108,34 @@
 //!    newer grant's write; 2b. a live holder's write is never refused;
 //! 3. FIFO: nothing is granted while an earlier incompatible request or
 //!    conversion waits;
-//! 4. no cycle of waiting entries ever stands (every conversion deadlock is
-//!    detected when it arises);
-//! 5. once every client has ended, no entry is left;
-//! 6. a removal or change wakes only the clients that waited on that entry;
+//! 4. no cycle of waiting entries stands once every conversion on it has
+//!    made its read after its mark and sleeps (a cycle may stand until
+//!    then); 4b. a conversion fails with a deadlock only on a cycle its own
+//!    mark closed (so never off a cycle, and never because a later mark
+//!    closed it: that one gives up);
+//! 5. once every client has ended, no entry is left; 5b. an entry is marked
+//!    converting only while its conversion runs (no mark is left behind);
+//! 6. a removal or change wakes only the clients that waited on that entry
+//!    and that it lets on;
 //! 7. a waiter no longer blocked by the entry it waits on has a wake-up on
 //!    its way (no lost wake-up);
 //! 8. every client ends (`eventually`);
 //!
 //! and `sometimes` properties showing that grants, up-conversions, detected
-//! deadlocks, holders whose session expired, stale writes refused and late
-//! wake-ups ignored are all reached.
+//! deadlocks (also on a read after the mark), holders whose session
+//! expired, stale writes refused and late wake-ups ignored are all reached.
 //!
 //! # Bounds
 //!
 //! Every configuration ([`Config::all`]) has three clients (two in the
 //! two-resource one), one resource (two in one), two to five steps per
-//! client, at most one session expiry, one duplicated wake-up and, for the
-//! mutex, one retried append. The checker explores every reachable state,
-//! breadth first, on one thread; all of them together take about ten seconds
-//! in a debug build (the largest, the mixed DLM configuration, has about
-//! 250,000 distinct states). `cargo run -p lockline-model --example check`
-//! prints the counts and times.
+//! client, at most one session expiry (none in two), one duplicated wake-up
+//! (none in the mixed DLM one) and, for the mutex, one retried append. The
+//! checker explores every reachable state, breadth first, on one thread;
+//! all of them together take about fifteen seconds in a debug build (the
+//! largest, the mixed DLM configuration, has about 370,000 distinct
+//! states). `cargo run -p lockline-model --example check` prints the counts
+//! and times; `--example trace` prints a counterexample step by step.
 //!
 //! # Broken twins
 //!
@@ -103,14 +146,17 @@
 //! mode rows read literally ([`Rule::ConversionPassesEarlierWaiters`],
 //! [`Rule::ConvertingCountsNewModeOnly`], [`Rule::WakeOnRemovalOnly`]); one
 //! is the Linux DLM's pairwise deadlock check
-//! ([`Rule::PairwiseDeadlockDetection`]).
+//! ([`Rule::PairwiseDeadlockDetection`]); five are pitfalls of the
+//! two-phase conversion ([`Rule::GrantBeforeMark`],
+//! [`Rule::EarliestMarkGivesUp`], [`Rule::DeferToAnyLaterMark`],
+//! [`Rule::EveryConversionOnCycleGivesUp`], [`Rule::KeepMarkOnDeadlock`]).
 //!
 //! # Not modelled
 //!
 //! See "The queue rule, model-checked" in `docs/design-notes.md`: timing
 //! (TTLs, lock-delay, restart grace), the lock value block and blocking
 //! notifications, same-session queueing, foreign entries, multi-lock, and
-//! faults of the round trips other than the append (each is one atomic step).
+//! faults of the round trips other than the append.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]

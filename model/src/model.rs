@@ -4,7 +4,7 @@
 use stateright::{Model, Property};
 
 use crate::state::{Append, Budget, Client, Entry, Ghost, Held, Phase, Resource, State, Wake};
-use crate::{property, Config, Op, Patience, Queueing, Rule};
+use crate::{property, Config, Mode, Op, Patience, Queueing, Rule};
 
 /// lockline's queue protocol under one [`Config`] and one [`Rule`].
 #[derive(Debug, Clone)]
@@ -18,9 +18,22 @@ pub struct QueueModel {
 /// One step of the system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// The client runs its next step: sends an append, converts, writes or
+    /// The client runs its next step: sends an append, reads the queue
+    /// before marking an up-conversion (or converts down), writes or
     /// releases (each but the append one atomic round trip).
     Step(u8),
+    /// The client's up-conversion writes its mark, conditioned on its own
+    /// entry only.
+    Mark(u8),
+    /// The client's up-conversion reads the queue after its mark and
+    /// decides: give up (a deadlock), granted, or wait on one entry.
+    ReadAfterMark(u8),
+    /// The client's up-conversion, given up, takes its mark back.
+    TakeBack(u8),
+    /// ([`Rule::GrantBeforeMark`] only) the client's up-conversion writes
+    /// the grant decided on the read before its mark, if the entries of
+    /// that read are unchanged; otherwise it reads again.
+    GrantFromRead(u8),
     /// The server receives an append; its answer (the entry and what the
     /// read with it decides) reaches the client if it still waits for it.
     DeliverAppend(Append),
@@ -36,7 +49,8 @@ pub enum Action {
     /// The client learns that its session is lost and ends.
     Learn(u8),
     /// The client's deadline passes while it waits (`lock_timeout`, a dropped
-    /// future): the request is withdrawn, or the conversion given up.
+    /// future): the request is withdrawn, or the conversion given up (its
+    /// mark, if written, taken back).
     Cancel(u8),
 }
 
@@ -49,6 +63,28 @@ enum Decision {
     Hold,
     /// Wait on this one entry.
     Blocked(u8),
+}
+
+fn find(resource: &Resource, id: u8) -> Option<&Entry> {
+    resource.entries.iter().find(|e| e.id == id)
+}
+
+/// Whether an entry waits: a request, or a granted entry converting up.
+fn waits(entry: &Entry) -> bool {
+    !entry.granted || entry.converting.is_some()
+}
+
+/// The order of conversion marks: the mark's place, ties by entry order.
+fn mark_order(entry: &Entry) -> (u8, u8) {
+    (entry.since, entry.id)
+}
+
+/// The `since` of a mark written now: after every mark standing. Only the
+/// order of the standing marks is ever compared, so the model numbers them
+/// densely rather than by the revision (which would split states that
+/// differ only in how many marks came and went).
+fn next_mark(resource: &Resource) -> u8 {
+    resource.entries.iter().map(|e| e.since).max().unwrap_or(0) + 1
 }
 
 impl QueueModel {
@@ -67,7 +103,7 @@ impl QueueModel {
 
     /// Whether `earlier`, an entry before a request in `mode`, keeps that
     /// request waiting.
-    fn blocks_request(&self, earlier: &Entry, mode: crate::Mode) -> bool {
+    fn blocks_request(&self, earlier: &Entry, mode: Mode) -> bool {
         let held = !earlier.mode.compatible(mode);
         match earlier.converting {
             None => held,
@@ -128,7 +164,7 @@ impl QueueModel {
     /// the nearest earlier blocker; a conversion on the first blocker in
     /// queue order.
     fn decide(&self, resource: &Resource, id: u8) -> Decision {
-        let Some(entry) = resource.entries.iter().find(|e| e.id == id) else {
+        let Some(entry) = find(resource, id) else {
             return Decision::Gone;
         };
         let blockers = self.blockers(resource, entry);
@@ -143,22 +179,21 @@ impl QueueModel {
         }
     }
 
-    /// Whether `id` lies on a cycle of entries that wait on each other
-    /// (edges to every blocker that itself waits: a request, or a granted
-    /// entry converting up). Nothing on such a cycle is ever granted.
-    pub fn in_cycle(&self, resource: &Resource, id: u8) -> bool {
-        let waits = |e: &Entry| !e.granted || e.converting.is_some();
+    /// Whether `from` reaches `to` along "is kept waiting by" edges, through
+    /// entries for which `through` holds (`View::reaches` in the code, with
+    /// [`waits`]).
+    fn reaches(&self, resource: &Resource, from: u8, to: u8, through: &dyn Fn(&Entry) -> bool) -> bool {
         let mut seen: Vec<u8> = Vec::new();
-        let mut stack = vec![id];
+        let mut stack = vec![from];
         while let Some(at) = stack.pop() {
-            let Some(entry) = resource.entries.iter().find(|e| e.id == at) else {
+            let Some(entry) = find(resource, at) else {
                 continue;
             };
             for next in self.blockers(resource, entry) {
-                if next == id {
+                if next == to {
                     return true;
                 }
-                let waiting = resource.entries.iter().any(|e| e.id == next && waits(e));
+                let waiting = find(resource, next).is_some_and(through);
                 if waiting && !seen.contains(&next) {
                     seen.push(next);
                     stack.push(next);
@@ -168,27 +203,92 @@ impl QueueModel {
         false
     }
 
-    /// Whether the conversion `id` just asked for can never be granted, as
-    /// the rule detects it.
-    fn deadlocked(&self, resource: &Resource, id: u8) -> bool {
+    /// Whether `id` lies on a cycle of entries that wait on each other
+    /// (edges to every blocker that itself waits: a request, or a granted
+    /// entry converting up). Nothing on such a cycle is ever granted.
+    pub fn in_cycle(&self, resource: &Resource, id: u8) -> bool {
+        self.reaches(resource, id, id, &waits)
+    }
+
+    /// Whether the conversion `id`, marked, was marked after (`latest`) or
+    /// before (`!latest`) every other conversion that lies on a cycle with
+    /// it (`View::last_marked_on_cycle`).
+    fn marked_at_end(&self, resource: &Resource, id: u8, latest: bool) -> bool {
+        let Some(me) = find(resource, id) else {
+            return false;
+        };
+        resource
+            .entries
+            .iter()
+            .filter(|other| other.id != id && other.converting.is_some())
+            .filter(|other| {
+                self.reaches(resource, id, other.id, &waits) && self.reaches(resource, other.id, id, &waits)
+            })
+            .all(|other| (mark_order(other) < mark_order(me)) == latest)
+    }
+
+    /// Whether the conversion `id` lies on a cycle whose other conversions
+    /// were all marked before it: a cycle its own mark closed.
+    fn on_cycle_marked_last(&self, resource: &Resource, id: u8) -> bool {
+        let Some(me) = find(resource, id) else {
+            return false;
+        };
+        let mine = mark_order(me);
+        self.reaches(resource, id, id, &|e: &Entry| {
+            waits(e) && (e.converting.is_none() || mark_order(e) < mine)
+        })
+    }
+
+    /// The Linux DLM's pairwise check: another granted entry converts to a
+    /// mode `id`'s granted mode blocks, while its own granted mode blocks
+    /// `id`'s new mode (with `earlier`: and was marked before `id`).
+    fn pairwise(&self, resource: &Resource, id: u8, earlier: bool) -> bool {
+        let Some(me) = find(resource, id) else {
+            return false;
+        };
+        let Some(target) = me.converting else {
+            return false;
+        };
+        resource.entries.iter().any(|other| {
+            other.id != id
+                && other.granted
+                && !other.mode.compatible(target)
+                && other.converting.is_some_and(|t| !t.compatible(me.mode))
+                && (!earlier || mark_order(other) < mark_order(me))
+        })
+    }
+
+    /// On the read before the mark, the queue read as if the conversion
+    /// `id` were marked (`hypothetical`, and blocked): whether it fails at
+    /// once, without writing.
+    fn deadlock_before_mark(&self, hypothetical: &Resource, id: u8) -> bool {
         match self.rule {
             Rule::NoDeadlockDetection => false,
-            Rule::PairwiseDeadlockDetection => {
-                let Some(me) = resource.entries.iter().find(|e| e.id == id) else {
-                    return false;
-                };
-                let Some(target) = me.converting else {
-                    return false;
-                };
-                resource.entries.iter().any(|other| {
-                    other.id != id
-                        && other.granted
-                        && !other.mode.compatible(target)
-                        && other.converting.is_some_and(|t| !t.compatible(me.mode))
-                })
-            }
-            _ => self.in_cycle(resource, id),
+            Rule::PairwiseDeadlockDetection => self.pairwise(hypothetical, id, false),
+            _ => self.in_cycle(hypothetical, id),
         }
+    }
+
+    /// On a read after its mark: whether the conversion `id` gives up: it
+    /// lies on a cycle its own mark closed.
+    fn deadlock_after_mark(&self, resource: &Resource, id: u8) -> bool {
+        match self.rule {
+            Rule::NoDeadlockDetection => false,
+            Rule::PairwiseDeadlockDetection => self.pairwise(resource, id, true),
+            Rule::EveryConversionOnCycleGivesUp => self.in_cycle(resource, id),
+            Rule::EarliestMarkGivesUp => self.in_cycle(resource, id) && self.marked_at_end(resource, id, false),
+            Rule::DeferToAnyLaterMark => self.in_cycle(resource, id) && self.marked_at_end(resource, id, true),
+            _ => self.on_cycle_marked_last(resource, id),
+        }
+    }
+
+    /// Records a deadlock found for the conversion `id` on `read` (the
+    /// queue as read, with the conversion's own mark), and whether it was a
+    /// false one: `id` lies on no cycle its own mark closed (one whose other
+    /// conversions were all marked before it).
+    fn deadlock_found(&self, state: &mut State, read: &Resource, id: u8) {
+        state.ghost.deadlock_detected = true;
+        state.ghost.false_deadlock |= !self.on_cycle_marked_last(read, id);
     }
 
     fn advance(&self, state: &mut State, client: usize) {
@@ -207,7 +307,20 @@ impl QueueModel {
         c.held.iter_mut().for_each(|h| *h = None);
     }
 
-    /// Tells the waiters of entry `id` that it was removed or changed.
+    /// The entry a waiting client's own entry is, if it waits.
+    fn own_entry(state: &State, client: usize) -> Option<u8> {
+        let c = &state.clients[client];
+        match c.phase {
+            Phase::Waiting { entry, .. } => Some(entry),
+            Phase::Converting { resource, .. } => c.held[usize::from(resource)].map(|h| h.entry),
+            _ => None,
+        }
+    }
+
+    /// Tells the waiters of entry `id` that it was removed or changed: under
+    /// the sound rule, only those it lets on (gone, or no longer among their
+    /// blockers). A waiter watches its blocker's value and reads nothing
+    /// until that holds (`changed` in the code).
     fn notify(&self, state: &mut State, resource: u8, id: u8, removed: bool) {
         if !removed && self.rule == Rule::WakeOnRemovalOnly {
             return;
@@ -216,12 +329,24 @@ impl QueueModel {
             let Some((r, on)) = state.clients[client].phase.waits_on() else {
                 continue;
             };
-            if r != resource || (on != id && self.rule != Rule::WakeEveryWaiter) {
+            if r != resource {
                 continue;
             }
-            if on != id {
-                state.ghost.herd = true;
+            let res = &state.resources[usize::from(resource)];
+            let still_blocks = !removed
+                && Self::own_entry(state, client)
+                    .and_then(|own| find(res, own))
+                    .is_some_and(|own| self.blockers(res, own).contains(&id));
+            let lets_on = on == id && !still_blocks;
+            let wake = match self.rule {
+                Rule::WakeEveryWaiter => true,
+                Rule::WakeOnAnyChange => on == id,
+                _ => lets_on,
+            };
+            if !wake {
+                continue;
             }
+            state.ghost.herd |= !lets_on;
             insert_sorted(
                 &mut state.wakes,
                 Wake {
@@ -241,6 +366,34 @@ impl QueueModel {
         }
     }
 
+    /// Sets the conversion of entry `id` (a mark, or none: taken back), as
+    /// one write, and tells its waiters.
+    fn set_converting(&self, state: &mut State, resource: u8, id: u8, to: Option<Mode>) {
+        let res = &mut state.resources[usize::from(resource)];
+        let since = if to.is_some() { next_mark(res) } else { 0 };
+        let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
+            return;
+        };
+        let entry = &mut res.entries[pos];
+        entry.converting = to;
+        entry.since = since;
+        self.written(entry);
+        self.notify(state, resource, id, false);
+    }
+
+    /// Counts a write of `entry` in its version, which only the
+    /// [`Rule::GrantBeforeMark`] twin reads: the other rules' conditional
+    /// writes are single steps (see the crate docs), and versions nobody
+    /// reads would only split states.
+    fn written(&self, entry: &mut Entry) {
+        if self.rule == Rule::GrantBeforeMark {
+            entry.version += 1;
+        }
+    }
+
+    /// A request granted: decided on one read, written conditioned on the
+    /// entries before it and itself (see the crate docs for why one atomic
+    /// step is that).
     fn grant_request(&self, state: &mut State, client: usize, resource: u8, id: u8) {
         let res = &mut state.resources[usize::from(resource)];
         let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
@@ -265,6 +418,7 @@ impl QueueModel {
         let entry = &mut res.entries[pos];
         entry.granted = true;
         entry.token = token;
+        self.written(entry);
         state.ghost.bypass |= bypass;
         state.clients[client].held[usize::from(resource)] = Some(Held {
             entry: id,
@@ -272,16 +426,16 @@ impl QueueModel {
             token,
             grant,
         });
+        self.notify(state, resource, id, false);
         self.advance(state, client);
     }
 
-    fn grant_conversion(&self, state: &mut State, client: usize, resource: u8, id: u8) {
+    /// An up-conversion of entry `id` to `target` granted: decided on one
+    /// read, written conditioned on every entry of that read.
+    fn grant_conversion(&self, state: &mut State, client: usize, resource: u8, id: u8, target: Mode) {
         let res = &mut state.resources[usize::from(resource)];
         let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
             return self.learn_lost(state, client);
-        };
-        let Some(target) = res.entries[pos].converting else {
-            return self.advance(state, client);
         };
         let bypass = res.entries[..pos]
             .iter()
@@ -295,6 +449,8 @@ impl QueueModel {
         let entry = &mut res.entries[pos];
         entry.mode = target;
         entry.converting = None;
+        entry.since = 0;
+        self.written(entry);
         let token = entry.token;
         state.ghost.bypass |= bypass;
         state.ghost.converted = true;
@@ -308,36 +464,90 @@ impl QueueModel {
         self.advance(state, client);
     }
 
-    /// Acts on what a read decided for the client's entry `id`.
-    fn act_on(&self, state: &mut State, client: usize, resource: u8, id: u8, decision: Decision) {
-        let converting = state.resources[usize::from(resource)]
-            .entries
-            .iter()
-            .any(|e| e.id == id && e.granted);
+    /// Acts on what a read decided for the client's waiting request `id`.
+    fn act_on_request(&self, state: &mut State, client: usize, resource: u8, id: u8, decision: Decision) {
         match decision {
             Decision::Gone => self.learn_lost(state, client),
-            Decision::Hold if converting => self.grant_conversion(state, client, resource, id),
             Decision::Hold => self.grant_request(state, client, resource, id),
             Decision::Blocked(on) => {
                 if self.current_op(state, client).patience() == Patience::Try {
-                    if converting {
-                        set_converting(state, resource, id, None);
-                    } else {
-                        self.remove_entry(state, resource, id);
-                    }
+                    self.remove_entry(state, resource, id);
                     self.advance(state, client);
                 } else {
-                    state.clients[client].phase = if converting {
-                        Phase::Converting { resource, on }
-                    } else {
-                        Phase::Waiting {
-                            resource,
-                            entry: id,
-                            on,
-                        }
+                    state.clients[client].phase = Phase::Waiting {
+                        resource,
+                        entry: id,
+                        on,
                     };
                 }
             }
+        }
+    }
+
+    /// An up-conversion's read after its mark (the first, or after a
+    /// wake-up): give up if it lies on a cycle and was marked last of the
+    /// conversions on it; otherwise granted, or wait on its first blocker.
+    fn read_after_mark(&self, state: &mut State, client: usize, resource: u8) {
+        let Some(held) = state.clients[client].held[usize::from(resource)] else {
+            return self.learn_lost(state, client);
+        };
+        let res = &state.resources[usize::from(resource)];
+        let Some(entry) = find(res, held.entry) else {
+            // The read finds the entry gone: the session was lost.
+            return self.learn_lost(state, client);
+        };
+        let Some(target) = entry.converting else {
+            return self.advance(state, client);
+        };
+        if self.deadlock_after_mark(res, held.entry) {
+            let read = res.clone();
+            self.deadlock_found(state, &read, held.entry);
+            state.ghost.deadlock_after_mark = true;
+            if self.rule == Rule::KeepMarkOnDeadlock {
+                return self.advance(state, client);
+            }
+            state.clients[client].phase = Phase::GivingUp { resource };
+            return;
+        }
+        match self.decide(res, held.entry) {
+            Decision::Gone => self.learn_lost(state, client),
+            Decision::Hold => self.grant_conversion(state, client, resource, held.entry, target),
+            Decision::Blocked(_) if self.current_op(state, client).patience() == Patience::Try => {
+                state.clients[client].phase = Phase::GivingUp { resource };
+            }
+            Decision::Blocked(on) => state.clients[client].phase = Phase::Converting { resource, on },
+        }
+    }
+
+    /// The read before an up-conversion's mark, counting the entry as
+    /// converting: if it would wait and close a cycle, the conversion fails
+    /// without writing; if it would wait and may not, it gives up without
+    /// writing; otherwise the mark is next.
+    fn read_before_mark(&self, state: &mut State, client: usize, resource: u8, id: u8, mode: Mode) {
+        let res = &state.resources[usize::from(resource)];
+        let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
+            // The read finds the entry gone: the session was lost.
+            return self.learn_lost(state, client);
+        };
+        let mut read = res.clone();
+        read.entries[pos].converting = Some(mode);
+        read.entries[pos].since = next_mark(res);
+        let blocked = self.decide(&read, id) != Decision::Hold;
+        if blocked && self.deadlock_before_mark(&read, id) {
+            self.deadlock_found(state, &read, id);
+            return self.advance(state, client);
+        }
+        if blocked && self.current_op(state, client).patience() == Patience::Try {
+            return self.advance(state, client);
+        }
+        let res = &state.resources[usize::from(resource)];
+        let snapshot: Vec<(u8, u8)> = res.entries.iter().map(|e| (e.id, e.version)).collect();
+        let c = &mut state.clients[client];
+        if !blocked && self.rule == Rule::GrantBeforeMark {
+            c.read = snapshot;
+            c.phase = Phase::Granting { resource };
+        } else {
+            c.phase = Phase::Marking { resource };
         }
     }
 
@@ -368,30 +578,25 @@ impl QueueModel {
                 let Some(held) = held else {
                     return self.advance(state, client);
                 };
+                if !mode.is_down_from(held.mode) {
+                    return self.read_before_mark(state, client, resource, held.entry, mode);
+                }
+                // A down-conversion: one read, one write conditioned on the
+                // entry itself.
                 let res = &mut state.resources[r];
                 let Some(pos) = res.entries.iter().position(|e| e.id == held.entry) else {
                     // The conversion finds the entry gone: the session was lost.
                     return self.learn_lost(state, client);
                 };
-                if mode.is_down_from(held.mode) {
+                if mode != held.mode {
                     res.entries[pos].mode = mode;
+                    self.written(&mut res.entries[pos]);
                     if let Some(h) = state.clients[client].held[r].as_mut() {
                         h.mode = mode;
                     }
-                    if mode != held.mode {
-                        self.notify(state, resource, held.entry, false);
-                    }
-                    return self.advance(state, client);
+                    self.notify(state, resource, held.entry, false);
                 }
-                res.entries[pos].converting = Some(mode);
-                if self.deadlocked(&state.resources[r], held.entry) {
-                    // The later conversion fails at once and keeps its mode.
-                    set_converting(state, resource, held.entry, None);
-                    state.ghost.deadlock_detected = true;
-                    return self.advance(state, client);
-                }
-                let decision = self.decide(&state.resources[r], held.entry);
-                self.act_on(state, client, resource, held.entry, decision);
+                self.advance(state, client);
             }
             Op::Write { .. } => {
                 if let Some(held) = held.filter(|h| h.mode.fenced_writer()) {
@@ -417,6 +622,63 @@ impl QueueModel {
                 }
                 self.advance(state, client);
             }
+        }
+    }
+
+    /// The client's up-conversion writes its mark.
+    fn mark(&self, state: &mut State, client: usize) {
+        let Phase::Marking { resource } = state.clients[client].phase else {
+            return;
+        };
+        let Op::Convert { mode, .. } = self.current_op(state, client) else {
+            return;
+        };
+        let Some(held) = state.clients[client].held[usize::from(resource)] else {
+            return self.advance(state, client);
+        };
+        if find(&state.resources[usize::from(resource)], held.entry).is_none() {
+            // The write's condition fails on a vanished entry; the read
+            // after it finds the session lost.
+            return self.learn_lost(state, client);
+        }
+        self.set_converting(state, resource, held.entry, Some(mode));
+        state.clients[client].phase = Phase::Marked { resource };
+    }
+
+    /// The client's given-up conversion takes its mark back (if its entry
+    /// is still there) and ends.
+    fn take_back(&self, state: &mut State, client: usize) {
+        let Phase::GivingUp { resource } = state.clients[client].phase else {
+            return;
+        };
+        if let Some(held) = state.clients[client].held[usize::from(resource)] {
+            self.set_converting(state, resource, held.entry, None);
+        }
+        self.advance(state, client);
+    }
+
+    /// ([`Rule::GrantBeforeMark`]) the grant decided on the read before the
+    /// mark, written if every entry of that read is at the version read.
+    fn grant_from_read(&self, state: &mut State, client: usize) {
+        let Phase::Granting { resource } = state.clients[client].phase else {
+            return;
+        };
+        let read = std::mem::take(&mut state.clients[client].read);
+        let (Op::Convert { mode, .. }, Some(held)) = (
+            self.current_op(state, client),
+            state.clients[client].held[usize::from(resource)],
+        ) else {
+            return self.advance(state, client);
+        };
+        let res = &state.resources[usize::from(resource)];
+        let unchanged = read
+            .iter()
+            .all(|&(id, version)| find(res, id).is_some_and(|e| e.version == version));
+        if unchanged {
+            self.grant_conversion(state, client, resource, held.entry, mode);
+        } else {
+            // A condition failed: read again.
+            state.clients[client].phase = Phase::Ready;
         }
     }
 
@@ -456,14 +718,16 @@ impl QueueModel {
             mode: append.mode,
             granted: false,
             converting: None,
+            since: 0,
             token: 0,
+            version: 0,
         });
         if self.rule != Rule::ForgetAttempts {
             insert_sorted(&mut res.attempts, (append.client, append.attempt));
         }
         if answered {
             let decision = self.decide(res, id);
-            self.act_on(state, client, append.resource, id, decision);
+            self.act_on_request(state, client, append.resource, id, decision);
         }
     }
 
@@ -471,26 +735,30 @@ impl QueueModel {
         remove_one(&mut state.wakes, &wake);
         let client = usize::from(wake.client);
         let c = &state.clients[client];
-        let own = match c.phase {
-            Phase::Waiting { resource, entry, on } if resource == wake.resource && on == wake.entry => entry,
+        let r = usize::from(wake.resource);
+        match c.phase {
+            Phase::Waiting { resource, entry, on } if resource == wake.resource && on == wake.entry => {
+                let res = &state.resources[r];
+                let decision = if self.rule == Rule::GrantOnWake && find(res, entry).is_some() {
+                    Decision::Hold
+                } else {
+                    self.decide(res, entry)
+                };
+                self.act_on_request(state, client, resource, entry, decision);
+            }
             Phase::Converting { resource, on } if resource == wake.resource && on == wake.entry => {
-                match c.held[usize::from(resource)] {
-                    Some(held) => held.entry,
-                    None => return self.learn_lost(state, client),
+                let own = c.held[r].and_then(|held| find(&state.resources[r], held.entry));
+                match own {
+                    Some(&Entry {
+                        id,
+                        converting: Some(target),
+                        ..
+                    }) if self.rule == Rule::GrantOnWake => self.grant_conversion(state, client, resource, id, target),
+                    _ => self.read_after_mark(state, client, resource),
                 }
             }
-            _ => {
-                state.ghost.stale_wake_ignored = true;
-                return;
-            }
-        };
-        let res = &state.resources[usize::from(wake.resource)];
-        let decision = if self.rule == Rule::GrantOnWake && res.entries.iter().any(|e| e.id == own) {
-            Decision::Hold
-        } else {
-            self.decide(res, own)
-        };
-        self.act_on(state, client, wake.resource, own, decision);
+            _ => state.ghost.stale_wake_ignored = true,
+        }
     }
 
     fn cancel(&self, state: &mut State, client: usize) {
@@ -503,13 +771,15 @@ impl QueueModel {
                 }
             }
             Phase::Waiting { resource, entry, .. } => self.remove_entry(state, resource, entry),
-            Phase::Converting { resource, .. } => {
+            // Nothing written yet.
+            Phase::Marking { .. } => {}
+            Phase::Granting { .. } => state.clients[client].read.clear(),
+            Phase::Marked { resource } | Phase::Converting { resource, .. } => {
                 if let Some(held) = state.clients[client].held[usize::from(resource)] {
-                    set_converting(state, resource, held.entry, None);
-                    self.notify(state, resource, held.entry, false);
+                    self.set_converting(state, resource, held.entry, None);
                 }
             }
-            Phase::Ready | Phase::Done => return,
+            Phase::Ready | Phase::GivingUp { .. } | Phase::Done => return,
         }
         self.advance(state, client);
     }
@@ -528,16 +798,6 @@ impl QueueModel {
                 self.remove_entry(state, resource as u8, id);
             }
         }
-    }
-}
-
-fn set_converting(state: &mut State, resource: u8, id: u8, to: Option<crate::Mode>) {
-    if let Some(entry) = state.resources[usize::from(resource)]
-        .entries
-        .iter_mut()
-        .find(|e| e.id == id)
-    {
-        entry.converting = to;
     }
 }
 
@@ -569,6 +829,7 @@ impl Model for QueueModel {
                     phase: if script.is_empty() { Phase::Done } else { Phase::Ready },
                     live: true,
                     held: vec![None; resources],
+                    read: Vec::new(),
                 })
                 .collect(),
             wakes: Vec::new(),
@@ -587,6 +848,10 @@ impl Model for QueueModel {
             let id = index as u8;
             match client.phase {
                 Phase::Ready => actions.push(Action::Step(id)),
+                Phase::Marking { .. } => actions.push(Action::Mark(id)),
+                Phase::Marked { .. } => actions.push(Action::ReadAfterMark(id)),
+                Phase::GivingUp { .. } => actions.push(Action::TakeBack(id)),
+                Phase::Granting { .. } => actions.push(Action::GrantFromRead(id)),
                 Phase::Appending { .. } if state.budget.append_retries > 0 => actions.push(Action::RetryAppend(id)),
                 _ => {}
             }
@@ -601,7 +866,12 @@ impl Model for QueueModel {
             }
             let waiting = matches!(
                 client.phase,
-                Phase::Appending { .. } | Phase::Waiting { .. } | Phase::Converting { .. }
+                Phase::Appending { .. }
+                    | Phase::Waiting { .. }
+                    | Phase::Marking { .. }
+                    | Phase::Marked { .. }
+                    | Phase::Converting { .. }
+                    | Phase::Granting { .. }
             );
             if waiting && self.current_op(state, index).patience() == Patience::Timeout {
                 actions.push(Action::Cancel(id));
@@ -630,6 +900,15 @@ impl Model for QueueModel {
         let mut state = last.clone();
         match action {
             Action::Step(client) => self.step(&mut state, usize::from(client)),
+            Action::Mark(client) => self.mark(&mut state, usize::from(client)),
+            Action::ReadAfterMark(client) => {
+                let Phase::Marked { resource } = state.clients[usize::from(client)].phase else {
+                    return None;
+                };
+                self.read_after_mark(&mut state, usize::from(client), resource);
+            }
+            Action::TakeBack(client) => self.take_back(&mut state, usize::from(client)),
+            Action::GrantFromRead(client) => self.grant_from_read(&mut state, usize::from(client)),
             Action::DeliverAppend(append) => self.deliver_append(&mut state, append),
             Action::RetryAppend(client) => {
                 let c = &state.clients[usize::from(client)];
@@ -667,13 +946,16 @@ impl Model for QueueModel {
             Property::always(property::LIVE_WRITES_ACCEPTED, live_writes_accepted),
             Property::always(property::NO_BYPASS, no_bypass),
             Property::always(property::DEADLOCK_DETECTED, no_deadlock),
+            Property::always(property::NO_FALSE_DEADLOCK, no_false_deadlock),
             Property::always(property::NO_ENTRY_LEFT, no_entry_left),
+            Property::always(property::NO_STRAY_MARK, no_stray_mark),
             Property::always(property::HERD_FREE, herd_free),
             Property::always(property::NO_LOST_WAKEUP, no_lost_wakeup),
             Property::eventually(property::ALL_END, all_end),
             Property::sometimes(property::GRANTED, granted),
             Property::sometimes(property::CONVERTED, converted),
             Property::sometimes(property::DEADLOCK_FOUND, deadlock_found),
+            Property::sometimes(property::DEADLOCK_AFTER_MARK, deadlock_after_mark),
             Property::sometimes(property::STALE_WRITE_REFUSED, stale_write_refused),
             Property::sometimes(property::STALE_HOLDER, stale_holder),
             Property::sometimes(property::STALE_WAKE_IGNORED, stale_wake_ignored),
@@ -693,11 +975,41 @@ fn no_bypass(_: &QueueModel, state: &State) -> bool {
     !state.ghost.bypass
 }
 
+/// Property 4: no cycle of waiting entries stands whose conversions have
+/// all made their read after the mark and sleep (waiting on one entry).
+/// Requests always count: every cycle holds a conversion.
 fn no_deadlock(model: &QueueModel, state: &State) -> bool {
-    state
-        .resources
-        .iter()
-        .all(|res| res.entries.iter().all(|e| !model.in_cycle(res, e.id)))
+    state.resources.iter().enumerate().all(|(r, res)| {
+        let asleep = |e: &Entry| {
+            let phase = state.clients[usize::from(e.owner)].phase;
+            let sleeps = matches!(phase, Phase::Converting { resource, .. } if usize::from(resource) == r);
+            !e.granted || (e.converting.is_some() && sleeps)
+        };
+        res.entries
+            .iter()
+            .filter(|e| asleep(e))
+            .all(|e| !model.reaches(res, e.id, e.id, &asleep))
+    })
+}
+
+fn no_false_deadlock(_: &QueueModel, state: &State) -> bool {
+    !state.ghost.false_deadlock
+}
+
+/// Property 5b: an entry is marked converting only while its owner's
+/// conversion runs: after the mark, before the grant or the take-back.
+fn no_stray_mark(_: &QueueModel, state: &State) -> bool {
+    state.resources.iter().enumerate().all(|(r, res)| {
+        res.entries
+            .iter()
+            .filter(|e| e.converting.is_some())
+            .all(|e| match state.clients[usize::from(e.owner)].phase {
+                Phase::Marked { resource } | Phase::Converting { resource, .. } | Phase::GivingUp { resource } => {
+                    usize::from(resource) == r
+                }
+                _ => false,
+            })
+    })
 }
 
 fn no_entry_left(_: &QueueModel, state: &State) -> bool {
@@ -722,6 +1034,10 @@ fn converted(_: &QueueModel, state: &State) -> bool {
 
 fn deadlock_found(_: &QueueModel, state: &State) -> bool {
     state.ghost.deadlock_detected
+}
+
+fn deadlock_after_mark(_: &QueueModel, state: &State) -> bool {
+    state.ghost.deadlock_after_mark
 }
 
 fn stale_write_refused(_: &QueueModel, state: &State) -> bool {

@@ -17,14 +17,25 @@ pub const LIVE_WRITES_ACCEPTED: &str = "fence: a live holder's write is accepted
 /// 3 (`always`): nothing is granted while an earlier incompatible request or
 /// conversion still waits (an up-conversion is ahead of every later request).
 pub const NO_BYPASS: &str = "FIFO: no grant past an earlier incompatible waiter";
-/// 4 (`always`): no entries wait on each other in a cycle (a conversion
-/// deadlock is detected when it arises, so none is ever left standing).
+/// 4 (`always`): no cycle of entries waiting on each other stands once
+/// every conversion on it has made its read after its mark and sleeps (a
+/// cycle closes only with a mark, and is broken on a read after some mark
+/// on it; until then it may stand).
 pub const DEADLOCK_DETECTED: &str = "no undetected conversion deadlock";
+/// 4b (`always`): a conversion fails with a deadlock only on a cycle that
+/// its own mark closed: on the read it decides from, it lies on a cycle
+/// whose other conversions were all marked before it (on the read before
+/// its mark, counting that mark as the latest). A conversion on a cycle
+/// closed by a later mark could be granted once that one gives up.
+pub const NO_FALSE_DEADLOCK: &str = "no false deadlock: a conversion fails only on a cycle its mark closed";
 /// 5 (`always`): once every client has ended, every queue is empty.
 pub const NO_ENTRY_LEFT: &str = "no entry left once every client ends";
+/// 5b (`always`): an entry is marked converting only while its owner's
+/// conversion runs (after the mark, before the grant or the take-back).
+pub const NO_STRAY_MARK: &str = "no mark left behind by a conversion";
 /// 6 (`always`): a removal or change wakes only the clients that waited on
-/// that very entry.
-pub const HERD_FREE: &str = "herd-free: a removal wakes only its own waiters";
+/// that very entry and that it lets on (gone, or no longer blocking them).
+pub const HERD_FREE: &str = "herd-free: a change wakes only the waiters it lets on";
 /// 7 (`always`): a waiter whose entry is no longer blocked by the entry it
 /// waits on has a wake-up on its way.
 pub const NO_LOST_WAKEUP: &str = "no lost wake-up";
@@ -37,6 +48,9 @@ pub const GRANTED: &str = "a grant";
 pub const CONVERTED: &str = "an up-conversion granted";
 /// `sometimes`: a conversion deadlock is detected.
 pub const DEADLOCK_FOUND: &str = "a conversion deadlock detected";
+/// `sometimes`: a conversion deadlock is detected on a read after the
+/// conversion's mark (the read before it showed none).
+pub const DEADLOCK_AFTER_MARK: &str = "a conversion deadlock detected after the mark";
 /// `sometimes`: the fence refuses a write of a client whose session expired.
 pub const STALE_WRITE_REFUSED: &str = "a stale holder's write refused";
 /// `sometimes`: a client believes it holds after its session expired.

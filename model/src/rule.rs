@@ -13,20 +13,48 @@ use crate::{property, Config};
 pub enum Rule {
     /// The rule the model checks.
     Sound,
-    /// A removal wakes every waiter of the resource, not just those that
-    /// waited on the removed entry: the thundering herd.
+    /// A removal or change wakes every waiter of the resource, not just
+    /// those that waited on that entry: the thundering herd.
     WakeEveryWaiter,
+    /// A waiter wakes on any change of the entry it waits on (a request
+    /// granted in the mode it asked for, a conversion's mark), not only when
+    /// that entry is gone or no longer blocks it.
+    WakeOnAnyChange,
     /// A request is granted when compatible with every *granted* entry,
     /// wherever it stands: a compatible newcomer overtakes an earlier
     /// incompatible request that still waits.
     BypassWaiters,
     /// Conversion deadlocks are not detected: both conversions wait.
     NoDeadlockDetection,
-    /// The Linux DLM's check: a conversion fails when another granted entry
-    /// converts to a mode its own granted mode blocks, while that entry's
-    /// granted mode blocks it. It misses a cycle that runs through a waiting
-    /// request.
+    /// The Linux DLM's check in place of the cycle search (before the mark
+    /// and after it): a conversion fails when another granted entry converts
+    /// (after the read before the mark: was marked earlier) to a mode its
+    /// own granted mode blocks, while that entry's granted mode blocks it.
+    /// It misses a cycle that runs through a waiting request.
     PairwiseDeadlockDetection,
+    /// Of the conversions on a cycle, the one marked *first* gives up (on a
+    /// read after its mark), instead of the one marked last. The first may
+    /// have made that read before the cycle closed, and sleeps.
+    EarliestMarkGivesUp,
+    /// A conversion on a read after its mark gives up only when it was
+    /// marked after *every* conversion that lies on a cycle with it
+    /// (`View::last_marked_on_cycle` as first coded), instead of when it
+    /// lies on a cycle whose other conversions were all marked before it.
+    /// Deferring to a later mark that closed another cycle, it sleeps on a
+    /// cycle its own mark closed once that later conversion gives up.
+    DeferToAnyLaterMark,
+    /// Every conversion that finds itself on a cycle on a read after its mark
+    /// gives up, not only the one marked last: a conversion whose cycle
+    /// another conversion has already given up on fails too.
+    EveryConversionOnCycleGivesUp,
+    /// A conversion that gives up after its mark (a deadlock) returns without
+    /// taking its mark back.
+    KeepMarkOnDeadlock,
+    /// An up-conversion that its read before the mark shows unblocked is
+    /// granted from that read, in one write conditioned on the entries of
+    /// that read, without a mark: a request appended after the read is in
+    /// no condition, and is granted beside it.
+    GrantBeforeMark,
     /// An up-conversion to a writing mode keeps the token the entry was
     /// granted with.
     KeepTokenOnConversion,
@@ -53,11 +81,17 @@ pub enum Rule {
 
 impl Rule {
     /// Every broken twin of the sound rule.
-    pub const BROKEN: [Rule; 11] = [
+    pub const BROKEN: [Rule; 17] = [
         Rule::WakeEveryWaiter,
+        Rule::WakeOnAnyChange,
         Rule::BypassWaiters,
         Rule::NoDeadlockDetection,
         Rule::PairwiseDeadlockDetection,
+        Rule::EarliestMarkGivesUp,
+        Rule::DeferToAnyLaterMark,
+        Rule::EveryConversionOnCycleGivesUp,
+        Rule::KeepMarkOnDeadlock,
+        Rule::GrantBeforeMark,
         Rule::KeepTokenOnConversion,
         Rule::TokenAtAppend,
         Rule::GrantOnWake,
@@ -73,11 +107,15 @@ impl Rule {
     pub fn shown_on(self) -> Option<Config> {
         Some(match self {
             Rule::Sound => return None,
-            Rule::WakeEveryWaiter | Rule::GrantOnWake | Rule::ForgetAttempts => Config::mutex(),
+            Rule::WakeEveryWaiter | Rule::WakeOnAnyChange | Rule::GrantOnWake | Rule::ForgetAttempts => Config::mutex(),
             Rule::BypassWaiters => Config::read_write(),
-            Rule::NoDeadlockDetection => Config::conversion_deadlock(),
+            Rule::NoDeadlockDetection
+            | Rule::EarliestMarkGivesUp
+            | Rule::EveryConversionOnCycleGivesUp
+            | Rule::KeepMarkOnDeadlock => Config::conversion_deadlock(),
             Rule::PairwiseDeadlockDetection => Config::conversion_cycle(),
-            Rule::KeepTokenOnConversion | Rule::TokenAtAppend => Config::conversion_token(),
+            Rule::DeferToAnyLaterMark => Config::three_conversions(),
+            Rule::KeepTokenOnConversion | Rule::TokenAtAppend | Rule::GrantBeforeMark => Config::conversion_token(),
             Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
             Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
             Rule::WakeOnRemovalOnly => Config::down_conversion(),
@@ -88,9 +126,15 @@ impl Rule {
     pub fn breaks(self) -> Option<&'static str> {
         Some(match self {
             Rule::Sound => return None,
-            Rule::WakeEveryWaiter => property::HERD_FREE,
+            Rule::WakeEveryWaiter | Rule::WakeOnAnyChange => property::HERD_FREE,
             Rule::BypassWaiters => property::NO_BYPASS,
-            Rule::NoDeadlockDetection | Rule::PairwiseDeadlockDetection => property::DEADLOCK_DETECTED,
+            Rule::NoDeadlockDetection
+            | Rule::PairwiseDeadlockDetection
+            | Rule::EarliestMarkGivesUp
+            | Rule::DeferToAnyLaterMark => property::DEADLOCK_DETECTED,
+            Rule::EveryConversionOnCycleGivesUp => property::NO_FALSE_DEADLOCK,
+            Rule::KeepMarkOnDeadlock => property::NO_STRAY_MARK,
+            Rule::GrantBeforeMark => property::EXCLUSION,
             Rule::KeepTokenOnConversion => property::FENCED,
             Rule::TokenAtAppend => property::LIVE_WRITES_ACCEPTED,
             Rule::GrantOnWake => property::EXCLUSION,

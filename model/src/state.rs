@@ -17,10 +17,18 @@ pub struct Entry {
     /// Whether its owner was granted it. Written in the same atomic step as
     /// the read that decided the grant.
     pub granted: bool,
-    /// The mode an up-conversion asks for, while it waits.
+    /// The mode an up-conversion asks for, from its mark until it is
+    /// granted or taken back.
     pub converting: Option<Mode>,
+    /// While converting: when the mark was written, in the server's order of
+    /// writes (a revision). Of the conversions on a cycle, the one marked
+    /// last gives up.
+    pub since: u8,
     /// The fencing token of the grant (0 before it).
     pub token: u8,
+    /// How many times the entry was written (its version): a conditional
+    /// write applies only if the entries it read are at the versions read.
+    pub version: u8,
 }
 
 /// One lock name on the server, and the fenced resource it protects.
@@ -74,12 +82,39 @@ pub enum Phase {
         /// The one entry it waits on.
         on: u8,
     },
-    /// Its up-conversion waits on one other entry.
+    /// Its up-conversion read the queue, did not fail, and is about to
+    /// write its mark (conditioned on its own entry only).
+    Marking {
+        /// The resource.
+        resource: u8,
+    },
+    /// Its up-conversion's mark is written; the read after it, which
+    /// decides, is still to come.
+    Marked {
+        /// The resource.
+        resource: u8,
+    },
+    /// Its up-conversion waits on one other entry: asleep until that entry
+    /// is gone or no longer blocks it.
     Converting {
         /// The resource.
         resource: u8,
         /// The one entry it waits on.
         on: u8,
+    },
+    /// Its up-conversion gave up (a deadlock, or a try that would wait) on
+    /// a read after its mark; taking the mark back is still to come.
+    GivingUp {
+        /// The resource.
+        resource: u8,
+    },
+    /// ([`Rule::GrantBeforeMark`](crate::Rule::GrantBeforeMark) only) its
+    /// up-conversion found nothing blocking it on the read before its mark,
+    /// and is about to write the grant, conditioned on the entries of that
+    /// read ([`Client::read`]).
+    Granting {
+        /// The resource.
+        resource: u8,
     },
     /// Its script ran to the end, or it learnt that its session was lost.
     Done,
@@ -107,6 +142,9 @@ pub struct Client {
     pub live: bool,
     /// What it believes it holds, per resource.
     pub held: Vec<Option<Held>>,
+    /// ([`Phase::Granting`] only) the entries of the read its write is
+    /// conditioned on, `(id, version)`.
+    pub read: Vec<(u8, u8)>,
 }
 
 /// A wake-up notification on its way to a client: the entry it watched was
@@ -152,7 +190,8 @@ pub struct Ghost {
     /// A request or conversion was granted while an earlier incompatible
     /// request or conversion still waited.
     pub bypass: bool,
-    /// A removal or change woke a client that did not wait on that entry.
+    /// A removal or change woke a client that did not wait on that entry,
+    /// or that the entry, changed, still blocks.
     pub herd: bool,
     /// A client whose session had expired got a write accepted after a write
     /// of a newer grant.
@@ -163,8 +202,14 @@ pub struct Ghost {
     pub stale_write_refused: bool,
     /// An up-conversion was granted.
     pub converted: bool,
-    /// A conversion deadlock was detected (and the later conversion failed).
+    /// A conversion deadlock was detected (and a conversion failed).
     pub deadlock_detected: bool,
+    /// A conversion deadlock was detected on a read after the mark (not on
+    /// the read before it).
+    pub deadlock_after_mark: bool,
+    /// A conversion failed with a deadlock while it lay on no cycle its own
+    /// mark closed (one whose other conversions were all marked before it).
+    pub false_deadlock: bool,
     /// A wake-up arrived for an entry its client no longer waited on (late or
     /// duplicated) and was ignored.
     pub stale_wake_ignored: bool,

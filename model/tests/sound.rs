@@ -61,6 +61,7 @@ fn dlm() {
             property::GRANTED,
             property::CONVERTED,
             property::DEADLOCK_FOUND,
+            property::DEADLOCK_AFTER_MARK,
             property::STALE_HOLDER,
             property::STALE_WRITE_REFUSED,
             property::STALE_WAKE_IGNORED,
@@ -71,7 +72,7 @@ fn dlm() {
 #[test]
 fn every_configuration_has_its_test() {
     // One test above per configuration: adding one means adding its test.
-    assert_eq!(Config::all().len(), 11);
+    assert_eq!(Config::all().len(), 12);
 }
 
 #[test]
@@ -83,6 +84,7 @@ fn conversion_deadlock() {
             property::GRANTED,
             property::CONVERTED,
             property::DEADLOCK_FOUND,
+            property::DEADLOCK_AFTER_MARK,
             property::STALE_WRITE_REFUSED,
         ],
     );
@@ -91,7 +93,27 @@ fn conversion_deadlock() {
 #[test]
 fn conversion_cycle() {
     let report = check(Config::conversion_cycle());
-    assert_sound(&report, &[property::CONVERTED, property::DEADLOCK_FOUND]);
+    assert_sound(
+        &report,
+        &[
+            property::CONVERTED,
+            property::DEADLOCK_FOUND,
+            property::DEADLOCK_AFTER_MARK,
+        ],
+    );
+}
+
+#[test]
+fn three_conversions() {
+    let report = check(Config::three_conversions());
+    assert_sound(
+        &report,
+        &[
+            property::CONVERTED,
+            property::DEADLOCK_FOUND,
+            property::DEADLOCK_AFTER_MARK,
+        ],
+    );
 }
 
 #[test]

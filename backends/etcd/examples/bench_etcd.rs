@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p lockline-etcd --example bench_etcd [-- --seconds 5 --contenders 1,2,4,16,64 --warmup 2 --versus-only|--no-versus]
+//! cargo run --release -p lockline-etcd --example bench_etcd -- --modes-only [--modes-contenders 1,4,16 --modes-seconds 2 --modes-seed 1]
 //! ```
 //!
 //! For each N, N contenders (each its own client and session, as separate
@@ -34,16 +35,24 @@
 //! ratio, and the client's and the server's CPU time per grant (the server's
 //! from `/proc/PID/stat` of the etcd process over the window). `--versus-only`
 //! runs only this part, `--no-versus` skips it.
+//!
+//! Before it, on the same server, the lock modes
+//! (`lockline_bench::lock_modes`): for each N of `--modes-contenders`
+//! (default 1, 4, 16), lockline's mutex and a `Resource` in EX side by side
+//! (EX ÷ mutex), then a mixed workload of the six modes with conversions
+//! (grants/s, wakeups per release), `--modes-seconds` each (default 2).
+//! `--modes-only` runs only this part. Server counters per grant: revisions
+//! (`etcd_debugging_mvcc_current_revision`: writes that changed keys) and
+//! WAL fsyncs (`etcd_disk_wal_fsync_duration_seconds_count`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockline::Client;
+use lockline_bench::lock_modes::{self, ModesArgs};
 use lockline_bench::versus::{self, Versus};
-use lockline_bench::{
-    ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Contest, Latencies, OwnFlags, Sampling,
-};
+use lockline_bench::{ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
 use lockline_etcd::etcd_client::{
     self, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
@@ -78,6 +87,39 @@ fn server_counts(cluster: &EtcdCluster) -> (f64, f64) {
         metric(cluster, "etcd_debugging_mvcc_events_total "),
         metric(cluster, "etcd_debugging_mvcc_delete_total "),
     )
+}
+
+/// The server's revisions (writes that changed keys) and WAL fsyncs, per
+/// grant of each lock-mode measurement.
+struct EtcdCounters<'a> {
+    cluster: &'a EtcdCluster,
+    before: [f64; 2],
+}
+
+impl EtcdCounters<'_> {
+    fn read(&self) -> [f64; 2] {
+        [
+            metric(self.cluster, "etcd_debugging_mvcc_current_revision "),
+            metric(self.cluster, "etcd_disk_wal_fsync_duration_seconds_count "),
+        ]
+    }
+}
+
+impl lock_modes::ServerCounters for EtcdCounters<'_> {
+    fn names(&self) -> Vec<String> {
+        vec!["revisions".to_owned(), "WAL fsyncs".to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.before = self.read();
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        let after = self.read();
+        let grants = grants.max(1) as f64;
+        Ok(after.iter().zip(self.before).map(|(a, b)| (a - b) / grants).collect())
+    }
 }
 
 /// One client's sequential puts: puts/s and each put's latency.
@@ -390,40 +432,15 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> BoxResult<()> {
-    fn fail<T>(message: String) -> T {
-        usage_exit(
-            &message,
-            "bench_etcd",
-            &BenchArgs::usage("[--warmup S] [--versus-only | --no-versus]"),
-        )
-    }
-    let (own, rest) = OwnFlags::take(
-        std::env::args().skip(1),
-        &["--versus-only", "--no-versus"],
-        &["--warmup"],
-    )
-    .unwrap_or_else(fail);
-    let args = BenchArgs::parse(rest).unwrap_or_else(fail);
-    let warmup: f64 = match own.value("--warmup") {
-        None => 2.0,
-        Some(value) => value
-            .parse()
-            .ok()
-            .filter(|w: &f64| (0.0..=600.0).contains(w))
-            .unwrap_or_else(|| fail(format!("bad --warmup {value:?}"))),
-    };
-    if own.switch("--versus-only") {
-        return versus_go(&args, warmup).await;
-    }
-    let cluster = EtcdCluster::start()?;
+/// The mutex's tables: lockline, etcd's lock API and the herd for each N,
+/// then the latencies.
+async fn mutex_tables(cluster: &EtcdCluster, args: &BenchArgs) -> BoxResult<()> {
     let seconds = args.seconds;
     println!(
         "etcd handoff benchmark: single-node etcd on {}, {seconds} s per measurement",
         cluster.endpoint(0)
     );
-    let (b_write, put_latency) = b_write(&cluster, seconds).await?;
+    let (b_write, put_latency) = b_write(cluster, seconds).await?;
     println!(
         "B_write (one client's sequential puts/s): {b_write:.0}; put latency p50 / p99: {} ms",
         put_latency.p50_p99()
@@ -437,11 +454,11 @@ async fn main() -> BoxResult<()> {
     let mut uncontended = None;
     let mut latency_rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
-        let ours = lockline_run(&cluster, n, seconds, &format!("bench/lockline-{round}")).await?;
+        let ours = lockline_run(cluster, n, seconds, &format!("bench/lockline-{round}")).await?;
         let name: &'static str = Box::leak(format!("bench/server-{round}").into_boxed_str());
-        let server = server_lock_run(&cluster, n, seconds, name).await?;
+        let server = server_lock_run(cluster, n, seconds, name).await?;
         let herd_name: &'static str = Box::leak(format!("bench/herd-{round}").into_boxed_str());
-        let herd = herd_run(&cluster, n, seconds, herd_name).await?;
+        let herd = herd_run(cluster, n, seconds, herd_name).await?;
         if n == 1 {
             uncontended = Some((ours.grants_per_sec, ours.acquire.clone()));
         }
@@ -478,8 +495,58 @@ async fn main() -> BoxResult<()> {
         let ratio = ours.quantile(0.99).map_or(f64::NAN, ms) / put_p50;
         println!("| {n} | {} | {} | {ratio:.1} |", ours.p50_p99(), server.p50_p99());
     }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> BoxResult<()> {
+    fn fail<T>(message: String) -> T {
+        usage_exit(
+            &message,
+            "bench_etcd",
+            &BenchArgs::usage(&format!(
+                "[--warmup S] [--versus-only | --no-versus] {}",
+                ModesArgs::USAGE
+            )),
+        )
+    }
+    let (modes, own, rest) = ModesArgs::take(
+        std::env::args().skip(1),
+        &["--versus-only", "--no-versus"],
+        &["--warmup"],
+    )
+    .unwrap_or_else(fail);
+    let args = BenchArgs::parse(rest).unwrap_or_else(fail);
+    let warmup: f64 = match own.value("--warmup") {
+        None => 2.0,
+        Some(value) => value
+            .parse()
+            .ok()
+            .filter(|w: &f64| (0.0..=600.0).contains(w))
+            .unwrap_or_else(|| fail(format!("bad --warmup {value:?}"))),
+    };
+    if own.switch("--versus-only") {
+        return versus_go(&args, warmup).await;
+    }
+    let cluster = EtcdCluster::start()?;
+    if !modes.only {
+        mutex_tables(&cluster, &args).await?;
+    }
+    let on = format!("single-node etcd on {}", cluster.endpoint(0));
+    let mut counters = EtcdCounters {
+        cluster: &cluster,
+        before: [0.0; 2],
+    };
+    lock_modes::run_with(
+        &on,
+        &modes,
+        "bench/",
+        || Client::new(Etcd::new(cluster.endpoints())),
+        &mut counters,
+    )
+    .await?;
     drop(cluster);
-    if !own.switch("--no-versus") {
+    if !modes.only && !own.switch("--no-versus") {
         versus_go(&args, warmup).await?;
     }
     Ok(())

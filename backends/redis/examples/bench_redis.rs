@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p lockline-redis --example bench_redis [-- --seconds 5 --contenders 1,2,4,16,64]
+//! cargo run --release -p lockline-redis --example bench_redis -- --modes-only [--modes-contenders 1,4,16 --modes-seconds 2 --modes-seed 1]
 //! ```
 //!
 //! For each N, N contenders (each its own client and session) take and
@@ -38,14 +39,22 @@
 //! for those, so these figures flatter the polling locks), and of B_write's
 //! `SET`s. The target line compares lockline's handoff p99 at the
 //! largest N with B_write's p50.
+//!
+//! Then, on the same server, the lock modes (`lockline_bench::lock_modes`):
+//! for each N of `--modes-contenders` (default 1, 4, 16), lockline's mutex
+//! and a `Resource` in EX side by side (EX ÷ mutex), then a mixed workload
+//! of the six modes with conversions (grants/s, wakeups per release),
+//! `--modes-seconds` each (default 2), with the server's commands per
+//! grant. `--modes-only` runs only this part.
 
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockline::Client;
+use lockline_bench::lock_modes::{self, ModesArgs};
 use lockline_bench::report::{p99_over, p99_target_line, ratio};
-use lockline_bench::{ms, sequential, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
+use lockline_bench::{ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
 use lockline_redis::Redis;
 use lockline_testkit::RedisServer;
 
@@ -74,6 +83,29 @@ async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f6
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0))
+}
+
+/// The server's commands (`total_commands_processed`, its scripts' own
+/// included) per grant of each lock-mode measurement.
+struct RedisCounters {
+    side: redis::aio::MultiplexedConnection,
+    before: f64,
+}
+
+impl lock_modes::ServerCounters for RedisCounters {
+    fn names(&self) -> Vec<String> {
+        vec!["server commands".to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.before = commands_processed(&mut self.side).await?;
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        let after = commands_processed(&mut self.side).await?;
+        Ok(vec![(after - self.before) / grants.max(1) as f64])
+    }
 }
 
 /// One client's sequential `SET`s/s, and each one's latency.
@@ -237,16 +269,15 @@ fn redis_py_run(server: &RedisServer, n: usize, seconds: f64, name: &str) -> Box
     }
 }
 
-#[tokio::main]
-async fn main() -> BoxResult<()> {
-    let args = BenchArgs::from_env_or_exit("bench_redis", "");
-    let server = RedisServer::start()?;
+/// The mutex's tables: lockline, redis-py and the spin lock for each N,
+/// then the latencies.
+async fn mutex_tables(server: &RedisServer, args: &BenchArgs) -> BoxResult<()> {
     let seconds = args.seconds;
     println!(
         "Redis handoff benchmark: redis-server on 127.0.0.1:{} (no persistence), {seconds} s per measurement",
         server.port()
     );
-    let (b_write, b_write_latency) = b_write(&server, seconds).await?;
+    let (b_write, b_write_latency) = b_write(server, seconds).await?;
     println!(
         "B_write (one client's sequential SET/s): {b_write:.0}; SET latency p50 / p99: {} ms",
         b_write_latency.p50_p99()
@@ -260,9 +291,9 @@ async fn main() -> BoxResult<()> {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut latency_rows = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
-        let ours = lockline_run(&server, n, seconds, &format!("bench/lockline-{round}")).await?;
-        let py = redis_py_run(&server, n, seconds, &format!("bench/redis-py-{round}"))?;
-        let (spin, spin_commands) = spin_run(&server, n, seconds, &format!("bench/spin-{round}")).await?;
+        let ours = lockline_run(server, n, seconds, &format!("bench/lockline-{round}")).await?;
+        let py = redis_py_run(server, n, seconds, &format!("bench/redis-py-{round}"))?;
+        let (spin, spin_commands) = spin_run(server, n, seconds, &format!("bench/spin-{round}")).await?;
         println!(
             "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} |",
             ours.grants_per_sec,
@@ -312,5 +343,32 @@ async fn main() -> BoxResult<()> {
         println!();
         println!("{line}");
     }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> BoxResult<()> {
+    fn fail<T>(message: String) -> T {
+        usage_exit(&message, "bench_redis", &BenchArgs::usage(ModesArgs::USAGE))
+    }
+    let (modes, _, rest) = ModesArgs::take(std::env::args().skip(1), &[], &[]).unwrap_or_else(fail);
+    let args = BenchArgs::parse(rest).unwrap_or_else(fail);
+    let server = RedisServer::start()?;
+    if !modes.only {
+        mutex_tables(&server, &args).await?;
+    }
+    let on = format!("redis-server on 127.0.0.1:{} (no persistence)", server.port());
+    let mut counters = RedisCounters {
+        side: connection(&server).await?,
+        before: 0.0,
+    };
+    lock_modes::run_with(
+        &on,
+        &modes,
+        "bench/",
+        || Client::new(Redis::new(server.url())),
+        &mut counters,
+    )
+    .await?;
     Ok(())
 }

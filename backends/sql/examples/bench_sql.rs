@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p lockline-sql --example bench_sql [-- --seconds 5 --contenders 1,2,4,16,64 --engine both --durability 1,16]
+//! cargo run --release -p lockline-sql --example bench_sql -- --modes-only [--engine both --modes-contenders 1,4,16 --modes-seconds 2 --modes-seed 1]
 //! ```
 //!
 //! PostgreSQL runs with `fsync=on` and `full_page_writes=on` (commits are
@@ -65,6 +66,14 @@
 //! table prefix `logged_`, on the same server; on MariaDB, this server
 //! (`innodb_flush_log_at_trx_commit=1`) against a second one started with
 //! `=2`. Each pair is measured back to back.
+//!
+//! **Lock modes** (last for each engine, on the same server; alone with
+//! `--modes-only`; `lockline_bench::lock_modes`): for each N of
+//! `--modes-contenders` (default 1, 4, 16), lockline's mutex and a
+//! `Resource` in EX side by side (EX ÷ mutex), then a mixed workload of the
+//! six modes with conversions (grants/s, wakeups per release),
+//! `--modes-seconds` each (default 2), with the server's statements and
+//! log flushes per grant, counted as for the tables above.
 
 mod support;
 
@@ -73,10 +82,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lockline::Client;
+use lockline_bench::lock_modes::{self, ModesArgs};
 use lockline_bench::report::{p99_over, verdict};
 use lockline_bench::{
-    ms, sequential, usage_exit, BenchArgs, BoxError, BoxResult, Contenders, Contest, Latencies, Outcome, OwnFlags,
-    Sampling,
+    ms, sequential, usage_exit, BenchArgs, BoxError, BoxResult, Contenders, Contest, Latencies, Outcome, Sampling,
 };
 use lockline_sql::Sql;
 use support::{flush_name, statements_name, Db, Engine, PerUnit, Server};
@@ -137,8 +146,8 @@ impl Figures {
     }
 }
 
-fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, BenchArgs), String> {
-    let (own, rest) = OwnFlags::take(std::env::args().skip(1), &[], &["--engine", "--durability"])?;
+fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, ModesArgs, BenchArgs), String> {
+    let (modes, own, rest) = ModesArgs::take(std::env::args().skip(1), &[], &["--engine", "--durability"])?;
     let engines = Engine::parse_list(own.value("--engine"))?;
     let durability = match own.value("--durability").unwrap_or("1,16") {
         "none" => Vec::new(),
@@ -148,18 +157,23 @@ fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, BenchArgs), String> {
             .collect::<Option<Vec<usize>>>()
             .ok_or_else(|| format!("bad --durability {list:?}: contender counts within 1..=1024, or none"))?,
     };
-    Ok((engines, durability, BenchArgs::parse(rest)?))
+    Ok((engines, durability, modes, BenchArgs::parse(rest)?))
 }
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let (engines, durability, args) =
-        parse_args().unwrap_or_else(|message| usage_exit(&message, "bench_sql", &BenchArgs::usage(OWN_USAGE)));
+    let (engines, durability, modes, args) = parse_args().unwrap_or_else(|message| {
+        usage_exit(
+            &message,
+            "bench_sql",
+            &BenchArgs::usage(&format!("{OWN_USAGE} {}", ModesArgs::USAGE)),
+        )
+    });
     for (i, engine) in engines.into_iter().enumerate() {
         if i > 0 {
             println!();
         }
-        bench(engine, &args, &durability).await?;
+        bench(engine, &args, &modes, &durability).await?;
     }
     Ok(())
 }
@@ -418,24 +432,86 @@ fn ratio_cell(a: f64, b: f64) -> String {
     }
 }
 
-async fn bench(engine: Engine, args: &BenchArgs, durability: &[usize]) -> BoxResult<()> {
-    let seconds = args.seconds;
+/// The server's statements and log flushes per grant of each lock-mode
+/// measurement, read as [`bracketed`] reads them.
+struct SqlCounters<'a> {
+    monitor: &'a mut Db,
+    open_before: i64,
+    before: Option<support::Counters>,
+}
+
+impl lock_modes::ServerCounters for SqlCounters<'_> {
+    fn names(&self) -> Vec<String> {
+        let engine = self.monitor.engine();
+        vec![statements_name(engine).to_owned(), flush_name(engine).to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.open_before = self.monitor.connections().await?;
+        self.before = Some(self.monitor.counters().await?);
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        let before = self.before.take().ok_or("counters not read before the measurement")?;
+        self.monitor.wait_connections_at_most(self.open_before).await?;
+        if self.monitor.engine() == Engine::Postgres {
+            tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+        }
+        let per = self.monitor.counters().await?.per(&before, grants);
+        Ok(vec![per.statements, per.flushes])
+    }
+}
+
+/// One engine's server: the mutex's tables and the durability pairs
+/// (unless `--modes-only`), then the lock modes.
+async fn bench(engine: Engine, args: &BenchArgs, modes: &ModesArgs, durability: &[usize]) -> BoxResult<()> {
     let server = match engine {
         Engine::Postgres => Server::postgres(300, &[])?,
         Engine::MariaDb => Server::mariadb(1, 300)?,
     };
-    let url = server.url();
     let mut monitor = Db::connect(engine, &server.monitor_url()).await?;
+    if !modes.only {
+        mutex_tables(engine, &server, &mut monitor, args, durability).await?;
+    }
+    let on = format!(
+        "{} {} on 127.0.0.1:{}",
+        engine.name(),
+        server.describe(&mut monitor).await?,
+        server.port()
+    );
+    let sql = Sql::new(server.url());
+    let mut counters = SqlCounters {
+        monitor: &mut monitor,
+        open_before: 0,
+        before: None,
+    };
+    lock_modes::run_with(&on, modes, "bench/", || Client::new(sql.clone()), &mut counters).await?;
+    Ok(())
+}
+
+/// The mutex's tables on `server`: lockline, the named lock and the polling
+/// lock for each N, the latencies and the targets; then the durability
+/// pairs.
+async fn mutex_tables(
+    engine: Engine,
+    server: &Server,
+    monitor: &mut Db,
+    args: &BenchArgs,
+    durability: &[usize],
+) -> BoxResult<()> {
+    let seconds = args.seconds;
+    let url = server.url();
     println!(
         "{} handoff benchmark: {} on 127.0.0.1:{}, {seconds} s per measurement",
         engine.name(),
-        server.describe(&mut monitor).await?,
+        server.describe(monitor).await?,
         server.port(),
     );
     let mut setup = Db::connect(engine, &url).await?;
     create_baseline_tables(&mut setup).await?;
     drop(setup);
-    let (b_write, b_write_latency, b_write_server) = b_write(&mut monitor, &url, seconds).await?;
+    let (b_write, b_write_latency, b_write_server) = b_write(monitor, &url, seconds).await?;
     let (statements, flushes) = (statements_name(engine), flush_name(engine));
     println!(
         "B_write (one client's sequential single-row UPDATEs/s, each its own commit): {b_write:.0}; \
@@ -457,7 +533,7 @@ async fn bench(engine: Engine, args: &BenchArgs, durability: &[usize]) -> BoxRes
     let mut failures = Vec::new();
     for (round, &n) in args.contenders.iter().enumerate() {
         let ours = lockline_or_failed(
-            &mut monitor,
+            monitor,
             &sql,
             n,
             seconds,
@@ -465,8 +541,8 @@ async fn bench(engine: Engine, args: &BenchArgs, durability: &[usize]) -> BoxRes
             &mut failures,
         )
         .await?;
-        let named = named_lock_run(&mut monitor, &url, n, seconds, round).await?;
-        let polling = polling_run(&mut monitor, &url, n, seconds, round).await?;
+        let named = named_lock_run(monitor, &url, n, seconds, round).await?;
+        let polling = polling_run(monitor, &url, n, seconds, round).await?;
         println!(
             "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
             ours.grants_per_sec,
@@ -568,8 +644,8 @@ async fn bench(engine: Engine, args: &BenchArgs, durability: &[usize]) -> BoxRes
     if !durability.is_empty() {
         println!();
         match engine {
-            Engine::Postgres => durability_postgres(&mut monitor, &url, durability, seconds).await?,
-            Engine::MariaDb => durability_mariadb(&mut monitor, &url, durability, seconds, b_write).await?,
+            Engine::Postgres => durability_postgres(monitor, &url, durability, seconds).await?,
+            Engine::MariaDb => durability_mariadb(monitor, &url, durability, seconds, b_write).await?,
         }
     }
     Ok(())

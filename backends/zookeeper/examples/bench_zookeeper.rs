@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p lockline-zookeeper --example bench_zookeeper [-- --seconds 5 --contenders 1,2,4,16,64 --warmup 20 --fast-start]
 //! cargo run --release -p lockline-zookeeper --example bench_zookeeper -- --curator-only --seconds 10 [--peer-warmup 5 --repetitions 2]
+//! cargo run --release -p lockline-zookeeper --example bench_zookeeper -- --modes-only [--warmup 20 --modes-contenders 1,4,16 --modes-seconds 2 --modes-seed 1]
 //! ```
 //!
 //! The server runs with production JVM settings (what ZooKeeper's own
@@ -53,11 +54,20 @@
 //! each handoff (from the holder starting its release to the moment another
 //! contender's `lock()` returns), and of B_write's `set_data` calls. The
 //! target line compares the handoff p99 at the largest N with B_write's p50.
+//!
+//! **Lock modes** (after the tables above, on the same server, or after the
+//! warm-up alone with `--modes-only`; `lockline_bench::lock_modes`): for each
+//! N of `--modes-contenders` (default 1, 4, 16), lockline's mutex and a
+//! `Resource` in EX side by side (EX ÷ mutex), then a mixed workload of the
+//! six modes with conversions (grants/s, wakeups per release),
+//! `--modes-seconds` each (default 2), with the requests the server
+//! received per grant (`zk_packets_received`).
 
 use std::process::Command;
 use std::time::Instant;
 
 use lockline::Client;
+use lockline_bench::lock_modes::{self, ModesArgs};
 use lockline_bench::report::{p99_over, p99_target_line};
 use lockline_bench::{ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Latencies, OwnFlags, Sampling};
 use lockline_testkit::{ZkEnsemble, ZkJvm, ZkOptions};
@@ -82,6 +92,40 @@ fn fired_watches(ensemble: &ZkEnsemble) -> f64 {
             .unwrap_or(f64::NAN)
     };
     get("zk_sum_node_deleted_watch_count") + get("zk_sum_node_changed_watch_count")
+}
+
+/// The requests the server received (`mntr`'s `zk_packets_received`) per
+/// grant of each lock-mode measurement.
+struct ZkCounters<'a> {
+    ensemble: &'a ZkEnsemble,
+    before: f64,
+}
+
+impl ZkCounters<'_> {
+    fn read(&self) -> f64 {
+        let mntr = self.ensemble.four_letter(0, "mntr").unwrap_or_default();
+        mntr.lines()
+            .find_map(|l| {
+                l.strip_prefix("zk_packets_received")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(f64::NAN)
+    }
+}
+
+impl lock_modes::ServerCounters for ZkCounters<'_> {
+    fn names(&self) -> Vec<String> {
+        vec!["requests (server)".to_owned()]
+    }
+
+    async fn before(&mut self) -> BoxResult<()> {
+        self.before = self.read();
+        Ok(())
+    }
+
+    async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
+        Ok(vec![(self.read() - self.before) / grants.max(1) as f64])
+    }
 }
 
 /// One client's sequential `set_data`/s on `path`, and each call's latency.
@@ -203,8 +247,8 @@ fn seconds_flag(own: &OwnFlags, flag: &str, default: f64) -> Result<f64, String>
 
 /// This example's own flags (`--fast-start`, `--warmup S`, `--curator-only`,
 /// `--peer-warmup S`, `--repetitions R`) and the [`BenchArgs`].
-fn parse_args() -> Result<(Flags, BenchArgs), String> {
-    let (own, rest) = OwnFlags::take(
+fn parse_args() -> Result<(Flags, ModesArgs, BenchArgs), String> {
+    let (modes, own, rest) = ModesArgs::take(
         std::env::args().skip(1),
         &["--fast-start", "--curator-only"],
         &["--warmup", "--peer-warmup", "--repetitions"],
@@ -228,7 +272,7 @@ fn parse_args() -> Result<(Flags, BenchArgs), String> {
         peer_warmup: seconds_flag(&own, "--peer-warmup", 5.0)?,
         repetitions,
     };
-    Ok((flags, BenchArgs::parse(rest)?))
+    Ok((flags, modes, BenchArgs::parse(rest)?))
 }
 
 /// One client's window in the side-by-side comparison.
@@ -401,11 +445,14 @@ async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let (flags, args) = parse_args().unwrap_or_else(|message| {
+    let (flags, modes, args) = parse_args().unwrap_or_else(|message| {
         usage_exit(
             &message,
             "bench_zookeeper",
-            &BenchArgs::usage("[--warmup S] [--fast-start] [--curator-only] [--peer-warmup S] [--repetitions R]"),
+            &BenchArgs::usage(&format!(
+                "[--warmup S] [--fast-start] [--curator-only] [--peer-warmup S] [--repetitions R] {}",
+                ModesArgs::USAGE
+            )),
         )
     });
     if flags.curator_only {
@@ -420,10 +467,12 @@ async fn main() -> BoxResult<()> {
         },
     )?;
     let seconds = args.seconds;
-    println!(
-        "ZooKeeper handoff benchmark: standalone ZooKeeper on {}, {seconds} s per measurement",
-        ensemble.address(0)
-    );
+    if !modes.only {
+        println!(
+            "ZooKeeper handoff benchmark: standalone ZooKeeper on {}, {seconds} s per measurement",
+            ensemble.address(0)
+        );
+    }
     println!(
         "server JVM: {} ({jvm:?}{})",
         jvm.flags().join(" "),
@@ -441,7 +490,35 @@ async fn main() -> BoxResult<()> {
             started.elapsed().as_secs_f64()
         );
     }
-    let (b_write, b_write_latency) = b_write(&ensemble, seconds, "/bench-b-write").await?;
+    if !modes.only {
+        mutex_tables(&ensemble, &args).await?;
+    }
+    let on = format!("standalone ZooKeeper on {}", ensemble.address(0));
+    let mut counters = ZkCounters {
+        ensemble: &ensemble,
+        before: 0.0,
+    };
+    lock_modes::run_with(
+        &on,
+        &modes,
+        "bench/",
+        || Client::new(ZooKeeper::new(ensemble.connect_string())),
+        &mut counters,
+    )
+    .await?;
+    drop(ensemble);
+    if modes.only {
+        return Ok(());
+    }
+    println!();
+    side_by_side(&flags, &args).await
+}
+
+/// The mutex's tables: lockline and kazoo for each N, the uncontended
+/// cycle against the bare one, then the latencies.
+async fn mutex_tables(ensemble: &ZkEnsemble, args: &BenchArgs) -> BoxResult<()> {
+    let seconds = args.seconds;
+    let (b_write, b_write_latency) = b_write(ensemble, seconds, "/bench-b-write").await?;
     println!(
         "B_write (one client's sequential set_data/s): {b_write:.0}; set_data latency p50 / p99: {} ms",
         b_write_latency.p50_p99()
@@ -455,11 +532,11 @@ async fn main() -> BoxResult<()> {
     let mut latency_rows = Vec::new();
     let mut uncontended = None;
     for (round, &n) in args.contenders.iter().enumerate() {
-        let ours = lockline_run(&ensemble, n, seconds, &format!("bench/lockline-{round}")).await?;
+        let ours = lockline_run(ensemble, n, seconds, &format!("bench/lockline-{round}")).await?;
         if n == 1 {
             uncontended = Some(ours.grants_per_sec);
         }
-        let kazoo = kazoo_run(&ensemble, n, seconds, &format!("/bench/kazoo-{round}"))?;
+        let kazoo = kazoo_run(ensemble, n, seconds, &format!("/bench/kazoo-{round}"))?;
         println!(
             "| {n} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
             ours.grants_per_sec,
@@ -472,7 +549,7 @@ async fn main() -> BoxResult<()> {
         latency_rows.push((n, ours, kazoo));
     }
     if let Some(cycles) = uncontended {
-        let bare = bare_cycle(&ensemble, seconds, "/bench-bare").await?;
+        let bare = bare_cycle(ensemble, seconds, "/bench-bare").await?;
         println!();
         println!(
             "uncontended acquire + release: lockline {cycles:.0}/s, bare create + list + delete {bare:.0}/s: \
@@ -500,7 +577,5 @@ async fn main() -> BoxResult<()> {
         println!();
         println!("{line}");
     }
-    drop(ensemble);
-    println!();
-    side_by_side(&flags, &args).await
+    Ok(())
 }
