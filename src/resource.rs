@@ -71,6 +71,12 @@ struct State {
 
 const STATE_HEAD: &str = "dlm2";
 
+/// A bit of [`State::blocked`] beside the modes' bits: the entry's holder
+/// listens for blocking notifications (its resource was made with
+/// [`Resource::notify_blocking`]). Waiters mark only entries that carry it,
+/// so a resource whose holders do not listen pays no write for them.
+const LISTENING: u8 = 1 << 6;
+
 impl State {
     fn waiting(mode: LockMode) -> State {
         State {
@@ -479,6 +485,7 @@ impl View {
 pub struct Resource {
     session: Session,
     name: Arc<str>,
+    notify_blocking: bool,
     notify_on_try: bool,
     demote_on_deadlock: bool,
 }
@@ -520,6 +527,7 @@ impl Resource {
         Resource {
             session,
             name: name.into(),
+            notify_blocking: false,
             notify_on_try: false,
             demote_on_deadlock: false,
         }
@@ -530,8 +538,20 @@ impl Resource {
         &self.name
     }
 
-    /// Makes `try_lock` and `try_convert` tell the holders they find in the
-    /// way ([`ResourceGuard::blocking`]), as waiting requests always do.
+    /// Makes the locks taken through this resource hear of the waiters they
+    /// block ([`ResourceGuard::blocking`]): their entries say so, from the
+    /// request on, and a waiter marks the one entry it waits on when that
+    /// entry listens. Without it no waiter writes a mark: a resource whose
+    /// holders do not listen pays nothing for blocking notifications.
+    #[must_use]
+    pub fn notify_blocking(mut self) -> Self {
+        self.notify_blocking = true;
+        self
+    }
+
+    /// Makes `try_lock` and `try_convert` tell the listening holders they
+    /// find in the way ([`ResourceGuard::blocking`]), as waiting requests
+    /// always do.
     #[must_use]
     pub fn notify_on_try(mut self) -> Self {
         self.notify_on_try = true;
@@ -665,7 +685,11 @@ impl Resource {
             retried: false,
             local: None,
         };
-        let value = State::waiting(mode).encode();
+        let value = State {
+            blocked: if self.notify_blocking { LISTENING } else { 0 },
+            ..State::waiting(mode)
+        }
+        .encode();
         let request = AppendRequest {
             dir: &self.name,
             kind: EntryKind::Dlm,
@@ -843,7 +867,7 @@ impl Resource {
     }
 
     /// Marks the entry `on` with the mode entry `at` asks for, if it
-    /// is not marked with it yet: its holder's
+    /// listens and is not marked with it yet: its holder's
     /// [`blocking`](ResourceGuard::blocking) then hears of it. Returns the
     /// value written. Best effort: a mark that fails is taken again on the
     /// next read, if still blocked.
@@ -856,7 +880,7 @@ impl Resource {
         if !held && state.requested.compatible(asked) {
             return None;
         }
-        if state.blocked & asked.bit() != 0 {
+        if state.blocked & LISTENING == 0 || state.blocked & asked.bit() != 0 {
             return None;
         }
         let marked = State {
@@ -1105,8 +1129,9 @@ impl ResourceGuard {
 
     /// Resolves with a mode that a waiter blocked by this lock asks for,
     /// once per mode: the DLM's blocking notification. A caching holder
-    /// then converts down or releases. Waiting requests always tell the
-    /// holder they wait on; `try_lock` calls only with
+    /// then converts down or releases. Only for a lock taken through a
+    /// resource made with [`Resource::notify_blocking`]. Waiting requests
+    /// always tell the holder they wait on; `try_lock` calls only with
     /// [`Resource::notify_on_try`].
     ///
     /// # Cancel safety
@@ -1115,8 +1140,18 @@ impl ResourceGuard {
     ///
     /// # Errors
     ///
-    /// As [`release`](Self::release) when the lock is lost.
+    /// [`Error::InvalidOptions`] for a lock whose resource was not made
+    /// with [`Resource::notify_blocking`] (no waiter would ever tell it);
+    /// as [`release`](Self::release) when the lock is lost.
     pub async fn blocking(&self) -> Result<LockMode> {
+        if !self.resource.notify_blocking {
+            return Err(Error::InvalidOptions {
+                reason: format!(
+                    "{:?} hears of no waiter: take it through `Resource::notify_blocking()` to call `blocking()`",
+                    &*self.resource.name
+                ),
+            });
+        }
         let inner = &self.hold.session().inner;
         let mut seen = match inner.call(inner.remote.get_value(&self.entry)).await? {
             Some(value) => value,
@@ -1318,9 +1353,8 @@ impl ResourceGuard {
         Ok(())
     }
 
-    /// A down-conversion: one read, then one write conditioned on the entry
-    /// as read, keeping the marks of waiters it still blocks (its holder is
-    /// told of them again).
+    /// A down-conversion: one write (a listening lock's reads first, to keep
+    /// the marks of the waiters it still blocks).
     async fn down(&mut self, mode: LockMode) -> Result<()> {
         let inner = self.hold.session().inner.clone();
         let token = self.cell().token;
@@ -1339,36 +1373,22 @@ impl ResourceGuard {
             }
         };
         self.hold.set_release_block(None);
-        loop {
-            let queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
-            let Some(slot) = queue
-                .slots
-                .iter()
-                .find(|s| s.entry.key == self.entry.key && s.entry.order == self.entry.order)
-            else {
-                return Err(inner.vanished_error(&self.entry.key).await);
-            };
-            let marks = State::decode(&slot.value, slot.changed).blocked;
-            let still = LockMode::ALL
-                .into_iter()
-                .filter(|m| marks & m.bit() != 0 && !m.compatible(mode))
-                .fold(0, |bits, m| bits | m.bit());
-            let value = State {
-                blocked: still,
-                ..State::held(mode, token)
-            }
-            .encode();
-            let unchanged = [(&slot.entry, slot.version)];
+        if self.resource.notify_blocking {
+            self.down_keeping_marks(mode, token, block.as_deref()).await?;
+        } else {
+            // No waiter marks a lock that does not listen: one write, at
+            // whatever version.
+            let value = State::held(mode, token).encode();
             let update = QueueUpdate {
                 dir: &self.resource.name,
-                unchanged: &unchanged,
-                present: &[],
+                unchanged: &[],
+                present: &[&self.entry],
                 set: &[(&self.entry, &value)],
                 delete: &[],
                 block: block.as_deref(),
             };
-            if inner.call(inner.remote.update_queue(&update)).await?.is_some() {
-                break;
+            if inner.call(inner.remote.update_queue(&update)).await?.is_none() {
+                return Err(inner.vanished_error(&self.entry.key).await);
             }
         }
         {
@@ -1382,6 +1402,45 @@ impl ResourceGuard {
         }
         self.sync_release_block();
         Ok(())
+    }
+
+    /// A listening lock's down-conversion: one read, then one write
+    /// conditioned on the entry as read, keeping the marks of the waiters it
+    /// still blocks (its holder is told of them again).
+    async fn down_keeping_marks(&self, mode: LockMode, token: u64, block: Option<&[u8]>) -> Result<()> {
+        let inner = &self.hold.session().inner;
+        loop {
+            let queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
+            let Some(slot) = queue
+                .slots
+                .iter()
+                .find(|s| s.entry.key == self.entry.key && s.entry.order == self.entry.order)
+            else {
+                return Err(inner.vanished_error(&self.entry.key).await);
+            };
+            let marks = State::decode(&slot.value, slot.changed).blocked;
+            let still = LockMode::ALL
+                .into_iter()
+                .filter(|m| marks & m.bit() != 0 && !m.compatible(mode))
+                .fold(marks & LISTENING, |bits, m| bits | m.bit());
+            let value = State {
+                blocked: still,
+                ..State::held(mode, token)
+            }
+            .encode();
+            let unchanged = [(&slot.entry, slot.version)];
+            let update = QueueUpdate {
+                dir: &self.resource.name,
+                unchanged: &unchanged,
+                present: &[],
+                set: &[(&self.entry, &value)],
+                delete: &[],
+                block,
+            };
+            if inner.call(inner.remote.update_queue(&update)).await?.is_some() {
+                return Ok(());
+            }
+        }
     }
 
     /// An up-conversion: mark the entry as converting (conditioned on its

@@ -400,7 +400,7 @@ async fn regression_conversion_deadlock_missed_when_the_other_holder_came_after_
     let (gated, s) = gated_sessions(4).await;
     let (a, b, c, d) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
     let name = "stale-mark";
-    let mut first = lock(&a.resource(name).unwrap(), Pr).await;
+    let mut first = lock(&a.resource(name).unwrap().notify_blocking(), Pr).await;
     // An earlier waiter told the first holder of EX (its blocked bits).
     assert!(
         bounded("try EX", d.resource(name).unwrap().notify_on_try().try_lock(Ex))
@@ -531,7 +531,7 @@ async fn regression_blocking_never_told_to_a_request_granted_while_a_waiter_wait
     let ((_, a), (cb, b), (cc, c)) = (&s[0], &s[1], &s[2]);
     let name = "never-told";
     let holder = lock(&a.resource(name).unwrap(), Ex).await;
-    let reader = b.resource(name).unwrap();
+    let reader = b.resource(name).unwrap().notify_blocking();
     let reading = tokio::spawn(async move { reader.lock(Pr).await });
     bounded("PR waits", cb.wait_for_stats(|st| st.waits >= 1)).await;
     let writer = c.resource(name).unwrap();
@@ -1351,7 +1351,7 @@ async fn held_blocking_told_once_per_mode_and_not_by_tries() {
     let (_store, s) = memory_sessions(3).await;
     let ((_, a), (cb, b), (_, c)) = (&s[0], &s[1], &s[2]);
     let name = "told";
-    let mut holder = lock(&a.resource(name).unwrap(), Pr).await;
+    let mut holder = lock(&a.resource(name).unwrap().notify_blocking(), Pr).await;
     let other = b.resource(name).unwrap();
     assert!(bounded("try", other.try_lock(Ex)).await.unwrap().is_none());
     assert!(matches!(
@@ -2227,4 +2227,27 @@ async fn held_deadlock_detection_matches_graph_reduction() {
     }
     eprintln!("{deadlocks} deadlocks, {waits} waits, {grants} immediate grants");
     assert!(deadlocks > 10 && waits > 10);
+}
+
+/// Blocking notifications are paid for by those who listen: a waiter
+/// behind a lock whose resource was not made with `notify_blocking` writes
+/// no mark on it (the holder's entry is as its grant wrote it), and that
+/// holder's `blocking()` is refused at once instead of waiting for ever.
+#[tokio::test]
+async fn held_no_mark_is_written_on_a_lock_that_does_not_listen() {
+    let (store, s) = memory_sessions(2).await;
+    let ((_, a), (cb, b)) = (&s[0], &s[1]);
+    let name = "quiet";
+    let holder = lock(&a.resource(name).unwrap(), Pr).await;
+    let raw = store.open_session(&SessionOptions::new()).await.unwrap();
+    let before = raw.read_queue(name).await.unwrap().slots[0].value.clone();
+    let writer = b.resource(name).unwrap().notify_on_try();
+    assert!(bounded("try EX", writer.try_lock(Ex)).await.unwrap().is_none());
+    let waiting = tokio::spawn(async move { writer.lock(Ex).await });
+    bounded("EX waits", cb.wait_for_stats(|st| st.waits >= 1)).await;
+    let after = raw.read_queue(name).await.unwrap().slots[0].value.clone();
+    assert_eq!(before, after, "a mark was written on a holder that does not listen");
+    assert!(matches!(holder.blocking().await, Err(Error::InvalidOptions { .. })));
+    holder.release().await.unwrap();
+    bounded("EX", waiting).await.unwrap().unwrap().release().await.unwrap();
 }

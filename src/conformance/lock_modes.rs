@@ -242,12 +242,13 @@ pub async fn lock_modes_value_block<F: Fixture>(fixture: &F) {
     release(reader).await;
 }
 
-/// A holder hears once per mode that a waiter it blocks asks for it; a
-/// `try_lock` tells it only when asked to.
+/// A holder that listens (`notify_blocking`) hears once per mode that a
+/// waiter it blocks asks for it; a `try_lock` tells it only when asked to;
+/// a holder that does not listen is refused `blocking()` at once.
 pub async fn lock_modes_tell_holders_they_block<F: Fixture>(fixture: &F) {
     let (_ca, a, cb, b) = two(fixture).await;
     let name = unique("blocking");
-    let holder = lock_in(&a.resource(&name).expect("resource"), Pr).await;
+    let holder = lock_in(&a.resource(&name).expect("resource").notify_blocking(), Pr).await;
     let other = b.resource(&name).expect("resource");
     assert!(try_in(&other, Ex).await.is_none());
     let quiet = tokio::time::timeout(Duration::from_millis(200), holder.blocking()).await;
@@ -262,6 +263,12 @@ pub async fn lock_modes_tell_holders_they_block<F: Fixture>(fixture: &F) {
     let again = spawn_queued(&cb, async move { other.lock(Pw).await }).await;
     let quiet = tokio::time::timeout(Duration::from_millis(200), holder.blocking()).await;
     assert!(quiet.is_err(), "told once per mode: {quiet:?}");
+    let deaf = lock_in(&a.resource(&name).expect("resource"), Nl).await;
+    assert!(matches!(
+        bounded("blocking without notify_blocking", deaf.blocking()).await,
+        Err(Error::InvalidOptions { .. })
+    ));
+    release(deaf).await;
     release(holder).await;
     let granted = bounded("the waiter", again).await.expect("join").expect("PW");
     release(granted).await;
