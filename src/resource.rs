@@ -828,12 +828,7 @@ impl Resource {
                 }
             }
             let blocker = blocker.entry.clone();
-            let deadline = async {
-                match patience {
-                    Patience::Until(at, _) => tokio::time::sleep_until(at).await,
-                    Patience::Forever | Patience::Never => std::future::pending().await,
-                }
-            };
+            let deadline = patience.deadline();
             let own = own_watch.get_or_insert_with(|| watch_entry(inner, &mine));
             inner.counters.bump(|c| &c.waits);
             tokio::select! {
@@ -1597,12 +1592,7 @@ impl ResourceGuard {
                 }
             }
             let blocker = view.slots[on].0.entry.clone();
-            let deadline = async {
-                match patience {
-                    Patience::Until(at, _) => tokio::time::sleep_until(at).await,
-                    Patience::Forever | Patience::Never => std::future::pending().await,
-                }
-            };
+            let deadline = patience.deadline();
             inner.counters.bump(|c| &c.waits);
             tokio::select! {
                 biased;
@@ -1644,12 +1634,7 @@ impl ResourceGuard {
     /// is lost or the deadline passes first: `Ok(false)` for the deadline.
     async fn pause_until(&self, until: Instant, patience: Patience) -> Result<bool> {
         let inner = &self.hold.session().inner;
-        let deadline = async {
-            match patience {
-                Patience::Until(at, _) => tokio::time::sleep_until(at).await,
-                Patience::Forever | Patience::Never => std::future::pending().await,
-            }
-        };
+        let deadline = patience.deadline();
         tokio::select! {
             biased;
             state = inner.over() => Err(inner.over_error(state)),

@@ -69,6 +69,16 @@ pub(crate) enum Patience {
     Until(Instant, Duration),
 }
 
+impl Patience {
+    /// Resolves at the deadline, if there is one; never otherwise.
+    pub(crate) async fn deadline(self) {
+        match self {
+            Patience::Until(at, _) => tokio::time::sleep_until(at).await,
+            Patience::Forever | Patience::Never => std::future::pending().await,
+        }
+    }
+}
+
 /// Waiting at most `timeout` (not zero): until its deadline, or for ever
 /// when the deadline lies past what the clock can tell (`Duration::MAX`).
 pub(crate) fn patience_for(timeout: Duration) -> Patience {
@@ -336,12 +346,7 @@ impl Acquire<'_> {
                 pending.remove_now().await;
                 return Ok(Some(Outcome::Busy { here }));
             }
-            let deadline = async {
-                match self.patience {
-                    Patience::Until(at, _) => tokio::time::sleep_until(at).await,
-                    Patience::Forever | Patience::Never => std::future::pending().await,
-                }
-            };
+            let deadline = self.patience.deadline();
             let own = own_watch.get_or_insert_with(|| watch_entry(inner, mine));
             let blocked = inner.remote.wait_gone(blocker);
             // The gauge first: whoever awaits the `waits` counter sees it.
@@ -411,12 +416,7 @@ impl Acquire<'_> {
                 .is_ok();
         // The mark first: whoever awaits the `lock_delays` counter sees it.
         inner.counters.bump(|c| &c.lock_delays);
-        let deadline = async {
-            match self.patience {
-                Patience::Until(at, _) => tokio::time::sleep_until(at).await,
-                Patience::Forever | Patience::Never => std::future::pending().await,
-            }
-        };
+        let deadline = self.patience.deadline();
         let own = own_watch.get_or_insert_with(|| watch_entry(inner, mine));
         let outcome = tokio::select! {
             biased;
