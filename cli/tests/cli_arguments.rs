@@ -483,6 +483,21 @@ fn completions_are_scripts_that_know_the_commands() {
     assert!(fish.contains("complete -c lockline"), "fish");
     let bad = lockline(&["completions", "tcsh"]);
     assert_eq!(bad.status.code(), Some(123));
+    // A refusal names what is wrong, on one line: the shells there are, the
+    // argument not given.
+    for (args, says) in [
+        (
+            &["completions", "tcsh"][..],
+            "[possible values: bash, elvish, fish, powershell, zsh]",
+        ),
+        (&["completions"][..], "not provided: <SHELL>"),
+    ] {
+        let stderr = assert_refused_without_secret(args, 123);
+        assert!(
+            stderr.contains(says) && stderr.trim_end().lines().count() == 1,
+            "{args:?}: {stderr}"
+        );
+    }
 }
 
 /// The TLS and credential variables fill in what the flags leave out, for
