@@ -366,7 +366,7 @@ pub(crate) struct SessionFlags {
 /// (the lock or the leadership) belongs here, and reaches [`Args`] through
 /// `parse` like the others.
 ///
-/// [`Args`]: crate::Args
+/// [`Args`]: crate::args::Args
 #[derive(Args, Debug)]
 pub(crate) struct HoldingFlags {
     /// lock, elect: give up waiting in line after SECS (exit 124); connecting
