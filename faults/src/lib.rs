@@ -255,7 +255,7 @@ impl Backend {
 
     /// The faults a session must ride out, without being lost, when they
     /// last no longer than [`Config::ride_out`]: on Redis a restart with the
-    /// data (issue 22: a session survives what its server survives), a
+    /// data (a session survives what its server survives), a
     /// pause of the server and a reset of a holder's connections; without
     /// persistence the pause and the reset (a restart forgets the session).
     /// None elsewhere.
