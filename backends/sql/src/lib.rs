@@ -92,7 +92,7 @@ use lockline::{Error, Result, SessionOptions};
 
 pub use lockline;
 
-pub use crate::fenced::FencedTransaction;
+pub use crate::fenced::{FencedTransaction, NOT_HELD_MYSQL, NOT_HELD_POSTGRES};
 use crate::layout::Tables;
 use crate::session::SqlSession;
 
