@@ -859,13 +859,14 @@ impl MySql {
             .fetch_one(&mut *conn)
             .await?;
         if got != Some(1) {
-            return Err(shape("another connection is moving lockline's tables to the current layout"));
+            return Err(shape(
+                "another connection is moving lockline's tables to the current layout",
+            ));
         }
         let moved = async {
-            let layout: Option<i32> =
-                sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {}", names.meta)))
-                    .fetch_optional(&mut *conn)
-                    .await?;
+            let layout: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {}", names.meta)))
+                .fetch_optional(&mut *conn)
+                .await?;
             if layout != Some(PREVIOUS_LAYOUT) {
                 return Ok(layout);
             }

@@ -1024,7 +1024,9 @@ impl Postgres {
             // Moved meanwhile by another session, or not ours to move.
             return Ok(layout);
         }
-        sqlx::raw_sql(AssertSqlSafe(names.fence_ddl())).execute(&mut *tx).await?;
+        sqlx::raw_sql(AssertSqlSafe(names.fence_ddl()))
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout = {PREVIOUS_LAYOUT}",
             names.meta

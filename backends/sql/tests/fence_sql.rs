@@ -98,7 +98,11 @@ async fn a_paused_python_holder_is_refused_and_nothing_lands(db: Db) {
     writer.signal(libc::SIGCONT).expect("resume the writer");
     writer.send_line("commit").expect("tell it to commit");
     let said = writer.line(WAIT).expect("the writer's answer");
-    let expected = if db.is_postgres() { "refused LL002 " } else { "refused 1644 " };
+    let expected = if db.is_postgres() {
+        "refused LL002 "
+    } else {
+        "refused 1644 "
+    };
     assert!(
         said.starts_with(expected) && said.contains("is not held") && said.contains(&key),
         "a paused holder's fenced commit must be refused with {expected:?}, it said {said:?}"

@@ -130,7 +130,12 @@ fn layout_3(db: &Db) -> &'static str {
 /// A transaction fenced on a lock of `client`'s commits: the fence is there.
 async fn the_fence_works(db: &Db, client: &Client) {
     let session = bounded("open", client.session_with(options())).await.expect("session");
-    let guard = session.mutex("moved/fenced").expect("mutex").lock().await.expect("lock");
+    let guard = session
+        .mutex("moved/fenced")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
     if db.is_postgres() {
         let pool = sqlx::PgPool::connect(&db.url()).await.expect("pool");
         let tx = FencedTransaction::begin_postgres(&guard, &pool).await.expect("begin");
@@ -164,7 +169,11 @@ async fn layout_3_tables_are_moved_by_the_first_session_that_may_create(db: Db) 
     let client = Client::new(Sql::new(db.url()));
     let opened = futures::future::join_all((0..4).map(|_| client.session_with(options()))).await;
     for session in opened {
-        session.expect("a session on moved tables").close().await.expect("close");
+        session
+            .expect("a session on moved tables")
+            .close()
+            .await
+            .expect("close");
     }
     assert_eq!(db.count("SELECT layout FROM lockline_meta"), 4);
     the_fence_works(&db, &fixed).await;
