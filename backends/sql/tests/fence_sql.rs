@@ -37,6 +37,7 @@ fn options(ttl_ms: u64) -> SessionOptions {
 on_both!(
     a_python_transaction_commits_while_the_lock_is_held,
     a_paused_python_holder_is_refused_and_nothing_lands,
+    an_application_user_with_the_documented_privileges_calls_the_fence,
 );
 
 fn create_table(db: &Db) {
@@ -60,9 +61,13 @@ fn hold(db: &Db, name: &str, ttl_ms: u64) -> (LineChild, String, u64) {
 
 /// The Python writer, once it has written in its open transaction.
 fn python_writer(db: &Db, key: &str, token: u64) -> LineChild {
+    python_writer_at(&db.url(), key, token)
+}
+
+fn python_writer_at(url: &str, key: &str, token: u64) -> LineChild {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/fence_writer.py");
     let mut command = Command::new(PYTHON);
-    command.args([script, &db.url(), key, &token.to_string()]);
+    command.args([script, url, key, &token.to_string()]);
     let writer = LineChild::spawn(command).expect("start python3 (Debian python3-psycopg2 and python3-pymysql)");
     assert_eq!(writer.line(WAIT).as_deref(), Some("ready"), "the Python writer");
     writer
@@ -72,6 +77,31 @@ async fn a_python_transaction_commits_while_the_lock_is_held(db: Db) {
     create_table(&db);
     let (_probe, key, token) = hold(&db, "py/live", 10_000);
     let mut writer = python_writer(&db, &key, token);
+    writer.send_line("commit").expect("tell it to commit");
+    assert_eq!(writer.line(WAIT).as_deref(), Some("committed"));
+    assert_eq!(writes_of(&db, token), 1);
+}
+
+/// An application's own database user, with the privileges
+/// `docs/fenced-writes.md` lists (and its own table's), calls the fence.
+async fn an_application_user_with_the_documented_privileges_calls_the_fence(db: Db) {
+    create_table(&db);
+    let (_probe, key, token) = hold(&db, "py/app", 10_000);
+    if db.is_postgres() {
+        db.sql(
+            "CREATE USER app PASSWORD 'app-secret'; \
+             GRANT SELECT, INSERT ON fenced_writes TO app; \
+             GRANT SELECT, UPDATE ON lockline_entries TO app;",
+        );
+    } else {
+        db.sql(
+            "CREATE USER 'app'@'%' IDENTIFIED BY 'app-secret'; \
+             GRANT SELECT, INSERT ON lockline.fenced_writes TO 'app'@'%'; \
+             GRANT SELECT ON lockline.lockline_entries TO 'app'@'%'; \
+             GRANT EXECUTE ON PROCEDURE lockline.lockline_fence TO 'app'@'%';",
+        );
+    }
+    let mut writer = python_writer_at(&db.url_for("app", "app-secret"), &key, token);
     writer.send_line("commit").expect("tell it to commit");
     assert_eq!(writer.line(WAIT).as_deref(), Some("committed"));
     assert_eq!(writes_of(&db, token), 1);
