@@ -366,7 +366,7 @@ pub(crate) struct SessionFlags {
 /// (the lock or the leadership) belongs here, and reaches [`Args`] through
 /// `parse` like the others.
 ///
-/// [`Args`]: crate::Args
+/// [`Args`]: crate::args::Args
 #[derive(Args, Debug)]
 pub(crate) struct HoldingFlags {
     /// lock, elect: give up waiting in line after SECS (exit 124); connecting
@@ -494,7 +494,7 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
     match error.kind() {
         ErrorKind::ArgumentConflict => {
             let (Some(one), Some(other)) = (flag(ContextKind::InvalidArg), flag(ContextKind::PriorArg)) else {
-                return first_line(error);
+                return clap_message(error);
             };
             let rank = |flag: &str| SERVER_FLAGS.iter().position(|server| *server == flag);
             match (rank(&one), rank(&other)) {
@@ -507,7 +507,7 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
         }
         ErrorKind::UnknownArgument => {
             let Some(arg) = flag(ContextKind::InvalidArg) else {
-                return first_line(error);
+                return clap_message(error);
             };
             // `--flag=value`: the value is never shown.
             let arg = arg.split('=').next().unwrap_or_default().to_owned();
@@ -552,7 +552,7 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
         ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             "a command is required: lock, elect, list, check or completions (lockline --help)".to_owned()
         }
-        _ => first_line(error),
+        _ => clap_message(error),
     }
 }
 
@@ -578,9 +578,68 @@ fn owners(flag: &str) -> Option<String> {
     }
 }
 
-/// clap's own first line, without its `error: `.
-fn first_line(error: &clap::Error) -> String {
+/// clap's own message, without its `error: `, on one line. Some kinds name
+/// what is wrong on lines of their own below the first (the required
+/// arguments not given, the possible values of a refused one): the whole
+/// first paragraph is kept, its lines joined, a list after a `:` with
+/// commas. The usage and the hint to `--help` that follow are not.
+fn clap_message(error: &clap::Error) -> String {
     let text = error.render().to_string();
-    let line = text.lines().next().unwrap_or("bad arguments");
-    line.strip_prefix("error: ").unwrap_or(line).to_owned()
+    let mut lines = text.lines().map(str::trim).take_while(|line| !line.is_empty());
+    let first = lines.next().unwrap_or("bad arguments");
+    let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    let mut listing = false;
+    for line in lines {
+        if message.ends_with(':') {
+            listing = true;
+            message.push(' ');
+        } else if listing {
+            message.push_str(", ");
+        } else {
+            message.push(' ');
+        }
+        message.push_str(line);
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::{one_line, Cli};
+
+    /// The one line for `argv`, which clap must refuse.
+    fn refusal(argv: &[&str]) -> String {
+        let error = Cli::command()
+            .try_get_matches_from(std::iter::once("lockline").chain(argv.iter().copied()))
+            .expect_err("refused");
+        one_line(&error)
+    }
+
+    /// A refusal whose substance clap puts below its first line still names
+    /// it, on one line: the argument not given, the values a refused one may
+    /// take.
+    #[test]
+    fn refusals_name_what_is_wrong_on_one_line() {
+        for (argv, says) in [
+            (
+                &["completions"][..],
+                "the following required arguments were not provided: <SHELL>",
+            ),
+            (
+                &["completions", "tcsh"][..],
+                "invalid value 'tcsh' for '<SHELL>' [possible values: bash, elvish, fish, powershell, zsh]",
+            ),
+            // One line already: kept as it is.
+            (
+                &["lock", "--mode", "XX", "x"][..],
+                "invalid value 'XX' for '--mode <MODE>': expected a lock mode: NL, CR, CW, PR, PW or EX (any case)",
+            ),
+        ] {
+            let line = refusal(argv);
+            assert!(line.contains(says) && !line.contains('\n'), "{argv:?}: {line}");
+            assert!(!line.contains("usage") && !line.contains("--help"), "{argv:?}: {line}");
+        }
+    }
 }

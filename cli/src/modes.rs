@@ -4,8 +4,8 @@
 //!
 //! - `lock --mode MODE NAME [COMMAND...]` takes `NAME` in `MODE` (`NL`,
 //!   `CR`, `CW`, `PR`, `PW` or `EX`, any case) and holds it exactly as the
-//!   other recipes hold theirs (`acquire` and `hold` in `main.rs` take and
-//!   hold every recipe): the command runs in its own process group
+//!   other recipes hold theirs (`lock.rs` takes every recipe and `hold.rs`
+//!   holds it): the command runs in its own process group
 //!   and dies with the lock, `LOCKLINE_SEQUENCER` names the mode
 //!   (`lockline1:lock-PW:TOKEN:NAME`), the exit statuses are the same.
 //!   Holders of compatible modes hold together (two `PR`, a `CR` beside a
@@ -80,7 +80,8 @@ fn fields(
 mod tests {
     use lockline::{FencingToken, LockMode};
 
-    use crate::{parse, Action, Args, Mode, Recipe};
+    use crate::args::{parse, Action, Args, Mode};
+    use crate::lock::Recipe;
 
     fn args(line: &str) -> Result<Args, String> {
         match parse(line.split_whitespace().map(str::to_owned).collect(), |_| None)? {

@@ -483,6 +483,21 @@ fn completions_are_scripts_that_know_the_commands() {
     assert!(fish.contains("complete -c lockline"), "fish");
     let bad = lockline(&["completions", "tcsh"]);
     assert_eq!(bad.status.code(), Some(123));
+    // A refusal names what is wrong, on one line: the shells there are, the
+    // argument not given.
+    for (args, says) in [
+        (
+            &["completions", "tcsh"][..],
+            "[possible values: bash, elvish, fish, powershell, zsh]",
+        ),
+        (&["completions"][..], "not provided: <SHELL>"),
+    ] {
+        let stderr = assert_refused_without_secret(args, 123);
+        assert!(
+            stderr.contains(says) && stderr.trim_end().lines().count() == 1,
+            "{args:?}: {stderr}"
+        );
+    }
 }
 
 /// The TLS and credential variables fill in what the flags leave out, for
@@ -765,12 +780,7 @@ fn the_help_the_docs_and_the_readme_agree() {
     let section = include_str!("../../docs/cli.md");
     let secure = include_str!("../../docs/security.md");
     assert!(section.starts_with("# The `lockline` command"), "the command's chapter");
-    let docs: String = include_str!("../src/main.rs")
-        .lines()
-        .filter_map(|line| line.strip_prefix("//!"))
-        .map(|line| line.strip_prefix(' ').unwrap_or(line))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let docs = include_str!("../src/lockline.md");
     let words = |text: &str, keep: fn(&str) -> bool| {
         let mut words: Vec<String> = text
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
@@ -795,7 +805,7 @@ fn the_help_the_docs_and_the_readme_agree() {
         assert!(section.contains(flag.as_str()), "{flag} is not in docs/cli.md");
         assert!(docs.contains(flag.as_str()), "{flag} is not in the program's docs");
     }
-    for flag in words(section, flag).iter().chain(&words(&docs, flag)) {
+    for flag in words(section, flag).iter().chain(&words(docs, flag)) {
         // `cargo install --path cli` is cargo's.
         assert!(
             help.contains(flag.as_str()) || flag == "--path",

@@ -334,18 +334,50 @@ pub struct Bounds {
     pub lock_delay: u64,
 }
 
-/// Checks a history.
+/// Checks a history: each rule is a function of its own, run in this order,
+/// each adding what it finds to the report.
 pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bounds) -> Report {
     let mut report = Report::default();
-    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let mut events: Vec<&Event> = events.iter().collect();
     events.sort_by_key(|e| e.t);
+    let (sections, paused) = sections_of(&events, bounds, &mut report);
+    // The register and the tokens. Writes in the order of their times: the
+    // register's own are recorded in that order already; a backend-fenced
+    // write is reported by its writer after its commit, possibly after a
+    // newer holder's.
+    let mut writes: Vec<&Write> = writes.iter().collect();
+    writes.sort_by_key(|w| w.t);
+    check_register(&writes, bounds, &mut report);
+    check_mutex_tokens(&events, &sections, bounds, &mut report);
+    check_mode_tokens(&sections, bounds, &mut report);
+    check_overlaps(&sections, &writes, &paused, faults, bounds, &mut report);
+    check_blackholed_holders(&sections, faults, &mut report);
+    check_ride_out(&events, faults, bounds, &mut report);
+    check_forgotten(&events, faults, bounds, &mut report);
+    // Grants that show the lock can be had, for recovery and stalls.
+    let grants: Vec<&Section> = sections.iter().filter(|s| s.counts_as_grant()).collect();
+    check_recovery(&grants, faults, bounds, &mut report);
+    if bounds.lock_delay > 0 {
+        check_lock_delay(&events, &sections, faults, bounds, &mut report);
+    }
+    check_stalls(&grants, faults, bounds, &mut report);
+    report
+}
 
-    // Critical sections, freezes and blackholes per process.
+/// Paused spans (start, end) per process.
+type Paused = BTreeMap<Tag, Vec<(u64, u64)>>;
+
+/// The critical sections (from a grant or a conversion to its end), sorted
+/// by their start, and the spans each process was paused. Counts grants,
+/// modes, conversions, losses, timeouts, sessions and errors on the way, and
+/// reports a conversion by a process that did not hold what it converted
+/// from, and a hung call.
+fn sections_of(events: &[&Event], bounds: Bounds, report: &mut Report) -> (Vec<Section>, Paused) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let mut sections: Vec<Section> = Vec::new();
     let mut open: BTreeMap<Tag, usize> = BTreeMap::new();
-    let mut paused: BTreeMap<Tag, Vec<(u64, u64)>> = BTreeMap::new();
-    for event in &events {
+    let mut paused: Paused = BTreeMap::new();
+    for event in events {
         let close = |sections: &mut Vec<Section>, open: &mut BTreeMap<Tag, usize>, t: u64| {
             if let Some(i) = open.remove(&event.tag) {
                 sections[i].end.get_or_insert(t);
@@ -441,26 +473,22 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
     }
     sections.sort_by_key(|s| s.grant);
     report.grants = sections.iter().filter(|s| !s.converted).count();
-    // Grants that show the lock can be had, for recovery and stalls.
-    let grants: Vec<&Section> = sections.iter().filter(|s| s.counts_as_grant()).collect();
-    let was_paused = |tag: Tag, from: u64, to: u64| {
-        paused
-            .get(&tag)
-            .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= to && b >= from))
-    };
+    (sections, paused)
+}
 
-    // The register and the tokens. Writes in the order of their times: the
-    // register's own are recorded in that order already; a backend-fenced
-    // write is reported by its writer after its commit, possibly after a
-    // newer holder's.
-    let mut writes: Vec<&Write> = writes.iter().collect();
-    writes.sort_by_key(|w| w.t);
-    // A write whose writer got no answer counts as landed, unless read back.
-    let landed = |w: &Write| w.accepted || w.unsure;
+/// A write whose writer got no answer counts as landed, unless read back.
+fn landed(w: &Write) -> bool {
+    w.accepted || w.unsure
+}
+
+/// The register: no write lands with a token below one that landed before
+/// it (one violation per grant that did, with a count).
+fn check_register(writes: &[&Write], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let mut highest = 0;
     // One violation per grant that wrote below the highest, with a count.
     let mut backwards: Vec<((Tag, u64), u64, u64, usize)> = Vec::new();
-    for write in &writes {
+    for write in writes {
         if landed(write) {
             if write.token < highest {
                 match backwards.iter_mut().find(|(g, ..)| *g == (write.tag, write.token)) {
@@ -485,8 +513,12 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             rel(t)
         ));
     }
-    // Mutex grants in the order they happened carry strictly increasing
-    // tokens.
+}
+
+/// Mutex grants in the order they happened carry strictly increasing
+/// tokens.
+fn check_mutex_tokens(events: &[&Event], sections: &[Section], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let mutex: Vec<&Section> = sections.iter().filter(|s| s.mode.is_none()).collect();
     for pair in mutex.windows(2) {
         if pair[1].token == pair[0].token && pair[1].tag == pair[0].tag {
@@ -513,10 +545,27 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             ));
         }
     }
-    check_mode_tokens(&sections, bounds, &mut report);
+}
 
-    // Overlaps.
-    let blackholes: Vec<&Fault> = faults.iter().filter(|f| f.kind == FaultKind::BlackholeHolder).collect();
+/// Overlaps of incompatible sections: a stale holder's writes after the
+/// next grant must have been refused (unfenced overlap), and its `lost()`
+/// must come before the next grant unless it was frozen or a reset freed
+/// its lock without its knowing (lost() after the next grant).
+fn check_overlaps(
+    sections: &[Section],
+    writes: &[&Write],
+    paused: &Paused,
+    faults: &[Fault],
+    bounds: Bounds,
+    report: &mut Report,
+) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    let was_paused = |tag: Tag, from: u64, to: u64| {
+        paused
+            .get(&tag)
+            .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= to && b >= from))
+    };
+
     // One "lost() after the next grant" per stale section: the first grant it overlaps.
     let mut late_reported: Vec<(Tag, u64)> = Vec::new();
     for (i, a) in sections.iter().enumerate() {
@@ -536,26 +585,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                 .filter(|w| w.tag == a.tag && w.token == a.token && w.t > b.grant)
                 .collect();
             let frozen = was_paused(a.tag, a.grant, b.grant);
-            // A fault that freed the holder's lock on the server without its
-            // knowing, before that grant: one that began before the grant
-            // and lasted into the holder's section (a holder granted while a
-            // crash of the server is under way is reset as well), counted
-            // from the later of the moment the server freed the lock (the
-            // reset, or the server's return without its data) and the
-            // holder's grant.
-            let reset = faults
-                .iter()
-                .filter(|f| bounds.reset_kinds.contains(&f.kind) && f.holder.is_none_or(|h| h == a.tag))
-                .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
-                .map(|f| {
-                    let freed = if bounds.reset_at_end {
-                        f.end.unwrap_or(f.start)
-                    } else {
-                        f.start
-                    };
-                    freed.max(a.grant)
-                })
-                .min();
+            let reset = freed_unknowingly(a, b, faults, bounds);
             let noticed = reset.filter(|&r| bounds.reset_notice > 0 && end <= r.saturating_add(bounds.reset_notice));
             // A frozen holder cannot be told, nor one the server forgot
             // before its next request; the resource is safe if it saw the
@@ -576,16 +606,7 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
                 Some(l) => format!("its lost() fired {:.3}s later", secs(l.saturating_sub(b.grant))),
                 None => "its lost() never fired".to_owned(),
             };
-            let during = faults
-                .iter()
-                .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
-                .map(|f| format!("{} {} at {:.3}s", f.kind, f.target, rel(f.start)))
-                .collect::<Vec<_>>();
-            let context = if during.is_empty() {
-                "no fault active".to_owned()
-            } else {
-                format!("during {}", during.join(", "))
-            };
+            let context = faults_during(a, b, faults, bounds);
             if accepted > 0 {
                 report.violations.push(format!(
                     "unfenced overlap: {} (token {}{}) had {accepted} write(s) accepted after {} (token {}) was {} at {:.3}s; {when_lost}; {context}",
@@ -639,8 +660,50 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             }
         }
     }
+}
 
-    // Blackholed holders: lost() before the next grant?
+/// When a fault freed holder `a`'s lock on the server without its
+/// knowing, before `b`'s grant: a fault that began before that grant
+/// and lasted into the holder's section (a holder granted while a
+/// crash of the server is under way is reset as well), counted
+/// from the later of the moment the server freed the lock (the
+/// reset, or the server's return without its data) and the
+/// holder's grant.
+fn freed_unknowingly(a: &Section, b: &Section, faults: &[Fault], bounds: Bounds) -> Option<u64> {
+    faults
+        .iter()
+        .filter(|f| bounds.reset_kinds.contains(&f.kind) && f.holder.is_none_or(|h| h == a.tag))
+        .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
+        .map(|f| {
+            let freed = if bounds.reset_at_end {
+                f.end.unwrap_or(f.start)
+            } else {
+                f.start
+            };
+            freed.max(a.grant)
+        })
+        .min()
+}
+
+/// The faults active between `a`'s grant and `b`'s, for messages.
+fn faults_during(a: &Section, b: &Section, faults: &[Fault], bounds: Bounds) -> String {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
+    let during = faults
+        .iter()
+        .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
+        .map(|f| format!("{} {} at {:.3}s", f.kind, f.target, rel(f.start)))
+        .collect::<Vec<_>>();
+    if during.is_empty() {
+        "no fault active".to_owned()
+    } else {
+        format!("during {}", during.join(", "))
+    }
+}
+
+/// Blackholed holders: counts those whose `lost()` (or end) came before
+/// the next incompatible grant.
+fn check_blackholed_holders(sections: &[Section], faults: &[Fault], report: &mut Report) {
+    let blackholes: Vec<&Fault> = faults.iter().filter(|f| f.kind == FaultKind::BlackholeHolder).collect();
     for fault in &blackholes {
         let Some(tag) = fault.holder else { continue };
         let Some(section) = sections
@@ -660,11 +723,12 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             report.blackholed_holders.1 += 1;
         }
     }
+}
 
-    check_ride_out(&events, faults, bounds, &mut report);
-    check_forgotten(&events, faults, bounds, &mut report);
-
-    // Recovery after each fault, and quiet stretches.
+/// Recovery after each fault: a grant within the recovery bound (after an
+/// outage of the whole cluster, counted from its end).
+fn check_recovery(grants: &[&Section], faults: &[Fault], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let mut worst: Option<(u64, String)> = None;
     for fault in faults {
         *report.faults.entry(fault.kind.to_string()).or_default() += 1;
@@ -706,9 +770,12 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
         }
     }
     report.worst_recovery = worst.map(|(t, kind)| (secs(t), kind));
-    if bounds.lock_delay > 0 {
-        check_lock_delay(&events, &sections, faults, bounds, &mut report);
-    }
+}
+
+/// Quiet stretches: no stretch without a fault goes longer than the
+/// recovery bound without a grant.
+fn check_stalls(grants: &[&Section], faults: &[Fault], bounds: Bounds, report: &mut Report) {
+    let rel = |t: u64| secs(t.saturating_sub(bounds.start));
     let mut grants: Vec<u64> = grants.iter().map(|s| s.grant).collect();
     grants.push(bounds.stop);
     for pair in grants.windows(2) {
@@ -730,7 +797,6 @@ pub fn check(events: &[Event], writes: &[Write], faults: &[Fault], bounds: Bound
             ));
         }
     }
-    report
 }
 
 /// Lock-mode tokens: a section whose token was taken when it began (a

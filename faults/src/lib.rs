@@ -255,7 +255,7 @@ impl Backend {
 
     /// The faults a session must ride out, without being lost, when they
     /// last no longer than [`Config::ride_out`]: on Redis a restart with the
-    /// data (issue 22: a session survives what its server survives), a
+    /// data (a session survives what its server survives), a
     /// pause of the server and a reset of a holder's connections; without
     /// persistence the pause and the reset (a restart forgets the session).
     /// None elsewhere.
@@ -406,50 +406,130 @@ pub const LOCK: &str = "jepsen/register";
 /// When the servers, the register or the contenders cannot be started (not
 /// a finding about lockline).
 pub fn run(config: &Config) -> Result<Report, String> {
-    let say = |line: &str| {
-        if config.verbose {
-            eprintln!("[{}] {line}", config.backend);
+    refuse_impossible(config)?;
+    let (history, address) = History::start().map_err(|e| format!("register: {e}"))?;
+    let logs = tempfile::Builder::new()
+        .prefix("lockline-faults-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let (mut servers, mut fleet) = start(config, &history, &address, logs.path())?;
+    let run_start = now_ns();
+    let (faults, mut problems) = deal_faults(config, &mut servers, &mut fleet, &history, run_start);
+    let stop = now_ns();
+    let running = stop_contenders(config, &mut fleet, &history, &mut problems);
+    let mut orphans = live_orphans(&servers, &history, &mut problems);
+    close_contenders(&running, &mut fleet, &history, &mut problems);
+    orphans.extend(entries_left(config, &servers, &history, &mut problems));
+    history.stop(&address);
+    let (read_back, disagreements) = read_back_writes(config, &servers, &history, &faults, &mut problems);
+
+    let record = history.lock();
+    let mut report = check(
+        &record.events,
+        &record.writes,
+        &faults,
+        Bounds {
+            start: run_start,
+            stop,
+            recovery: ns(config.recovery_bound()),
+            reset_notice: ns(config.reset_notice()),
+            reset_kinds: config.backend.forgets(),
+            reset_at_end: config.backend.forgets_at_end(),
+            ride_out: ns(config.ride_out()),
+            ride_out_kinds: config.backend.rides_out(),
+            loss_deadline: ns(lockline::SessionOptions::new().with_ttl(config.ttl).loss_deadline()),
+            forgets_sessions: config.backend.forgets_sessions(),
+            lock_delay: ns(config.lock_delay),
+        },
+    );
+    report.orphans = orphans.len();
+    report.writes_read_back = read_back;
+    if !orphans.is_empty() {
+        add_violation(&mut report, "entries left behind:", &orphans);
+    }
+    if !disagreements.is_empty() {
+        add_violation(
+            &mut report,
+            if config.modes {
+                "the fenced register in the lock's store: answers it disagrees with, or a stale write committed after a newer one:"
+            } else {
+                "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:"
+            },
+            &disagreements,
+        );
+    }
+    if !record.garbled.is_empty() {
+        add_violation(&mut report, "unreadable lines from contenders:", &record.garbled);
+    }
+    if !problems.is_empty() {
+        add_violation(&mut report, "the run itself went wrong:", &problems);
+    }
+    write_history(&record, &faults, run_start, &logs.path().join("history.txt"));
+    drop(record);
+    if !report.violations.is_empty() || config.keep_logs {
+        let kept = logs.keep();
+        let line = format!("contender logs and history kept in {}", kept.display());
+        if report.violations.is_empty() {
+            eprintln!("{line}");
+        } else {
+            report.violations.push(line);
         }
-    };
+    }
+    Ok(report)
+}
+
+/// Says what the run is doing, when verbose.
+fn say(config: &Config, line: &str) {
+    if config.verbose {
+        eprintln!("[{}] {line}", config.backend);
+    }
+}
+
+/// Refuses a configuration that cannot be run.
+fn refuse_impossible(config: &Config) -> Result<(), String> {
     if let Some(kind) = config.kinds.iter().find(|k| !k.applies_to(config.backend)) {
         return Err(format!("the fault {kind} cannot be injected on {}", config.backend));
     }
     if config.modes && !config.lock_delay.is_zero() {
         return Err("the lock-delay check judges mutex grants only: no lock-delay with lock modes".into());
     }
-    let (history, address) = History::start().map_err(|e| format!("register: {e}"))?;
-    let logs = tempfile::Builder::new()
-        .prefix("lockline-faults-")
-        .tempdir()
-        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Starts the servers and the contenders, and waits for a first grant.
+fn start(
+    config: &Config,
+    history: &History,
+    address: &str,
+    logs: &std::path::Path,
+) -> Result<(Servers, Fleet), String> {
     let failover = config.kinds().contains(&FaultKind::Failover);
-    let mut servers =
+    let servers =
         Servers::start(config.backend, 3, failover).map_err(|e| format!("{} servers: {e}", config.backend))?;
-    say(&format!("{} up", servers.describe()));
+    say(config, &format!("{} up", servers.describe()));
     let members: Vec<String> = (0..servers.size()).map(|i| servers.address(i)).collect();
     let template = ContenderArgs {
         backend: config.backend,
         endpoints: String::new(),
         name: LOCK.into(),
         ttl: config.ttl,
-        report: address.clone(),
+        report: address.to_owned(),
         tag: String::new(),
         seed: config.seed,
         lock_delay: config.lock_delay,
         modes: config.modes,
     };
     let endpoints = |addresses: &[String]| servers.endpoints(addresses);
-    let mut fleet = Fleet::start(
+    let fleet = Fleet::start(
         config.contenders,
         &config.program,
         &members,
         endpoints,
         template,
-        logs.path(),
+        logs,
         history.clone(),
     )
     .map_err(|e| format!("contenders: {e}"))?;
-    let bound = config.recovery_bound();
     if !history.wait_until(Duration::from_secs(60), |r| r.last_grant().is_some()) {
         let tails: Vec<String> = (0..config.contenders).map(|s| fleet.log_tail(s, 800)).collect();
         return Err(format!(
@@ -457,16 +537,30 @@ pub fn run(config: &Config) -> Result<Report, String> {
             tails.join("\n")
         ));
     }
-    say(&format!(
-        "{} contenders running; nemesis for {:?}",
-        config.contenders, config.duration
-    ));
+    say(
+        config,
+        &format!(
+            "{} contenders running; nemesis for {:?}",
+            config.contenders, config.duration
+        ),
+    );
 
-    let run_start = now_ns();
+    Ok((servers, fleet))
+}
+
+/// Lets the nemesis deal faults for the configured time; returns the faults
+/// dealt and what went wrong with the run itself.
+fn deal_faults(
+    config: &Config,
+    servers: &mut Servers,
+    fleet: &mut Fleet,
+    history: &History,
+    run_start: u64,
+) -> (Vec<nemesis::Fault>, Vec<String>) {
     let mut nemesis = Nemesis::new(
         config,
-        &mut servers,
-        &mut fleet,
+        servers,
+        fleet,
         history.clone(),
         config.verbose.then_some(run_start),
     );
@@ -478,9 +572,13 @@ pub fn run(config: &Config) -> Result<Report, String> {
         problems.push(format!("contender {slot} exited on its own: {why}"));
     }
 
-    // Stop every contender: it releases, cancels, and waits for its cleanup.
-    let stop = now_ns();
-    say("stopping the contenders");
+    (faults, problems)
+}
+
+/// Stops every running contender: it releases, cancels, and waits for its
+/// cleanup. Returns the contenders that were running.
+fn stop_contenders(config: &Config, fleet: &mut Fleet, history: &History, problems: &mut Vec<String>) -> Vec<usize> {
+    say(config, "stopping the contenders");
     let running: Vec<usize> = (0..config.contenders).filter(|&s| fleet.is_running(s)).collect();
     let tags: Vec<_> = running.iter().map(|&s| fleet.slots[s].tag).collect();
     // A contender just restarted may not be listening for SIGTERM yet.
@@ -502,8 +600,12 @@ pub fn run(config: &Config) -> Result<Report, String> {
         }
     }
 
-    // Orphans of live sessions: the idle contenders' own sessions hold nothing.
-    let sessions = live_sessions(&history);
+    running
+}
+
+/// Orphans of live sessions: the idle contenders' own sessions hold nothing.
+fn live_orphans(servers: &Servers, history: &History, problems: &mut Vec<String>) -> Vec<String> {
+    let sessions = live_sessions(history);
     let mut orphans = Vec::new();
     match servers.entries(LOCK) {
         Ok(entries) => {
@@ -519,13 +621,18 @@ pub fn run(config: &Config) -> Result<Report, String> {
         Err(error) => problems.push(format!("listing entries: {error}")),
     }
 
-    // Close every session and exit.
-    for &slot in &running {
+    orphans
+}
+
+/// Closes every contender's session and lets it exit.
+fn close_contenders(running: &[usize], fleet: &mut Fleet, history: &History, problems: &mut Vec<String>) {
+    let tags: Vec<_> = running.iter().map(|&s| fleet.slots[s].tag).collect();
+    for &slot in running {
         fleet.close_input(slot);
     }
     history.wait_until(Duration::from_secs(15), |r| tags.iter().all(|t| r.closed.contains(t)));
     let closed: Vec<_> = history.lock().closed.clone();
-    for &slot in &running {
+    for &slot in running {
         let tag = fleet.slots[slot].tag;
         if closed.contains(&tag) {
             fleet.wait(slot);
@@ -534,8 +641,12 @@ pub fn run(config: &Config) -> Result<Report, String> {
             let _ = fleet.kill(slot);
         }
     }
+}
 
-    // Nothing may remain once killed contenders' sessions have expired.
+/// Nothing may remain once killed contenders' sessions have expired: the
+/// entries still there.
+fn entries_left(config: &Config, servers: &Servers, history: &History, problems: &mut Vec<String>) -> Vec<String> {
+    let mut orphans = Vec::new();
     let deadline = Instant::now() + config.ttl * 2 + Duration::from_secs(5);
     let left = loop {
         match servers.entries(LOCK) {
@@ -551,7 +662,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
         // The servers expire sessions on their own clock: no event to await here.
         std::thread::sleep(Duration::from_millis(200));
     };
-    let owners = all_sessions(&history);
+    let owners = all_sessions(history);
     for entry in &left {
         let owner = owners
             .get(&entry.owner)
@@ -563,9 +674,18 @@ pub fn run(config: &Config) -> Result<Report, String> {
             config.ttl * 2 + Duration::from_secs(5)
         ));
     }
-    history.stop(&address);
+    orphans
+}
 
-    // Writes whose commit got no answer: the backend's store says whether they landed.
+/// Writes whose commit got no answer: the backend's store says whether they
+/// landed. Returns how many were read back and what disagrees.
+fn read_back_writes(
+    config: &Config,
+    servers: &Servers,
+    history: &History,
+    faults: &[nemesis::Fault],
+    problems: &mut Vec<String>,
+) -> (usize, Vec<String>) {
     let mut read_back = 0;
     let mut disagreements = Vec::new();
     if config.modes {
@@ -609,47 +729,11 @@ pub fn run(config: &Config) -> Result<Report, String> {
         }
     }
 
-    let record = history.lock();
-    let mut report = check(
-        &record.events,
-        &record.writes,
-        &faults,
-        Bounds {
-            start: run_start,
-            stop,
-            recovery: ns(bound),
-            reset_notice: ns(config.reset_notice()),
-            reset_kinds: config.backend.forgets(),
-            reset_at_end: config.backend.forgets_at_end(),
-            ride_out: ns(config.ride_out()),
-            ride_out_kinds: config.backend.rides_out(),
-            loss_deadline: ns(lockline::SessionOptions::new().with_ttl(config.ttl).loss_deadline()),
-            forgets_sessions: config.backend.forgets_sessions(),
-            lock_delay: ns(config.lock_delay),
-        },
-    );
-    report.orphans = orphans.len();
-    report.writes_read_back = read_back;
-    if !orphans.is_empty() {
-        add_violation(&mut report, "entries left behind:", &orphans);
-    }
-    if !disagreements.is_empty() {
-        add_violation(
-            &mut report,
-            if config.modes {
-                "the fenced register in the lock's store: answers it disagrees with, or a stale write committed after a newer one:"
-            } else {
-                "the database's fenced register: answers it disagrees with, or a stale write committed after a newer one:"
-            },
-            &disagreements,
-        );
-    }
-    if !record.garbled.is_empty() {
-        add_violation(&mut report, "unreadable lines from contenders:", &record.garbled);
-    }
-    if !problems.is_empty() {
-        add_violation(&mut report, "the run itself went wrong:", &problems);
-    }
+    (read_back, disagreements)
+}
+
+/// Writes the history, in time order, where the logs are kept.
+fn write_history(record: &history::Record, faults: &[nemesis::Fault], run_start: u64, path: &std::path::Path) {
     let mut text = String::new();
     let mut lines: Vec<(u64, String)> = record
         .events
@@ -679,18 +763,7 @@ pub fn run(config: &Config) -> Result<Report, String> {
     for (t, line) in lines {
         let _ = writeln!(text, "{:10.3} {line}", clock::secs(t.saturating_sub(run_start)));
     }
-    let _ = std::fs::write(logs.path().join("history.txt"), text);
-    drop(record);
-    if !report.violations.is_empty() || config.keep_logs {
-        let kept = logs.keep();
-        let line = format!("contender logs and history kept in {}", kept.display());
-        if report.violations.is_empty() {
-            eprintln!("{line}");
-        } else {
-            report.violations.push(line);
-        }
-    }
-    Ok(report)
+    let _ = std::fs::write(path, text);
 }
 
 /// Settles the writes whose writer got no answer to its commit by what the

@@ -1,5 +1,5 @@
 //! A crowd on one lock, from several processes, against a single-node etcd this
-//! program starts itself (issue 12, scale mode (a)).
+//! program starts itself.
 //!
 //! ```text
 //! cargo run --release -p lockline-etcd --example crowd_etcd [-- --seconds 5 --processes 4 --crowd 1000 --compare 16,64]

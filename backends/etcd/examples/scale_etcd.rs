@@ -1,6 +1,5 @@
 //! Scale of one session holding many locks, and of many sessions in one
-//! process (issue 12, modes b and c), against a single-node etcd this
-//! program starts itself.
+//! process, against a single-node etcd this program starts itself.
 //!
 //! ```text
 //! cargo run --release -p lockline-etcd --example scale_etcd [-- --locks 100000 --sessions 1000 --in-flight 64 --ttl 10 --ttls 2]

@@ -778,8 +778,8 @@ async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
     );
 }
 
-/// A release cut off in transit while another client deleted its entry (issue
-/// 22): the retry finds the entry gone, and the versions of the session's
+/// A release cut off in transit while another client deleted its entry: the
+/// retry finds the entry gone, and the versions of the session's
 /// hand-over marker written since the entry was created hold no removal of
 /// it by this session, so the release answers `LockLost` instead of
 /// reporting a release (it did before). The session released the same lock
@@ -856,7 +856,7 @@ async fn a_silently_cut_off_release_whose_entry_another_client_deleted_is_not_a_
 /// endpoints it takes its lock on.
 const DELAY_CHILD: &str = "LOCKLINE_TEST_LOCK_DELAY_CHILD";
 
-/// Lock-delay (issue 20) with real departures: a lock-delayed waiter behind
+/// Lock-delay with real departures: a lock-delayed waiter behind
 /// a holder process killed outright, or a holder silently cut off (a proxy
 /// that drops every packet), is granted no sooner than the server's removal
 /// of the holder's key (at its lease's TTL after the last renewal the server

@@ -593,10 +593,10 @@ async fn a_release_whose_answer_was_lost_is_a_release() {
     released.expect("a release whose first try removed the entry is a release");
 }
 
-/// A release cut off in transit while another client deleted its entry
-/// (issue 22): the retry finds the entry gone but its queue member still
-/// there (a release removes both in one script), so the release answers
-/// `LockLost` instead of reporting a release (it did before).
+/// A release cut off in transit while another client deleted its entry: the
+/// retry finds the entry gone but its queue member still there (a release
+/// removes both in one script), so the release answers `LockLost` instead of
+/// reporting a release (it did before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
     let (released, session) = retried_release("deleted-meanwhile", FirstTry::KeptBackWhileDeleted).await;

@@ -50,7 +50,7 @@
 //! contender, timed from the release just before them, which flatters it),
 //! and of B_write's `UPDATE`s.
 //!
-//! The targets (issue 19), printed as ratios measured in this run: lockline
+//! The targets, printed as ratios measured in this run: lockline
 //! ≥ 0.5 × the bare named lock's grants/s, ≥ 5 × the polling lock at N = 16,
 //! wakeups per release ≤ 1.05.
 //!
@@ -589,7 +589,7 @@ async fn mutex_tables(
         );
     }
     println!();
-    println!("Targets (issue 19):");
+    println!("Targets:");
     let named: Vec<String> = rows
         .iter()
         .map(|(n, ours, named, _)| {

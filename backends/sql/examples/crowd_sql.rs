@@ -1,6 +1,6 @@
 //! A crowd on one lock, from several processes, against PostgreSQL and
-//! MariaDB servers this program starts itself (issue 19: 1,000 contenders
-//! from 4 processes within 100 server connections).
+//! MariaDB servers this program starts itself: 1,000 contenders from 4
+//! processes within 100 server connections.
 //!
 //! ```text
 //! cargo run --release -p lockline-sql --example crowd_sql [-- --seconds 5 --processes 4 --crowd 1000 --compare 16,64 --engine both --sessions-per-process 6 --wait-connections 1 --max-connections 100]

@@ -1,6 +1,6 @@
 //! Scale of one session holding many locks, and of many sessions in one
-//! process (issue 12's modes b and c), against PostgreSQL and MariaDB
-//! servers this program starts itself.
+//! process, against PostgreSQL and MariaDB servers this program starts
+//! itself.
 //!
 //! ```text
 //! cargo run --release -p lockline-sql --example scale_sql [-- --locks 100000 --sessions 1000 --in-flight 64 --ttl 10 --ttls 2 --engine both]

@@ -1,5 +1,5 @@
-//! lockline-sql behind a real PgBouncer in front of a real PostgreSQL (issue
-//! 19). lockline's locks belong to a connection (session-level advisory
+//! lockline-sql behind a real PgBouncer in front of a real PostgreSQL.
+//! lockline's locks belong to a connection (session-level advisory
 //! locks); a transaction-pooling proxy lends one server backend to several
 //! client connections, so a lock taken through one is held by all of them.
 //! Such a pool must be refused, whatever step finds it, and never grant one

@@ -1,6 +1,6 @@
 //! Scale of one session holding many locks, and of many sessions in one
-//! process (issue 12, modes b and c), against a standalone ZooKeeper this
-//! program starts itself, with `zkServer.sh`'s JVM settings (1000 MiB heap).
+//! process, against a standalone ZooKeeper this program starts itself, with
+//! `zkServer.sh`'s JVM settings (1000 MiB heap).
 //!
 //! ```text
 //! cargo run --release -p lockline-zookeeper --example scale_zookeeper [-- --locks 100000 --sessions 1000 --in-flight 64 --ttl 10 --ttls 2]

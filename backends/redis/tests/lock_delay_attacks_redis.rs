@@ -1,4 +1,4 @@
-//! Attacks on issue 20's lock-delay promise against a real Redis: a holder
+//! Attacks on the lock-delay promise against a real Redis: a holder
 //! lost while its lock-delayed waiter is briefly cut off from the server
 //! (silently: its wait is cut short, and it never hears how the entry went).
 

@@ -1,6 +1,6 @@
-//! Attacks on issue 20's promises against a real etcd: sequencers (their
-//! text form and `check`), lock-delay at each step of a handoff, and
-//! multi-locks cancelled at random points.
+//! Attacks on sequencers, lock-delay and multi-locks against a real etcd:
+//! sequencers (their text form and `check`), lock-delay at each step of a
+//! handoff, and multi-locks cancelled at random points.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Attacks on issue 22's Redis promise against a real server: a release
+//! Attacks on retried releases against a real Redis server: a release
 //! retried after a cut-off first try answers `LockLost` when its entry went
 //! by anything but its own removal, and only then.
 

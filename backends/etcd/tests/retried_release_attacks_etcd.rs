@@ -1,4 +1,4 @@
-//! Attacks on issue 22's etcd promises against a real etcd: a release
+//! Attacks on retried releases and tokens against a real etcd: a release
 //! retried after a cut-off first try tells its own removal (its answer lost)
 //! from another client's delete by the versions of the session's hand-over
 //! marker, and an append takes its entry's create revision from its

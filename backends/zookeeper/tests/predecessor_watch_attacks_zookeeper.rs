@@ -1,10 +1,10 @@
-//! Attacks on the issue 23 request cuts (the watch on a contender's own node
-//! left to fire in a task of its own, the predecessor's data watch, and a
-//! predecessor found gone across a reconnection), against a real server:
-//! watches and tasks left behind over many cycles, a predecessor whose data
-//! changes without a release (a peer's write, a lock-delayed waiter's mark),
-//! a large value on a predecessor, lock-delay with readers and writers, and
-//! a cancelled wait.
+//! Attacks on the requests a wait was cut down to (the watch on a
+//! contender's own node left to fire in a task of its own, the predecessor's
+//! data watch, and a predecessor found gone across a reconnection), against
+//! a real server: watches and tasks left behind over many cycles, a
+//! predecessor whose data changes without a release (a peer's write, a
+//! lock-delayed waiter's mark), a large value on a predecessor, lock-delay
+//! with readers and writers, and a cancelled wait.
 
 use std::time::{Duration, Instant};
 

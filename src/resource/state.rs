@@ -1,0 +1,132 @@
+//! The state an entry's value carries, and the wake rule that reads it.
+
+use super::*;
+
+/// One entry's state, as its value holds it: `dlm2 <granted|-> <requested>
+/// <token> <blocked> <since> <conv> <nonce>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct State {
+    /// The mode held, or `None` for a request still waiting.
+    pub(super) granted: Option<LockMode>,
+    /// The mode asked for: the granted mode when settled, the new mode while
+    /// converting, the request's mode while waiting.
+    pub(super) requested: LockMode,
+    /// The grant's fencing token; 0: the token is the write that set this
+    /// state (its [`Slot::changed`]).
+    pub(super) token: u64,
+    /// The modes waiters blocked by this entry asked for (bits of
+    /// [`LockMode::bit`]).
+    pub(super) blocked: u8,
+    /// While converting: when the conversion was marked, in the server's
+    /// order of writes (0 when written: that write's [`Slot::changed`]).
+    /// Of the conversions on a cycle, the one marked last gives up.
+    pub(super) since: u64,
+    /// While converting: the conversion's id, so that taking back a
+    /// cancelled conversion never takes back a later one.
+    pub(super) conv: u32,
+}
+
+pub(super) const STATE_HEAD: &str = "dlm2";
+
+/// A bit of [`State::blocked`] beside the modes' bits: the entry's holder
+/// listens for blocking notifications (its resource was made with
+/// [`Resource::notify_blocking`]). Waiters mark only entries that carry it,
+/// so a resource whose holders do not listen pays no write for them.
+pub(super) const LISTENING: u8 = 1 << 6;
+
+impl State {
+    pub(super) fn waiting(mode: LockMode) -> State {
+        State {
+            granted: None,
+            requested: mode,
+            token: 0,
+            blocked: 0,
+            since: 0,
+            conv: 0,
+        }
+    }
+
+    pub(super) fn held(mode: LockMode, token: u64) -> State {
+        State {
+            granted: Some(mode),
+            requested: mode,
+            token,
+            blocked: 0,
+            since: 0,
+            conv: 0,
+        }
+    }
+
+    pub(super) fn converting(self) -> Option<LockMode> {
+        self.granted.filter(|&g| g != self.requested).map(|_| self.requested)
+    }
+
+    /// The value bytes; a fresh nonce makes every write differ from every
+    /// earlier one, so a watcher never misses a change that came back.
+    pub(super) fn encode(self) -> Vec<u8> {
+        let granted = self.granted.map_or("-", LockMode::label);
+        let nonce: u32 = rand_nonce();
+        format!(
+            "{STATE_HEAD} {granted} {} {} {} {} {} {nonce:08x}",
+            self.requested, self.token, self.blocked, self.since, self.conv
+        )
+        .into_bytes()
+    }
+
+    /// Reads a value; one lockline did not write counts as a waiting EX
+    /// request (it blocks everyone behind it, and nobody waits for it to be
+    /// granted).
+    pub(super) fn decode(value: &[u8], changed: u64) -> State {
+        Self::parse(value, changed).unwrap_or(State::waiting(LockMode::Ex))
+    }
+
+    pub(super) fn parse(value: &[u8], changed: u64) -> Option<State> {
+        let text = std::str::from_utf8(value).ok()?;
+        let mut words = text.split(' ');
+        if words.next()? != STATE_HEAD {
+            return None;
+        }
+        let granted = match words.next()? {
+            "-" => None,
+            mode => Some(mode.parse().ok()?),
+        };
+        let requested = words.next()?.parse().ok()?;
+        let token = match words.next()?.parse().ok()? {
+            0 if granted.is_some() => changed,
+            token => token,
+        };
+        let blocked = words.next()?.parse().ok()?;
+        let converting = granted.is_some_and(|g| g != requested);
+        let since = match words.next()?.parse().ok()? {
+            0 if converting => changed,
+            since => since,
+        };
+        let conv = words.next()?.parse().ok()?;
+        Some(State {
+            granted,
+            requested,
+            token,
+            blocked,
+            since,
+            conv,
+        })
+    }
+}
+
+pub(super) fn rand_nonce() -> u32 {
+    let bytes = *uuid::Uuid::new_v4().as_bytes();
+    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+/// Whether an entry in state `other` keeps `me` waiting, as
+/// [`View::blockers`] counts it (`other` earlier than `me` when it is a
+/// waiting request and `me` converts).
+pub(super) fn blocks(other: State, me: State) -> bool {
+    match me.converting() {
+        Some(target) => match other.granted {
+            Some(held) => !held.compatible(target),
+            None => !other.requested.compatible(target),
+        },
+        None => other.granted.is_some_and(|g| !g.compatible(me.requested)) || !other.requested.compatible(me.requested),
+    }
+}

@@ -1,0 +1,145 @@
+//! The rule, over one read of the queue: who blocks whom, and cycles.
+
+use super::*;
+
+/// One read of a resource, decoded.
+#[derive(Debug)]
+pub(super) struct View {
+    pub(super) slots: Vec<(Slot, State)>,
+    pub(super) block: Block,
+}
+
+impl View {
+    pub(super) fn new(name: &str, queue: Queue) -> Result<View> {
+        if let Some(other) = queue.slots.iter().find(|s| s.entry.kind != EntryKind::Dlm) {
+            return Err(Error::mixed_recipes(name, EntryKind::Dlm, &other.entry));
+        }
+        let block = Block::decode(queue.block.as_deref());
+        let slots = queue
+            .slots
+            .into_iter()
+            .map(|slot| {
+                let state = State::decode(&slot.value, slot.changed);
+                (slot, state)
+            })
+            .collect();
+        Ok(View { slots, block })
+    }
+
+    pub(super) fn position(&self, entry: &Entry) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|(s, _)| s.entry.key == entry.key && s.entry.order == entry.order)
+    }
+
+    /// Every entry that keeps entry `at` from being granted, in queue order.
+    pub(super) fn blockers(&self, at: usize) -> Vec<usize> {
+        let me = self.slots[at].1;
+        match me.granted {
+            Some(_) => {
+                let Some(target) = me.converting() else {
+                    return Vec::new();
+                };
+                (0..self.slots.len())
+                    .filter(|&j| j != at)
+                    .filter(|&j| {
+                        let other = self.slots[j].1;
+                        match other.granted {
+                            Some(held) => !held.compatible(target),
+                            None => j < at && !other.requested.compatible(target),
+                        }
+                    })
+                    .collect()
+            }
+            None => (0..at)
+                .filter(|&j| {
+                    let other = self.slots[j].1;
+                    let held = other.granted.is_some_and(|g| !g.compatible(me.requested));
+                    held || !other.requested.compatible(me.requested)
+                })
+                .collect(),
+        }
+    }
+
+    /// The one entry `at` waits on: a conversion the first blocker in queue
+    /// order, a request the nearest earlier one.
+    pub(super) fn blocker(&self, at: usize) -> Option<usize> {
+        let blockers = self.blockers(at);
+        if self.slots[at].1.granted.is_some() {
+            blockers.first().copied()
+        } else {
+            blockers.last().copied()
+        }
+    }
+
+    /// Whether `from` reaches `to` through entries that wait.
+    pub(super) fn reaches(&self, from: usize, to: usize) -> bool {
+        let waits = |j: usize| {
+            let state = self.slots[j].1;
+            state.granted.is_none() || state.converting().is_some()
+        };
+        let mut seen = Vec::new();
+        let mut stack = vec![from];
+        while let Some(at) = stack.pop() {
+            for next in self.blockers(at) {
+                if next == to {
+                    return true;
+                }
+                if waits(next) && !seen.contains(&next) {
+                    seen.push(next);
+                    stack.push(next);
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether the conversion `at` lies on a cycle that its own mark closed:
+    /// a cycle through waiting entries none of whose other conversions was
+    /// marked after it (ties: the later entry). That conversion gives up;
+    /// a cycle closed by a later mark is that one's to break. (Deferring to
+    /// any later mark on a cycle is wrong: that mark may close another
+    /// cycle, and once it is taken back the first one stands with no one
+    /// awake to see it — the model's `DeferToAnyLaterMark`.)
+    pub(super) fn closes_cycle(&self, at: usize) -> bool {
+        let key = |j: usize| (self.slots[j].1.since, self.slots[j].0.entry.order);
+        let passable = |j: usize| {
+            let state = self.slots[j].1;
+            match state.converting() {
+                Some(_) => key(j) < key(at),
+                None => state.granted.is_none(),
+            }
+        };
+        let mut seen = Vec::new();
+        let mut stack = vec![at];
+        while let Some(from) = stack.pop() {
+            for next in self.blockers(from) {
+                if next == at {
+                    return true;
+                }
+                if passable(next) && !seen.contains(&next) {
+                    seen.push(next);
+                    stack.push(next);
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether `at` lies on a cycle of entries that wait on each other.
+    pub(super) fn in_cycle(&self, at: usize) -> bool {
+        self.reaches(at, at)
+    }
+
+    /// The condition of a decision on entry `at`: every entry the rule
+    /// looked at, at the version read. A request looks at the entries
+    /// before it; a conversion at all of them.
+    pub(super) fn unchanged(&self, at: usize) -> Vec<(&Entry, i64)> {
+        let upto = if self.slots[at].1.granted.is_some() {
+            self.slots.len()
+        } else {
+            at + 1
+        };
+        self.slots[..upto].iter().map(|(s, _)| (&s.entry, s.version)).collect()
+    }
+}
