@@ -297,7 +297,8 @@ $fn$;
 -- the holder's entry row in share mode until the transaction ends, then checks
 -- that the entry's guard is still held. A reaper or the next holder deletes
 -- that row before going past it, and so waits for this transaction to end: the
--- check and the commit are one step. Answers the fencing token. Not held (the
+-- check and the commit are one step. Answers the entry's id (the holder's
+-- fencing token; a lock-mode holder's may have moved past it). Not held (the
 -- entry is gone, or its guard is free): SQLSTATE LL002; not an entry key:
 -- 22023. Either error aborts the transaction.
 CREATE OR REPLACE FUNCTION "public"."lockline_fence"(p_key text)
