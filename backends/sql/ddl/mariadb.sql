@@ -1,4 +1,4 @@
--- lockline's tables and procedures (layout 3) for MariaDB 10.6 or later, or MySQL 8.0.29
+-- lockline's tables and procedures (layout 4) for MariaDB 10.6 or later, or MySQL 8.0.29
 -- or later, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
@@ -370,6 +370,42 @@ BEGIN
     END WHILE;
 END//
 DELIMITER ;
+DELIMITER //
+-- The fence of a transaction on the application's own tables that must commit
+-- only while a lock is held, from any driver: CALL it in that transaction with
+-- the lock's key (NAME/ID, as Guard::key and the CLI's LOCKLINE_KEY give it),
+-- last before COMMIT. It locks the holder's entry row in share mode until the
+-- transaction ends, then checks that the entry's guard is still held. A reaper
+-- or the next holder deletes that row before going past it, and so waits for
+-- this transaction to end: the check and the commit are one step. Not held
+-- (the entry is gone, or its guard is free): SQLSTATE 45L02 (error 1644); not
+-- an entry key: 22023. Either way it rolls the transaction back first, so
+-- that a COMMIT after the error commits nothing (as PostgreSQL's abort does).
+CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_fence`(p_key VARBINARY(600))
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_digits, v_name VARBINARY(600);
+    DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_message VARCHAR(128) CHARACTER SET utf8mb4;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_attempt = NULL;
+    SET v_digits = SUBSTRING_INDEX(p_key, '/', -1);
+    SET v_name = LEFT(p_key, GREATEST(LENGTH(p_key) - LENGTH(v_digits) - 1, 0));
+    IF p_key IS NULL OR v_name = '' OR NOT (v_digits REGEXP '^[1-9][0-9]{0,18}$')
+       OR CAST(v_digits AS DECIMAL(20, 0)) > 9223372036854775807 THEN
+        ROLLBACK;
+        SET v_message = LEFT(CONCAT('lockline: ', QUOTE(CONVERT(p_key USING utf8mb4)),
+            ' is not the key of a lock entry (NAME/ID)'), 128);
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+    END IF;
+    SELECT e.attempt INTO v_attempt FROM `lockline`.`lockline_entries` e
+        WHERE e.id = CAST(v_digits AS UNSIGNED) AND e.name = v_name LOCK IN SHARE MODE;
+    IF v_attempt IS NULL OR IS_USED_LOCK(CONCAT('ll:bb29fb052a1f:e:', v_attempt)) IS NULL THEN
+        ROLLBACK;
+        SET v_message = LEFT(CONCAT('lockline: the lock ', QUOTE(CONVERT(p_key USING utf8mb4)), ' is not held'), 128);
+        SIGNAL SQLSTATE '45L02' SET MESSAGE_TEXT = v_message;
+    END IF;
+END//
+DELIMITER ;
 -- Created last: its row says the rest exists (MariaDB DDL is not transactional).
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     singleton TINYINT NOT NULL PRIMARY KEY,
@@ -384,4 +420,4 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     grace_ms BIGINT NOT NULL DEFAULT 0,
     grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;
-INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 3);
+INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 4);

@@ -1,4 +1,4 @@
--- lockline's tables and functions (layout 3), for PostgreSQL 14 or later.
+-- lockline's tables and functions (layout 4), for PostgreSQL 14 or later.
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing
 -- token (an entry's id) never repeats: the first session opened after each server
@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
     grace_ms bigint NOT NULL DEFAULT 0,
     grace_from timestamptz
 );
-INSERT INTO "public"."lockline_meta" (layout) VALUES (3) ON CONFLICT DO NOTHING;
+INSERT INTO "public"."lockline_meta" (layout) VALUES (4) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL,
@@ -287,6 +287,38 @@ BEGIN
         END IF;
     END LOOP;
     RETURN true;
+END
+$fn$;
+
+-- The fence of a transaction on the application's own tables that must commit
+-- only while a lock is held, from any driver: call it in that transaction with
+-- the lock's key (NAME/ID, as Guard::key and the CLI's LOCKLINE_KEY give it),
+-- last before COMMIT, from any connection but the lock session's own. It locks
+-- the holder's entry row in share mode until the transaction ends, then checks
+-- that the entry's guard is still held. A reaper or the next holder deletes
+-- that row before going past it, and so waits for this transaction to end: the
+-- check and the commit are one step. Answers the entry's id (the holder's
+-- fencing token; a lock-mode holder's may have moved past it). Not held (the
+-- entry is gone, or its guard is free): SQLSTATE LL002; not an entry key:
+-- 22023. Either error aborts the transaction.
+CREATE OR REPLACE FUNCTION "public"."lockline_fence"(p_key text)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_name text := substring(p_key from '^(.+)/[1-9][0-9]*$');
+    v_digits text := substring(p_key from '/([1-9][0-9]*)$');
+    v_id bigint;
+BEGIN
+    IF v_name IS NULL OR length(v_digits) > 19 OR v_digits::numeric > 9223372036854775807 THEN
+        RAISE EXCEPTION 'lockline: % is not the key of a lock entry (NAME/ID)', quote_literal(p_key)
+            USING ERRCODE = '22023';
+    END IF;
+    v_id := v_digits::bigint;
+    PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = v_id AND e.name = v_name FOR SHARE OF e;
+    IF NOT FOUND OR pg_try_advisory_xact_lock_shared(v_id # 2026619832316723200) THEN
+        RAISE EXCEPTION 'lockline: the lock % is not held', quote_literal(p_key) USING ERRCODE = 'LL002',
+            HINT = 'Its holder lost it (its session ended or was ended) or released it: nothing this transaction wrote may commit.';
+    END IF;
+    RETURN v_id;
 END
 $fn$;
 

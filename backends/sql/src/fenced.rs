@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lockline::{Error, Leadership, MutexGuard, Permit, ReadGuard, Result, Session, WriteGuard};
 
-use crate::error::{map, Doing};
+use crate::error::{has_code, map, Doing};
 use crate::layout::parse_entry_key;
 
 /// A held lock, permit or leadership of the SQL backend: what a
@@ -33,17 +33,29 @@ macro_rules! held {
 
 held!(MutexGuard, ReadGuard, WriteGuard, Permit, Leadership);
 
+/// The SQLSTATE with which PostgreSQL's fence function (`lockline_fence`)
+/// refuses: the lock is not held, and the transaction is aborted.
+pub const NOT_HELD_POSTGRES: &str = "LL002";
+
+/// The SQLSTATE with which MariaDB/MySQL's fence procedure
+/// (`lockline_fence`) refuses, with error number 1644 (a signal): the lock
+/// is not held, and the procedure has rolled the transaction back.
+pub const NOT_HELD_MYSQL: &str = "45L02";
+
 /// A transaction on the application's own database (the one lockline's
 /// tables are in) that commits only if the lock is still held at commit time.
 ///
-/// [`commit`](Self::commit) first reads the lock's entry row in this very
-/// transaction, locking it (`FOR SHARE` / `LOCK IN SHARE MODE`) and checking
-/// that the holder's connection still holds its guard, then commits. The row
-/// lock makes the check and the commit one step for everyone else: a reaper
-/// ending a silent holder, or the next holder passing over a dead entry,
-/// deletes that row first and so waits for this commit to end. A holder that
-/// paused past its TTL finds its guard gone and its commit refused with
-/// [`Error::LockLost`]; nothing it wrote in the transaction lands.
+/// [`commit`](Self::commit) calls the database's fence (`lockline_fence`,
+/// a function on PostgreSQL and a procedure on MariaDB/MySQL, which any
+/// driver can call: see `docs/fenced-writes.md`) in this very transaction,
+/// then commits. The fence locks the lock's entry row (`FOR SHARE` /
+/// `LOCK IN SHARE MODE`) and checks that the holder's guard is still held.
+/// The row lock makes the check and the commit one step for everyone else:
+/// a reaper ending a silent holder, or the next holder passing over a dead
+/// entry, deletes that row first and so waits for this commit to end. A
+/// holder that paused past its TTL finds its guard gone and its commit
+/// refused with [`Error::LockLost`]; nothing it wrote in the transaction
+/// lands.
 ///
 /// It dereferences to the driver's connection, so it is an executor for
 /// `sqlx` queries (`&mut *tx`). Dropped without [`commit`](Self::commit), it
@@ -67,9 +79,8 @@ held!(MutexGuard, ReadGuard, WriteGuard, Permit, Leadership);
 pub struct FencedTransaction<'c, DB: sqlx::Database> {
     tx: sqlx::Transaction<'c, DB>,
     key: String,
-    id: i64,
-    session: String,
-    check: Arc<str>,
+    /// The call of the fence, with the key as its one parameter.
+    fence: Arc<str>,
     target: String,
     backend: &'static str,
 }
@@ -88,15 +99,16 @@ impl<'c, DB: sqlx::Database> DerefMut for FencedTransaction<'c, DB> {
     }
 }
 
-fn entry_of(held: &impl Held) -> Result<(String, i64, String)> {
+/// The key of a held entry, checked to be one of this backend's.
+fn key_of(held: &impl Held) -> Result<String> {
     let key = held.key().to_owned();
-    let id = parse_entry_key(&key)
-        .map(|(_, id)| id)
-        .ok_or_else(|| Error::InvalidName {
-            name: key.clone(),
+    if parse_entry_key(&key).is_none() {
+        return Err(Error::InvalidName {
+            name: key,
             reason: "not an entry of the SQL backend (NAME/ID)".into(),
-        })?;
-    Ok((key, id, held.session().id().to_owned()))
+        });
+    }
+    Ok(key)
 }
 
 fn not_sql(what: &str) -> Error {
@@ -140,10 +152,47 @@ impl<'c, DB: sqlx::Database> FencedTransaction<'c, DB> {
         })
     }
 
-    /// The key of the lock entry the transaction is fenced on.
+    /// The key of the lock entry the transaction is fenced on: what the
+    /// fence is called with.
     pub fn key(&self) -> &str {
         &self.key
     }
+}
+
+/// Calls the fence in the transaction, then commits: the one commit of both
+/// engines; `$not_held` is the engine's SQLSTATE of a refusal.
+macro_rules! fence_and_commit {
+    ($transaction:expr, $not_held:expr) => {{
+        let FencedTransaction {
+            mut tx,
+            key,
+            fence,
+            target,
+            backend,
+        } = $transaction;
+        let doing = |what| Doing {
+            backend,
+            what,
+            target: &target,
+        };
+        let fenced = sqlx::query(sqlx::AssertSqlSafe(fence))
+            .bind(key.as_str())
+            .execute(&mut *tx)
+            .await;
+        match fenced {
+            Ok(_) => tx
+                .commit()
+                .await
+                .map_err(|e| map(doing("commit a fenced transaction"), e)),
+            Err(error) if has_code(&error, $not_held) => {
+                // Aborted (PostgreSQL) or rolled back by the fence
+                // (MariaDB/MySQL) already: this ends it on the client too.
+                let _ = tx.rollback().await;
+                Err(Error::LockLost { key })
+            }
+            Err(error) => Err(map(doing("check the lock before committing"), error)),
+        }
+    }};
 }
 
 #[cfg(feature = "postgres")]
@@ -165,28 +214,27 @@ impl<'c> FencedTransaction<'c, sqlx::Postgres> {
         held: &impl Held,
         conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
     ) -> Result<Self> {
-        let (key, id, session) = entry_of(held)?;
+        let key = key_of(held)?;
         let remote = held.session().backend_session();
         let any: &dyn std::any::Any = remote.as_ref();
         let sql = any
             .downcast_ref::<crate::session::SqlSession<crate::pg::Postgres>>()
             .ok_or_else(|| not_sql("PostgreSQL"))?;
-        let check = sql.dialect().check_sql().map_err(|e| begin_failed("postgres", e))?;
+        let fence = sql.dialect().fence_sql().map_err(|e| begin_failed("postgres", e))?;
         let target = sql.target().to_owned();
         let tx = conn.begin().await.map_err(|e| begin_failed("postgres", e))?;
         Ok(FencedTransaction {
             tx,
             key,
-            id,
-            session,
-            check,
+            fence,
             target,
             backend: "postgres",
         })
     }
 
-    /// Checks that the lock is still held, holding its entry row until the
-    /// commit, and commits.
+    /// Calls the fence function in the transaction (`SELECT
+    /// lockline_fence(KEY)`: it locks the entry row until the commit and
+    /// checks that the lock is still held), and commits.
     ///
     /// # Cancel safety
     ///
@@ -195,36 +243,11 @@ impl<'c> FencedTransaction<'c, sqlx::Postgres> {
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] (rolled back) when the lock is no longer held;
-    /// the driver's error otherwise.
+    /// [`Error::LockLost`] (rolled back) when the lock is no longer held
+    /// (the fence answered [`NOT_HELD_POSTGRES`]); the driver's error
+    /// otherwise.
     pub async fn commit(self) -> Result<()> {
-        let FencedTransaction {
-            mut tx,
-            key,
-            id,
-            session,
-            check,
-            target,
-            ..
-        } = self;
-        let doing = |what| Doing {
-            backend: "postgres",
-            what,
-            target: &target,
-        };
-        let held: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(check))
-            .bind(id)
-            .bind(&session)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| map(doing("check the lock before committing"), e))?;
-        if held.is_none() {
-            let _ = tx.rollback().await;
-            return Err(Error::LockLost { key });
-        }
-        tx.commit()
-            .await
-            .map_err(|e| map(doing("commit a fenced transaction"), e))
+        fence_and_commit!(self, NOT_HELD_POSTGRES)
     }
 }
 
@@ -244,28 +267,27 @@ impl<'c> FencedTransaction<'c, sqlx::MySql> {
     /// lockline-sql on MariaDB/MySQL; the driver's error when the
     /// transaction cannot begin.
     pub async fn begin_mysql(held: &impl Held, conn: impl sqlx::Acquire<'c, Database = sqlx::MySql>) -> Result<Self> {
-        let (key, id, session) = entry_of(held)?;
+        let key = key_of(held)?;
         let remote = held.session().backend_session();
         let any: &dyn std::any::Any = remote.as_ref();
         let sql = any
             .downcast_ref::<crate::session::SqlSession<crate::my::MySql>>()
             .ok_or_else(|| not_sql("MariaDB/MySQL"))?;
-        let (check, _) = sql.dialect().check_sql().map_err(|e| begin_failed("mysql", e))?;
+        let fence = sql.dialect().fence_sql().map_err(|e| begin_failed("mysql", e))?;
         let target = sql.target().to_owned();
         let tx = conn.begin().await.map_err(|e| begin_failed("mysql", e))?;
         Ok(FencedTransaction {
             tx,
             key,
-            id,
-            session,
-            check,
+            fence,
             target,
             backend: "mysql",
         })
     }
 
-    /// Checks that the lock is still held, holding its entry row until the
-    /// commit, and commits.
+    /// Calls the fence procedure in the transaction (`CALL
+    /// lockline_fence(KEY)`: it locks the entry row until the commit and
+    /// checks that the lock is still held), and commits.
     ///
     /// # Cancel safety
     ///
@@ -274,35 +296,10 @@ impl<'c> FencedTransaction<'c, sqlx::MySql> {
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] (rolled back) when the lock is no longer held;
-    /// the driver's error otherwise.
+    /// [`Error::LockLost`] (rolled back) when the lock is no longer held
+    /// (the fence answered [`NOT_HELD_MYSQL`]); the driver's error
+    /// otherwise.
     pub async fn commit(self) -> Result<()> {
-        let FencedTransaction {
-            mut tx,
-            key,
-            id,
-            session,
-            check,
-            target,
-            ..
-        } = self;
-        let doing = |what| Doing {
-            backend: "mysql",
-            what,
-            target: &target,
-        };
-        let held: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(check))
-            .bind(id)
-            .bind(&session)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| map(doing("check the lock before committing"), e))?;
-        if held == 0 {
-            let _ = tx.rollback().await;
-            return Err(Error::LockLost { key });
-        }
-        tx.commit()
-            .await
-            .map_err(|e| map(doing("commit a fenced transaction"), e))
+        fence_and_commit!(self, NOT_HELD_MYSQL)
     }
 }

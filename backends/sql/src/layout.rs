@@ -37,7 +37,14 @@ use lockline::{Error, Result};
 /// MariaDB/MySQL also `watchers`, the watch slots used), a `blocks` table
 /// keeps each lock-mode resource's lock value block, and `update_queue`
 /// (with, on MariaDB/MySQL, `watch` and `wake`) is a function or procedure.
-pub(crate) const LAYOUT_VERSION: i32 = 3;
+/// 4: the fence (`fence`), a function on PostgreSQL and a procedure on
+/// MariaDB/MySQL that any driver calls to commit a transaction only while a
+/// lock is held; nothing else changed, so a session that may create tables
+/// moves layout 3 tables to 4 itself (creates the fence, raises the row).
+pub(crate) const LAYOUT_VERSION: i32 = 4;
+
+/// The layout a session moves to [`LAYOUT_VERSION`] itself.
+pub(crate) const PREVIOUS_LAYOUT: i32 = 3;
 
 /// The default prefix of lockline's table names.
 pub(crate) const DEFAULT_PREFIX: &str = "lockline_";

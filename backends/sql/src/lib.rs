@@ -67,6 +67,27 @@
 //! database that commits only if the lock is still held at commit time: the
 //! entry row is checked and locked in that transaction, so neither a reaper
 //! nor the next holder can slip between the check and the commit.
+//!
+//! The check is the database's own: `lockline_fence(KEY)` (a function on
+//! PostgreSQL, a procedure on MariaDB/MySQL, created with the tables; named
+//! `PREFIX` + `fence` under [`Sql::with_table_prefix`]), which
+//! [`FencedTransaction::commit`] calls and any other driver or language can
+//! call last in its own transaction with the lock's key (`guard.key()`, the
+//! CLI's `LOCKLINE_KEY`):
+//!
+//! ```text
+//! BEGIN;
+//! UPDATE ledger SET balance = balance + 1;
+//! SELECT lockline_fence('ledger/1730000000000042');   -- MariaDB/MySQL: CALL lockline_fence(...)
+//! COMMIT;
+//! ```
+//!
+//! A lock no longer held is refused with SQLSTATE [`NOT_HELD_POSTGRES`]
+//! (`LL002`) or [`NOT_HELD_MYSQL`] (`45L02`, error number 1644), and nothing
+//! the transaction wrote commits (PostgreSQL aborts the transaction, the
+//! MariaDB/MySQL procedure rolls it back); a key that is no entry's is
+//! SQLSTATE `22023`. `docs/fenced-writes.md` shows it from `tokio-postgres`,
+//! psycopg2, PyMySQL, `psql` and `mariadb`.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
@@ -92,7 +113,7 @@ use lockline::{Error, Result, SessionOptions};
 
 pub use lockline;
 
-pub use crate::fenced::FencedTransaction;
+pub use crate::fenced::{FencedTransaction, NOT_HELD_MYSQL, NOT_HELD_POSTGRES};
 use crate::layout::Tables;
 use crate::session::SqlSession;
 

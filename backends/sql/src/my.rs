@@ -14,7 +14,7 @@ use crate::dialect::{
     Status, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
-use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION};
+use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION, PREVIOUS_LAYOUT};
 use crate::Settings;
 
 /// The server's clock in microseconds since the epoch, whatever the
@@ -47,6 +47,8 @@ struct Names {
     update_procedure: String,
     watch_procedure: String,
     wake_procedure: String,
+    /// The fence procedure (see `fence_ddl`).
+    fence_procedure: String,
     /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
     /// (the names are server-wide, at most 64 characters).
     lock_prefix: String,
@@ -84,7 +86,7 @@ struct Statements {
     close_entries: Arc<str>,
     close_session: Arc<str>,
     open: Arc<str>,
-    check: Arc<str>,
+    fence: Arc<str>,
     read_queue: Arc<str>,
     update_queue: Arc<str>,
     watch_read: Arc<str>,
@@ -130,6 +132,7 @@ impl Names {
         let update_procedure = table("update_queue");
         let watch_procedure = table("watch");
         let wake_procedure = table("wake");
+        let fence_procedure = table("fence");
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         // A dead entry that still blocks: with the reset grace
         // (Sql::with_reset_grace), one whose session is still there.
@@ -214,11 +217,7 @@ impl Names {
                 "INSERT INTO {sessions} (id, conn, ttl_ms, renewed_us) VALUES (?, CONNECTION_ID(), ?, {NOW_US})"
             )
             .into(),
-            check: format!(
-                "SELECT COUNT(*) FROM {entries} e JOIN {sessions} s ON s.id = e.session \
-                 WHERE e.id = ? AND e.session = ? AND IS_USED_LOCK({guard}) = s.conn LOCK IN SHARE MODE"
-            )
-            .into(),
+            fence: format!("CALL {fence_procedure}(?)").into(),
             // The block first (no id), then the entries: one statement, one
             // read view. Values of other kinds' entries are not sent.
             read_queue: format!(
@@ -250,9 +249,58 @@ impl Names {
             update_procedure,
             watch_procedure,
             wake_procedure,
+            fence_procedure,
             lock_prefix,
             sql,
         }
+    }
+
+    /// The fence procedure (layout 4): created with the rest by
+    /// [`ddl_steps`](Self::ddl_steps), and alone when layout 3 tables are
+    /// moved to layout 4.
+    fn fence_ddl(&self) -> String {
+        let Names {
+            entries,
+            fence_procedure,
+            lock_prefix,
+            ..
+        } = self;
+        format!(
+            r#"-- The fence of a transaction on the application's own tables that must commit
+-- only while a lock is held, from any driver: CALL it in that transaction with
+-- the lock's key (NAME/ID, as Guard::key and the CLI's LOCKLINE_KEY give it),
+-- last before COMMIT. It locks the holder's entry row in share mode until the
+-- transaction ends, then checks that the entry's guard is still held. A reaper
+-- or the next holder deletes that row before going past it, and so waits for
+-- this transaction to end: the check and the commit are one step. Not held
+-- (the entry is gone, or its guard is free): SQLSTATE 45L02 (error 1644); not
+-- an entry key: 22023. Either way it rolls the transaction back first, so
+-- that a COMMIT after the error commits nothing (as PostgreSQL's abort does).
+CREATE PROCEDURE IF NOT EXISTS {fence_procedure}(p_key VARBINARY(600))
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_digits, v_name VARBINARY(600);
+    DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_message VARCHAR(128) CHARACTER SET utf8mb4;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_attempt = NULL;
+    SET v_digits = SUBSTRING_INDEX(p_key, '/', -1);
+    SET v_name = LEFT(p_key, GREATEST(LENGTH(p_key) - LENGTH(v_digits) - 1, 0));
+    IF p_key IS NULL OR v_name = '' OR NOT (v_digits REGEXP '^[1-9][0-9]{{0,18}}$')
+       OR CAST(v_digits AS DECIMAL(20, 0)) > 9223372036854775807 THEN
+        ROLLBACK;
+        SET v_message = LEFT(CONCAT('lockline: ', QUOTE(CONVERT(p_key USING utf8mb4)),
+            ' is not the key of a lock entry (NAME/ID)'), 128);
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
+    END IF;
+    SELECT e.attempt INTO v_attempt FROM {entries} e
+        WHERE e.id = CAST(v_digits AS UNSIGNED) AND e.name = v_name LOCK IN SHARE MODE;
+    IF v_attempt IS NULL OR IS_USED_LOCK(CONCAT('{lock_prefix}e:', v_attempt)) IS NULL THEN
+        ROLLBACK;
+        SET v_message = LEFT(CONCAT('lockline: the lock ', QUOTE(CONVERT(p_key USING utf8mb4)), ' is not held'), 128);
+        SIGNAL SQLSTATE '45L02' SET MESSAGE_TEXT = v_message;
+    END IF;
+END"#
+        )
     }
 
     fn guard(&self, attempt: &str) -> String {
@@ -695,7 +743,7 @@ BEGIN
     END WHILE;
 END"#
         );
-        vec![tables, procedure, update, watch, wake, meta]
+        vec![tables, procedure, update, watch, wake, self.fence_ddl(), meta]
     }
 }
 
@@ -748,9 +796,10 @@ impl MySql {
         Ok(Names::new(&database, &self.tables.prefix).ddl())
     }
 
-    pub(crate) fn check_sql(&self) -> DbResult<(Arc<str>, String)> {
-        let names = self.names()?;
-        Ok((Arc::clone(&names.sql.check), names.lock_prefix.clone()))
+    /// The call of the fence procedure a fenced transaction makes before it
+    /// commits (one parameter: the entry's key).
+    pub(crate) fn fence_sql(&self) -> DbResult<Arc<str>> {
+        Ok(Arc::clone(&self.names()?.sql.fence))
     }
 
     /// Refuses a statement carrying `bytes` of data that the server would
@@ -798,6 +847,44 @@ impl MySql {
             .execute(&mut *conn)
             .await?;
         created
+    }
+
+    /// Moves tables of the layout before to this one: creates the fence
+    /// procedure and raises the layout, one mover at a time (the lock the
+    /// creators take). The layout found (the current one when moved).
+    async fn upgrade(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<Option<i32>> {
+        let lock = format!("{}ddl", names.lock_prefix);
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 30)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(shape(
+                "another connection is moving lockline's tables to the current layout",
+            ));
+        }
+        let moved = async {
+            let layout: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {}", names.meta)))
+                .fetch_optional(&mut *conn)
+                .await?;
+            if layout != Some(PREVIOUS_LAYOUT) {
+                return Ok(layout);
+            }
+            conn.execute(sqlx::raw_sql(AssertSqlSafe(names.fence_ddl()))).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout = {PREVIOUS_LAYOUT}",
+                names.meta
+            )))
+            .execute(&mut *conn)
+            .await?;
+            Ok(Some(LAYOUT_VERSION))
+        }
+        .await;
+        sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await?;
+        moved
     }
 
     async fn check_columns(
@@ -1260,6 +1347,25 @@ impl Dialect for MySql {
             }
             other => other.map_err(|e| map("read lockline's layout version", e))?,
         };
+        let layout = match layout {
+            // The layout before: moved here (it lacks the fence procedure
+            // alone), unless this user may create nothing.
+            Some(PREVIOUS_LAYOUT) if self.settings.create_tables => self
+                .upgrade(conn, names)
+                .await
+                .map_err(|e| match map("move lockline's tables to the current layout", e) {
+                    Error::PermissionDenied { backend, reason, .. } => Error::PermissionDenied {
+                        backend,
+                        operation: "create the fence procedure in",
+                        key: format!("database {}", names.database),
+                        reason: format!(
+                            "{reason}; layout {PREVIOUS_LAYOUT} tables are moved to layout {LAYOUT_VERSION} on first use, which needs CREATE ROUTINE on the database (or have a user who has it do it: the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")"
+                        ),
+                    },
+                    other => other,
+                })?,
+            other => other,
+        };
         if layout != Some(LAYOUT_VERSION) {
             return Err(Error::InvalidOptions {
                 reason: format!(
@@ -1339,6 +1445,7 @@ impl Dialect for MySql {
             ("update_queue", &names.update_procedure),
             ("watch", &names.watch_procedure),
             ("wake", &names.wake_procedure),
+            ("fence", &names.fence_procedure),
         ] {
             let found: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM information_schema.ROUTINES \

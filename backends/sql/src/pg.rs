@@ -13,7 +13,7 @@ use crate::dialect::{
     Reaped, Row, Status, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
-use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION};
+use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION, PREVIOUS_LAYOUT};
 use crate::Settings;
 
 /// The database's clock in microseconds since the epoch.
@@ -71,7 +71,7 @@ struct Statements {
     close: Arc<str>,
     end: Arc<str>,
     open: Arc<str>,
-    check: Arc<str>,
+    fence: Arc<str>,
     read_queue: Arc<str>,
     update_queue: Arc<str>,
     watch_read: Arc<str>,
@@ -188,11 +188,7 @@ impl Names {
             close: format!("SELECT {}($1)", f("close")).into(),
             end: format!("SELECT {}($1, $2)", f("end")).into(),
             open: format!("SELECT {}($1, $2)", f("open")).into(),
-            check: format!(
-                "SELECT 1 FROM {entries} e WHERE e.id = $1 AND e.session = $2 \
-                 AND NOT pg_try_advisory_xact_lock_shared(e.id # {salt}) FOR SHARE OF e"
-            )
-            .into(),
+            fence: format!("SELECT {}($1)", f("fence")).into(),
             // The block first (no id), then the entries: one statement, one
             // snapshot. Values of other kinds' entries are not sent.
             read_queue: format!(
@@ -239,6 +235,46 @@ impl Names {
         format!("{}{name}\"", self.functions)
     }
 
+    /// The fence function (layout 4): created with the rest by [`ddl`](Self::ddl),
+    /// and alone when layout 3 tables are moved to layout 4.
+    fn fence_ddl(&self) -> String {
+        let (entries, salt, fence) = (&self.entries, self.salt, self.function("fence"));
+        format!(
+            r#"-- The fence of a transaction on the application's own tables that must commit
+-- only while a lock is held, from any driver: call it in that transaction with
+-- the lock's key (NAME/ID, as Guard::key and the CLI's LOCKLINE_KEY give it),
+-- last before COMMIT, from any connection but the lock session's own. It locks
+-- the holder's entry row in share mode until the transaction ends, then checks
+-- that the entry's guard is still held. A reaper or the next holder deletes
+-- that row before going past it, and so waits for this transaction to end: the
+-- check and the commit are one step. Answers the entry's id (the holder's
+-- fencing token; a lock-mode holder's may have moved past it). Not held (the
+-- entry is gone, or its guard is free): SQLSTATE LL002; not an entry key:
+-- 22023. Either error aborts the transaction.
+CREATE OR REPLACE FUNCTION {fence}(p_key text)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_name text := substring(p_key from '^(.+)/[1-9][0-9]*$');
+    v_digits text := substring(p_key from '/([1-9][0-9]*)$');
+    v_id bigint;
+BEGIN
+    IF v_name IS NULL OR length(v_digits) > 19 OR v_digits::numeric > 9223372036854775807 THEN
+        RAISE EXCEPTION 'lockline: % is not the key of a lock entry (NAME/ID)', quote_literal(p_key)
+            USING ERRCODE = '22023';
+    END IF;
+    v_id := v_digits::bigint;
+    PERFORM 1 FROM {entries} e WHERE e.id = v_id AND e.name = v_name FOR SHARE OF e;
+    IF NOT FOUND OR pg_try_advisory_xact_lock_shared(v_id # {salt}) THEN
+        RAISE EXCEPTION 'lockline: the lock % is not held', quote_literal(p_key) USING ERRCODE = 'LL002',
+            HINT = 'Its holder lost it (its session ended or was ended) or released it: nothing this transaction wrote may commit.';
+    END IF;
+    RETURN v_id;
+END
+$fn$;
+"#
+        )
+    }
+
     /// The tables and functions, as a script a DBA can run.
     fn ddl(&self) -> String {
         let Names {
@@ -255,6 +291,7 @@ impl Names {
         let f = |name: &str| self.function(name);
         let end = f("end");
         let (update_queue, watch) = (f("update_queue"), f("watch"));
+        let fence_function = self.fence_ddl();
         let (append, nearest, earlier, remove, abandon, wait, reap, set_value, write, close, open) = (
             f("append"),
             f("nearest"),
@@ -573,6 +610,7 @@ BEGIN
 END
 $fn$;
 
+{fence_function}
 -- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
 -- entries it names, ascending, once each; p_versions the version each must be
 -- at (-1: none, only written; -2: any, but there); p_writes whether it sets
@@ -889,9 +927,10 @@ impl Postgres {
         Ok(Names::new(&schema, &self.tables.prefix).ddl())
     }
 
-    /// The check a fenced transaction makes before it commits.
-    pub(crate) fn check_sql(&self) -> DbResult<Arc<str>> {
-        Ok(Arc::clone(&self.names()?.sql.check))
+    /// The call of the fence function a fenced transaction makes before it
+    /// commits (one parameter: the entry's key).
+    pub(crate) fn fence_sql(&self) -> DbResult<Arc<str>> {
+        Ok(Arc::clone(&self.names()?.sql.fence))
     }
 
     /// The options of a connection for `purpose`, and the statement that
@@ -967,6 +1006,36 @@ impl Postgres {
             .await?;
         sqlx::raw_sql(AssertSqlSafe(names.ddl())).execute(&mut *tx).await?;
         tx.commit().await
+    }
+
+    /// Moves tables of the layout before to this one: creates the fence
+    /// function and raises the layout, one mover at a time, in one
+    /// transaction. The layout found (the current one when moved).
+    async fn upgrade(&self, conn: &mut PgConnection, names: &Names) -> DbResult<Option<i32>> {
+        let mut tx = conn.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
+            .bind(names.class)
+            .execute(&mut *tx)
+            .await?;
+        let layout: Option<i32> =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {} FOR UPDATE", names.meta)))
+                .fetch_optional(&mut *tx)
+                .await?;
+        if layout != Some(PREVIOUS_LAYOUT) {
+            // Moved meanwhile by another session, or not ours to move.
+            return Ok(layout);
+        }
+        sqlx::raw_sql(AssertSqlSafe(names.fence_ddl()))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout = {PREVIOUS_LAYOUT}",
+            names.meta
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(LAYOUT_VERSION))
     }
 
     /// What is wrong with the columns of an existing table, if anything.
@@ -1113,6 +1182,25 @@ impl Dialect for Postgres {
             }
             other => other.map_err(|e| map("read lockline's layout version", e))?,
         };
+        let layout = match layout {
+            // The layout before: moved here (it lacks the fence function
+            // alone), unless this user may create nothing.
+            Some(PREVIOUS_LAYOUT) if self.settings.create_tables => self
+                .upgrade(conn, names)
+                .await
+                .map_err(|e| match map("move lockline's tables to the current layout", e) {
+                    Error::PermissionDenied { backend, reason, .. } => Error::PermissionDenied {
+                        backend,
+                        operation: "create the fence function in",
+                        key: format!("schema {}", names.schema),
+                        reason: format!(
+                            "{reason}; layout {PREVIOUS_LAYOUT} tables are moved to layout {LAYOUT_VERSION} on first use, which needs CREATE on the schema (or have the tables' owner do it: the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")"
+                        ),
+                    },
+                    other => other,
+                })?,
+            other => other,
+        };
         if layout != Some(LAYOUT_VERSION) {
             return Err(Error::InvalidOptions {
                 reason: format!(
@@ -1181,6 +1269,7 @@ impl Dialect for Postgres {
                         "open",
                         "update_queue",
                         "watch",
+                        "fence",
                     ]
                     .map(|f| names.function(f))
                     .to_vec(),

@@ -1,22 +1,27 @@
 //! Tables of an older layout are refused with a message that says where
 //! the way to move them is, and the way the SQL chapter gives
-//! (`docs/sql.md`, "Layout versions") moves layout 2 tables (as the
-//! previous lockline's script made them, kept in `tests/fixtures/`) to the
-//! current layout, on PostgreSQL and on MariaDB.
+//! (`docs/sql.md`, "Layout versions") moves layout 2 and layout 3 tables (as
+//! the earlier lockline's scripts made them, kept in `tests/fixtures/`) to
+//! the current layout, on PostgreSQL and on MariaDB; layout 3 tables are also
+//! moved by the first session that may create tables.
 
 use std::time::Duration;
 
 use lockline::backend::{AppendRequest, Conflicts, EntryKind, QueueUpdate};
 use lockline::conformance::bounded;
 use lockline::{Client, Error, SessionOptions};
-use lockline_sql::Sql;
+use lockline_sql::{FencedTransaction, Sql};
 
 #[macro_use]
 mod support;
 
 use support::db::Db;
 
-on_both!(layout_2_tables_are_refused_and_moved_as_documented);
+on_both!(
+    layout_2_tables_are_refused_and_moved_as_documented,
+    layout_3_tables_are_moved_by_the_first_session_that_may_create,
+    layout_3_tables_are_refused_and_moved_as_documented,
+);
 
 /// The statements `docs/sql.md` gives, before and after the script.
 const POSTGRES_BEFORE: &str = "ALTER TABLE lockline_entries ADD COLUMN epoch bigint NOT NULL DEFAULT 0, \
@@ -27,7 +32,7 @@ const MARIADB_BEFORE: &str = "ALTER TABLE lockline_entries ADD COLUMN epoch BIGI
      ADD COLUMN watchers INT NOT NULL DEFAULT 0 AFTER changed; \
      UPDATE lockline_entries SET epoch = version; \
      DROP PROCEDURE lockline_append;";
-const AFTER: &str = "UPDATE lockline_meta SET layout = 3;";
+const AFTER: &str = "UPDATE lockline_meta SET layout = 4;";
 
 fn options() -> SessionOptions {
     SessionOptions::new().with_ttl(Duration::from_secs(10))
@@ -112,4 +117,74 @@ async fn layout_2_tables_are_refused_and_moved_as_documented(db: Db) {
         .await
         .expect("read");
     assert_eq!(queue.block.as_deref(), Some(&b"block"[..]));
+}
+
+fn layout_3(db: &Db) -> &'static str {
+    if db.is_postgres() {
+        include_str!("fixtures/layout3_postgres.sql")
+    } else {
+        include_str!("fixtures/layout3_mariadb.sql")
+    }
+}
+
+/// A transaction fenced on a lock of `client`'s commits: the fence is there.
+async fn the_fence_works(db: &Db, client: &Client) {
+    let session = bounded("open", client.session_with(options())).await.expect("session");
+    let guard = session
+        .mutex("moved/fenced")
+        .expect("mutex")
+        .lock()
+        .await
+        .expect("lock");
+    if db.is_postgres() {
+        let pool = sqlx::PgPool::connect(&db.url()).await.expect("pool");
+        let tx = FencedTransaction::begin_postgres(&guard, &pool).await.expect("begin");
+        tx.commit().await.expect("a fenced commit while held");
+    } else {
+        let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
+        let tx = FencedTransaction::begin_mysql(&guard, &pool).await.expect("begin");
+        tx.commit().await.expect("a fenced commit while held");
+    }
+    guard.release().await.expect("release");
+    session.close().await.expect("close");
+}
+
+fn refused_as_layout_3(opened: lockline::Result<lockline::Session>) {
+    match opened {
+        Err(Error::InvalidOptions { reason }) => {
+            assert!(reason.contains("layout Some(3)"), "{reason}");
+            assert!(reason.contains("Layout versions"), "{reason}");
+        }
+        other => panic!("layout 3 tables must be refused, got {other:?}"),
+    }
+}
+
+async fn layout_3_tables_are_moved_by_the_first_session_that_may_create(db: Db) {
+    db.sql(layout_3(&db));
+    let fixed = Client::new(Sql::new(db.url()).without_creating_tables());
+    refused_as_layout_3(bounded("open on layout 3", fixed.session_with(options())).await);
+    assert_eq!(db.count("SELECT layout FROM lockline_meta"), 3);
+    // Sessions opened at once: one moves the tables, the others find them
+    // moved.
+    let client = Client::new(Sql::new(db.url()));
+    let opened = futures::future::join_all((0..4).map(|_| client.session_with(options()))).await;
+    for session in opened {
+        session
+            .expect("a session on moved tables")
+            .close()
+            .await
+            .expect("close");
+    }
+    assert_eq!(db.count("SELECT layout FROM lockline_meta"), 4);
+    the_fence_works(&db, &fixed).await;
+}
+
+async fn layout_3_tables_are_refused_and_moved_as_documented(db: Db) {
+    db.sql(layout_3(&db));
+    let fixed = Client::new(Sql::new(db.url()).without_creating_tables());
+    refused_as_layout_3(bounded("open on layout 3", fixed.session_with(options())).await);
+    // docs/sql.md: the script again, then the layout row.
+    db.sql(&Sql::new(db.url()).ddl().expect("ddl"));
+    db.sql(AFTER);
+    the_fence_works(&db, &fixed).await;
 }

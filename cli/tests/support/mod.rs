@@ -123,6 +123,32 @@ impl Running {
 
     /// Closes its standard input (started piped): a command that reads it
     /// to the end then goes on.
+    /// Writes a line to the program's standard input (spawned with it piped).
+    pub fn send_line(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("standard input was not piped");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|error| panic!("{}: write to standard input: {error}", self.what));
+    }
+
+    /// The first line on standard error (from now on) that holds `needle`.
+    pub fn stderr_line_with(&self, needle: &str) -> String {
+        let end = Instant::now() + BOUND;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let line = self.stderr.recv_timeout(left).unwrap_or_else(|_| {
+                panic!(
+                    "{}: no line with {needle:?} on standard error within {BOUND:?}",
+                    self.what
+                )
+            });
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
     pub fn close_stdin(&mut self) {
         drop(self.child.stdin.take().expect("standard input was not piped"));
     }
