@@ -87,7 +87,8 @@
 //! the transaction wrote commits (PostgreSQL aborts the transaction, the
 //! MariaDB/MySQL procedure rolls it back); a key that is no entry's is
 //! SQLSTATE `22023`. `docs/fenced-writes.md` shows it from `tokio-postgres`,
-//! psycopg2, PyMySQL, `psql` and `mariadb`.
+//! psycopg2, PyMySQL, Go's `database/sql` (lib/pq, go-sql-driver/mysql),
+//! `psql` and `mariadb`.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]

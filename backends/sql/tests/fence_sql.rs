@@ -1,14 +1,20 @@
 //! The database's fence (`lockline_fence(KEY)`: a function on PostgreSQL, a
-//! procedure on MariaDB) from drivers other than sqlx: `tokio-postgres`, and
+//! procedure on MariaDB) from drivers other than sqlx: `tokio-postgres`,
 //! Python's psycopg2 and PyMySQL (Debian `python3-psycopg2`,
-//! `python3-pymysql`). A transaction that calls it before its commit commits
-//! while the lock is held; one whose holder was paused (SIGSTOP) past its
-//! TTL, and replaced meanwhile, is refused with the documented SQLSTATE
-//! (PyMySQL reports the error number alone) and nothing it wrote lands, even
-//! when its client sends COMMIT anyway. (The same from `psql` and `mariadb`
-//! jobs under `lockline lock`: the CLI crate's `fence_cli.rs`.)
+//! `python3-pymysql`), and Go's `database/sql` with lib/pq and
+//! go-sql-driver/mysql (Debian `golang-github-lib-pq-dev`,
+//! `golang-github-go-sql-driver-mysql-dev`; `tests/go/fencewriter`, built
+//! here offline in GOPATH mode). A transaction that calls it before its
+//! commit commits while the lock is held; one whose holder was paused
+//! (SIGSTOP) past its TTL, and replaced meanwhile, is refused with the
+//! documented SQLSTATE (PyMySQL and go-sql-driver/mysql report the error
+//! number alone) and nothing it wrote lands, even when its client sends
+//! COMMIT anyway. (The same from `psql` and `mariadb` jobs under `lockline
+//! lock`: the CLI crate's `fence_cli.rs`.)
 
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lockline::conformance::bounded;
@@ -38,6 +44,8 @@ on_both!(
     a_python_transaction_commits_while_the_lock_is_held,
     a_paused_python_holder_is_refused_and_nothing_lands,
     an_application_user_with_the_documented_privileges_calls_the_fence,
+    a_go_transaction_commits_while_the_lock_is_held,
+    a_paused_go_holder_is_refused_and_nothing_lands,
 );
 
 fn create_table(db: &Db) {
@@ -71,6 +79,94 @@ fn python_writer_at(url: &str, key: &str, token: u64) -> LineChild {
     let writer = LineChild::spawn(command).expect("start python3 (Debian python3-psycopg2 and python3-pymysql)");
     assert_eq!(writer.line(WAIT).as_deref(), Some("ready"), "the Python writer");
     writer
+}
+
+/// Builds the Go writer once per test binary, offline, against Debian's Go
+/// driver sources.
+fn fencewriter() -> &'static PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("go-fencewriter");
+        let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/fencewriter/main.go");
+        lockline_testkit::go_build(source.as_ref(), &out).expect(
+            "build the Go writer (Debian golang-go, golang-github-lib-pq-dev, \
+             golang-github-go-sql-driver-mysql-dev)",
+        );
+        out
+    })
+}
+
+/// The Go writer, `now` (it fences and commits at once) or `wait` (once it
+/// has said `ready`, having written in its open transaction).
+fn go_writer(db: &Db, mode: &str, key: &str, token: u64) -> LineChild {
+    // lib/pq requires TLS unless told otherwise; the test servers have none.
+    let url = if db.is_postgres() {
+        format!("{}?sslmode=disable", db.url())
+    } else {
+        db.url()
+    };
+    let mut command = Command::new(fencewriter());
+    command.args([mode, &url, key, &token.to_string()]);
+    let writer = LineChild::spawn(command).expect("start the Go writer");
+    if mode == "wait" {
+        assert_eq!(writer.line(WAIT).as_deref(), Some("ready"), "the Go writer");
+    }
+    writer
+}
+
+async fn a_go_transaction_commits_while_the_lock_is_held(db: Db) {
+    create_table(&db);
+    let (_probe, key, token) = hold(&db, "go/live", 10_000);
+    let writer = go_writer(&db, "now", &key, token);
+    assert_eq!(writer.line(WAIT).as_deref(), Some("committed"));
+    assert_eq!(writes_of(&db, token), 1);
+}
+
+async fn a_paused_go_holder_is_refused_and_nothing_lands(db: Db) {
+    create_table(&db);
+    let (probe, key, stale) = hold(&db, "go/paused", 2000);
+    let mut writer = go_writer(&db, "wait", &key, stale);
+    // The holder pauses, its transaction open.
+    probe.signal(libc::SIGSTOP).expect("pause the holder");
+    writer.signal(libc::SIGSTOP).expect("pause the writer");
+    let session = Client::new(Sql::new(db.url()))
+        .session_with(options(2000))
+        .await
+        .expect("session");
+    let next = bounded(
+        "the next holder is granted",
+        session.mutex("go/paused").expect("mutex").lock(),
+    )
+    .await
+    .expect("lock");
+    assert!(next.token().get() > stale);
+    writer.signal(libc::SIGCONT).expect("resume the writer");
+    writer.send_line("commit").expect("tell it to commit");
+    let said = writer.line(WAIT).expect("the writer's answer");
+    let expected = if db.is_postgres() {
+        "refused LL002 "
+    } else {
+        "refused 1644 "
+    };
+    assert!(
+        said.starts_with(expected) && said.contains("is not held") && said.contains(&key),
+        "a paused holder's fenced commit must be refused with {expected:?}, it said {said:?}"
+    );
+    // lib/pq answers a COMMIT of an aborted transaction with an error (and
+    // rolls it back); on MariaDB the procedure rolled it back already and the
+    // COMMIT commits nothing.
+    let anyway = writer.line(WAIT).expect("the writer's COMMIT anyway");
+    if db.is_postgres() {
+        assert_eq!(
+            anyway, "commit anyway failed: pq: Could not complete operation in a failed transaction",
+            "lib/pq's answer to a COMMIT of an aborted transaction"
+        );
+    } else {
+        assert_eq!(anyway, "committed anyway");
+    }
+    assert_eq!(writes_of(&db, stale), 0, "the paused holder's write landed");
+    probe.signal(libc::SIGCONT).expect("resume the holder");
+    next.release().await.expect("release");
 }
 
 async fn a_python_transaction_commits_while_the_lock_is_held(db: Db) {
