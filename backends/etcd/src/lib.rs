@@ -438,10 +438,10 @@ impl Etcd {
     /// The markers of abandoned acquire attempts (`PREFIX` + `<lease
     /// hex>-<attempt>`), the session's one hand-over marker (`PREFIX` +
     /// `released-<lease hex>`, written by releases for waiters with a
-    /// lock-delay) and the one flag of a session with a lock-delay (`PREFIX`
-    /// + `lock-delay-<lease hex>`) live under it: while any session with a
-    /// lock-delay lives, every release of a lock whose markers go under the
-    /// same prefix writes its marker. Sessions that share locks should place
+    /// lock-delay) and the one flag of a session with a lock-delay
+    /// (`PREFIX` + `lock-delay-<lease hex>`) live under it: while any
+    /// session with a lock-delay lives, every release of a lock whose
+    /// markers go under the same prefix writes its marker. Sessions that share locks should place
     /// their markers alike, or their releases look like losses to each
     /// other's lock-delayed waiters.
     ///
@@ -482,7 +482,7 @@ impl Etcd {
     /// What the marker buys besides lock-delay: a release whose first try
     /// was cut off in transit and whose retry finds the entry gone tells its
     /// own removal (its answer lost: `Ok`) from another client's delete
-    /// during the fault ([`Error::LockLost`](lockline::Error::LockLost)).
+    /// during the fault ([`Error::LockLost`]).
     /// Without a marker nothing on the server says who deleted the key, and
     /// such a release is reported as done, as Go's `Unlock`, Curator's and
     /// kazoo's are (fencing tokens cover that window). The price is one
