@@ -42,6 +42,9 @@
 //!   predecessor.
 //! - **Release** = `Txn(If CreateRevision(my key) == my revision, Then Delete)`,
 //!   never a bare delete, so a stale guard cannot delete a newer holder's key.
+//!   Its `Then` also holds a nested transaction that puts the hand-over
+//!   marker only where a session with a lock-delay flagged the lock (see
+//!   Lock-delay below): without one, the release writes its delete alone.
 //! - **Fencing token** = the holder key's create revision. A Go holder's
 //!   matching number is the `CreateRevision` of its key (a `Get` of
 //!   `m.Key()`), not `m.Header().Revision` (`etcdctl lock`'s `ETCD_LOCK_REV`),
