@@ -461,7 +461,8 @@ impl Hold {
                 // transit, on a session the server still confirms: either
                 // that try removed it (its answer lost) or another client
                 // deleted it during the fault. The backend tells which where
-                // it can (etcd: the hand-over marker its release writes;
+                // it can (etcd: the hand-over marker its release writes
+                // where a lock-delayed contender or the backend asks for it;
                 // Redis: a queue member left behind); where it cannot, this
                 // is reported as released, as Go's, Curator's and kazoo's
                 // unlocks do for a key already gone. A lost session never

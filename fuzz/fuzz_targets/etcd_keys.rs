@@ -136,6 +136,7 @@ fuzz_target!(|data: &[u8]| {
     for marker in [
         layout::released(&beside, dir, &lease_hex),
         layout::abandoned(&beside, dir, &lease_hex, &attempt),
+        layout::waits_delayed(&beside, dir, &lease_hex),
         layout::block(dir),
         layout::touched(dir, &lease_hex),
     ] {
@@ -153,6 +154,7 @@ fuzz_target!(|data: &[u8]| {
     for marker in [
         layout::released(&under, "", &lease_hex),
         layout::abandoned(&under, "", &lease_hex, &attempt),
+        layout::waits_delayed(&under, "", &lease_hex),
     ] {
         assert!(under.covers(&marker));
         // No lock is named "" (a marker prefix starting with '/').

@@ -119,15 +119,19 @@ impl Markers {
     /// as within the namespace.
     pub(crate) fn shadowed_lock(&self) -> Option<String> {
         let Markers::Under(_) = self else { return None };
-        [abandoned(self, "", "1", "a"), released(self, "", "1")]
-            .into_iter()
-            .find_map(|marker| {
-                marker
-                    .match_indices('/')
-                    .map(|(at, _)| &marker[..at])
-                    .find(|dir| !dir.is_empty() && is_entry(dir, marker.as_bytes()))
-                    .map(str::to_owned)
-            })
+        [
+            abandoned(self, "", "1", "a"),
+            released(self, "", "1"),
+            waits_delayed(self, "", "1"),
+        ]
+        .into_iter()
+        .find_map(|marker| {
+            marker
+                .match_indices('/')
+                .map(|(at, _)| &marker[..at])
+                .find(|dir| !dir.is_empty() && is_entry(dir, marker.as_bytes()))
+                .map(str::to_owned)
+        })
     }
 }
 
@@ -169,19 +173,46 @@ pub(crate) const ABANDONED: &str = "__lockline_abandoned__/";
 /// `dir`: `<dir>\0lockline/released-<lease hex>` by default (one key per
 /// lock and session), `<markers>released-<lease hex>` under a marker prefix
 /// (one key per session). Bound to the lease (it goes with the session).
-/// Every removal of one of the session's own entries (a release, a
-/// resignation, a cancelled acquire) writes it, empty, in the removal's own
-/// transaction, so its modification revision is the revision of that
-/// deletion; `close()` writes [`CLOSING`] into the markers of the locks it
-/// still has entries in before it revokes the lease. A waiter reads the
-/// marker of its predecessor's lock and lease *as of* the revision its wait
-/// saw the entry deleted at (and the one before): the deletion was a
-/// hand-over exactly when the marker was written in that very revision, or
-/// said [`CLOSING`] just before it. Beside the abandoned-attempt markers (a
-/// lease's hex never starts with `r`), and shaped like no entry of any lock.
+/// Written only where someone reads it: a removal of one of the session's
+/// own entries (a release, a resignation, a cancelled acquire) writes it,
+/// empty, in the removal's own transaction (so its modification revision is
+/// the revision of that deletion) when a contender with a lock-delay has
+/// flagged the lock ([`waits_delayed`]; a nested transaction conditioned on
+/// the flags, evaluated with the removal's own compare), or always when the
+/// backend was asked to ([`Etcd::with_release_markers`](crate::Etcd::with_release_markers)).
+/// `close()` writes [`CLOSING`] into the markers of the flagged locks it
+/// still has entries in before it revokes the lease. A waiter with a
+/// lock-delay reads the marker of its predecessor's lock and lease *as of*
+/// the revision its wait saw the entry deleted at (and the one before): the
+/// deletion was a hand-over exactly when the marker was written in that
+/// very revision, or said [`CLOSING`] just before it. Beside the
+/// abandoned-attempt markers (a lease's hex never starts with `r`), and
+/// shaped like no entry of any lock.
 pub(crate) fn released(markers: &Markers, dir: &str, lease_hex: &str) -> String {
     format!("{}released-{lease_hex}", markers.base(dir))
 }
+
+/// The flag a session with a lock-delay leaves on the lock `dir` when it
+/// appends an entry there, in the append's own transaction:
+/// `<dir>\0lockline/lock-delay-<lease hex>` by default, `<markers>lock-delay-<lease
+/// hex>` under a marker prefix (one per session, standing for every lock
+/// under that prefix). Empty, bound to the lease, kept while the session
+/// lives. A removal writes its hand-over marker only while some flag exists
+/// under [`delay_flags`]: a lock no lock-delayed session ever queued on is
+/// released with the plain fenced delete. A lease's hex never starts with
+/// `l`, and no entry of any lock has this shape.
+pub(crate) fn waits_delayed(markers: &Markers, dir: &str, lease_hex: &str) -> String {
+    format!("{}{DELAY_FLAG}{lease_hex}", markers.base(dir))
+}
+
+/// The prefix of every [`waits_delayed`] flag that a removal of an entry of
+/// the lock `dir` looks at.
+pub(crate) fn delay_flags(markers: &Markers, dir: &str) -> String {
+    format!("{}{DELAY_FLAG}", markers.base(dir))
+}
+
+/// What the flags of [`waits_delayed`] start with.
+const DELAY_FLAG: &str = "lock-delay-";
 
 /// The value of a hand-over marker while its session closes.
 pub(crate) const CLOSING: &[u8] = b"closing";
@@ -291,6 +322,43 @@ mod tests {
         assert_eq!(key("res", EntryKind::Dlm, "1f", "u1"), "res/dlm/1f-u1");
         assert_eq!(conflict_prefix("rw", Conflicts::Exclusive), "rw/");
         assert_eq!(conflict_prefix("rw", Conflicts::All), "rw/");
+    }
+
+    #[test]
+    fn lock_delay_flags_are_apart_from_every_other_marker_and_from_entries() {
+        for markers in [Markers::BesideEachLock, Markers::Under(ABANDONED.to_owned())] {
+            for (dir, lease) in [
+                ("locks/a", "694d7a1b2c"),
+                ("lock-delay", "1"),
+                ("a/read", "ffffffffffffffff"),
+            ] {
+                let flag = waits_delayed(&markers, dir, lease);
+                let flags = delay_flags(&markers, dir);
+                assert!(flag.starts_with(&flags), "{flag:?} under {flags:?}");
+                // No other marker of any lease or attempt lies under the flags'
+                // prefix: a lease's hex never starts with `l`.
+                for other in [
+                    abandoned(&markers, dir, lease, "lock-delay-1"),
+                    released(&markers, dir, lease),
+                    block(dir),
+                    touched(dir, lease),
+                ] {
+                    assert!(!other.starts_with(&flags), "{other:?} under {flags:?}");
+                }
+                for (at, _) in flag.match_indices('/') {
+                    assert!(
+                        !is_entry(&flag[..at], flag.as_bytes()),
+                        "{flag:?} under {}",
+                        &flag[..at]
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            waits_delayed(&Markers::BesideEachLock, "locks/a", "1f"),
+            "locks/a\0lockline/lock-delay-1f"
+        );
+        assert_eq!(delay_flags(&Markers::Under("m/".into()), "locks/a"), "m/lock-delay-");
     }
 
     #[test]

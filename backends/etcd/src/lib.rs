@@ -42,6 +42,9 @@
 //!   predecessor.
 //! - **Release** = `Txn(If CreateRevision(my key) == my revision, Then Delete)`,
 //!   never a bare delete, so a stale guard cannot delete a newer holder's key.
+//!   Its `Then` also holds a nested transaction that puts the hand-over
+//!   marker only where a session with a lock-delay flagged the lock (see
+//!   Lock-delay below): without one, the release writes its delete alone.
 //! - **Fencing token** = the holder key's create revision. A Go holder's
 //!   matching number is the `CreateRevision` of its key (a `Get` of
 //!   `m.Key()`), not `m.Header().Revision` (`etcdctl lock`'s `ETCD_LOCK_REV`),
@@ -67,27 +70,44 @@
 //!   lease; the append's transaction requires it absent, so an append that
 //!   reaches the server late creates nothing.
 //! - **Lock-delay** ([`SessionOptions::with_lock_delay`]) = telling a hand-over
-//!   from a loss without a request of its own. Every removal of a session's
-//!   own entry (release, resign, a cancelled acquire) also writes the
-//!   session's hand-over marker for that lock, `n` + NUL +
+//!   from a loss without a request of its own, paid for only where it is
+//!   used. A session with a lock-delay, in the transaction of its first
+//!   append to a lock, leaves a flag beside it, `n` + NUL +
+//!   `lockline/lock-delay-<lease hex>` (empty, bound to its lease, kept while
+//!   the session lives; one per session under a marker prefix, standing
+//!   for every lock there). Every removal of a session's own entry
+//!   (release, resign, a cancelled acquire) carries, in the delete's own
+//!   transaction, a nested transaction: *if* some flag exists on the lock,
+//!   put the session's hand-over marker for that lock, `n` + NUL +
 //!   `lockline/released-<lease hex>` (empty, bound to the lease: one key per
-//!   lock and session, gone with the session), in the delete's own
-//!   transaction, so in the same revision; `close()` writes `closing` into
-//!   the markers of the locks it still has entries in (one transaction per
-//!   64 of them), then revokes the lease. A waiter with a lock-delay,
-//!   woken by its predecessor's DELETE at revision *R*, reads the
-//!   predecessor's marker as of *R* and as of *R − 1* in the transaction it
-//!   sends after every wake anyway: written at *R* is a release, `closing`
-//!   at *R − 1* a close; anything else (the lease expired or was revoked by
-//!   someone else, the key deleted by another client) is a loss, and the
-//!   grant waits for the delay. A predecessor gone before the waiter's watch
+//!   lock and session, gone with the session), so in the same revision as
+//!   the delete. Without a flag, which is always the case where no session
+//!   uses a lock-delay, the release writes its delete alone: one revision,
+//!   no key created, as before lock-delay existed (the nested compare is a
+//!   read of an empty range). `close()` writes `closing` into the markers
+//!   of the flagged locks it still has entries in (one transaction per 64
+//!   of them, conditioned the same way), then revokes the lease. A waiter
+//!   with a lock-delay, woken by its predecessor's DELETE at revision *R*,
+//!   reads the predecessor's marker as of *R* and as of *R − 1* in the
+//!   transaction it sends after every wake anyway: written at *R* is a
+//!   release, `closing` at *R − 1* a close; anything else (the lease expired
+//!   or was revoked by someone else, the key deleted by another client) is
+//!   a loss, and the grant waits for the delay. Since the waiter's flag was
+//!   written with its own entry, every deletion of an entry before it
+//!   comes after the flag. A predecessor gone before the waiter's watch
 //!   began has its deletion's revision replayed by a watch from the
-//!   waiter's last read (that race alone costs a request); history compacted
-//!   away, or markers the user may not read, count as a loss. The cost: one
-//!   small put more in every release's transaction (same request, same
-//!   revision), two point reads more in a lock-delayed waiter's read after
-//!   a wake, and one transaction more in `close()` of a session that still
-//!   has entries. Without a lock-delay, waiters read nothing more.
+//!   waiter's last read (that race alone costs a request); history
+//!   compacted away, or markers the user may not read, count as a loss. The
+//!   cost, paid only by locks a lock-delayed session has queued on while it
+//!   lives: one small put more in the lock-delayed session's first append
+//!   to each lock, one in every release's transaction, two point reads more
+//!   in a lock-delayed waiter's read after a wake. Every release carries the
+//!   nested compare. A lock-delayed waiter that appends between a holder's
+//!   `close()` marking and its revoke finds no `closing` and takes the close
+//!   for a loss (held back, never granted early).
+//!   [`Etcd::with_release_markers`] has every removal write the marker, as
+//!   before (a retried release then tells its own removal from another
+//!   client's delete).
 //!
 //!   Go's `concurrency.Mutex`, `etcdctl lock` and the server-side lock API
 //!   write no hand-over marker, and a lockline session with another marker
@@ -243,6 +263,9 @@ pub struct Etcd {
     /// The marker prefix [`Etcd::with_marker_prefix`] set; `None`: markers
     /// beside each lock.
     markers: Option<String>,
+    /// Whether every removal writes the hand-over marker
+    /// ([`Etcd::with_release_markers`]).
+    release_markers: bool,
     namespace: String,
     /// Clients by the connection settings taken from session options
     /// (`None`: the caller's own connect options or client, for every session).
@@ -305,6 +328,7 @@ impl fmt::Debug for Etcd {
             .field("tls", &self.tls)
             .field("user", &self.user)
             .field("namespace", &self.namespace)
+            .field("release_markers", &self.release_markers)
             .finish()
     }
 }
@@ -322,6 +346,7 @@ impl Etcd {
             tls: None,
             user: None,
             markers: None,
+            release_markers: false,
             namespace: String::new(),
             clients: Arc::default(),
         }
@@ -401,6 +426,7 @@ impl Etcd {
             tls: None,
             user: None,
             markers: None,
+            release_markers: false,
             namespace: String::new(),
             clients: Arc::new(Mutex::new(clients)),
         }
@@ -413,9 +439,12 @@ impl Etcd {
     /// mutex uses as a parent of lockline's names.
     ///
     /// The markers of abandoned acquire attempts (`PREFIX` + `<lease
-    /// hex>-<attempt>`) and the session's one hand-over marker (`PREFIX` +
-    /// `released-<lease hex>`, written by every release for waiters with a
-    /// lock-delay) live under it: sessions that share locks should place
+    /// hex>-<attempt>`), the session's one hand-over marker (`PREFIX` +
+    /// `released-<lease hex>`, written by releases for waiters with a
+    /// lock-delay) and the one flag of a session with a lock-delay
+    /// (`PREFIX` + `lock-delay-<lease hex>`) live under it: while any
+    /// session with a lock-delay lives, every release of a lock whose
+    /// markers go under the same prefix writes its marker. Sessions that share locks should place
     /// their markers alike, or their releases look like losses to each
     /// other's lock-delayed waiters.
     ///
@@ -443,6 +472,33 @@ impl Etcd {
     /// ```
     pub fn with_marker_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.markers = Some(prefix.into());
+        self
+    }
+
+    /// Has every release (resignation, removal of a cancelled acquire's
+    /// entry) write the session's hand-over marker in its own transaction,
+    /// as lockline did before the marker became pay-per-use. By default a
+    /// removal writes it only while a contender with a lock-delay has
+    /// flagged the lock (see the crate docs on lock-delay), and is
+    /// otherwise the plain fenced delete.
+    ///
+    /// What the marker buys besides lock-delay: a release whose first try
+    /// was cut off in transit and whose retry finds the entry gone tells its
+    /// own removal (its answer lost: `Ok`) from another client's delete
+    /// during the fault ([`Error::LockLost`]).
+    /// Without a marker nothing on the server says who deleted the key, and
+    /// such a release is reported as done, as Go's `Unlock`, Curator's and
+    /// kazoo's are (fencing tokens cover that window). The price is one
+    /// small put in every release's transaction (about a tenth of the
+    /// handoff rate in `bench_etcd`).
+    ///
+    /// ```
+    /// use lockline_etcd::Etcd;
+    ///
+    /// let backend = Etcd::new(["http://10.0.0.1:2379"]).with_release_markers();
+    /// ```
+    pub fn with_release_markers(mut self) -> Self {
+        self.release_markers = true;
         self
     }
 
@@ -567,11 +623,13 @@ impl Etcd {
 /// names; lockline's default before markers moved beside each lock. A role
 /// then needs read-write on it as well as on its locks' prefixes: every
 /// append reads its abandoned-attempt marker (`<lease hex>-<attempt>`) in
-/// the same transaction, and every release writes the session's hand-over
-/// marker (`released-<lease hex>`; see the crate docs on lock-delay). A
-/// session whose roles refuse to let it write a hand-over marker releases
-/// without it (said once in the log), and its releases look like losses to
-/// waiters with a lock-delay.
+/// the same transaction, every release compares the lock-delay flags
+/// (`lock-delay-<lease hex>`) and, where a session with a lock-delay left
+/// one, writes the session's hand-over marker (`released-<lease hex>`; see
+/// the crate docs on lock-delay). A session whose roles refuse to let it
+/// write a hand-over marker or a flag releases and queues without them
+/// (said once in the log), and its releases look like losses to waiters
+/// with a lock-delay.
 pub const MARKER_PREFIX: &str = layout::ABANDONED;
 
 /// What is wrong with an endpoint, checked before any connection: etcd's
@@ -728,9 +786,10 @@ impl Backend for Etcd {
         }
         let client = self.client(options).await?;
         let markers = self.markers();
-        let session: Arc<dyn BackendSession> = EtcdSession::open(client, options, markers, self.namespace.clone())
-            .await
-            .map_err(|e| error::first_request(e, self.tls.as_ref(), &self.endpoints))?;
+        let session: Arc<dyn BackendSession> =
+            EtcdSession::open(client, options, markers, self.namespace.clone(), self.release_markers)
+                .await
+                .map_err(|e| error::first_request(e, self.tls.as_ref(), &self.endpoints))?;
         Ok(session)
     }
 }

@@ -65,6 +65,15 @@ pub(crate) struct EtcdSession {
     /// The server refused this session's hand-over marker (a role without
     /// write on the marker prefix): its removals go on without one.
     markers_refused: AtomicBool,
+    /// Whether every removal writes the hand-over marker
+    /// ([`Etcd::with_release_markers`](crate::Etcd::with_release_markers)),
+    /// rather than only while a lock-delayed contender flagged the lock.
+    always_mark: bool,
+    /// With a lock-delay: the lock directories (the marker prefix, under
+    /// one) this session's appends have flagged ([`layout::waits_delayed`]).
+    /// The flags live with the lease, so each is written once; bounded
+    /// (forgetting one only costs a put of it again).
+    flagged: std::sync::Mutex<std::collections::HashSet<String>>,
     /// How long `close()` waits to mark its hand-over before it revokes.
     close_mark_timeout: Duration,
     /// Bounds every request of the session, whatever the connect options
@@ -245,6 +254,7 @@ impl EtcdSession {
         options: &SessionOptions,
         markers: layout::Markers,
         namespace: String,
+        always_mark: bool,
     ) -> Result<Arc<Self>> {
         // etcd counts lease TTLs in whole seconds: round up.
         let ttl = i64::try_from(options.ttl().as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
@@ -286,6 +296,8 @@ impl EtcdSession {
             gone: std::sync::Mutex::default(),
             appended: AtomicBool::new(false),
             markers_refused: AtomicBool::new(false),
+            always_mark,
+            flagged: std::sync::Mutex::default(),
             close_mark_timeout: options.request_timeout() / 2,
             request_timeout: options.request_timeout(),
         }))
@@ -504,6 +516,9 @@ impl EtcdSession {
 /// refuses transactions of more than 128 operations by default).
 const CLOSING_PER_TXN: usize = 64;
 
+/// How many flagged locks a session with a lock-delay remembers.
+const FLAGGED_LIMIT: usize = 4096;
+
 /// How long `close()` waits for the watch hub to end its stream before it
 /// revokes the lease anyway.
 const HUB_CLOSE_WAIT: Duration = Duration::from_millis(250);
@@ -620,7 +635,17 @@ impl BackendSession for EtcdSession {
             self.remove(&stale).await?;
         }
         self.claim(&key, request)?;
-        self.append_once(request, &key).await
+        let flag = self.lock_delay && self.markers_allowed() && !self.is_flagged(request.dir);
+        match self.append_once(request, &key, flag).await {
+            // The role may not write the marker prefix: queue without the
+            // flag (nothing of a refused transaction was applied).
+            Err(refused) if flag && refused.is_refusal() => {
+                let appended = self.append_once(request, &key, false).await?;
+                self.refuse_markers(&refused);
+                Ok(appended)
+            }
+            other => other,
+        }
     }
 
     /// One round trip: confirm my key is still the same entry and read the
@@ -763,9 +788,10 @@ impl BackendSession for EtcdSession {
     }
 
     /// One transaction: if the entry is still the same one, delete it and,
-    /// for an entry of this session, write the session's hand-over marker
-    /// in the same revision (a waiter with a lock-delay tells a release
-    /// from a loss by it).
+    /// for an entry of this session on a lock a lock-delayed contender
+    /// flagged, write the session's hand-over marker in the same revision (a
+    /// waiter with a lock-delay tells a release from a loss by it). Without
+    /// such a flag the transaction writes the delete alone.
     async fn remove(&self, entry: &Entry) -> Result<bool> {
         let marked = entry.owner.as_deref() == Some(self.id.as_str()) && self.markers_allowed();
         let removed = match self.remove_once(entry, marked).await {
@@ -804,7 +830,7 @@ impl BackendSession for EtcdSession {
         } else {
             let mut removal = vec![marker.clone(), TxnOp::delete(key.clone(), None)];
             if self.markers_allowed() {
-                removal.push(self.hand_over(dir, b""));
+                removal.push(self.hand_over_if_awaited(dir));
             }
             Txn::new()
                 .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease)])
@@ -960,7 +986,8 @@ impl BackendSession for EtcdSession {
     /// also the new modification revision of every key it put.
     ///
     /// A removal of this session's own entry writes its hand-over marker in
-    /// the same transaction, as [`remove`](BackendSession::remove) does. An
+    /// the same transaction where [`remove`](BackendSession::remove) would
+    /// (a lock-delayed contender flagged the lock). An
     /// update that writes nothing else puts this session's tick key beside
     /// the lock ([`layout::touched`]), so that its revision is its own.
     async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
@@ -1081,14 +1108,19 @@ impl BackendSession for EtcdSession {
 
     /// Finds the revision `entry` was deleted at (a watch from its creation
     /// replays the deletion from the server's history), then reads this
-    /// session's hand-over marker of the entry's lock as of that revision:
-    /// written in that very revision, the deletion was a removal of this
-    /// session's (its release's transaction writes the marker; one
-    /// transaction per revision); otherwise someone else deleted the entry,
-    /// or the lease ended. As waiters with a lock-delay tell a hand-over from
-    /// a loss, with no limit on how often the marker changed since. Unknown
-    /// (`None`) when the entry is not this session's own, the session writes
-    /// no markers, or the history was compacted away.
+    /// session's hand-over marker of the entry's lock as of that revision,
+    /// and the lock's lock-delay flags as of the revision before: a marker
+    /// written in that very revision means a removal of this session's did
+    /// it (its transaction writes the marker; one transaction per
+    /// revision). No marker, where a removal of this session's would have
+    /// written one (a flag was there, or every removal writes it), means
+    /// someone else deleted the entry, or the lease ended: as waiters with a
+    /// lock-delay tell a hand-over from a loss, with no limit on how often
+    /// the marker changed since. Unknown (`None`) when no removal would have
+    /// written a marker (no lock-delayed contender flagged the lock: a plain
+    /// fenced delete leaves no trace of who sent it), the entry is not this
+    /// session's own, the session writes no markers, or the history was
+    /// compacted away.
     async fn removed_by_me(&self, entry: &Entry) -> Result<Option<bool>> {
         if entry.owner.as_deref() != Some(self.id.as_str()) || !self.markers_allowed() {
             return Ok(None);
@@ -1109,15 +1141,32 @@ impl BackendSession for EtcdSession {
                 Signal::Created { .. } | Signal::Delete { .. } | Signal::Put(_) => {}
             }
         };
-        let marker = layout::released(&self.markers, layout::dir_of(entry), &self.id);
-        let options = GetOptions::new().with_revision(deleted_at);
-        let response = match self.get(&marker, Some(options), "read").await {
+        let dir = layout::dir_of(entry);
+        let marker = layout::released(&self.markers, dir, &self.id);
+        let flags = GetOptions::new()
+            .with_prefix()
+            .with_count_only()
+            .with_revision((deleted_at - 1).max(1));
+        let reads = Txn::new().and_then([
+            TxnOp::get(marker.clone(), Some(GetOptions::new().with_revision(deleted_at))),
+            TxnOp::get(layout::delay_flags(&self.markers, dir), Some(flags)),
+        ]);
+        let response = match self.txn(reads, "read", &marker).await {
             Err(error) if is_compacted(&error) || error.is_refusal() => return Ok(None),
             other => other?,
         };
-        Ok(Some(
-            response.kvs().first().is_some_and(|kv| kv.mod_revision() == deleted_at),
-        ))
+        let ops = response.op_responses();
+        // A read of a compacted revision ends the answer short on etcd 3.4.
+        let (Ok(at), Ok(flagged)) = (get_response(ops.first()), get_response(ops.get(1))) else {
+            return Ok(None);
+        };
+        if at.kvs().first().is_some_and(|kv| kv.mod_revision() == deleted_at) {
+            return Ok(Some(true));
+        }
+        if self.always_mark || flagged.count() > 0 {
+            return Ok(Some(false));
+        }
+        Ok(None)
     }
 
     /// Asks the server for the lease's remaining TTL; none left means lost.
@@ -1189,7 +1238,11 @@ impl EtcdSession {
     /// abandoned), create it with my lease and read it back with the nearest
     /// earlier conflicting keys; else read it (a retry after a lost response
     /// finds its own key).
-    async fn append_once(&self, request: &AppendRequest<'_>, key: &str) -> Result<Appended> {
+    ///
+    /// With `flag`, the same transaction leaves this session's lock-delay
+    /// flag on the lock ([`layout::waits_delayed`]), so that removals of the
+    /// entries before this one write their hand-over markers.
+    async fn append_once(&self, request: &AppendRequest<'_>, key: &str, flag: bool) -> Result<Appended> {
         let key = key.to_owned();
         let abandoned = layout::abandoned(&self.markers, request.dir, &self.id, request.attempt);
         // Right after my put my key is the newest under the prefix, so the
@@ -1209,6 +1262,14 @@ impl EtcdSession {
             request.value.to_vec(),
             Some(PutOptions::new().with_lease(self.lease)),
         );
+        let mut created = vec![put, TxnOp::get(nearest_prefix, Some(newest))];
+        if flag {
+            created.push(TxnOp::put(
+                layout::waits_delayed(&self.markers, request.dir, &self.id),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            ));
+        }
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.clone(), CompareOp::Equal, 0),
@@ -1216,7 +1277,7 @@ impl EtcdSession {
                 // abandoned (another path, a slow member) creates nothing.
                 Compare::create_revision(abandoned.clone(), CompareOp::Equal, 0),
             ])
-            .and_then([put, TxnOp::get(nearest_prefix, Some(newest))])
+            .and_then(created)
             .or_else([
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(abandoned, Some(GetOptions::new().with_count_only())),
@@ -1224,6 +1285,9 @@ impl EtcdSession {
         let response = self.txn(txn, "queue on", &key).await?;
         let ops = response.op_responses();
         if response.succeeded() {
+            if flag {
+                self.flagged(request.dir);
+            }
             // My put created the key in this very transaction: its create
             // revision is the transaction's revision, its lease mine. No
             // read of it back (one range less per acquire than before).
@@ -1369,7 +1433,7 @@ impl EtcdSession {
             ops.push(TxnOp::put(layout::block(dir), block.to_vec(), None));
         }
         if marked {
-            ops.push(self.hand_over(dir, b""));
+            ops.push(self.hand_over_if_awaited(dir));
         }
         if ops.is_empty() {
             ops.push(TxnOp::put(
@@ -1451,15 +1515,63 @@ impl EtcdSession {
         )
     }
 
+    /// The put of this session's hand-over marker for the lock `dir` as a
+    /// removal writes it: only if a lock-delayed contender flagged the lock
+    /// (a nested transaction whose compare, on the range of the flags, is
+    /// evaluated with the removal's own, before any of its writes), or
+    /// always with [`Etcd::with_release_markers`](crate::Etcd::with_release_markers).
+    /// Without a flag the removal writes nothing but its delete.
+    fn hand_over_if_awaited(&self, dir: &str) -> TxnOp {
+        let put = self.hand_over(dir, b"");
+        if self.always_mark {
+            return put;
+        }
+        TxnOp::txn(Txn::new().when([self.awaited(dir)]).and_then([put]))
+    }
+
+    /// The compare that holds while a lock-delayed contender has flagged
+    /// the lock `dir`: some key under its flags' prefix (a range compare on
+    /// an empty range compares a missing key, version 0).
+    fn awaited(&self, dir: &str) -> Compare {
+        Compare::version(layout::delay_flags(&self.markers, dir), CompareOp::Greater, 0).with_prefix()
+    }
+
+    /// Whether this session's lock-delay flag is known to be on the lock
+    /// `dir` (on the marker prefix, under one).
+    fn is_flagged(&self, dir: &str) -> bool {
+        self.flagged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(self.flag_scope(dir))
+    }
+
+    /// Remembers that this session's lock-delay flag is on the lock `dir`.
+    fn flagged(&self, dir: &str) {
+        let mut flagged = self.flagged.lock().unwrap_or_else(PoisonError::into_inner);
+        if flagged.len() >= FLAGGED_LIMIT {
+            flagged.clear();
+        }
+        flagged.insert(self.flag_scope(dir).to_owned());
+    }
+
+    /// What one flag stands for: the lock `dir` beside it, every lock under
+    /// a marker prefix.
+    fn flag_scope<'a>(&self, dir: &'a str) -> &'a str {
+        match self.markers {
+            layout::Markers::BesideEachLock => dir,
+            layout::Markers::Under(_) => "",
+        }
+    }
+
     /// The fenced delete of `entry`, with the hand-over marker if `marked`
-    /// (written in the deletion's own revision, which is how a waiter with a
-    /// lock-delay, and a release retried after a lost answer
-    /// ([`BackendSession::removed_by_me`]), tell a removal of this session's
-    /// from someone else's delete).
+    /// and the lock is flagged (written in the deletion's own revision,
+    /// which is how a waiter with a lock-delay, and a release retried after
+    /// a lost answer ([`BackendSession::removed_by_me`]), tell a removal of
+    /// this session's from someone else's delete).
     async fn remove_once(&self, entry: &Entry, marked: bool) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(entry.key.clone(), None)];
         if marked {
-            ops.push(self.hand_over(layout::dir_of(entry), b""));
+            ops.push(self.hand_over_if_awaited(layout::dir_of(entry)));
         }
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -1489,17 +1601,17 @@ impl EtcdSession {
         }
     }
 
-    /// The hand-over markers `close()` writes `closing` into: the session's
-    /// one marker under a marker prefix, or beside each lock it still has
-    /// entries in.
-    fn closing_markers(&self) -> Vec<String> {
+    /// The hand-over markers `close()` writes `closing` into, with the lock
+    /// each stands for: the session's one marker under a marker prefix, or
+    /// beside each lock it still has entries in.
+    fn closing_markers(&self) -> Vec<(String, String)> {
         match &self.markers {
-            layout::Markers::Under(_) => vec![layout::released(&self.markers, "", &self.id)],
+            layout::Markers::Under(_) => vec![(layout::released(&self.markers, "", &self.id), String::new())],
             layout::Markers::BesideEachLock => {
                 let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
                 let dirs: std::collections::BTreeSet<&str> = live.values().map(String::as_str).collect();
                 dirs.into_iter()
-                    .map(|dir| layout::released(&self.markers, dir, &self.id))
+                    .map(|dir| (layout::released(&self.markers, dir, &self.id), dir.to_owned()))
                     .collect()
             }
         }
@@ -1511,8 +1623,10 @@ impl EtcdSession {
     /// are only written while the lease lives (a lease the server already let
     /// expire fails the put: those deletions were a loss). One transaction
     /// per [`CLOSING_PER_TXN`] locks the session still has entries in, sent
-    /// together. Best effort, bounded: without them waiters are only held
-    /// back.
+    /// together; each marker only if a lock-delayed contender flagged its
+    /// lock (as a removal writes it), so that without lock-delayed
+    /// contenders the transaction writes nothing. Best effort, bounded:
+    /// without them waiters are only held back.
     async fn mark_closing(&self) {
         let markers = self.closing_markers();
         if markers.is_empty() {
@@ -1521,19 +1635,24 @@ impl EtcdSession {
         let txns = markers.chunks(CLOSING_PER_TXN).map(|chunk| {
             let ops: Vec<TxnOp> = chunk
                 .iter()
-                .map(|marker| {
-                    TxnOp::put(
+                .map(|(marker, dir)| {
+                    let put = TxnOp::put(
                         marker.clone(),
                         layout::CLOSING.to_vec(),
                         Some(PutOptions::new().with_lease(self.lease)),
-                    )
+                    );
+                    if self.always_mark {
+                        put
+                    } else {
+                        TxnOp::txn(Txn::new().when([self.awaited(dir)]).and_then([put]))
+                    }
                 })
                 .collect();
             let mut kv = self.client.kv_client();
             async move { kv.txn(Txn::new().and_then(ops)).await }
         });
         let marked = futures::future::join_all(txns);
-        let first = &markers[0];
+        let first = &markers[0].0;
         match tokio::time::timeout(self.close_mark_timeout, marked).await {
             Ok(results) => {
                 for error in results.into_iter().filter_map(std::result::Result::err) {

@@ -49,11 +49,11 @@ async fn a_closing_session_hears_none_of_its_own_deletions() {
     let before = watch_events(&session).expect("an etcd session");
     let sent_before = sent(&cluster);
     session.close().await.expect("close");
-    // Each lock has an entry, and a hand-over marker beside it (`close/<i>`
-    // NUL `lockline/released-<lease>`) that the close wrote `closing` into
-    // before the revoke: the revoke deletes both.
+    // Each lock has an entry, and no hand-over marker: no contender with a
+    // lock-delay flagged these locks, so the close wrote no `closing` into
+    // one before the revoke. The revoke deletes the entries.
     let mut deleted = 0;
-    while deleted < 2 * LOCKS {
+    while deleted < LOCKS {
         let response = deletions.message().await.expect("watch answers").expect("watch open");
         deleted += response
             .events()
@@ -64,14 +64,12 @@ async fn a_closing_session_hears_none_of_its_own_deletions() {
     // By now the revoke's events have gone out to every watcher left.
     let heard = watch_events(&session).expect("an etcd session") - before;
     assert_eq!(heard, 0, "the closing session took in {heard} of its own deletions");
-    // The server sent each event to the other client only: the close's
-    // puts of the hand-over markers, and the deletions of entries and markers.
+    // The server sent each event to the other client only: the deletions
+    // of the entries, and nothing for markers.
     let sent = sent(&cluster) - sent_before;
     assert_eq!(
-        sent,
-        3 * LOCKS as u64,
-        "the server sent {sent} events for {LOCKS} marker puts and {} deletions",
-        2 * LOCKS
+        sent, LOCKS as u64,
+        "the server sent {sent} events for {LOCKS} deletions"
     );
     for guard in &guards {
         assert!(!guard.is_held());

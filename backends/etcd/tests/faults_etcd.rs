@@ -705,11 +705,13 @@ async fn a_holder_re_watches_with_backoff_while_the_server_is_down() {
 }
 
 /// A single-node etcd, a proxy in front of it, and a session through the
-/// proxy (TTL 30 s) with the given request timeout.
+/// proxy (TTL 30 s) with the given request timeout, on a backend whose
+/// releases all write the hand-over marker (the evidence of a release
+/// retried after a cut-off try).
 async fn behind_a_proxy(request_timeout: Duration) -> (EtcdCluster, lockline_testkit::TcpProxy, lockline::Session) {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = lockline_testkit::TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]))
+    let session = Client::new(Etcd::new([format!("http://{}", proxy.address())]).with_release_markers())
         .session_with(options(30).with_request_timeout(request_timeout))
         .await
         .expect("session");
@@ -784,6 +786,9 @@ async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
 /// it by this session, so the release answers `LockLost` instead of
 /// reporting a release (it did before). The session released the same lock
 /// once before, so the marker exists with an older removal's revision.
+/// Its backend is built `with_release_markers()`: without it, and without a
+/// lock-delayed contender on the lock, a release leaves no trace of who
+/// deleted the entry, and is reported as done (as Go's `Unlock` is).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_release_whose_entry_another_client_deleted_is_a_lost_lock() {
     let (cluster, proxy, session) = behind_a_proxy(Duration::from_secs(3)).await;

@@ -39,6 +39,15 @@ async fn open(cluster: &EtcdCluster) -> Session {
         .expect("session")
 }
 
+/// A session whose every removal writes its hand-over marker
+/// (`with_release_markers()`), so that `removed_by_me` can always tell.
+async fn open_marking(cluster: &EtcdCluster) -> Session {
+    Client::new(Etcd::new(cluster.endpoints()).with_release_markers())
+        .session()
+        .await
+        .expect("session")
+}
+
 /// Appends a lock-mode entry as the core does.
 async fn append(remote: &Arc<dyn BackendSession>, dir: &str, attempt: &str, value: &[u8]) -> Entry {
     let request = AppendRequest {
@@ -484,11 +493,12 @@ async fn a_hundred_entries_are_read_and_updated_at_once() {
 
 /// The other primitives work on lock-mode entries as on any: `abandon`,
 /// `remove`, `get_value`, `wait_gone`; and a removal through an update
-/// tells a release from someone else's delete as `remove` does.
+/// tells a release from someone else's delete as `remove` does (with the
+/// hand-over marker written by every removal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_mode_entries_are_removed_abandoned_and_waited_on_like_any() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let (a, b) = (open(&cluster).await, open(&cluster).await);
+    let (a, b) = (open_marking(&cluster).await, open_marking(&cluster).await);
     let (ra, rb) = (a.backend_session(), b.backend_session());
     let dir = "modes/primitives";
 

@@ -1,8 +1,10 @@
 //! Attacks on retried releases and tokens against a real etcd: a release
 //! retried after a cut-off first try tells its own removal (its answer lost)
 //! from another client's delete by the versions of the session's hand-over
-//! marker, and an append takes its entry's create revision from its
-//! transaction's header.
+//! marker (written by every release of a backend built
+//! `with_release_markers()`; by default only while a lock-delayed contender
+//! flagged the lock), and an append takes its entry's create revision from
+//! its transaction's header.
 
 use std::time::Duration;
 
@@ -75,7 +77,10 @@ where
 async fn a_foreign_delete_is_lost_whatever_the_session_released_since() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = through(&proxy, |etcd| etcd.with_marker_prefix("lockline-markers/")).await;
+    let session = through(&proxy, |etcd| {
+        etcd.with_marker_prefix("lockline-markers/").with_release_markers()
+    })
+    .await;
     let mut side = side(&cluster).await;
     for others in [15, 16] {
         let name = format!("leader-{others}");
@@ -109,7 +114,7 @@ async fn a_foreign_delete_is_lost_whatever_the_session_released_since() {
 async fn lost_answers_of_two_readers_sharing_a_marker_are_releases() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = through(&proxy, |etcd| etcd).await;
+    let session = through(&proxy, Etcd::with_release_markers).await;
     let mut side = side(&cluster).await;
     let lock = session.rwlock("shared-marker").expect("rwlock");
     let first = lock.read().await.expect("read");
@@ -146,7 +151,7 @@ async fn lost_answers_of_two_readers_sharing_a_marker_are_releases() {
 async fn a_sibling_retry_overwriting_the_marker_hides_no_foreign_delete() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let session = through(&proxy, |etcd| etcd).await;
+    let session = through(&proxy, Etcd::with_release_markers).await;
     let mut side = side(&cluster).await;
     let semaphore = session.semaphore("permits", 3).expect("semaphore");
     // One release first, so the marker has an older version.
