@@ -453,3 +453,43 @@ async fn mariadb_after_a_refusal_only_later_statements_commit_and_any_default_da
     );
     drop(guard);
 }
+
+/// PostgreSQL: the guards are advisory locks, which no privilege protects.
+/// Any user who may connect to the database can read the salt (a function's
+/// source is public) and hold the guard of a dead entry: the entry then
+/// looks live to lockline and to the fence, whose lost holder's write then
+/// lands. A limitation, documented (docs/sql.md, "Guards"): give lockline's
+/// database to trusted users only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_any_database_user_can_hold_a_dead_entrys_guard_as_documented() {
+    let db = Db::postgres();
+    create_table(&db);
+    let first = session(&db).await;
+    let (_guard, key, stale) = held(&db, &first, "spoof/x").await;
+    cut(&db, &first);
+    db.sql("CREATE USER nobody PASSWORD 'nobody-secret'");
+    let mut nobody = App::connect(&db.url_for("nobody", "nobody-secret")).await;
+    let App::Pg(client) = &mut nobody else { unreachable!() };
+    let salt: String = client
+        .query_one(
+            "SELECT substring(prosrc from '# (-?[0-9]+)\\)') FROM pg_proc WHERE proname = 'lockline_fence'",
+            &[],
+        )
+        .await
+        .expect("the function's source")
+        .get(0);
+    client
+        .batch_execute(&format!("SELECT pg_advisory_lock({stale} # {salt})"))
+        .await
+        .expect("hold the guard");
+    let mut app = App::connect(&db.url()).await;
+    app.sql("BEGIN").await.expect("begin");
+    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
+        .await
+        .expect("insert");
+    app.fence(&key)
+        .await
+        .expect("passes: the guard is held, by another user");
+    app.sql("COMMIT").await.expect("commit");
+    assert_eq!(writes_of(&db, stale), 1);
+}
