@@ -145,33 +145,63 @@ on_both!(
 /// it), so the stale commit lands before the next grant, never after.
 async fn a_fenced_transaction_in_flight_holds_back_the_next_grant_until_it_ends(db: Db) {
     create_table(&db);
-    let first = session(&db).await;
-    let (guard, key, stale) = held(&db, &first, "order/x").await;
-    let mut app = App::connect(&db.url()).await;
-    app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-        .await
-        .expect("insert");
-    app.fence(&key).await.expect("the fence of a held lock");
-    cut(&db, &first);
-    let second = session(&db).await;
-    let next = tokio::spawn(async move {
-        let guard = second.mutex("order/x").expect("mutex").lock().await.expect("lock");
-        (second, guard)
-    });
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(
-        !next.is_finished(),
-        "granted while the old holder's fenced commit was in flight"
-    );
-    app.sql("COMMIT")
-        .await
-        .expect("the commit of a transaction fenced while held");
-    let (_second, next) = bounded("the next holder is granted", next).await.expect("task");
-    assert!(next.token().get() > stale);
-    assert_eq!(writes_of(&db, stale), 1);
-    drop(guard);
-    next.release().await.expect("release");
+    for (i, level) in levels(&db).iter().enumerate() {
+        let name = format!("order/{i}");
+        let first = session(&db).await;
+        let (guard, key, stale) = held(&db, &first, &name).await;
+        let mut app = App::connect(&db.url()).await;
+        begin(&db, &mut app, level).await;
+        app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
+            .await
+            .expect("insert");
+        app.fence(&key).await.expect("the fence of a held lock");
+        // Statements after the fence, before the commit: the row stays locked.
+        app.sql(&format!("UPDATE fenced_writes SET token = token WHERE token = {stale}"))
+            .await
+            .expect("update");
+        cut(&db, &first);
+        let second = session(&db).await;
+        let next = tokio::spawn(async move {
+            let guard = second.mutex(&name).expect("mutex").lock().await.expect("lock");
+            (second, guard)
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            !next.is_finished(),
+            "{level}: granted while the old holder's fenced commit was in flight"
+        );
+        app.sql("COMMIT")
+            .await
+            .expect("the commit of a transaction fenced while held");
+        let (_second, next) = bounded("the next holder is granted", next).await.expect("task");
+        assert!(next.token().get() > stale);
+        assert_eq!(writes_of(&db, stale), 1, "{level}");
+        drop(guard);
+        next.release().await.expect("release");
+    }
+}
+
+/// The isolation levels a transaction is tried at.
+fn levels(db: &Db) -> &'static [&'static str] {
+    if db.is_postgres() {
+        &["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
+    } else {
+        // (SERIALIZABLE on InnoDB makes a plain read of lockline's table a
+        // locking one: the next holder would wait for the transaction, as
+        // for a fence.)
+        &["REPEATABLE READ", "READ COMMITTED"]
+    }
+}
+
+async fn begin(db: &Db, app: &mut App, level: &str) {
+    if db.is_postgres() {
+        app.sql(&format!("BEGIN ISOLATION LEVEL {level}")).await.expect("begin");
+    } else {
+        app.sql(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+            .await
+            .expect("level");
+        app.sql("START TRANSACTION").await.expect("begin");
+    }
 }
 
 /// A transaction whose snapshot was taken while the lock was held (it read
@@ -180,26 +210,12 @@ async fn a_fenced_transaction_in_flight_holds_back_the_next_grant_until_it_ends(
 /// level.
 async fn a_snapshot_taken_before_the_loss_does_not_pass_the_fence(db: Db) {
     create_table(&db);
-    let levels: &[&str] = if db.is_postgres() {
-        &["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
-    } else {
-        // (SERIALIZABLE on InnoDB makes the read below a locking one: the
-        // next holder would wait for this transaction, as for a fence.)
-        &["REPEATABLE READ", "READ COMMITTED"]
-    };
-    for (i, level) in levels.iter().enumerate() {
+    for (i, level) in levels(&db).iter().enumerate() {
         let name = format!("snap/{i}");
         let first = session(&db).await;
         let (_guard, key, stale) = held(&db, &first, &name).await;
         let mut app = App::connect(&db.url()).await;
-        if db.is_postgres() {
-            app.sql(&format!("BEGIN ISOLATION LEVEL {level}")).await.expect("begin");
-        } else {
-            app.sql(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
-                .await
-                .expect("level");
-            app.sql("START TRANSACTION").await.expect("begin");
-        }
+        begin(&db, &mut app, level).await;
         // The snapshot: the entry as it is while held.
         app.sql("SELECT count(*) FROM lockline_entries").await.expect("read");
         app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
