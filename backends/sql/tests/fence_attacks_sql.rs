@@ -599,3 +599,25 @@ async fn a_fence_racing_the_loss_and_the_next_grant_never_lands_after_the_grant(
     }
     eprintln!("committed before the grant: {committed}, refused: {refused}");
 }
+
+/// MariaDB: inside an XA transaction the procedure may not roll back (XA
+/// forbids it): a refusal is still `45L02`, and the branch is the client's
+/// to roll back (documented); rolled back, nothing of it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_refusal_inside_an_xa_transaction_is_still_45l02() {
+    let db = Db::mariadb();
+    create_table(&db);
+    let first = session(&db).await;
+    let (_guard, key, stale) = held(&db, &first, "xa/x").await;
+    cut(&db, &first);
+    let mut app = App::connect(&db.url()).await;
+    app.sql("XA START 'fenced'").await.expect("xa start");
+    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
+        .await
+        .expect("insert");
+    let refused = app.fence(&key).await.expect_err("refused");
+    assert!(refused.starts_with(NOT_HELD_MYSQL), "inside XA the fence said {refused:?}");
+    app.sql("XA END 'fenced'").await.expect("xa end");
+    app.sql("XA ROLLBACK 'fenced'").await.expect("xa rollback");
+    assert_eq!(writes_of(&db, stale), 0, "the lost holder's write landed through XA");
+}
