@@ -300,9 +300,16 @@ $fn$;
 -- check and the commit are one step. Answers the entry's id (the holder's
 -- fencing token; a lock-mode holder's may have moved past it). Not held (the
 -- entry is gone, or its guard is free): SQLSTATE LL002; not an entry key:
--- 22023. Either error aborts the transaction.
+-- 22023. Either error aborts the transaction. Nothing in it is resolved
+-- through the caller's search_path (a schema of the caller's own before
+-- pg_catalog, with a look-alike of a function it calls, must not make a lost
+-- lock pass). A lock lost before the call is refused before the row is
+-- locked, whatever the isolation level (under REPEATABLE READ or SERIALIZABLE
+-- the row lock of an entry deleted after the transaction's snapshot fails
+-- with 40001 instead); one lost while the call locks the row may still be
+-- 40001, which aborts the transaction as well.
 CREATE OR REPLACE FUNCTION "public"."lockline_fence"(p_key text)
-RETURNS bigint LANGUAGE plpgsql AS $fn$
+RETURNS bigint LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_name text := substring(p_key from '^(.+)/[1-9][0-9]*$');
     v_digits text := substring(p_key from '/([1-9][0-9]*)$');
@@ -313,12 +320,14 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     v_id := v_digits::bigint;
-    PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = v_id AND e.name = v_name FOR SHARE OF e;
-    IF NOT FOUND OR pg_try_advisory_xact_lock_shared(v_id # 2026619832316723200) THEN
-        RAISE EXCEPTION 'lockline: the lock % is not held', quote_literal(p_key) USING ERRCODE = 'LL002',
-            HINT = 'Its holder lost it (its session ended or was ended) or released it: nothing this transaction wrote may commit.';
+    IF NOT pg_try_advisory_xact_lock_shared(v_id # 2026619832316723200) THEN
+        PERFORM 1 FROM "public"."lockline_entries" e WHERE e.id = v_id AND e.name = v_name FOR SHARE OF e;
+        IF FOUND AND NOT pg_try_advisory_xact_lock_shared(v_id # 2026619832316723200) THEN
+            RETURN v_id;
+        END IF;
     END IF;
-    RETURN v_id;
+    RAISE EXCEPTION 'lockline: the lock % is not held', quote_literal(p_key) USING ERRCODE = 'LL002',
+        HINT = 'Its holder lost it (its session ended or was ended) or released it: nothing this transaction wrote may commit.';
 END
 $fn$;
 

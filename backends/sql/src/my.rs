@@ -275,19 +275,28 @@ impl Names {
 -- this transaction to end: the check and the commit are one step. Not held
 -- (the entry is gone, or its guard is free): SQLSTATE 45L02 (error 1644); not
 -- an entry key: 22023. Either way it rolls the transaction back first, so
--- that a COMMIT after the error commits nothing (as PostgreSQL's abort does).
-CREATE PROCEDURE IF NOT EXISTS {fence_procedure}(p_key VARBINARY(600))
+-- that a COMMIT after the error commits nothing (as PostgreSQL's abort does),
+-- unless it is an XA transaction, which only its client may roll back.
+-- Any length: a key longer than a parameter's type would be refused before
+-- the body runs, the transaction left open for a COMMIT sent anyway.
+CREATE PROCEDURE IF NOT EXISTS {fence_procedure}(p_key LONGBLOB)
     MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
-    DECLARE v_digits, v_name VARBINARY(600);
+    DECLARE v_digits, v_name LONGBLOB;
     DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
     DECLARE v_message VARCHAR(128) CHARACTER SET utf8mb4;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_attempt = NULL;
     SET v_digits = SUBSTRING_INDEX(p_key, '/', -1);
     SET v_name = LEFT(p_key, GREATEST(LENGTH(p_key) - LENGTH(v_digits) - 1, 0));
+    -- (REGEXP's $ also matches before a final newline: refused apart.)
     IF p_key IS NULL OR v_name = '' OR NOT (v_digits REGEXP '^[1-9][0-9]{{0,18}}$')
-       OR CAST(v_digits AS DECIMAL(20, 0)) > 9223372036854775807 THEN
-        ROLLBACK;
+       OR LOCATE(CHAR(10), v_digits) > 0 OR CAST(v_digits AS DECIMAL(20, 0)) > 9223372036854775807 THEN
+        BEGIN
+            -- Inside an XA transaction nothing may roll back here
+            -- (XAER_RMFAIL): refused all the same, the caller rolls back.
+            DECLARE CONTINUE HANDLER FOR SQLSTATE 'XAE07' BEGIN END;
+            ROLLBACK;
+        END;
         SET v_message = LEFT(CONCAT('lockline: ', QUOTE(CONVERT(p_key USING utf8mb4)),
             ' is not the key of a lock entry (NAME/ID)'), 128);
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
@@ -295,7 +304,12 @@ BEGIN
     SELECT e.attempt INTO v_attempt FROM {entries} e
         WHERE e.id = CAST(v_digits AS UNSIGNED) AND e.name = v_name LOCK IN SHARE MODE;
     IF v_attempt IS NULL OR IS_USED_LOCK(CONCAT('{lock_prefix}e:', v_attempt)) IS NULL THEN
-        ROLLBACK;
+        BEGIN
+            -- Inside an XA transaction nothing may roll back here
+            -- (XAER_RMFAIL): refused all the same, the caller rolls back.
+            DECLARE CONTINUE HANDLER FOR SQLSTATE 'XAE07' BEGIN END;
+            ROLLBACK;
+        END;
         SET v_message = LEFT(CONCAT('lockline: the lock ', QUOTE(CONVERT(p_key USING utf8mb4)), ' is not held'), 128);
         SIGNAL SQLSTATE '45L02' SET MESSAGE_TEXT = v_message;
     END IF;
