@@ -616,7 +616,10 @@ async fn mariadb_a_refusal_inside_an_xa_transaction_is_still_45l02() {
         .await
         .expect("insert");
     let refused = app.fence(&key).await.expect_err("refused");
-    assert!(refused.starts_with(NOT_HELD_MYSQL), "inside XA the fence said {refused:?}");
+    assert!(
+        refused.starts_with(NOT_HELD_MYSQL),
+        "inside XA the fence said {refused:?}"
+    );
     app.sql("XA END 'fenced'").await.expect("xa end");
     app.sql("XA ROLLBACK 'fenced'").await.expect("xa rollback");
     assert_eq!(writes_of(&db, stale), 0, "the lost holder's write landed through XA");
