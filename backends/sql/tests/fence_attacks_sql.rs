@@ -54,7 +54,10 @@ fn cut(db: &Db, session: &Session) {
 /// list every 10 ms, for at most 20 s.
 fn gone_from_processlist(db: &Db, conn: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while db.count(&format!("SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = {conn}")) > 0 {
+    while db.count(&format!(
+        "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = {conn}"
+    )) > 0
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the killed connection {conn} still runs after 20 s"
