@@ -153,7 +153,16 @@ impl<D: Dialect> Drop for SqlSession<D> {
 /// ended on the server from a fresh connection, which frees them. A
 /// connection found gone loses the session too.
 macro_rules! on_owner {
-    ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
+    ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {
+        on_owner!(@run $shared, $what, false, |$dialect, $conn| $call)
+    };
+    // A statement that writes: a connection that ends before its answer
+    // leaves the writes applied or not, and says so (`Unavailable`), where
+    // another statement reports the session's loss.
+    ($shared:expr, $what:expr, writes, |$dialect:ident, $conn:ident| $call:expr) => {
+        on_owner!(@run $shared, $what, true, |$dialect, $conn| $call)
+    };
+    (@run $shared:expr, $what:expr, $writes:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
         let shared = &$shared;
         let what: &str = $what;
         let timeout = shared.options.request_timeout();
@@ -182,7 +191,19 @@ macro_rules! on_owner {
                                 guard.take();
                                 drop(guard);
                                 shared.lose("the session's connection ended");
-                                Err(shared.over_error())
+                                if $writes {
+                                    let doing = shared.doing(what);
+                                    Err(Error::unavailable(
+                                        doing.backend,
+                                        format!(
+                                            "{} on {}: the connection ended before the answer, so the writes may or \
+                                             may not have been applied (all of them or none); the session is lost",
+                                            doing.what, doing.target
+                                        ),
+                                    ))
+                                } else {
+                                    Err(shared.over_error())
+                                }
                             } else {
                                 shared.owner_answered(sent);
                                 Err(mapped)
@@ -1664,7 +1685,7 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         }
         let shared = &self.shared;
         let owner = entry.owner.as_deref().unwrap_or_default();
-        on_owner!(shared, "write fenced on the entry", |d, conn| d
+        on_owner!(shared, "write fenced on the entry", writes, |d, conn| d
             .write_if_held(conn, id, owner, writes))
     }
 
