@@ -107,7 +107,10 @@
 //!   for a loss (held back, never granted early).
 //!   [`Etcd::with_release_markers`] has every removal write the marker, as
 //!   before (a retried release then tells its own removal from another
-//!   client's delete).
+//!   client's delete). A lock-delayed session whose roles may not write
+//!   its flag queues without it (a warning says so, once): the releases
+//!   before it write no marker for it, so it is held back after each as
+//!   after a loss, never granted early.
 //!
 //!   Go's `concurrency.Mutex`, `etcdctl lock` and the server-side lock API
 //!   write no hand-over marker, and a lockline session with another marker

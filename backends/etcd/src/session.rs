@@ -641,7 +641,7 @@ impl BackendSession for EtcdSession {
             // flag (nothing of a refused transaction was applied).
             Err(refused) if flag && refused.is_refusal() => {
                 let appended = self.append_once(request, &key, false).await?;
-                self.refuse_markers(&refused);
+                self.refuse_flag(&refused);
                 Ok(appended)
             }
             other => other,
@@ -1501,6 +1501,23 @@ impl EtcdSession {
                 lease = %self.id,
                 %refused,
                 "the hand-over marker may not be written: releases by this session look like losses to waiters with a lock-delay"
+            );
+        }
+    }
+
+    /// The server refused an append with this lock-delayed session's flag
+    /// and took it without: the user's roles do not cover the marker prefix
+    /// for writes. Without a flag of its own, the releases before this
+    /// session's entries write no marker for it (unless another lock-delayed
+    /// session flagged the lock), so its waits take them for losses: held
+    /// back for the lock-delay after each, never granted early. Its own
+    /// removals write no marker either.
+    fn refuse_flag(&self, refused: &Error) {
+        if !self.markers_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                lease = %self.id,
+                %refused,
+                "the lock-delay flag may not be written: this session queues without it, so a release before its wait looks like a loss and it is held back for the lock-delay after each (never granted early); releases by this session look like losses to waiters with a lock-delay"
             );
         }
     }
