@@ -12,10 +12,10 @@
 use std::time::{Duration, Instant};
 
 use lockline::conformance::{bounded, spawn_queued};
-use lockline::{Client, Session, SessionOptions};
+use lockline::{Client, Error, Session, SessionOptions};
 use lockline_etcd::etcd_client::{self, GetOptions};
 use lockline_etcd::Etcd;
-use lockline_testkit::EtcdCluster;
+use lockline_testkit::{EtcdCluster, TcpProxy};
 
 const DELAY: Duration = Duration::from_secs(2);
 
@@ -425,5 +425,75 @@ async fn without_a_lock_delay_nothing_lies_beside_the_lock_at_any_revision() {
                 .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
                 .collect::<Vec<_>>()
         );
+    }
+}
+
+/// The holder's release is sent before a lock-delayed waiter queues (kept
+/// back in a proxy), and reaches the server only after the waiter's flag:
+/// the nested compare is the server's, so the release writes its marker and
+/// the waiter is granted at once. Then the same with another client
+/// deleting the holder's entry after the waiter queued and before the
+/// release gets through: the release answers `LockLost` (the lock was
+/// flagged when the entry went) and the waiter is held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_before_the_waiters_flag_is_judged_by_the_server() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let mut side = side(&cluster).await;
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let holders = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let holder = session(&holders, options().with_request_timeout(Duration::from_secs(3))).await;
+    let waiter = session(&waiters, delayed()).await;
+    for foreign_delete in [false, true] {
+        let name = if foreign_delete {
+            "late/deleted"
+        } else {
+            "late/released"
+        };
+        let guard = bounded("lock", holder.mutex(name).expect("mutex").lock())
+            .await
+            .expect("lock");
+        let key = guard.key().to_owned();
+        proxy.set_requests_held(true);
+        let before = proxy.held_request_bytes();
+        let release = tokio::spawn(guard.release());
+        bounded("the release sent into the proxy", async {
+            while proxy.held_request_bytes() == before {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        let mutex = waiter.mutex(name).expect("mutex");
+        let queued = spawn_queued(&waiters, async move {
+            let granted = mutex.lock().await;
+            (Instant::now(), granted)
+        })
+        .await;
+        let delays_before = waiters.stats().lock_delays;
+        let ended = Instant::now();
+        if foreign_delete {
+            assert_eq!(side.delete(key.as_str(), None).await.expect("delete").deleted(), 1);
+            proxy.orphan_connections();
+        }
+        proxy.set_requests_held(false);
+        let released = bounded("release", release).await.expect("task");
+        let (at, granted) = bounded("the waiter's grant", queued).await.expect("task");
+        if foreign_delete {
+            assert!(
+                matches!(released, Err(Error::LockLost { .. })),
+                "an entry another client deleted on a flagged lock was reported released: {released:?}"
+            );
+            assert!(at - ended >= DELAY, "granted {:?} after a foreign delete", at - ended);
+            assert_eq!(waiters.stats().lock_delays, delays_before + 1);
+        } else {
+            released.expect("release");
+            assert!(at - ended < DELAY, "held back {:?} after a release", at - ended);
+            assert_eq!(
+                waiters.stats().lock_delays,
+                delays_before,
+                "a release was taken for a loss"
+            );
+        }
+        granted.expect("granted").release().await.expect("release");
     }
 }
