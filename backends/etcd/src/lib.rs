@@ -632,7 +632,9 @@ impl Etcd {
 /// the crate docs on lock-delay). A session whose roles refuse to let it
 /// write a hand-over marker or a flag releases and queues without them
 /// (said once in the log), and its releases look like losses to waiters
-/// with a lock-delay.
+/// with a lock-delay; a lock-delayed session without its flag takes the
+/// releases before its own waits for losses too, and is held back after
+/// each (never granted early).
 pub const MARKER_PREFIX: &str = layout::ABANDONED;
 
 /// What is wrong with an endpoint, checked before any connection: etcd's
