@@ -101,8 +101,12 @@
 //!   cost, paid only by locks a lock-delayed session has queued on while it
 //!   lives: one small put more in the lock-delayed session's first append
 //!   to each lock, one in every release's transaction, two point reads more
-//!   in a lock-delayed waiter's read after a wake. Every release carries the
-//!   nested compare. A lock-delayed waiter that appends between a holder's
+//!   in a lock-delayed waiter's read after a wake, and one range: the queue
+//!   ahead as of the deletion the waiter saw. An entry listed there and
+//!   gone from the read went unseen after it (the holder lost while the
+//!   waiter it queued behind left cleanly, both before one read): the
+//!   waiter is held back, whatever either departure was (a delay at worst,
+//!   never an early grant). Every release carries the nested compare. A lock-delayed waiter that appends between a holder's
 //!   `close()` marking and its revoke finds no `closing` and takes the close
 //!   for a loss (held back, never granted early).
 //!   [`Etcd::with_release_markers`] has every removal write the marker, as

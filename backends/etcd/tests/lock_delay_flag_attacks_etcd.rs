@@ -83,7 +83,11 @@ async fn a_lock_delayed_waiter_lost_while_another_waits_leaves_it_protected() {
             (Instant::now(), granted)
         })
         .await;
+        let waits = second.stats().waits;
         revoke(&mut side, &w1).await;
+        // W2 hears W1 go and waits on the holder before the holder goes:
+        // two departures before one read are held back whatever they were.
+        bounded("W2 waits on the holder", second.wait_for_stats(|s| s.waits > waits)).await;
         assert!(
             bounded("the lost waiter's acquire ends", q1)
                 .await
@@ -196,10 +200,11 @@ async fn a_waiter_without_lock_delay_between_neither_lets_a_loss_through_nor_del
         (Instant::now(), granted)
     })
     .await;
+    let waits = waiters.stats().waits;
     revoke(&mut side, &n).await;
     assert!(bounded("N's acquire ends", nq).await.expect("task").is_err());
-    // Give W time to see N go and settle on H.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // W sees N go and waits on H before H goes.
+    bounded("W waits on H", waiters.wait_for_stats(|s| s.waits > waits)).await;
     let released_at = Instant::now();
     hg.release().await.expect("release");
     let (at, wg) = bounded("W's grant", wq).await.expect("task");
@@ -544,4 +549,56 @@ async fn a_writer_behind_two_readers_is_held_back_after_the_older_ones_loss() {
     );
     granted.expect("granted").release().await.expect("release");
     drop(r1);
+}
+
+/// Two departures before one read: a lock-delayed waiter W waits on a
+/// waiter N (no lock-delay) queued behind the holder H. N leaves cleanly
+/// (its session closes), W's watch hears it, and before W's read after that
+/// wake reaches the server, H's lease is revoked. W's read finds nobody
+/// ahead: the entry it watched went cleanly, but the holder it queued behind
+/// was lost, unseen. W must be held back for its delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_loss_unseen_behind_a_clean_departure_still_holds_back() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let mut side = side(&cluster).await;
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
+    let holders = Client::new(Etcd::new(cluster.endpoints()));
+    let middle = Client::new(Etcd::new(cluster.endpoints()));
+    let waiters = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
+    let name = "unseen/x";
+    let h = session(&holders, options()).await;
+    let guard = bounded("lock", h.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock");
+    let n = session(&middle, options()).await;
+    let nm = n.mutex(name).expect("mutex");
+    let nq = spawn_queued(&middle, async move { nm.lock().await }).await;
+    let w = session(&waiters, delayed()).await;
+    let wm = w.mutex(name).expect("mutex");
+    let wq = spawn_queued(&waiters, async move {
+        let granted = wm.lock().await;
+        (Instant::now(), granted)
+    })
+    .await;
+    proxy.set_requests_held(true);
+    let before = proxy.held_request_bytes();
+    n.close().await.expect("close");
+    assert!(bounded("N's acquire ends", nq).await.expect("task").is_err());
+    bounded("W's read after the wake, sent into the proxy", async {
+        while proxy.held_request_bytes() == before {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    revoke(&mut side, &h).await;
+    let lost_at = Instant::now();
+    proxy.set_requests_held(false);
+    let (at, granted) = bounded("W's grant", wq).await.expect("task");
+    assert!(
+        at - lost_at >= DELAY,
+        "W was granted {:?} after the holder's loss (unseen behind a clean departure), before its lock-delay",
+        at - lost_at
+    );
+    granted.expect("granted").release().await.expect("release");
+    drop(guard);
 }
