@@ -101,13 +101,20 @@
 //!   cost, paid only by locks a lock-delayed session has queued on while it
 //!   lives: one small put more in the lock-delayed session's first append
 //!   to each lock, one in every release's transaction, two point reads more
-//!   in a lock-delayed waiter's read after a wake. Every release carries the
-//!   nested compare. A lock-delayed waiter that appends between a holder's
+//!   in a lock-delayed waiter's read after a wake, and one range: the queue
+//!   ahead as of the deletion the waiter saw. An entry listed there and
+//!   gone from the read went unseen after it (the holder lost while the
+//!   waiter it queued behind left cleanly, both before one read): the
+//!   waiter is held back, whatever either departure was (a delay at worst,
+//!   never an early grant). Every release carries the nested compare. A lock-delayed waiter that appends between a holder's
 //!   `close()` marking and its revoke finds no `closing` and takes the close
 //!   for a loss (held back, never granted early).
 //!   [`Etcd::with_release_markers`] has every removal write the marker, as
 //!   before (a retried release then tells its own removal from another
-//!   client's delete).
+//!   client's delete). A lock-delayed session whose roles may not write
+//!   its flag queues without it (a warning says so, once): the releases
+//!   before it write no marker for it, so it is held back after each as
+//!   after a loss, never granted early.
 //!
 //!   Go's `concurrency.Mutex`, `etcdctl lock` and the server-side lock API
 //!   write no hand-over marker, and a lockline session with another marker
@@ -629,7 +636,9 @@ impl Etcd {
 /// the crate docs on lock-delay). A session whose roles refuse to let it
 /// write a hand-over marker or a flag releases and queues without them
 /// (said once in the log), and its releases look like losses to waiters
-/// with a lock-delay.
+/// with a lock-delay; a lock-delayed session without its flag takes the
+/// releases before its own waits for losses too, and is held back after
+/// each (never granted early).
 pub const MARKER_PREFIX: &str = layout::ABANDONED;
 
 /// What is wrong with an endpoint, checked before any connection: etcd's

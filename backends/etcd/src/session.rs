@@ -156,6 +156,16 @@ impl Gone {
         found.into_iter().take(Self::PER_READ).map(|(_, id)| id).collect()
     }
 
+    /// Takes the departure of `id` for a loss noticed now, whatever its
+    /// marker said: something else ahead went unseen after it.
+    fn lost_now(&mut self, id: &(String, i64)) {
+        if let Some(went) = self.0.get_mut(id) {
+            went.decided = Some(Departure::Lost {
+                noticed: Instant::now(),
+            });
+        }
+    }
+
     fn decide(&mut self, id: &(String, i64), released: bool) {
         if let Some(went) = self.0.get_mut(id) {
             went.decided = Some(if released {
@@ -641,7 +651,7 @@ impl BackendSession for EtcdSession {
             // flag (nothing of a refused transaction was applied).
             Err(refused) if flag && refused.is_refusal() => {
                 let appended = self.append_once(request, &key, false).await?;
-                self.refuse_markers(&refused);
+                self.refuse_flag(&refused);
                 Ok(appended)
             }
             other => other,
@@ -671,13 +681,17 @@ impl BackendSession for EtcdSession {
         } else {
             Vec::new()
         };
-        let response = match self.read_earlier(entry, &prefix, nearest(), &looks).await {
+        // The queue ahead as of the latest deletion the wait saw, read in
+        // the same request: an entry there that this read no longer shows
+        // went after it, unseen (two departures before one read).
+        let then = looks.iter().map(|(_, _, deleted_at)| *deleted_at).max();
+        let response = match self.read_earlier(entry, &prefix, nearest(), &looks, then).await {
             // History compacted away, or the marker prefix not readable:
             // undecided, so lost (a lock-delay at worst), and the queue is
             // read alone.
             Err(error) if !looks.is_empty() && (error.is_refusal() || is_compacted(&error)) => {
                 self.looks_unreadable(&entry.key, &error, &looks);
-                self.read_earlier(entry, &prefix, nearest(), &[]).await?
+                self.read_earlier(entry, &prefix, nearest(), &[], None).await?
             }
             other => other?,
         };
@@ -687,13 +701,40 @@ impl BackendSession for EtcdSession {
         let mut read_at = response.header().map(|h| h.revision());
         let ops = response.op_responses();
         let first = get_response(ops.first())?;
-        if !looks.is_empty() {
-            self.decide_looks(&ops, 1, &looks);
-        }
         let mut found: Vec<Entry> = Self::entries(dir, first)
             .into_iter()
             .filter(|e| conflicts.includes(e.kind))
             .collect();
+        if !looks.is_empty() {
+            self.decide_looks(&ops, 1, &looks);
+            let before = get_response(ops.get(1 + 2 * looks.len())).ok();
+            let unseen = before.and_then(|before| {
+                Self::entries(dir, before)
+                    .into_iter()
+                    .filter(|e| conflicts.includes(e.kind))
+                    .find(|e| {
+                        let watched = looks
+                            .iter()
+                            .any(|((key, order), ..)| *key == e.key && *order == e.order);
+                        let listed = found.iter().any(|f| f.key == e.key && f.order == e.order);
+                        // Beyond a short page of this read, an older entry may
+                        // still be there: only judged within what was read.
+                        let within = !first.more() || found.last().is_some_and(|last| e.order > last.order);
+                        !watched && !listed && within
+                    })
+            });
+            if let Some(unseen) = unseen {
+                tracing::debug!(
+                    key = %entry.key,
+                    gone = %unseen.key,
+                    "an entry ahead went unseen after the one watched; taken for a loss"
+                );
+                let mut gone = self.gone();
+                for (id, ..) in &looks {
+                    gone.lost_now(id);
+                }
+            }
+        }
         if found.len() < count && first.more() {
             // Never take a short page for the whole queue: that would grant
             // a lock someone else holds. Keys created before mine can only
@@ -1505,6 +1546,23 @@ impl EtcdSession {
         }
     }
 
+    /// The server refused an append with this lock-delayed session's flag
+    /// and took it without: the user's roles do not cover the marker prefix
+    /// for writes. Without a flag of its own, the releases before this
+    /// session's entries write no marker for it (unless another lock-delayed
+    /// session flagged the lock), so its waits take them for losses: held
+    /// back for the lock-delay after each, never granted early. Its own
+    /// removals write no marker either.
+    fn refuse_flag(&self, refused: &Error) {
+        if !self.markers_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                lease = %self.id,
+                %refused,
+                "the lock-delay flag may not be written: this session queues without it, so a release before its wait looks like a loss and it is held back for the lock-delay after each (never granted early); releases by this session look like losses to waiters with a lock-delay"
+            );
+        }
+    }
+
     /// The put of this session's hand-over marker for the lock `dir`, bound
     /// to its lease.
     fn hand_over(&self, dir: &str, value: &[u8]) -> TxnOp {
@@ -1729,10 +1787,14 @@ impl EtcdSession {
         prefix: &str,
         nearest: GetOptions,
         looks: &[Look],
+        then: Option<i64>,
     ) -> Result<etcd_client::TxnResponse> {
-        let mut ops = Vec::with_capacity(1 + 2 * looks.len());
-        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest)));
+        let mut ops = Vec::with_capacity(2 + 2 * looks.len());
+        ops.push(TxnOp::get(prefix.to_owned(), Some(nearest.clone())));
         ops.extend(self.marker_reads(layout::dir_of(entry), looks));
+        if let Some(then) = then {
+            ops.push(TxnOp::get(prefix.to_owned(), Some(nearest.with_revision(then))));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),

@@ -781,10 +781,9 @@ async fn a_retried_release_on_a_session_that_ended_is_not_a_release() {
 }
 
 /// A release cut off in transit while another client deleted its entry: the
-/// retry finds the entry gone, and the versions of the session's
-/// hand-over marker written since the entry was created hold no removal of
-/// it by this session, so the release answers `LockLost` instead of
-/// reporting a release (it did before). The session released the same lock
+/// retry finds the entry gone, and the session's hand-over marker, read as
+/// of the entry's deletion, was not written by it, so the release answers
+/// `LockLost` instead of reporting a release (it did before). The session released the same lock
 /// once before, so the marker exists with an older removal's revision.
 /// Its backend is built `with_release_markers()`: without it, and without a
 /// lock-delayed contender on the lock, a release leaves no trace of who

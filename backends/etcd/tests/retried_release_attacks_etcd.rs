@@ -1,7 +1,7 @@
 //! Attacks on retried releases and tokens against a real etcd: a release
 //! retried after a cut-off first try tells its own removal (its answer lost)
-//! from another client's delete by the versions of the session's hand-over
-//! marker (written by every release of a backend built
+//! from another client's delete by the session's hand-over marker, read as
+//! of the entry's deletion (written by every release of a backend built
 //! `with_release_markers()`; by default only while a lock-delayed contender
 //! flagged the lock), and an append takes its entry's create revision from
 //! its transaction's header.
@@ -70,9 +70,10 @@ where
 /// the one marker. Another client deletes the long-held entry while its
 /// release is cut off in transit: the retry must answer `LockLost`.
 ///
-/// With 15 releases since the entry was created it does; with 16 the walk
-/// back through the marker's versions stops short of the entry's creation
-/// (`MARKER_VERSIONS`) and the deleted entry is reported released.
+/// With 15 and with 16 releases since the entry was created (an earlier
+/// retry walked back through at most 16 of the marker's versions and, past
+/// them, reported the deleted entry released; the retry now reads the marker
+/// as of the deletion, whatever was written since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_delete_is_lost_whatever_the_session_released_since() {
     let cluster = EtcdCluster::start().expect("start etcd");
