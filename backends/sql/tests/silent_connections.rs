@@ -28,7 +28,11 @@ const CONTROL: usize = 1;
 /// The session's first wait connection: the third.
 const FIRST_WAIT: usize = 2;
 
-const TTL_MS: u64 = 2000;
+/// Short enough that the silences below are judged within seconds, long
+/// enough that a session on a machine kept busy (the suite runs several
+/// test binaries at once beside two CPU hogs) keeps renewing: at 2 s, a
+/// waiter's session was lost to starvation before it queued.
+const TTL_MS: u64 = 4000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn options() -> SessionOptions {
@@ -117,7 +121,7 @@ async fn a_silent_guard_connection_loses_its_holder_before_the_next_grant(db: Db
             (Instant::now(), guard)
         })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    bounded("the waiter queues", near.wait_for_stats(|s| s.waits >= 1)).await;
     let frozen_at = Instant::now();
     proxy.freeze_connection(GUARD);
     bounded("the holder hears of it", held.lost()).await;
@@ -157,7 +161,7 @@ async fn a_release_on_a_silent_guard_connection_fails_and_frees_the_lock(db: Db)
         let mutex = other.mutex("release").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    bounded("the waiter queues", near.wait_for_stats(|s| s.waits >= 1)).await;
     proxy.freeze_connection(GUARD);
     let frozen_at = Instant::now();
     let released = bounded("the release returns", held.release()).await;
@@ -243,7 +247,7 @@ async fn a_silent_wait_connection_is_replaced_and_the_queue_moves(db: Db) {
         let mutex = waiter_session.mutex("wait").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    far.wait_for_stats(|s| s.waits >= 1).await;
+    bounded("the waiter queues", far.wait_for_stats(|s| s.waits >= 1)).await;
     accepted(&proxy, FIRST_WAIT).await;
     proxy.freeze_connection(FIRST_WAIT);
     held.release().await.expect("release");
@@ -277,7 +281,7 @@ async fn a_step_of_the_database_clock_decides_nothing(db: Db) {
         let mutex = waiter_session.mutex("clock").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    bounded("the waiter queues", client.wait_for_stats(|s| s.waits >= 1)).await;
     let stamps = |shift_s: i64, session: &str| {
         format!("UPDATE lockline_sessions SET renewed_us = renewed_us + {shift_s} * 1000000 WHERE id = '{session}'")
     };
@@ -306,7 +310,7 @@ async fn a_step_of_the_database_clock_decides_nothing(db: Db) {
         let mutex = waiter_session.mutex("clock").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 2).await;
+    bounded("the waiter queues", client.wait_for_stats(|s| s.waits >= 2)).await;
     proxy.blackhole();
     db.sql(&stamps(60, silent.id()));
     let cut_at = Instant::now();
