@@ -42,27 +42,9 @@ fn cut(db: &Db, session: &Session) {
         ));
     } else {
         let conn = db.sql(&format!("SELECT conn FROM lockline_sessions WHERE id = '{id}'"));
-        let conn = conn.trim().to_owned();
-        let _ = db.sql(&format!("KILL CONNECTION {conn}"));
         // KILL only flags the connection: its guards come free when its
-        // thread has ended, a moment later (no event to await).
-        gone_from_processlist(db, &conn);
-    }
-}
-
-/// Waits until MariaDB's connection `conn` has ended, probing the process
-/// list every 10 ms, for at most 20 s.
-fn gone_from_processlist(db: &Db, conn: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while db.count(&format!(
-        "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = {conn}"
-    )) > 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the killed connection {conn} still runs after 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+        // thread has ended, a moment later.
+        db.end_connection(conn.trim());
     }
 }
 

@@ -89,23 +89,6 @@ fn waits_for_a_lock(db: &Db, conn: &str) -> bool {
     db.count(&query) > 0
 }
 
-/// Ends connection `conn` and returns once it is gone.
-fn end_connection(db: &Db, conn: &str) {
-    if db.is_postgres() {
-        db.sql(&format!("SELECT pg_terminate_backend({conn}, 5000)"));
-    } else {
-        let _ = db.sql(&format!("KILL CONNECTION {conn}"));
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while db.count(&format!(
-            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = {conn}"
-        )) > 0
-        {
-            assert!(std::time::Instant::now() < deadline, "connection {conn} still runs");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
 async fn the_write_is_reported_as_unknown(db: Db) {
     // Long enough that the write waits on the other row, not on a timeout.
     let options = SessionOptions::new()
@@ -124,7 +107,7 @@ async fn the_write_is_reported_as_unknown(db: Db) {
             waits_for_a_lock(&db, &conn)
         })
         .await;
-        end_connection(&db, &conn);
+        db.end_connection(&conn);
     };
     let (written, ()) = bounded("the write's answer", async { tokio::join!(write, cut) }).await;
     assert!(

@@ -70,6 +70,30 @@ impl Db {
             .unwrap_or_else(|e| panic!("{query} answered {out:?}: {e}"))
     }
 
+    /// Ends the server connection `conn` (a PostgreSQL backend's pid, a
+    /// MariaDB connection id) and returns once it has ended: its guards are
+    /// free then. MariaDB's `KILL` only flags the connection, so its process
+    /// list is probed every 10 ms (no event to await), for at most 20 s.
+    #[allow(dead_code)] // not every test binary ends connections
+    pub fn end_connection(&self, conn: &str) {
+        if self.is_postgres() {
+            self.sql(&format!("SELECT pg_terminate_backend({conn}, 5000)"));
+            return;
+        }
+        let _ = self.sql(&format!("KILL CONNECTION {conn}"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while self.count(&format!(
+            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = {conn}"
+        )) > 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the killed connection {conn} still runs after 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Rows of lockline's entries table.
     pub fn entries(&self) -> i64 {
         self.count("SELECT count(*) FROM lockline_entries")
