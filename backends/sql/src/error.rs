@@ -173,6 +173,18 @@ pub(crate) fn connection_gone(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether the server itself ended the connection and said so (an
+/// administrator's termination, a crash of another backend, a killed
+/// connection): it ends the statement in progress with its transaction,
+/// so nothing of that statement was applied. A connection that merely broke
+/// (reset, closed, a protocol error) says nothing of what the server did.
+pub(crate) fn ended_by_the_server(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02" | "70100")),
+        _ => false,
+    }
+}
+
 /// A statement that got no answer within the request timeout.
 pub(crate) fn timed_out(doing: Doing<'_>, timeout: Duration) -> Error {
     Error::unavailable(

@@ -156,11 +156,12 @@ macro_rules! on_owner {
     ($shared:expr, $what:expr, |$dialect:ident, $conn:ident| $call:expr) => {
         on_owner!(@run $shared, $what, false, |$dialect, $conn| $call)
     };
-    // A statement that writes: a connection that ends before its answer
-    // leaves the writes applied or not, and says so (`Unavailable`), where
-    // another statement reports the session's loss.
-    ($shared:expr, $what:expr, writes, |$dialect:ident, $conn:ident| $call:expr) => {
-        on_owner!(@run $shared, $what, true, |$dialect, $conn| $call)
+    // A statement that writes: a connection that breaks before its answer
+    // (not one the server ended, which ends the statement too) leaves the
+    // writes applied or not, and says so (`Unavailable`), where another
+    // statement reports the session's loss.
+    ($shared:expr, $what:expr, writes = $writes:expr, |$dialect:ident, $conn:ident| $call:expr) => {
+        on_owner!(@run $shared, $what, $writes, |$dialect, $conn| $call)
     };
     (@run $shared:expr, $what:expr, $writes:expr, |$dialect:ident, $conn:ident| $call:expr) => {{
         let shared = &$shared;
@@ -182,6 +183,7 @@ macro_rules! on_owner {
                         }
                         Ok(Err(error)) => {
                             let gone = connection_gone(&error);
+                            let unknown = $writes && gone && !crate::error::ended_by_the_server(&error);
                             if crate::error::is_lock_timeout(&error) {
                                 shared.spawn_reap_stale();
                             }
@@ -191,7 +193,7 @@ macro_rules! on_owner {
                                 guard.take();
                                 drop(guard);
                                 shared.lose("the session's connection ended");
-                                if $writes {
+                                if unknown {
                                     let doing = shared.doing(what);
                                     Err(Error::unavailable(
                                         doing.backend,
@@ -1685,8 +1687,12 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         }
         let shared = &self.shared;
         let owner = entry.owner.as_deref().unwrap_or_default();
-        on_owner!(shared, "write fenced on the entry", writes, |d, conn| d
-            .write_if_held(conn, id, owner, writes))
+        on_owner!(
+            shared,
+            "write fenced on the entry",
+            writes = !writes.is_empty(),
+            |d, conn| d.write_if_held(conn, id, owner, writes)
+        )
     }
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
