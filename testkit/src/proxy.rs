@@ -54,6 +54,9 @@ struct Shared {
     orphans_delivered: AtomicBool,
     orphan_answers: AtomicUsize,
     held_request_bytes: AtomicUsize,
+    /// Complete HTTP/2 requests (a frame ending a stream) among the held
+    /// bytes: see `held_requests`.
+    held_request_ends: AtomicUsize,
     stopped: AtomicBool,
     /// Parse ZooKeeper's framing (`start_zookeeper`).
     zookeeper: bool,
@@ -124,6 +127,7 @@ impl TcpProxy {
             orphans_delivered: AtomicBool::new(false),
             orphan_answers: AtomicUsize::new(0),
             held_request_bytes: AtomicUsize::new(0),
+            held_request_ends: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             zookeeper,
             losses: Mutex::default(),
@@ -273,6 +277,17 @@ impl TcpProxy {
     /// How many bytes from clients the proxy keeps back for the server now.
     pub fn held_request_bytes(&self) -> usize {
         self.shared.held_request_bytes.load(Ordering::SeqCst)
+    }
+
+    /// How many whole HTTP/2 requests (gRPC calls: a frame that ends its
+    /// stream) the proxy keeps back for the server now, on connections that
+    /// speak HTTP/2. Unlike [`held_request_bytes`](Self::held_request_bytes),
+    /// which counts a request's first frame as soon as it arrives, this
+    /// counts a request only once all of it is held: what a test waits for
+    /// before it cuts the connection under a request that must reach the
+    /// server whole later.
+    pub fn held_requests(&self) -> usize {
+        self.shared.held_request_ends.load(Ordering::SeqCst)
     }
 
     /// How many connections the proxy has accepted so far; the next one
@@ -552,6 +567,60 @@ impl Frames {
     }
 }
 
+/// Follows HTTP/2 framing on a connection's request side, counting the
+/// frames that end a stream (a whole request). A connection that does not
+/// open with HTTP/2's preface is not followed.
+#[derive(Default)]
+struct H2Ends {
+    /// The bytes of the preface, or of a frame, read so far.
+    buffer: Vec<u8>,
+    /// Past the preface (`Some(true)`), not HTTP/2 (`Some(false)`), or not
+    /// known yet.
+    h2: Option<bool>,
+}
+
+impl H2Ends {
+    const PREFACE: &'static [u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const DATA: u8 = 0;
+    const HEADERS: u8 = 1;
+    const END_STREAM: u8 = 1;
+
+    /// Reads the next bytes; returns how many streams they ended.
+    fn push(&mut self, bytes: &[u8]) -> usize {
+        if self.h2 == Some(false) {
+            return 0;
+        }
+        self.buffer.extend_from_slice(bytes);
+        if self.h2.is_none() {
+            let n = self.buffer.len().min(Self::PREFACE.len());
+            if self.buffer[..n] != Self::PREFACE[..n] {
+                self.h2 = Some(false);
+                self.buffer = Vec::new();
+                return 0;
+            }
+            if n < Self::PREFACE.len() {
+                return 0;
+            }
+            self.buffer.drain(..n);
+            self.h2 = Some(true);
+        }
+        let mut ends = 0;
+        while self.buffer.len() >= 9 {
+            let len =
+                usize::from(self.buffer[0]) << 16 | usize::from(self.buffer[1]) << 8 | usize::from(self.buffer[2]);
+            if self.buffer.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (self.buffer[3], self.buffer[4]);
+            if matches!(kind, Self::DATA | Self::HEADERS) && flags & Self::END_STREAM != 0 {
+                ends += 1;
+            }
+            self.buffer.drain(..9 + len);
+        }
+        ends
+    }
+}
+
 fn be_i32(bytes: &[u8], at: usize) -> Option<i32> {
     let b = bytes.get(at..at + 4)?;
     Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -617,12 +686,17 @@ enum Direction {
 }
 
 impl Shared {
-    /// Counts kept bytes as gone on.
-    fn unkeep(&self, direction: Direction, n: usize) {
+    /// Counts kept bytes, holding `ends` whole HTTP/2 requests, as gone on.
+    fn unkeep(&self, direction: Direction, n: usize, ends: usize) {
         if direction == Direction::Requests {
             let _ = self
                 .held_request_bytes
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| Some(held.saturating_sub(n)));
+            let _ = self
+                .held_request_ends
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                    Some(held.saturating_sub(ends))
+                });
         }
     }
 
@@ -662,6 +736,9 @@ fn pipe(
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = [0u8; 16 * 1024];
     let mut kept: Vec<u8> = Vec::new();
+    // Whole HTTP/2 requests in `kept`.
+    let mut kept_ends = 0;
+    let mut h2 = H2Ends::default();
     let mut frames = Frames::default();
     // Whether `from` ended (rather than a write to `to` failing).
     let mut from_ended = false;
@@ -670,8 +747,9 @@ fn pipe(
             if to.write_all(&kept).is_err() {
                 break;
             }
-            shared.unkeep(direction, kept.len());
+            shared.unkeep(direction, kept.len(), kept_ends);
             kept.clear();
+            kept_ends = 0;
         }
         match from.read(&mut buf) {
             Ok(0) => {
@@ -699,10 +777,17 @@ fn pipe(
                         None => break,
                     }
                 }
+                let ends = if direction == Direction::Requests {
+                    h2.push(chunk)
+                } else {
+                    0
+                };
                 if shared.holds(direction, &link) || !kept.is_empty() {
                     kept.extend_from_slice(chunk);
+                    kept_ends += ends;
                     if direction == Direction::Requests {
                         shared.held_request_bytes.fetch_add(chunk.len(), Ordering::SeqCst);
+                        shared.held_request_ends.fetch_add(ends, Ordering::SeqCst);
                     }
                 } else if to.write_all(chunk).is_err() && !link.orphaned.load(Ordering::SeqCst) {
                     break;
@@ -735,7 +820,7 @@ fn pipe(
     }
     if !kept.is_empty() {
         let _ = to.write_all(&kept);
-        shared.unkeep(direction, kept.len());
+        shared.unkeep(direction, kept.len(), kept_ends);
     }
     if direction == Direction::Requests && link.orphaned.load(Ordering::SeqCst) {
         // The server keeps its end until the proxy is dropped.
@@ -783,4 +868,41 @@ fn zk_frames(
         }
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::H2Ends;
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut bytes = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags, 0, 0, 0, 1];
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn a_request_counts_once_its_last_frame_is_whole() {
+        let mut bytes = H2Ends::PREFACE.to_vec();
+        bytes.extend(frame(4, 0, &[0; 6])); // SETTINGS
+        bytes.extend(frame(1, 4, &[7; 20])); // HEADERS, END_HEADERS
+        bytes.extend(frame(0, 0, &[1; 10])); // DATA, more to come
+        bytes.extend(frame(6, 0, &[0; 8])); // PING
+        let last = frame(0, 1, &[2; 30]); // DATA, END_STREAM
+        let mut h2 = H2Ends::default();
+        // Byte by byte: nothing ends before the last frame is whole.
+        assert_eq!(bytes.iter().map(|b| h2.push(&[*b])).sum::<usize>(), 0);
+        assert_eq!(h2.push(&last[..20]), 0);
+        assert_eq!(h2.push(&last[20..]), 1);
+        assert_eq!(h2.push(&frame(1, 5, &[])), 1, "HEADERS that end the stream");
+    }
+
+    #[test]
+    fn a_connection_without_the_preface_is_not_followed() {
+        let mut h2 = H2Ends::default();
+        assert_eq!(h2.push(b"*2\r\n$3\r\nGET"), 0);
+        let mut end = vec![0, 0, 0, 0, 1, 0, 0, 0, 1];
+        end.extend_from_slice(b"PRI");
+        assert_eq!(h2.push(&end), 0);
+    }
 }

@@ -221,7 +221,7 @@ async fn an_append_arriving_after_its_cancellation_creates_no_key() {
     proxy.set_requests_held(true);
     let mutex = session.mutex(name).expect("mutex");
     let acquire = tokio::spawn(async move { mutex.lock().await });
-    until("the append is sent", || proxy.held_request_bytes() > 0).await;
+    until("the append is sent", || proxy.held_requests() > 0).await;
     // The connection dies with the append still on its way to the server.
     proxy.orphan_connections();
     acquire.abort();

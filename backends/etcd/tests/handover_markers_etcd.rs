@@ -232,7 +232,7 @@ async fn a_flagged_lock_tells_a_retried_release_from_a_foreign_delete() {
     // The release's first try is kept back by the proxy, never to arrive.
     proxy.set_requests_held(true);
     let release = tokio::spawn(guard.release());
-    lockline::conformance::until("the release sent into the proxy", || proxy.held_request_bytes() > 0).await;
+    lockline::conformance::until("the release sent into the proxy", || proxy.held_requests() > 0).await;
     side.delete(key.as_str(), None).await.expect("delete");
     proxy.orphan_connections();
     proxy.set_requests_held(false);

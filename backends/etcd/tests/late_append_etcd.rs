@@ -81,7 +81,7 @@ async fn late_first_append(how: How, kind: &str) {
             }
         }
     });
-    until("the first append is sent", || proxy.held_request_bytes() > 0).await;
+    until("the first append is sent", || proxy.held_requests() > 0).await;
     // The connection dies with the first append still in the network.
     proxy.orphan_connections();
     // The acquire retries on a new connection, whose bytes flow once released
@@ -185,7 +185,7 @@ async fn late_first_append_after_a_grant(drop_the_guard: bool) {
     proxy.set_requests_held(true);
     let mutex = session.mutex(name).expect("mutex");
     let acquire = tokio::spawn(async move { mutex.lock().await });
-    until("the first append is sent", || proxy.held_request_bytes() > 0).await;
+    until("the first append is sent", || proxy.held_requests() > 0).await;
     // The connection dies with the first append still in the network; the
     // acquire retries on a new connection and is granted.
     proxy.orphan_connections();

@@ -18,7 +18,7 @@ async fn cancel_an_append(cluster: &EtcdCluster, backend: impl Fn(String) -> Etc
     let mutex = session.mutex(name).expect("mutex");
     proxy.set_requests_held(true);
     let acquire = tokio::spawn(async move { mutex.lock().await });
-    until("the append is on its way", || proxy.held_request_bytes() > 0).await;
+    until("the append is on its way", || proxy.held_requests() > 0).await;
     acquire.abort();
     let _ = acquire.await;
     proxy.set_requests_held(false);
