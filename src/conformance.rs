@@ -203,6 +203,8 @@ macro_rules! conformance_tests {
             lock_modes_convert_up_with_priority,
             lock_modes_detect_conversion_deadlock,
             lock_modes_value_block,
+            lock_modes_release_hands_over,
+            lock_modes_waiter_dropped_as_it_is_handed_the_lock,
             lock_modes_tell_holders_they_block,
             lock_modes_leave_nothing_when_given_up,
             lock_modes_fence_and_lose,

@@ -270,6 +270,10 @@ impl Hold {
     /// Removes the entry once (fenced), writing the release's value block
     /// with it if there is one.
     async fn remove_entry(&self) -> Result<bool> {
+        if self.entry.kind == EntryKind::Dlm {
+            return crate::resource::hand_over(&self.session.inner, &self.name, &self.entry, self.release_block.as_deref())
+                .await;
+        }
         let remote = &self.session.inner.remote;
         match &self.release_block {
             None => remote.remove(&self.entry).await,
@@ -513,21 +517,16 @@ impl Drop for Hold {
             let inner = Arc::clone(&self.session.inner);
             let entry = (*self.entry).clone();
             match (self.release_block.take(), tokio::runtime::Handle::try_current()) {
-                // A PW or EX lock-mode holder writes its value block as its
-                // release would; the plain removal is the fallback.
-                (Some(block), Ok(runtime)) => {
+                // A lock-mode holder hands over and writes its value block
+                // as its release would; the plain removal is the fallback.
+                (block, Ok(runtime)) if entry.kind == EntryKind::Dlm => {
                     let name = self.name.to_string();
                     runtime.spawn(async move {
-                        let update = crate::backend::QueueUpdate {
-                            dir: &name,
-                            unchanged: &[],
-                            present: &[&entry],
-                            set: &[],
-                            delete: &[&entry],
-                            block: Some(&block),
-                        };
-                        match inner.call(inner.remote.update_queue(&update)).await {
-                            Ok(Some(_)) => {
+                        match inner
+                            .call(crate::resource::hand_over(&inner, &name, &entry, block.as_deref()))
+                            .await
+                        {
+                            Ok(true) => {
                                 inner.counters.bump(|c| &c.releases);
                                 drop(permit);
                             }

@@ -45,7 +45,7 @@ use block::Block;
 pub use block::LockValue;
 use guard::Cell;
 pub use guard::ResourceGuard;
-use state::{blocks, rand_nonce, State, LISTENING};
+use state::{blocks, rand_nonce, State, LISTENING, WAITS};
 use view::View;
 
 /// The largest lock value block, in bytes.
@@ -294,8 +294,9 @@ impl Resource {
             retried: false,
             local: None,
         };
+        let waits = if matches!(patience, Patience::Never) { 0 } else { WAITS };
         let value = State {
-            blocked: if self.notify_blocking { LISTENING } else { 0 },
+            blocked: if self.notify_blocking { LISTENING | waits } else { waits },
             ..State::waiting(mode)
         }
         .encode();
@@ -338,6 +339,14 @@ impl Resource {
                 pending.disarm();
                 return Err(inner.vanished_error(&mine.key).await);
             };
+            // Granted by the release of the entry it waited on, in that
+            // release's write (the write's place in the server's order is
+            // the token).
+            if let Some(guard) = self.handed(&view, at, &mine, mode, &mut own_watch, &attempt, pending.retried) {
+                pending.disarm();
+                inner.counters.bump(|c| &c.grants);
+                return Ok(Some(guard));
+            }
             let Some(on) = view.blocker(at) else {
                 let state = inner.state();
                 if state.is_over() {
@@ -463,11 +472,52 @@ impl Resource {
                     Err(error) => return Err(error),
                 },
                 () = deadline => {
+                    // A release may have handed it the lock meanwhile: then
+                    // it was granted before it gave up, and keeps it.
+                    let read = inner.call(inner.remote.read_queue(&self.name)).await;
+                    if let Ok(view) = read.and_then(|queue| View::new(&self.name, queue)) {
+                        if let Some(at) = view.position(&mine) {
+                            if let Some(guard) = self.handed(&view, at, &mine, mode, &mut own_watch, &attempt, pending.retried) {
+                                pending.disarm();
+                                inner.counters.bump(|c| &c.grants);
+                                return Ok(Some(guard));
+                            }
+                        }
+                    }
                     pending.remove_now().await;
                     return Ok(None);
                 }
             }
         }
+    }
+
+    /// The guard of entry `at` (`mine`) when a release granted it `mode`
+    /// in its own write: its token is that write's place in the server's
+    /// order, its value the block that write left.
+    #[allow(clippy::too_many_arguments)]
+    fn handed(
+        &self,
+        view: &View,
+        at: usize,
+        mine: &Entry,
+        mode: LockMode,
+        own_watch: &mut Option<EntryWatch>,
+        attempt: &str,
+        retried: bool,
+    ) -> Option<ResourceGuard> {
+        let state = view.slots[at].1;
+        if state.granted != Some(mode) || state.converting().is_some() {
+            return None;
+        }
+        Some(self.guard(
+            mine.clone(),
+            mode,
+            state.token,
+            view.block.seen(view),
+            own_watch.take(),
+            attempt,
+            retried,
+        ))
     }
 
     /// Marks the entry `on` with the mode entry `at` asks for, if it
@@ -566,6 +616,118 @@ async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>, me: Sta
             Some(value) => seen = value,
         }
     }
+}
+
+/// Removes `mine` from the resource `name` as a release does, and in the
+/// same write grants every waiting request its departure lets in (the
+/// releaser hands over): the successors learn from their own wake that they
+/// hold, with that write's place in the server's order as their token, and
+/// write nothing. `leaving` is the value block a PW or EX holder leaves
+/// (with no holder named); for any other entry, a block that names `mine`
+/// (a request granted by a hand-over and cancelled before it knew) is
+/// cleared the same way, so the departure never reads as a lost holder.
+///
+/// The hand-over is conditioned on the releaser's entry being there and on
+/// every entry the decision read (each one up to the last granted, but the
+/// releaser's) being at the version read; when that fails, or the block
+/// names a holder lost without a release (the successor may owe a
+/// lock-delay), or the session's server is in a restart grace, the entry
+/// is removed alone and the waiters decide for themselves, as they always
+/// can. Returns whether the entry was there to remove.
+///
+/// # Cancel safety
+///
+/// If cancelled, the removal (with or without the hand-over) may or may not
+/// have been applied, all or none.
+pub(crate) async fn hand_over(inner: &SessionInner, name: &str, mine: &Entry, leaving: Option<&[u8]>) -> Result<bool> {
+    let remote = &inner.remote;
+    let alone = |block: Option<Vec<u8>>| async move {
+        match block {
+            None => remote.remove(mine).await,
+            Some(block) => {
+                let update = QueueUpdate {
+                    dir: name,
+                    unchanged: &[],
+                    present: &[mine],
+                    set: &[],
+                    delete: &[mine],
+                    block: Some(&block),
+                };
+                Ok(remote.update_queue(&update).await?.is_some())
+            }
+        }
+    };
+    let queue = remote.read_queue(name).await?;
+    let view = View::new(name, queue)?;
+    let Some(at) = view.position(mine) else {
+        return Ok(false);
+    };
+    let named = view
+        .block
+        .holder
+        .as_ref()
+        .is_some_and(|(key, order)| *key == mine.key && *order == mine.order);
+    let leaving: Option<Block> = match leaving {
+        Some(bytes) => Block::parse(bytes),
+        None => named.then(|| Block {
+            value: view.block.value.clone(),
+            holder: None,
+        }),
+    };
+    let grace = remote.grant_not_before().is_some_and(|t| t > Instant::now());
+    let grants = if grace || view.block.lost_holder(&view) {
+        Vec::new()
+    } else {
+        view.handed_over(at)
+    };
+    let Some(&(last, _)) = grants.last() else {
+        return alone(leaving.as_ref().map(Block::encode)).await;
+    };
+    let values: Vec<Vec<u8>> = grants
+        .iter()
+        .map(|&(i, mode)| {
+            State {
+                blocked: view.slots[i].1.blocked & !WAITS,
+                ..State::held(mode, 0)
+            }
+            .encode()
+        })
+        .collect();
+    let set: Vec<(&Entry, &[u8])> = grants
+        .iter()
+        .zip(&values)
+        .map(|(&(i, _), value)| (&view.slots[i].0.entry, value.as_slice()))
+        .collect();
+    let unchanged: Vec<(&Entry, i64)> = (0..=last)
+        .filter(|&j| j != at)
+        .map(|j| (&view.slots[j].0.entry, view.slots[j].0.version))
+        .collect();
+    // A PW or EX successor is named in the block, as its own grant would
+    // have named it.
+    let writer = grants.iter().find(|(_, mode)| mode.sole_writer());
+    let block = match (writer, leaving.clone()) {
+        (Some(&(i, _)), Some(leaving)) => Some(Block {
+            holder: Some((view.slots[i].0.entry.key.clone(), view.slots[i].0.entry.order)),
+            ..leaving
+        }),
+        (Some(&(i, _)), None) => Some(view.block.granted_to(&view, &view.slots[i].0.entry)),
+        (None, leaving) => leaving,
+    };
+    let block_bytes = block.as_ref().map(Block::encode);
+    let update = QueueUpdate {
+        dir: name,
+        unchanged: &unchanged,
+        present: &[mine],
+        set: &set,
+        delete: &[mine],
+        block: block_bytes.as_deref(),
+    };
+    if remote.update_queue(&update).await?.is_some() {
+        inner.counters.bump(|c| &c.handovers);
+        return Ok(true);
+    }
+    // Something the decision read changed: leave alone; the waiters decide.
+    alone(leaving.as_ref().map(Block::encode)).await
 }
 
 /// Whether the holder of a `lock-MODE` sequencer with `token` still holds

@@ -708,9 +708,21 @@ impl SessionInner {
         why: &'static str,
         then: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) {
+        self.spawn_remove_in(String::new(), entry, why, then);
+    }
+
+    /// [`spawn_remove`](Self::spawn_remove) of an entry of the queue `dir`
+    /// (a lock-mode request leaves as a release does: see `clean`).
+    pub(crate) fn spawn_remove_in(
+        self: &Arc<Self>,
+        dir: String,
+        entry: Entry,
+        why: &'static str,
+        then: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) {
         let orphan = self.adopt(Orphan {
             id: 0,
-            dir: String::new(),
+            dir,
             kind: entry.kind,
             entry: Some(entry),
             attempt: None,
@@ -788,8 +800,16 @@ impl SessionInner {
     /// One try at removing an orphan: its known entry (fenced), then anything
     /// else its attempt created.
     pub(crate) async fn clean(&self, orphan: &Orphan) -> Result<()> {
-        if let Some(entry) = &orphan.entry {
-            self.remote.remove(entry).await?;
+        match &orphan.entry {
+            // A lock-mode request leaves as a release does: a release may
+            // have handed it the lock before it gave up.
+            Some(entry) if entry.kind == EntryKind::Dlm && !orphan.dir.is_empty() => {
+                crate::resource::hand_over(self, &orphan.dir, entry, None).await?;
+            }
+            Some(entry) => {
+                self.remote.remove(entry).await?;
+            }
+            None => {}
         }
         if let Some(attempt) = &orphan.attempt {
             self.remote.abandon(&orphan.dir, orphan.kind, attempt).await?;

@@ -51,6 +51,10 @@ pub struct ClientStats {
     /// ([`Contender::delayed_until`](crate::Contender::delayed_until)) until
     /// the delay ends (unless writing the mark failed: it is best effort).
     pub lock_delays: u64,
+    /// Lock-mode releases that granted the waiters their departure let in,
+    /// in the release's own write: those waiters learn from their wake that
+    /// they hold, and write nothing ([`Resource`](crate::Resource)).
+    pub handovers: u64,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +63,7 @@ pub(crate) struct Counters {
     pub(crate) sessions: AtomicU64,
     pub(crate) appends: AtomicU64,
     pub(crate) grants: AtomicU64,
+    pub(crate) handovers: AtomicU64,
     pub(crate) waits: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) releases: AtomicU64,
@@ -95,6 +100,7 @@ impl Counters {
             sessions: get(&self.sessions),
             appends: get(&self.appends),
             grants: get(&self.grants),
+            handovers: get(&self.handovers),
             waits: get(&self.waits),
             wakeups: get(&self.wakeups),
             releases: get(&self.releases),

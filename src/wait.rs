@@ -555,11 +555,16 @@ impl PendingEntry<'_> {
         let Some(entry) = self.entry.clone() else {
             return;
         };
-        if let Ok(Ok(_)) = tokio::time::timeout(
-            self.session.options.request_timeout(),
-            self.session.remote.remove(&entry),
-        )
-        .await
+        // A lock-mode request leaves as a release does (a release may have
+        // handed it the lock meanwhile).
+        let removal = async {
+            if entry.kind == EntryKind::Dlm {
+                crate::resource::hand_over(self.session, self.dir, &entry, None).await
+            } else {
+                self.session.remote.remove(&entry).await
+            }
+        };
+        if let Ok(Ok(_)) = tokio::time::timeout(self.session.options.request_timeout(), removal).await
         {
             if self.retried {
                 // Gone now; what an earlier try may still bring is fenced by
@@ -587,7 +592,10 @@ impl Drop for PendingEntry<'_> {
                 self.session
                     .spawn_abandon(self.dir.to_owned(), self.kind, attempt, entry, local);
             }
-            (_, Some(entry)) => self.session.spawn_remove(entry, "cancelled acquire", local),
+            (_, Some(entry)) => {
+                self.session
+                    .spawn_remove_in(self.dir.to_owned(), entry, "cancelled acquire", local);
+            }
             (_, None) => drop(local),
         }
     }

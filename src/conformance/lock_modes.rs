@@ -242,6 +242,74 @@ pub async fn lock_modes_value_block<F: Fixture>(fixture: &F) {
     release(reader).await;
 }
 
+/// A release hands over: in its one write it grants the waiters its
+/// departure lets in, each with a token above every earlier one, and the
+/// value block as the releaser left it; the waiters learn it from their
+/// wake and write nothing themselves. What it hands over it counts in
+/// [`ClientStats::handovers`](crate::ClientStats::handovers).
+pub async fn lock_modes_release_hands_over<F: Fixture>(fixture: &F) {
+    let (ca, a, cb, b) = two(fixture).await;
+    let cc = fixture.client().await;
+    let c = session(fixture, &cc).await;
+    let name = unique("hand-over");
+    let mut first = lock_in(&a.resource(&name).expect("resource"), Ex).await;
+    first.set_value(b"v1").expect("EX writes");
+    let (rb, rc) = (b.resource(&name).expect("resource"), c.resource(&name).expect("resource"));
+    let second = spawn_queued(&cb, async move { rb.lock(Ex).await }).await;
+    let third = spawn_queued(&cc, async move { rc.lock(Pr).await }).await;
+    let before = ca.stats().handovers;
+    let first_token = first.token();
+    release(first).await;
+    assert_eq!(ca.stats().handovers, before + 1, "the release handed the lock over");
+    let second = bounded("the EX waiter is granted", second)
+        .await
+        .expect("task")
+        .expect("EX");
+    assert!(second.token() > first_token, "{:?} after {first_token:?}", second.token());
+    assert_eq!(second.value().bytes, b"v1");
+    assert_eq!((second.value().sequence, second.value().valid), (1, true));
+    let second_token = second.token();
+    let before = cb.stats().handovers;
+    release(second).await;
+    assert_eq!(cb.stats().handovers, before + 1, "the second release handed over too");
+    let third = bounded("the PR waiter is granted", third)
+        .await
+        .expect("task")
+        .expect("PR");
+    assert!(third.token() > second_token);
+    assert_eq!((third.value().bytes.as_slice(), third.value().valid), (&b"v1"[..], true));
+    let listed = contenders(&third.session().resource(&name).expect("resource")).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].granted, Some(Pr));
+    release(third).await;
+}
+
+/// A waiter dropped just as a release hands it the lock (before or after it
+/// learned) leaves nothing behind and the value block valid: its leaving
+/// is a release, not an involuntary loss.
+pub async fn lock_modes_waiter_dropped_as_it_is_handed_the_lock<F: Fixture>(fixture: &F) {
+    let (_ca, a, cb, b) = two(fixture).await;
+    let name = unique("handed-and-dropped");
+    let resource = a.resource(&name).expect("resource");
+    let mut holder = lock_in(&resource, Ex).await;
+    holder.set_value(b"kept").expect("EX writes");
+    let rb = b.resource(&name).expect("resource");
+    let waiter = spawn_queued(&cb, async move { rb.lock(Ex).await }).await;
+    release(holder).await;
+    waiter.abort();
+    let _ = waiter.await;
+    bounded("the dropped waiter leaves", async {
+        while !contenders(&resource).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let next = lock_in(&resource, Ex).await;
+    assert_eq!(next.value().bytes, b"kept");
+    assert_eq!((next.value().sequence, next.value().valid), (1, true), "{:?}", next.value());
+    release(next).await;
+}
+
 /// A holder that listens (`notify_blocking`) hears once per mode that a
 /// waiter it blocks asks for it; a `try_lock` tells it only when asked to;
 /// a holder that does not listen is refused `blocking()` at once.

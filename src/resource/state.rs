@@ -34,6 +34,12 @@ pub(super) const STATE_HEAD: &str = "dlm2";
 /// so a resource whose holders do not listen pays no write for them.
 pub(super) const LISTENING: u8 = 1 << 6;
 
+/// A bit of [`State::blocked`] on a waiting request: it waits to be granted
+/// (not a `try_` request, which reads once and leaves), so a releaser whose
+/// departure lets it in may grant it in the release's own write (see
+/// [`View::handed_over`]).
+pub(super) const WAITS: u8 = 1 << 7;
+
 impl State {
     pub(super) fn waiting(mode: LockMode) -> State {
         State {

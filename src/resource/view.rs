@@ -131,6 +131,30 @@ impl View {
         self.reaches(at, at)
     }
 
+    /// The waiting requests that the departure of entry `at` lets in, in
+    /// queue order, with the modes they asked for: each one that finds no
+    /// blocker among the entries left, counting those before it that this
+    /// departure lets in as granted, exactly as each would decide for
+    /// itself after the departure. Only requests that wait to be granted
+    /// ([`WAITS`]); conversions decide for themselves.
+    pub(super) fn handed_over(&self, at: usize) -> Vec<(usize, LockMode)> {
+        let mut rest = View {
+            slots: self.slots.clone(),
+            block: Block::default(),
+        };
+        rest.slots.remove(at);
+        let mut granted = Vec::new();
+        for i in 0..rest.slots.len() {
+            let state = rest.slots[i].1;
+            if state.granted.is_some() || state.blocked & WAITS == 0 || !rest.blockers(i).is_empty() {
+                continue;
+            }
+            rest.slots[i].1 = State::held(state.requested, 0);
+            granted.push((if i < at { i } else { i + 1 }, state.requested));
+        }
+        granted
+    }
+
     /// The condition of a decision on entry `at`: every entry the rule
     /// looked at, at the version read. A request looks at the entries
     /// before it; a conversion at all of them.

@@ -70,6 +70,8 @@ lockline::conformance_tests!(@cases ClusterFixture::start();
     lock_modes_convert_up_with_priority,
     lock_modes_detect_conversion_deadlock,
     lock_modes_value_block,
+    lock_modes_release_hands_over,
+    lock_modes_waiter_dropped_as_it_is_handed_the_lock,
     lock_modes_tell_holders_they_block,
     lock_modes_leave_nothing_when_given_up,
     lock_modes_mixed_crowd_is_herd_free,
