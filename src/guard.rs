@@ -271,8 +271,13 @@ impl Hold {
     /// with it if there is one.
     async fn remove_entry(&self) -> Result<bool> {
         if self.entry.kind == EntryKind::Dlm {
-            return crate::resource::hand_over(&self.session.inner, &self.name, &self.entry, self.release_block.as_deref())
-                .await;
+            return crate::resource::hand_over(
+                &self.session.inner,
+                &self.name,
+                &self.entry,
+                self.release_block.as_deref(),
+            )
+            .await;
         }
         let remote = &self.session.inner.remote;
         match &self.release_block {

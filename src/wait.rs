@@ -564,8 +564,7 @@ impl PendingEntry<'_> {
                 self.session.remote.remove(&entry).await
             }
         };
-        if let Ok(Ok(_)) = tokio::time::timeout(self.session.options.request_timeout(), removal).await
-        {
+        if let Ok(Ok(_)) = tokio::time::timeout(self.session.options.request_timeout(), removal).await {
             if self.retried {
                 // Gone now; what an earlier try may still bring is fenced by
                 // the attempt's abandonment, on drop.

@@ -254,7 +254,10 @@ pub async fn lock_modes_release_hands_over<F: Fixture>(fixture: &F) {
     let name = unique("hand-over");
     let mut first = lock_in(&a.resource(&name).expect("resource"), Ex).await;
     first.set_value(b"v1").expect("EX writes");
-    let (rb, rc) = (b.resource(&name).expect("resource"), c.resource(&name).expect("resource"));
+    let (rb, rc) = (
+        b.resource(&name).expect("resource"),
+        c.resource(&name).expect("resource"),
+    );
     let second = spawn_queued(&cb, async move { rb.lock(Ex).await }).await;
     let third = spawn_queued(&cc, async move { rc.lock(Pr).await }).await;
     let before = ca.stats().handovers;
@@ -265,7 +268,11 @@ pub async fn lock_modes_release_hands_over<F: Fixture>(fixture: &F) {
         .await
         .expect("task")
         .expect("EX");
-    assert!(second.token() > first_token, "{:?} after {first_token:?}", second.token());
+    assert!(
+        second.token() > first_token,
+        "{:?} after {first_token:?}",
+        second.token()
+    );
     assert_eq!(second.value().bytes, b"v1");
     assert_eq!((second.value().sequence, second.value().valid), (1, true));
     let second_token = second.token();
@@ -277,7 +284,10 @@ pub async fn lock_modes_release_hands_over<F: Fixture>(fixture: &F) {
         .expect("task")
         .expect("PR");
     assert!(third.token() > second_token);
-    assert_eq!((third.value().bytes.as_slice(), third.value().valid), (&b"v1"[..], true));
+    assert_eq!(
+        (third.value().bytes.as_slice(), third.value().valid),
+        (&b"v1"[..], true)
+    );
     let listed = contenders(&third.session().resource(&name).expect("resource")).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].granted, Some(Pr));
@@ -306,7 +316,12 @@ pub async fn lock_modes_waiter_dropped_as_it_is_handed_the_lock<F: Fixture>(fixt
     .await;
     let next = lock_in(&resource, Ex).await;
     assert_eq!(next.value().bytes, b"kept");
-    assert_eq!((next.value().sequence, next.value().valid), (1, true), "{:?}", next.value());
+    assert_eq!(
+        (next.value().sequence, next.value().valid),
+        (1, true),
+        "{:?}",
+        next.value()
+    );
     release(next).await;
 }
 

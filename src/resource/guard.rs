@@ -248,7 +248,12 @@ impl ResourceGuard {
     /// # Cancel safety
     ///
     /// Cancelling an up-conversion gives it up: the lock keeps the mode it
-    /// held (a background cleanup takes the conversion back).
+    /// held (a background cleanup takes the conversion back), unless the
+    /// conversion's grant was already on its way to the server. The guard
+    /// then learns at its next conversion or release that it holds the new
+    /// mode (its value block written by that release as a PW or EX holder's
+    /// is); until then [`mode`](Self::mode) under-claims, never
+    /// over-claims.
     ///
     /// # Errors
     ///
