@@ -187,9 +187,11 @@
 //! client, at most one session expiry (none in two), one duplicated wake-up
 //! (none in the mixed DLM one) and, for the mutex, one retried append. The
 //! checker explores every reachable state, breadth first, on one thread;
-//! all of them together take about forty seconds in a debug build (the
-//! largest, the mixed DLM configuration, has about 750,000 distinct
-//! states, twice as many as before the release became two steps). `cargo run -p lockline-model --example check` prints the counts
+//! all of them together take about six seconds in a test build (the
+//! workspace's dev profile optimises this crate and stateright; unoptimised
+//! it is about thirty-five). The largest, the mixed DLM configuration, has
+//! about 750,000 distinct states, twice as many as before the release
+//! became two steps. `cargo run -p lockline-model --example check` prints the counts
 //! and times; `--example trace` prints a counterexample step by step.
 //!
 //! # Broken twins
