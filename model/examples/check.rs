@@ -3,8 +3,8 @@
 //! and found:
 //!
 //! ```text
-//! cargo run -p lockline-model --example check            # debug build
-//! cargo run -p lockline-model --example check --release  # faster
+//! cargo run -p lockline-model --example check            # dev profile (optimised for this crate)
+//! cargo run -p lockline-model --example check --release  # release profile
 //! ```
 
 use lockline_model::{check, Config, QueueModel, Report, Rule};

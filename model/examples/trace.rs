@@ -64,7 +64,9 @@ fn print_state(model: &QueueModel, state: &State) {
             .iter()
             .map(|e| {
                 let mut text = format!("#{} c{} {}", e.id, e.owner, e.mode);
-                if !e.granted {
+                if e.granted {
+                    text.push_str(&format!(" token {}", e.token));
+                } else {
                     text.push_str(" waiting");
                 }
                 if let Some(to) = e.converting {
@@ -73,7 +75,11 @@ fn print_state(model: &QueueModel, state: &State) {
                 text
             })
             .collect();
-        println!("      r{r}: [{}]", entries.join(", "));
+        let block = match res.block {
+            0 => String::new(),
+            id => format!(", value block names #{id}"),
+        };
+        println!("      r{r}: [{}]{block}", entries.join(", "));
     }
     for (c, client) in state.clients.iter().enumerate() {
         let phase = match client.phase {
@@ -85,7 +91,7 @@ fn print_state(model: &QueueModel, state: &State) {
             .held
             .iter()
             .flatten()
-            .map(|h| format!("#{} {}", h.entry, h.mode))
+            .map(|h| format!("#{} {} token {}", h.entry, h.mode, h.token))
             .collect();
         let live = if client.live { "" } else { " (expired)" };
         println!("      c{c}: {phase}, holds [{}]{live}", held.join(", "));

@@ -375,6 +375,52 @@ impl Config {
         }
     }
 
+    /// A hand-over past an up-conversion ahead of it: an NL holder converts
+    /// up to PW and writes, a CR holder releases, an EX request waits behind
+    /// the CR holder and writes. The CR holder's release may read the queue
+    /// before the NL holder's mark and write after its grant.
+    pub fn hand_over_past_conversion() -> Config {
+        use Mode::{Cr, Ex, Nl, Pw};
+        Config::modes(
+            "hand-over past NL→PW",
+            vec![
+                vec![Op::lock(0, Nl), Op::convert(0, Pw), Op::write(0), Op::release(0)],
+                vec![Op::lock(0, Cr), Op::release(0)],
+                vec![Op::lock(0, Ex), Op::write(0), Op::release(0)],
+            ],
+        )
+    }
+
+    /// A hand-over with a `try_` request in the queue: an EX holder writes
+    /// and releases, an EX request that only tries (its entry stays in the
+    /// queue from its read to its removal), and a PR request.
+    pub fn hand_over_past_try() -> Config {
+        use Mode::{Ex, Pr};
+        Config::modes(
+            "hand-over past a try",
+            vec![
+                vec![Op::lock(0, Ex), Op::write(0), Op::release(0)],
+                vec![Op::try_lock(0, Ex), Op::write(0), Op::release(0)],
+                vec![Op::lock(0, Pr), Op::release(0)],
+            ],
+        )
+    }
+
+    /// Fencing across a hand-over: an EX holder converts down to CR and
+    /// releases (handing the lock over), a PW request granted beside it
+    /// writes (its session may expire), an EX request writes.
+    pub fn hand_over_token() -> Config {
+        use Mode::{Cr, Ex, Pw};
+        Config::modes(
+            "hand-over token",
+            vec![
+                vec![Op::lock(0, Ex), Op::convert(0, Cr), Op::release(0)],
+                vec![Op::lock(0, Pw), Op::write(0), Op::release(0)],
+                vec![Op::lock(0, Ex), Op::write(0), Op::release(0)],
+            ],
+        )
+    }
+
     /// Every configuration the crate's tests check with the sound rule.
     pub fn all() -> Vec<Config> {
         vec![
@@ -390,6 +436,9 @@ impl Config {
             Config::sideways_conversion(),
             Config::down_conversion(),
             Config::three_conversions(),
+            Config::hand_over_past_conversion(),
+            Config::hand_over_past_try(),
+            Config::hand_over_token(),
         ]
     }
 }

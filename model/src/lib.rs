@@ -9,15 +9,19 @@
 //!   (one session per client), a [`Mode`] (the one granted, or the one asked
 //!   for while waiting), a *granted* mark, the mode an up-conversion asks for
 //!   and when that mark was written (`since`), and a fencing token. A
-//!   revision counter gives ids and tokens. Next to each queue stands a
-//!   **fenced resource** that accepts a write only with a token at least as
+//!   revision counter gives ids and tokens. Beside the queue, the **lock
+//!   value block**'s holder: the entry a PW or EX grant named. Next to
+//!   each queue stands a **fenced resource** that accepts a write only with a token at least as
 //!   high as the highest it accepted.
 //! - **Clients**, each running a short [script](Op) on its own session:
 //!   append a request and wait, convert, write, release. A client waits on
 //!   exactly one entry; when told that entry is gone or no longer blocks
-//!   it, it reads the queue once and decides: granted, or wait on the next
-//!   blocker. A `try_` request is refused at once, a timed one may give up
-//!   at any moment (removing its entry, or taking its conversion back).
+//!   it, it reads the queue once and decides: granted (by a release that
+//!   handed it the lock, or by its own write), or wait on the next
+//!   blocker. A release reads the queue, then hands the lock over in a
+//!   separate write. A `try_` request that would wait removes its entry (a
+//!   write of its own), a timed one may give up at any moment (removing its
+//!   entry, or taking its conversion back).
 //! - **Up-conversions in two phases**, as `ResourceGuard::up` does them:
 //!   a read, the mark (one write), then reads that decide, each a separate
 //!   step that any other step may come between (see below).
@@ -80,9 +84,56 @@
 //!   like that: appended after that read, a request reads the entry
 //!   unmarked, and is granted beside it ([`Rule::GrantBeforeMark`], modelled
 //!   with the read and the write as separate steps and versions compared).
+//! - **The releaser hands the lock over.** A release is two steps, and
+//!   anything may happen between them:
+//!   1. *The read* (the release's [`Action::Step`]): walking the queue in
+//!      order without its own entry, it picks every waiting request (not a
+//!      conversion) that no earlier entry left keeps waiting, by the request
+//!      rule above (granted modes, converting entries by both modes, earlier
+//!      waiting requests, the requests picked before it): exactly what each
+//!      would decide for itself after the release. Only requests that wait
+//!      ask to be handed the lock: a `try_` request's entry is never picked
+//!      (it counts as an earlier entry all the same).
+//!   2. *The write* ([`Action::HandOver`]): one write conditioned on its own
+//!      entry and every entry of the read up to the last one picked (those
+//!      picked and every one before them) being as read. It deletes its
+//!      own entry and marks the picked requests granted, all with one
+//!      token, that write's revision; a PW or EX request granted is named
+//!      in the value block (as its own grant would have named it), and
+//!      otherwise the release clears its own name there. If an entry of
+//!      the condition changed, it falls back to the plain release: it
+//!      deletes its own entry and grants nobody; its waiters are woken by
+//!      the deletion and decide for themselves. The model also lets the
+//!      condition fail at any write ([`Action::ReleaseOnly`]), for what it
+//!      does not show (a blocked mark, a change undone since the read).
+//!      With nobody to hand over to, the release is one step: a fenced
+//!      delete, whatever came between its read and it.
+//!
+//!   Entries appended after the read come after every entry picked, and a
+//!   request never looks at later entries; a conversion later than a picked
+//!   request counted it (as an earlier waiting request) before and counts
+//!   it (as granted) after. So the condition needs no entry after the last
+//!   one picked, and needs every entry before it: a holder ahead that
+//!   converts up between the read and the write is granted beside the
+//!   request handed the lock ([`Rule::HandOverUnconditionedEarlier`]).
+//! - **A waiter learns from its read that it was handed the lock**: the
+//!   release's deletion wakes the waiters that waited on it; each reads
+//!   once, finds its entry granted, takes the token from the entry and
+//!   writes nothing. A waiter that finds its entry not granted decides as
+//!   before (and grants itself if nothing blocks it: after a fallback, or
+//!   when its blocker left without a release). A late or duplicated
+//!   wake-up of a waiter that already learnt is ignored; one that arrives
+//!   first only makes the waiter read the truth sooner.
+//! - **A cancelled request whose entry was handed the lock** was a holder
+//!   for a moment: its removal is a release, and writes the value block as
+//!   a release does (it clears the name, leaving the value the releaser
+//!   wrote); left naming it, the block would look lost by a holder
+//!   ([`Rule::CancelKeepsBlockName`]). Its waiters, woken by the removal,
+//!   decide for themselves.
 //! - **Tokens**: every grant takes a fresh token from the revision counter
-//!   (the revision of the write that marks the entry granted), and so does an
-//!   up-conversion to a writing mode (CW, PW, EX).
+//!   (the revision of the write that marks the entry granted: its own, or
+//!   the hand-over's, shared by the requests that write grants), and so
+//!   does an up-conversion to a writing mode (CW, PW, EX).
 //! - **Wake-ups**: a waiter watches the one entry it waits on and is woken
 //!   when that entry is removed, or changed so that it no longer keeps the
 //!   waiter waiting (a down-conversion, a conversion granted or taken back);
@@ -120,10 +171,14 @@
 //! 7. a waiter no longer blocked by the entry it waits on has a wake-up on
 //!    its way (no lost wake-up);
 //! 8. every client ends (`eventually`);
+//! 9. the value block names an entry that is gone only when that entry's
+//!    session expired (a release, a cancel, a withdrawn try clear the name);
 //!
 //! and `sometimes` properties showing that grants, up-conversions, detected
 //! deadlocks (also on a read after the mark), holders whose session
-//! expired, stale writes refused and late wake-ups ignored are all reached.
+//! expired, stale writes refused, late wake-ups ignored, grants by
+//! hand-over learnt, hand-overs that fell back to the plain release and
+//! waiters handed the lock then cancelled are all reached.
 //!
 //! # Bounds
 //!
@@ -132,9 +187,11 @@
 //! client, at most one session expiry (none in two), one duplicated wake-up
 //! (none in the mixed DLM one) and, for the mutex, one retried append. The
 //! checker explores every reachable state, breadth first, on one thread;
-//! all of them together take about fifteen seconds in a debug build (the
-//! largest, the mixed DLM configuration, has about 370,000 distinct
-//! states). `cargo run -p lockline-model --example check` prints the counts
+//! all of them together take about six seconds in a test build (the
+//! workspace's dev profile optimises this crate and stateright; unoptimised
+//! it is about thirty-five). The largest, the mixed DLM configuration, has
+//! about 750,000 distinct states, twice as many as before the release
+//! became two steps. `cargo run -p lockline-model --example check` prints the counts
 //! and times; `--example trace` prints a counterexample step by step.
 //!
 //! # Broken twins
@@ -149,14 +206,18 @@
 //! ([`Rule::PairwiseDeadlockDetection`]); five are pitfalls of the
 //! two-phase conversion ([`Rule::GrantBeforeMark`],
 //! [`Rule::EarliestMarkGivesUp`], [`Rule::DeferToAnyLaterMark`],
-//! [`Rule::EveryConversionOnCycleGivesUp`], [`Rule::KeepMarkOnDeadlock`]).
+//! [`Rule::EveryConversionOnCycleGivesUp`], [`Rule::KeepMarkOnDeadlock`]);
+//! five are pitfalls of the hand-over ([`Rule::HandOverUnconditionedEarlier`],
+//! [`Rule::HandOverPastWaiters`], [`Rule::HandOverTokenAtRead`],
+//! [`Rule::HandOverToTry`], [`Rule::CancelKeepsBlockName`]).
 //!
 //! # Not modelled
 //!
 //! See "The queue rule, model-checked" in `docs/design-notes.md`: timing
-//! (TTLs, lock-delay, restart grace), the lock value block and blocking
-//! notifications, same-session queueing, foreign entries, multi-lock, and
-//! faults of the round trips other than the append.
+//! (TTLs, lock-delay, restart grace), the lock value block's value (only
+//! its holder's name is modelled) and blocking notifications, same-session
+//! queueing, foreign entries, multi-lock, and faults of the round trips
+//! other than the append.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]

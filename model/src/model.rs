@@ -52,6 +52,18 @@ pub enum Action {
     /// future): the request is withdrawn, or the conversion given up (its
     /// mark, if written, taken back).
     Cancel(u8),
+    /// The client's release writes what its read decided: in one write
+    /// conditioned on the entries of that read (its own, and every entry up
+    /// to the last one it grants), it deletes its own entry and marks
+    /// granted the waiting requests its departure lets in. If an entry
+    /// changed, it only deletes its own entry (the plain release).
+    HandOver(u8),
+    /// The client's release write finds its condition failed for a reason
+    /// the model does not show (a blocked mark written on an entry of its
+    /// read, or a change undone since): it only deletes its own entry.
+    ReleaseOnly(u8),
+    /// The client's `try_` request, blocked, removes its entry.
+    Withdraw(u8),
 }
 
 /// What one read of the queue decides for a waiting entry.
@@ -305,6 +317,10 @@ impl QueueModel {
         let c = &mut state.clients[client];
         c.phase = Phase::Done;
         c.held.iter_mut().for_each(|h| *h = None);
+        c.read.clear();
+        c.release.clear();
+        c.hand_to.clear();
+        c.read_revision = 0;
     }
 
     /// The entry a waiting client's own entry is, if it waits.
@@ -366,6 +382,63 @@ impl QueueModel {
         }
     }
 
+    /// Its owner removes entry `id` (a release, a cancel, a try withdrawn):
+    /// with `writes_block`, the same write clears the value block's name if
+    /// it names the entry; without, a name left behind makes the block look
+    /// lost by its holder.
+    fn remove_own(&self, state: &mut State, resource: u8, id: u8, writes_block: bool) {
+        let res = &mut state.resources[usize::from(resource)];
+        if find(res, id).is_none() {
+            return;
+        }
+        if res.block == id {
+            if writes_block {
+                res.block = 0;
+            } else {
+                state.ghost.block_falsely_lost = true;
+            }
+        }
+        self.remove_entry(state, resource, id);
+    }
+
+    /// Whether a hand-over may grant `entry`: a waiting request (not a
+    /// conversion) that asked to be handed the lock, which every request
+    /// that waits does and a `try_` request does not.
+    fn hands_to(&self, entry: &Entry) -> bool {
+        if entry.granted || entry.converting.is_some() {
+            return false;
+        }
+        let op = self.script(usize::from(entry.owner)).get(usize::from(entry.attempt));
+        self.rule == Rule::HandOverToTry || op.is_some_and(|op| op.patience() != Patience::Try)
+    }
+
+    /// A release's read: the waiting requests the departure of entry `own`
+    /// lets in. Walking the queue in order without `own`, a request is
+    /// granted when no earlier entry left keeps it waiting (the request
+    /// rule, so requests granted earlier in the walk count as granted).
+    fn hand_over_plan(&self, res: &Resource, own: u8) -> Vec<u8> {
+        let mut after = res.clone();
+        after.entries.retain(|e| e.id != own);
+        let mut granted = Vec::new();
+        for i in 0..after.entries.len() {
+            let entry = after.entries[i].clone();
+            if !self.hands_to(&entry) {
+                continue;
+            }
+            let blocked = match self.config.queueing {
+                Queueing::Modes if self.rule == Rule::HandOverPastWaiters => after.entries[..i]
+                    .iter()
+                    .any(|e| (e.granted || e.converting.is_some()) && self.blocks_request(e, entry.mode)),
+                _ => !self.blockers(&after, &entry).is_empty(),
+            };
+            if !blocked {
+                granted.push(entry.id);
+                after.entries[i].granted = true;
+            }
+        }
+        granted
+    }
+
     /// Sets the conversion of entry `id` (a mark, or none: taken back), as
     /// one write, and tells its waiters.
     fn set_converting(&self, state: &mut State, resource: u8, id: u8, to: Option<Mode>) {
@@ -399,6 +472,19 @@ impl QueueModel {
         let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
             return self.learn_lost(state, client);
         };
+        if res.entries[pos].granted {
+            // A release handed it the lock: the read shows the entry
+            // granted, with the token of that write. Nothing to write.
+            let entry = &res.entries[pos];
+            state.clients[client].held[usize::from(resource)] = Some(Held {
+                entry: id,
+                mode: entry.mode,
+                token: entry.token,
+                grant: entry.grant,
+            });
+            state.ghost.handed_over = true;
+            return self.advance(state, client);
+        }
         let mode = res.entries[pos].mode;
         let bypass = res.entries[..pos].iter().any(|earlier| match self.config.queueing {
             Queueing::Modes => {
@@ -415,9 +501,13 @@ impl QueueModel {
         };
         res.grants += 1;
         let grant = res.grants;
+        if mode.fenced_writer() {
+            res.block = id;
+        }
         let entry = &mut res.entries[pos];
         entry.granted = true;
         entry.token = token;
+        entry.grant = grant;
         self.written(entry);
         state.ghost.bypass |= bypass;
         state.clients[client].held[usize::from(resource)] = Some(Held {
@@ -446,10 +536,14 @@ impl QueueModel {
         }
         res.grants += 1;
         let grant = res.grants;
+        if target.fenced_writer() {
+            res.block = id;
+        }
         let entry = &mut res.entries[pos];
         entry.mode = target;
         entry.converting = None;
         entry.since = 0;
+        entry.grant = grant;
         self.written(entry);
         let token = entry.token;
         state.ghost.bypass |= bypass;
@@ -471,8 +565,8 @@ impl QueueModel {
             Decision::Hold => self.grant_request(state, client, resource, id),
             Decision::Blocked(on) => {
                 if self.current_op(state, client).patience() == Patience::Try {
-                    self.remove_entry(state, resource, id);
-                    self.advance(state, client);
+                    // Removing the entry is a write of its own, later.
+                    state.clients[client].phase = Phase::Withdrawing { resource, entry: id };
                 } else {
                     state.clients[client].phase = Phase::Waiting {
                         resource,
@@ -589,6 +683,9 @@ impl QueueModel {
                     return self.learn_lost(state, client);
                 };
                 if mode != held.mode {
+                    if res.block == held.entry && !mode.fenced_writer() {
+                        res.block = 0;
+                    }
                     res.entries[pos].mode = mode;
                     self.written(&mut res.entries[pos]);
                     if let Some(h) = state.clients[client].held[r].as_mut() {
@@ -616,11 +713,41 @@ impl QueueModel {
                 self.advance(state, client);
             }
             Op::Release { resource } => {
-                if let Some(held) = state.clients[client].held[r].take() {
-                    // A fenced delete: only this very entry, if still there.
-                    self.remove_entry(state, resource, held.entry);
-                }
-                self.advance(state, client);
+                let Some(held) = held else {
+                    return self.advance(state, client);
+                };
+                let res = &state.resources[r];
+                let hand_to = if find(res, held.entry).is_some() {
+                    self.hand_over_plan(res, held.entry)
+                } else {
+                    Vec::new()
+                };
+                let Some(&last) = hand_to.last() else {
+                    // Nobody to hand over to: the write is a fenced delete
+                    // of this very entry, whatever came between the read
+                    // and it, so one step.
+                    state.clients[client].held[r] = None;
+                    self.remove_own(state, resource, held.entry, true);
+                    return self.advance(state, client);
+                };
+                let mut release: Vec<Entry> = res.entries.iter().filter(|e| e.id == held.entry).cloned().collect();
+                release.extend(
+                    res.entries
+                        .iter()
+                        .filter(|e| e.id != held.entry && e.id <= last)
+                        .filter(|e| self.rule != Rule::HandOverUnconditionedEarlier || hand_to.contains(&e.id))
+                        .cloned(),
+                );
+                let read_revision = if self.rule == Rule::HandOverTokenAtRead {
+                    res.revision
+                } else {
+                    0
+                };
+                let c = &mut state.clients[client];
+                c.release = release;
+                c.hand_to = hand_to;
+                c.read_revision = read_revision;
+                c.phase = Phase::Releasing { resource };
             }
         }
     }
@@ -682,6 +809,86 @@ impl QueueModel {
         }
     }
 
+    /// The release's write: if every entry of its read is as read, it
+    /// deletes the releaser's entry and grants the requests its read chose,
+    /// all with one token, the write's revision; the value block names a
+    /// PW or EX request granted (or else is cleared if it named the
+    /// releaser). Otherwise, or with `fails`, it only deletes the releaser's
+    /// entry (the plain release; its waiters read and decide for
+    /// themselves).
+    fn hand_over(&self, state: &mut State, client: usize, fails: bool) {
+        let Phase::Releasing { resource } = state.clients[client].phase else {
+            return;
+        };
+        let r = usize::from(resource);
+        let c = &mut state.clients[client];
+        let release = std::mem::take(&mut c.release);
+        let hand_to = std::mem::take(&mut c.hand_to);
+        let read_revision = std::mem::take(&mut c.read_revision);
+        let Some(held) = c.held[r].take() else {
+            return self.advance(state, client);
+        };
+        let res = &state.resources[r];
+        let unchanged = release.iter().all(|read| find(res, read.id) == Some(read));
+        if !unchanged || fails {
+            state.ghost.hand_over_fell_back |= !unchanged;
+            self.remove_own(state, resource, held.entry, true);
+            return self.advance(state, client);
+        }
+        let res = &mut state.resources[r];
+        let token = if self.rule == Rule::HandOverTokenAtRead {
+            read_revision
+        } else {
+            res.revision += 1;
+            res.revision
+        };
+        if res.block == held.entry {
+            res.block = 0;
+        }
+        res.entries.retain(|e| e.id != held.entry);
+        for &id in &hand_to {
+            let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
+                continue;
+            };
+            let mode = res.entries[pos].mode;
+            let bypass = res.entries[..pos].iter().any(|earlier| match self.config.queueing {
+                Queueing::Modes => {
+                    (!earlier.granted && !earlier.mode.compatible(mode))
+                        || earlier.converting.is_some_and(|t| !t.compatible(mode))
+                }
+                Queueing::Permits(_) => !earlier.granted,
+            });
+            state.ghost.bypass |= bypass;
+            res.grants += 1;
+            if mode.fenced_writer() {
+                res.block = id;
+            }
+            let entry = &mut res.entries[pos];
+            entry.granted = true;
+            entry.token = if self.rule == Rule::TokenAtAppend { id } else { token };
+            entry.grant = res.grants;
+            if self.rule == Rule::GrantBeforeMark {
+                entry.version += 1;
+            }
+        }
+        self.notify(state, resource, held.entry, true);
+        for &id in &hand_to {
+            self.notify(state, resource, id, false);
+        }
+        self.advance(state, client);
+    }
+
+    /// A blocked `try_` request removes its entry.
+    fn withdraw(&self, state: &mut State, client: usize) {
+        let Phase::Withdrawing { resource, entry } = state.clients[client].phase else {
+            return;
+        };
+        // Never handed the lock (it did not ask), so never named in the
+        // value block: a plain delete.
+        self.remove_own(state, resource, entry, false);
+        self.advance(state, client);
+    }
+
     fn deliver_append(&self, state: &mut State, append: Append) {
         remove_one(&mut state.appends, &append);
         let client = usize::from(append.client);
@@ -721,6 +928,7 @@ impl QueueModel {
             since: 0,
             token: 0,
             version: 0,
+            grant: 0,
         });
         if self.rule != Rule::ForgetAttempts {
             insert_sorted(&mut res.attempts, (append.client, append.attempt));
@@ -770,7 +978,13 @@ impl QueueModel {
                     insert_sorted(&mut state.resources[usize::from(resource)].attempts, (client as u8, pc));
                 }
             }
-            Phase::Waiting { resource, entry, .. } => self.remove_entry(state, resource, entry),
+            Phase::Waiting { resource, entry, .. } => {
+                // A release may have handed it the lock already: its
+                // removal is then a release, and writes the value block.
+                let res = &state.resources[usize::from(resource)];
+                state.ghost.handed_over_cancelled |= find(res, entry).is_some_and(|e| e.granted);
+                self.remove_own(state, resource, entry, self.rule != Rule::CancelKeepsBlockName);
+            }
             // Nothing written yet.
             Phase::Marking { .. } => {}
             Phase::Granting { .. } => state.clients[client].read.clear(),
@@ -779,7 +993,11 @@ impl QueueModel {
                     self.set_converting(state, resource, held.entry, None);
                 }
             }
-            Phase::Ready | Phase::GivingUp { .. } | Phase::Done => return,
+            Phase::Ready
+            | Phase::GivingUp { .. }
+            | Phase::Releasing { .. }
+            | Phase::Withdrawing { .. }
+            | Phase::Done => return,
         }
         self.advance(state, client);
     }
@@ -830,6 +1048,9 @@ impl Model for QueueModel {
                     live: true,
                     held: vec![None; resources],
                     read: Vec::new(),
+                    release: Vec::new(),
+                    hand_to: Vec::new(),
+                    read_revision: 0,
                 })
                 .collect(),
             wakes: Vec::new(),
@@ -852,6 +1073,11 @@ impl Model for QueueModel {
                 Phase::Marked { .. } => actions.push(Action::ReadAfterMark(id)),
                 Phase::GivingUp { .. } => actions.push(Action::TakeBack(id)),
                 Phase::Granting { .. } => actions.push(Action::GrantFromRead(id)),
+                Phase::Releasing { .. } => {
+                    actions.push(Action::HandOver(id));
+                    actions.push(Action::ReleaseOnly(id));
+                }
+                Phase::Withdrawing { .. } => actions.push(Action::Withdraw(id)),
                 Phase::Appending { .. } if state.budget.append_retries > 0 => actions.push(Action::RetryAppend(id)),
                 _ => {}
             }
@@ -935,6 +1161,9 @@ impl Model for QueueModel {
             Action::Expire(client) => self.expire(&mut state, usize::from(client)),
             Action::Learn(client) => self.learn_lost(&mut state, usize::from(client)),
             Action::Cancel(client) => self.cancel(&mut state, usize::from(client)),
+            Action::HandOver(client) => self.hand_over(&mut state, usize::from(client), false),
+            Action::ReleaseOnly(client) => self.hand_over(&mut state, usize::from(client), true),
+            Action::Withdraw(client) => self.withdraw(&mut state, usize::from(client)),
         }
         Some(state)
     }
@@ -951,6 +1180,7 @@ impl Model for QueueModel {
             Property::always(property::NO_STRAY_MARK, no_stray_mark),
             Property::always(property::HERD_FREE, herd_free),
             Property::always(property::NO_LOST_WAKEUP, no_lost_wakeup),
+            Property::always(property::BLOCK_LOST_ONLY_BY_LOSS, block_lost_only_by_loss),
             Property::eventually(property::ALL_END, all_end),
             Property::sometimes(property::GRANTED, granted),
             Property::sometimes(property::CONVERTED, converted),
@@ -959,6 +1189,9 @@ impl Model for QueueModel {
             Property::sometimes(property::STALE_WRITE_REFUSED, stale_write_refused),
             Property::sometimes(property::STALE_HOLDER, stale_holder),
             Property::sometimes(property::STALE_WAKE_IGNORED, stale_wake_ignored),
+            Property::sometimes(property::HANDED_OVER, handed_over),
+            Property::sometimes(property::HAND_OVER_FELL_BACK, hand_over_fell_back),
+            Property::sometimes(property::HANDED_OVER_CANCELLED, handed_over_cancelled),
         ]
     }
 }
@@ -1014,6 +1247,22 @@ fn no_stray_mark(_: &QueueModel, state: &State) -> bool {
 
 fn no_entry_left(_: &QueueModel, state: &State) -> bool {
     !state.all_done() || state.resources.iter().all(|r| r.entries.is_empty())
+}
+
+fn handed_over(_: &QueueModel, state: &State) -> bool {
+    state.ghost.handed_over
+}
+
+fn hand_over_fell_back(_: &QueueModel, state: &State) -> bool {
+    state.ghost.hand_over_fell_back
+}
+
+fn handed_over_cancelled(_: &QueueModel, state: &State) -> bool {
+    state.ghost.handed_over_cancelled
+}
+
+fn block_lost_only_by_loss(_: &QueueModel, state: &State) -> bool {
+    !state.ghost.block_falsely_lost
 }
 
 fn herd_free(_: &QueueModel, state: &State) -> bool {

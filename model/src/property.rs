@@ -39,6 +39,11 @@ pub const HERD_FREE: &str = "herd-free: a change wakes only the waiters it lets 
 /// 7 (`always`): a waiter whose entry is no longer blocked by the entry it
 /// waits on has a wake-up on its way.
 pub const NO_LOST_WAKEUP: &str = "no lost wake-up";
+/// 9 (`always`): the lock value block names an entry that is gone only
+/// when that entry's session expired: a release, a cancel or a withdrawn
+/// `try_` request clears the name as it removes the entry, so the block
+/// never looks lost by a holder that left of its own accord.
+pub const BLOCK_LOST_ONLY_BY_LOSS: &str = "value block: only a lost session leaves it naming a departed holder";
 /// 8 (`eventually`): every client ends (no one waits for ever).
 pub const ALL_END: &str = "every client ends";
 
@@ -55,6 +60,15 @@ pub const DEADLOCK_AFTER_MARK: &str = "a conversion deadlock detected after the 
 pub const STALE_WRITE_REFUSED: &str = "a stale holder's write refused";
 /// `sometimes`: a client believes it holds after its session expired.
 pub const STALE_HOLDER: &str = "a holder whose session expired";
+/// `sometimes`: a waiter learns from its read that a release handed it the
+/// lock.
+pub const HANDED_OVER: &str = "a grant by hand-over learnt";
+/// `sometimes`: a hand-over's write finds an entry of its read changed and
+/// releases only.
+pub const HAND_OVER_FELL_BACK: &str = "a hand-over fell back to the plain release";
+/// `sometimes`: a waiter granted by a hand-over is cancelled before it
+/// learns so.
+pub const HANDED_OVER_CANCELLED: &str = "a waiter handed the lock cancelled";
 /// `sometimes`: a late or duplicated wake-up reaches a client that no longer
 /// waits on that entry, and is ignored.
 pub const STALE_WAKE_IGNORED: &str = "a late or duplicated wake-up ignored";

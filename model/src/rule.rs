@@ -77,11 +77,33 @@ pub enum Rule {
     /// retried append that arrives after its attempt was cancelled (or its
     /// lock released) makes a new entry.
     ForgetAttempts,
+    /// The hand-over's write is conditioned on the releaser's own entry and
+    /// the entries it grants, not on the entries earlier than those: a
+    /// holder ahead that converts up between the release's read and its
+    /// write is granted beside the request handed the lock.
+    HandOverUnconditionedEarlier,
+    /// The hand-over's walk counts only granted (and converting) entries: a
+    /// later request is handed the lock past an earlier waiting request it
+    /// conflicts with.
+    HandOverPastWaiters,
+    /// The hand-over's token is the revision the release read (an etcd
+    /// read's header revision), not the revision of its write: it may equal
+    /// the token of a grant made just before the read.
+    HandOverTokenAtRead,
+    /// The hand-over grants `try_` requests too (no "hand me the lock" flag),
+    /// and a try that finds itself blocked removes its entry without
+    /// writing the value block: a PW or EX try handed the lock leaves the
+    /// block naming an entry its owner removed.
+    HandOverToTry,
+    /// A cancelled request's removal of its entry does not write the value
+    /// block, though a hand-over may have granted the entry (and named it
+    /// in the block) before the cancel.
+    CancelKeepsBlockName,
 }
 
 impl Rule {
     /// Every broken twin of the sound rule.
-    pub const BROKEN: [Rule; 17] = [
+    pub const BROKEN: [Rule; 22] = [
         Rule::WakeEveryWaiter,
         Rule::WakeOnAnyChange,
         Rule::BypassWaiters,
@@ -99,6 +121,11 @@ impl Rule {
         Rule::ConvertingCountsNewModeOnly,
         Rule::WakeOnRemovalOnly,
         Rule::ForgetAttempts,
+        Rule::HandOverUnconditionedEarlier,
+        Rule::HandOverPastWaiters,
+        Rule::HandOverTokenAtRead,
+        Rule::HandOverToTry,
+        Rule::CancelKeepsBlockName,
     ];
 
     /// The configuration in which a broken twin is shown to violate
@@ -119,6 +146,10 @@ impl Rule {
             Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
             Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
             Rule::WakeOnRemovalOnly => Config::down_conversion(),
+            Rule::HandOverUnconditionedEarlier => Config::hand_over_past_conversion(),
+            Rule::HandOverPastWaiters | Rule::HandOverToTry => Config::hand_over_past_try(),
+            Rule::CancelKeepsBlockName => Config::mutex(),
+            Rule::HandOverTokenAtRead => Config::hand_over_token(),
         })
     }
 
@@ -142,6 +173,10 @@ impl Rule {
             Rule::ConvertingCountsNewModeOnly => property::EXCLUSION,
             Rule::WakeOnRemovalOnly => property::NO_LOST_WAKEUP,
             Rule::ForgetAttempts => property::NO_ENTRY_LEFT,
+            Rule::HandOverUnconditionedEarlier => property::EXCLUSION,
+            Rule::HandOverPastWaiters => property::NO_BYPASS,
+            Rule::HandOverTokenAtRead => property::FENCED,
+            Rule::HandOverToTry | Rule::CancelKeepsBlockName => property::BLOCK_LOST_ONLY_BY_LOSS,
         })
     }
 }

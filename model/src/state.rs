@@ -29,6 +29,9 @@ pub struct Entry {
     /// How many times the entry was written (its version): a conditional
     /// write applies only if the entries it read are at the versions read.
     pub version: u8,
+    /// Ghost: the grant's number on the resource (see [`Resource::grants`]),
+    /// which a waiter granted by a hand-over takes with its token.
+    pub grant: u8,
 }
 
 /// One lock name on the server, and the fenced resource it protects.
@@ -48,6 +51,12 @@ pub struct Resource {
     /// Ghost: the newest grant (by [`Resource::grants`]) whose holder got a
     /// write accepted.
     pub newest_writer: u8,
+    /// The lock value block's holder: the entry a PW or EX grant named in
+    /// it (0: none). A release or a down-conversion out of PW/EX clears the
+    /// name as it writes the value; a named entry that is gone lost its
+    /// lock without a release, and the block is not valid until the next
+    /// PW or EX holder writes it.
+    pub block: u8,
 }
 
 /// What a client believes it holds on one resource.
@@ -116,6 +125,21 @@ pub enum Phase {
         /// The resource.
         resource: u8,
     },
+    /// Its release read the queue and decided whom to hand the lock over
+    /// to ([`Client::hand_to`]); the write, conditioned on the entries of
+    /// that read ([`Client::release`]), is still to come.
+    Releasing {
+        /// The resource.
+        resource: u8,
+    },
+    /// Its `try_` request read the queue and would wait; removing its
+    /// entry is still to come.
+    Withdrawing {
+        /// The resource.
+        resource: u8,
+        /// Its own entry.
+        entry: u8,
+    },
     /// Its script ran to the end, or it learnt that its session was lost.
     Done,
 }
@@ -145,6 +169,16 @@ pub struct Client {
     /// ([`Phase::Granting`] only) the entries of the read its write is
     /// conditioned on, `(id, version)`.
     pub read: Vec<(u8, u8)>,
+    /// ([`Phase::Releasing`] only) the entries the hand-over's write is
+    /// conditioned on, as read: its own entry first, then every entry up to
+    /// the last one it grants.
+    pub release: Vec<Entry>,
+    /// ([`Phase::Releasing`] only) the waiting requests its release grants,
+    /// in queue order.
+    pub hand_to: Vec<u8>,
+    /// ([`Phase::Releasing`], [`Rule::HandOverTokenAtRead`](crate::Rule::HandOverTokenAtRead)
+    /// only) the revision its release read.
+    pub read_revision: u8,
 }
 
 /// A wake-up notification on its way to a client: the entry it watched was
@@ -213,6 +247,17 @@ pub struct Ghost {
     /// A wake-up arrived for an entry its client no longer waited on (late or
     /// duplicated) and was ignored.
     pub stale_wake_ignored: bool,
+    /// A removal that was no session's loss (a release, a cancel, a try
+    /// withdrawn) left the value block naming the entry removed: the block
+    /// looks lost by its holder.
+    pub block_falsely_lost: bool,
+    /// A waiter learnt from its read that a release had handed it the lock.
+    pub handed_over: bool,
+    /// A hand-over's write found an entry of its read changed, and released
+    /// only.
+    pub hand_over_fell_back: bool,
+    /// A waiter granted by a hand-over was cancelled before it learnt so.
+    pub handed_over_cancelled: bool,
 }
 
 /// The whole state of one run.

@@ -112,9 +112,36 @@ fn forgetting_an_attempt_lets_a_late_append_leave_an_entry() {
 }
 
 #[test]
+fn a_hand_over_not_conditioned_on_the_entries_before_its_grant_breaks_exclusion() {
+    // An NL holder ahead converts to PW between the CR holder's release
+    // read and its write; the EX request handed the lock joins it.
+    assert_breaks(Rule::HandOverUnconditionedEarlier);
+}
+
+#[test]
+fn a_hand_over_past_an_earlier_waiting_request_bypasses_it() {
+    assert_breaks(Rule::HandOverPastWaiters);
+}
+
+#[test]
+fn a_hand_over_token_taken_at_the_read_lets_a_stale_write_in() {
+    assert_breaks(Rule::HandOverTokenAtRead);
+}
+
+#[test]
+fn a_try_handed_the_lock_leaves_the_value_block_naming_it() {
+    assert_breaks(Rule::HandOverToTry);
+}
+
+#[test]
+fn a_cancel_after_a_hand_over_that_keeps_the_block_name_makes_the_block_look_lost() {
+    assert_breaks(Rule::CancelKeepsBlockName);
+}
+
+#[test]
 fn every_broken_twin_is_tested() {
     // One test above per variant: adding a variant means adding its test.
-    assert_eq!(Rule::BROKEN.len(), 17);
+    assert_eq!(Rule::BROKEN.len(), 22);
     assert!(Rule::BROKEN.iter().all(|rule| rule.breaks().is_some()));
     assert_eq!(Rule::Sound.breaks(), None);
     // The sound rule is checked on every configuration a twin is shown on.

@@ -33,6 +33,9 @@ fn mutex() {
             property::STALE_HOLDER,
             property::STALE_WRITE_REFUSED,
             property::STALE_WAKE_IGNORED,
+            property::HANDED_OVER,
+            property::HAND_OVER_FELL_BACK,
+            property::HANDED_OVER_CANCELLED,
         ],
     );
 }
@@ -49,7 +52,10 @@ fn election() {
 #[test]
 fn read_write() {
     let report = check(Config::read_write());
-    assert_sound(&report, &[property::GRANTED, property::STALE_HOLDER]);
+    assert_sound(
+        &report,
+        &[property::GRANTED, property::STALE_HOLDER, property::HANDED_OVER],
+    );
 }
 
 #[test]
@@ -65,6 +71,9 @@ fn dlm() {
             property::STALE_HOLDER,
             property::STALE_WRITE_REFUSED,
             property::STALE_WAKE_IGNORED,
+            property::HANDED_OVER,
+            property::HAND_OVER_FELL_BACK,
+            property::HANDED_OVER_CANCELLED,
         ],
     );
 }
@@ -72,7 +81,7 @@ fn dlm() {
 #[test]
 fn every_configuration_has_its_test() {
     // One test above per configuration: adding one means adding its test.
-    assert_eq!(Config::all().len(), 12);
+    assert_eq!(Config::all().len(), 15);
 }
 
 #[test]
@@ -138,6 +147,47 @@ fn sideways_conversion() {
 fn down_conversion() {
     let report = check(Config::down_conversion());
     assert_sound(&report, &[property::GRANTED, property::STALE_WAKE_IGNORED]);
+}
+
+#[test]
+fn hand_over_past_conversion() {
+    let report = check(Config::hand_over_past_conversion());
+    assert_sound(
+        &report,
+        &[
+            property::CONVERTED,
+            property::HANDED_OVER,
+            property::HAND_OVER_FELL_BACK,
+            property::STALE_WRITE_REFUSED,
+        ],
+    );
+}
+
+#[test]
+fn hand_over_past_try() {
+    let report = check(Config::hand_over_past_try());
+    assert_sound(
+        &report,
+        &[
+            property::HANDED_OVER,
+            property::HAND_OVER_FELL_BACK,
+            property::STALE_WRITE_REFUSED,
+        ],
+    );
+}
+
+#[test]
+fn hand_over_token() {
+    let report = check(Config::hand_over_token());
+    assert_sound(
+        &report,
+        &[
+            property::HANDED_OVER,
+            property::HAND_OVER_FELL_BACK,
+            property::STALE_HOLDER,
+            property::STALE_WRITE_REFUSED,
+        ],
+    );
 }
 
 /// The semaphore keeps every safety property, but its rule (wait on the
