@@ -70,6 +70,10 @@ pub(crate) struct Hold {
     /// A lock-mode resource's value block, written by the release together
     /// with the entry's removal (a PW or EX holder's release).
     release_block: Option<Vec<u8>>,
+    /// A lock-mode PW or EX holder's read of its queue when it was granted:
+    /// its release hands over from it without reading again (see
+    /// `resource::hand_over`).
+    release_queue: Option<crate::backend::Queue>,
 }
 
 /// What a hold and its monitor task share.
@@ -258,6 +262,7 @@ impl Hold {
             mode,
             retried,
             release_block: None,
+            release_queue: None,
         }
     }
 
@@ -265,6 +270,12 @@ impl Hold {
     /// block, atomically with the entry's removal.
     pub(crate) fn set_release_block(&mut self, block: Option<Vec<u8>>) {
         self.release_block = block;
+    }
+
+    /// Lets the release hand over from `queue`, a read made when the lock
+    /// was granted (`None`: it reads the queue again).
+    pub(crate) fn set_release_queue(&mut self, queue: Option<crate::backend::Queue>) {
+        self.release_queue = queue;
     }
 
     /// Removes the entry once (fenced), writing the release's value block
@@ -276,6 +287,7 @@ impl Hold {
                 &self.name,
                 &self.entry,
                 self.release_block.as_deref(),
+                self.release_queue.as_ref(),
             )
             .await;
         }
@@ -521,6 +533,7 @@ impl Drop for Hold {
             self.shared.metrics.end(crate::observe::End::LetGo);
             let inner = Arc::clone(&self.session.inner);
             let entry = (*self.entry).clone();
+            let queue = self.release_queue.take();
             match (self.release_block.take(), tokio::runtime::Handle::try_current()) {
                 // A lock-mode holder hands over and writes its value block
                 // as its release would; the plain removal is the fallback.
@@ -528,7 +541,13 @@ impl Drop for Hold {
                     let name = self.name.to_string();
                     runtime.spawn(async move {
                         match inner
-                            .call(crate::resource::hand_over(&inner, &name, &entry, block.as_deref()))
+                            .call(crate::resource::hand_over(
+                                &inner,
+                                &name,
+                                &entry,
+                                block.as_deref(),
+                                queue.as_ref(),
+                            ))
                             .await
                         {
                             Ok(true) => {

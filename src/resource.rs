@@ -421,6 +421,9 @@ impl Resource {
                     Some(block) if mode.sole_writer() => block.value.clone(),
                     _ => view.block.seen(&view),
                 };
+                // What a PW or EX holder's release hands over from: the
+                // queue as read, with the block this grant wrote.
+                let granted_from = block.as_ref().map(|block| view.to_queue(block));
                 return Ok(Some(self.guard(
                     mine,
                     mode,
@@ -429,6 +432,7 @@ impl Resource {
                     own_watch,
                     &attempt,
                     pending.retried,
+                    granted_from,
                 )));
             };
             let blocker = &view.slots[on].0;
@@ -517,6 +521,7 @@ impl Resource {
             own_watch.take(),
             attempt,
             retried,
+            Some(view.to_queue(&view.block)),
         ))
     }
 
@@ -570,6 +575,7 @@ impl Resource {
         own_watch: Option<EntryWatch>,
         attempt: &str,
         retried: bool,
+        granted_from: Option<Queue>,
     ) -> ResourceGuard {
         let held = Entry {
             token: FencingToken::new(token),
@@ -599,6 +605,9 @@ impl Resource {
             })),
         };
         guard.sync_release_block();
+        if mode.sole_writer() {
+            guard.hold.set_release_queue(granted_from);
+        }
         guard
     }
 }
@@ -635,11 +644,24 @@ async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>, me: Sta
 /// is removed alone and the waiters decide for themselves, as they always
 /// can. Returns whether the entry was there to remove.
 ///
+/// `granted_from` is a PW or EX holder's read of the queue when it was
+/// granted (no one else writes the block while it holds): the hand-over is
+/// decided from it without a read, the queue read again only when its
+/// condition fails; when no one waited then, the entry is removed alone
+/// (waiters come since grant themselves), one round trip as a mutex's
+/// release.
+///
 /// # Cancel safety
 ///
 /// If cancelled, the removal (with or without the hand-over) may or may not
 /// have been applied, all or none.
-pub(crate) async fn hand_over(inner: &SessionInner, name: &str, mine: &Entry, leaving: Option<&[u8]>) -> Result<bool> {
+pub(crate) async fn hand_over(
+    inner: &SessionInner,
+    name: &str,
+    mine: &Entry,
+    leaving: Option<&[u8]>,
+    granted_from: Option<&Queue>,
+) -> Result<bool> {
     let remote = &inner.remote;
     let alone = |block: Option<Vec<u8>>| async move {
         match block {
@@ -657,11 +679,49 @@ pub(crate) async fn hand_over(inner: &SessionInner, name: &str, mine: &Entry, le
             }
         }
     };
-    let queue = remote.read_queue(name).await?;
-    let view = View::new(name, queue)?;
+    if let Some(queue) = granted_from {
+        let view = View::new(name, queue.clone())?;
+        if let Some(at) = view.position(mine) {
+            match offer(inner, name, mine, at, leaving, &view).await? {
+                Offer::Handed => return Ok(true),
+                Offer::NoOne(block) => return alone(block).await,
+                Offer::Refused(_) => {}
+            }
+        }
+    }
+    let view = View::new(name, remote.read_queue(name).await?)?;
     let Some(at) = view.position(mine) else {
         return Ok(false);
     };
+    match offer(inner, name, mine, at, leaving, &view).await? {
+        Offer::Handed => Ok(true),
+        // Something the decision read changed: leave alone; the waiters
+        // decide.
+        Offer::NoOne(block) | Offer::Refused(block) => alone(block).await,
+    }
+}
+
+/// What [`offer`] did.
+enum Offer {
+    /// The entry is gone, the waiters it let in granted.
+    Handed,
+    /// No one to hand over to: remove the entry alone, with this block.
+    NoOne(Option<Vec<u8>>),
+    /// The hand-over's condition failed; nothing was written. The block to
+    /// remove the entry alone with.
+    Refused(Option<Vec<u8>>),
+}
+
+/// The hand-over of entry `at` (`mine`) decided from `view`, and its write.
+async fn offer(
+    inner: &SessionInner,
+    name: &str,
+    mine: &Entry,
+    at: usize,
+    leaving: Option<&[u8]>,
+    view: &View,
+) -> Result<Offer> {
+    let remote = &inner.remote;
     let named = view
         .block
         .holder
@@ -674,14 +734,15 @@ pub(crate) async fn hand_over(inner: &SessionInner, name: &str, mine: &Entry, le
             holder: None,
         }),
     };
+    let alone = leaving.as_ref().map(Block::encode);
     let grace = remote.grant_not_before().is_some_and(|t| t > Instant::now());
-    let grants = if grace || view.block.lost_holder(&view) {
+    let grants = if grace || view.block.lost_holder(view) {
         Vec::new()
     } else {
         view.handed_over(at)
     };
     let Some(&(last, _)) = grants.last() else {
-        return alone(leaving.as_ref().map(Block::encode)).await;
+        return Ok(Offer::NoOne(alone));
     };
     let values: Vec<Vec<u8>> = grants
         .iter()
@@ -705,12 +766,12 @@ pub(crate) async fn hand_over(inner: &SessionInner, name: &str, mine: &Entry, le
     // A PW or EX successor is named in the block, as its own grant would
     // have named it.
     let writer = grants.iter().find(|(_, mode)| mode.sole_writer());
-    let block = match (writer, leaving.clone()) {
+    let block = match (writer, leaving) {
         (Some(&(i, _)), Some(leaving)) => Some(Block {
             holder: Some((view.slots[i].0.entry.key.clone(), view.slots[i].0.entry.order)),
             ..leaving
         }),
-        (Some(&(i, _)), None) => Some(view.block.granted_to(&view, &view.slots[i].0.entry)),
+        (Some(&(i, _)), None) => Some(view.block.granted_to(view, &view.slots[i].0.entry)),
         (None, leaving) => leaving,
     };
     let block_bytes = block.as_ref().map(Block::encode);
@@ -724,10 +785,9 @@ pub(crate) async fn hand_over(inner: &SessionInner, name: &str, mine: &Entry, le
     };
     if remote.update_queue(&update).await?.is_some() {
         inner.counters.bump(|c| &c.handovers);
-        return Ok(true);
+        return Ok(Offer::Handed);
     }
-    // Something the decision read changed: leave alone; the waiters decide.
-    alone(leaving.as_ref().map(Block::encode)).await
+    Ok(Offer::Refused(alone))
 }
 
 /// Whether the holder of a `lock-MODE` sequencer with `token` still holds

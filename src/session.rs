@@ -804,7 +804,7 @@ impl SessionInner {
             // A lock-mode request leaves as a release does: a release may
             // have handed it the lock before it gave up.
             Some(entry) if entry.kind == EntryKind::Dlm && !orphan.dir.is_empty() => {
-                crate::resource::hand_over(self, &orphan.dir, entry, None).await?;
+                crate::resource::hand_over(self, &orphan.dir, entry, None, None).await?;
             }
             Some(entry) => {
                 self.remote.remove(entry).await?;

@@ -559,7 +559,7 @@ impl PendingEntry<'_> {
         // handed it the lock meanwhile).
         let removal = async {
             if entry.kind == EntryKind::Dlm {
-                crate::resource::hand_over(self.session, self.dir, &entry, None).await
+                crate::resource::hand_over(self.session, self.dir, &entry, None, None).await
             } else {
                 self.session.remote.remove(&entry).await
             }
