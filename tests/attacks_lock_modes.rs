@@ -2679,3 +2679,75 @@ async fn request_cancelled_as_it_is_handed_the_lock_leaves_the_value_block_valid
     );
     next.release().await.unwrap();
 }
+
+/// `close()` is a clean departure: it "hands on at once" (no lock-delay)
+/// and is no involuntary loss, so the value block stays valid. A session
+/// closed while it holds EX leaves its entry deleted by the server with
+/// the block still naming it: the next holder finds the block not valid
+/// and is held back for its lock-delay. (Not the hand-over's doing; the
+/// same holds for a request the hand-over granted just before the close.)
+#[tokio::test]
+async fn session_closed_while_holding_ex_leaves_the_value_block_valid_and_no_lock_delay() {
+    let delay = Duration::from_millis(1000);
+    let store = MemoryBackend::new();
+    let (ca, cc) = (Client::new(store.clone()), Client::new(store.clone()));
+    let a = ca.session().await.unwrap();
+    let c = cc
+        .session_with(SessionOptions::new().with_lock_delay(delay))
+        .await
+        .unwrap();
+    let name = "closed-while-holding";
+    let mut writer = lock(&a.resource(name).unwrap(), Ex).await;
+    writer.set_value(b"v1").unwrap();
+    writer.convert(Nl).await.unwrap();
+    writer.convert(Ex).await.unwrap();
+    a.close().await.unwrap();
+    drop(writer);
+    let rc = c.resource(name).unwrap();
+    until_queue(&rc, "the closed session's entry is gone", <[ModeContender]>::is_empty).await;
+    let started = Instant::now();
+    let next = lock(&rc, Ex).await;
+    let took = started.elapsed();
+    assert_eq!(
+        block_of(&next),
+        (b"v1".to_vec(), 1, true),
+        "a close is no involuntary loss"
+    );
+    assert!(took < delay, "held back {took:?} after a close");
+    next.release().await.unwrap();
+}
+
+/// Held: a chain of exclusive hand-overs wakes one waiter per release, and
+/// every release hands over.
+#[tokio::test]
+async fn held_exclusive_hand_over_chain_wakes_one_waiter_per_release() {
+    let store = MemoryBackend::new();
+    let client = Client::new(store.clone());
+    let name = "hand-over-chain";
+    let first = client.session().await.unwrap();
+    let holder = lock(&first.resource(name).unwrap(), Ex).await;
+    let n = 6;
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let session = client.session().await.unwrap();
+        let resource = session.resource(name).unwrap();
+        tasks.push(tokio::spawn(async move {
+            let guard = resource.lock(Ex).await.expect("EX");
+            guard.release().await.expect("release");
+            drop(session);
+        }));
+        bounded("queued", client.wait_for_stats(|st| st.waits >= (i + 1) as u64)).await;
+    }
+    let before = client.stats();
+    holder.release().await.unwrap();
+    for task in tasks {
+        bounded("chain", task).await.unwrap();
+    }
+    let after = client.stats();
+    let releases = after.releases - before.releases;
+    let wakeups = after.wakeups - before.wakeups;
+    let handovers = after.handovers - before.handovers;
+    assert_eq!(releases, n as u64 + 1);
+    assert_eq!(handovers, n as u64, "every release but the last handed over");
+    assert!(wakeups <= releases, "{wakeups} wakeups for {releases} releases");
+}
