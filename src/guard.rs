@@ -507,7 +507,13 @@ impl Hold {
             },
             Err(error) => {
                 // Keep trying in the background; the caller hears of the failure.
-                inner.spawn_remove((*self.entry).clone(), "release", self.shared.take_permit());
+                inner.spawn_remove_in(
+                    self.name.to_string(),
+                    (*self.entry).clone(),
+                    "release",
+                    self.shared.take_permit(),
+                    self.release_block.clone(),
+                );
                 Err(error)
             }
         }
@@ -526,7 +532,10 @@ impl Drop for Hold {
                 self.shared.metrics.end(crate::observe::End::LetGo);
             }
             let entry = (!self.released).then(|| (*self.entry).clone());
-            self.session.inner.spawn_abandon(dir, kind, attempt, entry, permit);
+            let leaving = self.release_block.take();
+            self.session
+                .inner
+                .spawn_abandon(dir, kind, attempt, entry, permit, leaving);
         } else if self.released {
             drop(permit);
         } else {
@@ -554,7 +563,8 @@ impl Drop for Hold {
                                 inner.counters.bump(|c| &c.releases);
                                 drop(permit);
                             }
-                            _ => inner.spawn_remove(entry, "release", permit),
+                            // Tried again in the background, the block with it.
+                            _ => inner.spawn_remove_in(name, entry, "release", permit, block),
                         }
                     });
                 }

@@ -294,7 +294,14 @@ impl Resource {
             retried: false,
             local: None,
         };
-        let waits = if matches!(patience, Patience::Never) { 0 } else { WAITS };
+        // A `try_` request is never handed the lock, nor is a request of a
+        // session with a lock-delay: a hand-over cannot see the delay it
+        // may owe, so it grants itself after serving it.
+        let waits = if matches!(patience, Patience::Never) || !inner.options.lock_delay().is_zero() {
+            0
+        } else {
+            WAITS
+        };
         let value = State {
             blocked: if self.notify_blocking { LISTENING | waits } else { waits },
             ..State::waiting(mode)
@@ -333,7 +340,15 @@ impl Resource {
         let delay = inner.options.lock_delay();
         let mut delayed = false;
         loop {
-            let queue = acquire.retrying(|| inner.remote.read_queue(&self.name)).await?;
+            let queue = match acquire.retrying(|| inner.remote.read_queue(&self.name)).await {
+                Ok(queue) => queue,
+                // The deadline passed while it read, perhaps woken by the
+                // release that handed it the lock.
+                Err(Error::Timeout { .. }) => {
+                    return Ok(self.give_up(&mine, mode, &mut own_watch, &attempt, &mut pending).await);
+                }
+                Err(error) => return Err(error),
+            };
             let view = View::new(&self.name, queue)?;
             let Some(at) = view.position(&mine) else {
                 pending.disarm();
@@ -475,24 +490,36 @@ impl Resource {
                     Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
                     Err(error) => return Err(error),
                 },
-                () = deadline => {
-                    // A release may have handed it the lock meanwhile: then
-                    // it was granted before it gave up, and keeps it.
-                    let read = inner.call(inner.remote.read_queue(&self.name)).await;
-                    if let Ok(view) = read.and_then(|queue| View::new(&self.name, queue)) {
-                        if let Some(at) = view.position(&mine) {
-                            if let Some(guard) = self.handed(&view, at, &mine, mode, &mut own_watch, &attempt, pending.retried) {
-                                pending.disarm();
-                                inner.counters.bump(|c| &c.grants);
-                                return Ok(Some(guard));
-                            }
-                        }
-                    }
-                    pending.remove_now().await;
-                    return Ok(None);
+                () = deadline => return Ok(self.give_up(&mine, mode, &mut own_watch, &attempt, &mut pending).await),
+            }
+        }
+    }
+
+    /// A timed request whose deadline passed: unless a release handed it
+    /// the lock meanwhile (it was granted before it gave up, and keeps it),
+    /// its entry leaves (as a release does, should a hand-over come in
+    /// between) and it returns `None`.
+    async fn give_up(
+        &self,
+        mine: &Entry,
+        mode: LockMode,
+        own_watch: &mut Option<EntryWatch>,
+        attempt: &str,
+        pending: &mut PendingEntry<'_>,
+    ) -> Option<ResourceGuard> {
+        let inner = &self.session.inner;
+        let read = inner.call(inner.remote.read_queue(&self.name)).await;
+        if let Ok(view) = read.and_then(|queue| View::new(&self.name, queue)) {
+            if let Some(at) = view.position(mine) {
+                if let Some(guard) = self.handed(&view, at, mine, mode, own_watch, attempt, pending.retried) {
+                    pending.disarm();
+                    inner.counters.bump(|c| &c.grants);
+                    return Some(guard);
                 }
             }
         }
+        pending.remove_now().await;
+        None
     }
 
     /// The guard of entry `at` (`mine`) when a release granted it `mode`
@@ -645,11 +672,10 @@ async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>, me: Sta
 /// can. Returns whether the entry was there to remove.
 ///
 /// `granted_from` is a PW or EX holder's read of the queue when it was
-/// granted (no one else writes the block while it holds): the hand-over is
-/// decided from it without a read, the queue read again only when its
-/// condition fails; when no one waited then, the entry is removed alone
-/// (waiters come since grant themselves), one round trip as a mutex's
-/// release.
+/// granted (no one else writes the block while it holds): when someone
+/// waited then, the hand-over is decided from it without a read (one round
+/// trip, as a mutex's release), the queue read again only when its
+/// condition fails; when no one waited then, the queue is read.
 ///
 /// # Cancel safety
 ///
@@ -682,24 +708,49 @@ pub(crate) async fn hand_over(
     if let Some(queue) = granted_from {
         let view = View::new(name, queue.clone())?;
         if let Some(at) = view.position(mine) {
-            match offer(inner, name, mine, at, leaving, &view).await? {
-                Offer::Handed => return Ok(true),
-                Offer::NoOne(block) => return alone(block).await,
-                Offer::Refused(_) => {}
+            // No one waited then, or the condition failed: read again.
+            if let Offer::Handed = offer(inner, name, mine, at, leaving, &view).await? {
+                return Ok(true);
             }
         }
     }
-    let view = View::new(name, remote.read_queue(name).await?)?;
-    let Some(at) = view.position(mine) else {
-        return Ok(false);
-    };
-    match offer(inner, name, mine, at, leaving, &view).await? {
-        Offer::Handed => Ok(true),
-        // Something the decision read changed: leave alone; the waiters
-        // decide.
-        Offer::NoOne(block) | Offer::Refused(block) => alone(block).await,
+    for _ in 0..LEAVE_TRIES {
+        let view = View::new(name, remote.read_queue(name).await?)?;
+        let Some(at) = view.position(mine) else {
+            return Ok(false);
+        };
+        let block = match offer(inner, name, mine, at, leaving, &view).await? {
+            Offer::Handed => return Ok(true),
+            Offer::NoOne(block) | Offer::Refused(block) => block,
+        };
+        let (slot, state) = &view.slots[at];
+        if state.granted.is_some() {
+            // A holder: removed whatever marks waiters wrote on it.
+            return alone(block).await;
+        }
+        // A waiting request leaves only as read: a release may hand it the
+        // lock meanwhile, and it must then leave as a holder does (its name
+        // cleared from the block, its successors let in).
+        let unchanged = [(&slot.entry, slot.version)];
+        let update = QueueUpdate {
+            dir: name,
+            unchanged: &unchanged,
+            present: &[],
+            set: &[],
+            delete: &[mine],
+            block: block.as_deref(),
+        };
+        if remote.update_queue(&update).await?.is_some() {
+            return Ok(true);
+        }
     }
+    // Changed under it time after time (marks of waiters behind): removed
+    // alone.
+    remote.remove(mine).await
 }
+
+/// How many reads a leaving entry decides from before it is removed alone.
+const LEAVE_TRIES: usize = 8;
 
 /// What [`offer`] did.
 enum Offer {

@@ -34,6 +34,8 @@ pub(crate) struct Orphan {
     dir: String,
     kind: EntryKind,
     attempt: Option<String>,
+    /// The value block a lock-mode PW or EX holder leaves with its entry.
+    leaving: Option<Vec<u8>>,
 }
 
 impl Orphan {
@@ -708,7 +710,7 @@ impl SessionInner {
         why: &'static str,
         then: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) {
-        self.spawn_remove_in(String::new(), entry, why, then);
+        self.spawn_remove_in(String::new(), entry, why, then, None);
     }
 
     /// [`spawn_remove`](Self::spawn_remove) of an entry of the queue `dir`
@@ -719,6 +721,7 @@ impl SessionInner {
         entry: Entry,
         why: &'static str,
         then: Option<tokio::sync::OwnedMutexGuard<()>>,
+        leaving: Option<Vec<u8>>,
     ) {
         let orphan = self.adopt(Orphan {
             id: 0,
@@ -726,6 +729,7 @@ impl SessionInner {
             kind: entry.kind,
             entry: Some(entry),
             attempt: None,
+            leaving,
         });
         let session = Arc::clone(self);
         self.spawn_background(async move {
@@ -752,6 +756,7 @@ impl SessionInner {
         attempt: String,
         entry: Option<Entry>,
         then: Option<tokio::sync::OwnedMutexGuard<()>>,
+        leaving: Option<Vec<u8>>,
     ) {
         let orphan = self.adopt(Orphan {
             id: 0,
@@ -759,6 +764,7 @@ impl SessionInner {
             dir,
             kind,
             attempt: Some(attempt),
+            leaving,
         });
         let session = Arc::clone(self);
         self.spawn_background(async move {
@@ -804,7 +810,7 @@ impl SessionInner {
             // A lock-mode request leaves as a release does: a release may
             // have handed it the lock before it gave up.
             Some(entry) if entry.kind == EntryKind::Dlm && !orphan.dir.is_empty() => {
-                crate::resource::hand_over(self, &orphan.dir, entry, None, None).await?;
+                crate::resource::hand_over(self, &orphan.dir, entry, orphan.leaving.as_deref(), None).await?;
             }
             Some(entry) => {
                 self.remote.remove(entry).await?;

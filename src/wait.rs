@@ -589,11 +589,11 @@ impl Drop for PendingEntry<'_> {
         match (attempt, entry) {
             (Some(attempt), entry) if self.retried || entry.is_none() => {
                 self.session
-                    .spawn_abandon(self.dir.to_owned(), self.kind, attempt, entry, local);
+                    .spawn_abandon(self.dir.to_owned(), self.kind, attempt, entry, local, None);
             }
             (_, Some(entry)) => {
                 self.session
-                    .spawn_remove_in(self.dir.to_owned(), entry, "cancelled acquire", local);
+                    .spawn_remove_in(self.dir.to_owned(), entry, "cancelled acquire", local, None);
             }
             (_, None) => drop(local),
         }
