@@ -407,7 +407,7 @@ impl Resource {
                     continue;
                 }
                 let granted = State {
-                    blocked: view.slots[at].1.blocked,
+                    blocked: view.slots[at].1.blocked & !WAITS,
                     ..State::held(mode, 0)
                 }
                 .encode();

@@ -1962,8 +1962,17 @@ async fn stress(seed: u64, tasks: usize, rounds: usize, hows: &'static [usize], 
                         Ok(false) => {
                             let mut c = checker.lock().unwrap();
                             let what = format!("gave up {from}→{to} (how {how})");
-                            c.observe(task, &id, guard.key(), from, &what);
-                            c.enter(task, &id, from, &what);
+                            // A conversion dropped in flight may have been
+                            // granted (the guard learns it at its next
+                            // conversion or release): the store may hold
+                            // either mode, the guard claims the lower.
+                            // Otherwise the call read the store first: the
+                            // guard's mode is the store's.
+                            let now = guard.mode();
+                            if how != 3 {
+                                c.observe(task, &id, guard.key(), now, &what);
+                            }
+                            c.enter(task, &id, now, &what);
                         }
                         Err(Error::Deadlock { held, .. }) => {
                             let mut c = checker.lock().unwrap();

@@ -630,9 +630,18 @@ impl ResourceGuard {
                 // The grant's answer is awaited past the deadline (within the
                 // request timeout): a grant the server made is never reported
                 // as a timeout. The guard claims nothing new until it comes.
-                self.cell().uncertain = true;
+                // Until it comes, the guard claims only what both modes
+                // allow (CR between CW and PR): a call cancelled in flight
+                // never leaves it claiming more than the server may hold.
+                {
+                    let mut cell = self.cell();
+                    cell.uncertain = true;
+                    cell.mode = below_both(from, mode);
+                }
                 let Some(fresh) = self.granting(&update).await? else {
-                    self.cell().uncertain = false;
+                    let mut cell = self.cell();
+                    cell.uncertain = false;
+                    cell.mode = from;
                     continue;
                 };
                 let mut cell = self.cell();
@@ -847,4 +856,19 @@ pub(super) async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, c
             return Ok(());
         }
     }
+}
+
+/// The most restrictive mode that neither `a` nor `b` is below: what a
+/// holder surely holds while it converts between them (CR between CW and
+/// PR, the lower of two modes one of which covers the other).
+pub(super) fn below_both(a: LockMode, b: LockMode) -> LockMode {
+    let under: Vec<LockMode> = LockMode::ALL
+        .into_iter()
+        .filter(|m| m.is_down_from(a) && m.is_down_from(b))
+        .collect();
+    under
+        .iter()
+        .copied()
+        .find(|&top| under.iter().all(|m| m.is_down_from(top)))
+        .unwrap_or(LockMode::Nl)
 }

@@ -131,3 +131,18 @@ fn a_cycle_through_a_waiting_request_is_found() {
     // waits for entry 0; entry 0 (→EX) waits for granted entry 2.
     assert!(v.in_cycle(2));
 }
+
+#[test]
+fn a_converting_holder_claims_what_both_modes_allow() {
+    use super::guard::below_both;
+    assert_eq!(below_both(Cw, Pr), Cr);
+    assert_eq!(below_both(Pr, Cw), Cr);
+    assert_eq!(below_both(Pr, Ex), Pr);
+    assert_eq!(below_both(Cr, Pw), Cr);
+    assert_eq!(below_both(Nl, Ex), Nl);
+    assert_eq!(below_both(Cw, Ex), Cw);
+    assert_eq!(below_both(Pw, Ex), Pw);
+    for a in LockMode::ALL {
+        assert_eq!(below_both(a, a), a);
+    }
+}
