@@ -2,6 +2,7 @@
 //! listing, the value block and every contender's data), remembered
 //! between reads, and the conditional update of a queue as one multi.
 
+use super::release::RELEASE_MARK;
 use super::*;
 
 /// What a session last saw of one lock-mode resource's directory.
