@@ -82,7 +82,7 @@ pub(crate) struct ZkSession {
     /// What this session last saw of lock-mode resources' directories, by
     /// path: the next `read_queue` reads those children's data in the same
     /// request as the listing (see [`QueueMemo`]). At most
-    /// [`QUEUE_MEMO_MAX`] directories.
+    /// [`QUEUE_MEMO_MAX`](modes::QUEUE_MEMO_MAX) directories.
     queues: StdMutex<HashMap<String, QueueMemo>>,
     /// Counts this session's writes to lock directories, each once when it
     /// begins and once when it ends (or is dropped): a queue kept for a
