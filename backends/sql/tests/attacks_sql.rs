@@ -941,7 +941,8 @@ async fn a_cut_during_a_release_is_safe(db: Db) {
         &mut looker,
         "the release waits on the server",
         "SELECT %remove%",
-        "DELETE FROM `lockline`.`lockline_entries` WHERE id = ? AND session%",
+        // The delete inside the remove procedure, waiting on the row.
+        "%DELETE FROM `lockline`.`lockline_entries` WHERE id = %",
     )
     .await;
     let cut_at = Instant::now();
