@@ -370,6 +370,27 @@ BEGIN
 END
 $fn$;
 
+-- A holder's release, called on the owning connection in a transaction of its
+-- own: deletes entry p_id of p_session and commits, then lets go of its guard
+-- (and value lock), so the waiter woken by the guard finds the row gone at
+-- once instead of waiting again for the deletion's commit. r_removed: whether
+-- it deleted it.
+CREATE OR REPLACE PROCEDURE "public"."lockline_release"(p_id bigint, p_session text, INOUT r_removed boolean DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
+    COMMIT;
+    PERFORM pg_advisory_unlock(p_id # 2026619832316723200);
+    IF v_kind IN ('election', 'dlm') THEN
+        PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, 2026619832316723200));
+    END IF;
+    r_removed := v_kind IS NOT NULL;
+END
+$fn$;
+
 -- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
 -- entries it names, ascending, once each; p_versions the version each must be
 -- at (-1: none, only written; -2: any, but there); p_writes whether it sets

@@ -42,8 +42,10 @@ use lockline::{Error, Result};
 /// lock is held; nothing else changed, so a session that may create tables
 /// moves layout 3 tables to 4 itself (creates the fence, raises the row).
 /// 5: a waiter's wait reads its turn in the same call (`wait_turn`, a
-/// function on PostgreSQL and a procedure on MariaDB/MySQL), and on
-/// MariaDB/MySQL a release is one call (`remove`); nothing else changed,
+/// function on PostgreSQL and a procedure on MariaDB/MySQL), and a release
+/// is one call that commits the deletion before it lets go of the guard
+/// (`release`, a procedure on PostgreSQL; `remove` on MariaDB/MySQL);
+/// nothing else changed,
 /// so a session that may create tables moves layout 3 or 4 tables to 5
 /// itself (creates what is missing, raises the row).
 pub(crate) const LAYOUT_VERSION: i32 = 5;

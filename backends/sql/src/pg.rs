@@ -60,6 +60,7 @@ struct Statements {
     earlier: Arc<str>,
     list: Arc<str>,
     remove: Arc<str>,
+    release: Arc<str>,
     abandon: Arc<str>,
     wait: Arc<str>,
     wait_turn: Arc<str>,
@@ -170,6 +171,7 @@ impl Names {
             )
             .into(),
             remove: format!("SELECT {}($1, $2, $3)", f("remove")).into(),
+            release: format!("CALL {}($1, $2, NULL)", f("release")).into(),
             abandon: format!("SELECT {}($1, $2)", f("abandon")).into(),
             wait: format!("SELECT w_code, w_beat, w_ttl_ms FROM {}($1 # {salt}, $2, $3, $1)", f("wait")).into(),
             wait_turn: format!(
@@ -290,15 +292,18 @@ $fn$;
         )
     }
 
-    /// The wait that reads the waiter's turn (layout 5): created with the
-    /// rest by [`ddl`](Self::ddl), and alone (with the fence) when layout 3
-    /// or 4 tables are moved to layout 5.
+    /// The wait that reads the waiter's turn and the release that commits
+    /// before it lets go of the guard (layout 5): created with the rest by
+    /// [`ddl`](Self::ddl), and alone (with the fence) when layout 3 or 4
+    /// tables are moved to layout 5.
     fn turn_ddl(&self) -> String {
-        let (salt, wait, earlier, wait_turn) = (
+        let (salt, wait, earlier, wait_turn, release, entries) = (
             self.salt,
             self.function("wait"),
             self.function("earlier"),
             self.function("wait_turn"),
+            self.function("release"),
+            &self.entries,
         );
         format!(
             r#"-- Waits as {wait} does on the guard of entry p_entry (of session
@@ -337,6 +342,27 @@ BEGIN
         e_id := v_ids[i]; e_kind := v_kinds[i]; e_session := v_sessions[i];
         RETURN NEXT;
     END LOOP;
+END
+$fn$;
+
+-- A holder's release, called on the owning connection in a transaction of its
+-- own: deletes entry p_id of p_session and commits, then lets go of its guard
+-- (and value lock), so the waiter woken by the guard finds the row gone at
+-- once instead of waiting again for the deletion's commit. r_removed: whether
+-- it deleted it.
+CREATE OR REPLACE PROCEDURE {release}(p_id bigint, p_session text, INOUT r_removed boolean DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM {entries} e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
+    COMMIT;
+    PERFORM pg_advisory_unlock(p_id # {salt});
+    IF v_kind IN ('election', '{DLM}') THEN
+        PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, {salt}));
+    END IF;
+    r_removed := v_kind IS NOT NULL;
 END
 $fn$;
 "#
@@ -1491,6 +1517,15 @@ impl Dialect for Postgres {
     }
 
     async fn remove(&self, conn: &mut PgConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {
+        if unlock {
+            // Our own: the deletion commits before the guard is let go of.
+            let removed: Option<bool> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.release)))
+                .bind(id)
+                .bind(session)
+                .fetch_one(conn)
+                .await?;
+            return Ok(removed == Some(true));
+        }
         sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.remove)))
             .bind(id)
             .bind(session)
