@@ -1,4 +1,4 @@
--- lockline's tables and procedures (layout 4) for MariaDB 10.6 or later, or MySQL 8.0.29
+-- lockline's tables and procedures (layout 5) for MariaDB 10.6 or later, or MySQL 8.0.29
 -- or later, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant
 -- exclusive of each other, and AUTO_INCREMENT (the fencing token) is persisted.
@@ -420,6 +420,133 @@ BEGIN
     END IF;
 END//
 DELIMITER ;
+DELIMITER //
+-- Waits until the guard of entry p_entry (of session p_owner) is free, for at
+-- most p_bound_ms and a third of the owner's TTL, whichever is less; then, unless
+-- the bound ran out, reads in the same call what the waiter's own entry p_id
+-- reads after a wake (p_id NULL: nothing), as the append procedure does: a
+-- handoff is the releaser's call and this call's answer, no read after it.
+-- Answers the wait's code (0: free, its row gone: released; 3: free with its
+-- row still there: lost with its owner's connection, as a release deletes the
+-- row before it lets go of the guard; 1: the bound ran out, with the owner's
+-- heartbeat count and TTL, NULL when its session row is gone; 4: this very
+-- connection holds the guard, a multiplexing proxy; NULL: ended by a KILL
+-- QUERY), whether the read was made (not when a dead entry's row stayed locked
+-- by a fenced commit in flight for a second: the waiter then reads on its
+-- own), whether p_id is still there, and its nearest earlier live entries,
+-- "id kind session;" each, deleting dead ones before going past them.
+CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_wait_turn`(
+    p_entry BIGINT, p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT, p_id BIGINT,
+    p_name VARBINARY(512), p_session VARCHAR(64) CHARACTER SET ascii, p_skip_shared BOOLEAN, p_count INT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+proc: BEGIN
+    DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_lock VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_bound, v_beat, v_ttl, v_below, v_earlier BIGINT;
+    DECLARE v_got INT;
+    DECLARE v_code INT DEFAULT 0;
+    DECLARE v_kind VARCHAR(16) CHARACTER SET ascii;
+    DECLARE v_session VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_read, v_mine, v_live, v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_found INT DEFAULT 0;
+    DECLARE v_nearest LONGTEXT CHARACTER SET ascii DEFAULT '';
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    -- A failed step leaves the connection's row-lock wait as it was set.
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        SET SESSION innodb_lock_wait_timeout = COALESCE(@lockline_row_wait, @@innodb_lock_wait_timeout);
+        RESIGNAL;
+    END;
+    SET v_attempt = (SELECT attempt FROM `lockline`.`lockline_entries` WHERE id = p_entry);
+    IF v_attempt IS NOT NULL THEN
+        SET v_lock = CONCAT('ll:bb29fb052a1f:e:', v_attempt);
+        IF IS_USED_LOCK(v_lock) <=> CONNECTION_ID() THEN
+            SELECT 4, NULL, NULL, FALSE, FALSE, '';
+            LEAVE proc;
+        END IF;
+        SET v_bound = LEAST(p_bound_ms, COALESCE((SELECT ttl_ms DIV 3 FROM `lockline`.`lockline_sessions` WHERE id = p_owner), p_bound_ms));
+        SET v_got = GET_LOCK(v_lock, GREATEST(v_bound, 1) / 1000);
+        IF v_got IS NULL THEN
+            SELECT NULL, NULL, NULL, FALSE, FALSE, '';
+            LEAVE proc;
+        END IF;
+        IF v_got = 0 THEN
+            SELECT beat, ttl_ms INTO v_beat, v_ttl FROM `lockline`.`lockline_sessions` WHERE id = p_owner;
+            SELECT 1, v_beat, v_ttl, FALSE, FALSE, '';
+            LEAVE proc;
+        END IF;
+        DO RELEASE_LOCK(v_lock);
+        IF EXISTS (SELECT 1 FROM `lockline`.`lockline_entries` WHERE id = p_entry) THEN
+            SET v_code = 3;
+        END IF;
+    END IF;
+    IF p_id IS NOT NULL THEN
+        SET v_mine = EXISTS (SELECT 1 FROM `lockline`.`lockline_entries` WHERE id = p_id);
+        SET v_read = TRUE;
+        IF v_mine THEN
+            SET SESSION innodb_lock_wait_timeout = 1;
+            scan: BEGIN
+                DECLARE EXIT HANDLER FOR 1205 SET v_read = FALSE;
+                SET v_below = p_id;
+                WHILE v_found < p_count DO
+                    SET v_done = FALSE;
+                    SELECT id, kind, session, IS_USED_LOCK(CONCAT('ll:bb29fb052a1f:e:', attempt)) IS NOT NULL OR session = p_session
+                        INTO v_earlier, v_kind, v_session, v_live
+                        FROM `lockline`.`lockline_entries` WHERE name = p_name AND id < v_below ORDER BY id DESC LIMIT 1;
+                    IF v_done THEN
+                        LEAVE scan;
+                    END IF;
+                    SET v_below = v_earlier;
+                    IF NOT v_live AND @lockline_reset_grace <=> 1
+                       AND EXISTS (SELECT 1 FROM `lockline`.`lockline_sessions` WHERE id = v_session) THEN
+                        SET v_live = TRUE;
+                    END IF;
+                    IF NOT v_live THEN
+                        DELETE FROM `lockline`.`lockline_entries` WHERE id = v_earlier AND session <> p_session
+                            AND IS_FREE_LOCK(CONCAT('ll:bb29fb052a1f:e:', attempt));
+                    ELSEIF NOT (p_skip_shared AND v_kind = 'read') THEN
+                        SET v_nearest = CONCAT(v_nearest, v_earlier, ' ', v_kind, ' ', v_session, ';');
+                        SET v_found = v_found + 1;
+                    END IF;
+                END WHILE;
+            END;
+            SET SESSION innodb_lock_wait_timeout = COALESCE(@lockline_row_wait, @@innodb_lock_wait_timeout);
+        END IF;
+    END IF;
+    SELECT v_code, v_beat, v_ttl, v_read, v_mine, v_nearest;
+END//
+DELIMITER ;
+DELIMITER //
+-- A removal of entry p_id of session p_session, in one round trip: the row is
+-- deleted (committed on its own), then, when p_unlock (called on the owning
+-- connection), its guard and value lock are let go of; another session's
+-- lock-mode entry removed has its watchers woken (see the wake procedure).
+-- Answers 1 when it deleted the entry, else 0.
+CREATE PROCEDURE IF NOT EXISTS `lockline`.`lockline_remove`(p_id BIGINT, p_session VARCHAR(64) CHARACTER SET ascii, p_unlock BOOLEAN)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_kind VARCHAR(16) CHARACTER SET ascii;
+    DECLARE v_session VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_epoch BIGINT;
+    DECLARE v_watchers, v_removed INT DEFAULT 0;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_attempt = NULL;
+    SELECT attempt, kind, session, epoch, watchers INTO v_attempt, v_kind, v_session, v_epoch, v_watchers
+        FROM `lockline`.`lockline_entries` WHERE id = p_id;
+    DELETE FROM `lockline`.`lockline_entries` WHERE id = p_id AND session = p_session;
+    SET v_removed = ROW_COUNT();
+    IF p_unlock AND v_attempt IS NOT NULL THEN
+        DO RELEASE_LOCK(CONCAT('ll:bb29fb052a1f:e:', v_attempt));
+        IF v_kind IN ('election', 'dlm') THEN
+            DO RELEASE_LOCK(CONCAT('ll:bb29fb052a1f:v:', p_id, ':', v_epoch));
+        END IF;
+    END IF;
+    IF NOT p_unlock AND v_removed = 1 AND v_kind = 'dlm' AND v_watchers > 0 THEN
+        CALL `lockline`.`lockline_wake`(p_id, v_watchers);
+    END IF;
+    SELECT v_removed;
+END//
+DELIMITER ;
 -- Created last: its row says the rest exists (MariaDB DDL is not transactional).
 CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     singleton TINYINT NOT NULL PRIMARY KEY,
@@ -434,4 +561,4 @@ CREATE TABLE IF NOT EXISTS `lockline`.`lockline_meta` (
     grace_ms BIGINT NOT NULL DEFAULT 0,
     grace_from_us BIGINT NULL
 ) ENGINE=InnoDB;
-INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 4);
+INSERT IGNORE INTO `lockline`.`lockline_meta` (singleton, layout) VALUES (1, 5);

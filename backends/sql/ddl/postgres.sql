@@ -1,4 +1,4 @@
--- lockline's tables and functions (layout 4), for PostgreSQL 14 or later.
+-- lockline's tables and functions (layout 5), for PostgreSQL 14 or later.
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing
 -- token (an entry's id) never repeats: the first session opened after each server
@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS "public"."lockline_meta" (
     grace_ms bigint NOT NULL DEFAULT 0,
     grace_from timestamptz
 );
-INSERT INTO "public"."lockline_meta" (layout) VALUES (4) ON CONFLICT DO NOTHING;
+INSERT INTO "public"."lockline_meta" (layout) VALUES (5) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS "public"."lockline_entries" (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL,
@@ -328,6 +328,66 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'lockline: the lock % is not held', quote_literal(p_key) USING ERRCODE = 'LL002',
         HINT = 'Its holder lost it (its session ended or was ended) or released it: nothing this transaction wrote may commit.';
+END
+$fn$;
+
+-- Waits as "public"."lockline_wait" does on the guard of entry p_entry (of session
+-- p_owner), then, unless the bound ran out, reads in the same call what the
+-- waiter's own entry p_id reads after a wake, as "public"."lockline_earlier" does: a handoff
+-- is the releaser's statement and this call's answer, no read after it. The
+-- wait's row first (e_id NULL; w_read false when the read was not made: a dead
+-- entry's row held past the bound by a fenced commit in flight, which the
+-- caller then reads on its own), then the rows of "public"."lockline_earlier".
+CREATE OR REPLACE FUNCTION "public"."lockline_wait_turn"(p_entry bigint, p_owner text, p_bound_ms bigint, p_id bigint, p_name text,
+    p_session text, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint, w_read boolean, e_id bigint, e_kind text,
+    e_session text) LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_ids bigint[];
+    v_kinds text[];
+    v_sessions text[];
+BEGIN
+    SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
+      FROM "public"."lockline_wait"(p_entry # 2026619832316723200, p_owner, p_bound_ms, p_entry) x;
+    w_read := false;
+    IF w_code <> 1 THEN
+        -- Bounded as the wait was (its lock_timeout holds to the end of
+        -- this call).
+        BEGIN
+            SELECT array_agg(r.e_id ORDER BY r.n), array_agg(r.e_kind ORDER BY r.n), array_agg(r.e_session ORDER BY r.n)
+              INTO v_ids, v_kinds, v_sessions
+              FROM "public"."lockline_earlier"(p_id, p_name, p_session, p_skip_shared, p_count) WITH ORDINALITY AS r(e_id, e_kind, e_session, n);
+            w_read := true;
+        EXCEPTION WHEN lock_not_available THEN
+            w_read := false;
+        END;
+    END IF;
+    RETURN NEXT;
+    FOR i IN 1 .. coalesce(cardinality(v_ids), 0) LOOP
+        e_id := v_ids[i]; e_kind := v_kinds[i]; e_session := v_sessions[i];
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+-- A holder's release, called on the owning connection in a transaction of its
+-- own: deletes entry p_id of p_session and commits, then lets go of its guard
+-- (and value lock), so the waiter woken by the guard finds the row gone at
+-- once instead of waiting again for the deletion's commit. r_removed: whether
+-- it deleted it.
+CREATE OR REPLACE PROCEDURE "public"."lockline_release"(p_id bigint, p_session text, INOUT r_removed boolean DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
+    COMMIT;
+    PERFORM pg_advisory_unlock(p_id # 2026619832316723200);
+    IF v_kind IN ('election', 'dlm') THEN
+        PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, 2026619832316723200));
+    END IF;
+    r_removed := v_kind IS NOT NULL;
 END
 $fn$;
 

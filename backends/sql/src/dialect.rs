@@ -59,6 +59,25 @@ pub(crate) enum Waited {
     Interrupted,
 }
 
+/// What a waiter reads once the entry it waits on is gone: whether its own
+/// entry `id` is still there, and the nearest earlier live entries before
+/// it (as [`Dialect::earlier`] reads them). Asked of
+/// [`Dialect::wait_turn`], which reads it in the wait's own statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Turn {
+    /// The waiter's own entry.
+    pub(crate) id: i64,
+    pub(crate) name: String,
+    pub(crate) session: String,
+    /// Read locks pass over shared entries.
+    pub(crate) skip_shared: bool,
+    pub(crate) count: i32,
+}
+
+/// What [`Dialect::wait_turn`] read after the wait: as
+/// [`Dialect::earlier`] answers (`None`: the waiter's own entry is gone).
+pub(crate) type TurnRead = Option<Vec<Row>>;
+
 /// An entry of a lock-mode queue as [`Dialect::read_queue`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct QueueRow {
@@ -313,6 +332,22 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// and a third of `owner`'s TTL, whichever is less; a wait that runs to
     /// its bound answers the owner's heartbeat as read at its end.
     async fn wait(&self, conn: &mut Self::Conn, id: i64, owner: &str, bound_ms: i64) -> DbResult<Waited>;
+
+    /// As [`wait`](Self::wait), and unless the bound ran out, in the same
+    /// round trip what the waiter `turn` reads next: its own entry and the
+    /// nearest earlier live entries, read after the wait (so a handoff is
+    /// the releaser's statement and this one's answer, no read after it).
+    /// `None` for the read when it could not be made in the same call (a
+    /// dead entry's row held by a fenced commit past the bound): the
+    /// waiter reads on its own.
+    async fn wait_turn(
+        &self,
+        conn: &mut Self::Conn,
+        id: i64,
+        owner: &str,
+        bound_ms: i64,
+        turn: &Turn,
+    ) -> DbResult<(Waited, Option<TurnRead>)>;
 
     /// Every live entry of `name`, first first, with its value, version and
     /// the token of its last write, and the name's lock value block: one

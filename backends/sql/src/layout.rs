@@ -41,10 +41,23 @@ use lockline::{Error, Result};
 /// MariaDB/MySQL that any driver calls to commit a transaction only while a
 /// lock is held; nothing else changed, so a session that may create tables
 /// moves layout 3 tables to 4 itself (creates the fence, raises the row).
-pub(crate) const LAYOUT_VERSION: i32 = 4;
+/// 5: a waiter's wait reads its turn in the same call (`wait_turn`, a
+/// function on PostgreSQL and a procedure on MariaDB/MySQL), and a release
+/// is one call that commits the deletion before it lets go of the guard
+/// (`release`, a procedure on PostgreSQL; `remove` on MariaDB/MySQL);
+/// nothing else changed,
+/// so a session that may create tables moves layout 3 or 4 tables to 5
+/// itself (creates what is missing, raises the row).
+pub(crate) const LAYOUT_VERSION: i32 = 5;
 
-/// The layout a session moves to [`LAYOUT_VERSION`] itself.
-pub(crate) const PREVIOUS_LAYOUT: i32 = 3;
+/// The layouts a session moves to [`LAYOUT_VERSION`] itself: they differ
+/// from it only by functions or procedures it creates.
+pub(crate) const MOVABLE_LAYOUTS: [i32; 2] = [3, 4];
+
+/// Whether a session moves tables of `layout` to [`LAYOUT_VERSION`] itself.
+pub(crate) fn movable(layout: Option<i32>) -> bool {
+    layout.is_some_and(|l| MOVABLE_LAYOUTS.contains(&l))
+}
 
 /// The default prefix of lockline's table names.
 pub(crate) const DEFAULT_PREFIX: &str = "lockline_";

@@ -11,10 +11,10 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{
     shape, Append, Beat, DbResult, Dialect, EntryStatus, Found, Grace, Purpose, QueueChange, QueueRow, Reaped, Row,
-    Status, Waited, Watched,
+    Status, Turn, TurnRead, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
-use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION, PREVIOUS_LAYOUT};
+use crate::layout::{fnv64, movable, Tables, DLM, LAYOUT_VERSION, MOVABLE_LAYOUTS};
 use crate::Settings;
 
 /// The server's clock in microseconds since the epoch, whatever the
@@ -23,6 +23,12 @@ use crate::Settings;
 /// back into the epoch's count, which jumps back an hour in the repeated
 /// hour of a DST change.)
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
+/// What a wait says when the lock it would wait for is held by its own
+/// connection: two of lockline's connections are one server connection.
+const MULTIPLEXED: &str = "two connections of lockline share one server connection: a multiplexing proxy (ProxySQL, \
+     MaxScale) is in front of the database; the locks of lockline belong to a connection, so it needs a direct \
+     connection";
 
 /// How far apart two readings of the server's start time (its clock minus
 /// its `Uptime`, in whole seconds) may be and still be the same start.
@@ -49,6 +55,9 @@ struct Names {
     wake_procedure: String,
     /// The fence procedure (see `fence_ddl`).
     fence_procedure: String,
+    /// A waiter's wait that reads its turn, and a release (see `turn_ddl`).
+    wait_turn_procedure: String,
+    remove_procedure: String,
     /// `ll:<salt>:`: the start of every `GET_LOCK` name of this table set
     /// (the names are server-wide, at most 64 characters).
     lock_prefix: String,
@@ -67,8 +76,8 @@ struct Statements {
     delete_dead: Arc<str>,
     list: Arc<str>,
     remove: Arc<str>,
-    attempt_of: Arc<str>,
     wait: Arc<str>,
+    wait_lock: Arc<str>,
     beat_of: Arc<str>,
     session_exists: Arc<str>,
     reap_claim: Arc<str>,
@@ -91,7 +100,6 @@ struct Statements {
     update_queue: Arc<str>,
     watch_read: Arc<str>,
     watch: Arc<str>,
-    watchers_of: Arc<str>,
     wake: Arc<str>,
 }
 
@@ -133,6 +141,8 @@ impl Names {
         let watch_procedure = table("watch");
         let wake_procedure = table("wake");
         let fence_procedure = table("fence");
+        let wait_turn_procedure = table("wait_turn");
+        let remove_procedure = table("remove");
         let guard = format!("CONCAT('{lock_prefix}e:', e.attempt)");
         // A dead entry that still blocks: with the reset grace
         // (Sql::with_reset_grace), one whose session is still there.
@@ -171,13 +181,14 @@ impl Names {
                  AND (e.session = ? OR IS_USED_LOCK({guard}) IS NOT NULL) ORDER BY e.id"
             )
             .into(),
-            remove: format!("DELETE FROM {entries} WHERE id = ? AND session = ?").into(),
-            attempt_of: format!("SELECT attempt, kind, epoch FROM {entries} WHERE id = ?").into(),
+            remove: format!("CALL {remove_procedure}(?, ?, ?)").into(),
             // Waits at most the bound given and a third of the owner's TTL.
-            wait: format!(
+            wait: format!("CALL {wait_turn_procedure}(?, ?, ?, ?, ?, ?, ?, ?)").into(),
+            // A wait on a lock that is not a guard (an election's value
+            // lock): at most the bound given and a third of the owner's TTL.
+            wait_lock: format!(
                 "SELECT CASE WHEN IS_USED_LOCK(?) <=> CONNECTION_ID() THEN 4 \
-                 ELSE (CASE GET_LOCK(?, GREATEST(w.bound_ms, 1) / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 \
-                 + 3 * (SELECT COUNT(*) FROM {entries} x WHERE x.id = ?) WHEN 0 THEN 1 END) END \
+                 ELSE (CASE GET_LOCK(?, GREATEST(w.bound_ms, 1) / 1000) WHEN 1 THEN RELEASE_LOCK(?) - 1 WHEN 0 THEN 1 END) END \
                  FROM (SELECT LEAST(?, COALESCE((SELECT s.ttl_ms DIV 3 FROM {sessions} s WHERE s.id = ?), ?)) \
                  AS bound_ms) w"
             )
@@ -234,7 +245,6 @@ impl Names {
             )
             .into(),
             watch: format!("CALL {watch_procedure}(?, ?, ?, ?, ?, ?)").into(),
-            watchers_of: format!("SELECT kind, watchers FROM {entries} WHERE id = ? AND session = ?").into(),
             wake: format!("CALL {wake_procedure}(?, ?)").into(),
         };
         Names {
@@ -250,6 +260,8 @@ impl Names {
             watch_procedure,
             wake_procedure,
             fence_procedure,
+            wait_turn_procedure,
+            remove_procedure,
             lock_prefix,
             sql,
         }
@@ -315,6 +327,150 @@ BEGIN
     END IF;
 END"#
         )
+    }
+
+    /// The procedures of layout 5: a waiter's wait that reads its turn, and
+    /// a release in one round trip. Created with the rest by
+    /// [`ddl_steps`](Self::ddl_steps), and alone (with the fence) when
+    /// layout 3 or 4 tables are moved to layout 5.
+    fn turn_ddl(&self) -> [String; 2] {
+        let Names {
+            entries,
+            sessions,
+            wait_turn_procedure,
+            remove_procedure,
+            wake_procedure,
+            lock_prefix,
+            ..
+        } = self;
+        let wait_turn = format!(
+            r#"-- Waits until the guard of entry p_entry (of session p_owner) is free, for at
+-- most p_bound_ms and a third of the owner's TTL, whichever is less; then, unless
+-- the bound ran out, reads in the same call what the waiter's own entry p_id
+-- reads after a wake (p_id NULL: nothing), as the append procedure does: a
+-- handoff is the releaser's call and this call's answer, no read after it.
+-- Answers the wait's code (0: free, its row gone: released; 3: free with its
+-- row still there: lost with its owner's connection, as a release deletes the
+-- row before it lets go of the guard; 1: the bound ran out, with the owner's
+-- heartbeat count and TTL, NULL when its session row is gone; 4: this very
+-- connection holds the guard, a multiplexing proxy; NULL: ended by a KILL
+-- QUERY), whether the read was made (not when a dead entry's row stayed locked
+-- by a fenced commit in flight for a second: the waiter then reads on its
+-- own), whether p_id is still there, and its nearest earlier live entries,
+-- "id kind session;" each, deleting dead ones before going past them.
+CREATE PROCEDURE IF NOT EXISTS {wait_turn_procedure}(
+    p_entry BIGINT, p_owner VARCHAR(64) CHARACTER SET ascii, p_bound_ms BIGINT, p_id BIGINT,
+    p_name VARBINARY(512), p_session VARCHAR(64) CHARACTER SET ascii, p_skip_shared BOOLEAN, p_count INT)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+proc: BEGIN
+    DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_lock VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_bound, v_beat, v_ttl, v_below, v_earlier BIGINT;
+    DECLARE v_got INT;
+    DECLARE v_code INT DEFAULT 0;
+    DECLARE v_kind VARCHAR(16) CHARACTER SET ascii;
+    DECLARE v_session VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_read, v_mine, v_live, v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_found INT DEFAULT 0;
+    DECLARE v_nearest LONGTEXT CHARACTER SET ascii DEFAULT '';
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    -- A failed step leaves the connection's row-lock wait as it was set.
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        SET SESSION innodb_lock_wait_timeout = COALESCE(@lockline_row_wait, @@innodb_lock_wait_timeout);
+        RESIGNAL;
+    END;
+    SET v_attempt = (SELECT attempt FROM {entries} WHERE id = p_entry);
+    IF v_attempt IS NOT NULL THEN
+        SET v_lock = CONCAT('{lock_prefix}e:', v_attempt);
+        IF IS_USED_LOCK(v_lock) <=> CONNECTION_ID() THEN
+            SELECT 4, NULL, NULL, FALSE, FALSE, '';
+            LEAVE proc;
+        END IF;
+        SET v_bound = LEAST(p_bound_ms, COALESCE((SELECT ttl_ms DIV 3 FROM {sessions} WHERE id = p_owner), p_bound_ms));
+        SET v_got = GET_LOCK(v_lock, GREATEST(v_bound, 1) / 1000);
+        IF v_got IS NULL THEN
+            SELECT NULL, NULL, NULL, FALSE, FALSE, '';
+            LEAVE proc;
+        END IF;
+        IF v_got = 0 THEN
+            SELECT beat, ttl_ms INTO v_beat, v_ttl FROM {sessions} WHERE id = p_owner;
+            SELECT 1, v_beat, v_ttl, FALSE, FALSE, '';
+            LEAVE proc;
+        END IF;
+        DO RELEASE_LOCK(v_lock);
+        IF EXISTS (SELECT 1 FROM {entries} WHERE id = p_entry) THEN
+            SET v_code = 3;
+        END IF;
+    END IF;
+    IF p_id IS NOT NULL THEN
+        SET v_mine = EXISTS (SELECT 1 FROM {entries} WHERE id = p_id);
+        SET v_read = TRUE;
+        IF v_mine THEN
+            SET SESSION innodb_lock_wait_timeout = 1;
+            scan: BEGIN
+                DECLARE EXIT HANDLER FOR 1205 SET v_read = FALSE;
+                SET v_below = p_id;
+                WHILE v_found < p_count DO
+                    SET v_done = FALSE;
+                    SELECT id, kind, session, IS_USED_LOCK(CONCAT('{lock_prefix}e:', attempt)) IS NOT NULL OR session = p_session
+                        INTO v_earlier, v_kind, v_session, v_live
+                        FROM {entries} WHERE name = p_name AND id < v_below ORDER BY id DESC LIMIT 1;
+                    IF v_done THEN
+                        LEAVE scan;
+                    END IF;
+                    SET v_below = v_earlier;
+                    IF NOT v_live AND @lockline_reset_grace <=> 1
+                       AND EXISTS (SELECT 1 FROM {sessions} WHERE id = v_session) THEN
+                        SET v_live = TRUE;
+                    END IF;
+                    IF NOT v_live THEN
+                        DELETE FROM {entries} WHERE id = v_earlier AND session <> p_session
+                            AND IS_FREE_LOCK(CONCAT('{lock_prefix}e:', attempt));
+                    ELSEIF NOT (p_skip_shared AND v_kind = 'read') THEN
+                        SET v_nearest = CONCAT(v_nearest, v_earlier, ' ', v_kind, ' ', v_session, ';');
+                        SET v_found = v_found + 1;
+                    END IF;
+                END WHILE;
+            END;
+            SET SESSION innodb_lock_wait_timeout = COALESCE(@lockline_row_wait, @@innodb_lock_wait_timeout);
+        END IF;
+    END IF;
+    SELECT v_code, v_beat, v_ttl, v_read, v_mine, v_nearest;
+END"#
+        );
+        let remove = format!(
+            r#"-- A removal of entry p_id of session p_session, in one round trip: the row is
+-- deleted (committed on its own), then, when p_unlock (called on the owning
+-- connection), its guard and value lock are let go of; another session's
+-- lock-mode entry removed has its watchers woken (see the wake procedure).
+-- Answers 1 when it deleted the entry, else 0.
+CREATE PROCEDURE IF NOT EXISTS {remove_procedure}(p_id BIGINT, p_session VARCHAR(64) CHARACTER SET ascii, p_unlock BOOLEAN)
+    MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_attempt VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_kind VARCHAR(16) CHARACTER SET ascii;
+    DECLARE v_session VARCHAR(64) CHARACTER SET ascii;
+    DECLARE v_epoch BIGINT;
+    DECLARE v_watchers, v_removed INT DEFAULT 0;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_attempt = NULL;
+    SELECT attempt, kind, session, epoch, watchers INTO v_attempt, v_kind, v_session, v_epoch, v_watchers
+        FROM {entries} WHERE id = p_id;
+    DELETE FROM {entries} WHERE id = p_id AND session = p_session;
+    SET v_removed = ROW_COUNT();
+    IF p_unlock AND v_attempt IS NOT NULL THEN
+        DO RELEASE_LOCK(CONCAT('{lock_prefix}e:', v_attempt));
+        IF v_kind IN ('election', '{DLM}') THEN
+            DO RELEASE_LOCK(CONCAT('{lock_prefix}v:', p_id, ':', v_epoch));
+        END IF;
+    END IF;
+    IF NOT p_unlock AND v_removed = 1 AND v_kind = '{DLM}' AND v_watchers > 0 THEN
+        CALL {wake_procedure}(p_id, v_watchers);
+    END IF;
+    SELECT v_removed;
+END"#
+        );
+        [wait_turn, remove]
     }
 
     fn guard(&self, attempt: &str) -> String {
@@ -757,7 +913,18 @@ BEGIN
     END WHILE;
 END"#
         );
-        vec![tables, procedure, update, watch, wake, self.fence_ddl(), meta]
+        let [wait_turn, remove] = self.turn_ddl();
+        vec![
+            tables,
+            procedure,
+            update,
+            watch,
+            wake,
+            self.fence_ddl(),
+            wait_turn,
+            remove,
+            meta,
+        ]
     }
 }
 
@@ -863,8 +1030,8 @@ impl MySql {
         created
     }
 
-    /// Moves tables of the layout before to this one: creates the fence
-    /// procedure and raises the layout, one mover at a time (the lock the
+    /// Moves tables of a movable layout to this one: creates the fence and
+    /// the procedures of layout 5 and raises the layout, one mover at a time (the lock the
     /// creators take). The layout found (the current one when moved).
     async fn upgrade(&self, conn: &mut MySqlConnection, names: &Names) -> DbResult<Option<i32>> {
         let lock = format!("{}ddl", names.lock_prefix);
@@ -881,12 +1048,16 @@ impl MySql {
             let layout: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {}", names.meta)))
                 .fetch_optional(&mut *conn)
                 .await?;
-            if layout != Some(PREVIOUS_LAYOUT) {
+            if !movable(layout) {
                 return Ok(layout);
             }
             conn.execute(sqlx::raw_sql(AssertSqlSafe(names.fence_ddl()))).await?;
+            for step in names.turn_ddl() {
+                conn.execute(sqlx::raw_sql(AssertSqlSafe(step))).await?;
+            }
+            let [oldest, newest] = MOVABLE_LAYOUTS;
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout = {PREVIOUS_LAYOUT}",
+                "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout BETWEEN {oldest} AND {newest}",
                 names.meta
             )))
             .execute(&mut *conn)
@@ -1058,16 +1229,6 @@ impl MySql {
         Ok(())
     }
 
-    /// The guard and version of entry `id`, for letting go of its locks.
-    async fn locks_of(&self, conn: &mut MySqlConnection, id: i64) -> DbResult<Option<(String, String, i64)>> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.attempt_of)))
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .transpose()
-    }
-
     async fn release(&self, conn: &mut MySqlConnection, name: &str) -> DbResult<()> {
         sqlx::query("DO RELEASE_LOCK(?)").bind(name).execute(conn).await?;
         Ok(())
@@ -1082,61 +1243,63 @@ impl MySql {
         Ok(count > 0)
     }
 
+    /// Waits on the guard of entry `entry` (see the wait procedure in the
+    /// DDL), and reads `turn` after it unless the bound ran out: one round
+    /// trip.
     async fn wait_on(
         &self,
         conn: &mut MySqlConnection,
-        lock: &str,
-        entry: Option<i64>,
+        entry: i64,
         owner: &str,
         bound_ms: i64,
-    ) -> DbResult<Waited> {
-        // The entry's row still there once its guard is free: its owner's
-        // connection ended (a release deletes the row first). 0 for a
-        // version lock, whose entry may live on.
+        turn: Option<&Turn>,
+    ) -> DbResult<(Waited, Option<TurnRead>)> {
         let names = self.names()?;
-        let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.wait)))
-            .bind(lock)
-            .bind(lock)
-            .bind(lock)
-            .bind(entry.unwrap_or(0))
-            .bind(bound_ms)
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.wait)))
+            .bind(entry)
             .bind(owner)
             .bind(bound_ms)
-            .fetch_one(&mut *conn)
+            .bind(turn.map(|t| t.id))
+            .bind(turn.map(|t| t.name.as_bytes()))
+            .bind(turn.map(|t| t.session.as_str()))
+            .bind(turn.is_some_and(|t| t.skip_shared))
+            .bind(turn.map_or(0, |t| t.count))
+            .fetch_all(&mut *conn)
             .await?;
-        match code {
-            Some(0) => Ok(Waited::Released),
-            // The statement's count may read a snapshot taken before the
-            // guard came free (a release deletes the row, then lets go of
-            // the guard): a statement of its own, a fresh snapshot, says
-            // whether the row outlived its guard.
-            Some(3) => match entry {
-                Some(id) if self.row_exists(conn, id).await? => Ok(Waited::Lost),
-                _ => Ok(Waited::Released),
-            },
-            // The owner's heartbeat now, by a statement of its own (a fresh
-            // snapshot, read after the wait).
-            Some(1) => {
-                let beat: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.beat_of)))
-                    .bind(owner)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                Ok(Waited::TimedOut(beat.map(|(count, ttl_ms)| Beat { count, ttl_ms })))
-            }
+        let [row] = found.as_slice() else {
+            return Err(shape(format!("the wait answered {} rows, not one", found.len())));
+        };
+        let code: Option<i64> = row.try_get(0)?;
+        let waited = match code {
+            Some(0) => Waited::Released,
+            // Its row outlived its guard (read by a statement after the
+            // wait: a release deletes the row, then lets go of the guard).
+            Some(3) => Waited::Lost,
+            Some(1) => Waited::TimedOut(
+                match (row.try_get::<Option<i64>, _>(1)?, row.try_get::<Option<i64>, _>(2)?) {
+                    (Some(count), Some(ttl_ms)) => Some(Beat { count, ttl_ms }),
+                    _ => None,
+                },
+            ),
             // This connection holds the lock it would wait for: two of
             // lockline's connections are one server connection (a
             // multiplexing proxy in front of the server).
-            Some(4) => Err(sqlx::Error::Configuration(
-                "two connections of lockline share one server connection: a multiplexing proxy (ProxySQL, \
-                 MaxScale) is in front of the database; the locks of lockline belong to a connection, so it needs \
-                 a direct connection"
-                    .into(),
-            )),
+            Some(4) => return Err(sqlx::Error::Configuration(MULTIPLEXED.into())),
             // GET_LOCK ended by KILL QUERY answers NULL: this session's
             // cancel, or a writer's wake meant for a watch on this connection.
-            None => Ok(Waited::Interrupted),
-            Some(other) => Err(shape(format!("wait returned {other}"))),
+            None => Waited::Interrupted,
+            Some(other) => return Err(shape(format!("wait returned {other}"))),
+        };
+        let read: i64 = row.try_get(3)?;
+        if turn.is_none() || read == 0 || !matches!(waited, Waited::Released | Waited::Lost) {
+            return Ok((waited, None));
         }
+        let mine: i64 = row.try_get(4)?;
+        if mine == 0 {
+            return Ok((waited, Some(None)));
+        }
+        let nearest: String = row.try_get(5)?;
+        Ok((waited, Some(Some(parse_nearest(&nearest)?))))
     }
 
     /// The nearest earlier live entries before `id`, removing dead ones on
@@ -1293,7 +1456,8 @@ impl Dialect for MySql {
         // does not depend on it either).
         conn.execute(sqlx::raw_sql(AssertSqlSafe(format!(
             "SET SESSION wait_timeout = 31536000, innodb_lock_wait_timeout = {row_wait_s}, time_zone = '+00:00'; \
-             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; SET @lockline_reset_grace = {}",
+             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; SET @lockline_reset_grace = {}, \
+             @lockline_row_wait = {row_wait_s}",
             u8::from(self.settings.reset_grace)
         ))))
         .await?;
@@ -1364,16 +1528,17 @@ impl Dialect for MySql {
         let layout = match layout {
             // The layout before: moved here (it lacks the fence procedure
             // alone), unless this user may create nothing.
-            Some(PREVIOUS_LAYOUT) if self.settings.create_tables => self
+            found if movable(found) && self.settings.create_tables => self
                 .upgrade(conn, names)
                 .await
                 .map_err(|e| match map("move lockline's tables to the current layout", e) {
                     Error::PermissionDenied { backend, reason, .. } => Error::PermissionDenied {
                         backend,
-                        operation: "create the fence procedure in",
+                        operation: "create the fence and wait procedures in",
                         key: format!("database {}", names.database),
                         reason: format!(
-                            "{reason}; layout {PREVIOUS_LAYOUT} tables are moved to layout {LAYOUT_VERSION} on first use, which needs CREATE ROUTINE on the database (or have a user who has it do it: the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")"
+                            "{reason}; layout {} tables are moved to layout {LAYOUT_VERSION} on first use, which needs CREATE ROUTINE on the database (or have a user who has it do it: the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")",
+                            found.unwrap_or_default()
                         ),
                     },
                     other => other,
@@ -1487,7 +1652,7 @@ impl Dialect for MySql {
         // at a statement's first use), and a broken owning connection loses
         // the session.
         let sql = &names.sql;
-        let owner_statements: [&str; 25] = [
+        let owner_statements: [&str; 23] = [
             &sql.append,
             &sql.find,
             &sql.exists,
@@ -1495,7 +1660,6 @@ impl Dialect for MySql {
             &sql.delete_dead,
             &sql.list,
             &sql.remove,
-            &sql.attempt_of,
             &sql.value_of,
             &sql.bump_value,
             &sql.get_value,
@@ -1508,7 +1672,6 @@ impl Dialect for MySql {
             &sql.read_queue,
             &sql.update_queue,
             &sql.watch_read,
-            &sql.watchers_of,
             &sql.wake,
             "DO RELEASE_LOCK(?)",
             "SELECT GET_LOCK(?, 0)",
@@ -1724,39 +1887,19 @@ impl Dialect for MySql {
     }
 
     async fn remove(&self, conn: &mut MySqlConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {
-        let names = self.names()?;
-        let locks = if unlock { self.locks_of(conn, id).await? } else { None };
-        // Another session's lock-mode entry: its watchers are woken after.
-        let watched: Option<(String, i32)> = if unlock {
-            None
-        } else {
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.watchers_of)))
-                .bind(id)
-                .bind(session)
-                .fetch_optional(&mut *conn)
-                .await?
-        };
-        let removed = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.remove)))
+        // One round trip (see the remove procedure in the DDL): the delete
+        // commits before the guard is let go of.
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.remove)))
             .bind(id)
             .bind(session)
-            .execute(&mut *conn)
+            .bind(unlock)
+            .fetch_all(&mut *conn)
             .await?;
-        if let Some((attempt, kind, version)) = locks {
-            self.release(conn, &names.guard(&attempt)).await?;
-            if kind == "election" || kind == DLM {
-                self.release(conn, &names.version_lock(id, version)).await?;
-            }
-        }
-        if let Some((kind, watchers)) = watched {
-            if kind == DLM && watchers > 0 && removed.rows_affected() == 1 {
-                sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.wake)))
-                    .bind(id)
-                    .bind(watchers)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-        }
-        Ok(removed.rows_affected() == 1)
+        let [row] = found.as_slice() else {
+            return Err(shape(format!("the removal answered {} rows, not one", found.len())));
+        };
+        let removed: i64 = row.try_get(0)?;
+        Ok(removed == 1)
     }
 
     async fn abandon(&self, conn: &mut MySqlConnection, attempt: &str, session: &str) -> DbResult<Option<i64>> {
@@ -1776,12 +1919,18 @@ impl Dialect for MySql {
     }
 
     async fn wait(&self, conn: &mut MySqlConnection, id: i64, owner: &str, bound_ms: i64) -> DbResult<Waited> {
-        let names = self.names()?;
-        let Some((attempt, ..)) = self.locks_of(conn, id).await? else {
-            return Ok(Waited::Released);
-        };
-        self.wait_on(conn, &names.guard(&attempt), Some(id), owner, bound_ms)
-            .await
+        Ok(self.wait_on(conn, id, owner, bound_ms, None).await?.0)
+    }
+
+    async fn wait_turn(
+        &self,
+        conn: &mut MySqlConnection,
+        id: i64,
+        owner: &str,
+        bound_ms: i64,
+        turn: &Turn,
+    ) -> DbResult<(Waited, Option<TurnRead>)> {
+        self.wait_on(conn, id, owner, bound_ms, Some(turn)).await
     }
 
     async fn wait_version(
@@ -1792,8 +1941,34 @@ impl Dialect for MySql {
         owner: &str,
         bound_ms: i64,
     ) -> DbResult<Waited> {
-        let lock = self.names()?.version_lock(id, version);
-        self.wait_on(conn, &lock, None, owner, bound_ms).await
+        let names = self.names()?;
+        let lock = names.version_lock(id, version);
+        let code: Option<i64> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&names.sql.wait_lock)))
+            .bind(&lock)
+            .bind(&lock)
+            .bind(&lock)
+            .bind(bound_ms)
+            .bind(owner)
+            .bind(bound_ms)
+            .fetch_one(&mut *conn)
+            .await?;
+        match code {
+            Some(0) => Ok(Waited::Released),
+            // The owner's heartbeat now, by a statement of its own (a fresh
+            // snapshot, read after the wait).
+            Some(1) => {
+                let beat: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&names.sql.beat_of)))
+                    .bind(owner)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                Ok(Waited::TimedOut(beat.map(|(count, ttl_ms)| Beat { count, ttl_ms })))
+            }
+            Some(4) => Err(sqlx::Error::Configuration(MULTIPLEXED.into())),
+            // GET_LOCK ended by KILL QUERY answers NULL: this session's
+            // cancel, or a writer's wake meant for a watch on this connection.
+            None => Ok(Waited::Interrupted),
+            Some(other) => Err(shape(format!("wait returned {other}"))),
+        }
     }
 
     async fn reap(&self, conn: &mut MySqlConnection, owner: &str, _id: i64, beat: i64) -> DbResult<Reaped> {
@@ -1941,7 +2116,13 @@ impl Dialect for MySql {
     }
 
     async fn reset(&self, conn: &mut MySqlConnection) -> DbResult<()> {
-        conn.execute("DO RELEASE_ALL_LOCKS()").await?;
+        // A wait cut short inside its read may leave the row-lock wait it
+        // set for that read.
+        conn.execute(sqlx::raw_sql(
+            "DO RELEASE_ALL_LOCKS(); \
+             SET SESSION innodb_lock_wait_timeout = COALESCE(@lockline_row_wait, @@innodb_lock_wait_timeout)",
+        ))
+        .await?;
         Ok(())
     }
 

@@ -10,10 +10,10 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row as _};
 
 use crate::dialect::{
     shape, Append, Beat, DbResult, Dialect, EntryStatus, Found, Grace, Listener, Purpose, QueueChange, QueueRow,
-    Reaped, Row, Status, Waited, Watched,
+    Reaped, Row, Status, Turn, TurnRead, Waited, Watched,
 };
 use crate::error::{has_code, Doing};
-use crate::layout::{fnv64, Tables, DLM, LAYOUT_VERSION, PREVIOUS_LAYOUT};
+use crate::layout::{fnv64, movable, Tables, DLM, LAYOUT_VERSION, MOVABLE_LAYOUTS};
 use crate::Settings;
 
 /// The database's clock in microseconds since the epoch.
@@ -60,8 +60,10 @@ struct Statements {
     earlier: Arc<str>,
     list: Arc<str>,
     remove: Arc<str>,
+    release: Arc<str>,
     abandon: Arc<str>,
     wait: Arc<str>,
+    wait_turn: Arc<str>,
     wait_version: Arc<str>,
     reap: Arc<str>,
     set_value: Arc<str>,
@@ -169,8 +171,14 @@ impl Names {
             )
             .into(),
             remove: format!("SELECT {}($1, $2, $3)", f("remove")).into(),
+            release: format!("CALL {}($1, $2, NULL)", f("release")).into(),
             abandon: format!("SELECT {}($1, $2)", f("abandon")).into(),
             wait: format!("SELECT w_code, w_beat, w_ttl_ms FROM {}($1 # {salt}, $2, $3, $1)", f("wait")).into(),
+            wait_turn: format!(
+                "SELECT w_code, w_beat, w_ttl_ms, w_read, e_id, e_kind, e_session FROM {}($1, $2, $3, $4, $5, $6, $7, $8)",
+                f("wait_turn")
+            )
+            .into(),
             wait_version: format!(
                 "SELECT w_code, w_beat, w_ttl_ms FROM {}(hashtextextended($1::text || ':' || $2::text, {salt}), $3, $4, NULL)",
                 f("wait")
@@ -284,6 +292,83 @@ $fn$;
         )
     }
 
+    /// The wait that reads the waiter's turn and the release that commits
+    /// before it lets go of the guard (layout 5): created with the rest by
+    /// [`ddl`](Self::ddl), and alone (with the fence) when layout 3 or 4
+    /// tables are moved to layout 5.
+    fn turn_ddl(&self) -> String {
+        let (salt, wait, earlier, wait_turn, release, entries) = (
+            self.salt,
+            self.function("wait"),
+            self.function("earlier"),
+            self.function("wait_turn"),
+            self.function("release"),
+            &self.entries,
+        );
+        format!(
+            r#"-- Waits as {wait} does on the guard of entry p_entry (of session
+-- p_owner), then, unless the bound ran out, reads in the same call what the
+-- waiter's own entry p_id reads after a wake, as {earlier} does: a handoff
+-- is the releaser's statement and this call's answer, no read after it. The
+-- wait's row first (e_id NULL; w_read false when the read was not made: a dead
+-- entry's row held past the bound by a fenced commit in flight, which the
+-- caller then reads on its own), then the rows of {earlier}.
+CREATE OR REPLACE FUNCTION {wait_turn}(p_entry bigint, p_owner text, p_bound_ms bigint, p_id bigint, p_name text,
+    p_session text, p_skip_shared boolean, p_count integer)
+RETURNS TABLE (w_code integer, w_beat bigint, w_ttl_ms bigint, w_read boolean, e_id bigint, e_kind text,
+    e_session text) LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_ids bigint[];
+    v_kinds text[];
+    v_sessions text[];
+BEGIN
+    SELECT x.w_code, x.w_beat, x.w_ttl_ms INTO w_code, w_beat, w_ttl_ms
+      FROM {wait}(p_entry # {salt}, p_owner, p_bound_ms, p_entry) x;
+    w_read := false;
+    IF w_code <> 1 THEN
+        -- Bounded as the wait was (its lock_timeout holds to the end of
+        -- this call).
+        BEGIN
+            SELECT array_agg(r.e_id ORDER BY r.n), array_agg(r.e_kind ORDER BY r.n), array_agg(r.e_session ORDER BY r.n)
+              INTO v_ids, v_kinds, v_sessions
+              FROM {earlier}(p_id, p_name, p_session, p_skip_shared, p_count) WITH ORDINALITY AS r(e_id, e_kind, e_session, n);
+            w_read := true;
+        EXCEPTION WHEN lock_not_available THEN
+            w_read := false;
+        END;
+    END IF;
+    RETURN NEXT;
+    FOR i IN 1 .. coalesce(cardinality(v_ids), 0) LOOP
+        e_id := v_ids[i]; e_kind := v_kinds[i]; e_session := v_sessions[i];
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+-- A holder's release, called on the owning connection in a transaction of its
+-- own: deletes entry p_id of p_session and commits, then lets go of its guard
+-- (and value lock), so the waiter woken by the guard finds the row gone at
+-- once instead of waiting again for the deletion's commit. r_removed: whether
+-- it deleted it.
+CREATE OR REPLACE PROCEDURE {release}(p_id bigint, p_session text, INOUT r_removed boolean DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_kind text;
+    v_version bigint;
+BEGIN
+    DELETE FROM {entries} e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
+    COMMIT;
+    PERFORM pg_advisory_unlock(p_id # {salt});
+    IF v_kind IN ('election', '{DLM}') THEN
+        PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, {salt}));
+    END IF;
+    r_removed := v_kind IS NOT NULL;
+END
+$fn$;
+"#
+        )
+    }
+
     /// The tables and functions, as a script a DBA can run.
     fn ddl(&self) -> String {
         let Names {
@@ -301,6 +386,7 @@ $fn$;
         let end = f("end");
         let (update_queue, watch) = (f("update_queue"), f("watch"));
         let fence_function = self.fence_ddl();
+        let turn_function = self.turn_ddl();
         let (append, nearest, earlier, remove, abandon, wait, reap, set_value, write, close, open) = (
             f("append"),
             f("nearest"),
@@ -620,6 +706,7 @@ END
 $fn$;
 
 {fence_function}
+{turn_function}
 -- Applies a change of a lock-mode queue atomically, or nothing. p_ids are the
 -- entries it names, ascending, once each; p_versions the version each must be
 -- at (-1: none, only written; -2: any, but there); p_writes whether it sets
@@ -1017,8 +1104,8 @@ impl Postgres {
         tx.commit().await
     }
 
-    /// Moves tables of the layout before to this one: creates the fence
-    /// function and raises the layout, one mover at a time, in one
+    /// Moves tables of a movable layout to this one: creates the fence
+    /// and the wait that reads a turn, and raises the layout, one mover at a time, in one
     /// transaction. The layout found (the current one when moved).
     async fn upgrade(&self, conn: &mut PgConnection, names: &Names) -> DbResult<Option<i32>> {
         let mut tx = conn.begin().await?;
@@ -1030,15 +1117,16 @@ impl Postgres {
             sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {} FOR UPDATE", names.meta)))
                 .fetch_optional(&mut *tx)
                 .await?;
-        if layout != Some(PREVIOUS_LAYOUT) {
+        if !movable(layout) {
             // Moved meanwhile by another session, or not ours to move.
             return Ok(layout);
         }
-        sqlx::raw_sql(AssertSqlSafe(names.fence_ddl()))
+        sqlx::raw_sql(AssertSqlSafe(format!("{}{}", names.fence_ddl(), names.turn_ddl())))
             .execute(&mut *tx)
             .await?;
+        let [oldest, newest] = MOVABLE_LAYOUTS;
         sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout = {PREVIOUS_LAYOUT}",
+            "UPDATE {} SET layout = {LAYOUT_VERSION} WHERE layout BETWEEN {oldest} AND {newest}",
             names.meta
         )))
         .execute(&mut *tx)
@@ -1194,16 +1282,17 @@ impl Dialect for Postgres {
         let layout = match layout {
             // The layout before: moved here (it lacks the fence function
             // alone), unless this user may create nothing.
-            Some(PREVIOUS_LAYOUT) if self.settings.create_tables => self
+            found if movable(found) && self.settings.create_tables => self
                 .upgrade(conn, names)
                 .await
                 .map_err(|e| match map("move lockline's tables to the current layout", e) {
                     Error::PermissionDenied { backend, reason, .. } => Error::PermissionDenied {
                         backend,
-                        operation: "create the fence function in",
+                        operation: "create the fence and wait functions in",
                         key: format!("schema {}", names.schema),
                         reason: format!(
-                            "{reason}; layout {PREVIOUS_LAYOUT} tables are moved to layout {LAYOUT_VERSION} on first use, which needs CREATE on the schema (or have the tables' owner do it: the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")"
+                            "{reason}; layout {} tables are moved to layout {LAYOUT_VERSION} on first use, which needs CREATE on the schema (or have the tables' owner do it: the SQL chapter of the documentation, docs/sql.md, \"Layout versions\")",
+                            found.unwrap_or_default()
                         ),
                     },
                     other => other,
@@ -1428,6 +1517,15 @@ impl Dialect for Postgres {
     }
 
     async fn remove(&self, conn: &mut PgConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {
+        if unlock {
+            // Our own: the deletion commits before the guard is let go of.
+            let removed: Option<bool> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.release)))
+                .bind(id)
+                .bind(session)
+                .fetch_one(conn)
+                .await?;
+            return Ok(removed == Some(true));
+        }
         sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.remove)))
             .bind(id)
             .bind(session)
@@ -1452,6 +1550,47 @@ impl Dialect for Postgres {
             .fetch_one(conn)
             .await?;
         waited(&row)
+    }
+
+    async fn wait_turn(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        owner: &str,
+        bound_ms: i64,
+        turn: &Turn,
+    ) -> DbResult<(Waited, Option<TurnRead>)> {
+        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.wait_turn)))
+            .bind(id)
+            .bind(owner)
+            .bind(bound_ms)
+            .bind(turn.id)
+            .bind(&turn.name)
+            .bind(&turn.session)
+            .bind(turn.skip_shared)
+            .bind(turn.count)
+            .fetch_all(conn)
+            .await?;
+        let mut found = found.iter();
+        let first = found.next().ok_or_else(|| shape("the wait returned no row"))?;
+        let waited = waited(first)?;
+        let read: Option<bool> = first.try_get(3)?;
+        if matches!(waited, Waited::TimedOut(_)) || read != Some(true) {
+            return Ok((waited, None));
+        }
+        let rows = found
+            .map(|r| {
+                Ok(Row {
+                    id: r.try_get(4)?,
+                    kind: r.try_get(5)?,
+                    session: r.try_get(6)?,
+                })
+            })
+            .collect::<DbResult<Vec<Row>>>()?;
+        // As `earlier` answers: the waiter's own entry first, or no row at
+        // all when it is gone.
+        let mut rows = rows.into_iter();
+        Ok((waited, Some(rows.next().map(|_mine| rows.collect()))))
     }
 
     async fn wait_version(

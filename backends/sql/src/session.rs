@@ -16,12 +16,17 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::dialect::{
-    Append, Beat, DbResult, Dialect, Found, Purpose, QueueChange, Reaped, Row, Status, Waited, Watched,
+    Append, Beat, DbResult, Dialect, Found, Purpose, QueueChange, Reaped, Row, Status, Turn, TurnRead, Waited, Watched,
 };
 use crate::error::{connection_gone, interrupted, map, timed_out, Doing};
 use crate::layout::{self, entry_key, kind_from_label, kind_label, parse_entry_key};
 use crate::notices::Notices;
 use crate::pool::{Idle, Lease, Stop, WaitPool};
+
+/// At most this many turns noted or read and not yet taken are kept (more
+/// means waits given up without a read after them; they are dropped, and
+/// those waiters read on their own).
+const TURNS_KEPT: usize = 4096;
 
 /// How a waiter without a wait connection is woken: its signal, and the
 /// flag saying its predecessor was lost rather than released.
@@ -107,6 +112,16 @@ pub(crate) struct Shared<D: Dialect> {
     /// The session's own entries by id: whether their guard is held, and
     /// the flag their holders wait on.
     entries: std::sync::Mutex<HashMap<i64, Arc<Gone>>>,
+    /// The turns this session's waiters read next, by the entry of another
+    /// session each waits on (from the read that named it): the wait on
+    /// that entry reads the turn in its own statement. `None` when two of
+    /// this session's waiters wait on the same entry (each then reads on
+    /// its own).
+    behind: std::sync::Mutex<HashMap<i64, Option<Turn>>>,
+    /// Turns read by a wait, by the waiter's own entry, for its next
+    /// `earlier` to take instead of reading again: read locks or not, the
+    /// count asked, and what was read.
+    turns_read: std::sync::Mutex<HashMap<i64, (bool, i32, TurnRead)>>,
     /// Where the engine tells of writes to lock-mode entries by sessions
     /// that do not own them (PostgreSQL); `None` when it wakes watchers on
     /// the server itself (MariaDB/MySQL).
@@ -416,6 +431,64 @@ impl<D: Dialect> Shared<D> {
         if let Some(gone) = self.entries().remove(&id) {
             gone.signal();
         }
+        self.turns_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        self.behind
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, turn| turn.as_ref().is_none_or(|t| t.id != id));
+    }
+
+    /// Notes which entry the waiter of our entry `turn.id` waits on next,
+    /// from the nearest earlier entries a read gave it (the rule's blocker
+    /// is the `count`-th of them, as the core picks it), so that the wait
+    /// on that entry reads the waiter's turn too.
+    fn note_blocker(&self, turn: Turn, nearest: &[Row]) {
+        let Some(blocker) = usize::try_from(turn.count)
+            .ok()
+            .and_then(|count| nearest.get(count.checked_sub(1)?))
+        else {
+            return;
+        };
+        if blocker.session == self.id {
+            // Our own entry: its wait reads nothing on the server.
+            return;
+        }
+        let mut behind = self.behind.lock().unwrap_or_else(PoisonError::into_inner);
+        if behind.len() > TURNS_KEPT {
+            behind.clear();
+        }
+        behind
+            .entry(blocker.id)
+            .and_modify(|other| {
+                if other.as_ref().is_some_and(|o| o.id != turn.id) {
+                    *other = None;
+                } else {
+                    *other = Some(turn.clone());
+                }
+            })
+            .or_insert(Some(turn));
+    }
+
+    /// Keeps a turn a wait read, for the waiter's next `earlier`.
+    fn keep_turn(&self, turn: &Turn, read: TurnRead) {
+        let mut kept = self.turns_read.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() > TURNS_KEPT {
+            kept.clear();
+        }
+        kept.insert(turn.id, (turn.skip_shared, turn.count, read));
+    }
+
+    /// The turn a wait read for our entry `id`, if it read the same one.
+    fn take_turn(&self, id: i64, skip_shared: bool, count: i32) -> Option<TurnRead> {
+        let kept = self
+            .turns_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id)?;
+        (kept.0 == skip_shared && kept.1 == count).then_some(kept.2)
     }
 
     fn signal_gone_all(&self) {
@@ -709,6 +782,30 @@ impl<D: Dialect> Shared<D> {
         self.wait_on_reading(on, owner, priority, None).await
     }
 
+    /// As [`wait_on`](Self::wait_on) on entry `id`'s guard, reading the
+    /// waiter's `turn` in the wait's own statement; the turn as read, when
+    /// the wait read it (a wait of a waiter without a wait connection, or
+    /// one cut short, reads nothing: the waiter reads on its own).
+    async fn wait_on_turn(
+        self: &Arc<Self>,
+        id: i64,
+        owner: &str,
+        priority: i64,
+        turn: Turn,
+    ) -> Result<(bool, Option<TurnRead>)> {
+        let slot: TurnSlot = Arc::new((turn, std::sync::Mutex::new(None)));
+        let lost = self
+            .wait_on_server(WaitOn::Guard(id), owner, priority, None, Some(&slot))
+            .await?;
+        let read = slot.1.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if lost && self.reset_grace {
+            // Read before the reset holder was outlived: stale.
+            self.outlive(owner, id).await?;
+            return Ok((lost, None));
+        }
+        Ok((lost, read))
+    }
+
     /// As [`wait_on`](Self::wait_on); a lock-mode watch's wait also puts
     /// into `found` the entry as it read it after waking, if it did.
     async fn wait_on_reading(
@@ -718,7 +815,7 @@ impl<D: Dialect> Shared<D> {
         priority: i64,
         found: Option<&FoundSlot>,
     ) -> Result<bool> {
-        let lost = self.wait_on_server(on, owner, priority, found).await?;
+        let lost = self.wait_on_server(on, owner, priority, found, None).await?;
         if lost && self.reset_grace {
             if let WaitOn::Guard(id) | WaitOn::Watch(id, _) = on {
                 self.outlive(owner, id).await?;
@@ -762,6 +859,7 @@ impl<D: Dialect> Shared<D> {
         owner: &str,
         priority: i64,
         found: Option<&FoundSlot>,
+        turn: Option<&TurnSlot>,
     ) -> Result<bool> {
         loop {
             self.check_live()?;
@@ -788,6 +886,7 @@ impl<D: Dialect> Shared<D> {
                 owner: owner.to_owned(),
                 stop: Arc::clone(&stop),
                 found: found.cloned(),
+                turn: turn.cloned(),
             };
             tokio::spawn(task.run(lease, tx));
             let _stop_on_drop = StopOnDrop(stop);
@@ -1011,7 +1110,13 @@ struct WaitTask<D: Dialect> {
     stop: Arc<Stop>,
     /// Where a lock-mode watch's wait puts the entry as it read it.
     found: Option<FoundSlot>,
+    /// Where a wait on a guard that reads its waiter's turn puts the read.
+    turn: Option<TurnSlot>,
 }
+
+/// A waiter's turn to read in its wait's own statement, and where the wait
+/// puts what it read.
+type TurnSlot = Arc<(Turn, std::sync::Mutex<Option<TurnRead>>)>;
 
 /// The entry as a watch's wait read it after waking (see
 /// `Dialect::wait_watch`), for the watcher to take.
@@ -1055,7 +1160,20 @@ impl<D: Dialect> WaitTask<D> {
             let step = {
                 let call = async {
                     match self.on {
-                        WaitOn::Guard(id) => dialect.wait(&mut idle.conn, id, &self.owner, bound_ms).await,
+                        WaitOn::Guard(id) => match &self.turn {
+                            Some(slot) => {
+                                let waited = dialect
+                                    .wait_turn(&mut idle.conn, id, &self.owner, bound_ms, &slot.0)
+                                    .await;
+                                waited.map(|(waited, read)| {
+                                    if let Some(read) = read {
+                                        *slot.1.lock().unwrap_or_else(PoisonError::into_inner) = Some(read);
+                                    }
+                                    waited
+                                })
+                            }
+                            None => dialect.wait(&mut idle.conn, id, &self.owner, bound_ms).await,
+                        },
                         WaitOn::Version(id, version) => {
                             dialect
                                 .wait_version(&mut idle.conn, id, version, &self.owner, bound_ms)
@@ -1277,6 +1395,8 @@ impl<D: Dialect> SqlSession<D> {
             grace_ended: tokio::sync::Mutex::new(false),
             reset_grace,
             entries: std::sync::Mutex::new(HashMap::new()),
+            behind: std::sync::Mutex::new(HashMap::new()),
+            turns_read: std::sync::Mutex::new(HashMap::new()),
             notices,
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
@@ -1440,6 +1560,16 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         };
         let (id, nearest) = on_owner!(shared, "append to the queue", |d, conn| d.append(conn, &append))?;
         shared.entries().entry(id).or_default();
+        shared.note_blocker(
+            Turn {
+                id,
+                name: request.dir.to_owned(),
+                session: shared.id.clone(),
+                skip_shared: append.skip_shared,
+                count: append.count,
+            },
+            &nearest,
+        );
         if shared.state.borrow().is_over() {
             shared.check_live()?;
         }
@@ -1460,14 +1590,32 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
     async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {
         let (name, id) = self.id_of(entry)?;
         let shared = &self.shared;
-        let found = on_owner!(shared, "read the queue", |d, conn| d.earlier(
-            conn,
-            id,
-            &name,
-            &shared.id,
-            conflicts == Conflicts::Exclusive,
-            count_of(count)
-        ))?;
+        let skip_shared = conflicts == Conflicts::Exclusive;
+        // Read already by the wait that woke this waiter, in its own
+        // statement: no second round trip.
+        let found = match shared.take_turn(id, skip_shared, count_of(count)) {
+            Some(read) => read,
+            None => on_owner!(shared, "read the queue", |d, conn| d.earlier(
+                conn,
+                id,
+                &name,
+                &shared.id,
+                skip_shared,
+                count_of(count)
+            ))?,
+        };
+        if let Some(rows) = &found {
+            shared.note_blocker(
+                Turn {
+                    id,
+                    name: name.to_string(),
+                    session: shared.id.clone(),
+                    skip_shared,
+                    count: count_of(count),
+                },
+                rows,
+            );
+        }
         Ok(match found {
             None => Earlier::Gone,
             Some(rows) => {
@@ -1511,7 +1659,24 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
             };
         }
         let owner = entry.owner.clone().unwrap_or_default();
-        let lost = shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await?;
+        // The waiter behind it, if one of ours waits on it alone: its wait
+        // reads its turn too.
+        let turn = shared
+            .behind
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id)
+            .flatten();
+        let lost = match turn {
+            Some(turn) => {
+                let (lost, read) = shared.wait_on_turn(id, &owner, entry.order, turn.clone()).await?;
+                if let Some(read) = read {
+                    shared.keep_turn(&turn, read);
+                }
+                lost
+            }
+            None => shared.wait_on(WaitOn::Guard(id), &owner, entry.order).await?,
+        };
         shared.saw_go(entry, lost);
         Ok(())
     }

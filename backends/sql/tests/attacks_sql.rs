@@ -940,8 +940,9 @@ async fn a_cut_during_a_release_is_safe(db: Db) {
         &db,
         &mut looker,
         "the release waits on the server",
-        "SELECT %remove%",
-        "DELETE FROM `lockline`.`lockline_entries` WHERE id = ? AND session%",
+        "CALL %release%",
+        // The delete inside the remove procedure, waiting on the row.
+        "%DELETE FROM `lockline`.`lockline_entries` WHERE id = %",
     )
     .await;
     let cut_at = Instant::now();

@@ -1,9 +1,9 @@
 //! Tables of an older layout are refused with a message that says where
 //! the way to move them is, and the way the SQL chapter gives
-//! (`docs/sql.md`, "Layout versions") moves layout 2 and layout 3 tables (as
+//! (`docs/sql.md`, "Layout versions") moves layout 2, 3 and 4 tables (as
 //! the earlier lockline's scripts made them, kept in `tests/fixtures/`) to
-//! the current layout, on PostgreSQL and on MariaDB; layout 3 tables are also
-//! moved by the first session that may create tables.
+//! the current layout, on PostgreSQL and on MariaDB; layout 3 and 4 tables
+//! are also moved by the first session that may create tables.
 
 use std::time::Duration;
 
@@ -21,6 +21,8 @@ on_both!(
     layout_2_tables_are_refused_and_moved_as_documented,
     layout_3_tables_are_moved_by_the_first_session_that_may_create,
     layout_3_tables_are_refused_and_moved_as_documented,
+    layout_4_tables_are_moved_by_the_first_session_that_may_create,
+    layout_4_tables_are_refused_and_moved_as_documented,
 );
 
 /// The statements `docs/sql.md` gives, before and after the script.
@@ -32,7 +34,7 @@ const MARIADB_BEFORE: &str = "ALTER TABLE lockline_entries ADD COLUMN epoch BIGI
      ADD COLUMN watchers INT NOT NULL DEFAULT 0 AFTER changed; \
      UPDATE lockline_entries SET epoch = version; \
      DROP PROCEDURE lockline_append;";
-const AFTER: &str = "UPDATE lockline_meta SET layout = 4;";
+const AFTER: &str = "UPDATE lockline_meta SET layout = 5;";
 
 fn options() -> SessionOptions {
     SessionOptions::new().with_ttl(Duration::from_secs(10))
@@ -119,16 +121,21 @@ async fn layout_2_tables_are_refused_and_moved_as_documented(db: Db) {
     assert_eq!(queue.block.as_deref(), Some(&b"block"[..]));
 }
 
-fn layout_3(db: &Db) -> &'static str {
-    if db.is_postgres() {
-        include_str!("fixtures/layout3_postgres.sql")
-    } else {
-        include_str!("fixtures/layout3_mariadb.sql")
+/// The script of an earlier layout (3 or 4).
+fn layout_script(db: &Db, layout: i64) -> &'static str {
+    match (layout, db.is_postgres()) {
+        (3, true) => include_str!("fixtures/layout3_postgres.sql"),
+        (3, false) => include_str!("fixtures/layout3_mariadb.sql"),
+        (4, true) => include_str!("fixtures/layout4_postgres.sql"),
+        (4, false) => include_str!("fixtures/layout4_mariadb.sql"),
+        other => panic!("no script of layout {other:?}"),
     }
 }
 
-/// A transaction fenced on a lock of `client`'s commits: the fence is there.
-async fn the_fence_works(db: &Db, client: &Client) {
+/// A transaction fenced on a lock of `client`'s commits: the fence is
+/// there. And a lock handed from one session to a waiting one: the wait
+/// that reads the waiter's turn is there.
+async fn the_fence_and_the_handoff_work(db: &Db, client: &Client) {
     let session = bounded("open", client.session_with(options())).await.expect("session");
     let guard = session
         .mutex("moved/fenced")
@@ -145,25 +152,46 @@ async fn the_fence_works(db: &Db, client: &Client) {
         let tx = FencedTransaction::begin_mysql(&guard, &pool).await.expect("begin");
         tx.commit().await.expect("a fenced commit while held");
     }
+    let other = bounded("open", client.session_with(options())).await.expect("session");
+    let waits_before = client.stats().waits;
+    let waiting = {
+        let mutex = other.mutex("moved/fenced").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    bounded("the waiter queues", async {
+        while client.stats().waits == waits_before {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     guard.release().await.expect("release");
+    let handed = bounded("the waiter is granted", waiting)
+        .await
+        .expect("task")
+        .expect("lock");
+    handed.release().await.expect("release");
+    other.close().await.expect("close");
     session.close().await.expect("close");
 }
 
-fn refused_as_layout_3(opened: lockline::Result<lockline::Session>) {
+fn refused_as(layout: i64, opened: lockline::Result<lockline::Session>) {
     match opened {
         Err(Error::InvalidOptions { reason }) => {
-            assert!(reason.contains("layout Some(3)"), "{reason}");
+            assert!(reason.contains(&format!("layout Some({layout})")), "{reason}");
             assert!(reason.contains("Layout versions"), "{reason}");
         }
-        other => panic!("layout 3 tables must be refused, got {other:?}"),
+        other => panic!("layout {layout} tables must be refused, got {other:?}"),
     }
 }
 
-async fn layout_3_tables_are_moved_by_the_first_session_that_may_create(db: Db) {
-    db.sql(layout_3(&db));
+async fn moved_by_the_first_session_that_may_create(db: Db, layout: i64) {
+    db.sql(layout_script(&db, layout));
     let fixed = Client::new(Sql::new(db.url()).without_creating_tables());
-    refused_as_layout_3(bounded("open on layout 3", fixed.session_with(options())).await);
-    assert_eq!(db.count("SELECT layout FROM lockline_meta"), 3);
+    refused_as(
+        layout,
+        bounded("open on an earlier layout", fixed.session_with(options())).await,
+    );
+    assert_eq!(db.count("SELECT layout FROM lockline_meta"), layout);
     // Sessions opened at once: one moves the tables, the others find them
     // moved.
     let client = Client::new(Sql::new(db.url()));
@@ -175,16 +203,35 @@ async fn layout_3_tables_are_moved_by_the_first_session_that_may_create(db: Db) 
             .await
             .expect("close");
     }
-    assert_eq!(db.count("SELECT layout FROM lockline_meta"), 4);
-    the_fence_works(&db, &fixed).await;
+    assert_eq!(db.count("SELECT layout FROM lockline_meta"), 5);
+    the_fence_and_the_handoff_work(&db, &fixed).await;
 }
 
-async fn layout_3_tables_are_refused_and_moved_as_documented(db: Db) {
-    db.sql(layout_3(&db));
+async fn refused_and_moved_as_documented(db: Db, layout: i64) {
+    db.sql(layout_script(&db, layout));
     let fixed = Client::new(Sql::new(db.url()).without_creating_tables());
-    refused_as_layout_3(bounded("open on layout 3", fixed.session_with(options())).await);
+    refused_as(
+        layout,
+        bounded("open on an earlier layout", fixed.session_with(options())).await,
+    );
     // docs/sql.md: the script again, then the layout row.
     db.sql(&Sql::new(db.url()).ddl().expect("ddl"));
     db.sql(AFTER);
-    the_fence_works(&db, &fixed).await;
+    the_fence_and_the_handoff_work(&db, &fixed).await;
+}
+
+async fn layout_3_tables_are_moved_by_the_first_session_that_may_create(db: Db) {
+    moved_by_the_first_session_that_may_create(db, 3).await;
+}
+
+async fn layout_3_tables_are_refused_and_moved_as_documented(db: Db) {
+    refused_and_moved_as_documented(db, 3).await;
+}
+
+async fn layout_4_tables_are_moved_by_the_first_session_that_may_create(db: Db) {
+    moved_by_the_first_session_that_may_create(db, 4).await;
+}
+
+async fn layout_4_tables_are_refused_and_moved_as_documented(db: Db) {
+    refused_and_moved_as_documented(db, 4).await;
 }
