@@ -567,3 +567,15 @@ impl BackendSession for EtcdSession {
         }
     }
 }
+
+/// A transaction of `ops` applied only while `entry` is the very entry it
+/// was (the same key at the same create revision): a fenced change.
+fn fenced_on(entry: &Entry, ops: Vec<TxnOp>) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(
+            entry.key.clone(),
+            CompareOp::Equal,
+            entry.order,
+        )])
+        .and_then(ops)
+}

@@ -263,13 +263,7 @@ impl EtcdSession {
         if marked {
             ops.push(self.hand_over_if_awaited(layout::dir_of(entry)));
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.clone(),
-                CompareOp::Equal,
-                entry.order,
-            )])
-            .and_then(ops);
+        let txn = fenced_on(entry, ops);
         Ok(self.txn(txn, "delete", &entry.key).await?.succeeded())
     }
 

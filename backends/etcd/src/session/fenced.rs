@@ -29,13 +29,7 @@ impl EtcdSession {
                 }
             });
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.clone(),
-                CompareOp::Equal,
-                entry.order,
-            )])
-            .and_then(ops);
+        let txn = fenced_on(entry, ops);
         let named = writes.first().map_or(entry.key.as_str(), Write::key);
         Ok(self.txn(txn, "write", named).await?.succeeded())
     }

@@ -184,13 +184,7 @@ impl EtcdSession {
         if let Some(then) = then {
             ops.push(TxnOp::get(prefix.to_owned(), Some(nearest.with_revision(then))));
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.clone(),
-                CompareOp::Equal,
-                entry.order,
-            )])
-            .and_then(ops);
+        let txn = fenced_on(entry, ops);
         self.txn(txn, "read", prefix).await
     }
 
