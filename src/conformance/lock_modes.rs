@@ -304,15 +304,18 @@ pub async fn lock_modes_waiter_dropped_as_it_is_handed_the_lock<F: Fixture>(fixt
     holder.set_value(b"kept").expect("EX writes");
     let rb = b.resource(&name).expect("resource");
     let waiter = spawn_queued(&cb, async move { rb.lock(Ex).await }).await;
+    let left = |s: &crate::ClientStats| s.cleanups + s.releases;
+    let before = left(&cb.stats());
     release(holder).await;
     waiter.abort();
     let _ = waiter.await;
-    bounded("the dropped waiter leaves", async {
-        while !contenders(&resource).await.is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    // However far it got (waiting, handed the lock, its guard returned),
+    // its leaving ends as one background cleanup or release.
+    bounded("the dropped waiter leaves", cb.wait_for_stats(|s| left(s) > before)).await;
+    assert!(
+        contenders(&resource).await.is_empty(),
+        "the dropped waiter left its entry"
+    );
     let next = lock_in(&resource, Ex).await;
     assert_eq!(next.value().bytes, b"kept");
     assert_eq!(
