@@ -436,9 +436,9 @@ impl Resource {
                     Some(block) if mode.sole_writer() => block.value.clone(),
                     _ => view.block.seen(&view),
                 };
-                // What a PW or EX holder's release hands over from: the
-                // queue as read, with the block this grant wrote.
-                let granted_from = block.as_ref().map(|block| view.to_queue(block));
+                // What its release decides from: the queue as read, with
+                // the block as this grant left it.
+                let granted_from = Some(view.to_queue(block.as_ref().unwrap_or(&view.block)));
                 return Ok(Some(self.guard(
                     mine,
                     mode,
@@ -632,9 +632,7 @@ impl Resource {
             })),
         };
         guard.sync_release_block();
-        if mode.sole_writer() {
-            guard.hold.set_release_queue(granted_from);
-        }
+        guard.hold.set_release_queue(granted_from);
         guard
     }
 }
@@ -708,9 +706,13 @@ pub(crate) async fn hand_over(
     if let Some(queue) = granted_from {
         let view = View::new(name, queue.clone())?;
         if let Some(at) = view.position(mine) {
-            // No one waited then, or the condition failed: read again.
-            if let Offer::Handed = offer(inner, name, mine, at, leaving, &view).await? {
-                return Ok(true);
+            match offer(inner, name, mine, at, leaving, &view, true).await? {
+                Offer::Handed => return Ok(true),
+                // No one waited then: the plain release, one round trip as
+                // before the hand-over; waiters come since grant themselves.
+                Offer::NoOne(block) => return alone(block).await,
+                // The condition failed: read again.
+                Offer::Refused(_) => {}
             }
         }
     }
@@ -719,7 +721,7 @@ pub(crate) async fn hand_over(
         let Some(at) = view.position(mine) else {
             return Ok(false);
         };
-        let block = match offer(inner, name, mine, at, leaving, &view).await? {
+        let block = match offer(inner, name, mine, at, leaving, &view, false).await? {
             Offer::Handed => return Ok(true),
             Offer::NoOne(block) | Offer::Refused(block) => block,
         };
@@ -771,6 +773,7 @@ async fn offer(
     at: usize,
     leaving: Option<&[u8]>,
     view: &View,
+    cached: bool,
 ) -> Result<Offer> {
     let remote = &inner.remote;
     let named = view
@@ -817,6 +820,12 @@ async fn offer(
     // A PW or EX successor is named in the block, as its own grant would
     // have named it.
     let writer = grants.iter().find(|(_, mode)| mode.sole_writer());
+    if cached && writer.is_some() && leaving.is_none() {
+        // The block read at the grant may have been written since (by a PW
+        // or EX holder beside this one): a PW or EX successor is named in
+        // the block as it is now.
+        return Ok(Offer::Refused(alone));
+    }
     let block = match (writer, leaving) {
         (Some(&(i, _)), Some(leaving)) => Some(Block {
             holder: Some((view.slots[i].0.entry.key.clone(), view.slots[i].0.entry.order)),

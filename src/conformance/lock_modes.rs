@@ -245,22 +245,31 @@ pub async fn lock_modes_value_block<F: Fixture>(fixture: &F) {
 /// A release hands over: in its one write it grants the waiters its
 /// departure lets in, each with a token above every earlier one, and the
 /// value block as the releaser left it; the waiters learn it from their
-/// wake and write nothing themselves. A PW or EX holder hands over to the
-/// waiters it read when it was granted (here: the PR request queued behind
-/// it), any other holder to those its release reads. What it hands over it
+/// wake and write nothing themselves. A holder decides from the queue it
+/// read when it was granted: here each one is granted with the others
+/// already queued behind it (a holder granted before anyone waited
+/// releases plainly, and its waiter grants itself). What it hands over it
 /// counts in [`ClientStats::handovers`](crate::ClientStats::handovers).
 pub async fn lock_modes_release_hands_over<F: Fixture>(fixture: &F) {
     let (ca, a, cb, b) = two(fixture).await;
-    let cc = fixture.client().await;
-    let c = session(fixture, &cc).await;
+    let (cc, cz) = (fixture.client().await, fixture.client().await);
+    let (c, z) = (session(fixture, &cc).await, session(fixture, &cz).await);
     let name = unique("hand-over");
-    let first = lock_in(&a.resource(&name).expect("resource"), Pr).await;
-    let (rb, rc) = (
+    // Z, granted before anyone waited, lets the first one in.
+    let gate = lock_in(&z.resource(&name).expect("resource"), Ex).await;
+    let (ra, rb, rc) = (
+        a.resource(&name).expect("resource"),
         b.resource(&name).expect("resource"),
         c.resource(&name).expect("resource"),
     );
+    let first = spawn_queued(&ca, async move { ra.lock(Pr).await }).await;
     let second = spawn_queued(&cb, async move { rb.lock(Ex).await }).await;
     let third = spawn_queued(&cc, async move { rc.lock(Pr).await }).await;
+    release(gate).await;
+    let first = bounded("the first PR waiter is granted", first)
+        .await
+        .expect("task")
+        .expect("PR");
     let before = ca.stats().handovers;
     let first_token = first.token();
     release(first).await;
