@@ -1,3 +1,21 @@
+-- | lockline's MariaDB/MySQL tables and procedures, in database lockline with
+-- | the default table prefix lockline_: run it as it is with the mariadb or
+-- | mysql client (mariadb lockline < mariadb.sql). Sql::ddl() prints it for
+-- | another database (the URL's, or Sql::with_schema) or table prefix
+-- | (Sql::with_table_prefix). It is the one source of the layout: lockline
+-- | runs this very script when it creates its tables on first use, one step
+-- | at a time: the text before the first DELIMITER // line; each procedure,
+-- | alone between a DELIMITER // line and its closing //, DELIMITER ; lines;
+-- | and the text after the last procedure (the layout's row, last: it says
+-- | the rest exists).
+-- |
+-- | For other names, lockline replaces these as they are written here:
+-- | `lockline` (the database); `lockline_ at the start of a name; and the
+-- | start of the named locks (ll:bb29fb052a1f:), which it derives from the
+-- | database and the prefix. When it moves tables of an older layout to this
+-- | one, it runs the procedures this layout added alone, each its own step.
+-- | Lines that begin with "-- |", as these do, are left out of what
+-- | lockline runs and prints.
 -- lockline's tables and procedures (layout 5) for MariaDB 10.6 or later, or MySQL 8.0.29
 -- or later, in database `lockline`.
 -- InnoDB for all: the entries' row locks make a fenced commit and the next grant

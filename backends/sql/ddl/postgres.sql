@@ -1,3 +1,19 @@
+-- | lockline's PostgreSQL tables and functions, in schema public with the
+-- | default table prefix lockline_: run it as it is (psql -f postgres.sql).
+-- | Sql::ddl() prints it for another schema (Sql::with_schema) or table
+-- | prefix (Sql::with_table_prefix). It is the one source of the layout:
+-- | lockline runs this very script when it creates its tables on first use.
+-- |
+-- | For other names, lockline replaces these as they are written here:
+-- | "public"; lockline_ at the start of a name; and what it derives from the
+-- | schema and the prefix: the salt of the guards' advisory-lock keys
+-- | (2026619832316723200), the class of its two-key advisory locks
+-- | (472486338) and the start of the entries' notification channels
+-- | (ll1c2991c2feb9_). When it moves tables of an older layout to this one,
+-- | it runs the functions this layout added alone: each from the comment
+-- | lines right above its CREATE to its closing $fn$; line.
+-- | Lines that begin with "-- |", as these do, are left out of what
+-- | lockline runs and prints.
 -- lockline's tables and functions (layout 5), for PostgreSQL 14 or later.
 -- Entries and sessions die with their owners' connections, so they are UNLOGGED:
 -- an acquire or a release writes no WAL and waits for no disk flush. The fencing

@@ -34,7 +34,8 @@ pub(crate) fn map(doing: Doing<'_>, error: sqlx::Error) -> Error {
                     key: what.to_owned(),
                     reason: privilege_hint(&message),
                 },
-                // Two connections on one backend (pg.rs POOLED).
+                // Two connections on one backend (the functions of
+                // ddl/postgres.sql raise it, a pooler named in its message).
                 "LL001" => Error::InvalidOptions {
                     reason: format!("{what} on {target}: {message}"),
                 },

@@ -93,6 +93,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod ddl;
 mod dialect;
 mod error;
 mod fenced;
@@ -398,11 +399,15 @@ impl Sql {
         }
     }
 
-    /// The script that creates lockline's tables (and, on PostgreSQL, its
-    /// functions), for a DBA who creates them rather than letting lockline
-    /// do it on first use. It names the schema given with
-    /// [`with_schema`](Self::with_schema) (`public` when none is given on
-    /// PostgreSQL; the URL's database on MariaDB/MySQL).
+    /// The script that creates lockline's tables (and its functions on
+    /// PostgreSQL, its procedures on MariaDB/MySQL), for a DBA who creates
+    /// them rather than letting lockline do it on first use. It names the
+    /// schema given with [`with_schema`](Self::with_schema) (`public` when
+    /// none is given on PostgreSQL; the URL's database on MariaDB/MySQL).
+    /// It is the crate's `ddl/postgres.sql` or `ddl/mariadb.sql` (which run
+    /// as they are for schema `public` or database `lockline` and the
+    /// default table prefix) with these names, and what a session runs
+    /// when it creates the tables itself.
     ///
     /// # Errors
     ///
