@@ -57,6 +57,31 @@ fn starts_with_whole(rest: &str, name: &str, digit_before: bool) -> bool {
     !cut_before && !cut_after
 }
 
+/// Checks a dialect's renaming of its script, for its tests: `default`
+/// (the script made for the names it is written for) is the script less
+/// its notes; `other` (made for other names) has no name of `gone` left,
+/// and each name of `renamed` (as the script writes it, left) is in the
+/// script, and its value (right) as often in `other`.
+#[cfg(test)]
+pub(crate) fn check_renaming(script: &str, default: &str, other: &str, gone: &[&str], renamed: &[(&str, &str)]) {
+    let source = without_notes(script);
+    assert_eq!(default, source, "the script made for its own names is not the script");
+    for name in gone {
+        assert!(
+            !other.contains(name),
+            "{name} is left in the script made for other names"
+        );
+    }
+    for (name, value) in renamed {
+        assert!(source.contains(name), "the script has no {name}");
+        assert_eq!(
+            other.matches(value).count(),
+            source.matches(name).count(),
+            "{name} was not replaced by {value} wherever the script has it"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 use lockline::Write;
+use sqlx::query::Query;
+
+use crate::error::Doing;
 
 /// A result of a dialect's statement: the driver's error, mapped by the
 /// session with what it was doing.
@@ -30,6 +33,29 @@ pub(crate) struct Append<'a> {
     pub(crate) count: i32,
 }
 
+impl Append<'_> {
+    /// `query` with the append bound, in the order both engines' append
+    /// takes it: name, kind, session, attempt, value, read locks or not,
+    /// how many earlier entries.
+    pub(crate) fn bind<'q, DB>(&self, query: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>
+    where
+        DB: sqlx::Database,
+        for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> &'t [u8]: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> bool: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> i32: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        query
+            .bind(self.name)
+            .bind(self.kind)
+            .bind(self.session)
+            .bind(self.attempt)
+            .bind(self.value)
+            .bind(self.skip_shared)
+            .bind(self.count)
+    }
+}
+
 /// An owner's heartbeat as a waiter reads it: the counter each of its
 /// renewals raises, and its TTL. Staleness is judged on the waiter's own
 /// monotonic clock — a count that has not moved for the TTL while it
@@ -39,6 +65,17 @@ pub(crate) struct Append<'a> {
 pub(crate) struct Beat {
     pub(crate) count: i64,
     pub(crate) ttl_ms: i64,
+}
+
+impl Beat {
+    /// A heartbeat read beside a status or a wait: `None` when its columns
+    /// are NULL (the owner's session row is gone).
+    pub(crate) fn of(count: Option<i64>, ttl_ms: Option<i64>) -> Option<Beat> {
+        Some(Beat {
+            count: count?,
+            ttl_ms: ttl_ms?,
+        })
+    }
 }
 
 /// How one wait on a guard ended.
@@ -61,8 +98,8 @@ pub(crate) enum Waited {
 
 /// What a waiter reads once the entry it waits on is gone: whether its own
 /// entry `id` is still there, and the nearest earlier live entries before
-/// it (as [`Dialect::earlier`] reads them). Asked of
-/// [`Dialect::wait_turn`], which reads it in the wait's own statement.
+/// it. Asked of [`Entries::earlier`], and of [`Waits::wait_turn`], which
+/// reads it in the wait's own statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Turn {
     /// The waiter's own entry.
@@ -74,11 +111,32 @@ pub(crate) struct Turn {
     pub(crate) count: i32,
 }
 
-/// What [`Dialect::wait_turn`] read after the wait: as
-/// [`Dialect::earlier`] answers (`None`: the waiter's own entry is gone).
+impl Turn {
+    /// `query` with the turn bound, in the order both of PostgreSQL's
+    /// functions that read it take it: the waiter's entry, the lock's
+    /// name, the session, read locks or not, how many earlier entries.
+    pub(crate) fn bind<'q, DB>(&self, query: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>
+    where
+        DB: sqlx::Database,
+        for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> bool: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> i32: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        query
+            .bind(self.id)
+            .bind(self.name.as_str())
+            .bind(self.session.as_str())
+            .bind(self.skip_shared)
+            .bind(self.count)
+    }
+}
+
+/// What [`Waits::wait_turn`] read after the wait: as
+/// [`Entries::earlier`] answers (`None`: the waiter's own entry is gone).
 pub(crate) type TurnRead = Option<Vec<Row>>;
 
-/// An entry of a lock-mode queue as [`Dialect::read_queue`] reads it.
+/// An entry of a lock-mode queue as [`LockModes::read_queue`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct QueueRow {
     pub(crate) row: Row,
@@ -86,7 +144,7 @@ pub(crate) struct QueueRow {
     pub(crate) value: Vec<u8>,
     /// Raised by one on every write of the value.
     pub(crate) version: i64,
-    /// The token of its last write by [`Dialect::update_queue`], or its id
+    /// The token of its last write by [`LockModes::update_queue`], or its id
     /// when none wrote it yet.
     pub(crate) changed: i64,
 }
@@ -237,7 +295,7 @@ pub(crate) enum Status {
     Held,
 }
 
-/// What [`Dialect::statuses`] says of one entry: its id, the value version
+/// What [`Waits::statuses`] says of one entry: its id, the value version
 /// asked for, its status, its owner's session id and heartbeat.
 pub(crate) type EntryStatus = (i64, i64, Status, String, Option<Beat>);
 
@@ -250,14 +308,41 @@ pub(crate) struct Grace {
     pub(crate) id: i64,
 }
 
-/// One engine's statements over one set of tables.
+impl Grace {
+    /// The grace as the meta row gives it: its length, and when it began
+    /// (NULL read as 0).
+    pub(crate) fn of((ms, id): (i64, Option<i64>)) -> Grace {
+        Grace {
+            ms,
+            id: id.unwrap_or(0),
+        }
+    }
+}
+
+/// One engine's statements over one set of tables: every part below. The
+/// session is written once over it.
+pub(crate) trait Dialect: Engine + Liveness + Entries + Waits + Values + LockModes {}
+
+impl<D: Engine + Liveness + Entries + Waits + Values + LockModes> Dialect for D {}
+
+/// One engine's connections: opening them with lockline's settings,
+/// checking the tables, and what any connection runs.
 #[async_trait]
-pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
+pub(crate) trait Engine: Send + Sync + fmt::Debug + 'static {
     /// A connection of this engine.
     type Conn: Send + 'static;
 
     /// The backend's name in errors (`postgres`, `mysql`).
     fn backend(&self) -> &'static str;
+
+    /// What a step of this engine on `target` was doing, for its errors.
+    fn doing<'a>(&self, what: &'a str, target: &'a str) -> Doing<'a> {
+        Doing {
+            backend: self.backend(),
+            what,
+            target,
+        }
+    }
 
     /// Opens a connection with lockline's per-connection settings. Returns
     /// it and its server-side id (PostgreSQL backend pid, MySQL connection id).
@@ -267,6 +352,20 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// moves the id counter past anything handed out before a server restart.
     async fn prepare(&self, conn: &mut Self::Conn) -> std::result::Result<(), lockline::Error>;
 
+    /// A statement that does nothing: whether the connection still works.
+    async fn ping(&self, conn: &mut Self::Conn) -> DbResult<()>;
+
+    /// Ends the statement running on connection `server_id` (a wait).
+    async fn cancel(&self, conn: &mut Self::Conn, server_id: i64) -> DbResult<()>;
+
+    /// Lets go of anything a cancelled wait may have left held.
+    async fn reset(&self, conn: &mut Self::Conn) -> DbResult<()>;
+}
+
+/// A session's life on the server: its row and heartbeat, its end, and the
+/// end of another session that went silent.
+#[async_trait]
+pub(crate) trait Liveness: Engine {
     /// Registers a session owned by this connection. Returns the restart
     /// grace in force, if any: after a server restart (or a promotion), the
     /// longest TTL of a session opened before it, during which no grant is
@@ -288,12 +387,6 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// that very connection (a pooler).
     async fn heartbeat(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Option<i64>>;
 
-    /// What became of the entries some waiters wait on, given as (id,
-    /// value version or -1): each with its [`Status`] (an entry whose row is
-    /// gone, whose guard is free, or whose value moved past the version is
-    /// [`Status::Free`]), its owner's session id and the owner's heartbeat.
-    async fn statuses(&self, conn: &mut Self::Conn, ids: &[(i64, i64)]) -> DbResult<Vec<EntryStatus>>;
-
     /// Every session's heartbeat, with one of its entries (0 if none): for
     /// ending a silent session that holds something no waiter blocks on (a
     /// row lock of a transaction it was in when it went silent).
@@ -302,21 +395,37 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// The ids of the session's entries.
     async fn own_ids(&self, conn: &mut Self::Conn, session: &str) -> DbResult<Vec<i64>>;
 
+    /// `owner`'s heartbeat now; `None` when its session row is gone.
+    async fn beat_of(&self, conn: &mut Self::Conn, owner: &str) -> DbResult<Option<Beat>>;
+
+    /// Ends a silent owner whose entry `id` a waiter waits on — its
+    /// connection and its rows — if its heartbeat count is still `beat`
+    /// (atomically: a renewal either moves the count first, or finds the
+    /// session ended and loses it).
+    async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64, beat: i64) -> DbResult<Reaped>;
+
+    /// Deletes the session's entries and its row.
+    async fn close(&self, conn: &mut Self::Conn, session: &str) -> DbResult<()>;
+
+    /// Ends a lost session from another connection: its old owning
+    /// connection (`owner_server_id`) is ended if it still holds a guard of
+    /// the session, then its rows are deleted. `false` when the old
+    /// connection would not end in time (its rows are then left alone).
+    async fn end(&self, conn: &mut Self::Conn, session: &str, owner_server_id: i64) -> DbResult<bool>;
+}
+
+/// The entries of a queue: appending, reading the nearest earlier ones,
+/// removing.
+#[async_trait]
+pub(crate) trait Entries: Engine {
     /// Appends (or finds the earlier append of the same attempt): the new
     /// entry's id and the nearest earlier live entries.
     async fn append(&self, conn: &mut Self::Conn, append: &Append<'_>) -> DbResult<(i64, Vec<Row>)>;
 
-    /// The nearest earlier live entries before `id`, removing dead ones on
-    /// the way; `None` when `id` itself is gone.
-    async fn earlier(
-        &self,
-        conn: &mut Self::Conn,
-        id: i64,
-        name: &str,
-        session: &str,
-        skip_shared: bool,
-        count: i32,
-    ) -> DbResult<Option<Vec<Row>>>;
+    /// The nearest earlier live entries before `turn.id`, as `turn` asks
+    /// them, removing dead ones on the way; `None` when `turn.id` itself is
+    /// gone.
+    async fn earlier(&self, conn: &mut Self::Conn, turn: &Turn) -> DbResult<Option<Vec<Row>>>;
 
     /// Every live entry of `name`, first first.
     async fn list(&self, conn: &mut Self::Conn, name: &str, session: &str) -> DbResult<Vec<Row>>;
@@ -327,6 +436,17 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
 
     /// Deletes the entry of `attempt` and lets go of its guard.
     async fn abandon(&self, conn: &mut Self::Conn, attempt: &str, session: &str) -> DbResult<Option<i64>>;
+}
+
+/// Waits on the server: on an entry's guard, on an election value's
+/// version, and the look at waits that have no connection of their own.
+#[async_trait]
+pub(crate) trait Waits: Engine {
+    /// What became of the entries some waiters wait on, given as (id,
+    /// value version or -1): each with its [`Status`] (an entry whose row is
+    /// gone, whose guard is free, or whose value moved past the version is
+    /// [`Status::Free`]), its owner's session id and the owner's heartbeat.
+    async fn statuses(&self, conn: &mut Self::Conn, ids: &[(i64, i64)]) -> DbResult<Vec<EntryStatus>>;
 
     /// Waits until the guard of entry `id` is free, for at most `bound_ms`
     /// and a third of `owner`'s TTL, whichever is less; a wait that runs to
@@ -349,6 +469,38 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
         turn: &Turn,
     ) -> DbResult<(Waited, Option<TurnRead>)>;
 
+    /// As [`wait`](Self::wait), on the lock an election entry's owner holds
+    /// for its value's `version`.
+    async fn wait_version(
+        &self,
+        conn: &mut Self::Conn,
+        id: i64,
+        version: i64,
+        owner: &str,
+        bound_ms: i64,
+    ) -> DbResult<Waited>;
+}
+
+/// An election entry's value, and fenced writes to the data table.
+#[async_trait]
+pub(crate) trait Values: Engine {
+    /// Replaces an election entry's value; whether `session` still owns it.
+    async fn set_value(&self, conn: &mut Self::Conn, id: i64, session: &str, value: &[u8]) -> DbResult<bool>;
+
+    /// A live entry's value and version; `None` when gone.
+    async fn get_value(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>>;
+
+    /// Applies `writes` to the data table if `session` still owns entry `id`.
+    async fn write_if_held(&self, conn: &mut Self::Conn, id: i64, session: &str, writes: &[Write]) -> DbResult<bool>;
+
+    /// A key of the data table.
+    async fn read(&self, conn: &mut Self::Conn, key: &str) -> DbResult<Option<Vec<u8>>>;
+}
+
+/// Lock modes: a queue read and changed as a whole, and watchers of its
+/// entries.
+#[async_trait]
+pub(crate) trait LockModes: Engine {
     /// Every live entry of `name`, first first, with its value, version and
     /// the token of its last write, and the name's lock value block: one
     /// statement, one snapshot.
@@ -374,7 +526,7 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     /// until the value lock its owner holds for `at.epoch` is free (its
     /// owner wrote it, removed it or is gone), or (MariaDB/MySQL) a writer
     /// of another session wakes it; at once when it moved on already;
-    /// bounded as [`wait`](Self::wait). [`Waited::Lost`]: the entry is
+    /// bounded as [`wait`](Waits::wait). [`Waited::Lost`]: the entry is
     /// there with its guard free (its owner's connection ended). Unless
     /// the bound ran out, also the entry as the wait read it after waking
     /// (as [`watch_read`](Self::watch_read) gives it), so that the
@@ -400,59 +552,8 @@ pub(crate) trait Dialect: Send + Sync + fmt::Debug + 'static {
     fn notifies(&self) -> bool {
         false
     }
-
-    /// As [`wait`](Self::wait), on the lock an election entry's owner holds
-    /// for its value's `version`.
-    async fn wait_version(
-        &self,
-        conn: &mut Self::Conn,
-        id: i64,
-        version: i64,
-        owner: &str,
-        bound_ms: i64,
-    ) -> DbResult<Waited>;
-
-    /// Ends a silent owner whose entry `id` a waiter waits on — its
-    /// connection and its rows — if its heartbeat count is still `beat`
-    /// (atomically: a renewal either moves the count first, or finds the
-    /// session ended and loses it).
-    async fn reap(&self, conn: &mut Self::Conn, owner: &str, id: i64, beat: i64) -> DbResult<Reaped>;
-
-    /// `owner`'s heartbeat now; `None` when its session row is gone.
-    async fn beat_of(&self, conn: &mut Self::Conn, owner: &str) -> DbResult<Option<Beat>>;
-
-    /// A statement that does nothing: whether the connection still works.
-    async fn ping(&self, conn: &mut Self::Conn) -> DbResult<()>;
-
-    /// Ends the statement running on connection `server_id` (a wait).
-    async fn cancel(&self, conn: &mut Self::Conn, server_id: i64) -> DbResult<()>;
-
-    /// Lets go of anything a cancelled wait may have left held.
-    async fn reset(&self, conn: &mut Self::Conn) -> DbResult<()>;
-
-    /// Replaces an election entry's value; whether `session` still owns it.
-    async fn set_value(&self, conn: &mut Self::Conn, id: i64, session: &str, value: &[u8]) -> DbResult<bool>;
-
-    /// A live entry's value and version; `None` when gone.
-    async fn get_value(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>>;
-
-    /// Applies `writes` to the data table if `session` still owns entry `id`.
-    async fn write_if_held(&self, conn: &mut Self::Conn, id: i64, session: &str, writes: &[Write]) -> DbResult<bool>;
-
-    /// A key of the data table.
-    async fn read(&self, conn: &mut Self::Conn, key: &str) -> DbResult<Option<Vec<u8>>>;
-
-    /// Deletes the session's entries and its row.
-    async fn close(&self, conn: &mut Self::Conn, session: &str) -> DbResult<()>;
-
-    /// Ends a lost session from another connection: its old owning
-    /// connection (`owner_server_id`) is ended if it still holds a guard of
-    /// the session, then its rows are deleted. `false` when the old
-    /// connection would not end in time (its rows are then left alone).
-    async fn end(&self, conn: &mut Self::Conn, session: &str, owner_server_id: i64) -> DbResult<bool>;
 }
-
-/// A connection told of writes to entries (see [`Dialect::listener`]).
+/// A connection told of writes to entries (see [`LockModes::listener`]).
 #[async_trait]
 pub(crate) trait Listener: Send + fmt::Debug {
     /// Starts hearing of entry `id`; returns once the server listens.
@@ -467,6 +568,85 @@ pub(crate) trait Listener: Send + fmt::Debug {
 
     /// A statement that does nothing: whether the connection still works.
     async fn ping(&mut self) -> DbResult<()>;
+}
+
+/// A row of either engine's answers, read by column position, with the
+/// types lockline reads.
+pub(crate) trait Columns {
+    /// An integer column.
+    fn int(&self, column: usize) -> DbResult<i64>;
+
+    /// An integer column that may be NULL.
+    fn int_or_null(&self, column: usize) -> DbResult<Option<i64>>;
+
+    /// A text column.
+    fn text(&self, column: usize) -> DbResult<String>;
+
+    /// A binary column.
+    fn bytes(&self, column: usize) -> DbResult<Vec<u8>>;
+}
+
+impl<R> Columns for R
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn int(&self, column: usize) -> DbResult<i64> {
+        self.try_get(column)
+    }
+
+    fn int_or_null(&self, column: usize) -> DbResult<Option<i64>> {
+        self.try_get(column)
+    }
+
+    fn text(&self, column: usize) -> DbResult<String> {
+        self.try_get(column)
+    }
+
+    fn bytes(&self, column: usize) -> DbResult<Vec<u8>> {
+        self.try_get(column)
+    }
+}
+
+impl Row {
+    /// An entry as a statement answers it: its id, kind and session in
+    /// three columns from `first` on.
+    pub(crate) fn read(row: &impl Columns, first: usize) -> DbResult<Row> {
+        Ok(Row {
+            id: row.int(first)?,
+            kind: row.text(first + 1)?,
+            session: row.text(first + 2)?,
+        })
+    }
+}
+
+/// A lock-mode queue as [`LockModes::read_queue`]'s statement answers it:
+/// the lock value block first (its row without an id, its value in column
+/// 3), then each entry (id, kind, session, value, version, changed).
+pub(crate) fn queue_rows(found: &[impl Columns]) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)> {
+    let mut block = None;
+    let mut rows = Vec::with_capacity(found.len());
+    for r in found {
+        let id: Option<i64> = r.int_or_null(0)?;
+        let Some(id) = id else {
+            block = Some(r.bytes(3)?);
+            continue;
+        };
+        rows.push(QueueRow {
+            row: Row {
+                id,
+                kind: r.text(1)?,
+                session: r.text(2)?,
+            },
+            value: r.bytes(3)?,
+            version: r.int(4)?,
+            changed: r.int(5)?,
+        });
+    }
+    Ok((rows, block))
 }
 
 /// Turns a row-shape problem into the driver's decode error.

@@ -59,6 +59,14 @@ pub(crate) fn movable(layout: Option<i32>) -> bool {
     layout.is_some_and(|l| MOVABLE_LAYOUTS.contains(&l))
 }
 
+/// The statement that raises the layout of tables of a movable layout to
+/// [`LAYOUT_VERSION`], once a session created what they lack (`meta`: the
+/// meta table as statements name it).
+pub(crate) fn raise_layout(meta: &str) -> String {
+    let [oldest, newest] = MOVABLE_LAYOUTS;
+    format!("UPDATE {meta} SET layout = {LAYOUT_VERSION} WHERE layout BETWEEN {oldest} AND {newest}")
+}
+
 /// The default prefix of lockline's table names.
 pub(crate) const DEFAULT_PREFIX: &str = "lockline_";
 

@@ -105,6 +105,7 @@ mod notices;
 mod pg;
 mod pool;
 mod session;
+mod tables;
 
 use std::fmt;
 use std::sync::Arc;

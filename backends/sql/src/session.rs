@@ -1593,28 +1593,19 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         let skip_shared = conflicts == Conflicts::Exclusive;
         // Read already by the wait that woke this waiter, in its own
         // statement: no second round trip.
-        let found = match shared.take_turn(id, skip_shared, count_of(count)) {
+        let turn = Turn {
+            id,
+            name: name.clone(),
+            session: shared.id.clone(),
+            skip_shared,
+            count: count_of(count),
+        };
+        let found = match shared.take_turn(id, skip_shared, turn.count) {
             Some(read) => read,
-            None => on_owner!(shared, "read the queue", |d, conn| d.earlier(
-                conn,
-                id,
-                &name,
-                &shared.id,
-                skip_shared,
-                count_of(count)
-            ))?,
+            None => on_owner!(shared, "read the queue", |d, conn| d.earlier(conn, &turn))?,
         };
         if let Some(rows) = &found {
-            shared.note_blocker(
-                Turn {
-                    id,
-                    name: name.to_string(),
-                    session: shared.id.clone(),
-                    skip_shared,
-                    count: count_of(count),
-                },
-                rows,
-            );
+            shared.note_blocker(turn, rows);
         }
         Ok(match found {
             None => Earlier::Gone,

@@ -40,13 +40,11 @@ fn run(mut command: Command, file: Option<&std::path::Path>) {
 /// Opens a session on `sql`, takes a lock and releases it.
 async fn lock_once(sql: Sql) {
     let options = SessionOptions::new().with_ttl(Duration::from_secs(10));
-    let session = bounded("open", Client::new(sql).session_with(options))
-        .await
-        .expect("session");
-    let guard = bounded("lock", session.mutex("scripted").expect("mutex").lock())
-        .await
-        .expect("lock");
-    guard.release().await.expect("release");
+    let opened = bounded("open", Client::new(sql).session_with(options)).await;
+    let session = opened.expect("session");
+    let mutex = session.mutex("scripted").expect("mutex");
+    let locked = bounded("lock", mutex.lock()).await;
+    locked.expect("lock").release().await.expect("release");
     session.close().await.expect("close");
 }
 
