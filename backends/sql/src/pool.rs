@@ -16,7 +16,8 @@ use std::sync::{Arc, PoisonError};
 
 use tokio::sync::{oneshot, Notify};
 
-/// Set when a busy wait must give its connection up.
+/// A flag set once, that tasks wait for: a busy wait that must give its
+/// connection up, one of a session's own entries found gone.
 #[derive(Debug, Default)]
 pub(crate) struct Stop {
     set: AtomicBool,
@@ -130,8 +131,8 @@ impl<C> WaitPool<C> {
 
     /// A lease for a waiter with `priority` (smaller first). Its `conn` is
     /// `None` when the waiter is to open a new connection itself (and call
-    /// [`opened_failed`](Self::open_failed) if it cannot). `None` once the pool is
-    /// closed.
+    /// [`release`](Self::release) without one if it cannot). `None` once the
+    /// pool is closed.
     ///
     /// Cancel safe: a waiter dropped while queued gives its place back.
     pub(crate) async fn acquire(&self, priority: i64) -> Option<Lease<C>> {

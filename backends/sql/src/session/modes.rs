@@ -1,0 +1,161 @@
+//! Lock modes as the session sees them: a queue read and changed as a
+//! whole, and the watch of one entry's value (woken on the server by its
+//! owner's value lock, or by a notice of another session's write).
+
+use std::sync::PoisonError;
+
+use lockline::backend::{Entry, Queue, QueueUpdate, Slot};
+use lockline::Result;
+
+use super::wait::{FoundSlot, WaitOn};
+use super::SqlSession;
+use crate::dialect::{Dialect, Found, QueueChange, Watched};
+use crate::error::{map, timed_out};
+use crate::layout::parse_entry_key;
+
+impl<D: Dialect> SqlSession<D> {
+    /// A lock-mode queue and its lock value block, in one statement.
+    pub(super) async fn read_mode_queue(&self, dir: &str) -> Result<Queue> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        let (rows, block) = on_owner!(shared, "read the queue", |d, conn| d.read_queue(conn, dir, &shared.id))?;
+        let slots = rows
+            .into_iter()
+            .map(|row| Slot {
+                entry: self.entry_from(dir, &row.row),
+                value: row.value,
+                version: row.version,
+                changed: row.changed.unsigned_abs(),
+            })
+            .collect();
+        Ok(Queue { slots, block })
+    }
+
+    /// A conditional change of a lock-mode queue: its token, or `None`,
+    /// having written nothing.
+    pub(super) async fn update_mode_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
+        let shared = &self.shared;
+        shared.check_live()?;
+        // An entry of another lock (or not of this layout) is not the very
+        // same entry under this name: a condition on it fails.
+        let under = |entry: &Entry| {
+            parse_entry_key(&entry.key)
+                .filter(|(name, id)| *name == update.dir && *id == entry.order)
+                .map(|(_, id)| id)
+        };
+        let mut unchanged = Vec::with_capacity(update.unchanged.len());
+        for (entry, version) in update.unchanged {
+            match under(entry) {
+                Some(id) => unchanged.push((id, *version)),
+                None => return Ok(None),
+            }
+        }
+        let mut present = Vec::with_capacity(update.present.len());
+        for entry in update.present {
+            match under(entry) {
+                Some(id) => present.push(id),
+                None => return Ok(None),
+            }
+        }
+        let set = update
+            .set
+            .iter()
+            .filter_map(|(entry, value)| Some((under(entry)?, *value)))
+            .collect();
+        let delete: Vec<i64> = update.delete.iter().filter_map(|entry| under(entry)).collect();
+        let change = QueueChange::new(update.dir, &shared.id, &unchanged, &present, set, delete, update.block);
+        let token = on_owner!(shared, "change the queue", |d, conn| d.update_queue(conn, &change))?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        // Our own entries it deleted: their guards went with them.
+        let own: Vec<i64> = update
+            .delete
+            .iter()
+            .filter(|entry| entry.owner.as_deref() == Some(shared.id.as_str()))
+            .filter_map(|entry| under(entry))
+            .collect();
+        for id in own {
+            shared.forget(id);
+        }
+        Ok(Some(token.unsigned_abs()))
+    }
+
+    /// Waits until a lock-mode entry's value differs from `seen` (the new
+    /// value) or the entry is gone (`None`). On the server, on the lock its
+    /// owner holds for the entry's version (a write by its owner, its
+    /// removal, the end of its owner's connection); a write by another
+    /// session is heard on the entry's channel (PostgreSQL) or wakes the
+    /// wait itself (MariaDB/MySQL, see the watch procedure).
+    pub(super) async fn watch_lock_mode(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        let (_, id) = self.id_of(entry)?;
+        let shared = &self.shared;
+        let owner = entry.owner.clone().unwrap_or_default();
+        let mut notices = match &shared.notices {
+            None => None,
+            Some(notices) => {
+                let timeout = shared.options.request_timeout();
+                match tokio::time::timeout(timeout, notices.subscribe(id)).await {
+                    Err(_) => return Err(timed_out(shared.doing("listen for the entry's writes"), timeout)),
+                    Ok(None) => return Err(shared.over_error()),
+                    Ok(Some(Err(error))) => return Err(map(shared.doing("listen for the entry's writes"), error)),
+                    Ok(Some(Ok(subscription))) => Some(subscription),
+                }
+            }
+        };
+        // Whether the last wait saw the entry's owner's connection end (the
+        // entry's value lock free with the entry still there).
+        let mut lost = false;
+        // The entry as the last wait read it after waking: no read needed.
+        // (Read before the notices are marked seen below: a write after it
+        // moved the version, at which the next wait returns at once.)
+        let mut woken: Option<Found> = None;
+        loop {
+            shared.check_live()?;
+            if let Some(notices) = notices.as_mut() {
+                notices.seen();
+            }
+            let found = match woken.take() {
+                Some(found) => found,
+                None => on_owner!(shared, "read the entry's value", |d, conn| d
+                    .watch_read(conn, id, &shared.id))?,
+            };
+            let (value, version, epoch) = match found {
+                Some((Watched { value, version, epoch }, true)) => (value, version, epoch),
+                // There with its guard free: gone with its owner's
+                // connection (or, its wait having seen that, deleted by
+                // whoever met it dead).
+                Some((_, false)) => {
+                    shared.saw_go(entry, true);
+                    return Ok(None);
+                }
+                None => {
+                    shared.saw_go(entry, lost);
+                    return Ok(None);
+                }
+            };
+            if value != seen {
+                return Ok(Some(value));
+            }
+            let at = Watched {
+                value: (),
+                version,
+                epoch,
+            };
+            // A slot of this wait's own: a wait dropped for a notice may
+            // still answer into its slot later.
+            let slot = FoundSlot::default();
+            let waited = shared.wait_on_reading(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot));
+            lost = match notices.as_mut() {
+                Some(notices) => {
+                    tokio::select! {
+                        () = notices.changed() => false,
+                        waited = waited => waited?,
+                    }
+                }
+                None => waited.await?,
+            };
+            woken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        }
+    }
+}
