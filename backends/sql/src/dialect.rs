@@ -115,6 +115,7 @@ impl Turn {
     /// `query` with the turn bound, in the order both of PostgreSQL's
     /// functions that read it take it: the waiter's entry, the lock's
     /// name, the session, read locks or not, how many earlier entries.
+    #[cfg(feature = "postgres")]
     pub(crate) fn bind<'q, DB>(&self, query: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>
     where
         DB: sqlx::Database,
@@ -196,6 +197,35 @@ impl Condition {
 /// A lock-mode entry as read for a watcher: its value, version and epoch,
 /// and whether it is live; `None` when its row is gone.
 pub(crate) type Found = Option<(Watched, bool)>;
+
+impl Watched {
+    /// A lock-mode entry as a statement answers it: its value, version and
+    /// epoch in three columns from `first` on.
+    pub(crate) fn read(row: &impl Columns, first: usize) -> DbResult<Watched> {
+        let (value, version, epoch) = (row.bytes(first)?, row.int(first + 1)?, row.int(first + 2)?);
+        Ok(Watched { value, version, epoch })
+    }
+
+    /// A lock-mode entry as a watch's wait read it after waking, from
+    /// column `first` on: `None` when its row is gone (its value NULL), else
+    /// its value, version and epoch (NULL read as 0), and whether it is
+    /// live, as `live` reads it.
+    pub(crate) fn read_woken<R: Columns>(
+        row: &R,
+        first: usize,
+        live: impl FnOnce(&R) -> DbResult<bool>,
+    ) -> DbResult<Found> {
+        let Some(value) = row.bytes_or_null(first)? else {
+            return Ok(None);
+        };
+        let watched = Watched {
+            value,
+            version: row.int_or_null(first + 1)?.unwrap_or_default(),
+            epoch: row.int_or_null(first + 2)?.unwrap_or_default(),
+        };
+        Ok(Some((watched, live(row)?)))
+    }
+}
 
 /// One entry an [`QueueChange`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,6 +614,9 @@ pub(crate) trait Columns {
 
     /// A binary column.
     fn bytes(&self, column: usize) -> DbResult<Vec<u8>>;
+
+    /// A binary column that may be NULL.
+    fn bytes_or_null(&self, column: usize) -> DbResult<Option<Vec<u8>>>;
 }
 
 impl<R> Columns for R
@@ -607,6 +640,10 @@ where
     }
 
     fn bytes(&self, column: usize) -> DbResult<Vec<u8>> {
+        self.try_get(column)
+    }
+
+    fn bytes_or_null(&self, column: usize) -> DbResult<Option<Vec<u8>>> {
         self.try_get(column)
     }
 }

@@ -70,13 +70,8 @@ impl LockModes for MySql {
             .fetch_optional(conn)
             .await?;
         row.map(|r| {
-            let watched = Watched {
-                value: r.try_get(0)?,
-                version: r.try_get(1)?,
-                epoch: r.try_get(2)?,
-            };
             let live: Option<i64> = r.try_get(3)?;
-            Ok((watched, live == Some(1)))
+            Ok((Watched::read(&r, 0)?, live == Some(1)))
         })
         .transpose()
     }
@@ -124,18 +119,7 @@ impl LockModes for MySql {
         if read != Some(1) {
             return Ok((waited, None));
         }
-        let value: Option<Vec<u8>> = row.try_get(2)?;
-        let found = match value {
-            None => None,
-            Some(value) => {
-                let watched = Watched {
-                    value,
-                    version: row.try_get::<Option<i64>, _>(3)?.unwrap_or_default(),
-                    epoch: row.try_get::<Option<i64>, _>(4)?.unwrap_or_default(),
-                };
-                Some((watched, row.try_get::<Option<i64>, _>(5)? == Some(1)))
-            }
-        };
+        let found = Watched::read_woken(&row, 2, |row| Ok(row.try_get::<Option<i64>, _>(5)? == Some(1)))?;
         Ok((waited, Some(found)))
     }
 }

@@ -57,15 +57,7 @@ impl LockModes for Postgres {
             .bind(session)
             .fetch_optional(conn)
             .await?;
-        row.map(|r| {
-            let watched = Watched {
-                value: r.try_get(0)?,
-                version: r.try_get(1)?,
-                epoch: r.try_get(2)?,
-            };
-            Ok((watched, r.try_get(3)?))
-        })
-        .transpose()
+        row.map(|r| Ok((Watched::read(&r, 0)?, r.try_get(3)?))).transpose()
     }
 
     async fn wait_watch(
@@ -91,18 +83,7 @@ impl LockModes for Postgres {
         if read != Some(true) {
             return Ok((waited, None));
         }
-        let value: Option<Vec<u8>> = row.try_get(4)?;
-        let found = match value {
-            None => None,
-            Some(value) => {
-                let watched = Watched {
-                    value,
-                    version: row.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
-                    epoch: row.try_get::<Option<i64>, _>(6)?.unwrap_or_default(),
-                };
-                Some((watched, row.try_get::<Option<bool>, _>(7)?.unwrap_or(false)))
-            }
-        };
+        let found = Watched::read_woken(&row, 4, |row| Ok(row.try_get::<Option<bool>, _>(7)?.unwrap_or(false)))?;
         Ok((waited, Some(found)))
     }
 
