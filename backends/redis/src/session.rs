@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockline::backend::{
     advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
-    QueueUpdate, Slot,
+    QueueUpdate, Slot, Wanted,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use redis::{Pipeline, ScriptInvocation, Value};
@@ -332,6 +332,7 @@ impl BackendSession for RedisSession {
                 owner: Some(shared.id.clone()),
             },
             nearest: Some(nearest),
+            queue: None,
         })
     }
 
@@ -502,9 +503,16 @@ impl BackendSession for RedisSession {
     /// remembered, for a lock-delay, as released or lost, from the message
     /// or the look that saw it (as `wait_gone` does).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.watch_value_until(entry, seen, &|_| true).await
+    }
+
+    /// As `watch_value`, on the one subscription: a value `wanted` refuses
+    /// is watched past, not subscribed to anew.
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         let (name, attempt) = self.name_of(entry)?;
         let shared = &self.shared;
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
+        let mut seen = seen.to_vec();
         loop {
             let (value, left) = match shared.look_value(entry).await? {
                 Look::Live(value, left) => (value, left),
@@ -518,7 +526,10 @@ impl BackendSession for RedisSession {
                 }
             };
             if value != seen {
-                return Ok(Some(value));
+                if wanted(&value) {
+                    return Ok(Some(value));
+                }
+                seen = value;
             }
             let recheck = if left >= 0 {
                 Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK

@@ -1584,6 +1584,7 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
                 owner: Some(shared.id.clone()),
             },
             nearest: Some(nearest),
+            queue: None,
         })
     }
 
