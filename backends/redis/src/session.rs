@@ -280,6 +280,7 @@ impl BackendSession for RedisSession {
             .key(layout::counter(name))
             .key(name)
             .key(layout::epoch(name))
+            .key(layout::block(name))
             .arg(layout::prefix(name))
             .arg(request.attempt)
             .arg(layout::kind_label(request.kind))
@@ -288,7 +289,8 @@ impl BackendSession for RedisSession {
             .arg(shared.ttl_ms())
             .arg(conflicts_arg(request.conflicts))
             .arg(request.nearest.max(1))
-            .arg(Self::wants_plain(request.kind));
+            .arg(Self::wants_plain(request.kind))
+            .arg(if request.kind == EntryKind::Dlm { "1" } else { "0" });
         // The epoch of the server at the other end of the very connection
         // the append goes on (see `APPEND`): rides on the append itself, no
         // request of its own.
@@ -304,12 +306,16 @@ impl BackendSession for RedisSession {
         shared.check_acks(what, acked)?;
         let parsed = match &reply {
             Value::Array(parts) => match parts.as_slice() {
-                [order, nearest] => int(order).zip(entries_from(name, nearest)),
+                [order, nearest] => int(order).zip(entries_from(name, nearest)).map(|o| (o, None)),
+                [order, nearest, queue] => int(order)
+                    .zip(entries_from(name, nearest))
+                    .zip(queue_from(name, queue))
+                    .map(|(o, queue)| (o, Some(queue))),
                 _ => None,
             },
             _ => None,
         };
-        let Some((order, mut nearest)) = parsed else {
+        let Some(((order, mut nearest), queue)) = parsed else {
             return Err(bad_reply("append to the queue", &reply));
         };
         nearest.truncate(request.nearest);
@@ -332,7 +338,7 @@ impl BackendSession for RedisSession {
                 owner: Some(shared.id.clone()),
             },
             nearest: Some(nearest),
-            queue: None,
+            queue,
         })
     }
 
