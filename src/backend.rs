@@ -151,6 +151,10 @@ pub struct AppendRequest<'a> {
     pub nearest: usize,
 }
 
+/// Which new values of an entry a
+/// [`watch_value_until`](BackendSession::watch_value_until) returns.
+pub type Wanted = dyn for<'v> Fn(&'v [u8]) -> bool + Send + Sync;
+
 /// The result of an append.
 #[derive(Debug, Clone)]
 pub struct Appended {
@@ -161,6 +165,11 @@ pub struct Appended {
     /// return them; `None` when the backend could not read them with the append
     /// (the core then calls `earlier`).
     pub nearest: Option<Vec<Entry>>,
+    /// For an entry of [`EntryKind::Dlm`], the whole queue as
+    /// [`BackendSession::read_queue`] would return it, read in the append's
+    /// own round trip, the new entry in it; `None` when the backend could
+    /// not read it with the append (the core then calls `read_queue`).
+    pub queue: Option<Queue>,
 }
 
 /// The entries created before a given one.
@@ -375,6 +384,26 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     /// Waits until `entry`'s value differs from `seen` (returns the new value) or
     /// the entry is gone (returns `None`).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// As [`watch_value`](Self::watch_value), but a new value for which
+    /// `wanted` is false is watched past (it becomes the value seen): a
+    /// lock-mode waiter is woken only by the changes that let it on. The
+    /// default calls `watch_value` again after each such value; a backend
+    /// whose watch outlives one change overrides it to keep one watch.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling drops the watch.
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        let mut seen = seen.to_vec();
+        loop {
+            match self.watch_value(entry, &seen).await? {
+                None => return Ok(None),
+                Some(value) if wanted(&value) => return Ok(Some(value)),
+                Some(value) => seen = value,
+            }
+        }
+    }
 
     /// Applies `writes` to keys of the store, atomically and only if `entry`
     /// still exists and is still the same entry (the fence): all of them, or

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::{
-    backend::{Queue, QueueUpdate, Slot},
+    backend::{Queue, QueueUpdate, Slot, Wanted},
     AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
     Result, SessionOptions, SessionState, Write,
 };
@@ -148,6 +148,26 @@ impl State {
     /// The record of this very entry (same key, same creation order).
     fn record(&self, entry: &Entry) -> Option<&Record> {
         self.entries.get(&entry.key).filter(|r| r.entry.order == entry.order)
+    }
+
+    /// The lock-mode queue of `dir`, as [`BackendSession::read_queue`]
+    /// gives it.
+    fn queue(&self, dir: &str) -> Queue {
+        let slots = self.dirs.get(dir).map_or_else(Vec::new, |dir| {
+            dir.values()
+                .filter_map(|key| self.entries.get(key))
+                .map(|r| Slot {
+                    entry: r.entry.clone(),
+                    value: r.value.borrow().clone().unwrap_or_default(),
+                    version: r.version,
+                    changed: r.changed,
+                })
+                .collect()
+        });
+        Queue {
+            slots,
+            block: self.blocks.get(dir).cloned(),
+        }
     }
 
     fn record_mut(&mut self, entry: &Entry) -> Option<&mut Record> {
@@ -313,9 +333,11 @@ impl BackendSession for MemorySession {
                 .map(|r| r.entry.clone())
                 .collect()
         });
+        let queue = (request.kind == EntryKind::Dlm).then(|| state.queue(request.dir));
         Ok(Appended {
             entry,
             nearest: Some(nearest),
+            queue,
         })
     }
 
@@ -418,22 +440,7 @@ impl BackendSession for MemorySession {
     }
 
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
-        let state = self.store.lock();
-        let slots = state.dirs.get(dir).map_or_else(Vec::new, |dir| {
-            dir.values()
-                .filter_map(|key| state.entries.get(key))
-                .map(|r| Slot {
-                    entry: r.entry.clone(),
-                    value: r.value.borrow().clone().unwrap_or_default(),
-                    version: r.version,
-                    changed: r.changed,
-                })
-                .collect()
-        });
-        Ok(Queue {
-            slots,
-            block: state.blocks.get(dir).cloned(),
-        })
+        Ok(self.store.lock().queue(dir))
     }
 
     async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {
@@ -480,6 +487,31 @@ impl BackendSession for MemorySession {
             }
         };
         let changed = value.wait_for(|v| v.as_deref() != Some(seen)).await;
+        Ok(changed.ok().and_then(|v| v.clone()))
+    }
+
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        let mut value = {
+            let state = self.store.lock();
+            match state.record(entry) {
+                Some(record) => record.value.subscribe(),
+                None => return Ok(None),
+            }
+        };
+        // Every value in between, wanted or not, is seen in turn: a
+        // value equal to `seen` again after an unwanted one is a change.
+        let mut seen = seen.to_vec();
+        let changed = value
+            .wait_for(|v| match v.as_deref() {
+                None => true,
+                Some(v) if v == seen.as_slice() => false,
+                Some(v) if wanted(v) => true,
+                Some(v) => {
+                    seen = v.to_vec();
+                    false
+                }
+            })
+            .await;
         Ok(changed.ok().and_then(|v| v.clone()))
     }
 

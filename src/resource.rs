@@ -328,7 +328,11 @@ impl Resource {
                 pending.disarm();
             }
         }
-        let mine = appended?.entry;
+        let appended = appended?;
+        let mine = appended.entry;
+        // The queue as the append read it, where the backend could: the
+        // first decision needs no read of its own.
+        let mut read = appended.queue;
         inner.counters.bump(|c| &c.appends);
         pending.entry = Some(mine.clone());
         let notify = !matches!(patience, Patience::Never) || self.notify_on_try;
@@ -340,7 +344,11 @@ impl Resource {
         let delay = inner.options.lock_delay();
         let mut delayed = false;
         loop {
-            let queue = match acquire.retrying(|| inner.remote.read_queue(&self.name)).await {
+            let queue = match read.take() {
+                Some(queue) => Ok(queue),
+                None => acquire.retrying(|| inner.remote.read_queue(&self.name)).await,
+            };
+            let queue = match queue {
                 Ok(queue) => queue,
                 // The deadline passed while it read, perhaps woken by the
                 // release that handed it the lock.
@@ -642,14 +650,9 @@ impl Resource {
 /// leaves it blocking (a request granted in the mode it asked for, a
 /// waiter's mark) is watched past without a read: a release or a
 /// conversion wakes only the waiters it lets on.
-async fn changed(inner: &SessionInner, entry: &Entry, mut seen: Vec<u8>, me: State) -> Result<bool> {
-    loop {
-        match inner.remote.watch_value(entry, &seen).await? {
-            None => return Ok(true),
-            Some(value) if !blocks(State::decode(&value, 0), me) => return Ok(false),
-            Some(value) => seen = value,
-        }
-    }
+async fn changed(inner: &SessionInner, entry: &Entry, seen: Vec<u8>, me: State) -> Result<bool> {
+    let wanted = move |value: &[u8]| !blocks(State::decode(value, 0), me);
+    Ok(inner.remote.watch_value_until(entry, &seen, &wanted).await?.is_none())
 }
 
 /// Removes `mine` from the resource `name` as a release does, and in the

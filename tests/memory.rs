@@ -56,3 +56,71 @@ async fn separate_stores_do_not_contend() {
     let _held = a.mutex("same").expect("mutex").lock().await.expect("lock");
     assert!(b.mutex("same").expect("mutex").try_lock().await.expect("try").is_some());
 }
+
+/// A lock-mode append gives the queue as read with it (its own entry
+/// last); a value watch until watches past the values it does not want
+/// and ends with the first it wants, or `None` once the entry goes.
+#[tokio::test]
+async fn lock_mode_appends_read_the_queue_and_value_watches_skip_unwanted_values() {
+    use lockline::backend::QueueUpdate;
+    let store = MemoryBackend::new();
+    let session = Client::new(store.clone()).session().await.expect("session");
+    let remote = std::sync::Arc::clone(session.backend_session());
+    let request = AppendRequest {
+        dir: "modes",
+        kind: EntryKind::Dlm,
+        attempt: "a1",
+        value: b"start",
+        conflicts: Conflicts::All,
+        nearest: 0,
+    };
+    let appended = remote.append(&request).await.expect("append");
+    let queue = appended.queue.expect("the queue, read with the append");
+    assert_eq!(queue, remote.read_queue("modes").await.expect("read"));
+    assert_eq!(queue.slots.last().map(|slot| &slot.entry), Some(&appended.entry));
+    let mutex = AppendRequest {
+        kind: EntryKind::Mutex,
+        dir: "plain",
+        ..request
+    };
+    assert_eq!(remote.append(&mutex).await.expect("append").queue, None);
+
+    let held = appended.entry;
+    let set = |value: &'static [u8]| {
+        let (remote, held) = (std::sync::Arc::clone(&remote), held.clone());
+        async move {
+            let set = [(&held, value)];
+            let update = QueueUpdate {
+                dir: "modes",
+                unchanged: &[],
+                present: &[&held],
+                set: &set,
+                delete: &[],
+                block: None,
+            };
+            remote.update_queue(&update).await.expect("update").expect("applied");
+        }
+    };
+    let watching = {
+        let (remote, held) = (std::sync::Arc::clone(&remote), held.clone());
+        tokio::spawn(async move {
+            remote
+                .watch_value_until(&held, b"start", &|v| v.starts_with(b"wanted"))
+                .await
+        })
+    };
+    for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
+        set(value).await;
+        tokio::task::yield_now().await;
+    }
+    let heard = watching.await.expect("join").expect("watch");
+    assert_eq!(heard.as_deref(), Some(&b"wanted"[..]));
+
+    let watching = {
+        let (remote, held) = (std::sync::Arc::clone(&remote), held.clone());
+        tokio::spawn(async move { remote.watch_value_until(&held, b"wanted", &|_| false).await })
+    };
+    set(b"other").await;
+    assert!(remote.remove(&held).await.expect("remove"));
+    assert_eq!(watching.await.expect("join").expect("watch"), None);
+}

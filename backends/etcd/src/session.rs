@@ -12,7 +12,7 @@ use etcd_client::{
 };
 use lockline::backend::{
     advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
-    QueueUpdate, Slot,
+    QueueUpdate, Slot, Wanted,
 };
 use lockline::{Error, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -497,7 +497,13 @@ impl BackendSession for EtcdSession {
     /// of its deletion, for the next [`read_queue`](BackendSession::read_queue)
     /// to read its hand-over marker.
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.watch_dlm_value(entry, seen).await
+        self.watch_dlm_value(entry, seen, &|_| true).await
+    }
+
+    /// As `watch_value`, on the one watch: a value `wanted` refuses is
+    /// watched past, not watched anew.
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        self.watch_dlm_value(entry, seen, wanted).await
     }
 
     /// From the hand-over marker the read after the wait saw (see

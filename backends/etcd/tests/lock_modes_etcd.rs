@@ -623,6 +623,119 @@ async fn a_value_watch_hears_another_sessions_mark_and_the_entry_going() {
     assert_eq!(heard, None);
 }
 
+/// A lock-mode append reads the queue in its own transaction: the queue
+/// as a read right after it gives it, the new entry last; with a
+/// lock-delay (whose read also asks how waited-on entries went) it leaves
+/// the read to `read_queue`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_mode_append_reads_its_queue_in_the_same_transaction() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let (a, b) = (open(&cluster).await, open(&cluster).await);
+    let dir = "modes/append-read";
+    let first = append(a.backend_session(), dir, "a1", b"first").await;
+    update(a.backend_session(), dir, &[], &[], &[], Some(b"block"))
+        .await
+        .expect("block");
+    let request = AppendRequest {
+        dir,
+        kind: EntryKind::Dlm,
+        attempt: "b1",
+        value: b"second",
+        conflicts: Conflicts::All,
+        nearest: 0,
+    };
+    let appended = bounded("append", b.backend_session().append(&request))
+        .await
+        .expect("append");
+    let queue = appended.queue.expect("the queue, read with the append");
+    let read = bounded("read", b.backend_session().read_queue(dir))
+        .await
+        .expect("read");
+    assert_eq!(queue, read);
+    let keys: Vec<&Entry> = queue.slots.iter().map(|slot| &slot.entry).collect();
+    assert_eq!(keys, [&first, &appended.entry]);
+    assert_eq!(queue.block.as_deref(), Some(&b"block"[..]));
+
+    let delayed = Client::new(Etcd::new(cluster.endpoints()))
+        .session_with(lockline::SessionOptions::new().with_lock_delay(std::time::Duration::from_millis(200)))
+        .await
+        .expect("session");
+    let request = AppendRequest {
+        attempt: "c1",
+        ..request
+    };
+    let appended = bounded("append", delayed.backend_session().append(&request))
+        .await
+        .expect("append");
+    assert_eq!(appended.queue, None);
+}
+
+/// `watch_value_until` watches past the values it does not want, on the
+/// one watch, and returns the first it wants, or `None` once the entry
+/// goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_watch_until_watches_past_unwanted_values() {
+    let cluster = EtcdCluster::start().expect("start etcd");
+    let (a, b) = (open(&cluster).await, open(&cluster).await);
+    let (ra, rb) = (Arc::clone(a.backend_session()), Arc::clone(b.backend_session()));
+    let dir = "modes/watch-until";
+    let held = append(&ra, dir, "a1", b"start").await;
+    let watching = {
+        let (rb, held) = (Arc::clone(&rb), held.clone());
+        tokio::spawn(async move {
+            rb.watch_value_until(&held, b"start", &|v| v.starts_with(b"wanted"))
+                .await
+        })
+    };
+    for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
+        let read = ra.read_queue(dir).await.expect("read");
+        update(
+            &ra,
+            dir,
+            &[(&held, slot(&read.slots, &held).version)],
+            &[(&held, value)],
+            &[],
+            None,
+        )
+        .await
+        .expect("write");
+    }
+    let heard = bounded("the wanted value", watching)
+        .await
+        .expect("join")
+        .expect("watch");
+    assert_eq!(heard.as_deref(), Some(&b"wanted"[..]));
+
+    let watching = {
+        let (rb, held) = (Arc::clone(&rb), held.clone());
+        tokio::spawn(async move { rb.watch_value_until(&held, b"wanted", &|_| false).await })
+    };
+    let read = ra.read_queue(dir).await.expect("read");
+    update(
+        &ra,
+        dir,
+        &[(&held, slot(&read.slots, &held).version)],
+        &[(&held, b"other")],
+        &[],
+        None,
+    )
+    .await
+    .expect("write");
+    let read = ra.read_queue(dir).await.expect("read");
+    update(
+        &ra,
+        dir,
+        &[(&held, slot(&read.slots, &held).version)],
+        &[],
+        &[&held],
+        None,
+    )
+    .await
+    .expect("delete");
+    let heard = bounded("the entry goes", watching).await.expect("join").expect("watch");
+    assert_eq!(heard, None);
+}
+
 /// Under a namespace, the entries and the block are under the prefix; the
 /// resource is named without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

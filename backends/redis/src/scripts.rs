@@ -47,6 +47,23 @@ local function reap(q, prefix, member)
   redis.call('PUBLISH', prefix .. 'c:' .. member, 'lost')
 end
 
+-- The queue of a lock-mode resource (see `READ_QUEUE`).
+local function queue_of(q, prefix, block)
+  local members = redis.call('ZRANGE', q, 0, -1)
+  local out = {}
+  for i = 1, #members do
+    local member = members[i]
+    local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'order', 'owner', 'value', 'changed')
+    if fields[1] then
+      local order = fields[2] or ''
+      out[#out + 1] = {member, fields[1], order, fields[3] or '', fields[4] or '', fields[5] or order}
+    else
+      reap(q, prefix, member)
+    end
+  end
+  return {out, redis.call('GET', block)}
+end
+
 -- The nearest earlier live entries that conflict, nearest first, at most
 -- `count`; reaps members whose entry expired.
 local function nearest(q, prefix, order, conflicts, count)
@@ -140,9 +157,11 @@ local function next_number(seq, epoch, now_epoch)
 end
 "#;
 
-/// KEYS: queue, counter, plain key, the counter's epoch (`{n}:run`).
+/// KEYS: queue, counter, plain key, the counter's epoch (`{n}:run`), the
+/// lock value block (`{n}:b`).
 /// ARGV: prefix (`{n}:`), attempt, kind, owner, value, ttl ms, conflicts
-/// (`all`/`exclusive`), count, wants plain, and the epoch of the server the
+/// (`all`/`exclusive`), count, wants plain, `1` to read the lock-mode queue
+/// too (as `READ_QUEUE` does, a third item of the answer), and the epoch of the server the
 /// request was sent to, `<run_id>:<master_replid>` (learned on its
 /// connection before anything else was sent on it; empty: read here, with
 /// `INFO`; `-`: unknown, the user may not run `INFO`, and the counter is
@@ -186,14 +205,16 @@ if not order then
   if queue_type ~= 'none' and queue_type ~= 'zset' then
     return redis.error_reply('WRONGTYPE the queue key holds a ' .. queue_type)
   end
-  order = next_number(seq, epoch, ARGV[10])
+  order = next_number(seq, epoch, ARGV[11])
   redis.call('HSET', entry, 'kind', ARGV[3], 'owner', ARGV[4], 'order', order, 'value', ARGV[5])
   redis.call('PEXPIRE', entry, ARGV[6])
   redis.call('ZADD', q, order, attempt)
   if ARGV[3] == 'election' then redis.call('PUBLISH', prefix .. 'joined', order) end
 end
 local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
-return {order, head(out, plain, entry, ARGV[6], ARGV[9], prefix)}
+local first = head(out, plain, entry, ARGV[6], ARGV[9], prefix)
+if ARGV[10] == '1' then return {order, first, queue_of(q, prefix, KEYS[5])} end
+return {order, first}
 "#;
 
 /// KEYS: queue, plain key. ARGV: prefix, attempt, order, conflicts, count,
@@ -398,20 +419,7 @@ return {1, fields[2] or '', redis.call('PTTL', KEYS[1])}
 /// block is nil when it was never written. Reaps expired members (each
 /// marked lost, its waiter told so), as `LIST` does.
 const READ_QUEUE: &str = r#"
-local q, prefix = KEYS[1], ARGV[1]
-local members = redis.call('ZRANGE', q, 0, -1)
-local out = {}
-for i = 1, #members do
-  local member = members[i]
-  local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'order', 'owner', 'value', 'changed')
-  if fields[1] then
-    local order = fields[2] or ''
-    out[#out + 1] = {member, fields[1], order, fields[3] or '', fields[4] or '', fields[5] or order}
-  else
-    reap(q, prefix, member)
-  end
-end
-return {out, redis.call('GET', KEYS[2])}
+return queue_of(KEYS[1], ARGV[1], KEYS[2])
 "#;
 
 /// KEYS: queue, counter, the counter's epoch, the lock value block. ARGV:

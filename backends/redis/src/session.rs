@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockline::backend::{
     advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
-    QueueUpdate, Slot,
+    QueueUpdate, Slot, Wanted,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use redis::{Pipeline, ScriptInvocation, Value};
@@ -280,6 +280,7 @@ impl BackendSession for RedisSession {
             .key(layout::counter(name))
             .key(name)
             .key(layout::epoch(name))
+            .key(layout::block(name))
             .arg(layout::prefix(name))
             .arg(request.attempt)
             .arg(layout::kind_label(request.kind))
@@ -288,7 +289,8 @@ impl BackendSession for RedisSession {
             .arg(shared.ttl_ms())
             .arg(conflicts_arg(request.conflicts))
             .arg(request.nearest.max(1))
-            .arg(Self::wants_plain(request.kind));
+            .arg(Self::wants_plain(request.kind))
+            .arg(if request.kind == EntryKind::Dlm { "1" } else { "0" });
         // The epoch of the server at the other end of the very connection
         // the append goes on (see `APPEND`): rides on the append itself, no
         // request of its own.
@@ -304,12 +306,16 @@ impl BackendSession for RedisSession {
         shared.check_acks(what, acked)?;
         let parsed = match &reply {
             Value::Array(parts) => match parts.as_slice() {
-                [order, nearest] => int(order).zip(entries_from(name, nearest)),
+                [order, nearest] => int(order).zip(entries_from(name, nearest)).map(|o| (o, None)),
+                [order, nearest, queue] => int(order)
+                    .zip(entries_from(name, nearest))
+                    .zip(queue_from(name, queue))
+                    .map(|(o, queue)| (o, Some(queue))),
                 _ => None,
             },
             _ => None,
         };
-        let Some((order, mut nearest)) = parsed else {
+        let Some(((order, mut nearest), queue)) = parsed else {
             return Err(bad_reply("append to the queue", &reply));
         };
         nearest.truncate(request.nearest);
@@ -332,6 +338,7 @@ impl BackendSession for RedisSession {
                 owner: Some(shared.id.clone()),
             },
             nearest: Some(nearest),
+            queue,
         })
     }
 
@@ -502,9 +509,16 @@ impl BackendSession for RedisSession {
     /// remembered, for a lock-delay, as released or lost, from the message
     /// or the look that saw it (as `wait_gone` does).
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.watch_value_until(entry, seen, &|_| true).await
+    }
+
+    /// As `watch_value`, on the one subscription: a value `wanted` refuses
+    /// is watched past, not subscribed to anew.
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         let (name, attempt) = self.name_of(entry)?;
         let shared = &self.shared;
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
+        let mut seen = seen.to_vec();
         loop {
             let (value, left) = match shared.look_value(entry).await? {
                 Look::Live(value, left) => (value, left),
@@ -518,7 +532,10 @@ impl BackendSession for RedisSession {
                 }
             };
             if value != seen {
-                return Ok(Some(value));
+                if wanted(&value) {
+                    return Ok(Some(value));
+                }
+                seen = value;
             }
             let recheck = if left >= 0 {
                 Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK

@@ -183,6 +183,40 @@ async fn read_queue_gives_entries_in_creation_order_with_values(fixture: &Fixtur
     assert_eq!(listed, entries(&queue));
 }
 
+/// A lock-mode append reads the queue in its own script, as a read right
+/// after it gives it (its entry last, the block); another kind's append
+/// does not.
+async fn an_append_reads_its_queue_in_the_same_script(fixture: &Fixture) {
+    let (a, b) = (fixture.open(TTL).await, fixture.open(TTL).await);
+    let first = append(&a, "first", b"granted EX").await;
+    let block_update = QueueUpdate {
+        dir: DIR,
+        unchanged: &[],
+        present: &[],
+        set: &[],
+        delete: &[],
+        block: Some(b"block"),
+    };
+    update(&a, &block_update).await.expect("block");
+    let mut request = AppendRequest {
+        dir: DIR,
+        kind: EntryKind::Dlm,
+        attempt: "second",
+        value: b"waiting EX",
+        conflicts: Conflicts::All,
+        nearest: 0,
+    };
+    let appended = bounded("append", b.append(&request)).await.expect("append");
+    let queue = appended.queue.expect("the queue, read with the append");
+    assert_eq!(queue, read(&b).await);
+    assert_eq!(entries(&queue), vec![first, appended.entry]);
+    assert_eq!(queue.block.as_deref(), Some(&b"block"[..]));
+    request.kind = EntryKind::Mutex;
+    request.dir = "plain-append";
+    let appended = bounded("append", b.append(&request)).await.expect("append");
+    assert_eq!(appended.queue, None);
+}
+
 /// One update sets values of entries of any session, deletes, writes the
 /// block, and returns a token above every `changed` seen and every token
 /// before; every entry it set reads back with `changed` = the token, and
@@ -723,6 +757,7 @@ macro_rules! on_node_and_cluster {
 
 on_node_and_cluster!(
     read_queue_gives_entries_in_creation_order_with_values,
+    an_append_reads_its_queue_in_the_same_script,
     update_applies_everything_with_a_rising_token,
     a_changed_version_fails_the_update,
     a_present_entry_is_checked_at_any_version,

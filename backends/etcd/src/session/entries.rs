@@ -149,6 +149,13 @@ impl EtcdSession {
             Some(PutOptions::new().with_lease(self.lease)),
         );
         let mut created = vec![put, TxnOp::get(nearest_prefix, Some(newest))];
+        // A lock-mode request reads its queue in the same transaction, for
+        // its first decision (without a lock-delay, whose read also asks
+        // how the entries it waited on went).
+        let queue = request.kind == EntryKind::Dlm && !self.lock_delay;
+        if queue {
+            created.extend(Self::queue_reads(request.dir));
+        }
         if flag {
             created.push(TxnOp::put(
                 layout::waits_delayed(&self.markers, request.dir, &self.id),
@@ -188,7 +195,11 @@ impl EtcdSession {
             };
             let entry = layout::entry(request.dir, &created).ok_or_else(|| Error::LockLost { key: key.clone() })?;
             let newest = get_response(ops.get(1))?;
-            return Ok(self.appended(request, entry, Some(newest), Some(revision)));
+            let mut appended = self.appended(request, entry, Some(newest), Some(revision));
+            if queue {
+                appended.queue = Some(self.queue_read(request.dir, &ops, 2, Some(revision))?);
+            }
+            return Ok(appended);
         }
         if get_response(ops.get(1))?.count() > 0 {
             return Err(Error::backend(
@@ -250,7 +261,11 @@ impl EtcdSession {
             seen.insert(blocker, read_at);
         }
         drop(seen);
-        Appended { entry, nearest }
+        Appended {
+            entry,
+            nearest,
+            queue: None,
+        }
     }
 
     /// The fenced delete of `entry`, with the hand-over marker if `marked`

@@ -44,10 +44,7 @@ impl EtcdSession {
             Vec::new()
         };
         let read = |looks: &[Look]| {
-            let mut ops = vec![
-                TxnOp::get(layout::prefix(dir), Some(first_created(0))),
-                TxnOp::get(layout::block(dir), None),
-            ];
+            let mut ops = Vec::from(Self::queue_reads(dir));
             ops.extend(self.marker_reads(dir, looks));
             self.txn(Txn::new().and_then(ops), "read the queue of", dir)
         };
@@ -60,11 +57,28 @@ impl EtcdSession {
         };
         let read_at = response.header().map(|h| h.revision());
         let ops = response.op_responses();
-        let listed = get_response(ops.first())?;
-        let block = get_response(ops.get(1))?.kvs().first().map(|kv| kv.value().to_vec());
         if looked {
             self.decide_looks(&ops, 2, &looks);
         }
+        self.queue_read(dir, &ops, 0, read_at)
+    }
+
+    /// The two reads of a queue a transaction made (see
+    /// [`queue_reads`](Self::queue_reads)), its answers `ops[at..at + 2]`,
+    /// at revision `read_at`: the queue, its values remembered for the
+    /// value watches to come.
+    pub(super) fn queue_read(
+        &self,
+        dir: &str,
+        ops: &[TxnOpResponse],
+        at: usize,
+        read_at: Option<i64>,
+    ) -> Result<Queue> {
+        let listed = get_response(ops.get(at))?;
+        let block = get_response(ops.get(at + 1))?
+            .kvs()
+            .first()
+            .map(|kv| kv.value().to_vec());
         let slots: Vec<Slot> = listed
             .kvs()
             .iter()
@@ -85,6 +99,15 @@ impl EtcdSession {
             }
         }
         Ok(Queue { slots, block })
+    }
+
+    /// The reads of the queue of `dir` (every entry, first created first;
+    /// the value block), for [`queue_read`](Self::queue_read).
+    pub(super) fn queue_reads(dir: &str) -> [TxnOp; 2] {
+        [
+            TxnOp::get(layout::prefix(dir), Some(first_created(0))),
+            TxnOp::get(layout::block(dir), None),
+        ]
     }
 
     /// [`BackendSession::update_queue`], described there.
@@ -123,11 +146,12 @@ impl EtcdSession {
     }
 
     /// [`BackendSession::watch_value`], described there.
-    pub(super) async fn watch_dlm_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+    pub(super) async fn watch_dlm_value(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         let remembered = self.values.lock().unwrap_or_else(PoisonError::into_inner).take(entry);
         // A revision at which the entry existed, and one at which it held `seen`.
         let existed_at = remembered.as_ref().map(|(revision, _)| *revision);
         let known = remembered.and_then(|(revision, value)| (value == seen).then_some(revision));
+        let mut seen = seen.to_vec();
         let mut watch = self.hub.watch(&entry.key, true);
         loop {
             match watch.next().await {
@@ -139,8 +163,11 @@ impl EtcdSession {
                         return Ok(None);
                     }
                     (Some(value), read_at) if value != seen => {
-                        self.remember(entry, read_at, &value);
-                        return Ok(Some(value));
+                        if wanted(&value) {
+                            self.remember(entry, read_at, &value);
+                            return Ok(Some(value));
+                        }
+                        seen = value;
                     }
                     (Some(_), _) => {}
                 },
@@ -162,8 +189,12 @@ impl EtcdSession {
                         return Ok(None);
                     }
                     if written.value != seen {
-                        self.remember(entry, Some(written.mod_revision), &written.value);
-                        return Ok(Some(written.value));
+                        if wanted(&written.value) {
+                            self.remember(entry, Some(written.mod_revision), &written.value);
+                            return Ok(Some(written.value));
+                        }
+                        // Watched past on the same watch.
+                        seen = written.value;
                     }
                 }
                 Signal::Broken(reason) => return Err(self.broken(reason.into(), &entry.key).await),

@@ -53,6 +53,7 @@ impl<D: Dialect> SqlSession<D> {
                 owner: Some(shared.id.clone()),
             },
             nearest: Some(nearest),
+            queue: None,
         })
     }
 

@@ -207,7 +207,11 @@ impl ZkSession {
         // The listing must show my own node, or it raced with its deletion: let
         // the core look again.
         let nearest = Self::mine(&contenders, &entry.key, &dir).then_some(nearest);
-        Ok(Appended { entry, nearest })
+        Ok(Appended {
+            entry,
+            nearest,
+            queue: None,
+        })
     }
 
     pub(super) async fn abandon_attempt(&self, dir: &str, kind: EntryKind, attempt: &str) -> Result<()> {
