@@ -1,9 +1,6 @@
 //! The six lock modes of a VMS-style distributed lock manager.
 
 use std::fmt;
-use std::str::FromStr;
-
-use crate::Error;
 
 /// One of the six lock modes of a distributed lock manager in the VMS
 /// tradition (OpenVMS, the Linux kernel's `fs/dlm`), least restrictive
@@ -109,19 +106,6 @@ impl LockMode {
 impl fmt::Display for LockMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.label())
-    }
-}
-
-impl FromStr for LockMode {
-    type Err = Error;
-
-    fn from_str(text: &str) -> Result<Self, Error> {
-        LockMode::ALL
-            .into_iter()
-            .find(|m| m.label().eq_ignore_ascii_case(text))
-            .ok_or_else(|| Error::InvalidOptions {
-                reason: format!("unknown lock mode {text:?}: expected one of NL, CR, CW, PR, PW, EX"),
-            })
     }
 }
 
