@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use futures::Stream;
 
+use crate::acquire::Acquire;
 use crate::guard::{guard_surface, Hold};
 use crate::session::SessionInner;
-use crate::wait::{Acquire, Patience, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{Entry, EntryKind, Error, FencingToken, Result, Session};
 
 /// Leader election: candidates queue like a mutex's contenders; the first is

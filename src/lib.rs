@@ -2,6 +2,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod acquire;
 pub mod backend;
 mod client;
 mod contender;

@@ -29,11 +29,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::acquire::{Acquire, PendingEntry};
 use crate::backend::{Queue, QueueUpdate, Slot};
 use crate::guard::{watch_entry, EntryWatch, Hold};
 use crate::sequencer::Mode;
 use crate::session::SessionInner;
-use crate::wait::{Acquire, Patience, PendingEntry, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{AppendRequest, Conflicts, Entry, EntryKind, Error, FencingToken, LockMode, Result, Session, Write};
 
 mod block;

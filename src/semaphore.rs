@@ -2,8 +2,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::acquire::Acquire;
 use crate::guard::{guard_surface, Hold};
-use crate::wait::{Acquire, Patience, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{Contender, EntryKind, Error, Result, Session};
 
 /// The most permits a semaphore may have.

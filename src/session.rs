@@ -897,3 +897,17 @@ impl SessionInner {
         }
     }
 }
+
+impl SessionInner {
+    /// Bounds one server call by the request timeout.
+    pub(crate) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let timeout = self.options.request_timeout();
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::unavailable(
+                self.backend_name(),
+                format!("no answer within the request timeout of {timeout:?}"),
+            )),
+        }
+    }
+}
