@@ -230,22 +230,3 @@ impl Client {
         ))
     }
 }
-
-/// Whether `sequencer`'s entry is in `queue` (first-created first), holds
-/// by its mode's wait rule, and is not held back by a lock-delay (a
-/// contender in lock-delay is not the holder yet).
-pub(crate) fn current(queue: &[crate::Contender], sequencer: &crate::Sequencer) -> bool {
-    let mode = sequencer.mode();
-    let Some(at) = queue
-        .iter()
-        .position(|e| e.token == sequencer.token() && mode.matches(e.kind))
-    else {
-        return false;
-    };
-    if queue[at].delayed_until.is_some() {
-        return false;
-    }
-    let rule = mode.rule();
-    let earlier = queue[..at].iter().filter(|e| rule.conflicts().includes(e.kind)).count();
-    earlier < rule.depth()
-}

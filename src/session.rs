@@ -392,7 +392,7 @@ impl Session {
             return crate::resource::current(self, sequencer.name(), mode, sequencer.token()).await;
         }
         let entries = self.queue(sequencer.name()).await?;
-        Ok(crate::client::current(&entries, sequencer))
+        Ok(crate::wait::current(&entries, sequencer))
     }
 
     /// The value of `key` in the lock's own store (an etcd key, an absolute

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::sequencer::Mode;
 use crate::{Conflicts, Entry};
 
 /// Which earlier entries block a contender, and how many of them.
@@ -75,6 +76,37 @@ pub(crate) fn patience_for(timeout: Duration) -> Patience {
         Some(at) => Patience::Until(at, timeout),
         None => Patience::Forever,
     }
+}
+
+// A sequencer's mode (a value below the wait rule) is given its rule here.
+impl Mode {
+    /// The one wait rule this mode holds by.
+    pub(crate) fn rule(self) -> Rule {
+        match self {
+            Mode::Read => Rule::Shared,
+            Mode::Permit { permits } => Rule::Permits(permits),
+            Mode::Mutex | Mode::Write | Mode::Leadership | Mode::Lock(_) => Rule::Exclusive,
+        }
+    }
+}
+
+/// Whether `sequencer`'s entry is in `queue` (first-created first), holds
+/// by its mode's wait rule, and is not held back by a lock-delay (a
+/// contender in lock-delay is not the holder yet).
+pub(crate) fn current(queue: &[crate::Contender], sequencer: &crate::Sequencer) -> bool {
+    let mode = sequencer.mode();
+    let Some(at) = queue
+        .iter()
+        .position(|e| e.token == sequencer.token() && mode.matches(e.kind))
+    else {
+        return false;
+    };
+    if queue[at].delayed_until.is_some() {
+        return false;
+    }
+    let rule = mode.rule();
+    let earlier = queue[..at].iter().filter(|e| rule.conflicts().includes(e.kind)).count();
+    earlier < rule.depth()
 }
 
 #[cfg(test)]
