@@ -490,7 +490,15 @@ impl PendingEntry<'_> {
         // handed it the lock meanwhile).
         let removal = async {
             if entry.kind == EntryKind::Dlm {
-                crate::resource::hand_over(self.session, self.dir, &entry, None, None).await
+                crate::mode_rule::hand_over(
+                    &*self.session.remote,
+                    &self.session.counters,
+                    self.dir,
+                    &entry,
+                    None,
+                    None,
+                )
+                .await
             } else {
                 self.session.remote.remove(&entry).await
             }

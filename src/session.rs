@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use crate::stats::Counters;
 
 use crate::{
-    name, Backend, BackendSession, Contender, Election, Entry, EntryKind, Error, Mutex, Result, RwLock, Semaphore,
-    SessionOptions, SessionState,
+    name, Backend, BackendSession, Contender, Election, Entry, EntryKind, Error, FencingToken, LockMode, Mutex, Result,
+    RwLock, Semaphore, SessionOptions, SessionState,
 };
 
 /// After this many failed tries a background removal is logged as a warning
@@ -389,7 +389,7 @@ impl Session {
     /// As [`queue`](Self::queue).
     pub async fn check(&self, sequencer: &crate::Sequencer) -> Result<bool> {
         if let crate::Mode::Lock(mode) = sequencer.mode() {
-            return crate::resource::current(self, sequencer.name(), mode, sequencer.token()).await;
+            return current(self, sequencer.name(), mode, sequencer.token()).await;
         }
         let entries = self.queue(sequencer.name()).await?;
         Ok(crate::wait::current(&entries, sequencer))
@@ -487,6 +487,18 @@ impl Session {
     pub fn backend_session(&self) -> &Arc<dyn BackendSession> {
         &self.inner.remote
     }
+}
+
+/// Whether the holder of a `lock-MODE` sequencer with `token` still holds
+/// `name` in that mode: its entry is granted in it with that token.
+async fn current(session: &Session, name: &str, mode: LockMode, token: FencingToken) -> Result<bool> {
+    let inner = &session.inner;
+    inner.check_usable()?;
+    let queue = inner.call(inner.remote.read_queue(name)).await?;
+    Ok(queue.slots.iter().any(|slot| {
+        let state = crate::mode_rule::State::decode(&slot.value, slot.changed);
+        slot.entry.kind == EntryKind::Dlm && state.granted == Some(mode) && state.token == token.get()
+    }))
 }
 
 impl SessionInner {
@@ -810,7 +822,15 @@ impl SessionInner {
             // A lock-mode request leaves as a release does: a release may
             // have handed it the lock before it gave up.
             Some(entry) if entry.kind == EntryKind::Dlm && !orphan.dir.is_empty() => {
-                crate::resource::hand_over(self, &orphan.dir, entry, orphan.leaving.as_deref(), None).await?;
+                crate::mode_rule::hand_over(
+                    &*self.remote,
+                    &self.counters,
+                    &orphan.dir,
+                    entry,
+                    orphan.leaving.as_deref(),
+                    None,
+                )
+                .await?;
             }
             Some(entry) => {
                 self.remote.remove(entry).await?;
