@@ -16,8 +16,6 @@ mod multilock;
 mod multiresource;
 mod mutex;
 mod name;
-#[cfg(not(feature = "metrics"))]
-mod observe;
 mod options;
 mod resource;
 mod rwlock;
@@ -73,9 +71,8 @@ mod chapters {
 pub mod conformance;
 
 #[cfg(feature = "metrics")]
-pub mod metrics;
-#[cfg(feature = "metrics")]
-use metrics as observe;
+pub use stats::metrics;
+use stats::observe;
 
 pub use backend::EntryKind;
 pub(crate) use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry};
