@@ -295,3 +295,17 @@ impl FromStr for LockMode {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::LockMode;
+
+    #[test]
+    fn names_parse_back() {
+        for mode in LockMode::ALL {
+            assert_eq!(mode.label().parse::<LockMode>().ok(), Some(mode));
+            assert_eq!(mode.label().to_lowercase().parse::<LockMode>().ok(), Some(mode));
+        }
+        assert!("XX".parse::<LockMode>().is_err());
+    }
+}
