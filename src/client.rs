@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::stats::Counters;
-use crate::{Backend, ClientStats, Error, MemoryBackend, Result, Session, SessionOptions};
+use crate::{Backend, ClientStats, Error, Result, Session, SessionOptions};
 
 /// The entry point: a handle on one cluster through one backend.
 ///
@@ -76,13 +76,6 @@ impl Client {
             counters: Arc::default(),
             checker: Arc::default(),
         }
-    }
-
-    /// A client over a new, empty in-process [`MemoryBackend`]. Sessions of
-    /// clones of this client see each other's locks; another `Client::memory()`
-    /// is another, separate store.
-    pub fn memory() -> Self {
-        Self::new(MemoryBackend::new())
     }
 
     /// The backend's name (`memory`, `etcd`, `zookeeper`).

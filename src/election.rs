@@ -82,8 +82,23 @@ impl Leader {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A leader election named `name` (see [`Election`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(Election::new(self.clone(), name))
+    }
+}
+
 impl Election {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         Election {
             session,
             name: name.into(),

@@ -177,6 +177,17 @@ impl State {
     }
 }
 
+// The memory backend's constructor on `Client` lives beside the backend:
+// `client` imports no backend.
+impl crate::Client {
+    /// A client over a new, empty in-process [`MemoryBackend`]. Sessions of
+    /// clones of this client see each other's locks; another `Client::memory()`
+    /// is another, separate store.
+    pub fn memory() -> Self {
+        Self::new(MemoryBackend::new())
+    }
+}
+
 impl MemoryBackend {
     /// A new, empty store.
     pub fn new() -> Self {

@@ -65,8 +65,24 @@ impl fmt::Debug for Mutex {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A mutex named `name` (see [`Mutex`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] when the name cannot be stored, [`Error::Closed`] or
+    /// [`Error::SessionLost`] when the session is over.
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(Mutex::new(self.clone(), name))
+    }
+}
+
 impl Mutex {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         Mutex {
             session,
             name: name.into(),

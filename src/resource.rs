@@ -126,8 +126,24 @@ impl ModeContender {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A resource named `name`, locked in the six DLM lock modes (see
+    /// [`Resource`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn resource(&self, name: &str) -> Result<crate::Resource> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(crate::Resource::new(self.clone(), name))
+    }
+}
+
 impl Resource {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         Resource {
             session,
             name: name.into(),

@@ -51,8 +51,23 @@ impl fmt::Debug for RwLock {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A read/write lock named `name` (see [`RwLock`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(RwLock::new(self.clone(), name))
+    }
+}
+
 impl RwLock {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         RwLock {
             session,
             name: name.into(),

@@ -56,8 +56,24 @@ impl fmt::Debug for Semaphore {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A semaphore named `name` allowing `permits` holders (see [`Semaphore`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex), and [`Error::InvalidOptions`] for 0 permits
+    /// or more than [`MAX_PERMITS`].
+    pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Semaphore::new(self.clone(), name, permits)
+    }
+}
+
 impl Semaphore {
-    pub(crate) fn new(session: Session, name: &str, permits: usize) -> Result<Self> {
+    fn new(session: Session, name: &str, permits: usize) -> Result<Self> {
         if permits == 0 || permits > MAX_PERMITS {
             return Err(Error::InvalidOptions {
                 reason: format!("a semaphore needs 1..={MAX_PERMITS} permits, not {permits}"),

@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use crate::stats::Counters;
 
 use crate::{
-    name, Backend, BackendSession, Contender, Election, Entry, EntryKind, Error, FencingToken, LockMode, Mutex, Result,
-    RwLock, Semaphore, SessionOptions, SessionState,
+    name, Backend, BackendSession, Contender, Entry, EntryKind, Error, FencingToken, LockMode, Result, SessionOptions,
+    SessionState,
 };
 
 /// After this many failed tries a background removal is logged as a warning
@@ -286,64 +286,6 @@ impl Session {
     /// Cancel safe: it only observes the state.
     pub async fn lost(&self) -> SessionState {
         self.inner.over().await
-    }
-
-    /// A mutex named `name` (see [`Mutex`]). No server call is made.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] when the name cannot be stored, [`Error::Closed`] or
-    /// [`Error::SessionLost`] when the session is over.
-    pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(Mutex::new(self.clone(), name))
-    }
-
-    /// A read/write lock named `name` (see [`RwLock`]). No server call is made.
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex).
-    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(RwLock::new(self.clone(), name))
-    }
-
-    /// A resource named `name`, locked in the six DLM lock modes (see
-    /// [`Resource`](crate::Resource)). No server call is made.
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex).
-    pub fn resource(&self, name: &str) -> Result<crate::Resource> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(crate::Resource::new(self.clone(), name))
-    }
-
-    /// A semaphore named `name` allowing `permits` holders (see [`Semaphore`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex), and [`Error::InvalidOptions`] for 0 permits
-    /// or more than [`MAX_PERMITS`](crate::MAX_PERMITS).
-    pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Semaphore::new(self.clone(), name, permits)
-    }
-
-    /// A leader election named `name` (see [`Election`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex).
-    pub fn election(&self, name: &str) -> Result<Election> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(Election::new(self.clone(), name))
     }
 
     /// Every contender queued under `name`, whatever the recipe, from every
