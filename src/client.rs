@@ -1,3 +1,7 @@
+//! The entry point: a [`Client`] on one cluster through one backend, which
+//! opens sessions, keeps the counters of what they did and checks
+//! sequencers.
+
 use std::fmt;
 use std::sync::Arc;
 

@@ -1,3 +1,6 @@
+//! Leader election: [`Election`], the [`Leader`] observers see and the
+//! [`Leadership`] a candidate holds once elected.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,6 @@
+//! The errors of every lockline call, named by what happened, and the
+//! parsing of a lock mode's short name, which fails with one of them.
+
 use std::str::FromStr;
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The in-process backend.
+//! The in-process backend, and [`Client::memory`](crate::Client::memory) over it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

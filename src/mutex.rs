@@ -1,3 +1,5 @@
+//! The distributed mutex and its guard.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -22,6 +22,10 @@
 //!   if no entry the decision read has changed since; every grant, and
 //!   every up-conversion to a writing mode, takes a fresh token from that
 //!   update.
+//!
+//! The rule over one read of the queue, and the hand-over a release makes,
+//! are in `mode_rule`; here are the resource, its requests and its guard's
+//! conversions.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError};

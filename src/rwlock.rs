@@ -1,3 +1,5 @@
+//! The distributed read/write lock and its two guards.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,5 @@
+//! The distributed counting semaphore and its permit.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,7 @@
+//! Sessions: a liveness scope on the server, the background removal of
+//! what guards and acquires leave behind, and what every recipe asks of a
+//! session (names checked, calls bounded, errors told apart).
+
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;

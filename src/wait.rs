@@ -5,6 +5,10 @@
 //! places earlier). When that entry is gone it looks once more (one read) and
 //! applies the rule again. It never watches the whole queue, never polls and
 //! never sleeps, so a release wakes one waiter however long the queue is.
+//!
+//! Here are the rule itself ([`Rule`]), how long an acquire may wait
+//! ([`Patience`]) and the check of a sequencer against a queue by the rule;
+//! the acquire that applies the rule over a session is in `acquire`.
 
 use std::time::Duration;
 
