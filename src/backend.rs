@@ -92,6 +92,25 @@ impl EntryKind {
     }
 }
 
+// The error a contender gets for an entry of another recipe in its way,
+// beside the kinds it describes: `backend` depends on `error`, not the other
+// way round.
+impl Error {
+    /// Refuses to queue a `kind` contender for `name` behind `other`, an entry
+    /// of a recipe it cannot share a queue with (see [`EntryKind::queues_with`]).
+    pub(crate) fn mixed_recipes(name: &str, kind: EntryKind, other: &Entry) -> Self {
+        Error::InvalidName {
+            name: name.to_owned(),
+            reason: format!(
+                "a {} cannot queue with the {} entry {:?} already under this name; use one recipe kind per name",
+                kind.label(),
+                other.kind.label(),
+                other.key
+            ),
+        }
+    }
+}
+
 /// One contender's record in a lock's queue, as the server stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {

@@ -1,8 +1,12 @@
+//! The entry point: a [`Client`] on one cluster through one backend, which
+//! opens sessions, keeps the counters of what they did and checks
+//! sequencers.
+
 use std::fmt;
 use std::sync::Arc;
 
 use crate::stats::Counters;
-use crate::{Backend, ClientStats, Error, MemoryBackend, Result, Session, SessionOptions};
+use crate::{Backend, ClientStats, Error, Result, Session, SessionOptions};
 
 /// The entry point: a handle on one cluster through one backend.
 ///
@@ -76,13 +80,6 @@ impl Client {
             counters: Arc::default(),
             checker: Arc::default(),
         }
-    }
-
-    /// A client over a new, empty in-process [`MemoryBackend`]. Sessions of
-    /// clones of this client see each other's locks; another `Client::memory()`
-    /// is another, separate store.
-    pub fn memory() -> Self {
-        Self::new(MemoryBackend::new())
     }
 
     /// The backend's name (`memory`, `etcd`, `zookeeper`).
@@ -229,23 +226,4 @@ impl Client {
             Arc::clone(&self.counters),
         ))
     }
-}
-
-/// Whether `sequencer`'s entry is in `queue` (first-created first), holds
-/// by its mode's wait rule, and is not held back by a lock-delay (a
-/// contender in lock-delay is not the holder yet).
-pub(crate) fn current(queue: &[crate::Contender], sequencer: &crate::Sequencer) -> bool {
-    let mode = sequencer.mode();
-    let Some(at) = queue
-        .iter()
-        .position(|e| e.token == sequencer.token() && mode.matches(e.kind))
-    else {
-        return false;
-    };
-    if queue[at].delayed_until.is_some() {
-        return false;
-    }
-    let rule = mode.rule();
-    let earlier = queue[..at].iter().filter(|e| rule.conflicts().includes(e.kind)).count();
-    earlier < rule.depth()
 }

@@ -44,7 +44,10 @@ impl From<Entry> for Contender {
 /// The end of a lock-delay an entry's value marks, if it is still ahead.
 pub(crate) fn delayed_until(value: &[u8]) -> Option<std::time::SystemTime> {
     let text = std::str::from_utf8(value).ok()?;
-    let ms: u64 = text.strip_prefix(crate::wait::DELAY_MARK)?.parse().ok()?;
+    let ms: u64 = text.strip_prefix(DELAY_MARK)?.parse().ok()?;
     let until = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     (until > std::time::SystemTime::now()).then_some(until)
 }
+
+/// The head of a lock-delay mark (see `acquire::delay_mark`).
+pub(crate) const DELAY_MARK: &str = "lockline-delay-until:";

@@ -1,12 +1,16 @@
+//! Leader election: [`Election`], the [`Leader`] observers see and the
+//! [`Leadership`] a candidate holds once elected.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
 
+use crate::acquire::Acquire;
 use crate::guard::{guard_surface, Hold};
 use crate::session::SessionInner;
-use crate::wait::{Acquire, Patience, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{Entry, EntryKind, Error, FencingToken, Result, Session};
 
 /// Leader election: candidates queue like a mutex's contenders; the first is
@@ -81,8 +85,23 @@ impl Leader {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A leader election named `name` (see [`Election`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(Election::new(self.clone(), name))
+    }
+}
+
 impl Election {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         Election {
             session,
             name: name.into(),

@@ -1,4 +1,10 @@
+//! The errors of every lockline call, named by what happened, and the
+//! parsing of a lock mode's short name, which fails with one of them.
+
+use std::str::FromStr;
 use std::time::Duration;
+
+use crate::LockMode;
 
 /// A boxed error from a backend's client library, kept as the `source` of an [`Error`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -259,20 +265,6 @@ impl Error {
         }
     }
 
-    /// Refuses to queue a `kind` contender for `name` behind `other`, an entry
-    /// of a recipe it cannot share a queue with (see [`EntryKind::queues_with`]).
-    pub(crate) fn mixed_recipes(name: &str, kind: crate::EntryKind, other: &crate::Entry) -> Self {
-        Error::InvalidName {
-            name: name.to_owned(),
-            reason: format!(
-                "a {} cannot queue with the {} entry {:?} already under this name; use one recipe kind per name",
-                kind.label(),
-                other.kind.label(),
-                other.key
-            ),
-        }
-    }
-
     /// Whether a retry of the same call may succeed (the cluster was unreachable
     /// or a request failed in transit), as opposed to a caller's mistake or a
     /// final state such as a lost session.
@@ -288,5 +280,35 @@ impl Error {
             self,
             Error::AuthenticationFailed { .. } | Error::PermissionDenied { .. }
         )
+    }
+}
+
+// A lock mode's short name is parsed here, beside the error it fails with:
+// `Error` names lock modes, so `error` depends on `lock_mode` and not the
+// other way round.
+impl FromStr for LockMode {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        LockMode::ALL
+            .into_iter()
+            .find(|m| m.label().eq_ignore_ascii_case(text))
+            .ok_or_else(|| Error::InvalidOptions {
+                reason: format!("unknown lock mode {text:?}: expected one of NL, CR, CW, PR, PW, EX"),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::LockMode;
+
+    #[test]
+    fn names_parse_back() {
+        for mode in LockMode::ALL {
+            assert_eq!(mode.label().parse::<LockMode>().ok(), Some(mode));
+            assert_eq!(mode.label().to_lowercase().parse::<LockMode>().ok(), Some(mode));
+        }
+        assert!("XX".parse::<LockMode>().is_err());
     }
 }

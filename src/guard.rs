@@ -282,8 +282,9 @@ impl Hold {
     /// with it if there is one.
     async fn remove_entry(&self) -> Result<bool> {
         if self.entry.kind == EntryKind::Dlm {
-            return crate::resource::hand_over(
-                &self.session.inner,
+            return crate::mode_rule::hand_over(
+                &*self.session.inner.remote,
+                &self.session.inner.counters,
                 &self.name,
                 &self.entry,
                 self.release_block.as_deref(),
@@ -550,8 +551,9 @@ impl Drop for Hold {
                     let name = self.name.to_string();
                     runtime.spawn(async move {
                         match inner
-                            .call(crate::resource::hand_over(
-                                &inner,
+                            .call(crate::mode_rule::hand_over(
+                                &*inner.remote,
+                                &inner.counters,
                                 &name,
                                 &entry,
                                 block.as_deref(),

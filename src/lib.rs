@@ -2,6 +2,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod acquire;
 pub mod backend;
 mod client;
 mod contender;
@@ -10,12 +11,11 @@ mod error;
 mod guard;
 mod lock_mode;
 mod memory;
+mod mode_rule;
 mod multilock;
 mod multiresource;
 mod mutex;
 mod name;
-#[cfg(not(feature = "metrics"))]
-mod observe;
 mod options;
 mod resource;
 mod rwlock;
@@ -71,9 +71,8 @@ mod chapters {
 pub mod conformance;
 
 #[cfg(feature = "metrics")]
-pub mod metrics;
-#[cfg(feature = "metrics")]
-use metrics as observe;
+pub use stats::metrics;
+use stats::observe;
 
 pub use backend::EntryKind;
 pub(crate) use backend::{AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry};
@@ -83,12 +82,13 @@ pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, Error, Result};
 pub use lock_mode::LockMode;
 pub use memory::MemoryBackend;
+pub use mode_rule::LockValue;
 pub use multilock::{MultiGuard, MultiLock};
 pub use multiresource::{MultiResource, MultiResourceGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use name::MAX_NAME_LEN;
 pub use options::{SessionOptions, SessionState, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};
-pub use resource::{LockValue, ModeContender, Resource, ResourceGuard, MAX_LOCK_VALUE};
+pub use resource::{ModeContender, Resource, ResourceGuard, MAX_LOCK_VALUE};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use selector::{LeaderSelector, Term};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};

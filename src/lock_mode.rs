@@ -1,9 +1,6 @@
 //! The six lock modes of a VMS-style distributed lock manager.
 
 use std::fmt;
-use std::str::FromStr;
-
-use crate::Error;
 
 /// One of the six lock modes of a distributed lock manager in the VMS
 /// tradition (OpenVMS, the Linux kernel's `fs/dlm`), least restrictive
@@ -112,19 +109,6 @@ impl fmt::Display for LockMode {
     }
 }
 
-impl FromStr for LockMode {
-    type Err = Error;
-
-    fn from_str(text: &str) -> Result<Self, Error> {
-        LockMode::ALL
-            .into_iter()
-            .find(|m| m.label().eq_ignore_ascii_case(text))
-            .ok_or_else(|| Error::InvalidOptions {
-                reason: format!("unknown lock mode {text:?}: expected one of NL, CR, CW, PR, PW, EX"),
-            })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::LockMode::{self, *};
@@ -157,14 +141,5 @@ mod tests {
         assert!(!Pw.is_down_from(Cr));
         assert!(!Pr.is_down_from(Cw));
         assert!(!Cw.is_down_from(Pr));
-    }
-
-    #[test]
-    fn names_parse_back() {
-        for mode in LockMode::ALL {
-            assert_eq!(mode.label().parse::<LockMode>().ok(), Some(mode));
-            assert_eq!(mode.label().to_lowercase().parse::<LockMode>().ok(), Some(mode));
-        }
-        assert!("XX".parse::<LockMode>().is_err());
     }
 }

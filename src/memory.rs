@@ -1,4 +1,4 @@
-//! The in-process backend.
+//! The in-process backend, and [`Client::memory`](crate::Client::memory) over it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -174,6 +174,17 @@ impl State {
         self.entries
             .get_mut(&entry.key)
             .filter(|r| r.entry.order == entry.order)
+    }
+}
+
+// The memory backend's constructor on `Client` lives beside the backend:
+// `client` imports no backend.
+impl crate::Client {
+    /// A client over a new, empty in-process [`MemoryBackend`]. Sessions of
+    /// clones of this client see each other's locks; another `Client::memory()`
+    /// is another, separate store.
+    pub fn memory() -> Self {
+        Self::new(MemoryBackend::new())
     }
 }
 

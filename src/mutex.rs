@@ -1,9 +1,12 @@
+//! The distributed mutex and its guard.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::acquire::Acquire;
 use crate::guard::{guard_surface, Hold};
-use crate::wait::{Acquire, Patience, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{Contender, Entry, EntryKind, Error, Result, Session};
 
 /// A distributed mutual-exclusion lock.
@@ -64,8 +67,24 @@ impl fmt::Debug for Mutex {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A mutex named `name` (see [`Mutex`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] when the name cannot be stored, [`Error::Closed`] or
+    /// [`Error::SessionLost`] when the session is over.
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(Mutex::new(self.clone(), name))
+    }
+}
+
 impl Mutex {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         Mutex {
             session,
             name: name.into(),

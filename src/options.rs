@@ -1,3 +1,6 @@
+//! Session options (TTL, safety margin, keepalive, timeouts, lock-delay)
+//! and the states a session moves through.
+
 use std::time::Duration;
 
 use crate::{Error, Result};

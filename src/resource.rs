@@ -22,6 +22,10 @@
 //!   if no entry the decision read has changed since; every grant, and
 //!   every up-conversion to a writing mode, takes a fresh token from that
 //!   update.
+//!
+//! The rule over one read of the queue, and the hand-over a release makes,
+//! are in `mode_rule`; here are the resource, its requests and its guard's
+//! conversions.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError};
@@ -29,24 +33,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Queue, QueueUpdate, Slot};
+use crate::acquire::{Acquire, PendingEntry};
+use crate::backend::{Queue, QueueUpdate};
 use crate::guard::{watch_entry, EntryWatch, Hold};
 use crate::sequencer::Mode;
 use crate::session::SessionInner;
-use crate::wait::{Acquire, Patience, PendingEntry, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{AppendRequest, Conflicts, Entry, EntryKind, Error, FencingToken, LockMode, Result, Session, Write};
 
-mod block;
 mod guard;
-mod state;
-mod view;
 
-use block::Block;
-pub use block::LockValue;
+use crate::mode_rule::{blocks, rand_nonce, Block, LockValue, State, View, LISTENING, WAITS};
 use guard::Cell;
 pub use guard::ResourceGuard;
-use state::{blocks, rand_nonce, State, LISTENING, WAITS};
-use view::View;
 
 /// The largest lock value block, in bytes.
 pub const MAX_LOCK_VALUE: usize = 1024;
@@ -131,8 +130,24 @@ impl ModeContender {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A resource named `name`, locked in the six DLM lock modes (see
+    /// [`Resource`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn resource(&self, name: &str) -> Result<crate::Resource> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(crate::Resource::new(self.clone(), name))
+    }
+}
+
 impl Resource {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         Resource {
             session,
             name: name.into(),
@@ -653,216 +668,6 @@ impl Resource {
 async fn changed(inner: &SessionInner, entry: &Entry, seen: Vec<u8>, me: State) -> Result<bool> {
     let wanted = move |value: &[u8]| !blocks(State::decode(value, 0), me);
     Ok(inner.remote.watch_value_until(entry, &seen, &wanted).await?.is_none())
-}
-
-/// Removes `mine` from the resource `name` as a release does, and in the
-/// same write grants every waiting request its departure lets in (the
-/// releaser hands over): the successors learn from their own wake that they
-/// hold, with that write's place in the server's order as their token, and
-/// write nothing. `leaving` is the value block a PW or EX holder leaves
-/// (with no holder named); for any other entry, a block that names `mine`
-/// (a request granted by a hand-over and cancelled before it knew) is
-/// cleared the same way, so the departure never reads as a lost holder.
-///
-/// The hand-over is conditioned on the releaser's entry being there and on
-/// every entry the decision read (each one up to the last granted, but the
-/// releaser's) being at the version read; when that fails, or the block
-/// names a holder lost without a release (the successor may owe a
-/// lock-delay), or the session's server is in a restart grace, the entry
-/// is removed alone and the waiters decide for themselves, as they always
-/// can. Returns whether the entry was there to remove.
-///
-/// `granted_from` is a PW or EX holder's read of the queue when it was
-/// granted (no one else writes the block while it holds): when someone
-/// waited then, the hand-over is decided from it without a read (one round
-/// trip, as a mutex's release), the queue read again only when its
-/// condition fails; when no one waited then, the queue is read.
-///
-/// # Cancel safety
-///
-/// If cancelled, the removal (with or without the hand-over) may or may not
-/// have been applied, all or none.
-pub(crate) async fn hand_over(
-    inner: &SessionInner,
-    name: &str,
-    mine: &Entry,
-    leaving: Option<&[u8]>,
-    granted_from: Option<&Queue>,
-) -> Result<bool> {
-    let remote = &inner.remote;
-    let alone = |block: Option<Vec<u8>>| async move {
-        match block {
-            None => remote.remove(mine).await,
-            Some(block) => {
-                let update = QueueUpdate {
-                    dir: name,
-                    unchanged: &[],
-                    present: &[mine],
-                    set: &[],
-                    delete: &[mine],
-                    block: Some(&block),
-                };
-                Ok(remote.update_queue(&update).await?.is_some())
-            }
-        }
-    };
-    if let Some(queue) = granted_from {
-        let view = View::new(name, queue.clone())?;
-        if let Some(at) = view.position(mine) {
-            match offer(inner, name, mine, at, leaving, &view, true).await? {
-                Offer::Handed => return Ok(true),
-                // No one waited then: the plain release, one round trip as
-                // before the hand-over; waiters come since grant themselves.
-                Offer::NoOne(block) => return alone(block).await,
-                // The condition failed: read again.
-                Offer::Refused(_) => {}
-            }
-        }
-    }
-    for _ in 0..LEAVE_TRIES {
-        let view = View::new(name, remote.read_queue(name).await?)?;
-        let Some(at) = view.position(mine) else {
-            return Ok(false);
-        };
-        let block = match offer(inner, name, mine, at, leaving, &view, false).await? {
-            Offer::Handed => return Ok(true),
-            Offer::NoOne(block) | Offer::Refused(block) => block,
-        };
-        let (slot, state) = &view.slots[at];
-        if state.granted.is_some() {
-            // A holder: removed whatever marks waiters wrote on it.
-            return alone(block).await;
-        }
-        // A waiting request leaves only as read: a release may hand it the
-        // lock meanwhile, and it must then leave as a holder does (its name
-        // cleared from the block, its successors let in).
-        let unchanged = [(&slot.entry, slot.version)];
-        let update = QueueUpdate {
-            dir: name,
-            unchanged: &unchanged,
-            present: &[],
-            set: &[],
-            delete: &[mine],
-            block: block.as_deref(),
-        };
-        if remote.update_queue(&update).await?.is_some() {
-            return Ok(true);
-        }
-    }
-    // Changed under it time after time (marks of waiters behind): removed
-    // alone.
-    remote.remove(mine).await
-}
-
-/// How many reads a leaving entry decides from before it is removed alone.
-const LEAVE_TRIES: usize = 8;
-
-/// What [`offer`] did.
-enum Offer {
-    /// The entry is gone, the waiters it let in granted.
-    Handed,
-    /// No one to hand over to: remove the entry alone, with this block.
-    NoOne(Option<Vec<u8>>),
-    /// The hand-over's condition failed; nothing was written. The block to
-    /// remove the entry alone with.
-    Refused(Option<Vec<u8>>),
-}
-
-/// The hand-over of entry `at` (`mine`) decided from `view`, and its write.
-async fn offer(
-    inner: &SessionInner,
-    name: &str,
-    mine: &Entry,
-    at: usize,
-    leaving: Option<&[u8]>,
-    view: &View,
-    cached: bool,
-) -> Result<Offer> {
-    let remote = &inner.remote;
-    let named = view
-        .block
-        .holder
-        .as_ref()
-        .is_some_and(|(key, order)| *key == mine.key && *order == mine.order);
-    let leaving: Option<Block> = match leaving {
-        Some(bytes) => Block::parse(bytes),
-        None => named.then(|| Block {
-            value: view.block.value.clone(),
-            holder: None,
-        }),
-    };
-    let alone = leaving.as_ref().map(Block::encode);
-    let grace = remote.grant_not_before().is_some_and(|t| t > Instant::now());
-    let grants = if grace || view.block.lost_holder(view) {
-        Vec::new()
-    } else {
-        view.handed_over(at)
-    };
-    let Some(&(last, _)) = grants.last() else {
-        return Ok(Offer::NoOne(alone));
-    };
-    let values: Vec<Vec<u8>> = grants
-        .iter()
-        .map(|&(i, mode)| {
-            State {
-                blocked: view.slots[i].1.blocked & !WAITS,
-                ..State::held(mode, 0)
-            }
-            .encode()
-        })
-        .collect();
-    let set: Vec<(&Entry, &[u8])> = grants
-        .iter()
-        .zip(&values)
-        .map(|(&(i, _), value)| (&view.slots[i].0.entry, value.as_slice()))
-        .collect();
-    let unchanged: Vec<(&Entry, i64)> = (0..=last)
-        .filter(|&j| j != at)
-        .map(|j| (&view.slots[j].0.entry, view.slots[j].0.version))
-        .collect();
-    // A PW or EX successor is named in the block, as its own grant would
-    // have named it.
-    let writer = grants.iter().find(|(_, mode)| mode.sole_writer());
-    if cached && writer.is_some() && leaving.is_none() {
-        // The block read at the grant may have been written since (by a PW
-        // or EX holder beside this one): a PW or EX successor is named in
-        // the block as it is now.
-        return Ok(Offer::Refused(alone));
-    }
-    let block = match (writer, leaving) {
-        (Some(&(i, _)), Some(leaving)) => Some(Block {
-            holder: Some((view.slots[i].0.entry.key.clone(), view.slots[i].0.entry.order)),
-            ..leaving
-        }),
-        (Some(&(i, _)), None) => Some(view.block.granted_to(view, &view.slots[i].0.entry)),
-        (None, leaving) => leaving,
-    };
-    let block_bytes = block.as_ref().map(Block::encode);
-    let update = QueueUpdate {
-        dir: name,
-        unchanged: &unchanged,
-        present: &[mine],
-        set: &set,
-        delete: &[mine],
-        block: block_bytes.as_deref(),
-    };
-    if remote.update_queue(&update).await?.is_some() {
-        inner.counters.bump(|c| &c.handovers);
-        return Ok(Offer::Handed);
-    }
-    Ok(Offer::Refused(alone))
-}
-
-/// Whether the holder of a `lock-MODE` sequencer with `token` still holds
-/// `name` in that mode: its entry is granted in it with that token.
-pub(crate) async fn current(session: &Session, name: &str, mode: LockMode, token: FencingToken) -> Result<bool> {
-    let inner = &session.inner;
-    inner.check_usable()?;
-    let queue = inner.call(inner.remote.read_queue(name)).await?;
-    Ok(queue.slots.iter().any(|slot| {
-        let state = State::decode(&slot.value, slot.changed);
-        slot.entry.kind == EntryKind::Dlm && state.granted == Some(mode) && state.token == token.get()
-    }))
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
+//! The distributed read/write lock and its two guards.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::acquire::Acquire;
 use crate::guard::{guard_surface, Hold};
-use crate::wait::{Acquire, Patience, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{Contender, EntryKind, Error, Result, Session};
 
 /// A distributed read/write lock: readers share it, writers exclude everyone.
@@ -50,8 +53,23 @@ impl fmt::Debug for RwLock {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A read/write lock named `name` (see [`RwLock`]). No server call is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex).
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Ok(RwLock::new(self.clone(), name))
+    }
+}
+
 impl RwLock {
-    pub(crate) fn new(session: Session, name: &str) -> Self {
+    fn new(session: Session, name: &str) -> Self {
         RwLock {
             session,
             name: name.into(),

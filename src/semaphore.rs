@@ -1,9 +1,12 @@
+//! The distributed counting semaphore and its permit.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::acquire::Acquire;
 use crate::guard::{guard_surface, Hold};
-use crate::wait::{Acquire, Patience, Rule};
+use crate::wait::{Patience, Rule};
 use crate::{Contender, EntryKind, Error, Result, Session};
 
 /// The most permits a semaphore may have.
@@ -55,8 +58,24 @@ impl fmt::Debug for Semaphore {
     }
 }
 
+// The recipe's constructor on `Session` lives beside the recipe: `session`
+// imports no recipe.
+impl Session {
+    /// A semaphore named `name` allowing `permits` holders (see [`Semaphore`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`mutex`](Self::mutex), and [`Error::InvalidOptions`] for 0 permits
+    /// or more than [`MAX_PERMITS`].
+    pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
+        self.inner.check_name(name)?;
+        self.inner.check_usable()?;
+        Semaphore::new(self.clone(), name, permits)
+    }
+}
+
 impl Semaphore {
-    pub(crate) fn new(session: Session, name: &str, permits: usize) -> Result<Self> {
+    fn new(session: Session, name: &str, permits: usize) -> Result<Self> {
         if permits == 0 || permits > MAX_PERMITS {
             return Err(Error::InvalidOptions {
                 reason: format!("a semaphore needs 1..={MAX_PERMITS} permits, not {permits}"),

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::wait::Rule;
 use crate::{EntryKind, Error, FencingToken, Result};
 
 /// The version written at the head of every sequencer's text form.
@@ -32,15 +31,6 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// The one wait rule this mode holds by.
-    pub(crate) fn rule(self) -> Rule {
-        match self {
-            Mode::Read => Rule::Shared,
-            Mode::Permit { permits } => Rule::Permits(permits),
-            Mode::Mutex | Mode::Write | Mode::Leadership | Mode::Lock(_) => Rule::Exclusive,
-        }
-    }
-
     /// Whether an entry of `kind` can be this mode's holder. A mutex and an
     /// election candidate are one layout on etcd (Go's), so either stands
     /// for the other.

@@ -1,3 +1,7 @@
+//! Sessions: a liveness scope on the server, the background removal of
+//! what guards and acquires leave behind, and what every recipe asks of a
+//! session (names checked, calls bounded, errors told apart).
+
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -11,8 +15,8 @@ use tokio::sync::watch;
 use crate::stats::Counters;
 
 use crate::{
-    name, Backend, BackendSession, Contender, Election, Entry, EntryKind, Error, Mutex, Result, RwLock, Semaphore,
-    SessionOptions, SessionState,
+    name, Backend, BackendSession, Contender, Entry, EntryKind, Error, FencingToken, LockMode, Result, SessionOptions,
+    SessionState,
 };
 
 /// After this many failed tries a background removal is logged as a warning
@@ -288,64 +292,6 @@ impl Session {
         self.inner.over().await
     }
 
-    /// A mutex named `name` (see [`Mutex`]). No server call is made.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] when the name cannot be stored, [`Error::Closed`] or
-    /// [`Error::SessionLost`] when the session is over.
-    pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(Mutex::new(self.clone(), name))
-    }
-
-    /// A read/write lock named `name` (see [`RwLock`]). No server call is made.
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex).
-    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(RwLock::new(self.clone(), name))
-    }
-
-    /// A resource named `name`, locked in the six DLM lock modes (see
-    /// [`Resource`](crate::Resource)). No server call is made.
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex).
-    pub fn resource(&self, name: &str) -> Result<crate::Resource> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(crate::Resource::new(self.clone(), name))
-    }
-
-    /// A semaphore named `name` allowing `permits` holders (see [`Semaphore`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex), and [`Error::InvalidOptions`] for 0 permits
-    /// or more than [`MAX_PERMITS`](crate::MAX_PERMITS).
-    pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Semaphore::new(self.clone(), name, permits)
-    }
-
-    /// A leader election named `name` (see [`Election`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`mutex`](Self::mutex).
-    pub fn election(&self, name: &str) -> Result<Election> {
-        self.inner.check_name(name)?;
-        self.inner.check_usable()?;
-        Ok(Election::new(self.clone(), name))
-    }
-
     /// Every contender queued under `name`, whatever the recipe, from every
     /// client (etcdctl, Go's `concurrency`, Curator, kazoo), in queue order:
     /// holders first. One read; nothing is written.
@@ -389,10 +335,10 @@ impl Session {
     /// As [`queue`](Self::queue).
     pub async fn check(&self, sequencer: &crate::Sequencer) -> Result<bool> {
         if let crate::Mode::Lock(mode) = sequencer.mode() {
-            return crate::resource::current(self, sequencer.name(), mode, sequencer.token()).await;
+            return current(self, sequencer.name(), mode, sequencer.token()).await;
         }
         let entries = self.queue(sequencer.name()).await?;
-        Ok(crate::client::current(&entries, sequencer))
+        Ok(crate::wait::current(&entries, sequencer))
     }
 
     /// The value of `key` in the lock's own store (an etcd key, an absolute
@@ -487,6 +433,18 @@ impl Session {
     pub fn backend_session(&self) -> &Arc<dyn BackendSession> {
         &self.inner.remote
     }
+}
+
+/// Whether the holder of a `lock-MODE` sequencer with `token` still holds
+/// `name` in that mode: its entry is granted in it with that token.
+async fn current(session: &Session, name: &str, mode: LockMode, token: FencingToken) -> Result<bool> {
+    let inner = &session.inner;
+    inner.check_usable()?;
+    let queue = inner.call(inner.remote.read_queue(name)).await?;
+    Ok(queue.slots.iter().any(|slot| {
+        let state = crate::mode_rule::State::decode(&slot.value, slot.changed);
+        slot.entry.kind == EntryKind::Dlm && state.granted == Some(mode) && state.token == token.get()
+    }))
 }
 
 impl SessionInner {
@@ -810,7 +768,15 @@ impl SessionInner {
             // A lock-mode request leaves as a release does: a release may
             // have handed it the lock before it gave up.
             Some(entry) if entry.kind == EntryKind::Dlm && !orphan.dir.is_empty() => {
-                crate::resource::hand_over(self, &orphan.dir, entry, orphan.leaving.as_deref(), None).await?;
+                crate::mode_rule::hand_over(
+                    &*self.remote,
+                    &self.counters,
+                    &orphan.dir,
+                    entry,
+                    orphan.leaving.as_deref(),
+                    None,
+                )
+                .await?;
             }
             Some(entry) => {
                 self.remote.remove(entry).await?;
@@ -894,6 +860,20 @@ impl SessionInner {
                 () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(CLEANUP_MAX_BACKOFF);
+        }
+    }
+}
+
+impl SessionInner {
+    /// Bounds one server call by the request timeout.
+    pub(crate) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let timeout = self.options.request_timeout();
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::unavailable(
+                self.backend_name(),
+                format!("no answer within the request timeout of {timeout:?}"),
+            )),
         }
     }
 }

@@ -1,4 +1,16 @@
+//! The client's counters, [`ClientStats`] and the [`Counters`] its
+//! sessions bump, and their export: `metrics` records them through the
+//! `metrics` facade (cargo feature `metrics`); without the feature,
+//! `observe` stands in for it with the same names and records nothing.
+
 use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+pub(crate) mod observe;
+#[cfg(feature = "metrics")]
+pub(crate) use self::metrics as observe;
 
 /// Counters of what one [`Client`](crate::Client) and its sessions did.
 ///
@@ -73,7 +85,7 @@ pub(crate) struct Counters {
     pub(crate) lock_delays: AtomicU64,
     /// The handles registered with the metrics recorder.
     #[cfg(feature = "metrics")]
-    pub(crate) metrics: crate::metrics::Registry,
+    pub(crate) metrics: self::metrics::Registry,
 }
 
 impl Counters {

@@ -1,3 +1,5 @@
+//! TLS settings for a backend's connections.
+
 use std::fmt;
 use std::path::Path;
 

@@ -1,3 +1,5 @@
+//! Fencing tokens.
+
 use std::fmt;
 
 /// A fencing token: a number that strictly increases from one holder of a lock

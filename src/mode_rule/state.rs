@@ -5,43 +5,43 @@ use super::*;
 /// One entry's state, as its value holds it: `dlm2 <granted|-> <requested>
 /// <token> <blocked> <since> <conv> <nonce>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct State {
+pub(crate) struct State {
     /// The mode held, or `None` for a request still waiting.
-    pub(super) granted: Option<LockMode>,
+    pub(crate) granted: Option<LockMode>,
     /// The mode asked for: the granted mode when settled, the new mode while
     /// converting, the request's mode while waiting.
-    pub(super) requested: LockMode,
+    pub(crate) requested: LockMode,
     /// The grant's fencing token; 0: the token is the write that set this
     /// state (its [`Slot::changed`]).
-    pub(super) token: u64,
+    pub(crate) token: u64,
     /// The modes waiters blocked by this entry asked for (bits of
     /// [`LockMode::bit`]).
-    pub(super) blocked: u8,
+    pub(crate) blocked: u8,
     /// While converting: when the conversion was marked, in the server's
     /// order of writes (0 when written: that write's [`Slot::changed`]).
     /// Of the conversions on a cycle, the one marked last gives up.
-    pub(super) since: u64,
+    pub(crate) since: u64,
     /// While converting: the conversion's id, so that taking back a
     /// cancelled conversion never takes back a later one.
-    pub(super) conv: u32,
+    pub(crate) conv: u32,
 }
 
-pub(super) const STATE_HEAD: &str = "dlm2";
+pub(crate) const STATE_HEAD: &str = "dlm2";
 
 /// A bit of [`State::blocked`] beside the modes' bits: the entry's holder
 /// listens for blocking notifications (its resource was made with
-/// [`Resource::notify_blocking`]). Waiters mark only entries that carry it,
+/// [`Resource::notify_blocking`](crate::Resource::notify_blocking)). Waiters mark only entries that carry it,
 /// so a resource whose holders do not listen pays no write for them.
-pub(super) const LISTENING: u8 = 1 << 6;
+pub(crate) const LISTENING: u8 = 1 << 6;
 
 /// A bit of [`State::blocked`] on a waiting request: it waits to be granted
 /// (not a `try_` request, which reads once and leaves), so a releaser whose
 /// departure lets it in may grant it in the release's own write (see
 /// [`View::handed_over`]).
-pub(super) const WAITS: u8 = 1 << 7;
+pub(crate) const WAITS: u8 = 1 << 7;
 
 impl State {
-    pub(super) fn waiting(mode: LockMode) -> State {
+    pub(crate) fn waiting(mode: LockMode) -> State {
         State {
             granted: None,
             requested: mode,
@@ -52,7 +52,7 @@ impl State {
         }
     }
 
-    pub(super) fn held(mode: LockMode, token: u64) -> State {
+    pub(crate) fn held(mode: LockMode, token: u64) -> State {
         State {
             granted: Some(mode),
             requested: mode,
@@ -63,13 +63,13 @@ impl State {
         }
     }
 
-    pub(super) fn converting(self) -> Option<LockMode> {
+    pub(crate) fn converting(self) -> Option<LockMode> {
         self.granted.filter(|&g| g != self.requested).map(|_| self.requested)
     }
 
     /// The value bytes; a fresh nonce makes every write differ from every
     /// earlier one, so a watcher never misses a change that came back.
-    pub(super) fn encode(self) -> Vec<u8> {
+    pub(crate) fn encode(self) -> Vec<u8> {
         let granted = self.granted.map_or("-", LockMode::label);
         let nonce: u32 = rand_nonce();
         format!(
@@ -82,11 +82,11 @@ impl State {
     /// Reads a value; one lockline did not write counts as a waiting EX
     /// request (it blocks everyone behind it, and nobody waits for it to be
     /// granted).
-    pub(super) fn decode(value: &[u8], changed: u64) -> State {
+    pub(crate) fn decode(value: &[u8], changed: u64) -> State {
         Self::parse(value, changed).unwrap_or(State::waiting(LockMode::Ex))
     }
 
-    pub(super) fn parse(value: &[u8], changed: u64) -> Option<State> {
+    pub(crate) fn parse(value: &[u8], changed: u64) -> Option<State> {
         let text = std::str::from_utf8(value).ok()?;
         let mut words = text.split(' ');
         if words.next()? != STATE_HEAD {
@@ -119,7 +119,7 @@ impl State {
     }
 }
 
-pub(super) fn rand_nonce() -> u32 {
+pub(crate) fn rand_nonce() -> u32 {
     let bytes = *uuid::Uuid::new_v4().as_bytes();
     u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }
@@ -127,7 +127,7 @@ pub(super) fn rand_nonce() -> u32 {
 /// Whether an entry in state `other` keeps `me` waiting, as
 /// [`View::blockers`] counts it (`other` earlier than `me` when it is a
 /// waiting request and `me` converts).
-pub(super) fn blocks(other: State, me: State) -> bool {
+pub(crate) fn blocks(other: State, me: State) -> bool {
     match me.converting() {
         Some(target) => match other.granted {
             Some(held) => !held.compatible(target),

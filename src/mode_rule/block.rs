@@ -3,7 +3,7 @@
 use super::*;
 
 /// A resource's lock value block as a grant or a conversion found it (see
-/// [`ResourceGuard::value`]).
+/// [`ResourceGuard::value`](crate::ResourceGuard::value)).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LockValue {
     /// The value last written by a PW or EX holder (empty if never written).
@@ -21,13 +21,13 @@ pub struct LockValue {
 /// since the last write, if any: its entry gone without a release that
 /// cleared it means an involuntary loss.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(super) struct Block {
-    pub(super) value: LockValue,
-    pub(super) holder: Option<(String, i64)>,
+pub(crate) struct Block {
+    pub(crate) value: LockValue,
+    pub(crate) holder: Option<(String, i64)>,
 }
 
 impl Block {
-    pub(super) fn fresh() -> Block {
+    pub(crate) fn fresh() -> Block {
         Block {
             value: LockValue {
                 bytes: Vec::new(),
@@ -38,7 +38,7 @@ impl Block {
         }
     }
 
-    pub(super) fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let (key, order) = self.holder.as_ref().map_or(("", 0), |(k, o)| (k.as_str(), *o));
         let mut out = format!(
             "lvb1 {} {} {order} {}\n{key}",
@@ -51,7 +51,7 @@ impl Block {
         out
     }
 
-    pub(super) fn decode(stored: Option<&[u8]>) -> Block {
+    pub(crate) fn decode(stored: Option<&[u8]>) -> Block {
         let Some(stored) = stored else {
             return Block::fresh();
         };
@@ -65,7 +65,7 @@ impl Block {
         })
     }
 
-    pub(super) fn parse(stored: &[u8]) -> Option<Block> {
+    pub(crate) fn parse(stored: &[u8]) -> Option<Block> {
         let line_end = stored.iter().position(|&b| b == b'\n')?;
         let head = std::str::from_utf8(&stored[..line_end]).ok()?;
         let mut words = head.split(' ');
@@ -93,7 +93,7 @@ impl Block {
 
     /// The value as a holder granted now sees it, given the queue it was
     /// granted from.
-    pub(super) fn seen(&self, view: &View) -> LockValue {
+    pub(crate) fn seen(&self, view: &View) -> LockValue {
         let mut value = self.value.clone();
         if let Some((key, order)) = &self.holder {
             let alive = view.slots.iter().any(|(slot, state)| {
@@ -106,7 +106,7 @@ impl Block {
 
     /// Whether the block names a PW or EX holder whose entry is gone: it
     /// lost its lock without a release (or was dropped).
-    pub(super) fn lost_holder(&self, view: &View) -> bool {
+    pub(crate) fn lost_holder(&self, view: &View) -> bool {
         self.holder.as_ref().is_some_and(|(key, order)| {
             !view
                 .slots
@@ -118,7 +118,7 @@ impl Block {
     /// The block a grant outside PW and EX writes: `None` (no write) unless
     /// it names a lost holder, which it then clears, keeping the block not
     /// valid (a lock-delay after that loss is served once).
-    pub(super) fn cleared_if_lost(&self, view: &View) -> Option<Block> {
+    pub(crate) fn cleared_if_lost(&self, view: &View) -> Option<Block> {
         self.lost_holder(view).then(|| Block {
             value: self.seen(view),
             holder: None,
@@ -127,7 +127,7 @@ impl Block {
 
     /// The block a PW or EX grant writes: it names the new holder, and
     /// keeps the knowledge that an earlier one was lost.
-    pub(super) fn granted_to(&self, view: &View, entry: &Entry) -> Block {
+    pub(crate) fn granted_to(&self, view: &View, entry: &Entry) -> Block {
         Block {
             value: self.seen(view),
             holder: Some((entry.key.clone(), entry.order)),

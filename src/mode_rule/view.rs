@@ -4,13 +4,13 @@ use super::*;
 
 /// One read of a resource, decoded.
 #[derive(Debug)]
-pub(super) struct View {
-    pub(super) slots: Vec<(Slot, State)>,
-    pub(super) block: Block,
+pub(crate) struct View {
+    pub(crate) slots: Vec<(Slot, State)>,
+    pub(crate) block: Block,
 }
 
 impl View {
-    pub(super) fn new(name: &str, queue: Queue) -> Result<View> {
+    pub(crate) fn new(name: &str, queue: Queue) -> Result<View> {
         if let Some(other) = queue.slots.iter().find(|s| s.entry.kind != EntryKind::Dlm) {
             return Err(Error::mixed_recipes(name, EntryKind::Dlm, &other.entry));
         }
@@ -26,14 +26,14 @@ impl View {
         Ok(View { slots, block })
     }
 
-    pub(super) fn position(&self, entry: &Entry) -> Option<usize> {
+    pub(crate) fn position(&self, entry: &Entry) -> Option<usize> {
         self.slots
             .iter()
             .position(|(s, _)| s.entry.key == entry.key && s.entry.order == entry.order)
     }
 
     /// Every entry that keeps entry `at` from being granted, in queue order.
-    pub(super) fn blockers(&self, at: usize) -> Vec<usize> {
+    pub(crate) fn blockers(&self, at: usize) -> Vec<usize> {
         let me = self.slots[at].1;
         match me.granted {
             Some(_) => {
@@ -63,7 +63,7 @@ impl View {
 
     /// The one entry `at` waits on: a conversion the first blocker in queue
     /// order, a request the nearest earlier one.
-    pub(super) fn blocker(&self, at: usize) -> Option<usize> {
+    pub(crate) fn blocker(&self, at: usize) -> Option<usize> {
         let blockers = self.blockers(at);
         if self.slots[at].1.granted.is_some() {
             blockers.first().copied()
@@ -73,7 +73,7 @@ impl View {
     }
 
     /// Whether `from` reaches `to` through entries that wait.
-    pub(super) fn reaches(&self, from: usize, to: usize) -> bool {
+    pub(crate) fn reaches(&self, from: usize, to: usize) -> bool {
         let waits = |j: usize| {
             let state = self.slots[j].1;
             state.granted.is_none() || state.converting().is_some()
@@ -101,7 +101,7 @@ impl View {
     /// any later mark on a cycle is wrong: that mark may close another
     /// cycle, and once it is taken back the first one stands with no one
     /// awake to see it — the model's `DeferToAnyLaterMark`.)
-    pub(super) fn closes_cycle(&self, at: usize) -> bool {
+    pub(crate) fn closes_cycle(&self, at: usize) -> bool {
         let key = |j: usize| (self.slots[j].1.since, self.slots[j].0.entry.order);
         let passable = |j: usize| {
             let state = self.slots[j].1;
@@ -127,12 +127,12 @@ impl View {
     }
 
     /// Whether `at` lies on a cycle of entries that wait on each other.
-    pub(super) fn in_cycle(&self, at: usize) -> bool {
+    pub(crate) fn in_cycle(&self, at: usize) -> bool {
         self.reaches(at, at)
     }
 
     /// The queue as read, with `block` as its value block.
-    pub(super) fn to_queue(&self, block: &Block) -> Queue {
+    pub(crate) fn to_queue(&self, block: &Block) -> Queue {
         Queue {
             slots: self.slots.iter().map(|(slot, _)| slot.clone()).collect(),
             block: Some(block.encode()),
@@ -145,7 +145,7 @@ impl View {
     /// departure lets in as granted, exactly as each would decide for
     /// itself after the departure. Only requests that wait to be granted
     /// ([`WAITS`]); conversions decide for themselves.
-    pub(super) fn handed_over(&self, at: usize) -> Vec<(usize, LockMode)> {
+    pub(crate) fn handed_over(&self, at: usize) -> Vec<(usize, LockMode)> {
         let mut rest = View {
             slots: self.slots.clone(),
             block: Block::default(),
@@ -166,7 +166,7 @@ impl View {
     /// The condition of a decision on entry `at`: every entry the rule
     /// looked at, at the version read. A request looks at the entries
     /// before it; a conversion at all of them.
-    pub(super) fn unchanged(&self, at: usize) -> Vec<(&Entry, i64)> {
+    pub(crate) fn unchanged(&self, at: usize) -> Vec<(&Entry, i64)> {
         let upto = if self.slots[at].1.granted.is_some() {
             self.slots.len()
         } else {

@@ -1,0 +1,137 @@
+//! Tests of the lock-mode rule: the states and the value block as stored,
+//! who blocks whom, and cycles.
+
+use super::*;
+use crate::FencingToken;
+use LockMode::*;
+
+fn view(states: &[State]) -> View {
+    View {
+        slots: states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let entry = Entry {
+                    key: format!("r/{i}"),
+                    kind: EntryKind::Dlm,
+                    order: i as i64,
+                    token: FencingToken::new(i as u64),
+                    owner: None,
+                };
+                let slot = Slot {
+                    entry,
+                    value: s.encode(),
+                    version: 1,
+                    changed: i as u64,
+                };
+                (slot, *s)
+            })
+            .collect(),
+        block: Block::fresh(),
+    }
+}
+
+fn converting(from: LockMode, to: LockMode) -> State {
+    State {
+        granted: Some(from),
+        requested: to,
+        token: 1,
+        blocked: 0,
+        since: 0,
+        conv: 0,
+    }
+}
+
+#[test]
+fn states_round_trip() {
+    let marked = State {
+        since: 5,
+        conv: 7,
+        ..converting(Pr, Ex)
+    };
+    for state in [State::waiting(Pw), State::held(Cr, 17), marked] {
+        assert_eq!(State::decode(&state.encode(), 99), state);
+    }
+    assert_eq!(
+        State::decode(&converting(Pr, Ex).encode(), 99).since,
+        99,
+        "a mark's own write order"
+    );
+    assert_eq!(State::decode(&State::held(Ex, 0).encode(), 42).token, 42);
+    assert_eq!(State::decode(b"rubbish", 1), State::waiting(Ex));
+    assert_ne!(
+        State::held(Ex, 3).encode(),
+        State::held(Ex, 3).encode(),
+        "a nonce per write"
+    );
+}
+
+#[test]
+fn blocks_round_trip() {
+    let block = Block {
+        value: LockValue {
+            bytes: b"a\nb c".to_vec(),
+            sequence: 4,
+            valid: true,
+        },
+        holder: Some(("x/dlm/1 2".to_owned(), 9)),
+    };
+    assert_eq!(Block::decode(Some(&block.encode())), block);
+    assert_eq!(Block::decode(None), Block::fresh());
+    assert!(!Block::decode(Some(b"junk")).value.valid);
+}
+
+#[test]
+fn a_request_waits_on_the_nearest_earlier_blocker() {
+    let v = view(&[State::held(Pw, 1), State::held(Cr, 2), State::waiting(Pr)]);
+    assert_eq!(v.blocker(2), Some(0));
+    let v = view(&[State::held(Pr, 1), State::waiting(Ex), State::waiting(Cr)]);
+    assert_eq!(v.blocker(2), Some(1), "CR waits behind a waiting EX: no bypass");
+}
+
+#[test]
+fn a_converting_entry_blocks_with_both_modes() {
+    let v = view(&[converting(Cw, Pr), State::waiting(Pr)]);
+    assert_eq!(v.blocker(1), Some(0));
+    let v = view(&[converting(Cw, Pr), State::waiting(Cw)]);
+    assert_eq!(v.blocker(1), Some(0));
+}
+
+#[test]
+fn an_up_conversion_waits_for_granted_entries_and_earlier_requests_only() {
+    let v = view(&[converting(Pr, Ex), State::held(Pr, 2), State::waiting(Pr)]);
+    assert_eq!(v.blockers(0), vec![1]);
+    let v = view(&[State::waiting(Ex), converting(Cr, Pw)]);
+    assert_eq!(v.blockers(1), vec![0], "an earlier waiting request it conflicts with");
+}
+
+#[test]
+fn two_readers_converting_up_deadlock() {
+    let v = view(&[converting(Pr, Ex), converting(Pr, Ex)]);
+    assert!(v.in_cycle(1));
+    let v = view(&[converting(Pr, Ex), State::held(Pr, 2)]);
+    assert!(!v.in_cycle(0));
+}
+
+#[test]
+fn the_conversion_whose_mark_closed_a_cycle_gives_up() {
+    let marked = |since| State {
+        since,
+        ..converting(Pr, Ex)
+    };
+    let v = view(&[marked(1), marked(2)]);
+    assert!(v.closes_cycle(1) && !v.closes_cycle(0));
+    // Three: the last closes a cycle, and so does the second (with the
+    // first alone): each gives up rather than wait on the other.
+    let v = view(&[marked(1), marked(2), marked(3)]);
+    assert!(v.closes_cycle(2) && v.closes_cycle(1) && !v.closes_cycle(0));
+}
+
+#[test]
+fn a_cycle_through_a_waiting_request_is_found() {
+    // PR→EX, a PW request behind it, a CR holder converting to PR.
+    let v = view(&[converting(Pr, Ex), State::waiting(Pw), converting(Cr, Pr)]);
+    // entry 2 (CR→PR) waits for the earlier PW request; the PW request
+    // waits for entry 0; entry 0 (→EX) waits for granted entry 2.
+    assert!(v.in_cycle(2));
+}
