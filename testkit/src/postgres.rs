@@ -109,6 +109,31 @@ pub struct PgServer {
     options: PgOptions,
 }
 
+impl Drop for PgServer {
+    /// Kills the server (and any backend it left) and removes its System V
+    /// interlock segment, which a killed postmaster leaves behind: enough of
+    /// them exhaust the machine's segment ids and no server starts.
+    fn drop(&mut self) {
+        let segment = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|pid_file| interlock_segment(&pid_file));
+        let _ = self.member.kill();
+        let _ = self.kill_leftovers();
+        if let Some(id) = segment {
+            // SAFETY: shmctl(2) with IPC_RMID on this server's own segment
+            // (named in its pid file); no buffer is passed.
+            unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// The System V shared memory id in a `postmaster.pid` (its seventh line:
+/// the segment's key and id).
+fn interlock_segment(pid_file: &str) -> Option<libc::c_int> {
+    let line = pid_file.lines().nth(6)?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 impl fmt::Debug for PgServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgServer")
@@ -161,6 +186,10 @@ impl PgServer {
             ("synchronous_commit", "on".to_owned()),
             // Everything goes to standard error, the member's log.
             ("logging_collector", "off".to_owned()),
+            // Dynamic shared memory as files in the data directory, removed
+            // with it: a killed server's POSIX segments would otherwise stay
+            // in /dev/shm for good.
+            ("dynamic_shared_memory_type", "mmap".to_owned()),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockline::backend::{
-    AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Queue, QueueUpdate,
+    AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Queue, QueueUpdate, Wanted,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -435,9 +435,25 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         Ok(found.map(|(value, _)| value))
     }
 
+    /// As `watch_value`; a lock-mode entry's watch goes on past a value
+    /// `wanted` refuses, on the same subscription.
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        if entry.kind == EntryKind::Dlm {
+            return self.watch_lock_mode(entry, seen, wanted).await;
+        }
+        let mut seen = seen.to_vec();
+        loop {
+            match self.watch_value(entry, &seen).await? {
+                None => return Ok(None),
+                Some(value) if wanted(&value) => return Ok(Some(value)),
+                Some(value) => seen = value,
+            }
+        }
+    }
+
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
         if entry.kind == EntryKind::Dlm {
-            return self.watch_lock_mode(entry, seen).await;
+            return self.watch_lock_mode(entry, seen, &|_| true).await;
         }
         let (_, id) = self.id_of(entry)?;
         let shared = &self.shared;

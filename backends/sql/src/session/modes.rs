@@ -4,7 +4,7 @@
 
 use std::sync::PoisonError;
 
-use lockline::backend::{Entry, Queue, QueueUpdate, Slot};
+use lockline::backend::{Entry, Queue, QueueUpdate, Slot, Wanted};
 use lockline::Result;
 
 use super::wait::{FoundSlot, WaitOn};
@@ -86,8 +86,11 @@ impl<D: Dialect> SqlSession<D> {
     /// owner holds for the entry's version (a write by its owner, its
     /// removal, the end of its owner's connection); a write by another
     /// session is heard on the entry's channel (PostgreSQL) or wakes the
-    /// wait itself (MariaDB/MySQL, see the watch procedure).
-    pub(super) async fn watch_lock_mode(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// wait itself (MariaDB/MySQL, see the watch procedure). A new value
+    /// `wanted` refuses is watched past: it becomes the value seen, and the
+    /// wait goes on at its version, on the same subscription.
+    pub(super) async fn watch_lock_mode(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        let mut seen = seen.to_vec();
         let (_, id) = self.id_of(entry)?;
         let shared = &self.shared;
         let owner = entry.owner.clone().unwrap_or_default();
@@ -135,7 +138,10 @@ impl<D: Dialect> SqlSession<D> {
                 }
             };
             if value != seen {
-                return Ok(Some(value));
+                if wanted(&value) {
+                    return Ok(Some(value));
+                }
+                seen = value;
             }
             let at = Watched {
                 value: (),
