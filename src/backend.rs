@@ -174,6 +174,30 @@ pub struct AppendRequest<'a> {
 /// [`watch_value_until`](BackendSession::watch_value_until) returns.
 pub type Wanted = dyn for<'v> Fn(&'v [u8]) -> bool + Send + Sync;
 
+/// [`BackendSession::watch_value_until`] over
+/// [`watch_value`](BackendSession::watch_value), watched anew after each
+/// value `wanted` refuses: the trait's default, for a backend whose
+/// override keeps one watch for some entries only.
+///
+/// # Cancel safety
+///
+/// Cancelling drops the watch.
+pub async fn watch_value_anew<S: BackendSession + ?Sized>(
+    session: &S,
+    entry: &Entry,
+    seen: &[u8],
+    wanted: &Wanted,
+) -> Result<Option<Vec<u8>>> {
+    let mut seen = seen.to_vec();
+    loop {
+        match session.watch_value(entry, &seen).await? {
+            None => return Ok(None),
+            Some(value) if wanted(&value) => return Ok(Some(value)),
+            Some(value) => seen = value,
+        }
+    }
+}
+
 /// The result of an append.
 #[derive(Debug, Clone)]
 pub struct Appended {
@@ -414,14 +438,7 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     ///
     /// Cancelling drops the watch.
     async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
-        let mut seen = seen.to_vec();
-        loop {
-            match self.watch_value(entry, &seen).await? {
-                None => return Ok(None),
-                Some(value) if wanted(&value) => return Ok(Some(value)),
-                Some(value) => seen = value,
-            }
-        }
+        watch_value_anew(self, entry, seen, wanted).await
     }
 
     /// Applies `writes` to keys of the store, atomically and only if `entry`

@@ -441,14 +441,7 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
         if entry.kind == EntryKind::Dlm {
             return self.watch_lock_mode(entry, seen, wanted).await;
         }
-        let mut seen = seen.to_vec();
-        loop {
-            match self.watch_value(entry, &seen).await? {
-                None => return Ok(None),
-                Some(value) if wanted(&value) => return Ok(Some(value)),
-                Some(value) => seen = value,
-            }
-        }
+        lockline::backend::watch_value_anew(self, entry, seen, wanted).await
     }
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
