@@ -86,6 +86,10 @@ struct Section {
     /// Its token was taken when it began (a grant, an up-conversion to CW,
     /// PW or EX): above every token granted before.
     fresh: bool,
+    /// Ended by an up-conversion with a fresh token: that token. The server
+    /// converted it there, in its order of grants, whenever its holder
+    /// heard of it.
+    converted_at: Option<u64>,
 }
 
 impl Section {
@@ -399,6 +403,7 @@ fn sections_of(events: &[&Event], bounds: Bounds, report: &mut Report) -> (Vec<S
                     mode: *mode,
                     converted: false,
                     fresh: true,
+                    converted_at: None,
                 });
             }
             What::Converted { from, to, token } => {
@@ -411,6 +416,9 @@ fn sections_of(events: &[&Event], bounds: Bounds, report: &mut Report) -> (Vec<S
                 match open.get(&event.tag) {
                     Some(&i) if sections[i].mode == Some(*from) => {
                         sections[i].end.get_or_insert(event.t);
+                        if up && to.writes() {
+                            sections[i].converted_at = Some(*token);
+                        }
                         open.insert(event.tag, sections.len());
                         sections.push(Section {
                             tag: event.tag,
@@ -421,6 +429,7 @@ fn sections_of(events: &[&Event], bounds: Bounds, report: &mut Report) -> (Vec<S
                             mode: Some(*to),
                             converted: true,
                             fresh: up && to.writes(),
+                            converted_at: None,
                         });
                     }
                     held => report.violations.push(format!(
@@ -576,6 +585,13 @@ fn check_overlaps(
             }
             if a.compatible(b) {
                 report.overlaps_compatible += 1;
+                continue;
+            }
+            // The server converted `a` before it granted `b` (token order):
+            // `a`'s old mode ended there, though its holder heard of it
+            // after `b` was granted. Its new mode is checked against `b` in
+            // turn.
+            if a.converted_at.is_some_and(|converted| converted < b.token) {
                 continue;
             }
             report.overlaps_raw += 1;

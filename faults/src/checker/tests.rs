@@ -1067,3 +1067,30 @@ fn a_blackholed_holder_counts_against_the_next_incompatible_grant() {
     assert_eq!(report.violations, Vec::<String>::new(), "{report}");
     assert_eq!(report.blackholed_holders, (1, 1));
 }
+
+#[test]
+fn an_up_conversion_the_server_made_before_the_next_grant_ends_the_old_mode_there() {
+    // c0 holds PR (token 10) and converts up to CW; the server converts it
+    // with token 12 and grants c1 CW with token 13 before c0 hears of its
+    // conversion: CW beside CW, in the server's order.
+    let run = |c1_token: u64| {
+        let events = vec![
+            granted_in(S, 0, 10, Pr),
+            ev(2 * S, 0, What::Converting { from: Pr, to: Cw }),
+            granted_in(2 * S + S / 10, 1, c1_token, Cw),
+            converted(2 * S + S / 5, 0, Pr, Cw, 12),
+            release(3 * S, 1, c1_token),
+            release(4 * S, 0, 12),
+        ];
+        check(&events, &[], &[], bounds(5 * S))
+    };
+    let ordered = run(13);
+    assert_eq!(ordered.violations, Vec::<String>::new(), "{ordered}");
+    // Granted CW before the conversion (token 11 < 12): beside PR.
+    let beside = run(11);
+    assert_eq!(beside.violations.len(), 1, "{beside}");
+    assert!(
+        beside.violations[0].starts_with("lost() after the next grant: c0.0 (token 10 in PR"),
+        "{beside}"
+    );
+}
