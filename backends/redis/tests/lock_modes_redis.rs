@@ -217,6 +217,63 @@ async fn an_append_reads_its_queue_in_the_same_script(fixture: &Fixture) {
     assert_eq!(appended.queue, None);
 }
 
+/// `watch_value_until` watches past the values it does not want and
+/// returns the first it wants, or `None` once the entry goes.
+async fn a_value_watch_until_watches_past_unwanted_values(fixture: &Fixture) {
+    let ttl = Duration::from_secs(120);
+    let (a, b) = (fixture.open(ttl).await, fixture.open(ttl).await);
+    let held = append(&a, "held", b"start").await;
+    let watching = {
+        let (b, held) = (Arc::clone(&b), held.clone());
+        tokio::spawn(async move {
+            b.watch_value_until(&held, b"start", &|v| v.starts_with(b"wanted"))
+                .await
+        })
+    };
+    fixture.subscribed("{modes/resource}:c:held", 1).await;
+    let set = |value: &'static [u8]| {
+        let (a, held) = (Arc::clone(&a), held.clone());
+        async move {
+            let values = [(&held, value)];
+            let change = QueueUpdate {
+                dir: DIR,
+                unchanged: &[],
+                present: &[&held],
+                set: &values,
+                delete: &[],
+                block: None,
+            };
+            update(&a, &change).await.expect("applied");
+        }
+    };
+    for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
+        set(value).await;
+    }
+    let heard = bounded("the wanted value", watching)
+        .await
+        .expect("join")
+        .expect("watch");
+    assert_eq!(heard.as_deref(), Some(&b"wanted"[..]));
+
+    let watching = {
+        let (b, held) = (Arc::clone(&b), held.clone());
+        tokio::spawn(async move { b.watch_value_until(&held, b"wanted", &|_| false).await })
+    };
+    fixture.subscribed("{modes/resource}:c:held", 1).await;
+    set(b"other").await;
+    let gone = QueueUpdate {
+        dir: DIR,
+        unchanged: &[],
+        present: &[&held],
+        set: &[],
+        delete: &[&held],
+        block: None,
+    };
+    update(&a, &gone).await.expect("deleted");
+    let heard = bounded("the entry goes", watching).await.expect("join").expect("watch");
+    assert_eq!(heard, None);
+}
+
 /// One update sets values of entries of any session, deletes, writes the
 /// block, and returns a token above every `changed` seen and every token
 /// before; every entry it set reads back with `changed` = the token, and
@@ -758,6 +815,7 @@ macro_rules! on_node_and_cluster {
 on_node_and_cluster!(
     read_queue_gives_entries_in_creation_order_with_values,
     an_append_reads_its_queue_in_the_same_script,
+    a_value_watch_until_watches_past_unwanted_values,
     update_applies_everything_with_a_rising_token,
     a_changed_version_fails_the_update,
     a_present_entry_is_checked_at_any_version,

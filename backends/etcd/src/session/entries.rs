@@ -148,13 +148,16 @@ impl EtcdSession {
             request.value.to_vec(),
             Some(PutOptions::new().with_lease(self.lease)),
         );
-        let mut created = vec![put, TxnOp::get(nearest_prefix, Some(newest))];
         // A lock-mode request reads its queue in the same transaction, for
-        // its first decision (without a lock-delay, whose read also asks
-        // how the entries it waited on went).
+        // its first decision, in place of the nearest entries (without a
+        // lock-delay, whose read also asks how the entries it waited on
+        // went).
         let queue = request.kind == EntryKind::Dlm && !self.lock_delay;
+        let mut created = vec![put];
         if queue {
             created.extend(Self::queue_reads(request.dir));
+        } else {
+            created.push(TxnOp::get(nearest_prefix, Some(newest)));
         }
         if flag {
             created.push(TxnOp::put(
@@ -194,12 +197,13 @@ impl EtcdSession {
                 lease: self.lease,
             };
             let entry = layout::entry(request.dir, &created).ok_or_else(|| Error::LockLost { key: key.clone() })?;
-            let newest = get_response(ops.get(1))?;
-            let mut appended = self.appended(request, entry, Some(newest), Some(revision));
             if queue {
-                appended.queue = Some(self.queue_read(request.dir, &ops, 2, Some(revision))?);
+                let mut appended = self.appended(request, entry, None, Some(revision));
+                appended.queue = Some(self.queue_read(request.dir, &ops, 1, Some(revision))?);
+                return Ok(appended);
             }
-            return Ok(appended);
+            let newest = get_response(ops.get(1))?;
+            return Ok(self.appended(request, entry, Some(newest), Some(revision)));
         }
         if get_response(ops.get(1))?.count() > 0 {
             return Err(Error::backend(
