@@ -490,15 +490,7 @@ impl BackendSession for MemorySession {
     }
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
-        let mut value = {
-            let state = self.store.lock();
-            match state.record(entry) {
-                Some(record) => record.value.subscribe(),
-                None => return Ok(None),
-            }
-        };
-        let changed = value.wait_for(|v| v.as_deref() != Some(seen)).await;
-        Ok(changed.ok().and_then(|v| v.clone()))
+        self.watch_value_until(entry, seen, &|_| true).await
     }
 
     async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
