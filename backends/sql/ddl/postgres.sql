@@ -422,7 +422,10 @@ $fn$;
 -- write: the caller's own entries by their value lock (of epoch), moved (or let
 -- go of with the entry) last, after every step that can fail; other sessions'
 -- entries, whose value lock their owner holds, by a notification on the
--- entry's channel, sent at commit. An entry both set and deleted is deleted.
+-- entry's channel, sent at commit, which carries the value written (w and its
+-- hex; empty for a removal). An entry both set and deleted is deleted. The
+-- block's write waits for the disk unless it only moves the holder it names
+-- (see below).
 CREATE OR REPLACE FUNCTION "public"."lockline_update_queue"(p_name text, p_session text, p_ids bigint[], p_versions bigint[],
     p_writes boolean[], p_set_ids bigint[], p_set_values bytea[], p_delete_ids bigint[], p_block bytea)
 RETURNS bigint LANGUAGE plpgsql AS $fn$
@@ -440,7 +443,13 @@ DECLARE
     v_gone bigint[] := '{}';
     v_gone_at bigint[] := '{}';
     v_told bigint[] := '{}';
+    v_told_values text[] := '{}';
     v_token bigint;
+    v_block bytea;
+    v_b bytea;
+    v_head text;
+    v_named boolean[] := '{}';
+    v_values bytea[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(472486338, hashtext(p_name));
     SELECT count(*) INTO v_conditions FROM unnest(p_versions) v WHERE v <> -1;
@@ -485,12 +494,16 @@ BEGIN
     FOR r IN UPDATE "public"."lockline_entries" e SET value = x.value, version = e.version + 1, changed = v_token,
              epoch = e.epoch + (e.session = p_session)::integer
              FROM unnest(p_set_ids, p_set_values) AS x(id, value)
-             WHERE e.id = x.id AND e.name = p_name AND e.id <> ALL(p_delete_ids) RETURNING e.id, e.epoch LOOP
+             WHERE e.id = x.id AND e.name = p_name AND e.id <> ALL(p_delete_ids) RETURNING e.id, e.epoch, e.value LOOP
         IF r.id = ANY(v_own) THEN
             v_moved := v_moved || r.id;
             v_moved_to := v_moved_to || r.epoch;
         ELSE
             v_told := v_told || r.id;
+            -- The notice carries the value written (w and its hex), so that a
+            -- watcher it leaves waiting need not read the entry.
+            v_told_values := v_told_values || CASE WHEN octet_length(r.value) <= 2000
+                THEN 'w' || encode(r.value, 'hex') ELSE '' END;
         END IF;
     END LOOP;
     FOR r IN DELETE FROM "public"."lockline_entries" e WHERE e.id = ANY(p_delete_ids) AND e.name = p_name
@@ -500,14 +513,46 @@ BEGIN
             v_gone_at := v_gone_at || r.epoch;
         ELSE
             v_told := v_told || r.id;
+            v_told_values := v_told_values || ''::text;
         END IF;
     END LOOP;
     IF p_block IS NOT NULL THEN
-        INSERT INTO "public"."lockline_blocks" AS b (name, value) VALUES (p_name, p_block)
-        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value WHERE b.value IS DISTINCT FROM EXCLUDED.value;
+        SELECT b.value INTO v_block FROM "public"."lockline_blocks" b WHERE b.name = p_name;
+        IF v_block IS NOT NULL AND v_block <> p_block THEN
+            -- Each block as lockline writes it ("lvb1 <sequence> <valid>
+            -- <holder's order> <length of the holder's key>", a newline, the
+            -- key, the value's bytes): its value without the holder, and
+            -- whether it names one.
+            FOREACH v_b IN ARRAY ARRAY[v_block, p_block] LOOP
+                i := position('\x0a'::bytea IN v_b);
+                v_head := CASE WHEN i > 1 THEN encode(substring(v_b FROM 1 FOR i - 1), 'escape') END;
+                IF v_head ~ '^lvb1 [0-9]{1,19} [01] -?[0-9]{1,19} [0-9]{1,9}$' THEN
+                    v_named := v_named || (split_part(v_head, ' ', 5)::integer > 0);
+                    v_values := v_values || (convert_to(split_part(v_head, ' ', 2) || ' ' || split_part(v_head, ' ', 3) || ' ', 'UTF8')
+                        || substring(v_b FROM i + 1 + split_part(v_head, ' ', 5)::integer));
+                ELSE
+                    v_named := v_named || NULL::boolean;
+                    v_values := v_values || NULL::bytea;
+                END IF;
+            END LOOP;
+            -- The holder named changes, from a holder to another or to none,
+            -- and the value does not: the commit need not wait for the disk.
+            -- A crash that loses it leaves the block naming a holder gone with
+            -- the crash (as every write before it is kept or lost in order),
+            -- which reads as a loss: the value not valid, never valid when it
+            -- should not be. A write that names a holder where none was, or
+            -- that changes the value, waits for the disk as any commit does.
+            IF v_named[1] AND v_values[1] = v_values[2] THEN
+                PERFORM set_config('synchronous_commit', 'off', true);
+            END IF;
+        END IF;
+        IF v_block IS DISTINCT FROM p_block THEN
+            INSERT INTO "public"."lockline_blocks" AS b (name, value) VALUES (p_name, p_block)
+            ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value WHERE b.value IS DISTINCT FROM EXCLUDED.value;
+        END IF;
     END IF;
     FOR i IN 1 .. cardinality(v_told) LOOP
-        PERFORM pg_notify('ll1c2991c2feb9_' || v_told[i]::text, '');
+        PERFORM pg_notify('ll1c2991c2feb9_' || v_told[i]::text, v_told_values[i]);
     END LOOP;
     FOR i IN 1 .. cardinality(v_moved) LOOP
         PERFORM pg_advisory_lock(hashtextextended(v_moved[i]::text || ':' || v_moved_to[i]::text, 2026619832316723200));

@@ -592,9 +592,11 @@ pub(crate) trait Listener: Send + fmt::Debug {
     /// Stops hearing of entry `id`.
     async fn unlisten(&mut self, id: i64) -> DbResult<()>;
 
-    /// The next entry written; `None` when the connection was lost and
-    /// made again (whatever was sent meanwhile is missed).
-    async fn recv(&mut self) -> DbResult<Option<i64>>;
+    /// The next entry written, with the value written when the notice
+    /// carries it (a write rather than a removal, and not too long); `None`
+    /// when the connection was lost and made again (whatever was sent
+    /// meanwhile is missed).
+    async fn recv(&mut self) -> DbResult<Option<(i64, Option<Vec<u8>>)>>;
 
     /// A statement that does nothing: whether the connection still works.
     async fn ping(&mut self) -> DbResult<()>;

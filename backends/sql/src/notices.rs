@@ -24,7 +24,7 @@ use crate::dialect::{DbResult, Dialect, Listener};
 /// What a watcher asks of the notices' task.
 enum Command {
     /// Hear of entry `id`: answered once the server listens.
-    Listen(i64, oneshot::Sender<DbResult<watch::Receiver<u64>>>),
+    Listen(i64, oneshot::Sender<DbResult<watch::Receiver<Heard>>>),
     /// One watcher of `id` is done.
     Unlisten(i64),
 }
@@ -35,26 +35,57 @@ pub(crate) struct Notices {
     commands: mpsc::UnboundedSender<Command>,
 }
 
+/// The notices of one entry so far: how many, and the value the last one
+/// carried, with the count of the first of the notices since that each
+/// carried one (a removal, a notice too long to carry its value, or a
+/// connection made again carries none).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Heard {
+    count: u64,
+    written: Option<(u64, Vec<u8>)>,
+}
+
+impl Heard {
+    fn add(&mut self, written: Option<Vec<u8>>) {
+        self.count = self.count.wrapping_add(1);
+        self.written = written.map(|value| {
+            let since = self.written.as_ref().map_or(self.count, |(since, _)| *since);
+            (since, value)
+        });
+    }
+}
+
 /// One watcher's subscription to an entry's notices; stops them when
 /// dropped (the last watcher's drop stops the listening).
 #[derive(Debug)]
 pub(crate) struct Subscription {
     id: i64,
-    notices: watch::Receiver<u64>,
+    notices: watch::Receiver<Heard>,
+    /// How many notices this watcher has seen.
+    seen: u64,
     commands: mpsc::UnboundedSender<Command>,
 }
 
 impl Subscription {
     /// Marks every notice so far as seen: call before reading the entry.
     pub(crate) fn seen(&mut self) {
-        self.notices.borrow_and_update();
+        self.seen = self.notices.borrow_and_update().count;
     }
 
     /// Resolves at the first notice not seen (or never, once the task is
-    /// gone with its session).
-    pub(crate) async fn changed(&mut self) {
+    /// gone with its session), marking every notice so far seen: with the
+    /// value last written when every notice since the last seen carried
+    /// one (the watcher need not read the entry to know it), `None` when
+    /// the entry must be read.
+    pub(crate) async fn changed(&mut self) -> Option<Vec<u8>> {
         if self.notices.changed().await.is_err() {
             std::future::pending::<()>().await;
+        }
+        let heard = self.notices.borrow_and_update().clone();
+        let seen = std::mem::replace(&mut self.seen, heard.count);
+        match heard.written {
+            Some((since, value)) if since <= seen + 1 => Some(value),
+            _ => None,
         }
     }
 }
@@ -97,10 +128,14 @@ impl Notices {
         let (reply, answer) = oneshot::channel();
         self.commands.send(Command::Listen(id, reply)).ok()?;
         let notices = answer.await.ok()?;
-        Some(notices.map(|notices| Subscription {
-            id,
-            notices,
-            commands: self.commands.clone(),
+        Some(notices.map(|notices| {
+            let seen = notices.borrow().count;
+            Subscription {
+                id,
+                notices,
+                seen,
+                commands: self.commands.clone(),
+            }
         }))
     }
 }
@@ -111,7 +146,7 @@ struct Task<D: Dialect> {
     timeout: Duration,
     listener: Option<Box<dyn Listener>>,
     /// Each entry listened to: its watchers, and the count of its notices.
-    channels: HashMap<i64, (usize, watch::Sender<u64>)>,
+    channels: HashMap<i64, (usize, watch::Sender<Heard>)>,
     /// The connection listened to nothing at the last tick: it goes at the
     /// next if it still does (kept meanwhile for the next watch: a waiter
     /// of a busy lock watches one entry after another).
@@ -119,7 +154,7 @@ struct Task<D: Dialect> {
 }
 
 /// The next notice of `listener`, or never while there is none.
-async fn next(listener: &mut Option<Box<dyn Listener>>) -> DbResult<Option<i64>> {
+async fn next(listener: &mut Option<Box<dyn Listener>>) -> DbResult<Option<(i64, Option<Vec<u8>>)>> {
     match listener {
         Some(listener) => listener.recv().await,
         None => std::future::pending().await,
@@ -141,9 +176,9 @@ impl<D: Dialect> Task<D> {
                     Some(Command::Unlisten(id)) => self.unlisten(id).await,
                 },
                 notice = next(&mut self.listener) => match notice {
-                    Ok(Some(id)) => {
-                        if let Some((_, count)) = self.channels.get(&id) {
-                            count.send_modify(|n| *n = n.wrapping_add(1));
+                    Ok(Some((id, written))) => {
+                        if let Some((_, heard)) = self.channels.get(&id) {
+                            heard.send_modify(|heard| heard.add(written));
                         }
                     }
                     // Lost and made again by the driver (listening again
@@ -158,8 +193,8 @@ impl<D: Dialect> Task<D> {
 
     /// Every watcher reads its entry again.
     fn wake_all(&self) {
-        for (_, count) in self.channels.values() {
-            count.send_modify(|n| *n = n.wrapping_add(1));
+        for (_, heard) in self.channels.values() {
+            heard.send_modify(|heard| heard.add(None));
         }
     }
 
@@ -194,7 +229,7 @@ impl<D: Dialect> Task<D> {
         Ok(())
     }
 
-    async fn listen(&mut self, id: i64) -> DbResult<watch::Receiver<u64>> {
+    async fn listen(&mut self, id: i64) -> DbResult<watch::Receiver<Heard>> {
         self.idle = false;
         if let Some((watchers, count)) = self.channels.get_mut(&id) {
             if self.listener.is_some() {
@@ -216,9 +251,9 @@ impl<D: Dialect> Task<D> {
             self.broke(&error);
             return Err(error);
         }
-        let count = watch::Sender::new(0);
-        let receiver = count.subscribe();
-        self.channels.insert(id, (1, count));
+        let heard = watch::Sender::new(Heard::default());
+        let receiver = heard.subscribe();
+        self.channels.insert(id, (1, heard));
         Ok(receiver)
     }
 

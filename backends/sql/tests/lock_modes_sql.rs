@@ -30,6 +30,7 @@ on_both!(
     another_sessions_entry_keeps_its_owner_when_set,
     the_value_block_round_trips,
     a_watch_wakes_when_another_session_writes_the_entry,
+    a_watch_until_goes_past_unwanted_values_of_another_session,
     a_watch_wakes_when_the_owner_writes_or_removes_the_entry,
     a_watch_wakes_when_another_session_deletes_the_entry,
     a_watch_wakes_when_the_owner_is_lost,
@@ -524,6 +525,74 @@ async fn a_watch_wakes_when_another_session_writes_the_entry(db: Db) {
     // A value already moved on answers at once.
     let watching = watch(&watcher, &entry, b"PR granted");
     assert_eq!(woken(watching).await.as_deref(), Some(&b"PR granted, wanted twice"[..]));
+}
+
+/// `watch_value_until` answers only a value its filter wants (or the
+/// entry's removal). On PostgreSQL the notice of another session's write
+/// carries the value, and the watcher goes on waiting on the same
+/// statement: its wait's start stays where it was.
+async fn a_watch_until_goes_past_unwanted_values_of_another_session(db: Db) {
+    let (owner, watcher, writer) = (open(&db).await, open(&db).await, open(&db).await);
+    let dir = "modes/watch-until";
+    let entry = append(&owner, dir, b"start").await;
+    let watch_until = |wanted: fn(&[u8]) -> bool| {
+        let backend = Arc::clone(backend(&watcher));
+        let entry = entry.clone();
+        tokio::spawn(async move {
+            let seen = bounded("read the entry", backend.read_queue(dir)).await.expect("read");
+            let value = slot(&seen, &entry).value.clone();
+            backend.watch_value_until(&entry, &value, &wanted).await
+        })
+    };
+    let watching = watch_until(|v| v.starts_with(b"wanted"));
+    waiting(&db, 1).await;
+    let started = |db: &Db| {
+        db.is_postgres().then(|| {
+            db.sql("SELECT query_start FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' AND state = 'active' AND pid <> pg_backend_pid();")
+        })
+    };
+    let before = started(&db);
+    for value in [&b"unwanted-1"[..], b"unwanted-2"] {
+        let seen = read(&writer, dir).await;
+        set(&writer, dir, &seen, &[(&entry, value)], None)
+            .await
+            .expect("applied");
+    }
+    // The watcher heard both (it reads nothing to know them): the next
+    // write, wanted, is the answer.
+    let seen = read(&writer, dir).await;
+    assert!(!watching.is_finished(), "an unwanted value answered the watch");
+    if db.is_postgres() {
+        waiting(&db, 1).await;
+        assert_eq!(
+            started(&db),
+            before,
+            "the wait was made again for a value the watcher does not want"
+        );
+    }
+    set(&writer, dir, &seen, &[(&entry, b"wanted")], None)
+        .await
+        .expect("applied");
+    assert_eq!(woken(watching).await.as_deref(), Some(&b"wanted"[..]));
+    // A removal answers whatever the filter.
+    let watching = watch_until(|_| false);
+    waiting(&db, 1).await;
+    let seen = read(&writer, dir).await;
+    let unchanged: Vec<(&Entry, i64)> = seen.slots.iter().map(|s| (&s.entry, s.version)).collect();
+    update(
+        &writer,
+        QueueUpdate {
+            dir,
+            unchanged: &unchanged,
+            present: &[],
+            set: &[],
+            delete: &[&entry],
+            block: None,
+        },
+    )
+    .await
+    .expect("deleted");
+    assert_eq!(woken(watching).await, None);
 }
 
 async fn a_watch_wakes_when_the_owner_writes_or_removes_the_entry(db: Db) {

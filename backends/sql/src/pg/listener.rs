@@ -42,7 +42,7 @@ impl Listener for EntryListener {
         self.listener.unlisten(&format!("{}{id}", self.channel)).await
     }
 
-    async fn recv(&mut self) -> DbResult<Option<i64>> {
+    async fn recv(&mut self) -> DbResult<Option<(i64, Option<Vec<u8>>)>> {
         loop {
             let Some(notification) = self.listener.try_recv().await? else {
                 return Ok(None);
@@ -52,12 +52,41 @@ impl Listener for EntryListener {
                 .strip_prefix(self.channel.as_str())
                 .and_then(|id| id.parse().ok());
             if let Some(id) = id {
-                return Ok(Some(id));
+                return Ok(Some((id, written(notification.payload()))));
             }
         }
     }
 
     async fn ping(&mut self) -> DbResult<()> {
         sqlx::query("SELECT 1").execute(&mut self.listener).await.map(drop)
+    }
+}
+
+/// The value a notice's payload carries: `w` and the value in hex, as
+/// `lockline_update_queue` sends it for a write (an empty payload for a
+/// removal, or a value too long to send).
+fn written(payload: &str) -> Option<Vec<u8>> {
+    let hex = payload.strip_prefix('w')?.as_bytes();
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    hex.chunks(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::written;
+
+    #[test]
+    fn a_notice_carries_the_value_written_or_nothing() {
+        assert_eq!(written("w00ff7a"), Some(vec![0x00, 0xff, 0x7a]));
+        assert_eq!(written("w"), Some(Vec::new()));
+        assert_eq!(written(""), None);
+        assert_eq!(written("w0"), None);
+        assert_eq!(written("wzz"), None);
+        assert_eq!(written("00ff"), None);
     }
 }

@@ -152,13 +152,25 @@ impl<D: Dialect> SqlSession<D> {
             // still answer into its slot later.
             let slot = FoundSlot::default();
             let waited = shared.wait_on_reading(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot));
+            tokio::pin!(waited);
             lost = match notices.as_mut() {
-                Some(notices) => {
+                Some(notices) => loop {
                     tokio::select! {
-                        () = notices.changed() => false,
-                        waited = waited => waited?,
+                        written = notices.changed() => match written {
+                            // Written by another session (the notice carries
+                            // the value): one that leaves the watcher waiting
+                            // is watched past on the same wait, which waits
+                            // on the owner's value lock, where it was; one
+                            // wanted is the answer, with no read.
+                            Some(value) if value == seen || !wanted(&value) => seen = value,
+                            Some(value) => return Ok(Some(value)),
+                            // A removal, or notices that may have been
+                            // missed: read the entry.
+                            None => break false,
+                        },
+                        waited = &mut waited => break waited?,
                     }
-                }
+                },
                 None => waited.await?,
             };
             woken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
