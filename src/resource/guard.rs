@@ -4,6 +4,7 @@
 //! conversion given up in `take_back`.
 
 use super::*;
+use crate::backend::Slot;
 
 mod convert;
 mod down;
@@ -164,6 +165,17 @@ impl ResourceGuard {
         Some(Block { value, holder: None }.encode())
     }
 
+    /// One read of this lock's queue: the lock's own slot in it, and the
+    /// value block; the error of a vanished entry when it is gone.
+    pub(super) async fn read_own(&self) -> Result<(Slot, Option<Vec<u8>>)> {
+        let inner = &self.hold.session().inner;
+        let mut queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
+        match position_in(&queue, &self.entry) {
+            Some(at) => Ok((queue.slots.swap_remove(at), queue.block)),
+            None => Err(inner.vanished_error(&self.entry.key).await),
+        }
+    }
+
     pub(super) fn sync_release_block(&mut self) {
         let block = self.leaving_block();
         self.hold.set_release_block(block);
@@ -270,6 +282,55 @@ impl ResourceGuard {
         }
         self.hold.release().await
     }
+}
+
+/// A write of one entry's value (and perhaps of the value block),
+/// conditioned on one slot of a read being as read: a conversion's mark
+/// and its taking back, a listening lock's down-conversion.
+pub(super) struct SlotWrite<'a> {
+    dir: &'a str,
+    unchanged: [(&'a Entry, i64); 1],
+    set: [(&'a Entry, &'a [u8]); 1],
+    block: Option<&'a [u8]>,
+}
+
+impl<'a> SlotWrite<'a> {
+    /// Sets `entry` to `value` (and the block to `block`) if `slot` is as
+    /// read.
+    pub(super) fn new(
+        dir: &'a str,
+        slot: &'a Slot,
+        entry: &'a Entry,
+        value: &'a [u8],
+        block: Option<&'a [u8]>,
+    ) -> Self {
+        SlotWrite {
+            dir,
+            unchanged: [(&slot.entry, slot.version)],
+            set: [(entry, value)],
+            block,
+        }
+    }
+
+    /// The update to send.
+    pub(super) fn update(&self) -> QueueUpdate<'_> {
+        QueueUpdate {
+            dir: self.dir,
+            unchanged: &self.unchanged,
+            present: &[],
+            set: &self.set,
+            delete: &[],
+            block: self.block,
+        }
+    }
+}
+
+/// Where `entry` stands in `queue`, if it is there.
+pub(super) fn position_in(queue: &Queue, entry: &Entry) -> Option<usize> {
+    queue
+        .slots
+        .iter()
+        .position(|s| s.entry.key == entry.key && s.entry.order == entry.order)
 }
 
 /// The most restrictive mode that neither `a` nor `b` is below: what a

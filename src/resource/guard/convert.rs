@@ -147,17 +147,9 @@ impl ResourceGuard {
         if !self.cell().uncertain {
             return Ok(());
         }
-        let inner = self.hold.session().inner.clone();
-        let queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
-        let Some(slot) = queue
-            .slots
-            .iter()
-            .find(|s| s.entry.key == self.entry.key && s.entry.order == self.entry.order)
-        else {
-            return Err(inner.vanished_error(&self.entry.key).await);
-        };
+        let (slot, block) = self.read_own().await?;
         let state = State::decode(&slot.value, slot.changed);
-        let block = Block::decode(queue.block.as_deref());
+        let block = Block::decode(block.as_deref());
         {
             let mut cell = self.cell();
             if let Some(held) = state.granted {

@@ -61,14 +61,7 @@ impl ResourceGuard {
     pub(super) async fn down_keeping_marks(&self, mode: LockMode, token: u64, block: Option<&[u8]>) -> Result<()> {
         let inner = &self.hold.session().inner;
         loop {
-            let queue = inner.call(inner.remote.read_queue(&self.resource.name)).await?;
-            let Some(slot) = queue
-                .slots
-                .iter()
-                .find(|s| s.entry.key == self.entry.key && s.entry.order == self.entry.order)
-            else {
-                return Err(inner.vanished_error(&self.entry.key).await);
-            };
+            let (slot, _) = self.read_own().await?;
             let marks = State::decode(&slot.value, slot.changed).blocked;
             let still = LockMode::ALL
                 .into_iter()
@@ -79,16 +72,8 @@ impl ResourceGuard {
                 ..State::held(mode, token)
             }
             .encode();
-            let unchanged = [(&slot.entry, slot.version)];
-            let update = QueueUpdate {
-                dir: &self.resource.name,
-                unchanged: &unchanged,
-                present: &[],
-                set: &[(&self.entry, &value)],
-                delete: &[],
-                block,
-            };
-            if inner.call(inner.remote.update_queue(&update)).await?.is_some() {
+            let write = SlotWrite::new(&self.resource.name, &slot, &self.entry, &value, block);
+            if inner.call(inner.remote.update_queue(&write.update())).await?.is_some() {
                 return Ok(());
             }
         }

@@ -63,11 +63,7 @@ impl Drop for ConversionCleanup {
 pub(super) async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, conv: u32) -> Result<()> {
     loop {
         let queue = inner.call(inner.remote.read_queue(name)).await?;
-        let Some(slot) = queue
-            .slots
-            .iter()
-            .find(|s| s.entry.key == entry.key && s.entry.order == entry.order)
-        else {
+        let Some(slot) = position_in(&queue, entry).map(|at| &queue.slots[at]) else {
             return Ok(());
         };
         let state = State::decode(&slot.value, slot.changed);
@@ -82,16 +78,8 @@ pub(super) async fn take_back(inner: &SessionInner, name: &str, entry: &Entry, c
             ..State::held(held, state.token)
         }
         .encode();
-        let unchanged = [(&slot.entry, slot.version)];
-        let update = QueueUpdate {
-            dir: name,
-            unchanged: &unchanged,
-            present: &[],
-            set: &[(&slot.entry, &value)],
-            delete: &[],
-            block: None,
-        };
-        if inner.call(inner.remote.update_queue(&update)).await?.is_some() {
+        let write = SlotWrite::new(name, slot, &slot.entry, &value, None);
+        if inner.call(inner.remote.update_queue(&write.update())).await?.is_some() {
             return Ok(());
         }
     }

@@ -69,15 +69,8 @@ impl ResourceGuard {
                 }
                 .encode();
                 let slot = &view.slots[at].0;
-                let unchanged = [(&slot.entry, slot.version)];
-                let update = QueueUpdate {
-                    dir: &self.resource.name,
-                    unchanged: &unchanged,
-                    present: &[],
-                    set: &[(&slot.entry, &value)],
-                    delete: &[],
-                    block: None,
-                };
+                let write = SlotWrite::new(&self.resource.name, slot, &slot.entry, &value, None);
+                let update = write.update();
                 // Armed before the write: a mark whose answer is lost (and
                 // whose retry then fails its condition) is still taken back.
                 cleanup.conv = Some(conv);
@@ -181,14 +174,9 @@ impl ResourceGuard {
                 () = self.hold.lost() => {
                     return Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost { key: self.entry.key.clone() }));
                 }
-                changed = changed(inner, &blocker, seen, view.slots[at].1) => match changed {
-                    Ok(gone) => {
-                        inner.counters.bump(|c| &c.wakeups);
-                        last_gone = gone.then_some(blocker);
-                    }
-                    Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
-                    Err(error) => return Err(error),
-                },
+                changed = changed(inner, &blocker, seen, view.slots[at].1) => {
+                    woken(inner, &acquire, changed, blocker, &mut last_gone, &mut backoff).await?;
+                }
                 () = deadline => return Ok(false),
             }
         }
