@@ -15,7 +15,7 @@ use crate::guard::{watch_entry, EntryWatch, Hold};
 use crate::sequencer::Mode;
 use crate::session::SessionInner;
 use crate::wait::{patience_for, Patience, Rule};
-use crate::{AppendRequest, Earlier, Entry, EntryKind, Error, Result, Session};
+use crate::{AppendRequest, Appended, Earlier, Entry, EntryKind, Error, Result, Session};
 
 /// The first pause before retrying a transient failure; it doubles up to
 /// [`MAX_BACKOFF`].
@@ -131,27 +131,7 @@ impl Acquire<'_> {
             conflicts: self.rule.conflicts(),
             nearest: self.rule.depth(),
         };
-        let tries = std::sync::atomic::AtomicU32::new(0);
-        let appended = self
-            .retrying(|| {
-                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                inner.remote.append(&request)
-            })
-            .await;
-        // An append tried more than once may still have an earlier try in
-        // flight, which can reach the server after this acquire is given up:
-        // its cleanup must then fence the whole attempt, not just the entry.
-        pending.retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
-        if let Err(error) = &appended {
-            if error.is_refusal() && !pending.retried {
-                // The server answered the one try with a refusal: it created
-                // nothing, and a cleanup would be refused the same way.
-                pending.disarm();
-            }
-        }
-        let appended = appended?;
-        inner.counters.bump(|c| &c.appends);
-        pending.entry = Some(appended.entry.clone());
+        let appended = self.append(&request, &mut pending).await?;
         let mine = appended.entry;
         let mut own_watch = None;
         if let Some(busy) = self
@@ -178,6 +158,35 @@ impl Acquire<'_> {
         };
         let held = Hold::new(self.session.clone(), mine, local, own_watch, self.name, mode, retried);
         Ok(Outcome::Held(held))
+    }
+
+    /// Appends the entry, retried as [`retrying`](Self::retrying) retries,
+    /// and arms `pending` with it: whatever the append made is removed if
+    /// the acquire ends without a grant.
+    pub(crate) async fn append(&self, request: &AppendRequest<'_>, pending: &mut PendingEntry<'_>) -> Result<Appended> {
+        let inner = &self.session.inner;
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let appended = self
+            .retrying(|| {
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                inner.remote.append(request)
+            })
+            .await;
+        // An append tried more than once may still have an earlier try in
+        // flight, which can reach the server after this acquire is given up:
+        // its cleanup must then fence the whole attempt, not just the entry.
+        pending.retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
+        if let Err(error) = &appended {
+            if error.is_refusal() && !pending.retried {
+                // The server answered the one try with a refusal: it created
+                // nothing, and a cleanup would be refused the same way.
+                pending.disarm();
+            }
+        }
+        let appended = appended?;
+        inner.counters.bump(|c| &c.appends);
+        pending.entry = Some(appended.entry.clone());
+        Ok(appended)
     }
 
     /// Waits until the rule lets `mine` hold (`Ok(None)`). `Ok(Some(Busy))`:
@@ -289,18 +298,10 @@ impl Acquire<'_> {
             tokio::select! {
                 biased;
                 state = inner.over() => return Err(inner.over_error(state)),
-                gone = own.as_mut() => match gone {
-                    Ok(()) => {
-                        pending.disarm();
-                        return Err(inner.vanished_error(&mine.key).await);
-                    }
-                    Err(error) if error.is_transient() => {
-                        *own_watch = None;
-                        interrupted = Some(blocker.clone());
-                        self.back_off(&error, &mut backoff).await?;
-                    }
-                    Err(error) => return Err(error),
-                },
+                gone = own.as_mut() => {
+                    self.own_watch_ended(gone, mine, pending, own_watch, &mut backoff).await?;
+                    interrupted = Some(blocker.clone());
+                }
                 gone = blocked => match gone {
                     Ok(()) => {
                         inner.counters.bump(|c| &c.wakeups);
@@ -322,6 +323,31 @@ impl Acquire<'_> {
                     return Err(self.timeout_error(here));
                 }
             }
+        }
+    }
+
+    /// What a waiting acquire does when the watch on its own entry ends: the
+    /// entry vanished (the session's loss, or someone deleted it), an error;
+    /// or the watch failed, an error unless the failure is transient, when
+    /// the watch is dropped (the next wait opens another) after a backoff.
+    pub(crate) async fn own_watch_ended(
+        &self,
+        ended: Result<()>,
+        mine: &Entry,
+        pending: &mut PendingEntry<'_>,
+        own_watch: &mut Option<EntryWatch>,
+        backoff: &mut Duration,
+    ) -> Result<()> {
+        match ended {
+            Ok(()) => {
+                pending.disarm();
+                Err(self.session.inner.vanished_error(&mine.key).await)
+            }
+            Err(error) if error.is_transient() => {
+                *own_watch = None;
+                self.back_off(&error, backoff).await
+            }
+            Err(error) => Err(error),
         }
     }
 

@@ -330,26 +330,11 @@ impl Resource {
             conflicts: Conflicts::All,
             nearest: 0,
         };
-        let tries = std::sync::atomic::AtomicU32::new(0);
-        let appended = acquire
-            .retrying(|| {
-                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                inner.remote.append(&request)
-            })
-            .await;
-        pending.retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
-        if let Err(error) = &appended {
-            if error.is_refusal() && !pending.retried {
-                pending.disarm();
-            }
-        }
-        let appended = appended?;
+        let appended = acquire.append(&request, &mut pending).await?;
         let mine = appended.entry;
         // The queue as the append read it, where the backend could: the
         // first decision needs no read of its own.
         let mut read = appended.queue;
-        inner.counters.bump(|c| &c.appends);
-        pending.entry = Some(mine.clone());
         let notify = !matches!(patience, Patience::Never) || self.notify_on_try;
         let mut own_watch: Option<EntryWatch> = None;
         let mut backoff = INITIAL_BACKOFF;
@@ -392,34 +377,26 @@ impl Resource {
                 }
                 // Next after a holder that lost its lock involuntarily: hold
                 // back for the lock-delay, then look once more.
-                if let Some(gone) = last_gone.take().filter(|_| !delay.is_zero()) {
-                    if let crate::backend::Departure::Lost { noticed } = inner.remote.departure(&gone) {
-                        delayed = true;
-                        if acquire
-                            .hold_back(&mine, noticed + delay, &mut pending, &mut own_watch)
-                            .await?
-                            .is_some()
-                        {
-                            return Ok(None);
-                        }
-                        continue;
+                let lost = last_gone.take().filter(|_| !delay.is_zero()).and_then(|gone| {
+                    match inner.remote.departure(&gone) {
+                        crate::backend::Departure::Lost { noticed } => Some(noticed + delay),
+                        _ => None,
                     }
-                }
-                if let Some(until) = inner.remote.grant_not_before().filter(|&t| t > Instant::now()) {
-                    if acquire
-                        .hold_back(&mine, until, &mut pending, &mut own_watch)
-                        .await?
-                        .is_some()
-                    {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                // After a PW or EX holder lost its lock (the block still
-                // names it), the lock-delay too, once.
-                if !delayed && !delay.is_zero() && mode != LockMode::Nl && view.block.lost_holder(&view) {
+                });
+                let hold_until = if let Some(until) = lost {
                     delayed = true;
-                    let until = Instant::now() + delay;
+                    Some(until)
+                } else if let Some(until) = inner.remote.grant_not_before().filter(|&t| t > Instant::now()) {
+                    Some(until)
+                } else if !delayed && !delay.is_zero() && mode != LockMode::Nl && view.block.lost_holder(&view) {
+                    // After a PW or EX holder lost its lock (the block still
+                    // names it), the lock-delay too, once.
+                    delayed = true;
+                    Some(Instant::now() + delay)
+                } else {
+                    None
+                };
+                if let Some(until) = hold_until {
                     if acquire
                         .hold_back(&mine, until, &mut pending, &mut own_watch)
                         .await?
@@ -494,25 +471,12 @@ impl Resource {
             tokio::select! {
                 biased;
                 state = inner.over() => return Err(inner.over_error(state)),
-                gone = own.as_mut() => match gone {
-                    Ok(()) => {
-                        pending.disarm();
-                        return Err(inner.vanished_error(&mine.key).await);
-                    }
-                    Err(error) if error.is_transient() => {
-                        own_watch = None;
-                        acquire.back_off(&error, &mut backoff).await?;
-                    }
-                    Err(error) => return Err(error),
-                },
-                changed = changed(inner, &blocker, seen, view.slots[at].1) => match changed {
-                    Ok(gone) => {
-                        inner.counters.bump(|c| &c.wakeups);
-                        last_gone = gone.then_some(blocker);
-                    }
-                    Err(error) if error.is_transient() => acquire.back_off(&error, &mut backoff).await?,
-                    Err(error) => return Err(error),
-                },
+                gone = own.as_mut() => {
+                    acquire.own_watch_ended(gone, &mine, &mut pending, &mut own_watch, &mut backoff).await?;
+                }
+                changed = changed(inner, &blocker, seen, view.slots[at].1) => {
+                    woken(inner, &acquire, changed, blocker, &mut last_gone, &mut backoff).await?;
+                }
                 () = deadline => return Ok(self.give_up(&mine, mode, &mut own_watch, &attempt, &mut pending).await),
             }
         }
@@ -668,6 +632,29 @@ impl Resource {
 async fn changed(inner: &SessionInner, entry: &Entry, seen: Vec<u8>, me: State) -> Result<bool> {
     let wanted = move |value: &[u8]| !blocks(State::decode(value, 0), me);
     Ok(inner.remote.watch_value_until(entry, &seen, &wanted).await?.is_none())
+}
+
+/// What a waiter does once [`changed`] resolved (`changed`): counts the
+/// wake-up, keeping the entry it waited on in `last_gone` if that entry is
+/// gone (how it went decides a lock-delay); or backs off a transient
+/// failure of the watch.
+async fn woken(
+    inner: &SessionInner,
+    acquire: &Acquire<'_>,
+    changed: Result<bool>,
+    blocker: Entry,
+    last_gone: &mut Option<Entry>,
+    backoff: &mut Duration,
+) -> Result<()> {
+    match changed {
+        Ok(gone) => {
+            inner.counters.bump(|c| &c.wakeups);
+            *last_gone = gone.then_some(blocker);
+            Ok(())
+        }
+        Err(error) if error.is_transient() => acquire.back_off(&error, backoff).await,
+        Err(error) => Err(error),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,81 @@
+//! A guard's down-conversions: one write, the waiters' marks kept when the
+//! lock listens for them.
+
+use super::*;
+
+impl ResourceGuard {
+    /// A down-conversion: one write (a listening lock's reads first, to keep
+    /// the marks of the waiters it still blocks).
+    pub(super) async fn down(&mut self, mode: LockMode) -> Result<()> {
+        let inner = self.hold.session().inner.clone();
+        let token = self.cell().token;
+        let block = (!mode.sole_writer()).then(|| self.leaving_block()).flatten();
+        // The lower mode first: a call cancelled in flight leaves the guard
+        // claiming less than the server may hold, never more.
+        let pending = {
+            let mut cell = self.cell();
+            cell.uncertain = true;
+            cell.mode = mode;
+            cell.told = 0;
+            if block.is_some() {
+                cell.pending.take()
+            } else {
+                None
+            }
+        };
+        self.hold.set_release_block(None);
+        if self.resource.notify_blocking {
+            self.down_keeping_marks(mode, token, block.as_deref()).await?;
+        } else {
+            // No waiter marks a lock that does not listen: one write, at
+            // whatever version.
+            let value = State::held(mode, token).encode();
+            let update = QueueUpdate {
+                dir: &self.resource.name,
+                unchanged: &[],
+                present: &[&self.entry],
+                set: &[(&self.entry, &value)],
+                delete: &[],
+                block: block.as_deref(),
+            };
+            if inner.call(inner.remote.update_queue(&update)).await?.is_none() {
+                return Err(inner.vanished_error(&self.entry.key).await);
+            }
+        }
+        {
+            let mut cell = self.cell();
+            if let Some(bytes) = pending {
+                cell.value.bytes = bytes;
+                cell.value.sequence += 1;
+                cell.value.valid = true;
+            }
+            cell.uncertain = false;
+        }
+        self.sync_release_block();
+        Ok(())
+    }
+
+    /// A listening lock's down-conversion: one read, then one write
+    /// conditioned on the entry as read, keeping the marks of the waiters it
+    /// still blocks (its holder is told of them again).
+    pub(super) async fn down_keeping_marks(&self, mode: LockMode, token: u64, block: Option<&[u8]>) -> Result<()> {
+        let inner = &self.hold.session().inner;
+        loop {
+            let (slot, _) = self.read_own().await?;
+            let marks = State::decode(&slot.value, slot.changed).blocked;
+            let still = LockMode::ALL
+                .into_iter()
+                .filter(|m| marks & m.bit() != 0 && !m.compatible(mode))
+                .fold(marks & LISTENING, |bits, m| bits | m.bit());
+            let value = State {
+                blocked: still,
+                ..State::held(mode, token)
+            }
+            .encode();
+            let write = SlotWrite::new(&self.resource.name, &slot, &self.entry, &value, block);
+            if inner.call(inner.remote.update_queue(&write.update())).await?.is_some() {
+                return Ok(());
+            }
+        }
+    }
+}
