@@ -50,9 +50,13 @@
 //! contender, timed from the release just before them, which flatters it),
 //! and of B_write's `UPDATE`s.
 //!
-//! The targets, printed as ratios measured in this run: lockline
-//! ≥ 0.5 × the bare named lock's grants/s, ≥ 5 × the polling lock at N = 16,
-//! wakeups per release ≤ 1.05.
+//! The targets, each printed beside this run's figure, met or missed:
+//! lockline ≥ 0.6 × the bare named lock's grants/s at N = 1 and ≥ 0.35 × at
+//! N ≥ 2 on PostgreSQL (MariaDB: ≥ 0.3 × and ≥ 0.2 ×); ≥ 5 × the polling
+//! lock's handoffs/s at N = 16 and ≥ 10 × at N = 4; wakeups per release
+//! ≤ 1.05; handoff p99 at N = 64 ≤ 2 × its p50. Server CPU per grant (≤ 6 ×
+//! the named lock's) is `profile_sql`'s. What stands in the way of a missed
+//! one is in docs/performance-notes.md.
 //!
 //! A lockline run that fails (a `lock()` or `release()` that returns an
 //! error) or stalls (its contenders not all stopped a minute after the
@@ -589,43 +593,7 @@ async fn mutex_tables(
         );
     }
     println!();
-    println!("Targets:");
-    let named: Vec<String> = rows
-        .iter()
-        .map(|(n, ours, named, _)| {
-            let ratio = ours.grants_per_sec / named.grants_per_sec;
-            format!("N = {n}: {ratio:.2} ({})", verdict(ratio >= 0.5))
-        })
-        .collect();
-    println!(
-        "- lockline ≥ 0.5 × the bare named lock's grants/s: {}",
-        named.join(", ")
-    );
-    match rows.iter().find(|(n, ..)| *n == 16) {
-        Some((_, ours, _, polling)) => {
-            let grants = ours.grants_per_sec / polling.grants_per_sec;
-            let handoffs = ours.handoffs_per_sec / polling.handoffs_per_sec;
-            println!(
-                "- lockline ≥ 5 × the polling row lock at N = 16: grants/s {grants:.2} × ({}); handoffs/s {} × ({})",
-                verdict(grants >= 5.0),
-                ratio_cell(ours.handoffs_per_sec, polling.handoffs_per_sec),
-                verdict(handoffs >= 5.0),
-            );
-        }
-        None => println!("- lockline ≥ 5 × the polling row lock at N = 16: N = 16 not measured"),
-    }
-    let wakeups: Vec<String> = rows
-        .iter()
-        .filter(|(n, ..)| *n > 1)
-        .map(|(n, ours, ..)| {
-            format!(
-                "N = {n}: {:.2} ({})",
-                ours.wakeups_per_release,
-                verdict(ours.wakeups_per_release <= 1.05)
-            )
-        })
-        .collect();
-    println!("- wakeups per release ≤ 1.05: {}", wakeups.join(", "));
+    print_targets(engine, &rows);
     let deadlocks: Vec<String> = rows
         .iter()
         .filter(|(.., polling)| polling.deadlocks > 0)
@@ -649,6 +617,73 @@ async fn mutex_tables(
         }
     }
     Ok(())
+}
+
+/// The speed targets, each beside this run's figure: met or missed (a
+/// missed one is priced in docs/performance-notes.md).
+fn print_targets(engine: Engine, rows: &[(usize, Figures, Figures, Figures)]) {
+    // lockline ÷ the bare named lock's grants/s: at N = 1, at N ≥ 2.
+    let (alone, contended) = match engine {
+        Engine::Postgres => (0.6, 0.35),
+        Engine::MariaDb => (0.3, 0.2),
+    };
+    println!("Targets (this run's figures):");
+    let named: Vec<String> = rows
+        .iter()
+        .map(|(n, ours, named, _)| {
+            let ratio = ours.grants_per_sec / named.grants_per_sec;
+            let target = if *n == 1 { alone } else { contended };
+            format!("N = {n}: {ratio:.2} (≥ {target}: {})", verdict(ratio >= target))
+        })
+        .collect();
+    println!(
+        "- lockline ≥ {alone} × the bare named lock's grants/s at N = 1, ≥ {contended} × at N ≥ 2: {}",
+        named.join(", ")
+    );
+    for (at, times) in [(16, 5.0), (4, 10.0)] {
+        match rows.iter().find(|(n, ..)| *n == at) {
+            Some((_, ours, _, polling)) => {
+                let handoffs = ours.handoffs_per_sec / polling.handoffs_per_sec;
+                println!(
+                    "- lockline ≥ {times} × the polling row lock's handoffs/s at N = {at}: {} × ({})",
+                    ratio_cell(ours.handoffs_per_sec, polling.handoffs_per_sec),
+                    verdict(handoffs >= times),
+                );
+            }
+            None => println!("- lockline ≥ {times} × the polling row lock's handoffs/s at N = {at}: not measured"),
+        }
+    }
+    let wakeups: Vec<String> = rows
+        .iter()
+        .filter(|(n, ..)| *n > 1)
+        .map(|(n, ours, ..)| {
+            format!(
+                "N = {n}: {:.2} ({})",
+                ours.wakeups_per_release,
+                verdict(ours.wakeups_per_release <= 1.05)
+            )
+        })
+        .collect();
+    println!("- wakeups per release ≤ 1.05: {}", wakeups.join(", "));
+    match rows.iter().find(|(n, ..)| *n == 64) {
+        Some((_, ours, ..)) => match (ours.handoff.quantile(0.5), ours.handoff.quantile(0.99)) {
+            (Some(p50), Some(p99)) => {
+                let times = p99.as_secs_f64() / p50.as_secs_f64();
+                println!(
+                    "- lockline's handoff p99 ≤ 2 × its p50 at N = 64: {:.2} / {:.2} ms = {times:.2} × ({})",
+                    ms(p99),
+                    ms(p50),
+                    verdict(times <= 2.0),
+                );
+            }
+            _ => println!("- lockline's handoff p99 ≤ 2 × its p50 at N = 64: no handoff measured"),
+        },
+        None => println!("- lockline's handoff p99 ≤ 2 × its p50 at N = 64: N = 64 not measured"),
+    }
+    println!(
+        "- server CPU per grant ≤ 6 × the named lock's: measured by profile_sql \
+         (cargo run --release -p lockline-sql --example profile_sql), which prints it with its target"
+    );
 }
 
 /// lockline on its UNLOGGED tables against the same tables created LOGGED.

@@ -10,7 +10,8 @@
 //! named lock: each its own connection), and the run prints, per grant:
 //!
 //! - the CPU time of the server's processes and of this (client) process,
-//!   and how many of the machine's cores each kept busy;
+//!   and how many of the machine's cores each kept busy, with the target
+//!   beside them (lockline's server CPU per grant ≤ 6 × the named lock's);
 //! - the server's statements with their calls per grant and the server's
 //!   own time per call (PostgreSQL: `pg_stat_statements`, preloaded on this
 //!   profiling server only; MariaDB: `performance_schema`'s statement
@@ -124,6 +125,11 @@ async fn main() -> BoxResult<()> {
                     profiled.server_cores + profiled.client_cores,
                 );
             }
+            let times = lockline.server_cpu_ms / named.server_cpu_ms;
+            println!(
+                "  Target: server CPU per grant ≤ 6 × the named lock's: {times:.1} × ({})",
+                lockline_bench::report::verdict(times <= 6.0)
+            );
             println!();
             println!("| lockline's statements (server time) | calls/grant | server ms/call | server ms/grant |");
             println!("|---|---:|---:|---:|");
