@@ -1,6 +1,7 @@
-//! Helpers for `attacks_sql.rs`: a side connection of the test's own (to
-//! look at the server, or to hold a row lock at a chosen moment), bounded
-//! waits on server state, and session options.
+//! Helpers for the attack tests (`attacks_sql/`, and the MariaDB ones beside
+//! it): a side connection of the test's own (to look at the server, or to
+//! hold a row lock at a chosen moment), bounded waits on server state, and
+//! session options.
 
 #![allow(dead_code)]
 
