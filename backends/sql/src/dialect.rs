@@ -198,6 +198,45 @@ impl Condition {
 /// and whether it is live; `None` when its row is gone.
 pub(crate) type Found = Option<(Watched, bool)>;
 
+/// A lock-mode queue as [`LockModes::read_queue`] reads it: its live
+/// entries, first first, and its lock value block.
+pub(crate) type QueueRead = (Vec<QueueRow>, Option<Vec<u8>>);
+
+/// A watcher's wait on a lock-mode entry (see [`LockModes::wait_watch`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watch<'a> {
+    /// The entry.
+    pub(crate) id: i64,
+    /// Its version and epoch as the watcher last read them.
+    pub(crate) at: Watched<()>,
+    /// The watcher's session.
+    pub(crate) session: &'a str,
+    /// The entry owner's session.
+    pub(crate) owner: &'a str,
+    /// How long the wait may last at most.
+    pub(crate) bound_ms: i64,
+}
+
+impl Watch<'_> {
+    /// `query` with the wait bound, in the order both engines' watch takes
+    /// it: the entry, its epoch and version, the watcher's session, the
+    /// owner's, the bound.
+    pub(crate) fn bind<'q, DB>(&self, query: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>
+    where
+        DB: sqlx::Database,
+        for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        query
+            .bind(self.id)
+            .bind(self.at.epoch)
+            .bind(self.at.version)
+            .bind(self.session)
+            .bind(self.owner)
+            .bind(self.bound_ms)
+    }
+}
+
 impl Watched {
     /// A lock-mode entry as a statement answers it: its value, version and
     /// epoch in three columns from `first` on.
@@ -206,24 +245,28 @@ impl Watched {
         Ok(Watched { value, version, epoch })
     }
 
-    /// A lock-mode entry as a watch's wait read it after waking, from
-    /// column `first` on: `None` when its row is gone (its value NULL), else
-    /// its value, version and epoch (NULL read as 0), and whether it is
-    /// live, as `live` reads it.
+    /// A lock-mode entry as a watch's wait read it after waking, if it
+    /// did (`read`), from column `first` on: `Some(None)` when its row is
+    /// gone (its value NULL), else its value, version and epoch (NULL read
+    /// as 0), and whether it is live, as `live` reads it.
     pub(crate) fn read_woken<R: Columns>(
         row: &R,
+        read: bool,
         first: usize,
         live: impl FnOnce(&R) -> DbResult<bool>,
-    ) -> DbResult<Found> {
-        let Some(value) = row.bytes_or_null(first)? else {
+    ) -> DbResult<Option<Found>> {
+        if !read {
             return Ok(None);
+        }
+        let Some(value) = row.bytes_or_null(first)? else {
+            return Ok(Some(None));
         };
         let watched = Watched {
             value,
             version: row.int_or_null(first + 1)?.unwrap_or_default(),
             epoch: row.int_or_null(first + 2)?.unwrap_or_default(),
         };
-        Ok(Some((watched, live(row)?)))
+        Ok(Some(Some((watched, live(row)?))))
     }
 }
 
@@ -534,12 +577,7 @@ pub(crate) trait LockModes: Engine {
     /// Every live entry of `name`, first first, with its value, version and
     /// the token of its last write, and the name's lock value block: one
     /// statement, one snapshot.
-    async fn read_queue(
-        &self,
-        conn: &mut Self::Conn,
-        name: &str,
-        session: &str,
-    ) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)>;
+    async fn read_queue(&self, conn: &mut Self::Conn, name: &str, session: &str) -> DbResult<QueueRead>;
 
     /// Applies `change` if every entry it names with a version is live at
     /// that version: its token (above every token and `changed` of the
@@ -552,8 +590,9 @@ pub(crate) trait LockModes: Engine {
     /// row is gone. Waits for a write of it in flight to commit.
     async fn watch_read(&self, conn: &mut Self::Conn, id: i64, session: &str) -> DbResult<Found>;
 
-    /// Waits until the lock-mode entry `id` is no longer at `at.version`:
-    /// until the value lock its owner holds for `at.epoch` is free (its
+    /// Waits until the lock-mode entry `watch.id` is no longer at the
+    /// version `watch.at` gives: until the value lock its owner holds for
+    /// that epoch is free (its
     /// owner wrote it, removed it or is gone), or (MariaDB/MySQL) a writer
     /// of another session wakes it; at once when it moved on already;
     /// bounded as [`wait`](Waits::wait). [`Waited::Lost`]: the entry is
@@ -561,15 +600,7 @@ pub(crate) trait LockModes: Engine {
     /// the bound ran out, also the entry as the wait read it after waking
     /// (as [`watch_read`](Self::watch_read) gives it), so that the
     /// watcher need not read it again.
-    async fn wait_watch(
-        &self,
-        conn: &mut Self::Conn,
-        id: i64,
-        at: Watched<()>,
-        session: &str,
-        owner: &str,
-        bound_ms: i64,
-    ) -> DbResult<(Waited, Option<Found>)>;
+    async fn wait_watch(&self, conn: &mut Self::Conn, watch: &Watch<'_>) -> DbResult<(Waited, Option<Found>)>;
 
     /// A connection that hears of writes to lock-mode entries by sessions
     /// that do not own them (PostgreSQL: `LISTEN`); `None` when the
@@ -665,7 +696,7 @@ impl Row {
 /// A lock-mode queue as [`LockModes::read_queue`]'s statement answers it:
 /// the lock value block first (its row without an id, its value in column
 /// 3), then each entry (id, kind, session, value, version, changed).
-pub(crate) fn queue_rows(found: &[impl Columns]) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)> {
+pub(crate) fn queue_rows(found: &[impl Columns]) -> DbResult<QueueRead> {
     let mut block = None;
     let mut rows = Vec::with_capacity(found.len());
     for r in found {

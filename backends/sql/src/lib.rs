@@ -93,6 +93,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod alike;
 mod ddl;
 mod dialect;
 mod error;

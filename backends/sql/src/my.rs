@@ -78,6 +78,9 @@ struct Names {
 struct Statements {
     heartbeat: Arc<str>,
     count_own: Arc<str>,
+    beats: Arc<str>,
+    grace: Arc<str>,
+    end_grace: Arc<str>,
     own_ids: Arc<str>,
     append: Arc<str>,
     find: Arc<str>,
@@ -167,6 +170,16 @@ impl Names {
             )
             .into(),
             count_own: format!("SELECT COUNT(*) FROM {entries} WHERE session = ?").into(),
+            beats: format!(
+                "SELECT s.id, s.beat, s.ttl_ms, COALESCE((SELECT e.id FROM {entries} e WHERE e.session = s.id LIMIT 1), 0) \
+                 FROM {sessions} s"
+            )
+            .into(),
+            grace: format!("SELECT grace_ms, grace_from_us FROM {meta} WHERE grace_ms > 0").into(),
+            end_grace: format!(
+                "UPDATE {meta} SET grace_ms = 0 WHERE grace_ms > 0 AND COALESCE(grace_from_us, 0) = ?"
+            )
+            .into(),
             own_ids: format!("SELECT id FROM {entries} WHERE session = ?").into(),
             append: format!("CALL {append_procedure}(?, ?, ?, ?, ?, ?, ?)").into(),
             find: format!("SELECT id FROM {entries} WHERE attempt = ? AND session = ?").into(),

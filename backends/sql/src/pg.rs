@@ -48,6 +48,8 @@ struct Statements {
     heartbeat: Arc<str>,
     statuses: Arc<str>,
     beats: Arc<str>,
+    grace: Arc<str>,
+    end_grace: Arc<str>,
     beat_of: Arc<str>,
     own_ids: Arc<str>,
     append: Arc<str>,
@@ -167,6 +169,15 @@ impl Names {
             beats: format!(
                 "SELECT s.id, s.beat, s.ttl_ms, COALESCE((SELECT e.id FROM {entries} e WHERE e.session = s.id LIMIT 1), 0) \
                  FROM {sessions} s"
+            )
+            .into(),
+            grace: format!(
+                "SELECT grace_ms, (extract(epoch FROM grace_from) * 1000000)::bigint FROM {meta} WHERE grace_ms > 0"
+            )
+            .into(),
+            end_grace: format!(
+                "UPDATE {meta} SET grace_ms = 0 WHERE grace_ms > 0 \
+                 AND coalesce((extract(epoch FROM grace_from) * 1000000)::bigint, 0) = $1"
             )
             .into(),
             own_ids: format!("SELECT e.id FROM {entries} e WHERE e.session = $1").into(),

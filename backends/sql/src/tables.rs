@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 use lockline::Error;
 
+use crate::alike::Alike;
 use crate::dialect::DbResult;
 use crate::error::{has_code, map, Doing};
 use crate::layout::{movable, LAYOUT_VERSION};
@@ -25,12 +26,20 @@ pub(crate) struct Place<'a> {
     pub(crate) meta: &'a str,
 }
 
+impl<'a> Place<'a> {
+    /// The tables in `name` (a schema or database), by their prefix and
+    /// their meta table as statements name it.
+    pub(crate) fn new(name: &'a str, prefix: &'a str, meta: &'a str) -> Self {
+        Place { name, prefix, meta }
+    }
+}
+
 /// One engine's set of lockline's tables, and the steps that read, create
 /// or move them.
 #[async_trait]
 pub(crate) trait Layout: Send + Sync {
     /// A connection of the engine.
-    type Conn: Send;
+    type Conn: Alike;
 
     /// The SQLSTATE of a statement on a table that does not exist.
     const NO_SUCH_TABLE: &'static str;
@@ -56,6 +65,10 @@ pub(crate) trait Layout: Send + Sync {
     /// The columns of each table.
     const COLUMNS: &'static Columns;
 
+    /// The catalog query that answers a table's columns and their types
+    /// (it takes the schema or database, and the table's name).
+    const CATALOG: &'static str;
+
     /// Where the tables are.
     fn place(&self) -> Place<'_>;
 
@@ -63,7 +76,9 @@ pub(crate) trait Layout: Send + Sync {
     fn same(found: &str, expected: &str) -> bool;
 
     /// The layout the meta table holds (`None`: no row).
-    async fn read_layout(&self, conn: &mut Self::Conn) -> DbResult<Option<i32>>;
+    async fn read_layout(&self, conn: &mut Self::Conn) -> DbResult<Option<i32>> {
+        conn.layout(self.place().meta).await
+    }
 
     /// Creates the tables and what goes with them, one creator at a time.
     async fn create(&self, conn: &mut Self::Conn) -> DbResult<()>;
@@ -74,7 +89,11 @@ pub(crate) trait Layout: Send + Sync {
 
     /// The columns of table `table` (its name less the prefix), with their
     /// types.
-    async fn columns(&self, conn: &mut Self::Conn, table: &str) -> DbResult<Vec<(String, String)>>;
+    async fn columns(&self, conn: &mut Self::Conn, table: &str) -> DbResult<Vec<(String, String)>> {
+        let place = self.place();
+        conn.columns(Self::CATALOG, place.name, &format!("{}{table}", place.prefix))
+            .await
+    }
 }
 
 /// Checks the tables a session opens on: reads their layout, creates them

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lockline::backend::{AppendRequest, Conflicts};
 use lockline::conformance::{bounded, until};
-use lockline::{Client, EntryKind, Error, LockMode, Session, SessionOptions, SessionState};
+use lockline::{Client, EntryKind, Error, LockMode, Session, SessionState};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
@@ -14,13 +14,7 @@ use lockline_testkit::TcpProxy;
 mod support;
 
 use support::db::{spawn_probe, Db};
-
-fn options(ttl_ms: u64) -> SessionOptions {
-    SessionOptions::new()
-        .with_ttl(Duration::from_millis(ttl_ms))
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_request_timeout(Duration::from_secs(2))
-}
+use support::options;
 
 on_both!(
     a_killed_holder_is_replaced_within_a_second,

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use lockline::conformance::{bounded, until};
-use lockline::{Client, MutexGuard, Session, SessionOptions};
+use lockline::{Client, MutexGuard, Session};
 use lockline_sql::{Sql, NOT_HELD_MYSQL, NOT_HELD_POSTGRES};
 use sqlx::{Connection, Executor, MySqlConnection};
 
@@ -17,13 +17,7 @@ use sqlx::{Connection, Executor, MySqlConnection};
 mod support;
 
 use support::db::Db;
-
-fn options(ttl_ms: u64) -> SessionOptions {
-    SessionOptions::new()
-        .with_ttl(Duration::from_millis(ttl_ms))
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_request_timeout(Duration::from_secs(2))
-}
+use support::options;
 
 async fn session(db: &Db) -> Session {
     Client::new(Sql::new(db.url()))
@@ -63,6 +57,19 @@ enum App {
     My(MySqlConnection),
 }
 
+/// A PostgreSQL error as the tests compare it: its SQLSTATE, then its message.
+fn pg_refusal(e: &tokio_postgres::Error) -> String {
+    let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+    format!("{code} {}", e.as_db_error().map(|d| d.message()).unwrap_or(""))
+}
+
+/// A MariaDB error as the tests compare it: its SQLSTATE, then its message.
+fn my_refusal(e: &sqlx::Error) -> String {
+    let db = e.as_database_error();
+    let code = db.and_then(|d| d.code()).map(|c| c.into_owned()).unwrap_or_default();
+    format!("{code} {}", db.map(|d| d.message()).unwrap_or(""))
+}
+
 impl App {
     async fn connect(url: &str) -> App {
         if url.starts_with("postgres") {
@@ -78,19 +85,12 @@ impl App {
 
     async fn sql(&mut self, statement: &str) -> Result<(), String> {
         match self {
-            App::Pg(client) => client.batch_execute(statement).await.map_err(|e| {
-                let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
-                format!("{code} {}", e.as_db_error().map(|d| d.message()).unwrap_or(""))
-            }),
+            App::Pg(client) => client.batch_execute(statement).await.map_err(|e| pg_refusal(&e)),
             App::My(conn) => conn
                 .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned())))
                 .await
                 .map(|_| ())
-                .map_err(|e| {
-                    let db = e.as_database_error();
-                    let code = db.and_then(|d| d.code()).map(|c| c.into_owned()).unwrap_or_default();
-                    format!("{code} {}", db.map(|d| d.message()).unwrap_or(""))
-                }),
+                .map_err(|e| my_refusal(&e)),
         }
     }
 
@@ -118,6 +118,13 @@ impl App {
         }
     }
 
+    /// Writes `token` to the fenced table, in the transaction open (if any).
+    async fn write(&mut self, token: u64) {
+        self.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({token})"))
+            .await
+            .expect("insert");
+    }
+
     /// The fenced writes of `token`, read without blocking.
     async fn writes_of(&mut self, token: u64) -> i64 {
         let query = format!("SELECT count(*) FROM fenced_writes WHERE token = {token}");
@@ -137,20 +144,13 @@ impl App {
                 .query_one("SELECT lockline_fence($1)", &[&key])
                 .await
                 .map(|_| ())
-                .map_err(|e| {
-                    let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
-                    format!("{code} {}", e.as_db_error().map(|d| d.message()).unwrap_or(""))
-                }),
+                .map_err(|e| pg_refusal(&e)),
             App::My(conn) => sqlx::query("CALL lockline_fence(?)")
                 .bind(key)
                 .execute(&mut *conn)
                 .await
                 .map(|_| ())
-                .map_err(|e| {
-                    let db = e.as_database_error();
-                    let code = db.and_then(|d| d.code()).map(|c| c.into_owned()).unwrap_or_default();
-                    format!("{code} {}", db.map(|d| d.message()).unwrap_or(""))
-                }),
+                .map_err(|e| my_refusal(&e)),
         }
     }
 }
@@ -169,6 +169,25 @@ async fn held(db: &Db, session: &Session, name: &str) -> (MutexGuard, String, u6
     let token = guard.token().get();
     let _ = db;
     (guard, key, token)
+}
+
+/// A lock held by a session of its own, then lost by [`cut`]: the session
+/// and the guard (kept: dropping them would clean up what the test looks
+/// at), the lock's key and its token.
+async fn lost(db: &Db, name: &str) -> (Session, MutexGuard, String, u64) {
+    let first = session(db).await;
+    let (guard, key, token) = held(db, &first, name).await;
+    cut(db, &first);
+    (first, guard, key, token)
+}
+
+/// An application's connection in a transaction that has written `token`
+/// (not fenced yet).
+async fn writing(db: &Db, token: u64) -> App {
+    let mut app = App::connect(&db.url()).await;
+    app.sql("BEGIN").await.expect("begin");
+    app.write(token).await;
+    app
 }
 
 on_both!(
@@ -190,9 +209,7 @@ async fn a_fenced_transaction_in_flight_holds_back_the_next_grant_until_it_ends(
         let (guard, key, stale) = held(&db, &first, &name).await;
         let mut app = App::connect(&db.url()).await;
         begin(&db, &mut app, level).await;
-        app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-            .await
-            .expect("insert");
+        app.write(stale).await;
         app.fence(&key).await.expect("the fence of a held lock");
         // Statements after the fence, before the commit: the row stays locked.
         app.sql(&format!("UPDATE fenced_writes SET token = token WHERE token = {stale}"))
@@ -271,9 +288,7 @@ async fn a_snapshot_taken_before_the_loss_does_not_pass_the_fence(db: Db) {
         begin(&db, &mut app, level).await;
         // The snapshot: the entry as it is while held.
         app.sql("SELECT count(*) FROM lockline_entries").await.expect("read");
-        app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-            .await
-            .expect("insert");
+        app.write(stale).await;
         cut(&db, &first);
         let second = session(&db).await;
         let next = bounded("the next holder is granted", second.mutex(&name).expect("mutex").lock())
@@ -319,31 +334,19 @@ async fn odd_keys_are_refused_and_roll_back(db: Db) {
         (guard.sequencer().to_string(), "22023"),
     ];
     for (bad, code) in cases {
-        let mut app = App::connect(&db.url()).await;
-        app.sql("BEGIN").await.expect("begin");
-        app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({token})"))
-            .await
-            .expect("insert");
+        let mut app = writing(&db, token).await;
         let refused = app.fence(&bad).await.expect_err(&format!("{bad:?} must be refused"));
         assert!(refused.starts_with(code), "{bad:?}: said {refused:?}, expected {code}");
         let _ = app.sql("COMMIT").await;
         assert_eq!(writes_of(&db, token), 0, "{bad:?}: the write landed");
     }
     // A key far longer than any entry's.
-    let mut app = App::connect(&db.url()).await;
-    app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({token})"))
-        .await
-        .expect("insert");
+    let mut app = writing(&db, token).await;
     let refused = app.fence(&long).await.expect_err("a long key must be refused");
     let _ = app.sql("COMMIT").await;
     assert_eq!(writes_of(&db, token), 0, "a long key: the write landed ({refused})");
     // NULL.
-    let mut app = App::connect(&db.url()).await;
-    app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({token})"))
-        .await
-        .expect("insert");
+    let mut app = writing(&db, token).await;
     let call = if db.is_postgres() {
         "SELECT lockline_fence(NULL)"
     } else {
@@ -354,11 +357,7 @@ async fn odd_keys_are_refused_and_roll_back(db: Db) {
     let _ = app.sql("COMMIT").await;
     assert_eq!(writes_of(&db, token), 0, "NULL: the write landed");
     // The held key itself still commits.
-    let mut app = App::connect(&db.url()).await;
-    app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({token})"))
-        .await
-        .expect("insert");
+    let mut app = writing(&db, token).await;
     app.fence(&key).await.expect("the held key");
     app.sql("COMMIT").await.expect("commit");
     assert_eq!(writes_of(&db, token), 1);
@@ -392,9 +391,7 @@ async fn postgres_the_callers_search_path_does_not_make_a_lost_lock_pass() {
     .await
     .expect("the caller's own schema");
     app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-        .await
-        .expect("insert");
+    app.write(stale).await;
     let refused = app
         .fence(&key)
         .await
@@ -423,9 +420,7 @@ async fn a_stale_transaction_that_never_ends_holds_the_lock_only_as_long_as_the_
         app.sql("SET SESSION idle_transaction_timeout = 5").await.expect("set");
     }
     app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-        .await
-        .expect("insert");
+    app.write(stale).await;
     app.fence(&key).await.expect("the fence of a held lock");
     cut(&db, &first);
     let second = session(&db).await;
@@ -454,14 +449,8 @@ async fn a_stale_transaction_that_never_ends_holds_the_lock_only_as_long_as_the_
 async fn postgres_a_savepoint_rolled_back_to_after_a_refusal_revives_the_transaction() {
     let db = Db::postgres();
     create_table(&db);
-    let first = session(&db).await;
-    let (_guard, key, stale) = held(&db, &first, "save/x").await;
-    cut(&db, &first);
-    let mut app = App::connect(&db.url()).await;
-    app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-        .await
-        .expect("insert");
+    let (_first, _guard, key, stale) = lost(&db, "save/x").await;
+    let mut app = writing(&db, stale).await;
     app.sql("SAVEPOINT fence").await.expect("savepoint");
     let refused = app.fence(&key).await.expect_err("refused");
     assert!(refused.starts_with(NOT_HELD_POSTGRES), "{refused}");
@@ -533,9 +522,7 @@ async fn mariadb_after_a_refusal_only_later_statements_commit_and_any_default_da
 async fn postgres_any_database_user_can_hold_a_dead_entrys_guard_as_documented() {
     let db = Db::postgres();
     create_table(&db);
-    let first = session(&db).await;
-    let (_guard, key, stale) = held(&db, &first, "spoof/x").await;
-    cut(&db, &first);
+    let (_first, _guard, key, stale) = lost(&db, "spoof/x").await;
     db.sql("CREATE USER nobody PASSWORD 'nobody-secret'");
     let mut nobody = App::connect(&db.url_for("nobody", "nobody-secret")).await;
     let App::Pg(client) = &mut nobody else { unreachable!() };
@@ -551,11 +538,7 @@ async fn postgres_any_database_user_can_hold_a_dead_entrys_guard_as_documented()
         .batch_execute(&format!("SELECT pg_advisory_lock({stale} # {salt})"))
         .await
         .expect("hold the guard");
-    let mut app = App::connect(&db.url()).await;
-    app.sql("BEGIN").await.expect("begin");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-        .await
-        .expect("insert");
+    let mut app = writing(&db, stale).await;
     app.fence(&key)
         .await
         .expect("passes: the guard is held, by another user");
@@ -574,11 +557,7 @@ async fn a_fence_racing_the_loss_and_the_next_grant_never_lands_after_the_grant(
         let name = format!("race/{i}");
         let first = session(&db).await;
         let (guard, key, stale) = held(&db, &first, &name).await;
-        let mut app = App::connect(&db.url()).await;
-        app.sql("BEGIN").await.expect("begin");
-        app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-            .await
-            .expect("insert");
+        let mut app = writing(&db, stale).await;
         let second = session(&db).await;
         let mut killer = App::connect(&db.url()).await;
         let mut reader = App::connect(&db.url()).await;
@@ -623,14 +602,10 @@ async fn a_fence_racing_the_loss_and_the_next_grant_never_lands_after_the_grant(
 async fn mariadb_a_refusal_inside_an_xa_transaction_is_still_45l02() {
     let db = Db::mariadb();
     create_table(&db);
-    let first = session(&db).await;
-    let (_guard, key, stale) = held(&db, &first, "xa/x").await;
-    cut(&db, &first);
+    let (_first, _guard, key, stale) = lost(&db, "xa/x").await;
     let mut app = App::connect(&db.url()).await;
     app.sql("XA START 'fenced'").await.expect("xa start");
-    app.sql(&format!("INSERT INTO fenced_writes (token) VALUES ({stale})"))
-        .await
-        .expect("insert");
+    app.write(stale).await;
     let refused = app.fence(&key).await.expect_err("refused");
     assert!(
         refused.starts_with(NOT_HELD_MYSQL),

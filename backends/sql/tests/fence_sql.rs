@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use lockline::conformance::bounded;
-use lockline::{Client, SessionOptions};
+use lockline::{Client, MutexGuard, Session};
 use lockline_sql::{Sql, NOT_HELD_POSTGRES};
 use lockline_testkit::LineChild;
 
@@ -26,19 +26,13 @@ use lockline_testkit::LineChild;
 mod support;
 
 use support::db::{spawn_probe, Db};
+use support::options;
 
 /// Debian's interpreter, the one `python3-psycopg2` and `python3-pymysql`
 /// install into (not whichever `python3` comes first on the PATH).
 const PYTHON: &str = "/usr/bin/python3";
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn options(ttl_ms: u64) -> SessionOptions {
-    SessionOptions::new()
-        .with_ttl(Duration::from_millis(ttl_ms))
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_request_timeout(Duration::from_secs(2))
-}
 
 on_both!(
     a_python_transaction_commits_while_the_lock_is_held,
@@ -114,6 +108,44 @@ fn go_writer(db: &Db, mode: &str, key: &str, token: u64) -> LineChild {
     writer
 }
 
+/// The holder `probe` (of `name`, its lock's key `key` and token `stale`)
+/// and the writer (its transaction open, written) pause; the next holder is
+/// granted once the holder's TTL ran out; then the writer, resumed, is told
+/// to commit and must be refused with the engine's error. The next
+/// holder's session and guard.
+async fn replaced_and_refused(
+    db: &Db,
+    probe: &LineChild,
+    writer: &mut LineChild,
+    name: &str,
+    key: &str,
+    stale: u64,
+) -> (Session, MutexGuard) {
+    probe.signal(libc::SIGSTOP).expect("pause the holder");
+    writer.signal(libc::SIGSTOP).expect("pause the writer");
+    let session = Client::new(Sql::new(db.url()))
+        .session_with(options(2000))
+        .await
+        .expect("session");
+    let next = bounded("the next holder is granted", session.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock");
+    assert!(next.token().get() > stale);
+    writer.signal(libc::SIGCONT).expect("resume the writer");
+    writer.send_line("commit").expect("tell it to commit");
+    let said = writer.line(WAIT).expect("the writer's answer");
+    let expected = if db.is_postgres() {
+        "refused LL002 "
+    } else {
+        "refused 1644 "
+    };
+    assert!(
+        said.starts_with(expected) && said.contains("is not held") && said.contains(key),
+        "a paused holder's fenced commit must be refused with {expected:?}, it said {said:?}"
+    );
+    (session, next)
+}
+
 async fn a_go_transaction_commits_while_the_lock_is_held(db: Db) {
     create_table(&db);
     let (_probe, key, token) = hold(&db, "go/live", 10_000);
@@ -126,32 +158,7 @@ async fn a_paused_go_holder_is_refused_and_nothing_lands(db: Db) {
     create_table(&db);
     let (probe, key, stale) = hold(&db, "go/paused", 2000);
     let mut writer = go_writer(&db, "wait", &key, stale);
-    // The holder pauses, its transaction open.
-    probe.signal(libc::SIGSTOP).expect("pause the holder");
-    writer.signal(libc::SIGSTOP).expect("pause the writer");
-    let session = Client::new(Sql::new(db.url()))
-        .session_with(options(2000))
-        .await
-        .expect("session");
-    let next = bounded(
-        "the next holder is granted",
-        session.mutex("go/paused").expect("mutex").lock(),
-    )
-    .await
-    .expect("lock");
-    assert!(next.token().get() > stale);
-    writer.signal(libc::SIGCONT).expect("resume the writer");
-    writer.send_line("commit").expect("tell it to commit");
-    let said = writer.line(WAIT).expect("the writer's answer");
-    let expected = if db.is_postgres() {
-        "refused LL002 "
-    } else {
-        "refused 1644 "
-    };
-    assert!(
-        said.starts_with(expected) && said.contains("is not held") && said.contains(&key),
-        "a paused holder's fenced commit must be refused with {expected:?}, it said {said:?}"
-    );
+    let (_session, next) = replaced_and_refused(&db, &probe, &mut writer, "go/paused", &key, stale).await;
     // lib/pq answers a COMMIT of an aborted transaction with an error (and
     // rolls it back); on MariaDB the procedure rolled it back already and the
     // COMMIT commits nothing.
@@ -207,32 +214,7 @@ async fn a_paused_python_holder_is_refused_and_nothing_lands(db: Db) {
     create_table(&db);
     let (probe, key, stale) = hold(&db, "py/paused", 2000);
     let mut writer = python_writer(&db, &key, stale);
-    // The holder pauses, its transaction open.
-    probe.signal(libc::SIGSTOP).expect("pause the holder");
-    writer.signal(libc::SIGSTOP).expect("pause the writer");
-    let session = Client::new(Sql::new(db.url()))
-        .session_with(options(2000))
-        .await
-        .expect("session");
-    let next = bounded(
-        "the next holder is granted",
-        session.mutex("py/paused").expect("mutex").lock(),
-    )
-    .await
-    .expect("lock");
-    assert!(next.token().get() > stale);
-    writer.signal(libc::SIGCONT).expect("resume the writer");
-    writer.send_line("commit").expect("tell it to commit");
-    let said = writer.line(WAIT).expect("the writer's answer");
-    let expected = if db.is_postgres() {
-        "refused LL002 "
-    } else {
-        "refused 1644 "
-    };
-    assert!(
-        said.starts_with(expected) && said.contains("is not held") && said.contains(&key),
-        "a paused holder's fenced commit must be refused with {expected:?}, it said {said:?}"
-    );
+    let (_session, next) = replaced_and_refused(&db, &probe, &mut writer, "py/paused", &key, stale).await;
     assert_eq!(writer.line(WAIT).as_deref(), Some("committed anyway"));
     assert_eq!(writes_of(&db, stale), 0, "the paused holder's write landed");
     probe.signal(libc::SIGCONT).expect("resume the holder");

@@ -10,6 +10,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::release_lock;
 use super::MySql;
+use crate::alike::Alike;
 use crate::dialect::{shape, Append, DbResult, Entries, Row, Turn};
 
 impl MySql {
@@ -153,12 +154,7 @@ impl Entries for MySql {
     }
 
     async fn list(&self, conn: &mut MySqlConnection, name: &str, session: &str) -> DbResult<Vec<Row>> {
-        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.list)))
-            .bind(name)
-            .bind(session)
-            .fetch_all(conn)
-            .await?;
-        found.iter().map(|r| Row::read(r, 0)).collect()
+        conn.entries(&self.names()?.sql.list, name, session).await
     }
 
     async fn remove(&self, conn: &mut MySqlConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {

@@ -11,6 +11,7 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::MySql;
 use super::{Names, LOCK_HOLDER, NOW_US, TAKE_LOCK};
+use crate::alike::Alike;
 use crate::dialect::{shape, Beat, DbResult, Grace, Liveness, Reaped};
 
 /// Whether `KILL` failed because the connection is gone already
@@ -120,24 +121,11 @@ impl Liveness for MySql {
         .await?;
         // In force until a session waited it out by its own clock: no
         // reading of the server's clock shortens it.
-        let grace: Option<(i64, Option<i64>)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT grace_ms, grace_from_us FROM {} WHERE grace_ms > 0",
-            names.meta
-        )))
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(grace.map(Grace::of))
+        conn.grace(&names.sql.grace).await
     }
 
     async fn end_grace(&self, conn: &mut MySqlConnection, id: i64) -> DbResult<()> {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET grace_ms = 0 WHERE grace_ms > 0 AND COALESCE(grace_from_us, 0) = ?",
-            self.names()?.meta
-        )))
-        .bind(id)
-        .execute(conn)
-        .await
-        .map(drop)
+        conn.run_with(&self.names()?.sql.end_grace, id).await
     }
 
     async fn heartbeat(&self, conn: &mut MySqlConnection, session: &str) -> DbResult<Option<i64>> {
@@ -157,33 +145,15 @@ impl Liveness for MySql {
     }
 
     async fn beats(&self, conn: &mut MySqlConnection) -> DbResult<Vec<(String, Beat, i64)>> {
-        let names = self.names()?;
-        let found: Vec<(String, i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT s.id, s.beat, s.ttl_ms, COALESCE((SELECT e.id FROM {} e WHERE e.session = s.id LIMIT 1), 0) \
-             FROM {} s",
-            names.entries, names.sessions
-        )))
-        .fetch_all(&mut *conn)
-        .await?;
-        Ok(found
-            .into_iter()
-            .map(|(id, count, ttl_ms, entry)| (id, Beat { count, ttl_ms }, entry))
-            .collect())
+        conn.beats(&self.names()?.sql.beats).await
     }
 
     async fn own_ids(&self, conn: &mut MySqlConnection, session: &str) -> DbResult<Vec<i64>> {
-        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.own_ids)))
-            .bind(session)
-            .fetch_all(conn)
-            .await
+        conn.ids(&self.names()?.sql.own_ids, session).await
     }
 
     async fn beat_of(&self, conn: &mut MySqlConnection, owner: &str) -> DbResult<Option<Beat>> {
-        let found: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.names()?.sql.beat_of)))
-            .bind(owner)
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.map(|(count, ttl_ms)| Beat { count, ttl_ms }))
+        conn.beat(&self.names()?.sql.beat_of, owner).await
     }
 
     async fn reap(&self, conn: &mut MySqlConnection, owner: &str, _id: i64, beat: i64) -> DbResult<Reaped> {

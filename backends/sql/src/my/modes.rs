@@ -10,16 +10,13 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Executor, Row as _};
 
 use super::MySql;
-use crate::dialect::{queue_rows, shape, DbResult, Found, Liveness, LockModes, QueueChange, QueueRow, Waited, Watched};
+use crate::dialect::{
+    queue_rows, shape, DbResult, Found, Liveness, LockModes, QueueChange, QueueRead, Waited, Watch, Watched,
+};
 
 #[async_trait]
 impl LockModes for MySql {
-    async fn read_queue(
-        &self,
-        conn: &mut MySqlConnection,
-        name: &str,
-        session: &str,
-    ) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)> {
+    async fn read_queue(&self, conn: &mut MySqlConnection, name: &str, session: &str) -> DbResult<QueueRead> {
         let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.read_queue)))
             .bind(name)
             .bind(name)
@@ -76,23 +73,9 @@ impl LockModes for MySql {
         .transpose()
     }
 
-    async fn wait_watch(
-        &self,
-        conn: &mut MySqlConnection,
-        id: i64,
-        at: Watched<()>,
-        session: &str,
-        owner: &str,
-        bound_ms: i64,
-    ) -> DbResult<(Waited, Option<Found>)> {
-        let names = self.names()?;
-        let found = sqlx::query(AssertSqlSafe(Arc::clone(&names.sql.watch)))
-            .bind(id)
-            .bind(at.epoch)
-            .bind(at.version)
-            .bind(session)
-            .bind(owner)
-            .bind(bound_ms)
+    async fn wait_watch(&self, conn: &mut MySqlConnection, watch: &Watch<'_>) -> DbResult<(Waited, Option<Found>)> {
+        let found = watch
+            .bind(sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch))))
             .fetch_all(&mut *conn)
             .await;
         let row = match found {
@@ -112,14 +95,11 @@ impl LockModes for MySql {
             Some(3) => Waited::Lost,
             // The owner's heartbeat now, by a statement of its own (a fresh
             // snapshot, read after the wait).
-            Some(1) => return Ok((Waited::TimedOut(self.beat_of(conn, owner).await?), None)),
+            Some(1) => return Ok((Waited::TimedOut(self.beat_of(conn, watch.owner).await?), None)),
             other => return Err(shape(format!("the watch answered {other:?}"))),
         };
-        let read: Option<i64> = row.try_get(1)?;
-        if read != Some(1) {
-            return Ok((waited, None));
-        }
-        let found = Watched::read_woken(&row, 2, |row| Ok(row.try_get::<Option<i64>, _>(5)? == Some(1)))?;
-        Ok((waited, Some(found)))
+        let read = row.try_get::<Option<i64>, _>(1)? == Some(1);
+        let found = Watched::read_woken(&row, read, 2, |row| Ok(row.try_get::<Option<i64>, _>(5)? == Some(1)))?;
+        Ok((waited, found))
     }
 }

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use lockline::Error;
 use sqlx::mysql::MySqlConnection;
-use sqlx::{AssertSqlSafe, Executor, Row as _};
+use sqlx::{AssertSqlSafe, Executor};
 
 use super::{check_database, MySql};
 use super::{release_lock, Names, LOCK_HOLDER, RELEASE_LOCK, TAKE_LOCK};
@@ -146,6 +146,9 @@ impl Layout for Names {
     const CREATE_NEEDS: &'static str = "lockline creates its tables and its procedure on first use, which needs the CREATE and CREATE ROUTINE privileges on the database (or run the DDL script from Sql::ddl as a user who has them)";
     const MOVE_CREATES: &'static str = "create the fence and wait procedures in";
     const MOVE_NEEDS: &'static str = "CREATE ROUTINE on the database (or have a user who has it do it";
+    const CATALOG: &'static str =
+        "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
+                                   WHERE table_schema = ? AND table_name = ?";
     const COLUMNS: &'static Columns = &[
         (
             "entries",
@@ -178,21 +181,11 @@ impl Layout for Names {
     ];
 
     fn place(&self) -> Place<'_> {
-        Place {
-            name: &self.database,
-            prefix: &self.prefix,
-            meta: &self.meta,
-        }
+        Place::new(&self.database, &self.prefix, &self.meta)
     }
 
     fn same(found: &str, expected: &str) -> bool {
         found.eq_ignore_ascii_case(expected)
-    }
-
-    async fn read_layout(&self, conn: &mut MySqlConnection) -> DbResult<Option<i32>> {
-        sqlx::query_scalar::<_, i32>(AssertSqlSafe(format!("SELECT layout FROM {}", self.meta)))
-            .fetch_optional(&mut *conn)
-            .await
     }
 
     /// Runs the script a step at a time, under the creators' lock.
@@ -221,9 +214,7 @@ impl Layout for Names {
             )
             .await?;
         let moved = async {
-            let layout: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT layout FROM {}", self.meta)))
-                .fetch_optional(&mut *conn)
-                .await?;
+            let layout = self.read_layout(conn).await?;
             if !movable(layout) {
                 return Ok(layout);
             }
@@ -238,19 +229,5 @@ impl Layout for Names {
         .await;
         release_lock(conn, &lock).await?;
         moved
-    }
-
-    async fn columns(&self, conn: &mut MySqlConnection, table: &str) -> DbResult<Vec<(String, String)>> {
-        let rows = sqlx::query(
-            "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
-             WHERE table_schema = ? AND table_name = ?",
-        )
-        .bind(&self.database)
-        .bind(format!("{}{table}", self.prefix))
-        .fetch_all(&mut *conn)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
-            .collect()
     }
 }

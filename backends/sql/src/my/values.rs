@@ -6,10 +6,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lockline::Write;
 use sqlx::mysql::MySqlConnection;
-use sqlx::{AssertSqlSafe, Connection, Row as _};
+use sqlx::{AssertSqlSafe, Connection};
 
 use super::MySql;
 use super::{release_lock, TAKE_LOCK};
+use crate::alike::Alike;
 use crate::dialect::{DbResult, Values};
 
 #[async_trait]
@@ -42,12 +43,7 @@ impl Values for MySql {
     }
 
     async fn get_value(&self, conn: &mut MySqlConnection, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.get_value)))
-            .bind(id)
-            .bind(session)
-            .fetch_optional(conn)
-            .await?;
-        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        conn.value(&self.names()?.sql.get_value, id, session).await
     }
 
     async fn write_if_held(
@@ -97,9 +93,6 @@ impl Values for MySql {
     }
 
     async fn read(&self, conn: &mut MySqlConnection, key: &str) -> DbResult<Option<Vec<u8>>> {
-        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.read)))
-            .bind(key)
-            .fetch_optional(conn)
-            .await
+        conn.data(&self.names()?.sql.read, key).await
     }
 }

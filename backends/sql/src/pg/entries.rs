@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::AssertSqlSafe;
 
 use super::Postgres;
+use crate::alike::Alike;
 use crate::dialect::{shape, Append, DbResult, Entries, Row, Turn};
 
 /// The entries a function answers, first first.
@@ -37,12 +38,7 @@ impl Entries for Postgres {
     }
 
     async fn list(&self, conn: &mut PgConnection, name: &str, session: &str) -> DbResult<Vec<Row>> {
-        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.list)))
-            .bind(name)
-            .bind(session)
-            .fetch_all(conn)
-            .await?;
-        rows(found)
+        conn.entries(&self.names()?.sql.list, name, session).await
     }
 
     async fn remove(&self, conn: &mut PgConnection, id: i64, session: &str, unlock: bool) -> DbResult<bool> {

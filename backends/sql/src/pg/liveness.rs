@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Row as _};
+use sqlx::AssertSqlSafe;
 
 use super::Postgres;
+use crate::alike::Alike;
 use crate::dialect::{shape, Beat, DbResult, Grace, Liveness, Reaped};
 
 #[async_trait]
@@ -22,25 +23,11 @@ impl Liveness for Postgres {
             .bind(ttl_ms)
             .fetch_one(&mut *conn)
             .await?;
-        let grace: Option<(i64, Option<i64>)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT grace_ms, (extract(epoch FROM grace_from) * 1000000)::bigint FROM {} WHERE grace_ms > 0",
-            names.meta
-        )))
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(grace.map(Grace::of))
+        conn.grace(&names.sql.grace).await
     }
 
     async fn end_grace(&self, conn: &mut PgConnection, id: i64) -> DbResult<()> {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET grace_ms = 0 WHERE grace_ms > 0 \
-             AND coalesce((extract(epoch FROM grace_from) * 1000000)::bigint, 0) = $1",
-            self.names()?.meta
-        )))
-        .bind(id)
-        .execute(conn)
-        .await
-        .map(drop)
+        conn.run_with(&self.names()?.sql.end_grace, id).await
     }
 
     async fn heartbeat(&self, conn: &mut PgConnection, session: &str) -> DbResult<Option<i64>> {
@@ -51,34 +38,15 @@ impl Liveness for Postgres {
     }
 
     async fn beats(&self, conn: &mut PgConnection) -> DbResult<Vec<(String, Beat, i64)>> {
-        let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.beats)))
-            .fetch_all(&mut *conn)
-            .await?;
-        found
-            .iter()
-            .map(|r| {
-                let beat = Beat {
-                    count: r.try_get(1)?,
-                    ttl_ms: r.try_get(2)?,
-                };
-                Ok((r.try_get(0)?, beat, r.try_get(3)?))
-            })
-            .collect()
+        conn.beats(&self.names()?.sql.beats).await
     }
 
     async fn own_ids(&self, conn: &mut PgConnection, session: &str) -> DbResult<Vec<i64>> {
-        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.own_ids)))
-            .bind(session)
-            .fetch_all(conn)
-            .await
+        conn.ids(&self.names()?.sql.own_ids, session).await
     }
 
     async fn beat_of(&self, conn: &mut PgConnection, owner: &str) -> DbResult<Option<Beat>> {
-        let found: Option<(i64, i64)> = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.names()?.sql.beat_of)))
-            .bind(owner)
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.map(|(count, ttl_ms)| Beat { count, ttl_ms }))
+        conn.beat(&self.names()?.sql.beat_of, owner).await
     }
 
     async fn reap(&self, conn: &mut PgConnection, owner: &str, id: i64, beat: i64) -> DbResult<Reaped> {

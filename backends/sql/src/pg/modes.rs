@@ -12,17 +12,12 @@ use super::listener::EntryListener;
 use super::waits::waited;
 use super::Postgres;
 use crate::dialect::{
-    queue_rows, DbResult, Found, Listener, LockModes, Purpose, QueueChange, QueueRow, Waited, Watched,
+    queue_rows, DbResult, Found, Listener, LockModes, Purpose, QueueChange, QueueRead, Waited, Watch, Watched,
 };
 
 #[async_trait]
 impl LockModes for Postgres {
-    async fn read_queue(
-        &self,
-        conn: &mut PgConnection,
-        name: &str,
-        session: &str,
-    ) -> DbResult<(Vec<QueueRow>, Option<Vec<u8>>)> {
+    async fn read_queue(&self, conn: &mut PgConnection, name: &str, session: &str) -> DbResult<QueueRead> {
         let found = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.read_queue)))
             .bind(name)
             .bind(session)
@@ -60,31 +55,17 @@ impl LockModes for Postgres {
         row.map(|r| Ok((Watched::read(&r, 0)?, r.try_get(3)?))).transpose()
     }
 
-    async fn wait_watch(
-        &self,
-        conn: &mut PgConnection,
-        id: i64,
-        at: Watched<()>,
-        session: &str,
-        owner: &str,
-        bound_ms: i64,
-    ) -> DbResult<(Waited, Option<Found>)> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch)))
-            .bind(id)
-            .bind(at.epoch)
-            .bind(at.version)
-            .bind(session)
-            .bind(owner)
-            .bind(bound_ms)
+    async fn wait_watch(&self, conn: &mut PgConnection, watch: &Watch<'_>) -> DbResult<(Waited, Option<Found>)> {
+        let row = watch
+            .bind(sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.watch))))
             .fetch_one(conn)
             .await?;
         let waited = waited(&row)?;
-        let read: Option<bool> = row.try_get(3)?;
-        if read != Some(true) {
-            return Ok((waited, None));
-        }
-        let found = Watched::read_woken(&row, 4, |row| Ok(row.try_get::<Option<bool>, _>(7)?.unwrap_or(false)))?;
-        Ok((waited, Some(found)))
+        let read = row.try_get::<Option<bool>, _>(3)? == Some(true);
+        let found = Watched::read_woken(&row, read, 4, |row| {
+            Ok(row.try_get::<Option<bool>, _>(7)?.unwrap_or(false))
+        })?;
+        Ok((waited, found))
     }
 
     fn notifies(&self) -> bool {

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use lockline::Error;
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Connection, Row as _};
+use sqlx::{AssertSqlSafe, Connection};
 
 use super::{Names, Postgres};
 use crate::dialect::{DbResult, Engine};
@@ -90,6 +90,8 @@ impl Layout for Names {
     const CREATE_NEEDS: &'static str = "lockline creates its tables on first use, which needs CREATE on the schema (or run the DDL script from Sql::ddl as a user who has it)";
     const MOVE_CREATES: &'static str = "create the fence and wait functions in";
     const MOVE_NEEDS: &'static str = "CREATE on the schema (or have the tables' owner do it";
+    const CATALOG: &'static str = "SELECT column_name::text, data_type::text FROM information_schema.columns \
+                                   WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position";
     const COLUMNS: &'static Columns = &[
         (
             "entries",
@@ -121,21 +123,11 @@ impl Layout for Names {
     ];
 
     fn place(&self) -> Place<'_> {
-        Place {
-            name: &self.schema,
-            prefix: &self.prefix,
-            meta: &self.meta,
-        }
+        Place::new(&self.schema, &self.prefix, &self.meta)
     }
 
     fn same(found: &str, expected: &str) -> bool {
         found == expected
-    }
-
-    async fn read_layout(&self, conn: &mut PgConnection) -> DbResult<Option<i32>> {
-        sqlx::query_scalar::<_, i32>(AssertSqlSafe(format!("SELECT layout FROM {}", self.meta)))
-            .fetch_optional(&mut *conn)
-            .await
     }
 
     /// Creates the tables and functions, one creator at a time, in one
@@ -174,19 +166,5 @@ impl Layout for Names {
             .await?;
         tx.commit().await?;
         Ok(Some(LAYOUT_VERSION))
-    }
-
-    async fn columns(&self, conn: &mut PgConnection, table: &str) -> DbResult<Vec<(String, String)>> {
-        let rows = sqlx::query(
-            "SELECT column_name::text, data_type::text FROM information_schema.columns \
-             WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
-        )
-        .bind(&self.schema)
-        .bind(format!("{}{table}", self.prefix))
-        .fetch_all(&mut *conn)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
-            .collect()
     }
 }

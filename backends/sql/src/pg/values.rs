@@ -5,9 +5,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lockline::Write;
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Row as _};
+use sqlx::AssertSqlSafe;
 
 use super::Postgres;
+use crate::alike::Alike;
 use crate::dialect::{DbResult, Values};
 
 #[async_trait]
@@ -22,12 +23,7 @@ impl Values for Postgres {
     }
 
     async fn get_value(&self, conn: &mut PgConnection, id: i64, session: &str) -> DbResult<Option<(Vec<u8>, i64)>> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.names()?.sql.get_value)))
-            .bind(id)
-            .bind(session)
-            .fetch_optional(conn)
-            .await?;
-        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        conn.value(&self.names()?.sql.get_value, id, session).await
     }
 
     async fn write_if_held(&self, conn: &mut PgConnection, id: i64, session: &str, writes: &[Write]) -> DbResult<bool> {
@@ -51,9 +47,6 @@ impl Values for Postgres {
     }
 
     async fn read(&self, conn: &mut PgConnection, key: &str) -> DbResult<Option<Vec<u8>>> {
-        sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.names()?.sql.read)))
-            .bind(key)
-            .fetch_optional(conn)
-            .await
+        conn.data(&self.names()?.sql.read, key).await
     }
 }

@@ -151,7 +151,7 @@ impl<D: Dialect> SqlSession<D> {
             // A slot of this wait's own: a wait dropped for a notice may
             // still answer into its slot later.
             let slot = FoundSlot::default();
-            let waited = shared.wait_on_reading(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot));
+            let waited = shared.wait_on_server(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot), None);
             tokio::pin!(waited);
             lost = match notices.as_mut() {
                 Some(notices) => loop {

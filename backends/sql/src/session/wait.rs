@@ -11,7 +11,7 @@ use lockline::{Error, Result};
 use tokio::sync::oneshot;
 
 use super::Shared;
-use crate::dialect::{DbResult, Dialect, Found, Purpose, Reaped, Turn, TurnRead, Waited, Watched};
+use crate::dialect::{DbResult, Dialect, Found, Purpose, Reaped, Turn, TurnRead, Waited, Watch, Watched};
 use crate::error::{interrupted, map, timed_out};
 use crate::pool::{Idle, Lease, Stop};
 
@@ -43,7 +43,7 @@ impl<D: Dialect> Shared<D> {
     /// `Ok(true)` when the entry went with its owner's connection or
     /// session (lost), `Ok(false)` when its owner released it.
     pub(super) async fn wait_on(self: &Arc<Self>, on: WaitOn, owner: &str, priority: i64) -> Result<bool> {
-        self.wait_on_reading(on, owner, priority, None).await
+        self.wait_on_server(on, owner, priority, None, None).await
     }
 
     /// As [`wait_on`](Self::wait_on) on entry `id`'s guard, reading the
@@ -62,30 +62,9 @@ impl<D: Dialect> Shared<D> {
             .wait_on_server(WaitOn::Guard(id), owner, priority, None, Some(&slot))
             .await?;
         let read = slot.1.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if lost && self.reset_grace {
-            // Read before the reset holder was outlived: stale.
-            self.outlive(owner, id).await?;
-            return Ok((lost, None));
-        }
-        Ok((lost, read))
-    }
-
-    /// As [`wait_on`](Self::wait_on); a lock-mode watch's wait also puts
-    /// into `found` the entry as it read it after waking, if it did.
-    pub(super) async fn wait_on_reading(
-        self: &Arc<Self>,
-        on: WaitOn,
-        owner: &str,
-        priority: i64,
-        found: Option<&FoundSlot>,
-    ) -> Result<bool> {
-        let lost = self.wait_on_server(on, owner, priority, found, None).await?;
-        if lost && self.reset_grace {
-            if let WaitOn::Guard(id) | WaitOn::Watch(id, _) = on {
-                self.outlive(owner, id).await?;
-            }
-        }
-        Ok(lost)
+        // With the reset grace, a read before the reset holder was
+        // outlived is stale.
+        Ok((lost, read.filter(|_| !(lost && self.reset_grace))))
     }
 
     /// With the reset grace: after `owner`'s entry `id` was freed with its
@@ -116,7 +95,12 @@ impl<D: Dialect> Shared<D> {
         }
     }
 
-    /// Waits on the server (see `wait_on`).
+    /// Waits on the server (see [`wait_on`](Self::wait_on)); a lock-mode
+    /// watch's wait also puts into `found` the entry as it read it after
+    /// waking, and a wait on a guard into `turn` the waiter's turn, if it
+    /// read them. With the reset grace, an entry lost with its owner's
+    /// connection is waited past until that owner was told (see
+    /// [`outlive`](Self::outlive)).
     pub(super) async fn wait_on_server(
         self: &Arc<Self>,
         on: WaitOn,
@@ -125,19 +109,19 @@ impl<D: Dialect> Shared<D> {
         found: Option<&FoundSlot>,
         turn: Option<&TurnSlot>,
     ) -> Result<bool> {
-        loop {
+        let lost = loop {
             self.check_live()?;
             // While no wait connection is free, the overflow check looks at
             // the entry (with every other such waiter's, in one statement)
             // and says when it is gone: a waiter beyond the connections is
             // not stuck behind waits that may last long (another lock held
             // for hours, an election).
-            let (key, gone, lost) = self.register_overflow(on);
+            let (key, gone, gone_lost) = self.register_overflow(on);
             let lease = tokio::select! {
                 lease = self.lease(priority) => lease,
                 () = gone.wait() => {
                     self.unregister_overflow(key);
-                    return Ok(lost.load(Ordering::SeqCst));
+                    break gone_lost.load(Ordering::SeqCst);
                 }
             };
             self.unregister_overflow(key);
@@ -155,13 +139,19 @@ impl<D: Dialect> Shared<D> {
             tokio::spawn(task.run(lease, tx));
             let _stop_on_drop = StopOnDrop(stop);
             match rx.await {
-                Ok(TaskOutcome::Released) => return Ok(false),
-                Ok(TaskOutcome::Lost) => return Ok(true),
+                Ok(TaskOutcome::Released) => break false,
+                Ok(TaskOutcome::Lost) => break true,
                 Ok(TaskOutcome::Preempted) => {}
                 Ok(TaskOutcome::Failed(error)) => return Err(error),
                 Err(_) => return Err(self.over_error()),
             }
+        };
+        if lost && self.reset_grace {
+            if let WaitOn::Guard(id) | WaitOn::Watch(id, _) = on {
+                self.outlive(owner, id).await?;
+            }
         }
+        Ok(lost)
     }
 }
 
@@ -280,9 +270,14 @@ impl<D: Dialect> WaitTask<D> {
                                 .await
                         }
                         WaitOn::Watch(id, at) => {
-                            let watched = dialect
-                                .wait_watch(&mut idle.conn, id, at, &shared.id, &self.owner, bound_ms)
-                                .await;
+                            let watch = Watch {
+                                id,
+                                at,
+                                session: &shared.id,
+                                owner: &self.owner,
+                                bound_ms,
+                            };
+                            let watched = dialect.wait_watch(&mut idle.conn, &watch).await;
                             watched.map(|(waited, found)| {
                                 if let (Some(slot), Some(found)) = (&self.found, found) {
                                     *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(found);

@@ -1,25 +1,19 @@
-//! Helpers for `attacks_sql.rs`: a side connection of the test's own (to
-//! look at the server, or to hold a row lock at a chosen moment), bounded
-//! waits on server state, and session options.
+//! Helpers for the attack tests (`attacks_sql/`, and the MariaDB ones beside
+//! it): a side connection of the test's own (to look at the server, or to
+//! hold a row lock at a chosen moment), bounded waits on server state, and
+//! the session options of `support`.
 
 #![allow(dead_code)]
 
 use std::future::Future;
 use std::time::Duration;
 
-use lockline::SessionOptions;
 use sqlx::{Connection, Executor, Row};
+
+pub use crate::support::options;
 
 /// The longest one step of an attack may take before it counts as stuck.
 pub const STEP: Duration = Duration::from_secs(20);
-
-/// Session options with a short TTL, as the fault tests use.
-pub fn options(ttl_ms: u64) -> SessionOptions {
-    SessionOptions::new()
-        .with_ttl(Duration::from_millis(ttl_ms))
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_request_timeout(Duration::from_secs(2))
-}
 
 /// `Some(value)` if `step` finishes within `within`, `None` if not.
 pub async fn within<T>(within: Duration, step: impl Future<Output = T>) -> Option<T> {

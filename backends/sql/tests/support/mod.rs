@@ -1,5 +1,6 @@
 //! Real PostgreSQL and MariaDB servers for the SQL backend's tests, and the
-//! conformance fixtures over them.
+//! conformance fixtures over them, and the session options the fault tests
+//! use.
 
 #![allow(dead_code)]
 
@@ -31,7 +32,9 @@ macro_rules! on_both {
 }
 
 use lockline::conformance::Fixture;
-use lockline::{Client, Session};
+use std::time::Duration;
+
+use lockline::{Client, Session, SessionOptions};
 use lockline_sql::Sql;
 use lockline_testkit::{MariaDbOptions, MariaDbServer, PgOptions, PgServer};
 
@@ -55,6 +58,14 @@ pub fn mariadb() -> (MariaDbServer, String) {
     server.create_database("lockline").expect("create database");
     let url = format!("{}/lockline", server.url());
     (server, url)
+}
+
+/// Session options with a short TTL, as the fault tests use.
+pub fn options(ttl_ms: u64) -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_millis(ttl_ms))
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_request_timeout(Duration::from_secs(2))
 }
 
 /// Runs blocking harness work (a CLI call) off the async workers.
