@@ -33,8 +33,11 @@
 //! fresh server per client, `--warmup` seconds (default 2) before a window of
 //! `--seconds`, two repetitions in alternating order. Printed: grants/s, the
 //! ratio, and the client's and the server's CPU time per grant (the server's
-//! from `/proc/PID/stat` of the etcd process over the window). `--versus-only`
-//! runs only this part, `--no-versus` skips it.
+//! from `/proc/PID/stat` of the etcd process over the window), then the
+//! targets beside this run's figures, met or missed (lockline ≥ 1.0 × Go at
+//! every N, server CPU per grant ≤ Go's at N = 1, client CPU per grant below
+//! Go's at every N). `--versus-only` runs only this part, `--no-versus`
+//! skips it.
 //!
 //! Before it, on the same server, the lock modes
 //! (`lockline_bench::lock_modes`): for each N of `--modes-contenders`
@@ -51,6 +54,7 @@ use std::time::{Duration, Instant};
 
 use lockline::Client;
 use lockline_bench::lock_modes::{self, ModesArgs};
+use lockline_bench::report::verdict;
 use lockline_bench::versus::{self, Versus};
 use lockline_bench::{ms, sequential, usage_exit, BenchArgs, BoxResult, Contenders, Contest, Latencies, Sampling};
 use lockline_etcd::etcd_client::{
@@ -352,6 +356,53 @@ fn range(values: &[f64], digits: usize) -> String {
     }
 }
 
+/// The targets against Go, each beside this run's figures (the geometric
+/// mean of the repetitions), met or missed: lockline ≥ 1.0 × Go's grants/s
+/// at every N, its server CPU per grant ≤ Go's at N = 1, its client CPU per
+/// grant below Go's at every N.
+fn print_versus_targets(runs: &[(usize, Vec<Versus>, Vec<Versus>)]) {
+    let mean = |values: Vec<f64>| {
+        let count = values.len().max(1) as f64;
+        (values.iter().map(|v| v.ln()).sum::<f64>() / count).exp()
+    };
+    let of = |runs: &[Versus], figure: fn(&Versus) -> f64| mean(figures(runs, figure));
+    println!();
+    println!("Targets (geometric means of the repetitions):");
+    let rates: Vec<String> = runs
+        .iter()
+        .map(|(n, ours, theirs)| {
+            let ratio = of(ours, Versus::grants_per_sec) / of(theirs, Versus::grants_per_sec);
+            format!("N = {n}: {ratio:.2} ({})", verdict(ratio >= 1.0))
+        })
+        .collect();
+    println!("- lockline ≥ 1.0 × Go's grants/s at every N: {}", rates.join(", "));
+    match runs.iter().find(|(n, ..)| *n == 1) {
+        Some((_, ours, theirs)) => {
+            let (a, b) = (
+                of(ours, Versus::server_ms_per_grant),
+                of(theirs, Versus::server_ms_per_grant),
+            );
+            println!(
+                "- server CPU per grant ≤ Go's at N = 1: {a:.2} / {b:.2} ms ({})",
+                verdict(a <= b)
+            );
+        }
+        None => println!("- server CPU per grant ≤ Go's at N = 1: N = 1 not measured"),
+    }
+    let client: Vec<String> = runs
+        .iter()
+        .map(|(n, ours, theirs)| {
+            let (a, b) = (
+                of(ours, Versus::client_ms_per_grant),
+                of(theirs, Versus::client_ms_per_grant),
+            );
+            format!("N = {n}: {a:.2} / {b:.2} ms ({})", verdict(a < b))
+        })
+        .collect();
+    println!("- client CPU per grant below Go's at every N: {}", client.join(", "));
+    println!("What stands in the way of a missed target: docs/performance-notes.md, \"The targets\".");
+}
+
 /// lockline against Go's `concurrency.Mutex` (see the module docs).
 async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
     let go = build_benchgo()?;
@@ -367,6 +418,7 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
          server CPU ms/grant: lockline / Go | server read+write syscalls/grant: lockline / Go |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut targets = Vec::new();
     for &n in &args.contenders {
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for repetition in 0..2 {
@@ -395,7 +447,9 @@ async fn versus_go(args: &BenchArgs, warmup: f64) -> BoxResult<()> {
             range(&figures(&ours, Versus::server_syscalls_per_grant), 1),
             range(&figures(&theirs, Versus::server_syscalls_per_grant), 1),
         );
+        targets.push((n, ours, theirs));
     }
+    print_versus_targets(&targets);
     if args.contenders.contains(&1) {
         // Go's requests sent through etcd-client, beside lockline's and Go's
         // own, at N = 1 (each on a fresh server, alternating).

@@ -403,6 +403,7 @@ async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
          requests/grant (server): lockline / Curator |"
     );
     println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    let mut ratios: Vec<(usize, f64)> = Vec::new();
     for rep in 0..flags.repetitions {
         for (i, &n) in args.contenders.iter().enumerate() {
             let lockline_first = (rep + i) % 2 == 0;
@@ -438,8 +439,27 @@ async fn side_by_side(flags: &Flags, args: &BenchArgs) -> BoxResult<()> {
                 ours.requests_per_grant,
                 theirs.requests_per_grant,
             );
+            ratios.push((n, ours.grants_per_sec / theirs.grants_per_sec));
         }
     }
+    // The target: lockline ≥ 1.0 × Curator at every N (the geometric mean
+    // of the repetitions).
+    let met: Vec<String> = args
+        .contenders
+        .iter()
+        .filter_map(|&n| {
+            let of_n: Vec<f64> = ratios.iter().filter(|(m, _)| *m == n).map(|(_, r)| r.ln()).collect();
+            (!of_n.is_empty()).then(|| {
+                let mean = (of_n.iter().sum::<f64>() / of_n.len() as f64).exp();
+                format!("N = {n}: {mean:.2} ({})", lockline_bench::report::verdict(mean >= 1.0))
+            })
+        })
+        .collect();
+    println!();
+    println!(
+        "Target: lockline ≥ 1.0 × Curator's grants/s at every N (geometric mean of the repetitions): {}",
+        met.join(", ")
+    );
     Ok(())
 }
 
