@@ -2,7 +2,7 @@
 //! window and the bounds and allowances of the backend under test.
 
 use crate::clock::secs;
-use crate::nemesis::FaultKind;
+use crate::nemesis::{Fault, FaultKind};
 
 /// What the checker needs besides the history.
 #[derive(Debug, Clone, Copy)]
@@ -51,5 +51,15 @@ impl Bounds {
     /// `t` (ns) in seconds since the run's start, for messages.
     pub(super) fn since_start(&self, t: u64) -> f64 {
         secs(t.saturating_sub(self.start))
+    }
+
+    /// A fault, its target and when it began, for messages.
+    pub(super) fn fault_at(&self, fault: &Fault) -> String {
+        format!(
+            "{} {} at {:.3}s",
+            fault.kind,
+            fault.target,
+            self.since_start(fault.start)
+        )
     }
 }

@@ -241,7 +241,7 @@ fn faults_during(a: &Section, b: &Section, faults: &[Fault], bounds: Bounds) -> 
     let during = faults
         .iter()
         .filter(|f| f.start <= b.grant && f.end.unwrap_or(u64::MAX) >= a.grant)
-        .map(|f| format!("{} {} at {:.3}s", f.kind, f.target, bounds.since_start(f.start)))
+        .map(|f| bounds.fault_at(f))
         .collect::<Vec<_>>();
     if during.is_empty() {
         "no fault active".to_owned()

@@ -92,14 +92,12 @@ fn judge_delay(taken: &Section, next: &Section, fault: &Fault, bounds: Bounds, r
     report.lock_delay_shortest = Some(report.lock_delay_shortest.map_or(secs(gap), |s: f64| s.min(secs(gap))));
     if gap < bounds.lock_delay {
         report.violations.push(format!(
-            "lock-delay broken: {} was granted token {} at {:.3}s, {:.3}s after {} {} at {:.3}s took token {}'s lock (lock-delay {:.1}s)",
+            "lock-delay broken: {} was granted token {} at {:.3}s, {:.3}s after {} took token {}'s lock (lock-delay {:.1}s)",
             next.tag,
             next.token,
             bounds.since_start(next.grant),
             secs(gap),
-            fault.kind,
-            fault.target,
-            bounds.since_start(fault.start),
+            bounds.fault_at(fault),
             taken.token,
             secs(bounds.lock_delay)
         ));

@@ -23,23 +23,13 @@ pub(super) fn check_recovery(grants: &[&Section], faults: &[Fault], bounds: Boun
             Some(next) => {
                 let took = next.grant - from;
                 if worst.as_ref().is_none_or(|(w, _)| took > *w) {
-                    worst = Some((
-                        took,
-                        format!(
-                            "{} {} at {:.3}s",
-                            fault.kind,
-                            fault.target,
-                            bounds.since_start(fault.start)
-                        ),
-                    ));
+                    worst = Some((took, bounds.fault_at(fault)));
                 }
                 if took > bounds.recovery {
                     report.violations.push(format!(
-                        "slow recovery: no grant for {:.3}s after {} {} at {:.3}s (bound {:.1}s)",
+                        "slow recovery: no grant for {:.3}s after {} (bound {:.1}s)",
                         secs(took),
-                        fault.kind,
-                        fault.target,
-                        bounds.since_start(fault.start),
+                        bounds.fault_at(fault),
                         secs(bounds.recovery)
                     ));
                 }
@@ -47,12 +37,9 @@ pub(super) fn check_recovery(grants: &[&Section], faults: &[Fault], bounds: Boun
             // A fault whose recovery window outlasts the run cannot be
             // judged: the contenders were stopped before the bound ran out.
             None if from.saturating_add(bounds.recovery) > bounds.stop => {}
-            None => report.violations.push(format!(
-                "no grant after {} {} at {:.3}s",
-                fault.kind,
-                fault.target,
-                bounds.since_start(fault.start)
-            )),
+            None => report
+                .violations
+                .push(format!("no grant after {}", bounds.fault_at(fault))),
         }
     }
     report.worst_recovery = worst.map(|(t, kind)| (secs(t), kind));

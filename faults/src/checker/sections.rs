@@ -152,17 +152,7 @@ impl Cut {
     /// fresh token.
     fn grant(&mut self, event: &Event, token: u64, mode: Option<LockMode>) {
         self.close(event.tag, event.t);
-        self.begin(Section {
-            tag: event.tag,
-            token,
-            grant: event.t,
-            end: None,
-            lost: None,
-            mode,
-            converted: false,
-            fresh: true,
-            converted_at: None,
-        });
+        self.begin(event, token, mode, false, true);
     }
 
     /// A conversion: ends the section in `from` and begins one in `to`
@@ -185,17 +175,7 @@ impl Cut {
                 if up && to.writes() {
                     old.converted_at = Some(token);
                 }
-                self.begin(Section {
-                    tag: event.tag,
-                    token,
-                    grant: event.t,
-                    end: None,
-                    lost: None,
-                    mode: Some(to),
-                    converted: true,
-                    fresh: up && to.writes(),
-                    converted_at: None,
-                });
+                self.begin(event, token, Some(to), true, up && to.writes());
             }
             held => report.violations.push(format!(
                 "{} reported a conversion from {from} to {to} at {:.3}s while holding {}",
@@ -224,10 +204,22 @@ impl Cut {
         self.open.remove(&event.tag);
     }
 
-    /// Begins `section`, held by its process from now.
-    fn begin(&mut self, section: Section) {
-        self.open.insert(section.tag, self.sections.len());
-        self.sections.push(section);
+    /// Begins a section at `event` (a grant, or a conversion when
+    /// `converted`), held by its process from now; `fresh` when its token
+    /// was taken then.
+    fn begin(&mut self, event: &Event, token: u64, mode: Option<LockMode>, converted: bool, fresh: bool) {
+        self.open.insert(event.tag, self.sections.len());
+        self.sections.push(Section {
+            tag: event.tag,
+            token,
+            grant: event.t,
+            end: None,
+            lost: None,
+            mode,
+            converted,
+            fresh,
+            converted_at: None,
+        });
     }
 
     /// Ends what `tag` holds, at `t`.

@@ -47,10 +47,8 @@ pub(super) fn check_ride_out(events: &[&Event], faults: &[Fault], bounds: Bounds
             report.ridden_out.1 += 1;
         } else {
             report.violations.push(format!(
-                "a session lost to a short outage: {} {} at {:.3}s, serving again {:.3}s later (ridden out up to {:.1}s): {}",
-                fault.kind,
-                fault.target,
-                bounds.since_start(fault.start),
+                "a session lost to a short outage: {}, serving again {:.3}s later (ridden out up to {:.1}s): {}",
+                bounds.fault_at(fault),
                 secs(end - fault.start),
                 secs(bounds.ride_out),
                 losses.join("; ")
@@ -104,10 +102,8 @@ pub(super) fn check_forgotten(events: &[&Event], faults: &[Fault], bounds: Bound
                 report.forgotten_sessions.1 += 1;
             } else {
                 report.violations.push(format!(
-                    "a forgotten session lived on: {tag}'s session {id} was open when {} {} at {:.3}s forgot every session, and was not given up as lost within {:.1}s of the server's return at {:.3}s",
-                    fault.kind,
-                    fault.target,
-                    bounds.since_start(fault.start),
+                    "a forgotten session lived on: {tag}'s session {id} was open when {} forgot every session, and was not given up as lost within {:.1}s of the server's return at {:.3}s",
+                    bounds.fault_at(fault),
                     secs(bounds.recovery),
                     bounds.since_start(end)
                 ));

@@ -145,13 +145,16 @@ mod tests {
     use super::{committed_out_of_order, reconcile};
     use crate::history::{Fence, Tag, Write};
 
+    /// The one writer of these tests.
+    const WRITER: Tag = Tag {
+        slot: 0,
+        incarnation: 0,
+    };
+
     fn write(seq: u64, accepted: bool, unsure: bool, fence: Fence) -> Write {
         Write {
             t: seq,
-            tag: Tag {
-                slot: 0,
-                incarnation: 0,
-            },
+            tag: WRITER,
             token: 7,
             seq,
             accepted,
@@ -162,10 +165,7 @@ mod tests {
 
     #[test]
     fn unanswered_writes_are_settled_by_the_store_and_answered_ones_checked_against_it() {
-        let tag = Tag {
-            slot: 0,
-            incarnation: 0,
-        };
+        let tag = WRITER;
         let mut writes = vec![
             write(0, true, false, Fence::Held),  // committed, stored: fine
             write(1, true, true, Fence::Held),   // unsure, stored: landed
@@ -195,10 +195,7 @@ mod tests {
 
     #[test]
     fn writes_a_restart_forgot_are_not_held_against_the_store() {
-        let tag = Tag {
-            slot: 0,
-            incarnation: 0,
-        };
+        let tag = WRITER;
         // Up to t = 2 the store's data was forgotten by a restart.
         let mut writes = vec![
             write(1, true, false, Fence::Held), // committed, forgotten: fine
