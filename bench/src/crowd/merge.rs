@@ -80,14 +80,7 @@ impl CrowdResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(token: u64, granted_ns: u64, release_started_ns: u64) -> GrantRecord {
-        GrantRecord {
-            token,
-            granted_ns,
-            release_started_ns,
-        }
-    }
+    use crate::crowd::protocol::record;
 
     #[test]
     fn merge_sorts_by_token_and_measures_handoffs_within_the_window() {

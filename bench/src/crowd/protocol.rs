@@ -120,17 +120,19 @@ pub(super) fn parse_report_line(line: &str) -> Option<ReportLine> {
     }
 }
 
+/// A grant record, for tests.
+#[cfg(test)]
+pub(super) fn record(token: u64, granted_ns: u64, release_started_ns: u64) -> GrantRecord {
+    GrantRecord {
+        token,
+        granted_ns,
+        release_started_ns,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(token: u64, granted_ns: u64, release_started_ns: u64) -> GrantRecord {
-        GrantRecord {
-            token,
-            granted_ns,
-            release_started_ns,
-        }
-    }
 
     #[test]
     fn report_lines_round_trip() {
