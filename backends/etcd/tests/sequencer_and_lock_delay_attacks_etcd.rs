@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lockline::conformance::{bounded, spawn_queued};
-use lockline::{Client, Error, FencingToken, Mode, Sequencer, Session, SessionOptions};
+use lockline::{Client, Error, FencingToken, Mode, MutexGuard, Sequencer, Session, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
 
@@ -48,6 +48,32 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// A session of `client` holding a fresh lock named after `label`, and a
+/// session of `waiting_client` with a lock-delay of `delay`.
+async fn held_with_delayed_session(
+    client: &Client,
+    waiting_client: &Client,
+    delay: Duration,
+    label: &str,
+) -> (Session, Session, String, MutexGuard) {
+    let holder_session = session(client, options()).await;
+    let waiting = session(waiting_client, delayed(delay)).await;
+    let name = unique(label);
+    let held = lock(&holder_session, &name).await;
+    (holder_session, waiting, name, held)
+}
+
+/// Revokes `holder`'s lease and waits until the clients of `waiting` have
+/// begun `delays` lock-delays in all.
+async fn lose_into_delay(cluster: &EtcdCluster, holder: &Session, waiting: &Client, delays: u64) {
+    revoke_from(cluster, holder).await;
+    bounded(
+        "the lock-delay begins",
+        waiting.wait_for_stats(|s| s.lock_delays >= delays),
+    )
+    .await;
 }
 
 /// The text form never panics on arbitrary input, refuses what is not a
@@ -232,17 +258,10 @@ async fn a_contender_in_lock_delay_is_not_current() {
     let waiting_client = new_client(&cluster);
     let checker = new_client(&cluster);
     let delay = Duration::from_secs(3);
-    let holder_session = session(&client, options()).await;
-    let waiting = session(&waiting_client, delayed(delay)).await;
-    let name = unique("delay-check");
-    let _held = lock(&holder_session, &name).await;
+    let (holder_session, waiting, name, _held) =
+        held_with_delayed_session(&client, &waiting_client, delay, "delay-check").await;
     let waiter = queue(&waiting_client, &waiting, &name).await;
-    revoke_from(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    lose_into_delay(&cluster, &holder_session, &waiting_client, 1).await;
     let queue = waiting.queue(&name).await.expect("queue");
     assert_eq!(queue.len(), 1, "{queue:?}");
     assert!(queue[0].delayed_until.is_some() || waiter.is_finished(), "{queue:?}");
@@ -264,22 +283,15 @@ async fn a_timeout_during_the_delay_is_a_timeout_and_leaves_nothing() {
     let client = new_client(&cluster);
     let waiting_client = new_client(&cluster);
     let delay = Duration::from_secs(5);
-    let holder_session = session(&client, options()).await;
-    let waiting = session(&waiting_client, delayed(delay)).await;
-    let name = unique("delay-timeout");
-    let _held = lock(&holder_session, &name).await;
+    let (holder_session, waiting, name, _held) =
+        held_with_delayed_session(&client, &waiting_client, delay, "delay-timeout").await;
     let timeout = Duration::from_millis(1500);
     let started = Instant::now();
     let waiter = {
         let mutex = waiting.mutex(&name).expect("mutex");
         spawn_queued(&waiting_client, async move { mutex.lock_timeout(timeout).await }).await
     };
-    revoke_from(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    lose_into_delay(&cluster, &holder_session, &waiting_client, 1).await;
     match bounded("the waiter", waiter).await.expect("task") {
         Err(Error::Timeout { waited, .. }) => assert_eq!(waited, timeout),
         other => panic!("expected Timeout during the lock-delay, got {other:?}"),
@@ -315,12 +327,7 @@ async fn a_waiter_cancelled_during_its_delay_hands_on_at_once() {
     let _held = lock(&holder_session, &name).await;
     let first_waiter = queue(&first_client, &first, &name).await;
     let second_waiter = queue(&second_client, &second, &name).await;
-    revoke_from(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        first_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    lose_into_delay(&cluster, &holder_session, &first_client, 1).await;
     // Nobody holds meanwhile: a try from a third session finds it taken.
     let third = session(&client, options()).await;
     assert!(bounded("try", third.mutex(&name).expect("mutex").try_lock())
@@ -351,17 +358,10 @@ async fn the_waiters_own_loss_during_the_delay_ends_the_wait() {
     let client = new_client(&cluster);
     let waiting_client = new_client(&cluster);
     let delay = Duration::from_secs(5);
-    let holder_session = session(&client, options()).await;
-    let waiting = session(&waiting_client, delayed(delay)).await;
-    let name = unique("delay-own-loss");
-    let _held = lock(&holder_session, &name).await;
+    let (holder_session, waiting, name, _held) =
+        held_with_delayed_session(&client, &waiting_client, delay, "delay-own-loss").await;
     let waiter = queue(&waiting_client, &waiting, &name).await;
-    revoke_from(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    lose_into_delay(&cluster, &holder_session, &waiting_client, 1).await;
     let lost_at = Instant::now();
     revoke_from(&cluster, &waiting).await;
     match bounded("the waiter", waiter).await.expect("task") {
@@ -435,12 +435,7 @@ async fn rwlocks_and_semaphores_honour_the_delay() {
         .await
     };
     let lost_at = Instant::now();
-    revoke_from(&cluster, &lost).await;
-    bounded(
-        "the lock-delay begins",
-        readers_client.wait_for_stats(|s| s.lock_delays >= 3),
-    )
-    .await;
+    lose_into_delay(&cluster, &lost, &readers_client, 3).await;
     // A newcomer during the delay: p2 still holds and the delayed waiter is
     // ahead of it; it must not be granted.
     let newcomer = session(&client, options()).await;
