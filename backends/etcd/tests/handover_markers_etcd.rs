@@ -6,30 +6,18 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::{bounded, spawn_queued};
+use lockline::conformance::bounded;
 use lockline::{Client, SessionOptions};
 use lockline_etcd::etcd_client::{self, GetOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::EtcdCluster;
 
+mod support;
+
+use support::{new_client, queue, revision, side};
+
 fn options() -> SessionOptions {
     SessionOptions::new().with_ttl(Duration::from_secs(30))
-}
-
-async fn side(cluster: &EtcdCluster) -> etcd_client::Client {
-    etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("side client")
-}
-
-/// The server's current revision.
-async fn revision(side: &mut etcd_client::Client) -> i64 {
-    side.get("revision-probe", None)
-        .await
-        .expect("get")
-        .header()
-        .expect("header")
-        .revision()
 }
 
 /// Every key of the lock `plain/job` (its entries and whatever lies beside
@@ -90,8 +78,7 @@ async fn without_a_lock_delay_a_release_is_one_revision_and_no_marker() {
 
         // With a waiter queued: the release is one revision, the grant none.
         let guard = holder.mutex("plain/job").expect("mutex").lock().await.expect("lock");
-        let mutex = waiter.mutex("plain/job").expect("mutex");
-        let queued = spawn_queued(&waiters, async move { mutex.lock().await }).await;
+        let queued = queue(&waiters, &waiter, "plain/job").await;
         let before = revision(&mut side).await;
         guard.release().await.expect("release");
         let granted = bounded("the waiter's grant", queued)
@@ -122,8 +109,8 @@ async fn without_a_lock_delay_a_release_is_one_revision_and_no_marker() {
 async fn a_lock_delayed_waiter_still_tells_a_release_from_a_loss() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let mut side = side(&cluster).await;
-    let holders = Client::new(Etcd::new(cluster.endpoints()));
-    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let holders = new_client(&cluster);
+    let waiters = new_client(&cluster);
     let waiter = waiters
         .session_with(options().with_lock_delay(Duration::from_secs(60)))
         .await
@@ -135,8 +122,7 @@ async fn a_lock_delayed_waiter_still_tells_a_release_from_a_loss() {
     for round in 0..3 {
         let holder = holders.session_with(options()).await.expect("session");
         let guard = holder.mutex("delayed/job").expect("mutex").lock().await.expect("lock");
-        let mutex = waiter.mutex("delayed/job").expect("mutex");
-        let queued = spawn_queued(&waiters, async move { mutex.lock().await }).await;
+        let queued = queue(&waiters, &waiter, "delayed/job").await;
         assert!(
             keys(&mut side, "delayed/job\0").await.contains(&flag),
             "the lock-delayed waiter left no flag {flag:?}"
@@ -178,15 +164,14 @@ async fn a_lock_delayed_waiter_still_tells_a_release_from_a_loss() {
 
     // A loss: the holder's lease revoked by another client.
     let delay = Duration::from_secs(2);
-    let short = Client::new(Etcd::new(cluster.endpoints()));
+    let short = new_client(&cluster);
     let patient = short
         .session_with(options().with_lock_delay(delay))
         .await
         .expect("lock-delayed session");
     let holder = holders.session_with(options()).await.expect("session");
     let guard = holder.mutex("delayed/job").expect("mutex").lock().await.expect("lock");
-    let mutex = patient.mutex("delayed/job").expect("mutex");
-    let queued = spawn_queued(&short, async move { mutex.lock().await }).await;
+    let queued = queue(&short, &patient, "delayed/job").await;
     let lease = i64::from_str_radix(holder.id(), 16).expect("hex lease id");
     let revoked = Instant::now();
     side.lease_revoke(lease).await.expect("revoke");
@@ -217,7 +202,7 @@ async fn a_flagged_lock_tells_a_retried_release_from_a_foreign_delete() {
         .session_with(options().with_request_timeout(Duration::from_secs(3)))
         .await
         .expect("session");
-    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let waiters = new_client(&cluster);
     let waiter = waiters
         .session_with(options().with_lock_delay(Duration::from_secs(60)))
         .await
@@ -226,8 +211,7 @@ async fn a_flagged_lock_tells_a_retried_release_from_a_foreign_delete() {
 
     let guard = holder.mutex("flagged/job").expect("mutex").lock().await.expect("lock");
     let key = guard.key().to_owned();
-    let mutex = waiter.mutex("flagged/job").expect("mutex");
-    let queued = spawn_queued(&waiters, async move { mutex.lock().await }).await;
+    let queued = queue(&waiters, &waiter, "flagged/job").await;
 
     // The release's first try is kept back by the proxy, never to arrive.
     proxy.set_requests_held(true);

@@ -11,11 +11,15 @@
 
 use std::time::{Duration, Instant};
 
-use lockline::conformance::{bounded, spawn_queued};
-use lockline::{Client, Error, Session, SessionOptions};
-use lockline_etcd::etcd_client::{self, GetOptions};
+use lockline::conformance::{bounded, spawn_queued, until};
+use lockline::{Client, Error, SessionOptions};
+use lockline_etcd::etcd_client::GetOptions;
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
+
+mod support;
+
+use support::{lock, new_client, queue, queue_timed, revision, revoke, session, side};
 
 const DELAY: Duration = Duration::from_secs(2);
 
@@ -27,34 +31,6 @@ fn delayed() -> SessionOptions {
     options().with_lock_delay(DELAY)
 }
 
-async fn side(cluster: &EtcdCluster) -> etcd_client::Client {
-    etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("side client")
-}
-
-/// Revokes the session's lease from another client: an involuntary loss.
-async fn revoke(side: &mut etcd_client::Client, session: &Session) {
-    let lease = i64::from_str_radix(session.id(), 16).expect("hex lease id");
-    side.lease_revoke(lease).await.expect("revoke");
-}
-
-async fn session(client: &Client, options: SessionOptions) -> Session {
-    bounded("open a session", client.session_with(options))
-        .await
-        .expect("session")
-}
-
-/// The server's current revision.
-async fn revision(side: &mut etcd_client::Client) -> i64 {
-    side.get("revision-probe", None)
-        .await
-        .expect("get")
-        .header()
-        .expect("header")
-        .revision()
-}
-
 /// A lock-delayed waiter W1 queued behind a holder, and a second one W2
 /// behind W1. W1's lease is revoked while it waits: its flag goes with it,
 /// and W2's own flag must still make the holder's release write its marker
@@ -64,25 +40,17 @@ async fn revision(side: &mut etcd_client::Client) -> i64 {
 async fn a_lock_delayed_waiter_lost_while_another_waits_leaves_it_protected() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let mut side = side(&cluster).await;
-    let holders = Client::new(Etcd::new(cluster.endpoints()));
-    let first = Client::new(Etcd::new(cluster.endpoints()));
-    let second = Client::new(Etcd::new(cluster.endpoints()));
+    let holders = new_client(&cluster);
+    let first = new_client(&cluster);
+    let second = new_client(&cluster);
     for holder_lost in [false, true] {
         let name = if holder_lost { "flags/lost" } else { "flags/released" };
         let holder = session(&holders, options()).await;
-        let guard = bounded("lock", holder.mutex(name).expect("mutex").lock())
-            .await
-            .expect("lock");
+        let guard = lock(&holder, name).await;
         let w1 = session(&first, delayed()).await;
-        let m1 = w1.mutex(name).expect("mutex");
-        let q1 = spawn_queued(&first, async move { m1.lock().await }).await;
+        let q1 = queue(&first, &w1, name).await;
         let w2 = session(&second, delayed()).await;
-        let m2 = w2.mutex(name).expect("mutex");
-        let q2 = spawn_queued(&second, async move {
-            let granted = m2.lock().await;
-            (Instant::now(), granted)
-        })
-        .await;
+        let q2 = queue_timed(&second, &w2, name).await;
         let waits = second.stats().waits;
         revoke(&mut side, &w1).await;
         // W2 hears W1 go and waits on the holder before the holder goes:
@@ -150,26 +118,18 @@ async fn a_lock_delayed_waiter_lost_while_another_waits_leaves_it_protected() {
 async fn a_waiter_without_lock_delay_between_neither_lets_a_loss_through_nor_delays_a_release() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let mut side = side(&cluster).await;
-    let holders = Client::new(Etcd::new(cluster.endpoints()));
-    let middle = Client::new(Etcd::new(cluster.endpoints()));
-    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let holders = new_client(&cluster);
+    let middle = new_client(&cluster);
+    let waiters = new_client(&cluster);
 
     // 1: H releases, N granted, N lost: W held back.
     let name = "between/one";
     let h = session(&holders, options()).await;
-    let hg = bounded("lock", h.mutex(name).expect("mutex").lock())
-        .await
-        .expect("lock");
+    let hg = lock(&h, name).await;
     let n = session(&middle, options()).await;
-    let nm = n.mutex(name).expect("mutex");
-    let nq = spawn_queued(&middle, async move { nm.lock().await }).await;
+    let nq = queue(&middle, &n, name).await;
     let w = session(&waiters, delayed()).await;
-    let wm = w.mutex(name).expect("mutex");
-    let wq = spawn_queued(&waiters, async move {
-        let granted = wm.lock().await;
-        (Instant::now(), granted)
-    })
-    .await;
+    let wq = queue_timed(&waiters, &w, name).await;
     hg.release().await.expect("release");
     let ng = bounded("N's grant", nq).await.expect("task").expect("N granted");
     assert_eq!(waiters.stats().lock_delays, 0);
@@ -188,18 +148,10 @@ async fn a_waiter_without_lock_delay_between_neither_lets_a_loss_through_nor_del
     // 2: N lost while waiting, then H releases: W at once.
     let name = "between/two";
     let h = session(&holders, options()).await;
-    let hg = bounded("lock", h.mutex(name).expect("mutex").lock())
-        .await
-        .expect("lock");
+    let hg = lock(&h, name).await;
     let n = session(&middle, options()).await;
-    let nm = n.mutex(name).expect("mutex");
-    let nq = spawn_queued(&middle, async move { nm.lock().await }).await;
-    let wm = w.mutex(name).expect("mutex");
-    let wq = spawn_queued(&waiters, async move {
-        let granted = wm.lock().await;
-        (Instant::now(), granted)
-    })
-    .await;
+    let nq = queue(&middle, &n, name).await;
+    let wq = queue_timed(&waiters, &w, name).await;
     let waits = waiters.stats().waits;
     revoke(&mut side, &n).await;
     assert!(bounded("N's acquire ends", nq).await.expect("task").is_err());
@@ -246,12 +198,7 @@ async fn an_earlier_marker_never_makes_a_foreign_delete_a_hand_over() {
         .await
         .expect("lock b");
     let w = session(&waiters, delayed()).await;
-    let wm = w.mutex("jobs/a").expect("mutex");
-    let wq = spawn_queued(&waiters, async move {
-        let granted = wm.lock().await;
-        (Instant::now(), granted)
-    })
-    .await;
+    let wq = queue_timed(&waiters, &w, "jobs/a").await;
     b.release().await.expect("release b");
     let marker = side
         .get(format!("tenant/markers/released-{}", h.id()), None)
@@ -287,28 +234,21 @@ async fn an_earlier_marker_never_makes_a_foreign_delete_a_hand_over() {
     // Beside each lock: the holder released `c` once with a waiter
     // flagging it (marker written then), took it again, and its entry is
     // deleted by someone else.
-    let holders = Client::new(Etcd::new(cluster.endpoints()));
-    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let holders = new_client(&cluster);
+    let waiters = new_client(&cluster);
     let h = session(&holders, options()).await;
     let w = session(&waiters, delayed()).await;
     let c = bounded("lock c", h.mutex("jobs/c").expect("mutex").lock())
         .await
         .expect("lock c");
-    let wm = w.mutex("jobs/c").expect("mutex");
-    let wq = spawn_queued(&waiters, async move { wm.lock().await }).await;
+    let wq = queue(&waiters, &w, "jobs/c").await;
     c.release().await.expect("release c");
     let wg = bounded("the waiter's grant", wq).await.expect("task").expect("granted");
     assert_eq!(waiters.stats().lock_delays, 0, "a clean release was taken for a loss");
-    let again = h.mutex("jobs/c").expect("mutex");
-    let hq = spawn_queued(&holders, async move { again.lock().await }).await;
+    let hq = queue(&holders, &h, "jobs/c").await;
     wg.release().await.expect("release");
     let c = bounded("the holder again", hq).await.expect("task").expect("granted");
-    let wm = w.mutex("jobs/c").expect("mutex");
-    let wq = spawn_queued(&waiters, async move {
-        let granted = wm.lock().await;
-        (Instant::now(), granted)
-    })
-    .await;
+    let wq = queue_timed(&waiters, &w, "jobs/c").await;
     let deleted_at = Instant::now();
     let deleted = side.delete(format!("jobs/c/{}", h.id()), None).await.expect("delete");
     assert_eq!(deleted.deleted(), 1);
@@ -328,8 +268,8 @@ async fn an_earlier_marker_never_makes_a_foreign_delete_a_hand_over() {
 async fn a_lock_delayed_candidate_tells_a_resignation_from_a_loss() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let mut side = side(&cluster).await;
-    let leaders = Client::new(Etcd::new(cluster.endpoints()));
-    let candidates = Client::new(Etcd::new(cluster.endpoints()));
+    let leaders = new_client(&cluster);
+    let candidates = new_client(&cluster);
     for lost in [false, true] {
         let leader = session(&leaders, options()).await;
         let held = bounded("campaign", leader.election("elect/x").expect("election").campaign(b"l"))
@@ -378,16 +318,13 @@ async fn a_lock_delayed_candidate_tells_a_resignation_from_a_loss() {
 async fn without_a_lock_delay_nothing_lies_beside_the_lock_at_any_revision() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let mut side = side(&cluster).await;
-    let holders = Client::new(Etcd::new(cluster.endpoints()));
-    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let holders = new_client(&cluster);
+    let waiters = new_client(&cluster);
     let start = revision(&mut side).await;
     let h = session(&holders, options()).await;
-    let g = bounded("lock", h.mutex("plain/x").expect("mutex").lock())
-        .await
-        .expect("lock");
+    let g = lock(&h, "plain/x").await;
     let w = session(&waiters, options()).await;
-    let wm = w.mutex("plain/x").expect("mutex");
-    let wq = spawn_queued(&waiters, async move { wm.lock().await }).await;
+    let wq = queue(&waiters, &w, "plain/x").await;
     let before_release = revision(&mut side).await;
     g.release().await.expect("release");
     let wg = bounded("grant", wq).await.expect("task").expect("granted");
@@ -397,8 +334,7 @@ async fn without_a_lock_delay_nothing_lies_beside_the_lock_at_any_revision() {
         "a release and its grant took more than one revision"
     );
     let other = session(&holders, options()).await;
-    let om = other.mutex("plain/x").expect("mutex");
-    let oq = spawn_queued(&holders, async move { om.lock().await }).await;
+    let oq = queue(&holders, &other, "plain/x").await;
     let before_close = revision(&mut side).await;
     w.close().await.expect("close");
     let og = bounded("grant after a close", oq)
@@ -446,7 +382,7 @@ async fn a_release_sent_before_the_waiters_flag_is_judged_by_the_server() {
     let mut side = side(&cluster).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
     let holders = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
-    let waiters = Client::new(Etcd::new(cluster.endpoints()));
+    let waiters = new_client(&cluster);
     let holder = session(&holders, options().with_request_timeout(Duration::from_secs(3))).await;
     let waiter = session(&waiters, delayed()).await;
     for foreign_delete in [false, true] {
@@ -455,25 +391,16 @@ async fn a_release_sent_before_the_waiters_flag_is_judged_by_the_server() {
         } else {
             "late/released"
         };
-        let guard = bounded("lock", holder.mutex(name).expect("mutex").lock())
-            .await
-            .expect("lock");
+        let guard = lock(&holder, name).await;
         let key = guard.key().to_owned();
         proxy.set_requests_held(true);
         let before = proxy.held_request_bytes();
         let release = tokio::spawn(guard.release());
-        bounded("the release sent into the proxy", async {
-            while proxy.held_request_bytes() == before {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+        until("the release sent into the proxy", || {
+            proxy.held_request_bytes() != before
         })
         .await;
-        let mutex = waiter.mutex(name).expect("mutex");
-        let queued = spawn_queued(&waiters, async move {
-            let granted = mutex.lock().await;
-            (Instant::now(), granted)
-        })
-        .await;
+        let queued = queue_timed(&waiters, &waiter, name).await;
         let delays_before = waiters.stats().lock_delays;
         let ended = Instant::now();
         if foreign_delete {
@@ -514,32 +441,22 @@ async fn a_holders_loss_unseen_behind_a_clean_departure_still_holds_back() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let mut side = side(&cluster).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", cluster.client_port(0))).expect("proxy");
-    let holders = Client::new(Etcd::new(cluster.endpoints()));
-    let middle = Client::new(Etcd::new(cluster.endpoints()));
+    let holders = new_client(&cluster);
+    let middle = new_client(&cluster);
     let waiters = Client::new(Etcd::new([format!("http://{}", proxy.address())]));
     let name = "unseen/x";
     let h = session(&holders, options()).await;
-    let guard = bounded("lock", h.mutex(name).expect("mutex").lock())
-        .await
-        .expect("lock");
+    let guard = lock(&h, name).await;
     let n = session(&middle, options()).await;
-    let nm = n.mutex(name).expect("mutex");
-    let nq = spawn_queued(&middle, async move { nm.lock().await }).await;
+    let nq = queue(&middle, &n, name).await;
     let w = session(&waiters, delayed()).await;
-    let wm = w.mutex(name).expect("mutex");
-    let wq = spawn_queued(&waiters, async move {
-        let granted = wm.lock().await;
-        (Instant::now(), granted)
-    })
-    .await;
+    let wq = queue_timed(&waiters, &w, name).await;
     proxy.set_requests_held(true);
     let before = proxy.held_request_bytes();
     n.close().await.expect("close");
     assert!(bounded("N's acquire ends", nq).await.expect("task").is_err());
-    bounded("W's read after the wake, sent into the proxy", async {
-        while proxy.held_request_bytes() == before {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    until("W's read after the wake, sent into the proxy", || {
+        proxy.held_request_bytes() != before
     })
     .await;
     revoke(&mut side, &h).await;

@@ -5,9 +5,13 @@
 use std::time::{Duration, Instant};
 
 use lockline::conformance::{bounded, spawn_queued};
-use lockline::{Client, Error, FencingToken, Mode, Sequencer, Session, SessionOptions};
+use lockline::{Client, Error, FencingToken, Mode, MutexGuard, Sequencer, Session, SessionOptions};
 use lockline_etcd::Etcd;
 use lockline_testkit::{EtcdCluster, TcpProxy};
+
+mod support;
+
+use support::{lock, new_client, queue, queue_timed, revoke_from, session};
 
 fn options() -> SessionOptions {
     SessionOptions::new().with_ttl(Duration::from_secs(6))
@@ -46,18 +50,30 @@ impl Rng {
     }
 }
 
-async fn revoke(cluster: &EtcdCluster, session: &Session) {
-    let lease = i64::from_str_radix(session.id(), 16).expect("hex lease id");
-    let mut side = lockline_etcd::etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("side client");
-    side.lease_revoke(lease).await.expect("revoke");
+/// A session of `client` holding a fresh lock named after `label`, and a
+/// session of `waiting_client` with a lock-delay of `delay`.
+async fn held_with_delayed_session(
+    client: &Client,
+    waiting_client: &Client,
+    delay: Duration,
+    label: &str,
+) -> (Session, Session, String, MutexGuard) {
+    let holder_session = session(client, options()).await;
+    let waiting = session(waiting_client, delayed(delay)).await;
+    let name = unique(label);
+    let held = lock(&holder_session, &name).await;
+    (holder_session, waiting, name, held)
 }
 
-async fn session(client: &Client, options: SessionOptions) -> Session {
-    bounded("open a session", client.session_with(options))
-        .await
-        .expect("session")
+/// Revokes `holder`'s lease and waits until the clients of `waiting` have
+/// begun `delays` lock-delays in all.
+async fn lose_into_delay(cluster: &EtcdCluster, holder: &Session, waiting: &Client, delays: u64) {
+    revoke_from(cluster, holder).await;
+    bounded(
+        "the lock-delay begins",
+        waiting.wait_for_stats(|s| s.lock_delays >= delays),
+    )
+    .await;
 }
 
 /// The text form never panics on arbitrary input, refuses what is not a
@@ -168,13 +184,11 @@ fn a_percent_needs_two_hex_digits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_refuse_forged_and_stale_sequencers() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let checker = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let checker = new_client(&cluster);
     let s = session(&client, options()).await;
     let name = format!("attacks/ünï:cøde%20/{}", uuid_like());
-    let guard = bounded("lock", s.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
+    let guard = lock(&s, &name).await;
     let text = guard.sequencer().to_string();
     let parsed: Sequencer = text.parse().expect("parse");
     assert!(checker.check(&parsed).await.expect("check"));
@@ -194,9 +208,7 @@ async fn checks_refuse_forged_and_stale_sequencers() {
     }
     guard.release().await.expect("release");
     assert!(!checker.check(&parsed).await.expect("check"), "released: stale");
-    let again = bounded("lock", s.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
+    let again = lock(&s, &name).await;
     assert!(!checker.check(&parsed).await.expect("check"), "a later holder: stale");
     assert!(checker.check(&again.sequencer()).await.expect("check"));
     again.release().await.expect("release");
@@ -210,8 +222,8 @@ async fn checks_refuse_forged_and_stale_sequencers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiters_permit_sequencer_is_not_current() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let checker = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let checker = new_client(&cluster);
     let (a, b) = (session(&client, options()).await, session(&client, options()).await);
     let name = unique("permits");
     let held = bounded("acquire", a.semaphore(&name, 1).expect("semaphore").acquire())
@@ -242,26 +254,14 @@ async fn a_waiters_permit_sequencer_is_not_current() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contender_in_lock_delay_is_not_current() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let waiting_client = Client::new(Etcd::new(cluster.endpoints()));
-    let checker = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let waiting_client = new_client(&cluster);
+    let checker = new_client(&cluster);
     let delay = Duration::from_secs(3);
-    let holder_session = session(&client, options()).await;
-    let waiting = session(&waiting_client, delayed(delay)).await;
-    let name = unique("delay-check");
-    let _held = bounded("lock", holder_session.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
-    let waiter = {
-        let mutex = waiting.mutex(&name).expect("mutex");
-        spawn_queued(&waiting_client, async move { mutex.lock().await }).await
-    };
-    revoke(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    let (holder_session, waiting, name, _held) =
+        held_with_delayed_session(&client, &waiting_client, delay, "delay-check").await;
+    let waiter = queue(&waiting_client, &waiting, &name).await;
+    lose_into_delay(&cluster, &holder_session, &waiting_client, 1).await;
     let queue = waiting.queue(&name).await.expect("queue");
     assert_eq!(queue.len(), 1, "{queue:?}");
     assert!(queue[0].delayed_until.is_some() || waiter.is_finished(), "{queue:?}");
@@ -280,27 +280,18 @@ async fn a_contender_in_lock_delay_is_not_current() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_during_the_delay_is_a_timeout_and_leaves_nothing() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let waiting_client = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let waiting_client = new_client(&cluster);
     let delay = Duration::from_secs(5);
-    let holder_session = session(&client, options()).await;
-    let waiting = session(&waiting_client, delayed(delay)).await;
-    let name = unique("delay-timeout");
-    let _held = bounded("lock", holder_session.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
+    let (holder_session, waiting, name, _held) =
+        held_with_delayed_session(&client, &waiting_client, delay, "delay-timeout").await;
     let timeout = Duration::from_millis(1500);
     let started = Instant::now();
     let waiter = {
         let mutex = waiting.mutex(&name).expect("mutex");
         spawn_queued(&waiting_client, async move { mutex.lock_timeout(timeout).await }).await
     };
-    revoke(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    lose_into_delay(&cluster, &holder_session, &waiting_client, 1).await;
     match bounded("the waiter", waiter).await.expect("task") {
         Err(Error::Timeout { waited, .. }) => assert_eq!(waited, timeout),
         other => panic!("expected Timeout during the lock-delay, got {other:?}"),
@@ -325,31 +316,18 @@ async fn a_timeout_during_the_delay_is_a_timeout_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_cancelled_during_its_delay_hands_on_at_once() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let first_client = Client::new(Etcd::new(cluster.endpoints()));
-    let second_client = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let first_client = new_client(&cluster);
+    let second_client = new_client(&cluster);
     let delay = Duration::from_secs(4);
     let holder_session = session(&client, options()).await;
     let first = session(&first_client, delayed(delay)).await;
     let second = session(&second_client, delayed(delay)).await;
     let name = unique("delay-cancel");
-    let _held = bounded("lock", holder_session.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
-    let first_waiter = {
-        let mutex = first.mutex(&name).expect("mutex");
-        spawn_queued(&first_client, async move { mutex.lock().await }).await
-    };
-    let second_waiter = {
-        let mutex = second.mutex(&name).expect("mutex");
-        spawn_queued(&second_client, async move { mutex.lock().await }).await
-    };
-    revoke(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        first_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    let _held = lock(&holder_session, &name).await;
+    let first_waiter = queue(&first_client, &first, &name).await;
+    let second_waiter = queue(&second_client, &second, &name).await;
+    lose_into_delay(&cluster, &holder_session, &first_client, 1).await;
     // Nobody holds meanwhile: a try from a third session finds it taken.
     let third = session(&client, options()).await;
     assert!(bounded("try", third.mutex(&name).expect("mutex").try_lock())
@@ -377,27 +355,15 @@ async fn a_waiter_cancelled_during_its_delay_hands_on_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waiters_own_loss_during_the_delay_ends_the_wait() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let waiting_client = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let waiting_client = new_client(&cluster);
     let delay = Duration::from_secs(5);
-    let holder_session = session(&client, options()).await;
-    let waiting = session(&waiting_client, delayed(delay)).await;
-    let name = unique("delay-own-loss");
-    let _held = bounded("lock", holder_session.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
-    let waiter = {
-        let mutex = waiting.mutex(&name).expect("mutex");
-        spawn_queued(&waiting_client, async move { mutex.lock().await }).await
-    };
-    revoke(&cluster, &holder_session).await;
-    bounded(
-        "the lock-delay begins",
-        waiting_client.wait_for_stats(|s| s.lock_delays >= 1),
-    )
-    .await;
+    let (holder_session, waiting, name, _held) =
+        held_with_delayed_session(&client, &waiting_client, delay, "delay-own-loss").await;
+    let waiter = queue(&waiting_client, &waiting, &name).await;
+    lose_into_delay(&cluster, &holder_session, &waiting_client, 1).await;
     let lost_at = Instant::now();
-    revoke(&cluster, &waiting).await;
+    revoke_from(&cluster, &waiting).await;
     match bounded("the waiter", waiter).await.expect("task") {
         Err(Error::SessionLost { .. } | Error::LockLost { .. }) => {}
         other => panic!("expected the waiter's loss, got {other:?}"),
@@ -414,8 +380,8 @@ async fn the_waiters_own_loss_during_the_delay_ends_the_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwlocks_and_semaphores_honour_the_delay() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
-    let readers_client = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
+    let readers_client = new_client(&cluster);
     let delay = Duration::from_millis(2000);
 
     // A lost writer: two readers behind it both wait out the delay.
@@ -437,7 +403,7 @@ async fn rwlocks_and_semaphores_honour_the_delay() {
         );
     }
     let lost_at = Instant::now();
-    revoke(&cluster, &writer_session).await;
+    revoke_from(&cluster, &writer_session).await;
     for reader in readers {
         let (at, guard) = bounded("a reader", reader).await.expect("task");
         assert!(
@@ -469,12 +435,7 @@ async fn rwlocks_and_semaphores_honour_the_delay() {
         .await
     };
     let lost_at = Instant::now();
-    revoke(&cluster, &lost).await;
-    bounded(
-        "the lock-delay begins",
-        readers_client.wait_for_stats(|s| s.lock_delays >= 3),
-    )
-    .await;
+    lose_into_delay(&cluster, &lost, &readers_client, 3).await;
     // A newcomer during the delay: p2 still holds and the delayed waiter is
     // ahead of it; it must not be granted.
     let newcomer = session(&client, options()).await;
@@ -496,7 +457,7 @@ async fn a_release_cut_off_mid_request_and_a_racing_close_hand_on_at_once() {
     let cluster = EtcdCluster::start().expect("start etcd");
     let proxy = TcpProxy::start(&cluster.endpoint(0).replace("http://", "")).expect("proxy");
     let far = Client::new(Etcd::new(vec![format!("http://{}", proxy.address())]));
-    let waiting_client = Client::new(Etcd::new(cluster.endpoints()));
+    let waiting_client = new_client(&cluster);
     let delay = Duration::from_secs(4);
     let waiting = session(&waiting_client, delayed(delay)).await;
 
@@ -508,17 +469,8 @@ async fn a_release_cut_off_mid_request_and_a_racing_close_hand_on_at_once() {
     )
     .await;
     let name = unique("cut-release");
-    let held = bounded("lock", holder_session.mutex(&name).expect("mutex").lock())
-        .await
-        .expect("lock");
-    let waiter = {
-        let mutex = waiting.mutex(&name).expect("mutex");
-        spawn_queued(&waiting_client, async move {
-            let guard = mutex.lock().await;
-            (Instant::now(), guard)
-        })
-        .await
-    };
+    let held = lock(&holder_session, &name).await;
+    let waiter = queue_timed(&waiting_client, &waiting, &name).await;
     proxy.set_responses_dropped(true);
     let released_at = Instant::now();
     let outcome = tokio::time::timeout(Duration::from_secs(3), held.release()).await;
@@ -537,13 +489,9 @@ async fn a_release_cut_off_mid_request_and_a_racing_close_hand_on_at_once() {
     let names: Vec<String> = (0..4).map(|i| unique(&format!("close-race-{i}"))).collect();
     let mut guards = Vec::new();
     for n in &names {
-        guards.push(
-            bounded("lock", closing.mutex(n).expect("mutex").lock())
-                .await
-                .expect("lock"),
-        );
+        guards.push(lock(&closing, n).await);
     }
-    let other = Client::new(Etcd::new(cluster.endpoints()));
+    let other = new_client(&cluster);
     let mut waiters = Vec::new();
     for n in &names {
         let s = session(&other, delayed(delay)).await;
@@ -590,7 +538,7 @@ async fn a_release_cut_off_mid_request_and_a_racing_close_hand_on_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_locks_cancelled_at_random_points_leave_nothing() {
     let cluster = EtcdCluster::start().expect("start etcd");
-    let client = Client::new(Etcd::new(cluster.endpoints()));
+    let client = new_client(&cluster);
     let (a, b) = (session(&client, options()).await, session(&client, options()).await);
     let names: Vec<String> = (0..4).map(|i| unique(&format!("multi-{i}"))).collect();
     let mut rng = Rng(0xDEAD_BEEF_1234_5678);
@@ -598,7 +546,7 @@ async fn multi_locks_cancelled_at_random_points_leave_nothing() {
         // Sometimes another session holds one of the names for a while.
         let blocker = if rng.below(2) == 0 {
             let n = &names[rng.below(names.len() as u64) as usize];
-            Some(bounded("lock", b.mutex(n).expect("mutex").lock()).await.expect("lock"))
+            Some(lock(&b, n).await)
         } else {
             None
         };
