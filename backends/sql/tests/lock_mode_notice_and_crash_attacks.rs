@@ -296,7 +296,9 @@ async fn a_long_value_written_by_another_session_answers_a_watch(db: Db) {
     let entry = append(&owner, dir, b"start").await;
     for len in [2000, 2001, 4000] {
         let unwanted = vec![b'u'; len];
-        let wanted: Vec<u8> = std::iter::once(b'w').chain(std::iter::repeat_n(0xff, len - 1)).collect();
+        let wanted: Vec<u8> = std::iter::once(b'w')
+            .chain(std::iter::repeat_n(0xff, len - 1))
+            .collect();
         let seen = value_of(&read(&owner, dir).await, &entry).expect("there");
         let watching = watch_until(&watcher, &entry, &seen, |v| v.first() == Some(&b'w'));
         waiting(&db, 1).await;
@@ -327,7 +329,12 @@ async fn crash_session(client: &Client) -> Session {
 
 /// An EX holder writes `v1` and releases: the block is valid, names nobody.
 async fn written_v1(session: &Session, name: &str) {
-    let mut first = session.resource(name).expect("resource").lock(LockMode::Ex).await.expect("lock");
+    let mut first = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
     first.set_value(b"v1").expect("set the value");
     first.release().await.expect("release");
 }
@@ -369,7 +376,12 @@ async fn a_crash_after_a_down_and_an_up_conversion_leaves_the_value_block_not_va
     let session = crash_session(&client).await;
     let name = "crash/convert";
     written_v1(&session, name).await;
-    let mut held = session.resource(name).expect("resource").lock(LockMode::Ex).await.expect("lock");
+    let mut held = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
     held.convert(LockMode::Pr).await.expect("down to PR");
     held.convert(LockMode::Ex).await.expect("up to EX");
     assert!(held.value().valid, "valid before the crash");
@@ -388,7 +400,12 @@ async fn a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid(db
     );
     let name = "crash/chain";
     written_v1(&a, name).await;
-    let first = a.resource(name).expect("resource").lock(LockMode::Ex).await.expect("lock");
+    let first = a
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
     let waits = client.stats().waits;
     let second = {
         let resource = b.resource(name).expect("resource");
@@ -401,9 +418,15 @@ async fn a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid(db
     };
     client.wait_for_stats(|s| s.waits > waits + 1).await;
     first.release().await.expect("release");
-    let second = bounded("the first hand-over", second).await.expect("task").expect("lock");
+    let second = bounded("the first hand-over", second)
+        .await
+        .expect("task")
+        .expect("lock");
     second.release().await.expect("release");
-    let third = bounded("the second hand-over", third).await.expect("task").expect("lock");
+    let third = bounded("the second hand-over", third)
+        .await
+        .expect("task")
+        .expect("lock");
     assert!(third.value().valid, "valid before the crash");
     crash_then_read_not_valid(db, &client, third, name).await;
 }
@@ -415,11 +438,26 @@ async fn a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_va
     let session = crash_session(&client).await;
     let name = "crash/pw";
     written_v1(&session, name).await;
-    let quiet = session.resource(name).expect("resource").lock(LockMode::Ex).await.expect("lock");
+    let quiet = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
     quiet.release().await.expect("release");
-    let reader = session.resource(name).expect("resource").lock(LockMode::Pr).await.expect("PR");
+    let reader = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Pr)
+        .await
+        .expect("PR");
     reader.release().await.expect("release");
-    let held = session.resource(name).expect("resource").lock(LockMode::Pw).await.expect("PW");
+    let held = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Pw)
+        .await
+        .expect("PW");
     assert!(held.value().valid, "valid before the crash");
     crash_then_read_not_valid(db, &client, held, name).await;
 }
@@ -430,7 +468,12 @@ async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_blo
     let client = crash_client(&db);
     let (a, b) = (crash_session(&client).await, crash_session(&client).await);
     let name = "crash/wrote";
-    let mut first = a.resource(name).expect("resource").lock(LockMode::Ex).await.expect("lock");
+    let mut first = a
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
     let waits = client.stats().waits;
     let next = {
         let resource = b.resource(name).expect("resource");
