@@ -28,6 +28,7 @@ on_both!(
     a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid,
     a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_value_block_not_valid,
     a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_block_not_valid,
+    waiters_of_every_mode_with_conversions_all_get_the_lock,
 );
 
 /// Notices exist on PostgreSQL alone.
@@ -486,4 +487,85 @@ async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_blo
     assert!(next.value().valid, "valid before the crash");
     assert_eq!(next.value().bytes, b"v1");
     crash_then_read_not_valid(db, &client, next, name).await;
+}
+
+/// An EX holder, and behind it waiters in every mode from sessions of
+/// their own, two rounds of them; each holder writes the value block when
+/// it may, converts (PR up to PW, EX down to PR, PW down to CR) and
+/// releases. No waiter is left waiting: every one is granted within a
+/// bound, and each grant of PW or EX finds the last value written.
+async fn waiters_of_every_mode_with_conversions_all_get_the_lock(db: Db) {
+    let name = "attack/mixed";
+    let client = Client::new(Sql::new(db.url()));
+    let holder_session = bounded("a session", client.session_with(options()))
+        .await
+        .expect("session");
+    let mut holder = holder_session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    holder.set_value(b"0").expect("set");
+    let modes = [
+        LockMode::Pr,
+        LockMode::Cw,
+        LockMode::Ex,
+        LockMode::Pr,
+        LockMode::Pw,
+        LockMode::Cr,
+        LockMode::Ex,
+        LockMode::Pw,
+        LockMode::Pr,
+        LockMode::Nl,
+    ];
+    let waits = client.stats().waits;
+    let mut tasks = Vec::new();
+    for (i, mode) in modes.into_iter().enumerate() {
+        let session = bounded("a session", client.session_with(options()))
+            .await
+            .expect("session");
+        let resource = session.resource(name).expect("resource");
+        tasks.push(tokio::spawn(async move {
+            let mut guard = resource.lock(mode).await?;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            match mode {
+                LockMode::Ex | LockMode::Pw => {
+                    guard.set_value(format!("{i}").as_bytes())?;
+                    if mode == LockMode::Ex {
+                        guard.convert(LockMode::Pr).await?;
+                    } else {
+                        guard.convert(LockMode::Cr).await?;
+                    }
+                }
+                LockMode::Pr if i == 0 => guard.convert(LockMode::Pw).await?,
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            guard.release().await?;
+            drop(session);
+            Ok::<(), lockline::Error>(())
+        }));
+    }
+    // All but the NL request (granted at once) wait behind the holder.
+    bounded(
+        "the waiters queue",
+        client.wait_for_stats(|s| s.waits >= waits + modes.len() as u64 - 1),
+    )
+    .await;
+    holder.release().await.expect("release");
+    for (i, task) in tasks.into_iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} ({:?}) was left waiting", modes[i]))
+            .expect("task")
+            .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+    }
+    let last = holder_session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    assert!(last.value().valid, "nobody lost a lock: {:?}", last.value());
 }
