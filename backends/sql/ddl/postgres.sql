@@ -422,8 +422,9 @@ $fn$;
 -- write: the caller's own entries by their value lock (of epoch), moved (or let
 -- go of with the entry) last, after every step that can fail; other sessions'
 -- entries, whose value lock their owner holds, by a notification on the
--- entry's channel, sent at commit, which carries the value written (w and its
--- hex; empty for a removal). An entry both set and deleted is deleted. The
+-- entry's channel, sent at commit, which carries the entry's version and the
+-- value written (w, the version, a colon and the value's hex; empty for a
+-- removal). An entry both set and deleted is deleted. The
 -- block's write waits for the disk unless it only moves the holder it names
 -- (see below).
 CREATE OR REPLACE FUNCTION "public"."lockline_update_queue"(p_name text, p_session text, p_ids bigint[], p_versions bigint[],
@@ -494,16 +495,19 @@ BEGIN
     FOR r IN UPDATE "public"."lockline_entries" e SET value = x.value, version = e.version + 1, changed = v_token,
              epoch = e.epoch + (e.session = p_session)::integer
              FROM unnest(p_set_ids, p_set_values) AS x(id, value)
-             WHERE e.id = x.id AND e.name = p_name AND e.id <> ALL(p_delete_ids) RETURNING e.id, e.epoch, e.value LOOP
+             WHERE e.id = x.id AND e.name = p_name AND e.id <> ALL(p_delete_ids) RETURNING e.id, e.epoch, e.value, e.version LOOP
         IF r.id = ANY(v_own) THEN
             v_moved := v_moved || r.id;
             v_moved_to := v_moved_to || r.epoch;
         ELSE
             v_told := v_told || r.id;
-            -- The notice carries the value written (w and its hex), so that a
-            -- watcher it leaves waiting need not read the entry.
+            -- The notice carries the value written (w, the entry's version, a
+            -- colon and the value's hex), so that a watcher it leaves waiting
+            -- need not read the entry; the version tells a notice of a write
+            -- the watcher's read already saw (notices arrive late) from a
+            -- later one.
             v_told_values := v_told_values || CASE WHEN octet_length(r.value) <= 2000
-                THEN 'w' || encode(r.value, 'hex') ELSE '' END;
+                THEN 'w' || r.version::text || ':' || encode(r.value, 'hex') ELSE '' END;
         END IF;
     END LOOP;
     FOR r IN DELETE FROM "public"."lockline_entries" e WHERE e.id = ANY(p_delete_ids) AND e.name = p_name

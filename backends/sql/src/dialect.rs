@@ -614,6 +614,18 @@ pub(crate) trait LockModes: Engine {
         false
     }
 }
+
+/// A write a notice carries: the entry's version after it, and the value
+/// written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Written {
+    /// The entry's version after the write: a watcher whose read saw this
+    /// version or a later one already knows the write.
+    pub(crate) version: i64,
+    /// The value written.
+    pub(crate) value: Vec<u8>,
+}
+
 /// A connection told of writes to entries (see [`LockModes::listener`]).
 #[async_trait]
 pub(crate) trait Listener: Send + fmt::Debug {
@@ -623,11 +635,11 @@ pub(crate) trait Listener: Send + fmt::Debug {
     /// Stops hearing of entry `id`.
     async fn unlisten(&mut self, id: i64) -> DbResult<()>;
 
-    /// The next entry written, with the value written when the notice
-    /// carries it (a write rather than a removal, and not too long); `None`
+    /// The next entry written, with the write (version and value) when the
+    /// notice carries it (a write rather than a removal, and not too long); `None`
     /// when the connection was lost and made again (whatever was sent
     /// meanwhile is missed).
-    async fn recv(&mut self) -> DbResult<Option<(i64, Option<Vec<u8>>)>>;
+    async fn recv(&mut self) -> DbResult<Option<(i64, Option<Written>)>>;
 
     /// A statement that does nothing: whether the connection still works.
     async fn ping(&mut self) -> DbResult<()>;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::dialect::{DbResult, Dialect, Listener};
+use crate::dialect::{DbResult, Dialect, Listener, Written};
 
 /// What a watcher asks of the notices' task.
 enum Command {
@@ -35,22 +35,22 @@ pub(crate) struct Notices {
     commands: mpsc::UnboundedSender<Command>,
 }
 
-/// The notices of one entry so far: how many, and the value the last one
+/// The notices of one entry so far: how many, and the write the last one
 /// carried, with the count of the first of the notices since that each
 /// carried one (a removal, a notice too long to carry its value, or a
 /// connection made again carries none).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Heard {
     count: u64,
-    written: Option<(u64, Vec<u8>)>,
+    written: Option<(u64, Written)>,
 }
 
 impl Heard {
-    fn add(&mut self, written: Option<Vec<u8>>) {
+    fn add(&mut self, written: Option<Written>) {
         self.count = self.count.wrapping_add(1);
-        self.written = written.map(|value| {
+        self.written = written.map(|write| {
             let since = self.written.as_ref().map_or(self.count, |(since, _)| *since);
-            (since, value)
+            (since, write)
         });
     }
 }
@@ -74,17 +74,18 @@ impl Subscription {
 
     /// Resolves at the first notice not seen (or never, once the task is
     /// gone with its session), marking every notice so far seen: with the
-    /// value last written when every notice since the last seen carried
-    /// one (the watcher need not read the entry to know it), `None` when
-    /// the entry must be read.
-    pub(crate) async fn changed(&mut self) -> Option<Vec<u8>> {
+    /// last write (its version and value) when every notice since the last
+    /// seen carried one (the watcher need not read the entry to know it),
+    /// `None` when the entry must be read. A notice may arrive after a read
+    /// that already saw its write: the caller tells it by its version.
+    pub(crate) async fn changed(&mut self) -> Option<Written> {
         if self.notices.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
         let heard = self.notices.borrow_and_update().clone();
         let seen = std::mem::replace(&mut self.seen, heard.count);
         match heard.written {
-            Some((since, value)) if since <= seen + 1 => Some(value),
+            Some((since, write)) if since <= seen + 1 => Some(write),
             _ => None,
         }
     }
@@ -154,7 +155,7 @@ struct Task<D: Dialect> {
 }
 
 /// The next notice of `listener`, or never while there is none.
-async fn next(listener: &mut Option<Box<dyn Listener>>) -> DbResult<Option<(i64, Option<Vec<u8>>)>> {
+async fn next(listener: &mut Option<Box<dyn Listener>>) -> DbResult<Option<(i64, Option<Written>)>> {
     match listener {
         Some(listener) => listener.recv().await,
         None => std::future::pending().await,

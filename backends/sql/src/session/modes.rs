@@ -151,19 +151,28 @@ impl<D: Dialect> SqlSession<D> {
             // A slot of this wait's own: a wait dropped for a notice may
             // still answer into its slot later.
             let slot = FoundSlot::default();
+            // The entry's version the watcher knows: a notice of a write up
+            // to it tells nothing new.
+            let mut known = version;
             let waited = shared.wait_on_server(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot), None);
             tokio::pin!(waited);
             lost = match notices.as_mut() {
                 Some(notices) => loop {
                     tokio::select! {
                         written = notices.changed() => match written {
+                            // A write the read (or an earlier notice) saw
+                            // already: its notice came late.
+                            Some(write) if write.version <= known => {}
                             // Written by another session (the notice carries
                             // the value): one that leaves the watcher waiting
                             // is watched past on the same wait, which waits
                             // on the owner's value lock, where it was; one
                             // wanted is the answer, with no read.
-                            Some(value) if value == seen || !wanted(&value) => seen = value,
-                            Some(value) => return Ok(Some(value)),
+                            Some(write) if write.value == seen || !wanted(&write.value) => {
+                                known = write.version;
+                                seen = write.value;
+                            }
+                            Some(write) => return Ok(Some(write.value)),
                             // A removal, or notices that may have been
                             // missed: read the entry.
                             None => break false,

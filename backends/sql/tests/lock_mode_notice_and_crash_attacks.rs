@@ -1,0 +1,571 @@
+//! Attacks on two properties of the lock-mode entries and the lock value
+//! block: a notice of another session's write carries the value written,
+//! and a watcher answers from it with no read (no watcher may answer with
+//! a value that is not the entry's committed value, none may be left
+//! waiting after the entry changed to a value it wants or went); and a
+//! crash never leaves the value block reading valid when a PW or EX
+//! holder's lock ended in it (on PostgreSQL a block write that only moves
+//! the holder it names does not wait for the disk).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockline::backend::{AppendRequest, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate};
+use lockline::conformance::{bounded, until};
+use lockline::{Client, LockMode, ResourceGuard, Session, SessionOptions};
+use lockline_sql::Sql;
+use lockline_testkit::TcpProxy;
+
+#[macro_use]
+mod support;
+
+use support::db::Db;
+
+on_both!(
+    a_long_value_written_by_another_session_answers_a_watch,
+    a_crash_after_a_down_and_an_up_conversion_leaves_the_value_block_not_valid,
+    a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid,
+    a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_value_block_not_valid,
+    a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_block_not_valid,
+    waiters_of_every_mode_with_conversions_all_get_the_lock,
+);
+
+/// Notices exist on PostgreSQL alone.
+mod postgres_notices {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_notice_of_an_older_write_does_not_answer_a_later_watch() {
+        super::a_late_notice_of_an_older_write_does_not_answer_a_later_watch(super::Db::postgres()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn held_notices_of_an_unwanted_then_a_wanted_write_answer_the_wanted() {
+        super::held_notices_of_an_unwanted_then_a_wanted_write_answer_the_wanted(super::Db::postgres()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn held_notices_of_an_unwanted_write_then_a_removal_answer_gone() {
+        super::held_notices_of_an_unwanted_write_then_a_removal_answer_gone(super::Db::postgres()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wanted_write_whose_notice_is_lost_still_answers_the_watch() {
+        super::a_wanted_write_whose_notice_is_lost_still_answers_the_watch(super::Db::postgres()).await;
+    }
+}
+
+/// Far below anything but a wake (a server wait that missed its wake looks
+/// again after a third of the owner's TTL, 10 s here).
+const WAKE: Duration = Duration::from_secs(5);
+
+fn options() -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_secs(30))
+        .with_request_timeout(Duration::from_secs(4))
+}
+
+async fn open_with(url: String) -> Session {
+    bounded("open a session", Client::new(Sql::new(url)).session_with(options()))
+        .await
+        .expect("session")
+}
+
+fn backend(session: &Session) -> &Arc<dyn BackendSession> {
+    session.backend_session()
+}
+
+static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+
+async fn append(session: &Session, dir: &str, value: &[u8]) -> Entry {
+    let attempt = format!("n{}-{}", ATTEMPTS.fetch_add(1, Ordering::Relaxed), session.id());
+    let request = AppendRequest {
+        dir,
+        kind: EntryKind::Dlm,
+        attempt: &attempt,
+        value,
+        conflicts: Conflicts::All,
+        nearest: 0,
+    };
+    bounded("append", backend(session).append(&request))
+        .await
+        .expect("append")
+        .entry
+}
+
+async fn read(session: &Session, dir: &str) -> Queue {
+    bounded("read the queue", backend(session).read_queue(dir))
+        .await
+        .expect("read the queue")
+}
+
+fn value_of(queue: &Queue, entry: &Entry) -> Option<Vec<u8>> {
+    queue
+        .slots
+        .iter()
+        .find(|s| s.entry.order == entry.order)
+        .map(|s| s.value.clone())
+}
+
+/// Sets `entry` to `value` (or deletes it) from `session`, on the versions
+/// of a fresh read.
+async fn write(session: &Session, dir: &str, entry: &Entry, value: Option<&[u8]>) {
+    let queue = read(session, dir).await;
+    let unchanged: Vec<(&Entry, i64)> = queue.slots.iter().map(|s| (&s.entry, s.version)).collect();
+    let set: Vec<(&Entry, &[u8])> = value.map(|v| (entry, v)).into_iter().collect();
+    let delete: Vec<&Entry> = value.is_none().then_some(entry).into_iter().collect();
+    let update = QueueUpdate {
+        dir,
+        unchanged: &unchanged,
+        present: &[],
+        set: &set,
+        delete: &delete,
+        block: None,
+    };
+    bounded("update the queue", backend(session).update_queue(&update))
+        .await
+        .expect("update the queue")
+        .expect("applied");
+}
+
+type Watching = tokio::task::JoinHandle<lockline::Result<Option<Vec<u8>>>>;
+
+/// `watch_value_until` of `entry` from `session`, as seen in `seen`.
+fn watch_until(session: &Session, entry: &Entry, seen: &[u8], wanted: fn(&[u8]) -> bool) -> Watching {
+    let backend = Arc::clone(backend(session));
+    let (entry, seen) = (entry.clone(), seen.to_vec());
+    tokio::spawn(async move { backend.watch_value_until(&entry, &seen, &wanted).await })
+}
+
+async fn woken(watching: Watching) -> Option<Vec<u8>> {
+    tokio::time::timeout(WAKE, watching)
+        .await
+        .expect("the watch did not wake")
+        .expect("the watch task")
+        .expect("the watch")
+}
+
+/// Waits until `count` waits are blocked on the server's named locks.
+async fn waiting(db: &Db, count: u64) {
+    until("the watchers block on the server", || db.locks().waiting >= count).await;
+}
+
+/// A proxy in front of the database and a session whose every connection
+/// goes through it, with one watch of `entry` (it wants nothing) that keeps
+/// the session's listening connection listening to the entry's channel:
+/// returns the proxy's number of that connection.
+async fn proxied_listener(db: &Db, entry: &Entry, seen: &[u8]) -> (TcpProxy, Session, Watching, usize) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let session = open_with(db.url_via(&proxy.address())).await;
+    let before = db.locks().waiting;
+    let listener = proxy.connections_accepted();
+    let keeper = watch_until(&session, entry, seen, |_| false);
+    waiting(db, before + 1).await;
+    let listening = db.count("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockline notices'");
+    assert_eq!(listening, 1, "one listening connection");
+    (proxy, session, keeper, listener)
+}
+
+/// A notice is sent at commit and reaches the listening connection when it
+/// does: here the notice of another session's write (`wanted`) is held on
+/// the way while the entry's owner writes it again (`later`), and a new
+/// watch of the entry starts from that committed value. The late notice
+/// then reaches it: it must not answer `wanted`, a value the entry no
+/// longer holds (before notices carried values, a notice made the watcher
+/// read the entry).
+async fn a_late_notice_of_an_older_write_does_not_answer_a_later_watch(db: Db) {
+    let (owner, writer) = (open_with(db.url()).await, open_with(db.url()).await);
+    let dir = "attack/late-notice";
+    let entry = append(&owner, dir, b"start").await;
+    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
+    proxy.freeze_answers(listener);
+    write(&writer, dir, &entry, Some(b"wanted")).await;
+    write(&owner, dir, &entry, Some(b"later")).await;
+    // The keeper, woken by the owner's write, waits again.
+    waiting(&db, 1).await;
+    let committed = value_of(&read(&owner, dir).await, &entry).expect("there");
+    assert_eq!(committed, b"later");
+    let before = db.locks().waiting;
+    let watching = watch_until(&watcher, &entry, &committed, |v| v.starts_with(b"wanted"));
+    waiting(&db, before + 1).await;
+    proxy.thaw_connection(listener);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let now = value_of(&read(&owner, dir).await, &entry);
+    if watching.is_finished() {
+        let answer = woken(watching).await;
+        assert_eq!(
+            answer, now,
+            "the watch answered a value the entry does not hold (it holds {now:?})"
+        );
+    } else {
+        watching.abort();
+    }
+    keeper.abort();
+}
+
+/// Two writes of another session while the listening connection is held:
+/// the first unwanted, the second wanted; their notices arrive together.
+async fn held_notices_of_an_unwanted_then_a_wanted_write_answer_the_wanted(db: Db) {
+    let owner = open_with(db.url()).await;
+    let writer = open_with(db.url()).await;
+    let dir = "attack/two-notices";
+    let entry = append(&owner, dir, b"start").await;
+    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
+    let watching = watch_until(&watcher, &entry, b"start", |v| v.starts_with(b"wanted"));
+    waiting(&db, 2).await;
+    proxy.freeze_answers(listener);
+    write(&writer, dir, &entry, Some(b"unwanted")).await;
+    write(&writer, dir, &entry, Some(b"wanted")).await;
+    proxy.thaw_connection(listener);
+    assert_eq!(woken(watching).await.as_deref(), Some(&b"wanted"[..]));
+    // The other way round: wanted, then unwanted again, held together.
+    let watching = watch_until(&watcher, &entry, b"wanted", |v| v.starts_with(b"wanted-2"));
+    waiting(&db, 2).await;
+    proxy.freeze_answers(listener);
+    write(&writer, dir, &entry, Some(b"wanted-2")).await;
+    write(&writer, dir, &entry, Some(b"unwanted-2")).await;
+    proxy.thaw_connection(listener);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let now = value_of(&read(&owner, dir).await, &entry);
+    if watching.is_finished() {
+        // Woken by the wanted value: fine only if it answers what the entry
+        // holds, or the wanted value it held.
+        let answer = woken(watching).await;
+        assert!(
+            answer.as_deref() == Some(&b"wanted-2"[..]) || answer == now,
+            "answered {answer:?}, the entry holds {now:?}"
+        );
+    } else {
+        watching.abort();
+    }
+    keeper.abort();
+}
+
+/// An unwanted write of another session, then its removal, their notices
+/// held and delivered together: the watch answers that the entry is gone.
+async fn held_notices_of_an_unwanted_write_then_a_removal_answer_gone(db: Db) {
+    let owner = open_with(db.url()).await;
+    let writer = open_with(db.url()).await;
+    let dir = "attack/write-then-removal";
+    let entry = append(&owner, dir, b"start").await;
+    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
+    let watching = watch_until(&watcher, &entry, b"start", |_| false);
+    waiting(&db, 2).await;
+    proxy.freeze_answers(listener);
+    write(&writer, dir, &entry, Some(b"unwanted")).await;
+    write(&writer, dir, &entry, None).await;
+    proxy.thaw_connection(listener);
+    assert_eq!(woken(watching).await, None, "the entry is gone");
+    assert_eq!(woken(keeper).await, None, "the entry is gone");
+}
+
+/// The listening connection goes silent (no byte either way, nothing
+/// closed) just before another session writes a wanted value: the notice
+/// is lost, and the watch still answers once the connection is found dead
+/// and made again (a keepalive interval and a request timeout).
+async fn a_wanted_write_whose_notice_is_lost_still_answers_the_watch(db: Db) {
+    let owner = open_with(db.url()).await;
+    let writer = open_with(db.url()).await;
+    let dir = "attack/lost-notice";
+    let entry = append(&owner, dir, b"start").await;
+    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
+    let watching = watch_until(&watcher, &entry, b"start", |v| v.starts_with(b"wanted"));
+    waiting(&db, 2).await;
+    proxy.freeze_connection(listener);
+    write(&writer, dir, &entry, Some(b"unwanted")).await;
+    write(&writer, dir, &entry, Some(b"wanted")).await;
+    let bound = options().keepalive_interval() + options().request_timeout() + Duration::from_secs(3);
+    let answer = tokio::time::timeout(bound, watching)
+        .await
+        .expect("the watch was left waiting after a wanted write whose notice was lost")
+        .expect("task")
+        .expect("watch");
+    assert_eq!(answer.as_deref(), Some(&b"wanted"[..]));
+    keeper.abort();
+    proxy.thaw_connection(listener);
+}
+
+/// Values of 2000 bytes (the longest a notice carries) and of 2001 bytes
+/// (a notice that carries none: the watcher reads the entry), written by
+/// another session: each answers the watch, unwanted ones are watched past.
+async fn a_long_value_written_by_another_session_answers_a_watch(db: Db) {
+    let (owner, watcher, writer) = (
+        open_with(db.url()).await,
+        open_with(db.url()).await,
+        open_with(db.url()).await,
+    );
+    let dir = "attack/long-values";
+    let entry = append(&owner, dir, b"start").await;
+    for len in [2000, 2001, 4000] {
+        let unwanted = vec![b'u'; len];
+        let wanted: Vec<u8> = std::iter::once(b'w')
+            .chain(std::iter::repeat_n(0xff, len - 1))
+            .collect();
+        let seen = value_of(&read(&owner, dir).await, &entry).expect("there");
+        let watching = watch_until(&watcher, &entry, &seen, |v| v.first() == Some(&b'w'));
+        waiting(&db, 1).await;
+        write(&writer, dir, &entry, Some(&unwanted)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!watching.is_finished(), "an unwanted value of {len} bytes answered");
+        write(&writer, dir, &entry, Some(&wanted)).await;
+        assert_eq!(woken(watching).await, Some(wanted), "the wanted value of {len} bytes");
+    }
+}
+
+fn crash_options() -> SessionOptions {
+    SessionOptions::new()
+        .with_ttl(Duration::from_millis(3000))
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_request_timeout(Duration::from_secs(2))
+}
+
+fn crash_client(db: &Db) -> Client {
+    Client::new(Sql::new(db.url()).without_restart_grace())
+}
+
+async fn crash_session(client: &Client) -> Session {
+    bounded("a session", client.session_with(crash_options()))
+        .await
+        .expect("session")
+}
+
+/// An EX holder writes `v1` and releases: the block is valid, names nobody.
+async fn written_v1(session: &Session, name: &str) {
+    let mut first = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    first.set_value(b"v1").expect("set the value");
+    first.release().await.expect("release");
+}
+
+/// Crashes the database with `held` holding `name` in PW or EX, then takes
+/// the lock in EX in a new session: its value must be `v1`, not valid.
+async fn crash_then_read_not_valid(mut db: Db, client: &Client, held: ResourceGuard, name: &str) {
+    let crashed = bounded(
+        "the database restarts",
+        tokio::task::spawn_blocking(move || {
+            db.crash_and_restart();
+            db
+        }),
+    )
+    .await
+    .expect("restart");
+    bounded("the holder hears of it", held.lost()).await;
+    let fresh = crash_session(client).await;
+    let again = bounded(
+        "the lock after the crash",
+        fresh.resource(name).expect("resource").lock(LockMode::Ex),
+    )
+    .await
+    .expect("lock after the crash");
+    let value = again.value();
+    assert_eq!(value.bytes, b"v1", "the value last written is kept");
+    assert!(
+        !value.valid,
+        "a PW or EX holder lost its lock in the crash: the value block must read not valid, got {value:?}"
+    );
+    drop(crashed);
+}
+
+/// EX, then down to PR (a block write that only clears the holder named:
+/// no wait for the disk on PostgreSQL), then up to EX again (names the
+/// holder where none was), then the crash.
+async fn a_crash_after_a_down_and_an_up_conversion_leaves_the_value_block_not_valid(db: Db) {
+    let client = crash_client(&db);
+    let session = crash_session(&client).await;
+    let name = "crash/convert";
+    written_v1(&session, name).await;
+    let mut held = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    held.convert(LockMode::Pr).await.expect("down to PR");
+    held.convert(LockMode::Ex).await.expect("up to EX");
+    assert!(held.value().valid, "valid before the crash");
+    crash_then_read_not_valid(db, &client, held, name).await;
+}
+
+/// Three EX holders in a row, each handing over to the next with the value
+/// as it was (two block writes that only move the holder named), then the
+/// crash with the third holding.
+async fn a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid(db: Db) {
+    let client = crash_client(&db);
+    let (a, b, c) = (
+        crash_session(&client).await,
+        crash_session(&client).await,
+        crash_session(&client).await,
+    );
+    let name = "crash/chain";
+    written_v1(&a, name).await;
+    let first = a
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    let waits = client.stats().waits;
+    let second = {
+        let resource = b.resource(name).expect("resource");
+        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
+    };
+    client.wait_for_stats(|s| s.waits > waits).await;
+    let third = {
+        let resource = c.resource(name).expect("resource");
+        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
+    };
+    client.wait_for_stats(|s| s.waits > waits + 1).await;
+    first.release().await.expect("release");
+    let second = bounded("the first hand-over", second)
+        .await
+        .expect("task")
+        .expect("lock");
+    second.release().await.expect("release");
+    let third = bounded("the second hand-over", third)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(third.value().valid, "valid before the crash");
+    crash_then_read_not_valid(db, &client, third, name).await;
+}
+
+/// An EX holder that never wrote releases (the block's holder cleared, no
+/// wait for the disk), a PW holder is granted, then the crash.
+async fn a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_value_block_not_valid(db: Db) {
+    let client = crash_client(&db);
+    let session = crash_session(&client).await;
+    let name = "crash/pw";
+    written_v1(&session, name).await;
+    let quiet = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    quiet.release().await.expect("release");
+    let reader = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Pr)
+        .await
+        .expect("PR");
+    reader.release().await.expect("release");
+    let held = session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Pw)
+        .await
+        .expect("PW");
+    assert!(held.value().valid, "valid before the crash");
+    crash_then_read_not_valid(db, &client, held, name).await;
+}
+
+/// A holder that wrote releases (a new value: waits for the disk), the
+/// next EX holder is granted by a hand-over of the same value, crash.
+async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_block_not_valid(db: Db) {
+    let client = crash_client(&db);
+    let (a, b) = (crash_session(&client).await, crash_session(&client).await);
+    let name = "crash/wrote";
+    let mut first = a
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    let waits = client.stats().waits;
+    let next = {
+        let resource = b.resource(name).expect("resource");
+        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
+    };
+    client.wait_for_stats(|s| s.waits > waits).await;
+    first.set_value(b"v1").expect("set the value");
+    first.release().await.expect("release");
+    let next = bounded("the hand-over", next).await.expect("task").expect("lock");
+    assert!(next.value().valid, "valid before the crash");
+    assert_eq!(next.value().bytes, b"v1");
+    crash_then_read_not_valid(db, &client, next, name).await;
+}
+
+/// An EX holder, and behind it waiters in every mode from sessions of
+/// their own, two rounds of them; each holder writes the value block when
+/// it may, converts (PR up to PW, EX down to PR, PW down to CR) and
+/// releases. No waiter is left waiting: every one is granted within a
+/// bound, and each grant of PW or EX finds the last value written.
+async fn waiters_of_every_mode_with_conversions_all_get_the_lock(db: Db) {
+    let name = "attack/mixed";
+    let client = Client::new(Sql::new(db.url()));
+    let holder_session = bounded("a session", client.session_with(options()))
+        .await
+        .expect("session");
+    let mut holder = holder_session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    holder.set_value(b"0").expect("set");
+    let modes = [
+        LockMode::Pr,
+        LockMode::Cw,
+        LockMode::Ex,
+        LockMode::Pr,
+        LockMode::Pw,
+        LockMode::Cr,
+        LockMode::Ex,
+        LockMode::Pw,
+        LockMode::Pr,
+        LockMode::Nl,
+    ];
+    let waits = client.stats().waits;
+    let mut tasks = Vec::new();
+    for (i, mode) in modes.into_iter().enumerate() {
+        let session = bounded("a session", client.session_with(options()))
+            .await
+            .expect("session");
+        let resource = session.resource(name).expect("resource");
+        tasks.push(tokio::spawn(async move {
+            let mut guard = resource.lock(mode).await?;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            match mode {
+                LockMode::Ex | LockMode::Pw => {
+                    guard.set_value(format!("{i}").as_bytes())?;
+                    if mode == LockMode::Ex {
+                        guard.convert(LockMode::Pr).await?;
+                    } else {
+                        guard.convert(LockMode::Cr).await?;
+                    }
+                }
+                LockMode::Pr if i == 0 => guard.convert(LockMode::Pw).await?,
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            guard.release().await?;
+            drop(session);
+            Ok::<(), lockline::Error>(())
+        }));
+    }
+    // All but the NL request (granted at once) wait behind the holder.
+    bounded(
+        "the waiters queue",
+        client.wait_for_stats(|s| s.waits >= waits + modes.len() as u64 - 1),
+    )
+    .await;
+    holder.release().await.expect("release");
+    for (i, task) in tasks.into_iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} ({:?}) was left waiting", modes[i]))
+            .expect("task")
+            .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+    }
+    let last = holder_session
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    assert!(last.value().valid, "nobody lost a lock: {:?}", last.value());
+}
