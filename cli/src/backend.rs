@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn etcdctl_endpoints_stands_in_for_the_flag() {
         // The TLS and credential variables are read by clap from the
-        // process's environment: `tests/cli_arguments.rs` runs them.
+        // process's environment: `tests/cli_arguments/` runs them.
         let vars = [("ETCDCTL_ENDPOINTS", "https://e1:2379,https://e2:2379")];
         let parsed = with_env("lock x", &vars).expect("parse");
         assert_eq!(

@@ -7,7 +7,7 @@
 //! database exits 122 within the connect deadline. No message shows the
 //! database password. (`list`, `elect` and the other exit statuses run on
 //! both engines in `list.rs`, `elect.rs`, `exit_statuses.rs` and
-//! `killed_holder.rs`; refused combinations of flags in `cli_arguments.rs`.)
+//! `killed_holder.rs`; refused combinations of flags in `cli_arguments/refusals.rs`.)
 
 mod support;
 

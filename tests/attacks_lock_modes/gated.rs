@@ -143,20 +143,7 @@ impl GatedSession {
     }
 
     pub(crate) async fn after(&self, op: &'static str) {
-        let trap = {
-            let mut traps = self.ctl.traps.lock().unwrap();
-            let id = self.inner.id();
-            traps
-                .iter()
-                .position(|t| t.session == id && t.op == op)
-                .map(|at| traps.remove(at))
-        };
-        if let Some(mut trap) = trap {
-            if let Some(reached) = trap.reached.take() {
-                let _ = reached.send(());
-            }
-            let _ = (&mut trap.resume).await;
-        }
+        self.trapped(op).await;
         let yielding = self.ctl.yielding.lock().unwrap().contains(self.inner.id());
         if yielding {
             tokio::task::yield_now().await;

@@ -10,6 +10,18 @@ pub(crate) fn block_of(guard: &ResourceGuard) -> (Vec<u8>, u64, bool) {
     (value.bytes, value.sequence, value.valid)
 }
 
+/// The next holder: locks `resource` in EX, timed, and lets go again.
+/// Returns the value block it found (as [`block_of`] reads it) and how long
+/// its lock took.
+async fn next_holder_finds(resource: &Resource) -> ((Vec<u8>, u64, bool), Duration) {
+    let started = Instant::now();
+    let next = lock(resource, Ex).await;
+    let took = started.elapsed();
+    let block = block_of(&next);
+    next.release().await.unwrap();
+    (block, took)
+}
+
 /// A request dropped while its append is in flight (applied in the store,
 /// its answer not back) is abandoned by attempt, and `abandon` deletes its
 /// entry plainly. A release that handed that entry EX in between named it
@@ -28,11 +40,7 @@ pub(crate) async fn request_abandoned_after_it_was_handed_the_lock_leaves_the_va
     let delay = Duration::from_millis(1000);
     let (gated, s) = gated_sessions(2).await;
     let (a, b) = (&s[0].1, &s[1].1);
-    let cc = Client::new(gated.clone());
-    let c = cc
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
+    let (_cc, c) = delayed_session(gated.clone(), delay).await;
     let name = "abandoned-handed";
     let ra = a.resource(name).unwrap();
     let mut holder = lock(&ra, Ex).await;
@@ -56,19 +64,12 @@ pub(crate) async fn request_abandoned_after_it_was_handed_the_lock_leaves_the_va
     drop(request);
     drop(armed.resume);
     until_queue(&ra, "B's abandoned request leaves", <[ModeContender]>::is_empty).await;
-    let started = Instant::now();
-    let next = lock(&c.resource(name).unwrap(), Ex).await;
-    let took = started.elapsed();
+    let (block, took) = next_holder_finds(&c.resource(name).unwrap()).await;
     // The documented limit: an attempt abandoned without its entry known
     // leaves as a lost holder would. Conservative: the value is kept and
     // said not valid, and the lock-delay is served, never skipped.
-    assert_eq!(
-        block_of(&next),
-        (b"v1".to_vec(), 1, false),
-        "the value kept, not said valid"
-    );
+    assert_eq!(block, (b"v1".to_vec(), 1, false), "the value kept, not said valid");
     assert!(took >= delay, "C held back only {took:?} (lock-delay {delay:?})");
-    next.release().await.unwrap();
 }
 
 /// A timed request handed the lock before its deadline, whose wake read is
@@ -134,28 +135,16 @@ pub(crate) async fn timed_request_handed_the_lock_keeps_it_when_its_wake_read_ou
 pub(crate) async fn lock_delay_holds_when_a_departure_hands_over_between_the_loss_and_the_wake() {
     let delay = Duration::from_millis(1000);
     let gated = Gated::default();
-    let (ca, cx, cy) = (
-        Client::new(gated.clone()),
-        Client::new(gated.clone()),
-        Client::new(gated.clone()),
-    );
-    let a = ca.session().await.unwrap();
-    let x = cx
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
-    let y = cy.session().await.unwrap();
     let name = "delay-handed-before-wake";
-    let reader = lock(&a.resource(name).unwrap(), Pr).await;
-    let rx = x.resource(name).unwrap();
-    let waiting = tokio::spawn(async move {
-        let outcome = rx.lock(Ex).await;
-        (Instant::now(), outcome)
-    });
-    bounded("X waits", cx.wait_for_stats(|st| st.waits >= 1)).await;
-    let ry = y.resource(name).unwrap();
-    let behind = tokio::spawn(async move { ry.lock(Ex).await });
-    bounded("Y waits", cy.wait_for_stats(|st| st.waits >= 1)).await;
+    let ReaderThenDelayedWriter {
+        clients: _clients,
+        a,
+        x,
+        y,
+        reader,
+        waiting,
+        behind,
+    } = reader_then_delayed_writer(gated.clone(), name, delay).await;
     let armed = gated.trap(&x, "watch_value");
     let lost_at = Instant::now();
     assert!(gated.store.expire(a.id()));
@@ -188,25 +177,16 @@ pub(crate) async fn lock_delay_holds_when_a_departure_hands_over_between_the_los
 pub(crate) async fn nobody_holds_during_a_lock_delay_when_a_waiter_behind_leaves() {
     let delay = Duration::from_millis(1500);
     let store = MemoryBackend::new();
-    let (ca, cx, cy) = (
-        Client::new(store.clone()),
-        Client::new(store.clone()),
-        Client::new(store.clone()),
-    );
-    let a = ca.session().await.unwrap();
-    let x = cx
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
-    let y = cy.session().await.unwrap();
     let name = "delay-handed-during";
-    let reader = lock(&a.resource(name).unwrap(), Pr).await;
-    let rx = x.resource(name).unwrap();
-    let waiting = tokio::spawn(async move { rx.lock(Ex).await });
-    bounded("X waits", cx.wait_for_stats(|st| st.waits >= 1)).await;
-    let ry = y.resource(name).unwrap();
-    let behind = tokio::spawn(async move { ry.lock(Ex).await });
-    bounded("Y waits", cy.wait_for_stats(|st| st.waits >= 1)).await;
+    let ReaderThenDelayedWriter {
+        clients: [_ca, cx, _cy],
+        a,
+        y,
+        reader,
+        waiting,
+        behind,
+        ..
+    } = reader_then_delayed_writer(store.clone(), name, delay).await;
     let lost_at = Instant::now();
     assert!(store.expire(a.id()));
     bounded("X's lock-delay begins", cx.wait_for_stats(|st| st.lock_delays >= 1)).await;
@@ -222,7 +202,8 @@ pub(crate) async fn nobody_holds_during_a_lock_delay_when_a_waiter_behind_leaves
         vec![(None, Ex)],
         "{checked_at:?} into X's lock-delay, the store shows X holding"
     );
-    let granted = bounded("X granted", waiting).await.unwrap().unwrap();
+    let (_, granted) = bounded("X granted", waiting).await.unwrap();
+    let granted = granted.unwrap();
     drop(reader);
     granted.release().await.unwrap();
 }
@@ -237,11 +218,7 @@ pub(crate) async fn dropped_guard_whose_hand_over_read_fails_still_writes_the_va
     let delay = Duration::from_millis(1000);
     let (gated, s) = gated_sessions(1).await;
     let a = &s[0].1;
-    let cc = Client::new(gated.clone());
-    let c = cc
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
+    let (_cc, c) = delayed_session(gated.clone(), delay).await;
     let name = "dropped-read-fails";
     let ra = a.resource(name).unwrap();
     let mut holder = lock(&ra, Ex).await;
@@ -250,16 +227,9 @@ pub(crate) async fn dropped_guard_whose_hand_over_read_fails_still_writes_the_va
     drop(holder);
     let rc = c.resource(name).unwrap();
     until_queue(&rc, "the dropped guard's entry leaves", <[ModeContender]>::is_empty).await;
-    let started = Instant::now();
-    let next = lock(&rc, Ex).await;
-    let took = started.elapsed();
-    assert_eq!(
-        block_of(&next),
-        (b"v1".to_vec(), 1, true),
-        "the dropped guard's value block"
-    );
+    let (block, took) = next_holder_finds(&rc).await;
+    assert_eq!(block, (b"v1".to_vec(), 1, true), "the dropped guard's value block");
     assert!(took < delay, "held back {took:?} after a clean (dropped-guard) release");
-    next.release().await.unwrap();
 }
 
 /// A guard whose append was retried (its first answer lost) is let go on
@@ -335,11 +305,7 @@ pub(crate) async fn request_cancelled_as_it_is_handed_the_lock_leaves_the_value_
     let (gated, s) = gated_sessions(2).await;
     let (a, b) = (&s[0].1, &s[1].1);
     let cb = &s[1].0;
-    let cc = Client::new(gated.clone());
-    let c = cc
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
+    let (_cc, c) = delayed_session(gated.clone(), delay).await;
     let name = "cancelled-as-handed";
     let ra = a.resource(name).unwrap();
     let mut holder = lock(&ra, Ex).await;
@@ -365,11 +331,9 @@ pub(crate) async fn request_cancelled_as_it_is_handed_the_lock_leaves_the_value_
     );
     let _ = armed.resume.send(());
     until_queue(&rc, "B's cancelled request leaves", <[ModeContender]>::is_empty).await;
-    let started = Instant::now();
-    let next = lock(&rc, Ex).await;
-    let took = started.elapsed();
+    let (block, took) = next_holder_finds(&rc).await;
     assert_eq!(
-        block_of(&next),
+        block,
         (b"v1".to_vec(), 1, true),
         "nobody lost a PW/EX lock involuntarily: the block stays valid"
     );
@@ -377,7 +341,6 @@ pub(crate) async fn request_cancelled_as_it_is_handed_the_lock_leaves_the_value_
         took < delay,
         "C held back {took:?} (lock-delay {delay:?}) after clean departures only"
     );
-    next.release().await.unwrap();
 }
 
 /// A session closed while it holds EX: the server deletes its entry
@@ -389,12 +352,9 @@ pub(crate) async fn request_cancelled_as_it_is_handed_the_lock_leaves_the_value_
 pub(crate) async fn session_closed_while_holding_ex_ends_its_lock_as_a_loss_does() {
     let delay = Duration::from_millis(1000);
     let store = MemoryBackend::new();
-    let (ca, cc) = (Client::new(store.clone()), Client::new(store.clone()));
+    let ca = Client::new(store.clone());
     let a = ca.session().await.unwrap();
-    let c = cc
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
+    let (_cc, c) = delayed_session(store.clone(), delay).await;
     let name = "closed-while-holding";
     let mut writer = lock(&a.resource(name).unwrap(), Ex).await;
     writer.set_value(b"v1").unwrap();
@@ -404,19 +364,12 @@ pub(crate) async fn session_closed_while_holding_ex_ends_its_lock_as_a_loss_does
     drop(writer);
     let rc = c.resource(name).unwrap();
     until_queue(&rc, "the closed session's entry is gone", <[ModeContender]>::is_empty).await;
-    let started = Instant::now();
-    let next = lock(&rc, Ex).await;
-    let took = started.elapsed();
+    let (block, took) = next_holder_finds(&rc).await;
     // The documented limit: the server ends a closed session's entries
     // without the value block's write, so the block reads as after a loss
     // (release a PW or EX lock before closing to keep it valid).
-    assert_eq!(
-        block_of(&next),
-        (b"v1".to_vec(), 1, false),
-        "the value kept, not said valid"
-    );
+    assert_eq!(block, (b"v1".to_vec(), 1, false), "the value kept, not said valid");
     assert!(took >= delay, "held back only {took:?} (lock-delay {delay:?})");
-    next.release().await.unwrap();
 }
 
 /// Held: a chain of exclusive hand-overs wakes one waiter per release, and

@@ -119,3 +119,62 @@ async fn until_queue(resource: &Resource, what: &str, mut predicate: impl FnMut(
     })
     .await;
 }
+
+/// A client of its own on `backend`, and a session of it with a lock-delay
+/// of `delay`.
+async fn delayed_session(backend: impl Backend, delay: Duration) -> (Client, Session) {
+    let client = Client::new(backend);
+    let session = client
+        .session_with(SessionOptions::new().with_lock_delay(delay))
+        .await
+        .unwrap();
+    (client, session)
+}
+
+/// The queue the lock-delay hand-over attacks start from, each session on a
+/// client of its own on `backend`: A holds PR on `name`; X, with a
+/// lock-delay of `delay`, waits for EX; Y waits for EX behind X.
+struct ReaderThenDelayedWriter {
+    /// A's, X's and Y's clients.
+    clients: [Client; 3],
+    a: Session,
+    x: Session,
+    y: Session,
+    /// A's PR guard.
+    reader: ResourceGuard,
+    /// X's request: when it ended, and how.
+    waiting: tokio::task::JoinHandle<(Instant, lockline::Result<ResourceGuard>)>,
+    /// Y's request.
+    behind: tokio::task::JoinHandle<lockline::Result<ResourceGuard>>,
+}
+
+async fn reader_then_delayed_writer(
+    backend: impl Backend + Clone,
+    name: &str,
+    delay: Duration,
+) -> ReaderThenDelayedWriter {
+    let ca = Client::new(backend.clone());
+    let a = ca.session().await.unwrap();
+    let (cx, x) = delayed_session(backend.clone(), delay).await;
+    let cy = Client::new(backend);
+    let y = cy.session().await.unwrap();
+    let reader = lock(&a.resource(name).unwrap(), Pr).await;
+    let rx = x.resource(name).unwrap();
+    let waiting = tokio::spawn(async move {
+        let outcome = rx.lock(Ex).await;
+        (Instant::now(), outcome)
+    });
+    bounded("X waits", cx.wait_for_stats(|st| st.waits >= 1)).await;
+    let ry = y.resource(name).unwrap();
+    let behind = tokio::spawn(async move { ry.lock(Ex).await });
+    bounded("Y waits", cy.wait_for_stats(|st| st.waits >= 1)).await;
+    ReaderThenDelayedWriter {
+        clients: [ca, cx, cy],
+        a,
+        x,
+        y,
+        reader,
+        waiting,
+        behind,
+    }
+}

@@ -4,6 +4,27 @@
 
 use super::*;
 
+/// Converts `guard`, held on `session`, to `mode`, and drops the conversion
+/// once the store has applied its `update_queue` (cancelled with the answer
+/// in flight); the answer never comes. `what` names the conversion.
+async fn convert_cancelled_in_flight(
+    gated: &Gated,
+    session: &Session,
+    guard: &mut ResourceGuard,
+    mode: LockMode,
+    what: &str,
+) {
+    let armed = gated.trap(session, "update_queue");
+    {
+        let converting = guard.convert(mode);
+        tokio::select! {
+            outcome = converting => panic!("the trap did not stop the {what}: {outcome:?}"),
+            _ = armed.reached => {}
+        }
+    }
+    drop(armed.resume);
+}
+
 /// Was a bug: two incompatible modes granted at once. An up-conversion's grant is
 /// conditioned on the entries its read saw (`View::unchanged` for a granted
 /// entry: every slot *of that read*), not on "no entry appended since". A
@@ -222,15 +243,8 @@ pub(crate) async fn regression_down_conversion_cancelled_in_flight_leaves_a_stal
     let (a, b) = (&s[0].1, &s[1].1);
     let name = "cancelled-down";
     let mut holder = lock(&a.resource(name).unwrap(), Ex).await;
-    let armed = gated.trap(a, "update_queue");
-    {
-        let down = holder.convert(Nl);
-        tokio::select! {
-            outcome = down => panic!("the trap did not stop the down-conversion: {outcome:?}"),
-            _ = armed.reached => {}
-        }
-    } // cancelled with its update applied
-    drop(armed.resume);
+    // Cancelled with its update applied.
+    convert_cancelled_in_flight(&gated, a, &mut holder, Nl, "down-conversion").await;
     // The guard claims no more than the server may hold.
     assert_eq!(holder.mode(), Nl);
     let other = bounded("try EX", b.resource(name).unwrap().try_lock(Ex)).await.unwrap();
@@ -254,15 +268,7 @@ pub(crate) async fn regression_stale_guard_overwrites_the_value_block_and_marks_
     let name = "stale-lvb";
     let mut stale = lock(&a.resource(name).unwrap(), Ex).await;
     stale.set_value(b"stale").unwrap();
-    let armed = gated.trap(a, "update_queue");
-    {
-        let down = stale.convert(Nl);
-        tokio::select! {
-            outcome = down => panic!("the trap did not stop the down-conversion: {outcome:?}"),
-            _ = armed.reached => {}
-        }
-    }
-    drop(armed.resume);
+    convert_cancelled_in_flight(&gated, a, &mut stale, Nl, "down-conversion").await;
     // The next EX holder writes v1 (sequence 1)...
     let mut next = lock(&b.resource(name).unwrap(), Ex).await;
     next.set_value(b"from b").unwrap();
@@ -299,15 +305,7 @@ pub(crate) async fn regression_up_conversion_cancelled_in_flight_leaves_the_guar
     let (a, b, c) = (&s[0].1, &s[1].1, &s[2].1);
     let name = "cancelled-up";
     let mut holder = lock(&a.resource(name).unwrap(), Pr).await;
-    let armed = gated.trap(a, "update_queue");
-    {
-        let up = holder.convert(Ex);
-        tokio::select! {
-            outcome = up => panic!("the trap did not stop the conversion: {outcome:?}"),
-            _ = armed.reached => {}
-        }
-    }
-    drop(armed.resume);
+    convert_cancelled_in_flight(&gated, a, &mut holder, Ex, "conversion").await;
     tokio::time::sleep(Duration::from_millis(50)).await; // the cleanup runs
     let queue = listed(&b.resource(name).unwrap()).await;
     let beside = bounded("try PR", b.resource(name).unwrap().try_lock(Pr)).await.unwrap();
@@ -400,12 +398,9 @@ pub(crate) async fn regression_timed_out_conversion_dropped_during_its_cleanup_l
 pub(crate) async fn regression_up_conversion_skips_the_lock_delay() {
     let delay = Duration::from_millis(1000);
     let store = MemoryBackend::new();
-    let (ca, cb) = (Client::new(store.clone()), Client::new(store.clone()));
+    let ca = Client::new(store.clone());
     let a = ca.session().await.unwrap();
-    let b = cb
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
+    let (cb, b) = delayed_session(store.clone(), delay).await;
     let name = "delay-conversion";
     let holder = lock(&a.resource(name).unwrap(), Ex).await;
     let mut place = lock(&b.resource(name).unwrap(), Nl).await;
@@ -435,17 +430,10 @@ pub(crate) async fn regression_up_conversion_skips_the_lock_delay() {
 pub(crate) async fn regression_lock_delay_skipped_when_the_lost_writer_was_not_the_entry_waited_on() {
     let delay = Duration::from_millis(1000);
     let store = MemoryBackend::new();
-    let (cw, cr, cx) = (
-        Client::new(store.clone()),
-        Client::new(store.clone()),
-        Client::new(store.clone()),
-    );
+    let (cw, cr) = (Client::new(store.clone()), Client::new(store.clone()));
     let w = cw.session().await.unwrap();
     let r = cr.session().await.unwrap();
-    let x = cx
-        .session_with(SessionOptions::new().with_lock_delay(delay))
-        .await
-        .unwrap();
+    let (cx, x) = delayed_session(store.clone(), delay).await;
     let name = "delay-nearest";
     let writer = lock(&w.resource(name).unwrap(), Pw).await;
     let reader = lock(&r.resource(name).unwrap(), Cr).await;

@@ -11,7 +11,7 @@
 //!
 //! A session with a single endpoint has one connection for everything:
 //! freezing it is a silent partition of that session, which
-//! `faults_etcd.rs` covers (`silent_partition_*`: the holder is suspended,
+//! `faults_etcd/session_loss.rs` covers (`silent_partition_*`: the holder is suspended,
 //! then lost before the server can expire its lease, and the next contender
 //! is granted after its `lost()`).
 

@@ -4,6 +4,17 @@
 
 use super::*;
 
+/// A session with a TTL of `ttl` ms through a proxy of its own, which can
+/// cut it off from `db`: the proxy, and the session.
+async fn behind_a_proxy(db: &Db, ttl: u64) -> (TcpProxy, lockline::Session) {
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
+    let session = Client::new(Sql::new(db.url_via(&proxy.address())))
+        .session_with(options(ttl))
+        .await
+        .expect("session");
+    (proxy, session)
+}
+
 /// A waiter (W1) is silently cut off while it ends a silent holder's (H)
 /// session, at the start of that step (the test's own transaction keeps
 /// the step waiting on H's session row until the cut). The next waiter
@@ -12,13 +23,9 @@ use super::*;
 async fn a_cut_while_ending_a_silent_holder_leaves_the_lock_usable(db: Db) {
     attack_kit::log_warnings();
     let url = db.url();
-    let to_h = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let to_w1 = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let ttl = 2000;
-    let h = Client::new(Sql::new(db.url_via(&to_h.address())))
-        .session_with(options(ttl))
-        .await
-        .expect("session");
+    let (to_h, h) = behind_a_proxy(&db, ttl).await;
+    let to_w1 = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let w1_client = Client::new(Sql::new(db.url_via(&to_w1.address())));
     let w1 = w1_client.session_with(options(ttl)).await.expect("session");
     let w2_client = Client::new(Sql::new(url.clone()));
@@ -115,12 +122,8 @@ fn for_share(db: &Db) -> &'static str {
 /// the next grant, which comes within TTL + slack.
 async fn a_cut_during_a_heartbeat_is_told_before_the_next_grant(db: Db) {
     let url = db.url();
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let ttl = 2000;
-    let h = Client::new(Sql::new(db.url_via(&proxy.address())))
-        .session_with(options(ttl))
-        .await
-        .expect("session");
+    let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("beat").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
     let w = near.session_with(options(ttl)).await.expect("session");
@@ -185,12 +188,8 @@ async fn mariadb_a_cut_during_a_heartbeat_is_told_before_the_next_grant() {
 /// before that lock's next grant.
 async fn a_cut_during_a_release_is_safe(db: Db) {
     let url = db.url();
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let ttl = 2000;
-    let h = Client::new(Sql::new(db.url_via(&proxy.address())))
-        .session_with(options(ttl))
-        .await
-        .expect("session");
+    let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let released = h.mutex("rel/released").expect("mutex").lock().await.expect("lock");
     let kept = h.mutex("rel/kept").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
@@ -323,14 +322,10 @@ async fn mariadb_a_cut_during_a_cancelled_wait_leaves_the_lock_usable() {
 /// nothing it wrote lands.
 async fn a_cut_holder_cannot_commit_after_the_next_grant(db: Db) {
     let url = db.url();
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let mut side = Side::connect(&url).await;
     side.exec("CREATE TABLE attack_writes (token bigint NOT NULL)").await;
     let ttl = 2000;
-    let h = Client::new(Sql::new(db.url_via(&proxy.address())))
-        .session_with(options(ttl))
-        .await
-        .expect("session");
+    let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("fenced-cut").expect("mutex").lock().await.expect("lock");
     let token = i64::try_from(held.token().get()).expect("token");
     let near = Client::new(Sql::new(url.clone()));
@@ -398,12 +393,8 @@ async fn mariadb_a_cut_holder_cannot_commit_after_the_next_grant() {
 /// The holder must still hear lost() before anyone else is granted.
 async fn a_holder_that_hears_nothing_is_told_before_the_next_grant(db: Db) {
     let url = db.url();
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let ttl = 2000;
-    let h = Client::new(Sql::new(db.url_via(&proxy.address())))
-        .session_with(options(ttl))
-        .await
-        .expect("session");
+    let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("one-way").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
     let w = near.session_with(options(ttl)).await.expect("session");

@@ -211,7 +211,7 @@ async fn postgres_a_clean_restart_leaves_no_blocking_row() {
     step("the holder hears of it", held.lost()).await;
     assert!(step("the waiter fails", waiter).await.expect("task").is_err());
     // Without the restart grace (which holds grants back for the TTL of
-    // the sessions before, tested in faults_sql.rs): what is asked here is
+    // the sessions before, tested in faults_sql/restarts.rs): what is asked here is
     // whether a row left behind blocks anyone.
     let fresh = Client::new(Sql::new(url.clone()).without_restart_grace())
         .session_with(options(10_000))
