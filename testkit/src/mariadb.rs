@@ -1,6 +1,5 @@
 use std::fmt;
 use std::io::{Error, ErrorKind, Read};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -123,8 +122,44 @@ impl MariaDbServer {
         let data = dir.path().join("data");
         install_db(dir.path(), &data, user.as_ref())?;
 
-        let port = free_port()?;
         let socket = dir.path().join("mariadbd.sock");
+        // A port free when picked may be taken before the server binds it
+        // (another test process's server, or one restarting on its own
+        // port after a kill): the server then exits, and another port is
+        // tried.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_port()?;
+            match Self::start_on(options, &dir, &data, &socket, port, user.as_ref()) {
+                Err(error) if attempt < 3 && error.to_string().contains("Address already in use") => continue,
+                Err(error) => return Err(error),
+                Ok(member) => {
+                    let server = MariaDbServer {
+                        member,
+                        port,
+                        data,
+                        socket,
+                        _dir: dir,
+                    };
+                    return server.with_root_password();
+                }
+            }
+        }
+    }
+
+    /// Starts `mariadbd` on `port` over the installed `data` and waits until
+    /// it greets on its own Unix `socket` (which it opens after binding its
+    /// TCP port: a greeting there is this server's, never another's on a
+    /// port it failed to bind).
+    fn start_on(
+        options: &MariaDbOptions,
+        dir: &TempDir,
+        data: &Path,
+        socket: &Path,
+        port: u16,
+        user: Option<&SystemUser>,
+    ) -> Result<Member> {
         let mut args: Vec<String> = vec![
             // Must come first.
             "--no-defaults".to_owned(),
@@ -150,27 +185,25 @@ impl MariaDbServer {
         args.extend(SIZES.map(str::to_owned));
         // No --log-error: the log goes to standard error, the member's log.
         args.extend(options.settings.iter().map(|(name, value)| format!("--{name}={value}")));
-        let member = Member::start_as(
+        let mut member = Member::start_as(
             &format!("mariadb-{port}"),
             MARIADBD,
             &args,
             dir.path().join("mariadbd.log"),
             dir.path(),
-            user.as_ref(),
+            user,
         )?;
-        let mut server = MariaDbServer {
-            member,
-            port,
-            data,
-            socket,
-            _dir: dir,
-        };
-        server.wait_ready()?;
+        member.wait_ready(START_TIMEOUT, || greets_on(socket))?;
+        Ok(member)
+    }
+
+    /// Gives root a password on every host it connects from.
+    fn with_root_password(self) -> Result<Self> {
         // The install leaves root without a password (and root@HOSTNAME, which
         // --skip-name-resolve ignores).
         let root = |host: &str| format!("'root'@{}", mariadb_string(host));
         let password = mariadb_string(ROOT_PASSWORD);
-        server.client(
+        self.client(
             None,
             &format!(
                 "CREATE USER IF NOT EXISTS {tcp} IDENTIFIED BY {password}; \
@@ -183,13 +216,14 @@ impl MariaDbServer {
                 local = root("localhost"),
             ),
         )?;
-        Ok(server)
+        Ok(self)
     }
 
-    /// Waits until the server greets a TCP connection (MySQL protocol 10).
+    /// Waits until the server greets a connection on its own Unix socket
+    /// (MySQL protocol 10), which it opens after binding its TCP port.
     fn wait_ready(&mut self) -> Result<()> {
-        let port = self.port;
-        self.member.wait_ready(START_TIMEOUT, || greets(port))
+        let socket = self.socket.clone();
+        self.member.wait_ready(START_TIMEOUT, || greets_on(&socket))
     }
 
     /// Root's URL, `mysql://root:PASSWORD@127.0.0.1:PORT`.
@@ -580,8 +614,8 @@ fn install_db(dir: &Path, data: &Path, user: Option<&SystemUser>) -> Result<()> 
 
 /// Whether the server on `port` sends its handshake (a packet whose payload
 /// starts with protocol version 10) to a new TCP connection.
-fn greets(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)) else {
+fn greets_on(socket: &Path) -> bool {
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(1000)));

@@ -107,6 +107,22 @@ async fn update(session: &Session, update: QueueUpdate<'_>) -> Option<u64> {
         .expect("update the queue")
 }
 
+/// Deletes `entry` from `dir`, on the versions in `unchanged`.
+async fn delete(session: &Session, dir: &str, unchanged: &[(&Entry, i64)], entry: &Entry) -> Option<u64> {
+    update(
+        session,
+        QueueUpdate {
+            dir,
+            unchanged,
+            present: &[],
+            set: &[],
+            delete: &[entry],
+            block: None,
+        },
+    )
+    .await
+}
+
 /// A change of values (and the block), on the versions `queue` read.
 async fn set(
     session: &Session,
@@ -579,19 +595,7 @@ async fn a_watch_until_goes_past_unwanted_values_of_another_session(db: Db) {
     waiting(&db, 1).await;
     let seen = read(&writer, dir).await;
     let unchanged: Vec<(&Entry, i64)> = seen.slots.iter().map(|s| (&s.entry, s.version)).collect();
-    update(
-        &writer,
-        QueueUpdate {
-            dir,
-            unchanged: &unchanged,
-            present: &[],
-            set: &[],
-            delete: &[&entry],
-            block: None,
-        },
-    )
-    .await
-    .expect("deleted");
+    delete(&writer, dir, &unchanged, &entry).await.expect("deleted");
     assert_eq!(woken(watching).await, None);
 }
 
@@ -626,19 +630,7 @@ async fn a_watch_wakes_when_the_owner_writes_or_removes_the_entry(db: Db) {
     waiting(&db, 1).await;
     let seen = read(&owner, dir).await;
     let unchanged = [(&entry, version(&seen, &entry))];
-    update(
-        &owner,
-        QueueUpdate {
-            dir,
-            unchanged: &unchanged,
-            present: &[],
-            set: &[],
-            delete: &[&entry],
-            block: None,
-        },
-    )
-    .await
-    .expect("applied");
+    delete(&owner, dir, &unchanged, &entry).await.expect("applied");
     assert_eq!(woken(watching).await, None);
     // And by a plain removal.
     let entry = append(&owner, dir, b"CR granted").await;
@@ -657,19 +649,7 @@ async fn a_watch_wakes_when_another_session_deletes_the_entry(db: Db) {
     waiting(&db, 1).await;
     let seen = read(&deleter, dir).await;
     let unchanged = [(&entry, version(&seen, &entry))];
-    update(
-        &deleter,
-        QueueUpdate {
-            dir,
-            unchanged: &unchanged,
-            present: &[],
-            set: &[],
-            delete: &[&entry],
-            block: None,
-        },
-    )
-    .await
-    .expect("applied");
+    delete(&deleter, dir, &unchanged, &entry).await.expect("applied");
     assert_eq!(woken(watching).await, None);
     // By a plain removal from another session too.
     let entry = append(&owner, dir, b"granted").await;

@@ -85,14 +85,16 @@ async fn a_restart_grants_nothing_before_an_old_holder_hears_lost(db: Db) {
 }
 
 /// The same with `Sql::without_restart_grace`: the grant comes at once
-/// after the restart (well within the TTL), the documented window.
+/// after the restart, the documented window. With the grace it could come
+/// no sooner than the old holder's TTL (3 s) after the first session opened
+/// once the server was back; without it, it comes before that.
 async fn without_the_restart_grace_a_restart_grants_at_once(db: Db) {
     let (_, granted_at, back_at) =
         restart_beside_a_silent_holder(db, |url| Sql::new(url).without_restart_grace()).await;
     let took = granted_at - back_at;
     assert!(
-        took < Duration::from_millis(1500),
-        "without the grace the grant came {took:?} after the server was back"
+        took < Duration::from_millis(3000),
+        "without the grace the grant came {took:?} after the server was back, no sooner than the grace would have"
     );
 }
 

@@ -1,11 +1,9 @@
-//! Attacks on two properties of the lock-mode entries and the lock value
-//! block: a notice of another session's write carries the value written,
-//! and a watcher answers from it with no read (no watcher may answer with
-//! a value that is not the entry's committed value, none may be left
-//! waiting after the entry changed to a value it wants or went); and a
-//! crash never leaves the value block reading valid when a PW or EX
-//! holder's lock ended in it (on PostgreSQL a block write that only moves
-//! the holder it names does not wait for the disk).
+//! Attacks on the notices of lock-mode entries: a notice of another
+//! session's write carries the entry's version and the value written, and
+//! a watcher answers from it with no read. No watcher may answer with a
+//! value that is not the entry's committed value, none may be left waiting
+//! after the entry changed to a value it wants or went. (The value block
+//! after a crash is attacked in `faults_sql/value_block.rs`.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,7 +11,7 @@ use std::time::Duration;
 
 use lockline::backend::{AppendRequest, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate};
 use lockline::conformance::{bounded, until};
-use lockline::{Client, LockMode, ResourceGuard, Session, SessionOptions};
+use lockline::{Client, LockMode, Session, SessionOptions};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
 
@@ -24,10 +22,6 @@ use support::db::Db;
 
 on_both!(
     a_long_value_written_by_another_session_answers_a_watch,
-    a_crash_after_a_down_and_an_up_conversion_leaves_the_value_block_not_valid,
-    a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid,
-    a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_value_block_not_valid,
-    a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_block_not_valid,
     waiters_of_every_mode_with_conversions_all_get_the_lock,
 );
 
@@ -165,6 +159,55 @@ async fn proxied_listener(db: &Db, entry: &Entry, seen: &[u8]) -> (TcpProxy, Ses
     (proxy, session, keeper, listener)
 }
 
+/// The stage of a notice attack: the entry's owner, another session that
+/// writes it, the entry (appended by the owner under `dir`), and a watcher
+/// session whose listening connection (`listener`) runs through `proxy`,
+/// kept listening by the `keeper` watch.
+struct Stage {
+    owner: Session,
+    writer: Session,
+    dir: &'static str,
+    entry: Entry,
+    proxy: TcpProxy,
+    watcher: Session,
+    keeper: Watching,
+    listener: usize,
+}
+
+async fn stage(db: &Db, dir: &'static str) -> Stage {
+    let (owner, writer) = (open_with(db.url()).await, open_with(db.url()).await);
+    let entry = append(&owner, dir, b"start").await;
+    let (proxy, watcher, keeper, listener) = proxied_listener(db, &entry, b"start").await;
+    Stage {
+        owner,
+        writer,
+        dir,
+        entry,
+        proxy,
+        watcher,
+        keeper,
+        listener,
+    }
+}
+
+impl Stage {
+    /// Gives notices let through a second to arrive: a watch that answered
+    /// by then must have answered what the entry holds (or `also`).
+    async fn answered_what_is_held(&self, watching: Watching, also: Option<&[u8]>) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = value_of(&read(&self.owner, self.dir).await, &self.entry);
+        if watching.is_finished() {
+            let answer = woken(watching).await;
+            assert!(
+                answer == now || (also.is_some() && answer.as_deref() == also),
+                "the watch answered {answer:?}, a value the entry does not hold (it holds {now:?})"
+            );
+        } else {
+            watching.abort();
+        }
+    }
+}
+
 /// A notice is sent at commit and reaches the listening connection when it
 /// does: here the notice of another session's write (`wanted`) is held on
 /// the way while the entry's owner writes it again (`later`), and a new
@@ -173,89 +216,58 @@ async fn proxied_listener(db: &Db, entry: &Entry, seen: &[u8]) -> (TcpProxy, Ses
 /// longer holds (before notices carried values, a notice made the watcher
 /// read the entry).
 async fn a_late_notice_of_an_older_write_does_not_answer_a_later_watch(db: Db) {
-    let (owner, writer) = (open_with(db.url()).await, open_with(db.url()).await);
-    let dir = "attack/late-notice";
-    let entry = append(&owner, dir, b"start").await;
-    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
-    proxy.freeze_answers(listener);
-    write(&writer, dir, &entry, Some(b"wanted")).await;
-    write(&owner, dir, &entry, Some(b"later")).await;
+    let s = stage(&db, "attack/late-notice").await;
+    s.proxy.freeze_answers(s.listener);
+    write(&s.writer, s.dir, &s.entry, Some(b"wanted")).await;
+    write(&s.owner, s.dir, &s.entry, Some(b"later")).await;
     // The keeper, woken by the owner's write, waits again.
     waiting(&db, 1).await;
-    let committed = value_of(&read(&owner, dir).await, &entry).expect("there");
+    let committed = value_of(&read(&s.owner, s.dir).await, &s.entry).expect("there");
     assert_eq!(committed, b"later");
     let before = db.locks().waiting;
-    let watching = watch_until(&watcher, &entry, &committed, |v| v.starts_with(b"wanted"));
+    let watching = watch_until(&s.watcher, &s.entry, &committed, |v| v.starts_with(b"wanted"));
     waiting(&db, before + 1).await;
-    proxy.thaw_connection(listener);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let now = value_of(&read(&owner, dir).await, &entry);
-    if watching.is_finished() {
-        let answer = woken(watching).await;
-        assert_eq!(
-            answer, now,
-            "the watch answered a value the entry does not hold (it holds {now:?})"
-        );
-    } else {
-        watching.abort();
-    }
-    keeper.abort();
+    s.proxy.thaw_connection(s.listener);
+    s.answered_what_is_held(watching, None).await;
+    s.keeper.abort();
 }
 
 /// Two writes of another session while the listening connection is held:
 /// the first unwanted, the second wanted; their notices arrive together.
 async fn held_notices_of_an_unwanted_then_a_wanted_write_answer_the_wanted(db: Db) {
-    let owner = open_with(db.url()).await;
-    let writer = open_with(db.url()).await;
-    let dir = "attack/two-notices";
-    let entry = append(&owner, dir, b"start").await;
-    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
-    let watching = watch_until(&watcher, &entry, b"start", |v| v.starts_with(b"wanted"));
+    let s = stage(&db, "attack/two-notices").await;
+    let watching = watch_until(&s.watcher, &s.entry, b"start", |v| v.starts_with(b"wanted"));
     waiting(&db, 2).await;
-    proxy.freeze_answers(listener);
-    write(&writer, dir, &entry, Some(b"unwanted")).await;
-    write(&writer, dir, &entry, Some(b"wanted")).await;
-    proxy.thaw_connection(listener);
+    s.proxy.freeze_answers(s.listener);
+    write(&s.writer, s.dir, &s.entry, Some(b"unwanted")).await;
+    write(&s.writer, s.dir, &s.entry, Some(b"wanted")).await;
+    s.proxy.thaw_connection(s.listener);
     assert_eq!(woken(watching).await.as_deref(), Some(&b"wanted"[..]));
     // The other way round: wanted, then unwanted again, held together.
-    let watching = watch_until(&watcher, &entry, b"wanted", |v| v.starts_with(b"wanted-2"));
+    let watching = watch_until(&s.watcher, &s.entry, b"wanted", |v| v.starts_with(b"wanted-2"));
     waiting(&db, 2).await;
-    proxy.freeze_answers(listener);
-    write(&writer, dir, &entry, Some(b"wanted-2")).await;
-    write(&writer, dir, &entry, Some(b"unwanted-2")).await;
-    proxy.thaw_connection(listener);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let now = value_of(&read(&owner, dir).await, &entry);
-    if watching.is_finished() {
-        // Woken by the wanted value: fine only if it answers what the entry
-        // holds, or the wanted value it held.
-        let answer = woken(watching).await;
-        assert!(
-            answer.as_deref() == Some(&b"wanted-2"[..]) || answer == now,
-            "answered {answer:?}, the entry holds {now:?}"
-        );
-    } else {
-        watching.abort();
-    }
-    keeper.abort();
+    s.proxy.freeze_answers(s.listener);
+    write(&s.writer, s.dir, &s.entry, Some(b"wanted-2")).await;
+    write(&s.writer, s.dir, &s.entry, Some(b"unwanted-2")).await;
+    s.proxy.thaw_connection(s.listener);
+    // Woken by the wanted value: fine only if it answers what the entry
+    // holds, or the wanted value it held.
+    s.answered_what_is_held(watching, Some(b"wanted-2")).await;
+    s.keeper.abort();
 }
 
 /// An unwanted write of another session, then its removal, their notices
 /// held and delivered together: the watch answers that the entry is gone.
 async fn held_notices_of_an_unwanted_write_then_a_removal_answer_gone(db: Db) {
-    let owner = open_with(db.url()).await;
-    let writer = open_with(db.url()).await;
-    let dir = "attack/write-then-removal";
-    let entry = append(&owner, dir, b"start").await;
-    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
-    let watching = watch_until(&watcher, &entry, b"start", |_| false);
+    let s = stage(&db, "attack/write-then-removal").await;
+    let watching = watch_until(&s.watcher, &s.entry, b"start", |_| false);
     waiting(&db, 2).await;
-    proxy.freeze_answers(listener);
-    write(&writer, dir, &entry, Some(b"unwanted")).await;
-    write(&writer, dir, &entry, None).await;
-    proxy.thaw_connection(listener);
+    s.proxy.freeze_answers(s.listener);
+    write(&s.writer, s.dir, &s.entry, Some(b"unwanted")).await;
+    write(&s.writer, s.dir, &s.entry, None).await;
+    s.proxy.thaw_connection(s.listener);
     assert_eq!(woken(watching).await, None, "the entry is gone");
-    assert_eq!(woken(keeper).await, None, "the entry is gone");
+    assert_eq!(woken(s.keeper).await, None, "the entry is gone");
 }
 
 /// The listening connection goes silent (no byte either way, nothing
@@ -263,16 +275,12 @@ async fn held_notices_of_an_unwanted_write_then_a_removal_answer_gone(db: Db) {
 /// is lost, and the watch still answers once the connection is found dead
 /// and made again (a keepalive interval and a request timeout).
 async fn a_wanted_write_whose_notice_is_lost_still_answers_the_watch(db: Db) {
-    let owner = open_with(db.url()).await;
-    let writer = open_with(db.url()).await;
-    let dir = "attack/lost-notice";
-    let entry = append(&owner, dir, b"start").await;
-    let (proxy, watcher, keeper, listener) = proxied_listener(&db, &entry, b"start").await;
-    let watching = watch_until(&watcher, &entry, b"start", |v| v.starts_with(b"wanted"));
+    let s = stage(&db, "attack/lost-notice").await;
+    let watching = watch_until(&s.watcher, &s.entry, b"start", |v| v.starts_with(b"wanted"));
     waiting(&db, 2).await;
-    proxy.freeze_connection(listener);
-    write(&writer, dir, &entry, Some(b"unwanted")).await;
-    write(&writer, dir, &entry, Some(b"wanted")).await;
+    s.proxy.freeze_connection(s.listener);
+    write(&s.writer, s.dir, &s.entry, Some(b"unwanted")).await;
+    write(&s.writer, s.dir, &s.entry, Some(b"wanted")).await;
     let bound = options().keepalive_interval() + options().request_timeout() + Duration::from_secs(3);
     let answer = tokio::time::timeout(bound, watching)
         .await
@@ -280,8 +288,8 @@ async fn a_wanted_write_whose_notice_is_lost_still_answers_the_watch(db: Db) {
         .expect("task")
         .expect("watch");
     assert_eq!(answer.as_deref(), Some(&b"wanted"[..]));
-    keeper.abort();
-    proxy.thaw_connection(listener);
+    s.keeper.abort();
+    s.proxy.thaw_connection(s.listener);
 }
 
 /// Values of 2000 bytes (the longest a notice carries) and of 2001 bytes
@@ -309,184 +317,6 @@ async fn a_long_value_written_by_another_session_answers_a_watch(db: Db) {
         write(&writer, dir, &entry, Some(&wanted)).await;
         assert_eq!(woken(watching).await, Some(wanted), "the wanted value of {len} bytes");
     }
-}
-
-fn crash_options() -> SessionOptions {
-    SessionOptions::new()
-        .with_ttl(Duration::from_millis(3000))
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_request_timeout(Duration::from_secs(2))
-}
-
-fn crash_client(db: &Db) -> Client {
-    Client::new(Sql::new(db.url()).without_restart_grace())
-}
-
-async fn crash_session(client: &Client) -> Session {
-    bounded("a session", client.session_with(crash_options()))
-        .await
-        .expect("session")
-}
-
-/// An EX holder writes `v1` and releases: the block is valid, names nobody.
-async fn written_v1(session: &Session, name: &str) {
-    let mut first = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
-    first.set_value(b"v1").expect("set the value");
-    first.release().await.expect("release");
-}
-
-/// Crashes the database with `held` holding `name` in PW or EX, then takes
-/// the lock in EX in a new session: its value must be `v1`, not valid.
-async fn crash_then_read_not_valid(mut db: Db, client: &Client, held: ResourceGuard, name: &str) {
-    let crashed = bounded(
-        "the database restarts",
-        tokio::task::spawn_blocking(move || {
-            db.crash_and_restart();
-            db
-        }),
-    )
-    .await
-    .expect("restart");
-    bounded("the holder hears of it", held.lost()).await;
-    let fresh = crash_session(client).await;
-    let again = bounded(
-        "the lock after the crash",
-        fresh.resource(name).expect("resource").lock(LockMode::Ex),
-    )
-    .await
-    .expect("lock after the crash");
-    let value = again.value();
-    assert_eq!(value.bytes, b"v1", "the value last written is kept");
-    assert!(
-        !value.valid,
-        "a PW or EX holder lost its lock in the crash: the value block must read not valid, got {value:?}"
-    );
-    drop(crashed);
-}
-
-/// EX, then down to PR (a block write that only clears the holder named:
-/// no wait for the disk on PostgreSQL), then up to EX again (names the
-/// holder where none was), then the crash.
-async fn a_crash_after_a_down_and_an_up_conversion_leaves_the_value_block_not_valid(db: Db) {
-    let client = crash_client(&db);
-    let session = crash_session(&client).await;
-    let name = "crash/convert";
-    written_v1(&session, name).await;
-    let mut held = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
-    held.convert(LockMode::Pr).await.expect("down to PR");
-    held.convert(LockMode::Ex).await.expect("up to EX");
-    assert!(held.value().valid, "valid before the crash");
-    crash_then_read_not_valid(db, &client, held, name).await;
-}
-
-/// Three EX holders in a row, each handing over to the next with the value
-/// as it was (two block writes that only move the holder named), then the
-/// crash with the third holding.
-async fn a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid(db: Db) {
-    let client = crash_client(&db);
-    let (a, b, c) = (
-        crash_session(&client).await,
-        crash_session(&client).await,
-        crash_session(&client).await,
-    );
-    let name = "crash/chain";
-    written_v1(&a, name).await;
-    let first = a
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
-    let waits = client.stats().waits;
-    let second = {
-        let resource = b.resource(name).expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
-    client.wait_for_stats(|s| s.waits > waits).await;
-    let third = {
-        let resource = c.resource(name).expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
-    client.wait_for_stats(|s| s.waits > waits + 1).await;
-    first.release().await.expect("release");
-    let second = bounded("the first hand-over", second)
-        .await
-        .expect("task")
-        .expect("lock");
-    second.release().await.expect("release");
-    let third = bounded("the second hand-over", third)
-        .await
-        .expect("task")
-        .expect("lock");
-    assert!(third.value().valid, "valid before the crash");
-    crash_then_read_not_valid(db, &client, third, name).await;
-}
-
-/// An EX holder that never wrote releases (the block's holder cleared, no
-/// wait for the disk), a PW holder is granted, then the crash.
-async fn a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_value_block_not_valid(db: Db) {
-    let client = crash_client(&db);
-    let session = crash_session(&client).await;
-    let name = "crash/pw";
-    written_v1(&session, name).await;
-    let quiet = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
-    quiet.release().await.expect("release");
-    let reader = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Pr)
-        .await
-        .expect("PR");
-    reader.release().await.expect("release");
-    let held = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Pw)
-        .await
-        .expect("PW");
-    assert!(held.value().valid, "valid before the crash");
-    crash_then_read_not_valid(db, &client, held, name).await;
-}
-
-/// A holder that wrote releases (a new value: waits for the disk), the
-/// next EX holder is granted by a hand-over of the same value, crash.
-async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_block_not_valid(db: Db) {
-    let client = crash_client(&db);
-    let (a, b) = (crash_session(&client).await, crash_session(&client).await);
-    let name = "crash/wrote";
-    let mut first = a
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
-    let waits = client.stats().waits;
-    let next = {
-        let resource = b.resource(name).expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
-    client.wait_for_stats(|s| s.waits > waits).await;
-    first.set_value(b"v1").expect("set the value");
-    first.release().await.expect("release");
-    let next = bounded("the hand-over", next).await.expect("task").expect("lock");
-    assert!(next.value().valid, "valid before the crash");
-    assert_eq!(next.value().bytes, b"v1");
-    crash_then_read_not_valid(db, &client, next, name).await;
 }
 
 /// An EX holder, and behind it waiters in every mode from sessions of
