@@ -25,12 +25,7 @@ async fn a_crash_right_after_an_ex_grant_leaves_the_value_block_not_valid(db: Db
     let client = crash_client(&db);
     let session = crash_session(&client).await;
     written_v1(&session, "crash/grant").await;
-    let held = session
-        .resource("crash/grant")
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock again");
+    let held = locked(&session, "crash/grant", LockMode::Ex).await;
     assert!(held.value().valid, "the value block after a release is valid");
     crash_and_restart_then_read_block(db, &client, held, "crash/grant").await;
 }
@@ -43,16 +38,8 @@ async fn a_crash_right_after_an_ex_hand_over_leaves_the_value_block_not_valid(db
     let client = crash_client(&db);
     let (a, b) = (crash_session(&client).await, crash_session(&client).await);
     written_v1(&a, "crash/hand-over").await;
-    let first = a
-        .resource("crash/hand-over")
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
-    let waiter = {
-        let resource = b.resource("crash/hand-over").expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
+    let first = locked(&a, "crash/hand-over", LockMode::Ex).await;
+    let waiter = waiting_for_ex(&b, "crash/hand-over");
     client.wait_for_stats(|s| s.waits >= 1).await;
     first.release().await.expect("release");
     let next = bounded("the hand-over", waiter).await.expect("task").expect("lock");
@@ -93,12 +80,7 @@ async fn crash_session(client: &Client) -> Session {
 
 /// An EX holder writes `v1` and releases: the block is valid, names nobody.
 async fn written_v1(session: &Session, name: &str) {
-    let mut first = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
+    let mut first = locked(session, name, LockMode::Ex).await;
     first.set_value(b"v1").expect("set the value");
     first.release().await.expect("release");
 }
@@ -111,12 +93,7 @@ async fn a_crash_after_a_down_and_an_up_conversion_leaves_the_value_block_not_va
     let session = crash_session(&client).await;
     let name = "crash/convert";
     written_v1(&session, name).await;
-    let mut held = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
+    let mut held = locked(&session, name, LockMode::Ex).await;
     held.convert(LockMode::Pr).await.expect("down to PR");
     held.convert(LockMode::Ex).await.expect("up to EX");
     assert!(held.value().valid, "valid before the crash");
@@ -135,22 +112,11 @@ async fn a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid(db
     );
     let name = "crash/chain";
     written_v1(&a, name).await;
-    let first = a
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
+    let first = locked(&a, name, LockMode::Ex).await;
     let waits = client.stats().waits;
-    let second = {
-        let resource = b.resource(name).expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
+    let second = waiting_for_ex(&b, name);
     client.wait_for_stats(|s| s.waits > waits).await;
-    let third = {
-        let resource = c.resource(name).expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
+    let third = waiting_for_ex(&c, name);
     client.wait_for_stats(|s| s.waits > waits + 1).await;
     first.release().await.expect("release");
     let second = bounded("the first hand-over", second)
@@ -173,26 +139,11 @@ async fn a_crash_after_a_pw_grant_behind_a_release_without_a_write_leaves_the_va
     let session = crash_session(&client).await;
     let name = "crash/pw";
     written_v1(&session, name).await;
-    let quiet = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
+    let quiet = locked(&session, name, LockMode::Ex).await;
     quiet.release().await.expect("release");
-    let reader = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Pr)
-        .await
-        .expect("PR");
+    let reader = locked(&session, name, LockMode::Pr).await;
     reader.release().await.expect("release");
-    let held = session
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Pw)
-        .await
-        .expect("PW");
+    let held = locked(&session, name, LockMode::Pw).await;
     assert!(held.value().valid, "valid before the crash");
     crash_and_restart_then_read_block(db, &client, held, name).await;
 }
@@ -203,17 +154,9 @@ async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_blo
     let client = crash_client(&db);
     let (a, b) = (crash_session(&client).await, crash_session(&client).await);
     let name = "crash/wrote";
-    let mut first = a
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
+    let mut first = locked(&a, name, LockMode::Ex).await;
     let waits = client.stats().waits;
-    let next = {
-        let resource = b.resource(name).expect("resource");
-        tokio::spawn(async move { resource.lock(LockMode::Ex).await })
-    };
+    let next = waiting_for_ex(&b, name);
     client.wait_for_stats(|s| s.waits > waits).await;
     first.set_value(b"v1").expect("set the value");
     first.release().await.expect("release");
@@ -221,4 +164,16 @@ async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_blo
     assert!(next.value().valid, "valid before the crash");
     assert_eq!(next.value().bytes, b"v1");
     crash_and_restart_then_read_block(db, &client, next, name).await;
+}
+
+/// `name` locked in `mode` by `session`.
+async fn locked(session: &Session, name: &str, mode: LockMode) -> lockline::ResourceGuard {
+    let resource = session.resource(name).expect("resource");
+    bounded("the lock", resource.lock(mode)).await.expect("lock")
+}
+
+/// A task of `session` waiting for `name` in EX.
+fn waiting_for_ex(session: &Session, name: &str) -> tokio::task::JoinHandle<lockline::Result<lockline::ResourceGuard>> {
+    let resource = session.resource(name).expect("resource");
+    tokio::spawn(async move { resource.lock(LockMode::Ex).await })
 }
