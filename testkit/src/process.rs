@@ -26,11 +26,7 @@ pub fn free_port() -> Result<u16> {
     static NEXT: OnceLock<Mutex<u16>> = OnceLock::new();
     let (low, high) = below_ephemeral();
     let span = high - low;
-    let next = NEXT.get_or_init(|| {
-        // Processes started together begin at different places.
-        let start = low + (std::process::id() % u32::from(span)) as u16;
-        Mutex::new(start)
-    });
+    let next = NEXT.get_or_init(|| Mutex::new(low + spread(std::process::id(), span)));
     let mut next = next.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for _ in 0..span {
         let port = *next;
@@ -40,6 +36,16 @@ pub fn free_port() -> Result<u16> {
         }
     }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Where a process with id `pid` starts taking ports, within `span`.
+/// Processes run side by side (test binaries launched one after another)
+/// have ids close together: started at `pid % span`, each would walk into
+/// the ports of the next, and take one that a server there has just let go
+/// of to restart on it. A multiplicative hash puts nearby ids far apart.
+fn spread(pid: u32, span: u16) -> u16 {
+    let hashed = (u64::from(pid).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % u64::from(span.max(1));
+    u16::try_from(hashed).unwrap_or(0)
 }
 
 /// The ports servers are given: from 10000 up to the start of the kernel's
@@ -438,4 +444,25 @@ pub(crate) fn exchange(port: u16, request: &[u8], timeout: Duration) -> Option<S
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     Some(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    /// Test binaries started one after another have ids a few apart: their
+    /// first ports must not be (each walks up from its first, and a
+    /// neighbour within reach would take the ports it restarts servers on).
+    #[test]
+    fn processes_with_nearby_ids_start_far_apart() {
+        let span = 22_768;
+        let starts: Vec<u16> = (16_300..16_340).map(|pid| spread(pid, span)).collect();
+        for (i, a) in starts.iter().enumerate() {
+            for b in &starts[i + 1..] {
+                let gap = a.abs_diff(*b).min(span - a.abs_diff(*b));
+                assert!(gap >= 64, "starts {a} and {b} are {gap} ports apart");
+            }
+            assert!(*a < span);
+        }
+    }
 }
