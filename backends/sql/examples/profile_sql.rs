@@ -12,6 +12,8 @@
 //! - the CPU time of the server's processes and of this (client) process,
 //!   and how many of the machine's cores each kept busy, with the target
 //!   beside them (lockline's server CPU per grant ≤ 6 × the named lock's);
+//! - on PostgreSQL, at the end, how many of the updates of lockline's tables
+//!   were HOT (heartbeats change no indexed column);
 //! - the server's statements with their calls per grant and the server's
 //!   own time per call (PostgreSQL: `pg_stat_statements`, preloaded on this
 //!   profiling server only; MariaDB: `performance_schema`'s statement
@@ -139,6 +141,25 @@ async fn main() -> BoxResult<()> {
                     statement.text, statement.per_grant, statement.mean_ms, statement.ms_per_grant
                 );
             }
+        }
+        if let support::Conn::Postgres(conn) = &mut side.conn {
+            // Heartbeats and lock-mode writes change no indexed column, so
+            // each can be a HOT update.
+            let tables: Vec<(String, i64, i64)> = sqlx::query_as(
+                "SELECT relname::text, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+                 WHERE relname LIKE 'lockline\\_%' AND n_tup_upd > 0 ORDER BY relname",
+            )
+            .fetch_all(conn)
+            .await?;
+            let hot: Vec<String> = tables
+                .iter()
+                .map(|(table, updates, hot)| format!("{table} {hot} of {updates}"))
+                .collect();
+            println!();
+            println!(
+                "HOT updates over the whole run (pg_stat_user_tables): {}",
+                hot.join(", ")
+            );
         }
     }
     Ok(())
