@@ -191,10 +191,23 @@ async fn stage(db: &Db, dir: &'static str) -> Stage {
 }
 
 impl Stage {
-    /// Gives notices let through a second to arrive: a watch that answered
-    /// by then must have answered what the entry holds (or `also`).
-    async fn answered_what_is_held(&self, watching: Watching, also: Option<&[u8]>) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    /// Returns once every notice the listening connection was sent so far
+    /// has been handed to the watchers: a write to a marker entry, sent
+    /// after them on the same connection, has answered its own watch.
+    async fn notices_delivered(&self, db: &Db) {
+        const MARKERS: &str = "attack/notice-marker";
+        let marker = append(&self.owner, MARKERS, b"start").await;
+        let before = db.locks().waiting;
+        let marked = watch_until(&self.watcher, &marker, b"start", |v| v != b"start");
+        waiting(db, before + 1).await;
+        write(&self.writer, MARKERS, &marker, Some(b"go")).await;
+        assert_eq!(woken(marked).await.as_deref(), Some(&b"go"[..]));
+    }
+
+    /// Once the notices let through have arrived, a watch that answered
+    /// must have answered what the entry holds (or `also`).
+    async fn answered_what_is_held(&self, db: &Db, watching: Watching, also: Option<&[u8]>) {
+        self.notices_delivered(db).await;
         let now = value_of(&read(&self.owner, self.dir).await, &self.entry);
         if watching.is_finished() {
             let answer = woken(watching).await;
@@ -228,7 +241,7 @@ async fn a_late_notice_of_an_older_write_does_not_answer_a_later_watch(db: Db) {
     let watching = watch_until(&s.watcher, &s.entry, &committed, |v| v.starts_with(b"wanted"));
     waiting(&db, before + 1).await;
     s.proxy.thaw_connection(s.listener);
-    s.answered_what_is_held(watching, None).await;
+    s.answered_what_is_held(&db, watching, None).await;
     s.keeper.abort();
 }
 
@@ -252,7 +265,7 @@ async fn held_notices_of_an_unwanted_then_a_wanted_write_answer_the_wanted(db: D
     s.proxy.thaw_connection(s.listener);
     // Woken by the wanted value: fine only if it answers what the entry
     // holds, or the wanted value it held.
-    s.answered_what_is_held(watching, Some(b"wanted-2")).await;
+    s.answered_what_is_held(&db, watching, Some(b"wanted-2")).await;
     s.keeper.abort();
 }
 
@@ -312,9 +325,8 @@ async fn a_long_value_written_by_another_session_answers_a_watch(db: Db) {
         let watching = watch_until(&watcher, &entry, &seen, |v| v.first() == Some(&b'w'));
         waiting(&db, 1).await;
         write(&writer, dir, &entry, Some(&unwanted)).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!watching.is_finished(), "an unwanted value of {len} bytes answered");
         write(&writer, dir, &entry, Some(&wanted)).await;
+        // An answer to the unwanted write would be that value.
         assert_eq!(woken(watching).await, Some(wanted), "the wanted value of {len} bytes");
     }
 }
