@@ -36,6 +36,60 @@ pub(crate) struct Heard {
     lost: bool,
     /// The attempt id a release named as now holding (`gone <attempt>`).
     head: Option<String>,
+    /// The queue a lock-mode hand-over left, as its message carried it
+    /// (`gone ~ <queue>`, see `UPDATE_QUEUE`), still packed.
+    queue: Option<Arc<[u8]>>,
+    /// The entry's value as the last message said it was written (`value
+    /// <version> <value>`), with its version, if that message was the last
+    /// one heard.
+    written: Option<(u64, Arc<[u8]>)>,
+}
+
+/// What one message on an entry's channel says (see `Heard`).
+#[derive(Default)]
+struct Message {
+    gone: bool,
+    lost: bool,
+    head: Option<String>,
+    queue: Option<Arc<[u8]>>,
+    written: Option<(u64, Arc<[u8]>)>,
+}
+
+impl Message {
+    /// `gone [<head>]`, `lost`, `gone ~ <queue>` (a lock-mode hand-over),
+    /// `value <version> <value>` (a lock-mode update's write), or anything
+    /// else (a change: look).
+    fn parse(payload: &[u8]) -> Message {
+        if let Some(queue) = payload.strip_prefix(b"gone ~ ") {
+            return Message {
+                gone: true,
+                queue: Some(Arc::from(queue)),
+                ..Message::default()
+            };
+        }
+        if let Some(rest) = payload.strip_prefix(b"value ") {
+            let written = rest.iter().position(|&b| b == b' ').and_then(|space| {
+                let version = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
+                Some((version, Arc::from(&rest[space + 1..])))
+            });
+            return Message {
+                written,
+                ..Message::default()
+            };
+        }
+        let payload = String::from_utf8_lossy(payload);
+        let mut words = payload.split(' ');
+        let word = words.next();
+        let lost = word == Some("lost");
+        let gone = lost || word == Some("gone");
+        let head = words.next().filter(|_| gone).map(str::to_owned);
+        Message {
+            gone,
+            lost,
+            head,
+            ..Message::default()
+        }
+    }
 }
 
 struct Channel {
@@ -96,6 +150,18 @@ impl Subscription {
     /// The attempt the release named as holding now, if it named one.
     pub(crate) fn announced_head(&self) -> Option<String> {
         self.messages.borrow().head.clone()
+    }
+
+    /// The queue, still packed, that a lock-mode hand-over's message said
+    /// it left, if one did.
+    pub(crate) fn handed_queue(&self) -> Option<Arc<[u8]>> {
+        self.messages.borrow().queue.clone()
+    }
+
+    /// The value the last message heard said was written, with its
+    /// version, if the last message said one.
+    pub(crate) fn written(&self) -> Option<(u64, Arc<[u8]>)> {
+        self.messages.borrow().written.clone()
     }
 
     /// Resolves on the next message on the channel, or when the connection
@@ -338,19 +404,21 @@ impl Hub {
                     let Some(message) = message else { return };
                     let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
                     if let Some(channel) = channels.get(message.get_channel_name()) {
-                        let payload = String::from_utf8_lossy(message.get_payload_bytes());
-                        let mut words = payload.split(' ');
-                        let word = words.next();
-                        let lost = word == Some("lost");
-                        let gone = lost || word == Some("gone");
-                        let head = words.next().filter(|_| gone).map(str::to_owned);
+                        let message = Message::parse(message.get_payload_bytes());
                         channel.messages.send_modify(|heard| {
                             heard.count += 1;
-                            heard.gone |= gone;
-                            heard.lost |= lost;
-                            if head.is_some() {
-                                heard.head = head;
+                            heard.gone |= message.gone;
+                            heard.lost |= message.lost;
+                            if message.head.is_some() {
+                                heard.head = message.head;
                             }
+                            if message.queue.is_some() {
+                                heard.queue = message.queue;
+                            }
+                            // Only while the last message is the one that
+                            // said it: a later write without it may have
+                            // changed the value again.
+                            heard.written = message.written;
                         });
                     }
                 }
@@ -376,6 +444,33 @@ impl Hub {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Message;
+
+    #[test]
+    fn a_message_says_gone_lost_a_head_a_queue_or_a_value() {
+        let gone = Message::parse(b"gone");
+        assert!(gone.gone && !gone.lost && gone.head.is_none() && gone.queue.is_none());
+        assert_eq!(Message::parse(b"gone next").head.as_deref(), Some("next"));
+        let lost = Message::parse(b"lost");
+        assert!(lost.gone && lost.lost);
+        let handed = Message::parse(b"gone ~ q1 0 0");
+        assert!(handed.gone && !handed.lost && handed.head.is_none());
+        assert_eq!(handed.queue.as_deref(), Some(&b"q1 0 0"[..]));
+        let written = Message::parse(b"value 12 granted EX, blocks PR");
+        assert!(!written.gone);
+        let (version, value) = written.written.expect("a value");
+        assert_eq!((version, &*value), (12, &b"granted EX, blocks PR"[..]));
+        // A write that did not say its value, or said it badly: a change
+        // to look at.
+        for payload in [&b"value"[..], b"value x y", b"value 12", b"other"] {
+            let message = Message::parse(payload);
+            assert!(!message.gone && message.written.is_none(), "{payload:?}");
         }
     }
 }

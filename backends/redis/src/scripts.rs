@@ -422,6 +422,10 @@ const READ_QUEUE: &str = r#"
 return queue_of(KEYS[1], ARGV[1], KEYS[2])
 "#;
 
+/// The longest queue a hand-over's message carries (see [`UPDATE_QUEUE`]):
+/// past it, the waiters it woke read the queue themselves.
+pub(crate) const HANDED_QUEUE_MAX: usize = 256;
+
 /// KEYS: queue, counter, the counter's epoch, the lock value block. ARGV:
 /// prefix, the caller's session id, `1` to write the block (`0`: leave
 /// it), the block, then four lists, each its length followed by its
@@ -435,11 +439,22 @@ return queue_of(KEYS[1], ARGV[1], KEYS[2])
 /// entry (its order), and every unchanged one at its version (`changed`,
 /// or its order when never set). Then takes the counter's next number
 /// (the token), sets each value with `changed` = the token and publishes
-/// `value` on that entry's channel only (its value watcher), deletes each
+/// `value <token> <value>` on that entry's channel only (its value
+/// watcher, which decides from it without a look), deletes each
 /// entry to delete with its member (publishing `gone` on its channel, or
 /// `lost`, with the entry marked lost, when another session owns it, as a
 /// removal does), and writes the block. Returns `{1, token}`, or `{0}`
 /// when a check failed.
+///
+/// A hand-over (an update that both sets values and deletes entries)
+/// says more on the channel of each entry it deleted: `gone ~ ` and the
+/// queue as it left it (`q1 <slots> `, then each slot's six fields of
+/// `READ_QUEUE` and the block, if any, after a `1`, each field as
+/// `<length>:<bytes>`; a `0` for no block), read after its writes in the
+/// same script, at most [`HANDED_QUEUE_MAX`] entries. The waiter it woke
+/// then decides without a read of its own. A client that knows only
+/// `gone` takes the word after it as a mutex's new head, which names no
+/// entry of its own.
 const UPDATE_QUEUE: &str = r#"
 local q, seq, epoch, block = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, me = ARGV[1], ARGV[2]
@@ -482,10 +497,11 @@ local token = next_number(seq, epoch, ARGV[#ARGV])
 i = sets
 while i < deletes - 1 do
   redis.call('HSET', prefix .. 'e:' .. ARGV[i], 'value', ARGV[i + 2], 'changed', token)
-  redis.call('PUBLISH', prefix .. 'c:' .. ARGV[i], 'value')
+  redis.call('PUBLISH', prefix .. 'c:' .. ARGV[i], 'value ' .. token .. ' ' .. ARGV[i + 2])
   i = i + 3
 end
 i = deletes
+local told = {}
 for k = 1, #owners do
   local attempt = ARGV[i]
   redis.call('DEL', prefix .. 'e:' .. attempt)
@@ -495,10 +511,32 @@ for k = 1, #owners do
     word = 'lost'
     mark_lost(prefix, attempt)
   end
-  redis.call('PUBLISH', prefix .. 'c:' .. attempt, word)
+  told[k] = {prefix .. 'c:' .. attempt, word}
   i = i + 2
 end
 if ARGV[3] == '1' then redis.call('SET', block, ARGV[4]) end
+local handed = nil
+if sets < deletes - 1 and #owners > 0 and redis.call('ZCARD', q) <= HANDED_QUEUE_MAX then
+  local read = queue_of(q, prefix, block)
+  local out = {'gone ~ q1 ', #read[1], ' '}
+  for s = 1, #read[1] do
+    for f = 1, 6 do
+      local field = read[1][s][f]
+      out[#out + 1] = #field .. ':' .. field
+    end
+  end
+  if read[2] then
+    out[#out + 1] = '1' .. #read[2] .. ':' .. read[2]
+  else
+    out[#out + 1] = '0'
+  end
+  handed = table.concat(out)
+end
+for k = 1, #told do
+  local word = told[k][2]
+  if word == 'gone' and handed then word = handed end
+  redis.call('PUBLISH', told[k][1], word)
+end
 return {1, token}
 "#;
 
@@ -549,7 +587,7 @@ impl Scripts {
             get_value: Script::new(GET_VALUE),
             write_if_held: Script::new(WRITE_IF_HELD),
             read_queue: with_common(READ_QUEUE),
-            update_queue: with_common(UPDATE_QUEUE),
+            update_queue: with_common(&UPDATE_QUEUE.replace("HANDED_QUEUE_MAX", &HANDED_QUEUE_MAX.to_string())),
         }
     }
 }

@@ -26,6 +26,7 @@ mod reply;
 mod shared;
 
 use reply::*;
+use shared::written_past;
 pub(crate) use shared::Shared;
 
 /// How long a waiter waits before looking again at a predecessor with no
@@ -62,6 +63,15 @@ const LOST_REMEMBERED: usize = 256;
 /// At most this many of the session's own entries found taken are
 /// remembered for `removed_by_me` (each is asked about at once).
 const TAKEN_LIMIT: usize = 1024;
+
+/// How long a queue a hand-over's message carried may answer the next read
+/// of that queue (see `Shared::take_handed`): the waiter it woke reads
+/// right after its wait.
+const HANDED_FOR: Duration = Duration::from_secs(1);
+
+/// How many locks' queues carried by hand-overs' messages a session keeps
+/// at once; past it they are dropped (each costing its waiter a read).
+const HANDED_KEPT: usize = 1024;
 
 /// What a look at an entry another session owns found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -517,9 +527,27 @@ impl BackendSession for RedisSession {
     async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         let (name, attempt) = self.name_of(entry)?;
         let shared = &self.shared;
+        // Before the subscription: a queue heard on it came after this.
+        let quiet = shared.quiet();
         let mut messages = shared.hub.subscribe(&layout::channel(name, attempt)).await?;
         let mut seen = seen.to_vec();
+        // The version of the last value a message carried, heard or not
+        // before this subscription: only a newer one is news.
+        let mut written = messages.written().map(|(version, _)| version);
+        let mut recheck_at = Instant::now();
+        let mut look = true;
         loop {
+            if !std::mem::replace(&mut look, true) {
+                tokio::select! {
+                    () = messages.changed() => {}
+                    () = tokio::time::sleep_until(recheck_at) => continue,
+                }
+                if let Some(gone) = shared.heard_gone(&messages, entry, name, quiet) {
+                    return gone;
+                }
+                look = !written_past(&messages, &mut written, &mut seen, wanted);
+                continue;
+            }
             let (value, left) = match shared.look_value(entry).await? {
                 Look::Live(value, left) => (value, left),
                 Look::Gone(Status::Lost) => {
@@ -542,26 +570,30 @@ impl BackendSession for RedisSession {
             } else {
                 no_ttl_recheck(&shared.options)
             };
+            recheck_at = Instant::now() + recheck;
             tokio::select! {
                 () = messages.changed() => {
-                    // Said only once the entry is deleted, and how: the
-                    // server's own word, no look needed.
-                    if messages.heard_gone() {
-                        if messages.heard_lost() {
-                            shared.note_lost(entry);
-                        } else {
-                            shared.note_released(entry);
-                        }
-                        return Ok(None);
+                    if let Some(gone) = shared.heard_gone(&messages, entry, name, quiet) {
+                        return gone;
                     }
+                    look = !written_past(&messages, &mut written, &mut seen, wanted);
                 }
-                () = tokio::time::sleep(recheck) => {}
+                () = tokio::time::sleep_until(recheck_at) => {}
             }
         }
     }
 
+    /// One script (see `READ_QUEUE`), or none right after a watch heard a
+    /// hand-over say what it left (see `Shared::take_handed`).
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
         let shared = &self.shared;
+        if let Some(queue) = shared
+            .take_handed(dir)
+            .and_then(|packed| queue_from_packed(dir, &packed))
+        {
+            return Ok(queue);
+        }
+        let _changing = shared.changing();
         let scripts = Arc::clone(&shared.scripts);
         let mut invocation = scripts.read_queue.key(layout::queue(dir));
         invocation.key(layout::block(dir)).arg(layout::prefix(dir));

@@ -109,9 +109,100 @@ pub(super) fn queue_from(name: &str, reply: &Value) -> Option<Queue> {
     Some(Queue { slots, block })
 }
 
+/// The queue a hand-over's message carried (see `UPDATE_QUEUE`): `q1
+/// <slots> `, then each slot's six fields as `READ_QUEUE` answers them and
+/// the block (`1` and the field, or `0`), each field `<length>:<bytes>`.
+pub(super) fn queue_from_packed(name: &str, packed: &[u8]) -> Option<Queue> {
+    fn field<'p>(rest: &mut &'p [u8]) -> Option<&'p [u8]> {
+        let colon = rest.iter().position(|&b| b == b':')?;
+        let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+        let bytes = rest.get(colon + 1..colon + 1 + len)?;
+        *rest = &rest[colon + 1 + len..];
+        Some(bytes)
+    }
+    let rest = packed.strip_prefix(b"q1 ")?;
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let count: usize = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
+    let mut rest = &rest[space + 1..];
+    let mut slots = Vec::with_capacity(count.min(crate::scripts::HANDED_QUEUE_MAX));
+    for _ in 0..count {
+        let mut fields = Vec::with_capacity(6);
+        for _ in 0..6 {
+            fields.push(Value::BulkString(field(&mut rest)?.to_vec()));
+        }
+        slots.push(slot_from(name, &Value::Array(fields))?);
+    }
+    let block = match rest.split_first()? {
+        (b'0', []) => None,
+        (b'1', mut tail) => {
+            let block = field(&mut tail)?.to_vec();
+            if !tail.is_empty() {
+                return None;
+            }
+            Some(block)
+        }
+        _ => return None,
+    };
+    Some(Queue { slots, block })
+}
+
 pub(super) fn conflicts_arg(conflicts: Conflicts) -> &'static str {
     match conflicts {
         Conflicts::Exclusive => "exclusive",
         _ => "all",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queue_from_packed;
+
+    fn packed(fields: &[&[u8]], block: Option<&[u8]>) -> Vec<u8> {
+        let mut out = format!("q1 {} ", fields.len() / 6).into_bytes();
+        for field in fields {
+            out.extend_from_slice(format!("{}:", field.len()).as_bytes());
+            out.extend_from_slice(field);
+        }
+        match block {
+            Some(block) => {
+                out.extend_from_slice(format!("1{}:", block.len()).as_bytes());
+                out.extend_from_slice(block);
+            }
+            None => out.push(b'0'),
+        }
+        out
+    }
+
+    const SLOT: [&[u8]; 6] = [b"next", b"lock mode", b"41", b"owner", b"granted: EX\n1:2", b"45"];
+
+    #[test]
+    fn a_packed_queue_reads_as_the_read_gives_it() {
+        let queue = queue_from_packed("n", &packed(&SLOT, Some(b"lvb1 0 1 0 0\n"))).expect("a queue");
+        assert_eq!(queue.slots.len(), 1);
+        let slot = &queue.slots[0];
+        assert_eq!(slot.entry.key, "{n}:e:next");
+        assert_eq!((slot.entry.order, slot.version, slot.changed), (41, 45, 45));
+        assert_eq!(slot.entry.owner.as_deref(), Some("owner"));
+        assert_eq!(slot.value, b"granted: EX\n1:2");
+        assert_eq!(queue.block.as_deref(), Some(&b"lvb1 0 1 0 0\n"[..]));
+        let empty = queue_from_packed("n", &packed(&[], None)).expect("a queue");
+        assert!(empty.slots.is_empty() && empty.block.is_none());
+    }
+
+    #[test]
+    fn a_packed_queue_cut_short_or_malformed_reads_as_none() {
+        let whole = packed(&SLOT, None);
+        for end in 0..whole.len() {
+            assert!(queue_from_packed("n", &whole[..end]).is_none(), "cut at {end}");
+        }
+        let mut longer = whole.clone();
+        longer.push(b'0');
+        assert!(queue_from_packed("n", &longer).is_none());
+        assert!(queue_from_packed("n", b"q1 2 0").is_none());
+        assert!(queue_from_packed("n", b"q2 0 0").is_none());
+        assert!(queue_from_packed("n", b"q1 0 199999999999999999999:").is_none());
+        let mut bad_order = SLOT;
+        bad_order[2] = b"forty-one";
+        assert!(queue_from_packed("n", &packed(&bad_order, None)).is_none());
     }
 }

@@ -29,6 +29,30 @@ pub(crate) struct Shared {
     /// This session's own entries (by entry key and order) that a removal
     /// found gone without a removal of theirs, for `removed_by_me`. Bounded.
     pub(super) taken: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
+    /// This session's changes of its queues (its writes, and its reads of
+    /// a lock-mode queue from the server): how many are in flight, and how
+    /// many began or ended so far. See [`take_handed`](Self::take_handed).
+    pub(super) changes: std::sync::Mutex<(u32, u64)>,
+    /// The queues hand-overs' messages carried (see `UPDATE_QUEUE`), by
+    /// lock name: when heard, the count of changes before the watch that
+    /// heard it subscribed, and the queue, still packed. Bounded.
+    pub(super) handed: std::sync::Mutex<HashMap<String, Handed>>,
+}
+
+/// A queue a hand-over's message carried: when heard, the count of changes
+/// before the watch that heard it subscribed, and the queue, still packed.
+pub(super) type Handed = (Instant, u64, Arc<[u8]>);
+
+/// A change of this session's queues in flight, counted until dropped
+/// (see [`Shared::changing`]).
+pub(super) struct Changing<'a>(&'a Shared);
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        let mut changes = self.0.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        changes.0 = changes.0.saturating_sub(1);
+        changes.1 += 1;
+    }
 }
 
 impl Shared {
@@ -55,7 +79,77 @@ impl Shared {
             heads: std::sync::Mutex::new(std::collections::HashSet::new()),
             lost: std::sync::Mutex::new(HashMap::new()),
             taken: std::sync::Mutex::new(std::collections::HashSet::new()),
+            changes: std::sync::Mutex::new((0, 0)),
+            handed: std::sync::Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether a message said the watched entry is gone, and how: the
+    /// server's own word, said only once it is deleted, no look needed
+    /// (`Some(Ok(None))`, the watch's answer). A hand-over's message may
+    /// also say what it left: the read the core makes next then needs no
+    /// request (see `Shared::take_handed`).
+    pub(super) fn heard_gone(
+        &self,
+        messages: &crate::hub::Subscription,
+        entry: &Entry,
+        name: &str,
+        quiet: Option<u64>,
+    ) -> Option<Result<Option<Vec<u8>>>> {
+        if !messages.heard_gone() {
+            return None;
+        }
+        let shared = self;
+        if messages.heard_lost() {
+            shared.note_lost(entry);
+        } else {
+            shared.note_released(entry);
+            if let (Some(quiet), Some(queue)) = (quiet, messages.handed_queue()) {
+                shared.keep_handed(name, quiet, queue);
+            }
+        }
+        Some(Ok(None))
+    }
+
+    /// Counts a change of this session's queues from now until the guard
+    /// is dropped.
+    pub(super) fn changing(&self) -> Changing<'_> {
+        let mut changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        changes.0 += 1;
+        changes.1 += 1;
+        Changing(self)
+    }
+
+    /// The count of changes so far, if none is in flight.
+    pub(super) fn quiet(&self) -> Option<u64> {
+        let changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        (changes.0 == 0).then_some(changes.1)
+    }
+
+    /// Keeps the queue a hand-over's message carried, heard by a watch
+    /// that subscribed when the count of changes was `quiet`.
+    pub(super) fn keep_handed(&self, name: &str, quiet: u64, queue: Arc<[u8]>) {
+        let mut handed = self.handed.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed.len() >= HANDED_KEPT && !handed.contains_key(name) {
+            handed.clear();
+        }
+        handed.insert(name.to_owned(), (Instant::now(), quiet, queue));
+    }
+
+    /// The queue of lock `name` a hand-over's message carried, taken once,
+    /// if heard within [`HANDED_FOR`] and this session changed none of its
+    /// queues, nor read one from the server, since before the watch that
+    /// heard it subscribed. Such a queue is then what a read would have
+    /// answered at the moment of the hand-over, which came after every
+    /// change this session made and before any it makes next: its reads of
+    /// a lock never go back in time and always show its own writes.
+    pub(super) fn take_handed(&self, name: &str) -> Option<Arc<[u8]>> {
+        let (at, quiet, queue) = self
+            .handed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name)?;
+        (at.elapsed() <= HANDED_FOR && self.quiet() == Some(quiet)).then_some(queue)
     }
 
     pub(super) fn ttl_ms(&self) -> u64 {
@@ -116,6 +210,7 @@ impl Shared {
         writes: bool,
         link: &mut Link,
     ) -> redis::RedisResult<(Value, Option<i64>)> {
+        let _changing = writes.then(|| self.changing());
         match self.acks.filter(|_| writes) {
             None => Ok((invocation.invoke_async::<Value>(link).await?, None)),
             Some(acks) => {
@@ -644,4 +739,29 @@ impl Shared {
             }
         }
     }
+}
+
+/// Whether the last message heard carried a newer value that `wanted`
+/// refuses (a lock-mode update's write, see `UPDATE_QUEUE`): it becomes
+/// the value seen and the wait goes on without a look. Any other
+/// message (a write that did not say its value, a reconnection) needs
+/// the look; so does a wanted value, which the look confirms.
+pub(super) fn written_past(
+    messages: &crate::hub::Subscription,
+    written: &mut Option<u64>,
+    seen: &mut Vec<u8>,
+    wanted: &Wanted,
+) -> bool {
+    let Some((version, value)) = messages.written() else {
+        return false;
+    };
+    if written.is_some_and(|known| version <= known) {
+        return false;
+    }
+    *written = Some(version);
+    if wanted(&value) {
+        return false;
+    }
+    *seen = value.to_vec();
+    true
 }

@@ -4,7 +4,8 @@
 //! entry's value (`watch_value`) or its going (`wait_gone`).
 //!
 //! Each case runs twice, as `node::<case>` and `cluster::<case>`, each on
-//! servers of its own.
+//! servers of its own. `messages` holds the cases of what an update's
+//! messages say (the value written, the queue a hand-over left).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,11 @@ use lockline::{Error, SessionOptions, SessionState};
 use lockline_redis::Redis;
 use lockline_testkit::{RedisCluster, RedisServer};
 
+#[path = "../support/mod.rs"]
 mod support;
+
+mod messages;
+use messages::*;
 
 /// The resource every case uses (each case has servers of its own).
 const DIR: &str = "modes/resource";
@@ -681,8 +686,9 @@ async fn watches_wake_on_the_entry_they_watch_only(fixture: &Fixture) {
         .expect("task")
         .expect("wait_gone");
 
-    // What the update published: one message on the set entry's channel,
-    // one on the deleted one's, none on the bystander's. A message of our
+    // What the update published: one message on the set entry's channel
+    // (with the value written), one on the deleted one's, none on the
+    // bystander's. A message of our
     // own, published on the same node after it, ends the count.
     let mut publish = redis::cmd("PUBLISH");
     publish.arg("{modes/resource}:c:end").arg("end");
@@ -699,12 +705,24 @@ async fn watches_wake_on_the_entry_they_watch_only(fixture: &Fixture) {
         }
     })
     .await;
+    // A hand-over's `gone` carries the queue it left (two entries; see
+    // `messages`), cut here to its first words.
+    let messages: Vec<(String, String)> = messages
+        .into_iter()
+        .map(|(channel, payload)| match payload.strip_prefix("gone ~ q1 2 ") {
+            Some(_) => (channel, "gone ~ q1 2".to_owned()),
+            None => (channel, payload),
+        })
+        .collect();
     assert_eq!(
         messages,
         vec![
-            ("{modes/resource}:c:holder".to_owned(), "value".to_owned()),
+            (
+                "{modes/resource}:c:holder".to_owned(),
+                format!("value {token} granted EX, blocks PR")
+            ),
             // Deleted by its own session: a release, not a loss.
-            ("{modes/resource}:c:waiter".to_owned(), "gone".to_owned()),
+            ("{modes/resource}:c:waiter".to_owned(), "gone ~ q1 2".to_owned()),
         ],
         "the update (token {token}) published on the set and deleted entries' channels only"
     );
@@ -825,4 +843,7 @@ on_node_and_cluster!(
     watches_wake_on_the_entry_they_watch_only,
     the_block_round_trips,
     other_primitives_work_on_lock_mode_entries,
+    a_hand_over_tells_its_waiters_the_queue_it_left,
+    a_queue_heard_is_not_used_after_a_change_of_the_session,
+    a_value_message_is_watched_past_without_a_look,
 );
