@@ -51,13 +51,7 @@ impl View {
                     })
                     .collect()
             }
-            None => (0..at)
-                .filter(|&j| {
-                    let other = self.slots[j].1;
-                    let held = other.granted.is_some_and(|g| !g.compatible(me.requested));
-                    held || !other.requested.compatible(me.requested)
-                })
-                .collect(),
+            None => (0..at).filter(|&j| request_waits_on(self.slots[j].1, me)).collect(),
         }
     }
 
@@ -146,18 +140,19 @@ impl View {
     /// itself after the departure. Only requests that wait to be granted
     /// ([`WAITS`]); conversions decide for themselves.
     pub(crate) fn handed_over(&self, at: usize) -> Vec<(usize, LockMode)> {
-        let mut rest = View {
-            slots: self.slots.clone(),
-            block: Block::default(),
-        };
-        rest.slots.remove(at);
+        // The states of the entries left (their slots are not needed).
+        let mut rest: Vec<State> = self.slots.iter().map(|(_, state)| *state).collect();
+        rest.remove(at);
         let mut granted = Vec::new();
-        for i in 0..rest.slots.len() {
-            let state = rest.slots[i].1;
-            if state.granted.is_some() || state.blocked & WAITS == 0 || !rest.blockers(i).is_empty() {
+        for i in 0..rest.len() {
+            let state = rest[i];
+            if state.granted.is_some()
+                || state.blocked & WAITS == 0
+                || rest[..i].iter().any(|&other| request_waits_on(other, state))
+            {
                 continue;
             }
-            rest.slots[i].1 = State::held(state.requested, 0);
+            rest[i] = State::held(state.requested, 0);
             granted.push((if i < at { i } else { i + 1 }, state.requested));
         }
         granted
@@ -174,4 +169,11 @@ impl View {
         };
         self.slots[..upto].iter().map(|(s, _)| (&s.entry, s.version)).collect()
     }
+}
+
+/// Whether a waiting request in state `me` waits on an earlier entry in
+/// state `other`: held in a mode, or asking for one, that `me`'s is not
+/// compatible with.
+fn request_waits_on(other: State, me: State) -> bool {
+    other.granted.is_some_and(|g| !g.compatible(me.requested)) || !other.requested.compatible(me.requested)
 }
