@@ -587,10 +587,7 @@ impl BackendSession for RedisSession {
     /// hand-over say what it left (see `Shared::take_handed`).
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
         let shared = &self.shared;
-        if let Some(queue) = shared
-            .take_handed(dir)
-            .and_then(|packed| queue_from_packed(dir, &packed))
-        {
+        if let Some(queue) = shared.take_handed(dir) {
             return Ok(queue);
         }
         let _changing = shared.changing();

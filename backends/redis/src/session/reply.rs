@@ -116,8 +116,9 @@ pub(super) fn queue_from_packed(name: &str, packed: &[u8]) -> Option<Queue> {
     fn field<'p>(rest: &mut &'p [u8]) -> Option<&'p [u8]> {
         let colon = rest.iter().position(|&b| b == b':')?;
         let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
-        let bytes = rest.get(colon + 1..colon + 1 + len)?;
-        *rest = &rest[colon + 1 + len..];
+        let end = colon.checked_add(1)?.checked_add(len)?;
+        let bytes = rest.get(colon + 1..end)?;
+        *rest = &rest[end..];
         Some(bytes)
     }
     let rest = packed.strip_prefix(b"q1 ")?;
@@ -201,6 +202,7 @@ mod tests {
         assert!(queue_from_packed("n", b"q1 2 0").is_none());
         assert!(queue_from_packed("n", b"q2 0 0").is_none());
         assert!(queue_from_packed("n", b"q1 0 199999999999999999999:").is_none());
+        assert!(queue_from_packed("n", b"q1 1 18446744073709551615:x").is_none());
         let mut bad_order = SLOT;
         bad_order[2] = b"forty-one";
         assert!(queue_from_packed("n", &packed(&bad_order, None)).is_none());

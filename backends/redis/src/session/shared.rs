@@ -34,14 +34,21 @@ pub(crate) struct Shared {
     /// many began or ended so far. See [`take_handed`](Self::take_handed).
     pub(super) changes: std::sync::Mutex<(u32, u64)>,
     /// The queues hand-overs' messages carried (see `UPDATE_QUEUE`), by
-    /// lock name: when heard, the count of changes before the watch that
-    /// heard it subscribed, and the queue, still packed. Bounded.
+    /// lock name, the newest heard of each. Bounded.
     pub(super) handed: std::sync::Mutex<HashMap<String, Handed>>,
 }
 
 /// A queue a hand-over's message carried: when heard, the count of changes
-/// before the watch that heard it subscribed, and the queue, still packed.
-pub(super) type Handed = (Instant, u64, Arc<[u8]>);
+/// before the watch that heard it subscribed, and the queue.
+pub(super) type Handed = (Instant, u64, Queue);
+
+/// How new a queue is: the highest `changed` of its entries. A hand-over
+/// sets at least one entry, whose `changed` becomes its token, above every
+/// number the lock's counter gave before: of two hand-overs' queues, the
+/// later one's is higher.
+fn newness(queue: &Queue) -> u64 {
+    queue.slots.iter().map(|slot| slot.changed).max().unwrap_or(0)
+}
 
 /// A change of this session's queues in flight, counted until dropped
 /// (see [`Shared::changing`]).
@@ -104,7 +111,10 @@ impl Shared {
             shared.note_lost(entry);
         } else {
             shared.note_released(entry);
-            if let (Some(quiet), Some(queue)) = (quiet, messages.handed_queue()) {
+            let handed = messages
+                .handed_queue()
+                .and_then(|packed| queue_from_packed(name, &packed));
+            if let (Some(quiet), Some(queue)) = (quiet, handed) {
                 shared.keep_handed(name, quiet, queue);
             }
         }
@@ -127,11 +137,19 @@ impl Shared {
     }
 
     /// Keeps the queue a hand-over's message carried, heard by a watch
-    /// that subscribed when the count of changes was `quiet`.
-    pub(super) fn keep_handed(&self, name: &str, quiet: u64, queue: Arc<[u8]>) {
+    /// that subscribed when the count of changes was `quiet`, unless one
+    /// of a later hand-over of that lock is kept already (two watches of
+    /// this session may hear two hand-overs and end in either order).
+    pub(super) fn keep_handed(&self, name: &str, quiet: u64, queue: Queue) {
         let mut handed = self.handed.lock().unwrap_or_else(PoisonError::into_inner);
         if handed.len() >= HANDED_KEPT && !handed.contains_key(name) {
             handed.clear();
+        }
+        if handed
+            .get(name)
+            .is_some_and(|(_, _, kept)| newness(kept) > newness(&queue))
+        {
+            return;
         }
         handed.insert(name.to_owned(), (Instant::now(), quiet, queue));
     }
@@ -143,13 +161,18 @@ impl Shared {
     /// answered at the moment of the hand-over, which came after every
     /// change this session made and before any it makes next: its reads of
     /// a lock never go back in time and always show its own writes.
-    pub(super) fn take_handed(&self, name: &str) -> Option<Arc<[u8]>> {
+    ///
+    /// Taking one counts as a read: a queue heard by a watch that began
+    /// before it, and kept after it, may be older, and is not used.
+    pub(super) fn take_handed(&self, name: &str) -> Option<Queue> {
         let (at, quiet, queue) = self
             .handed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name)?;
-        (at.elapsed() <= HANDED_FOR && self.quiet() == Some(quiet)).then_some(queue)
+        let fresh = at.elapsed() <= HANDED_FOR && self.quiet() == Some(quiet);
+        drop(self.changing());
+        fresh.then_some(queue)
     }
 
     pub(super) fn ttl_ms(&self) -> u64 {

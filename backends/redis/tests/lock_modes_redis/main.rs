@@ -846,4 +846,6 @@ on_node_and_cluster!(
     a_hand_over_tells_its_waiters_the_queue_it_left,
     a_queue_heard_is_not_used_after_a_change_of_the_session,
     a_value_message_is_watched_past_without_a_look,
+    an_older_hand_over_heard_last_is_not_read,
+    an_older_hand_over_heard_last_is_not_kept,
 );

@@ -141,7 +141,103 @@ pub(super) async fn a_value_message_is_watched_past_without_a_look(fixture: &Fix
     );
 }
 
+/// Two watches of one session on one lock hear two hand-overs, and the
+/// one that heard the older ends last: the session's reads still never go
+/// back to the older queue (the first read, answered from the newer
+/// hand-over's message, counts as a read; the older queue, kept after it,
+/// is not used).
+pub(super) async fn an_older_hand_over_heard_last_is_not_read(fixture: &Fixture) {
+    two_hand_overs_heard(fixture, true).await;
+}
+
+/// As above, with no read between the two watches' ends: the newer
+/// hand-over's queue, kept first, stays kept, and the read answers it.
+pub(super) async fn an_older_hand_over_heard_last_is_not_kept(fixture: &Fixture) {
+    two_hand_overs_heard(fixture, false).await;
+}
+
+async fn two_hand_overs_heard(fixture: &Fixture, read_between: bool) {
+    let ttl = Duration::from_secs(120);
+    let (a, b, c) = (
+        fixture.open(ttl).await,
+        fixture.open(ttl).await,
+        fixture.open(ttl).await,
+    );
+    let first_held = append(&a, "x1", b"held 1").await;
+    let second_held = append(&a, "x2", b"held 2").await;
+    let first_next = append(&b, "n1", b"waiting 1").await;
+    let second_next = append(&b, "n2", b"waiting 2").await;
+    let never = |_: &[u8]| false;
+    // The first watch subscribes and makes its look, then is left unpolled
+    // until the end: it hears the first hand-over, and acts on it last.
+    let looks = fixture.scripts_run().await;
+    let mut first_watch = Box::pin(b.watch_value_until(&first_held, b"held 1", &never));
+    tokio::select! {
+        early = &mut first_watch => panic!("the first watch ended early: {early:?}"),
+        () = async {
+            fixture.subscribed("{modes/resource}:c:x1", 1).await;
+            fixture.scripts_reach(looks + 1).await;
+        } => {}
+    }
+    let looks = fixture.scripts_run().await;
+    let second_watch = {
+        let (b, held) = (Arc::clone(&b), second_held.clone());
+        tokio::spawn(async move { b.watch_value_until(&held, b"held 2", &|_| false).await })
+    };
+    fixture.subscribed("{modes/resource}:c:x2", 1).await;
+    fixture.scripts_reach(looks + 1).await;
+    for (held, next, value) in [
+        (&first_held, &first_next, &b"granted 1"[..]),
+        (&second_held, &second_next, b"granted 2"),
+    ] {
+        let before = read(&c).await;
+        let granted = [(next, value)];
+        let unchanged = [(next, slot(&before, next).version)];
+        let hand_over = QueueUpdate {
+            dir: DIR,
+            unchanged: &unchanged,
+            present: &[held],
+            set: &granted,
+            delete: &[held],
+            block: None,
+        };
+        update(&a, &hand_over).await.expect("handed over");
+    }
+    let heard = bounded("the second holder goes", second_watch)
+        .await
+        .expect("join")
+        .expect("watch");
+    assert_eq!(heard, None);
+    let newest = read(&c).await;
+    if read_between {
+        assert_eq!(read(&b).await, newest, "the second hand-over's queue");
+    }
+    let heard = bounded("the first holder goes", first_watch).await.expect("watch");
+    assert_eq!(heard, None);
+    // One more entry, by another session: a read from the server shows it,
+    // a hand-over's queue does not.
+    append(&c, "later", b"waiting 3").await;
+    let told = read(&b).await;
+    if read_between {
+        assert_eq!(told, read(&c).await, "read from the server");
+    } else {
+        assert_eq!(told, newest, "the second hand-over's queue, not the first's");
+    }
+}
+
 impl Fixture {
+    /// Waits until the servers have run `count` scripts in all (see
+    /// [`scripts_run`](Self::scripts_run)). The server is another process,
+    /// with no event to await: look every 10 ms.
+    async fn scripts_reach(&self, count: u64) {
+        bounded("the scripts", async {
+            while self.scripts_run().await < count {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+
     /// How many scripts the servers ran so far (`EVALSHA` calls in `INFO
     /// commandstats`, summed over the nodes).
     async fn scripts_run(&self) -> u64 {
