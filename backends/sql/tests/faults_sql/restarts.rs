@@ -285,9 +285,12 @@ async fn a_second_restart_in_a_grace_keeps_the_longer_grace(db: Db) {
         .expect("a session between the restarts");
     let_the_start_age(&db).await;
     let db = crash_and_restart(db).await;
-    let after = bounded("a session after the second restart", near.session_with(after_restart(2000)))
-        .await
-        .expect("a session after the second restart");
+    let after = bounded(
+        "a session after the second restart",
+        near.session_with(after_restart(2000)),
+    )
+    .await
+    .expect("a session after the second restart");
     let guard = granted_after_the_old_holder_heard(&after, "twice", lost, "a second restart").await;
     guard.release().await.expect("release");
     after.close().await.expect("close");
