@@ -72,6 +72,19 @@ impl Fixture {
             .expect("session")
     }
 
+    /// Three sessions whose TTLs are far beyond a case's bound: only
+    /// messages wake their waits.
+    async fn three_sessions(
+        &self,
+    ) -> (
+        Arc<dyn BackendSession>,
+        Arc<dyn BackendSession>,
+        Arc<dyn BackendSession>,
+    ) {
+        let ttl = Duration::from_secs(120);
+        (self.open(ttl).await, self.open(ttl).await, self.open(ttl).await)
+    }
+
     /// Runs one command on the node that holds `key`.
     async fn query<T: redis::FromRedisValue>(&self, key: &str, cmd: &redis::Cmd) -> T {
         let mut side = support::side(&self.owner_of(key).await).await;
@@ -144,6 +157,58 @@ async fn update(session: &Arc<dyn BackendSession>, update: &QueueUpdate<'_>) -> 
     bounded("update the queue", session.update_queue(update))
         .await
         .expect("update the queue")
+}
+
+/// A watch of `held` (an entry whose key ends in `held`, at the value
+/// `start`) by `session` that wants a value starting with `wanted`,
+/// subscribed before this returns.
+async fn watch_for_wanted(
+    fixture: &Fixture,
+    session: &Arc<dyn BackendSession>,
+    held: &Entry,
+) -> tokio::task::JoinHandle<lockline::Result<Option<Vec<u8>>>> {
+    let watching = {
+        let (session, held) = (Arc::clone(session), held.clone());
+        tokio::spawn(async move {
+            session
+                .watch_value_until(&held, b"start", &|v| v.starts_with(b"wanted"))
+                .await
+        })
+    };
+    fixture.subscribed("{modes/resource}:c:held", 1).await;
+    watching
+}
+
+/// Sets `held` to two values a [`watch_for_wanted`] does not want, then
+/// to one it wants, and waits for the watch to answer that one.
+async fn two_unwanted_then_wanted(
+    session: &Arc<dyn BackendSession>,
+    held: &Entry,
+    watching: tokio::task::JoinHandle<lockline::Result<Option<Vec<u8>>>>,
+) {
+    for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
+        set_by_update(session, held, value).await;
+    }
+    let heard = bounded("the wanted value", watching)
+        .await
+        .expect("join")
+        .expect("watch");
+    assert_eq!(heard.as_deref(), Some(&b"wanted"[..]));
+}
+
+/// Sets `entry`'s value by an update of `session` (the entry present, at
+/// any version).
+async fn set_by_update(session: &Arc<dyn BackendSession>, entry: &Entry, value: &[u8]) {
+    let values = [(entry, value)];
+    let change = QueueUpdate {
+        dir: DIR,
+        unchanged: &[],
+        present: &[entry],
+        set: &values,
+        delete: &[],
+        block: None,
+    };
+    update(session, &change).await.expect("applied");
 }
 
 fn slot<'a>(queue: &'a Queue, entry: &Entry) -> &'a Slot {
@@ -228,44 +293,15 @@ async fn a_value_watch_until_watches_past_unwanted_values(fixture: &Fixture) {
     let ttl = Duration::from_secs(120);
     let (a, b) = (fixture.open(ttl).await, fixture.open(ttl).await);
     let held = append(&a, "held", b"start").await;
-    let watching = {
-        let (b, held) = (Arc::clone(&b), held.clone());
-        tokio::spawn(async move {
-            b.watch_value_until(&held, b"start", &|v| v.starts_with(b"wanted"))
-                .await
-        })
-    };
-    fixture.subscribed("{modes/resource}:c:held", 1).await;
-    let set = |value: &'static [u8]| {
-        let (a, held) = (Arc::clone(&a), held.clone());
-        async move {
-            let values = [(&held, value)];
-            let change = QueueUpdate {
-                dir: DIR,
-                unchanged: &[],
-                present: &[&held],
-                set: &values,
-                delete: &[],
-                block: None,
-            };
-            update(&a, &change).await.expect("applied");
-        }
-    };
-    for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
-        set(value).await;
-    }
-    let heard = bounded("the wanted value", watching)
-        .await
-        .expect("join")
-        .expect("watch");
-    assert_eq!(heard.as_deref(), Some(&b"wanted"[..]));
+    let watching = watch_for_wanted(fixture, &b, &held).await;
+    two_unwanted_then_wanted(&a, &held, watching).await;
 
     let watching = {
         let (b, held) = (Arc::clone(&b), held.clone());
         tokio::spawn(async move { b.watch_value_until(&held, b"wanted", &|_| false).await })
     };
     fixture.subscribed("{modes/resource}:c:held", 1).await;
-    set(b"other").await;
+    set_by_update(&a, &held, b"other").await;
     let gone = QueueUpdate {
         dir: DIR,
         unchanged: &[],
@@ -617,12 +653,7 @@ async fn a_set_entry_keeps_its_owner_and_its_ttl(fixture: &Fixture) {
 /// entries it set or deleted: one message each.
 async fn watches_wake_on_the_entry_they_watch_only(fixture: &Fixture) {
     // TTLs far beyond the case's bound: only the messages can wake.
-    let ttl = Duration::from_secs(120);
-    let (a, b, c) = (
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-    );
+    let (a, b, c) = fixture.three_sessions().await;
     let holder = append(&b, "holder", b"granted EX").await;
     let waiter = append(&a, "waiter", b"waiting PR").await;
     let bystander = append(&c, "bystander", b"waiting NL").await;

@@ -11,36 +11,12 @@ use super::*;
 /// hand-over (a later change by another session is not in it), once; the
 /// read after that goes to the server.
 pub(super) async fn a_hand_over_tells_its_waiters_the_queue_it_left(fixture: &Fixture) {
-    let ttl = Duration::from_secs(120);
-    let (a, b, c) = (
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-    );
+    let (a, b, c) = fixture.three_sessions().await;
     let held = append(&a, "held", b"held EX").await;
     let next = append(&b, "next", b"waiting EX").await;
-    let before = read(&c).await;
-    let watching = {
-        let (b, held) = (Arc::clone(&b), held.clone());
-        tokio::spawn(async move { b.watch_value_until(&held, b"held EX", &|_| false).await })
-    };
-    fixture.subscribed("{modes/resource}:c:held", 1).await;
-    let granted = [(&next, &b"granted EX"[..])];
-    let unchanged = [(&next, slot(&before, &next).version)];
-    let hand_over = QueueUpdate {
-        dir: DIR,
-        unchanged: &unchanged,
-        present: &[&held],
-        set: &granted,
-        delete: &[&held],
-        block: Some(b"left by the hand-over"),
-    };
-    update(&a, &hand_over).await.expect("handed over");
-    let heard = bounded("the holder goes", watching)
-        .await
-        .expect("join")
-        .expect("watch");
-    assert_eq!(heard, None);
+    let watching = watch_until_gone(fixture, &b, &held, b"held EX").await;
+    hand_over(&a, &c, &held, &next, Some(b"left by the hand-over")).await;
+    goes(watching).await;
     let after = read(&c).await;
     let later = append(&c, "later", b"waiting EX").await;
 
@@ -56,38 +32,14 @@ pub(super) async fn a_hand_over_tells_its_waiters_the_queue_it_left(fixture: &Fi
 /// own session changed a queue after its watch began: that change may be
 /// missing from it. The read goes to the server.
 pub(super) async fn a_queue_heard_is_not_used_after_a_change_of_the_session(fixture: &Fixture) {
-    let ttl = Duration::from_secs(120);
-    let (a, b, c) = (
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-    );
+    let (a, b, c) = fixture.three_sessions().await;
     let held = append(&a, "held", b"held EX").await;
     let next = append(&b, "next", b"waiting EX").await;
-    let watching = {
-        let (b, held) = (Arc::clone(&b), held.clone());
-        tokio::spawn(async move { b.watch_value_until(&held, b"held EX", &|_| false).await })
-    };
-    fixture.subscribed("{modes/resource}:c:held", 1).await;
+    let watching = watch_until_gone(fixture, &b, &held, b"held EX").await;
     // A write of the waiter's session while it watches.
     let own = append(&b, "own", b"waiting PR").await;
-    let before = read(&c).await;
-    let granted = [(&next, &b"granted EX"[..])];
-    let unchanged = [(&next, slot(&before, &next).version)];
-    let hand_over = QueueUpdate {
-        dir: DIR,
-        unchanged: &unchanged,
-        present: &[&held],
-        set: &granted,
-        delete: &[&held],
-        block: None,
-    };
-    update(&a, &hand_over).await.expect("handed over");
-    let heard = bounded("the holder goes", watching)
-        .await
-        .expect("join")
-        .expect("watch");
-    assert_eq!(heard, None);
+    hand_over(&a, &c, &held, &next, None).await;
+    goes(watching).await;
     let later = append(&c, "later", b"waiting EX").await;
     assert_eq!(entries(&read(&b).await), vec![next, own, later], "read from the server");
 }
@@ -100,40 +52,11 @@ pub(super) async fn a_value_message_is_watched_past_without_a_look(fixture: &Fix
     let ttl = Duration::from_secs(120);
     let (a, b) = (fixture.open(ttl).await, fixture.open(ttl).await);
     let held = append(&a, "held", b"start").await;
-    let set = |value: &'static [u8]| {
-        let (a, held) = (Arc::clone(&a), held.clone());
-        async move {
-            let values = [(&held, value)];
-            let change = QueueUpdate {
-                dir: DIR,
-                unchanged: &[],
-                present: &[&held],
-                set: &values,
-                delete: &[],
-                block: None,
-            };
-            update(&a, &change).await.expect("applied");
-        }
-    };
     // Every script the case counts has run once already (loaded).
-    set(b"start").await;
-    let watching = {
-        let (b, held) = (Arc::clone(&b), held.clone());
-        tokio::spawn(async move {
-            b.watch_value_until(&held, b"start", &|v| v.starts_with(b"wanted"))
-                .await
-        })
-    };
-    fixture.subscribed("{modes/resource}:c:held", 1).await;
+    set_by_update(&a, &held, b"start").await;
+    let watching = watch_for_wanted(fixture, &b, &held).await;
     let scripts_before = fixture.scripts_run().await;
-    for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
-        set(value).await;
-    }
-    let heard = bounded("the wanted value", watching)
-        .await
-        .expect("join")
-        .expect("watch");
-    assert_eq!(heard.as_deref(), Some(&b"wanted"[..]));
+    two_unwanted_then_wanted(&a, &held, watching).await;
     assert_eq!(
         fixture.scripts_run().await - scripts_before,
         4,
@@ -157,12 +80,7 @@ pub(super) async fn an_older_hand_over_heard_last_is_not_kept(fixture: &Fixture)
 }
 
 async fn two_hand_overs_heard(fixture: &Fixture, read_between: bool) {
-    let ttl = Duration::from_secs(120);
-    let (a, b, c) = (
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-        fixture.open(ttl).await,
-    );
+    let (a, b, c) = fixture.three_sessions().await;
     let first_held = append(&a, "x1", b"held 1").await;
     let second_held = append(&a, "x2", b"held 2").await;
     let first_next = append(&b, "n1", b"waiting 1").await;
@@ -180,29 +98,10 @@ async fn two_hand_overs_heard(fixture: &Fixture, read_between: bool) {
         } => {}
     }
     let looks = fixture.scripts_run().await;
-    let second_watch = {
-        let (b, held) = (Arc::clone(&b), second_held.clone());
-        tokio::spawn(async move { b.watch_value_until(&held, b"held 2", &|_| false).await })
-    };
-    fixture.subscribed("{modes/resource}:c:x2", 1).await;
+    let second_watch = watch_until_gone(fixture, &b, &second_held, b"held 2").await;
     fixture.scripts_reach(looks + 1).await;
-    for (held, next, value) in [
-        (&first_held, &first_next, &b"granted 1"[..]),
-        (&second_held, &second_next, b"granted 2"),
-    ] {
-        let before = read(&c).await;
-        let granted = [(next, value)];
-        let unchanged = [(next, slot(&before, next).version)];
-        let hand_over = QueueUpdate {
-            dir: DIR,
-            unchanged: &unchanged,
-            present: &[held],
-            set: &granted,
-            delete: &[held],
-            block: None,
-        };
-        update(&a, &hand_over).await.expect("handed over");
-    }
+    hand_over(&a, &c, &first_held, &first_next, None).await;
+    hand_over(&a, &c, &second_held, &second_next, None).await;
     let heard = bounded("the second holder goes", second_watch)
         .await
         .expect("join")
@@ -223,6 +122,55 @@ async fn two_hand_overs_heard(fixture: &Fixture, read_between: bool) {
     } else {
         assert_eq!(told, newest, "the second hand-over's queue, not the first's");
     }
+}
+
+/// A watch of `held` by `session` that ends once it goes (no value is
+/// wanted), subscribed before this returns.
+async fn watch_until_gone(
+    fixture: &Fixture,
+    session: &Arc<dyn BackendSession>,
+    held: &Entry,
+    seen: &'static [u8],
+) -> tokio::task::JoinHandle<lockline::Result<Option<Vec<u8>>>> {
+    let watching = {
+        let (session, held) = (Arc::clone(session), held.clone());
+        tokio::spawn(async move { session.watch_value_until(&held, seen, &|_| false).await })
+    };
+    let attempt = held.key.rsplit(':').next().expect("an attempt");
+    fixture.subscribed(&format!("{{modes/resource}}:c:{attempt}"), 1).await;
+    watching
+}
+
+/// `held` hands over to `next` by an update of `session`: `next` granted
+/// at its version as `reader` reads it, `held` deleted, `block` written.
+async fn hand_over(
+    session: &Arc<dyn BackendSession>,
+    reader: &Arc<dyn BackendSession>,
+    held: &Entry,
+    next: &Entry,
+    block: Option<&[u8]>,
+) {
+    let before = read(reader).await;
+    let granted = [(next, &b"granted EX"[..])];
+    let unchanged = [(next, slot(&before, next).version)];
+    let hand_over = QueueUpdate {
+        dir: DIR,
+        unchanged: &unchanged,
+        present: &[held],
+        set: &granted,
+        delete: &[held],
+        block,
+    };
+    update(session, &hand_over).await.expect("handed over");
+}
+
+/// Waits for a watch of [`watch_until_gone`] to end with its entry gone.
+async fn goes(watching: tokio::task::JoinHandle<lockline::Result<Option<Vec<u8>>>>) {
+    let heard = bounded("the holder goes", watching)
+        .await
+        .expect("join")
+        .expect("watch");
+    assert_eq!(heard, None);
 }
 
 impl Fixture {
