@@ -110,7 +110,7 @@ async fn a_step_of_the_database_clock_does_not_shorten_the_restart_grace(db: Db)
     let db = crash_and_restart(db).await;
     let near = Client::new(Sql::new(db.url()));
     // The first session after the restart begins the grace.
-    let opener = bounded("a first session", near.session_with(after_restart(3000)))
+    let opener = bounded("a first session", near.session_with(options(3000)))
         .await
         .expect("a first session");
     let step = if db.is_postgres() {
@@ -220,7 +220,7 @@ async fn mariadb_tells_a_restart_its_start_cannot_tell() {
          (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME')",
     );
     let near = Client::new(Sql::new(db.url()));
-    let fresh = bounded("a new session", near.session_with(after_restart(3000)))
+    let fresh = bounded("a new session", near.session_with(options(3000)))
         .await
         .expect("a new session");
     let guard = granted_after_the_old_holder_heard(&fresh, "marked", lost, "a restart").await;
@@ -280,17 +280,14 @@ async fn a_second_restart_in_a_grace_keeps_the_longer_grace(db: Db) {
     let (proxy, holder, lost) = silent_holder(&db, Sql::new, 12_000, "twice").await;
     let db = crash_and_restart(db).await;
     let near = Client::new(Sql::new(db.url()));
-    let between = bounded("a session between the restarts", near.session_with(after_restart(2000)))
+    let between = bounded("a session between the restarts", near.session_with(options(2000)))
         .await
         .expect("a session between the restarts");
     let_the_start_age(&db).await;
     let db = crash_and_restart(db).await;
-    let after = bounded(
-        "a session after the second restart",
-        near.session_with(after_restart(2000)),
-    )
-    .await
-    .expect("a session after the second restart");
+    let after = bounded("a session after the second restart", near.session_with(options(2000)))
+        .await
+        .expect("a session after the second restart");
     let guard = granted_after_the_old_holder_heard(&after, "twice", lost, "a second restart").await;
     guard.release().await.expect("release");
     after.close().await.expect("close");
@@ -311,7 +308,7 @@ async fn restart_beside_a_silent_holder(db: Db, sql: impl Fn(String) -> Sql) -> 
     let db = crash_and_restart(db).await;
     let back_at = Instant::now();
     let near = Client::new(sql(url));
-    let fresh = bounded("a new session", near.session_with(after_restart(3000)))
+    let fresh = bounded("a new session", near.session_with(options(3000)))
         .await
         .expect("a new session");
     let guard = bounded(
@@ -328,11 +325,4 @@ async fn restart_beside_a_silent_holder(db: Db, sql: impl Fn(String) -> Sql) -> 
     drop(holder);
     drop(db);
     (lost_at, granted_at, back_at)
-}
-
-/// The options of a session opened right after a crash and restart: it
-/// waits for the database's recovery, which a loaded machine may stretch
-/// past the usual connect timeout.
-fn after_restart(ttl_ms: u64) -> lockline::SessionOptions {
-    options(ttl_ms).with_connect_timeout(Duration::from_secs(15))
 }
