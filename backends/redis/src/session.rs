@@ -535,42 +535,35 @@ impl BackendSession for RedisSession {
         // before this subscription: only a newer one is news.
         let mut written = messages.written().map(|(version, _)| version);
         let mut recheck_at = Instant::now();
+        // Whether the next wait needs a look first: not after a message
+        // that carried a newer value the watcher does not want.
         let mut look = true;
         loop {
-            if !std::mem::replace(&mut look, true) {
-                tokio::select! {
-                    () = messages.changed() => {}
-                    () = tokio::time::sleep_until(recheck_at) => continue,
+            if look {
+                let (value, left) = match shared.look_value(entry).await? {
+                    Look::Live(value, left) => (value, left),
+                    Look::Gone(Status::Lost) => {
+                        shared.note_lost(entry);
+                        return Ok(None);
+                    }
+                    Look::Gone(_) => {
+                        shared.note_released(entry);
+                        return Ok(None);
+                    }
+                };
+                if value != seen {
+                    if wanted(&value) {
+                        return Ok(Some(value));
+                    }
+                    seen = value;
                 }
-                if let Some(gone) = shared.heard_gone(&messages, entry, name, quiet) {
-                    return gone;
-                }
-                look = !written_past(&messages, &mut written, &mut seen, wanted);
-                continue;
+                let recheck = if left >= 0 {
+                    Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
+                } else {
+                    no_ttl_recheck(&shared.options)
+                };
+                recheck_at = Instant::now() + recheck;
             }
-            let (value, left) = match shared.look_value(entry).await? {
-                Look::Live(value, left) => (value, left),
-                Look::Gone(Status::Lost) => {
-                    shared.note_lost(entry);
-                    return Ok(None);
-                }
-                Look::Gone(_) => {
-                    shared.note_released(entry);
-                    return Ok(None);
-                }
-            };
-            if value != seen {
-                if wanted(&value) {
-                    return Ok(Some(value));
-                }
-                seen = value;
-            }
-            let recheck = if left >= 0 {
-                Duration::from_millis(left.unsigned_abs()) + EXPIRY_SLACK
-            } else {
-                no_ttl_recheck(&shared.options)
-            };
-            recheck_at = Instant::now() + recheck;
             tokio::select! {
                 () = messages.changed() => {
                     if let Some(gone) = shared.heard_gone(&messages, entry, name, quiet) {
@@ -578,7 +571,7 @@ impl BackendSession for RedisSession {
                     }
                     look = !written_past(&messages, &mut written, &mut seen, wanted);
                 }
-                () = tokio::time::sleep_until(recheck_at) => {}
+                () = tokio::time::sleep_until(recheck_at) => look = true,
             }
         }
     }

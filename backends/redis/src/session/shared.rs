@@ -106,16 +106,15 @@ impl Shared {
         if !messages.heard_gone() {
             return None;
         }
-        let shared = self;
         if messages.heard_lost() {
-            shared.note_lost(entry);
+            self.note_lost(entry);
         } else {
-            shared.note_released(entry);
+            self.note_released(entry);
             let handed = messages
                 .handed_queue()
                 .and_then(|packed| queue_from_packed(name, &packed));
             if let (Some(quiet), Some(queue)) = (quiet, handed) {
-                shared.keep_handed(name, quiet, queue);
+                self.keep_handed(name, quiet, queue);
             }
         }
         Some(Ok(None))

@@ -263,6 +263,88 @@ async fn a_waiter_with_one_frozen_connection(frozen: Frozen) {
     proxy.thaw_connection(number);
 }
 
+/// As [`a_waiter_with_one_frozen_connection`], for a lock-mode waiter the
+/// release hands the lock over to: the hand-over's message, which carries
+/// the queue it left, goes to a waiter one of whose connections is frozen
+/// (a message lost on a frozen pub/sub connection; a read it no longer
+/// needs on a frozen command connection). The waiter still holds within the
+/// bound, and keeps its lock.
+async fn a_lock_mode_waiter_with_one_frozen_connection(frozen: Frozen) {
+    use lockline::LockMode;
+    let FrozenSetUp {
+        server,
+        proxy,
+        far,
+        near,
+        options,
+        bound,
+        name,
+        session: waiting,
+        connections,
+    } = FrozenSetUp::set_up(frozen, "lock-mode-waiter").await;
+    let granted = |session: &Session| {
+        let resource = session.resource(&name).expect("resource");
+        async move {
+            let guard = resource.lock(LockMode::Ex).await;
+            (Instant::now(), guard)
+        }
+    };
+    // The holder, a contender behind it (granted by itself, with the queue
+    // read then), and the waiter behind that one, which it hands over to.
+    let holder = near.session_with(options.clone()).await.expect("session");
+    let held = holder
+        .resource(&name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    let next = near.session_with(options.clone()).await.expect("session");
+    let next_granted = tokio::spawn(granted(&next));
+    near.wait_for_stats(|s| s.waits >= 1).await;
+    let waiter = tokio::spawn(granted(&waiting));
+    far.wait_for_stats(|s| s.waits >= 1).await;
+    held.release().await.expect("release");
+    let (_, handing) = bounded("the next contender is granted", next_granted)
+        .await
+        .expect("task");
+    let handing = handing.expect("lock");
+
+    let number = number_of(frozen, connections);
+    proxy.freeze_connection(number);
+    let handovers = near.stats().handovers;
+    let released_at = Instant::now();
+    handing.release().await.expect("release");
+    assert_eq!(
+        near.stats().handovers,
+        handovers + 1,
+        "the release handed the lock over"
+    );
+    let (granted_at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
+    let guard = guard.expect("the waiter's lock");
+    assert!(
+        granted_at - released_at <= bound,
+        "the waiter was granted {:?} after the release, past {bound:?}",
+        granted_at - released_at
+    );
+    lockline::conformance::until("the frozen connection is given up", || proxy.client_closed(number)).await;
+    let mut side = support::side(&server.url()).await;
+    support::renewed(&mut side, guard.key()).await;
+    assert!(guard.is_held(), "the waiter lost the lock it was handed");
+    guard.release().await.expect("release");
+    assert_eq!(waiting.state(), SessionState::Live);
+    proxy.thaw_connection(number);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_mode_waiter_whose_pubsub_connection_goes_silent_alone_is_handed_the_lock() {
+    a_lock_mode_waiter_with_one_frozen_connection(Frozen::PubSub).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_mode_waiter_whose_command_connection_goes_silent_alone_is_handed_the_lock() {
+    a_lock_mode_waiter_with_one_frozen_connection(Frozen::Command).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_command_connection_goes_silent_alone_replaces_it_and_keeps_its_lock() {
     a_holder_with_one_frozen_connection(Frozen::Command).await;

@@ -111,8 +111,11 @@ async fn two_hand_overs_heard(fixture: &Fixture, read_between: bool) {
     if read_between {
         assert_eq!(read(&b).await, newest, "the second hand-over's queue");
     }
+    // It decides from the message it heard, with no look.
+    let scripts = fixture.scripts_run().await;
     let heard = bounded("the first holder goes", first_watch).await.expect("watch");
     assert_eq!(heard, None);
+    assert_eq!(fixture.scripts_run().await, scripts, "the first watch looked again");
     // One more entry, by another session: a read from the server shows it,
     // a hand-over's queue does not.
     append(&c, "later", b"waiting 3").await;
