@@ -51,7 +51,9 @@ pub use names::*;
 pub use recipes::*;
 pub use sequencers::*;
 
-use crate::{Client, Error, FencingToken, LeaderSelector, Mutex, MutexGuard, Session, SessionOptions, Term, Write};
+use crate::{
+    Client, ClientStats, Error, FencingToken, LeaderSelector, Mutex, MutexGuard, Session, SessionOptions, Term, Write,
+};
 
 /// The longest any single step of a case may take before the case fails.
 pub const BOUND: Duration = Duration::from_secs(20);
@@ -94,6 +96,32 @@ pub async fn bounded<T>(what: &str, step: impl Future<Output = T>) -> T {
     match tokio::time::timeout(BOUND, step).await {
         Ok(value) => value,
         Err(_) => panic!("{what}: did not happen within {BOUND:?}"),
+    }
+}
+
+/// [`Client::wait_for_stats`] bounded by [`BOUND`]: a test's wait for an
+/// event counted by the client ("the waiter has queued"). A predicate that
+/// never holds (the waiter was granted at once, its holder gone before it
+/// queued) fails the test, naming the line that waited, instead of hanging
+/// it.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only observes.
+#[track_caller]
+pub fn wait_for_stats<'a>(
+    client: &'a Client,
+    predicate: impl FnMut(&ClientStats) -> bool + Send + 'a,
+) -> impl Future<Output = ClientStats> + Send + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        match tokio::time::timeout(BOUND, client.wait_for_stats(predicate)).await {
+            Ok(stats) => stats,
+            Err(_) => panic!(
+                "the client's counters did not reach what {caller} waits for within {BOUND:?}: {:?}",
+                client.stats()
+            ),
+        }
     }
 }
 

@@ -119,7 +119,7 @@ async fn a_scrape_counts_grants_a_handoff_a_timeout_a_cancellation_and_a_loss() 
         let b = b.clone();
         tokio::spawn(async move { b.mutex("m/handoff")?.lock().await })
     };
-    client.wait_for_stats(|s| s.waits == waits + 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits == waits + 1).await;
     let during = scrape(addr).await;
     assert_eq!(during.get(&series("lockline_waiters", "")), 1.0);
     assert_eq!(during.get(&series("lockline_held", "")), 1.0);
@@ -139,7 +139,7 @@ async fn a_scrape_counts_grants_a_handoff_a_timeout_a_cancellation_and_a_loss() 
         let b = b.clone();
         tokio::spawn(async move { b.mutex("m/cancel")?.lock().await })
     };
-    client.wait_for_stats(|s| s.waits == waits + 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits == waits + 1).await;
     cancelled.abort();
     assert!(cancelled.await.expect_err("aborted").is_cancelled());
     held.release().await.expect("release");

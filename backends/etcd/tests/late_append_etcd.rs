@@ -105,7 +105,7 @@ async fn late_first_append(how: How, kind: &str) {
     match how {
         How::Abort => {
             // Queued behind the holder: cancel it there.
-            client.wait_for_stats(|s| s.waits >= 1).await;
+            lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
             acquire.abort();
             let _ = acquire.await;
         }

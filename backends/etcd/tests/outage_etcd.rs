@@ -35,7 +35,7 @@ async fn outage(silent: bool) {
     let blocker = other.mutex("outage/q").unwrap().lock().await.unwrap();
     let s2 = session.clone();
     let queued = tokio::spawn(async move { s2.mutex("outage/q").unwrap().lock().await });
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     if silent {
         proxy.blackhole();
     } else {
@@ -98,7 +98,7 @@ async fn a_dropped_guard_is_removed_after_an_outage_longer_than_five_tries() {
     proxy.block();
     drop(guard);
     // Five removals have failed by now.
-    client.wait_for_stats(|s| s.cleanup_failures >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.cleanup_failures >= 1).await;
     // The outage goes on a little longer, far short of the 24 s loss deadline.
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.unblock();

@@ -142,7 +142,7 @@ async fn a_seed_node_that_is_down_does_not_silence_releases() {
         let mutex = other.mutex("seeds").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let mut nodes = Vec::new();
     for url in fixture.cluster.urls() {
         nodes.push(support::side(&url).await);

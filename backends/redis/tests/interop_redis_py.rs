@@ -108,7 +108,7 @@ async fn lockline_waits_for_a_redis_py_holder() {
         let mutex = mutex.clone();
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     assert!(!waiter.is_finished(), "lockline was granted while redis-py held");
     py.say("release");
     assert_eq!(py.answer().await, "released");

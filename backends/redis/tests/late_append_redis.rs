@@ -57,7 +57,7 @@ async fn late_first_append_of_a_dropped_mutex_lock() {
         }
     })
     .await;
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     acquire.abort();
     let _ = acquire.await;
     bounded("cleanup", session.flush()).await;

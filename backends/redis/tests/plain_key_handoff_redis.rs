@@ -67,7 +67,7 @@ async fn a_head_waiting_for_the_plain_key_is_not_handed_the_lock_by_another_chan
         tokio::spawn(async move { rw.write().await })
     };
     queued(3).await;
-    client.wait_for_stats(|s| s.waits >= 3).await; // everyone parked
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 3).await; // everyone parked
 
     // The foreign holder lets go; then Y is cancelled.
     let _: i64 = redis::cmd("DEL").arg("hp").query_async(&mut side).await.unwrap();
@@ -122,7 +122,7 @@ async fn the_plain_key_taken_by_a_release_lives_as_long_as_the_new_holder() {
         let mutex = long.mutex("mixed-ttls").unwrap();
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     held.release().await.unwrap();
     let guard = bounded("granted", waiter).await.unwrap().unwrap();
     let owner: String = redis::cmd("GET")

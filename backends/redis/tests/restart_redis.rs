@@ -93,7 +93,7 @@ async fn a_restart_shorter_than_the_loss_deadline_keeps_every_lock() {
             (Instant::now(), guard)
         })
     };
-    waiter_client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&waiter_client, |s| s.waits >= 1).await;
     let holder_states = record(&holder);
     let other_states = record(&other);
 
@@ -186,7 +186,7 @@ async fn a_restart_longer_than_the_loss_deadline_is_lost_before_any_other_grant(
         let mutex = other.mutex("long").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    waiter_client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&waiter_client, |s| s.waits >= 1).await;
     let holder_states = record(&holder);
     let lost = tokio::spawn(async move {
         held.lost().await;

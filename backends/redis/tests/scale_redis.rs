@@ -94,7 +94,7 @@ async fn a_waiter_whose_pubsub_connection_drops_is_granted_anyway() {
         let mutex = waiting.mutex("dropped").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let mut side = support::side(&server.url()).await;
     // Kill every pub/sub connection, then release before they are back.
     let killed: i64 = redis::cmd("CLIENT")

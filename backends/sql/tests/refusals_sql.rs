@@ -152,7 +152,7 @@ async fn tables_made_by_a_dba_serve_a_user_who_may_create_nothing(db: Db) {
         let mutex = b.mutex("dba").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let token = first.token();
     first.release().await.expect("release");
     let second = bounded("the waiter", second).await.expect("task").expect("lock");
@@ -268,7 +268,7 @@ async fn an_unprivileged_user_of_its_own_database_creates_the_tables(db: Db) {
         let mutex = b.mutex("mine").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let token = first.token();
     first.release().await.expect("release");
     let second = bounded("the waiter", second).await.expect("task").expect("lock");

@@ -204,7 +204,7 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_killed_holder_only() {
     let removed = removal(&side, held.key()).await;
     let (waits, delays) = (client.stats().waits, client.stats().lock_delays);
     let waiter = tokio::spawn(granted("delay/cut"));
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     let cut_at = Instant::now();
     proxy.blackhole();
     bounded("the holder hears of it", held.lost()).await;
@@ -238,7 +238,7 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_killed_holder_only() {
     let removed = removal(&side, &format!("/delay/killed/{}", nodes[0])).await;
     let (waits, delays) = (client.stats().waits, client.stats().lock_delays);
     let waiter = tokio::spawn(granted("delay/killed"));
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     let killed_at = Instant::now();
     holder.signal_and_wait(libc::SIGKILL).expect("kill the holder");
     let (removed_at, event) = bounded("the server removes the node", removed).await.expect("task");
@@ -268,7 +268,7 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_killed_holder_only() {
         let holder = releasing.mutex(name).expect("mutex").lock().await.expect("lock");
         let waits = client.stats().waits;
         let waiter = tokio::spawn(granted(name));
-        client.wait_for_stats(|s| s.waits > waits).await;
+        lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
         let released_at = Instant::now();
         if close {
             releasing.close().await.expect("close");

@@ -206,7 +206,7 @@ async fn run_case(ttl: Duration, sync_limit: u32) -> (Duration, Duration) {
             (Instant::now(), g)
         })
     });
-    waiter.wait_for_stats(|s| s.waits == 1).await;
+    lockline::conformance::wait_for_stats(&waiter, |s| s.waits == 1).await;
     // Let a couple of confirmations go through.
     tokio::time::sleep(Duration::from_millis(500)).await;
 

@@ -56,7 +56,7 @@ async fn a_stalled_holder_wakes_to_session_lost_and_writes_nothing() {
             let mutex = session.mutex(&name).expect("mutex");
             tokio::spawn(async move { mutex.lock().await })
         };
-        client.wait_for_stats(|s| s.waits >= 1).await;
+        lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
         stall_tx.send(Duration::from_secs(6)).expect("stall");
         let newer = bounded("the waiter is granted after the expiry", waiter)
             .await

@@ -97,7 +97,7 @@ async fn many_cycles_leave_no_watch_or_task_behind() {
             let mb = mb.clone();
             async move { mb.lock().await }
         });
-        client.wait_for_stats(|s| s.waits > waits).await;
+        lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
         held.release().await.expect("release a");
         let guard = bounded("b is granted", waiter).await.expect("task").expect("lock b");
         guard.release().await.expect("release b");
@@ -168,7 +168,7 @@ async fn a_peer_rewriting_its_node_is_not_a_departure() {
         let guard = mutex.lock().await;
         (Instant::now(), guard)
     });
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     until("the waiter's watch is on the peer's node", || {
         ensemble.watches(0, &node, session.id())
     })
@@ -180,7 +180,7 @@ async fn a_peer_rewriting_its_node_is_not_a_departure() {
         peer.set_data(&node, &large, None)
             .await
             .expect("the peer writes its node");
-        client.wait_for_stats(|s| s.waits > write).await;
+        lockline::conformance::wait_for_stats(&client, |s| s.waits > write).await;
         until("the waiter's watch is back on the peer's node", || {
             ensemble.watches(0, &node, session.id())
         })
@@ -242,7 +242,7 @@ async fn a_delayed_waiters_mark_is_not_a_departure() {
             (Instant::now(), guard)
         })
     };
-    c1.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&c1, |s| s.waits >= 1).await;
     until("the first waiter's watch is on the holder's node", || {
         ensemble.watches(0, held.key(), s1.id())
     })
@@ -254,14 +254,14 @@ async fn a_delayed_waiters_mark_is_not_a_departure() {
             (Instant::now(), guard)
         })
     };
-    c2.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&c2, |s| s.waits >= 1).await;
 
     // Owed from the start of the expiry: the loss happens inside it.
     let expired_at = Instant::now();
     expire(&ensemble, &proxy, &holder).await;
-    c1.wait_for_stats(|s| s.lock_delays == 1).await;
+    lockline::conformance::wait_for_stats(&c1, |s| s.lock_delays == 1).await;
     // The mark woke the second waiter: it looked again and waits on.
-    c2.wait_for_stats(|s| s.waits >= 2).await;
+    lockline::conformance::wait_for_stats(&c2, |s| s.waits >= 2).await;
     assert!(
         !second.is_finished(),
         "the second waiter was granted on the first's mark"
@@ -274,7 +274,7 @@ async fn a_delayed_waiters_mark_is_not_a_departure() {
         at.saturating_duration_since(expired_at)
     );
     // The first's unmark woke the second again: it waits on.
-    c2.wait_for_stats(|s| s.waits >= 3).await;
+    lockline::conformance::wait_for_stats(&c2, |s| s.waits >= 3).await;
     assert!(!second.is_finished(), "the second waiter was granted beside the first");
     assert!(guard.is_held());
     let released_at = Instant::now();
@@ -322,7 +322,7 @@ async fn readers_behind_a_writer_under_lock_delay() {
                 let guard = rw.read().await;
                 (Instant::now(), guard)
             }));
-            client.wait_for_stats(|s| s.waits > waits).await;
+            lockline::conformance::wait_for_stats(client, |s| s.waits > waits).await;
             until("the reader's watch is on the writer's node", || {
                 ensemble.watches(0, write.key(), session.id())
             })
@@ -370,7 +370,7 @@ async fn a_cancelled_wait_leaves_no_node_and_no_watch() {
         let mutex = b.mutex("cancel/one").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     until("b's watches are set", || ensemble.watches(0, held.key(), b.id())).await;
     assert!(session_watches(&ensemble, b.id()));
     let waits = client.stats().waits;
@@ -378,7 +378,7 @@ async fn a_cancelled_wait_leaves_no_node_and_no_watch() {
         let mutex = c.mutex("cancel/one").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     cancelled.abort();
     assert!(cancelled.await.is_err_and(|e| e.is_cancelled()));
     bounded("b's node is removed", async {
@@ -490,7 +490,7 @@ async fn a_loss_heard_across_a_reconnection_is_a_loss() {
         let guard = mutex.lock().await;
         (Instant::now(), guard)
     });
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     until("the waiter's watch is on the holder's node", || {
         ensemble.watches(0, held.key(), session.id())
     })
@@ -544,7 +544,7 @@ async fn an_election_under_lock_delay() {
         let leadership = election.campaign(b"second").await;
         (Instant::now(), leadership)
     });
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     until("the candidate's watch is on the leader's node", || {
         ensemble.watches(0, leader.key(), session.id())
     })

@@ -28,7 +28,7 @@ async fn silent_partition(ensemble: &ZkEnsemble, name: &str, options: SessionOpt
     let guard = holder.mutex(name).expect("mutex").lock().await.expect("lock");
     let mutex = waiter_session.mutex(name).expect("mutex");
     let queued = tokio::spawn(async move { mutex.lock().await.map(|g| (Instant::now(), g)) });
-    waiter.wait_for_stats(|s| s.waits == 1).await;
+    lockline::conformance::wait_for_stats(&waiter, |s| s.waits == 1).await;
 
     let mut states = holder.watch_state();
     let seen = tokio::spawn(async move {
@@ -270,7 +270,7 @@ async fn a_dropped_guard_is_removed_after_an_outage() {
     let cut = Instant::now();
     drop(guard);
     // The outage: long enough for many failed tries, short of the loss deadline.
-    client.wait_for_stats(|s| s.cleanup_failures >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.cleanup_failures >= 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(session.state(), SessionState::Suspended);
     proxy.unblock();

@@ -73,7 +73,7 @@ async fn lost_exists_watch_while_waiting() {
     proxy.lose_zk_responses(EXISTS, "/atk/exists/", 3);
     let mutex = session.mutex("atk/exists").unwrap();
     let waiting = tokio::spawn(async move { mutex.lock().await });
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     until("the three answers are lost", || proxy.zk_losses_pending() == 0).await;
     let nodes = children(&side, "/atk/exists").await;
     assert_eq!(nodes.len(), 2, "{nodes:?}");
@@ -303,7 +303,7 @@ async fn reacquire_after_drop_during_outage() {
     let guard = session.mutex("atk/again").unwrap().lock().await.unwrap();
     let mutex = other.mutex("atk/again").unwrap();
     let waiter = tokio::spawn(async move { mutex.lock().await });
-    other_client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&other_client, |s| s.waits >= 1).await;
     proxy.blackhole();
     drop(guard);
     let m = session.mutex("atk/again").unwrap();

@@ -258,7 +258,7 @@ async fn a_holder_re_watches_with_backoff_while_the_server_is_down() {
         .await
         .expect("lock");
     proxy.block();
-    client.wait_for_stats(|s| s.rewatches >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.rewatches >= 1).await;
     let outage = Instant::now();
     // The outage itself: a span of time, not an event to await.
     tokio::time::sleep(Duration::from_secs(4)).await;

@@ -156,7 +156,7 @@ async fn a_holder_with_one_frozen_connection(frozen: Frozen) {
             (Instant::now(), guard)
         })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     let mut side = support::side(&server.url()).await;
 
     let number = number_of(frozen, connections);
@@ -219,11 +219,11 @@ async fn a_waiter_with_one_frozen_connection(frozen: Frozen) {
         }
     };
     let waiter = tokio::spawn(granted(&waiting));
-    far.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&far, |s| s.waits >= 1).await;
     // A contender behind it, on another client.
     let last = near.session_with(options.clone()).await.expect("session");
     let behind = tokio::spawn(granted(&last));
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
 
     let number = number_of(frozen, connections);
     let frozen_at = Instant::now();
@@ -300,9 +300,9 @@ async fn a_lock_mode_waiter_with_one_frozen_connection(frozen: Frozen) {
         .expect("lock");
     let next = near.session_with(options.clone()).await.expect("session");
     let next_granted = tokio::spawn(granted(&next));
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     let waiter = tokio::spawn(granted(&waiting));
-    far.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&far, |s| s.waits >= 1).await;
     held.release().await.expect("release");
     let (_, handing) = bounded("the next contender is granted", next_granted)
         .await

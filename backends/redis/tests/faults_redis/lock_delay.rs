@@ -33,7 +33,7 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_expired_holder_only() {
     let cut = far.session_with(options(2000)).await.expect("session");
     let held = cut.mutex("delay/cut").expect("mutex").lock().await.expect("lock");
     let waiter = tokio::spawn(granted("delay/cut"));
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     proxy.blackhole();
     let asked = Instant::now();
     let left: i64 = side.pttl(held.key()).await.expect("pttl");
@@ -65,7 +65,7 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_expired_holder_only() {
     let held = ended.mutex("delay/ended").expect("mutex").lock().await.expect("lock");
     let waits = client.stats().waits;
     let waiter = tokio::spawn(granted("delay/ended"));
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     let ended_at = Instant::now();
     support::expire(&[server.url()], ended.id()).await;
     let (at, guard) = bounded("the waiter is granted", waiter).await.expect("task");
@@ -86,7 +86,7 @@ async fn a_lock_delay_holds_back_after_a_cut_off_or_expired_holder_only() {
         let holder = releasing.mutex(name).expect("mutex").lock().await.expect("lock");
         let waits = client.stats().waits;
         let waiter = tokio::spawn(granted(name));
-        client.wait_for_stats(|s| s.waits > waits).await;
+        lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
         let let_go = Instant::now();
         if close {
             releasing.close().await.expect("close");

@@ -24,7 +24,7 @@ async fn a_blackholed_holder_is_told_before_the_next_grant() {
             (Instant::now(), guard)
         })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     proxy.blackhole();
     bounded("the holder hears of it", held.lost()).await;
     let lost_at = Instant::now();

@@ -35,12 +35,12 @@ async fn a_cut_while_ending_a_silent_holder_leaves_the_lock_usable(db: Db) {
         let mutex = w1.mutex("reaped").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    w1_client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&w1_client, |s| s.waits >= 1).await;
     let w2_wait = {
         let mutex = w2.mutex("reaped").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    w2_client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&w2_client, |s| s.waits >= 1).await;
     let mut side = Side::connect(&url).await;
     let mut looker = Side::connect(&url).await;
     side.exec("BEGIN").await;
@@ -134,7 +134,7 @@ async fn a_cut_during_a_heartbeat_is_told_before_the_next_grant(db: Db) {
             (Instant::now(), guard)
         })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     let mut side = Side::connect(&url).await;
     let mut looker = Side::connect(&url).await;
     side.exec("BEGIN").await;
@@ -207,7 +207,7 @@ async fn a_cut_during_a_release_is_safe(db: Db) {
         kept.lost().await;
         Instant::now()
     });
-    near.wait_for_stats(|s| s.waits >= 2).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 2).await;
     let mut side = Side::connect(&url).await;
     let mut looker = Side::connect(&url).await;
     side.exec("BEGIN").await;
@@ -279,14 +279,14 @@ async fn a_cut_during_a_cancelled_wait_leaves_the_lock_usable(db: Db) {
         let mutex = w1.mutex("cancelled").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    far.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&far, |s| s.waits >= 1).await;
     let w2_client = Client::new(Sql::new(url.clone()));
     let w2 = w2_client.session_with(options(ttl)).await.expect("session");
     let behind = {
         let mutex = w2.mutex("cancelled").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    w2_client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&w2_client, |s| s.waits >= 1).await;
     proxy.blackhole();
     cut_wait.abort();
     assert!(cut_wait.await.is_err_and(|e| e.is_cancelled()));
@@ -334,7 +334,7 @@ async fn a_cut_holder_cannot_commit_after_the_next_grant(db: Db) {
         let mutex = w.mutex("fenced-cut").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     let committed = if db.is_postgres() {
         let pool = sqlx::PgPool::connect(&url).await.expect("pool");
         let mut tx = lockline_sql::FencedTransaction::begin_postgres(&held, &pool)
@@ -407,7 +407,7 @@ async fn a_holder_that_hears_nothing_is_told_before_the_next_grant(db: Db) {
             (Instant::now(), guard)
         })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     proxy.set_responses_dropped(true);
     let lost = tokio::spawn(async move {
         held.lost().await;

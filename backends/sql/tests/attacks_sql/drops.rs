@@ -112,7 +112,7 @@ async fn a_dropped_acquire_never_grants_the_session_s_locks_unannounced(db: Db) 
             (Instant::now(), guard)
         })
     };
-    other.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&other, |s| s.waits >= 1).await;
     let lost = {
         let held = Arc::clone(&held);
         tokio::spawn(async move {

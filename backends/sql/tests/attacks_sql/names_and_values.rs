@@ -67,7 +67,7 @@ async fn a_value_too_big_never_grants_a_held_lock_unannounced(db: Db) {
             (Instant::now(), guard)
         })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let kept = Arc::new(kept);
     let lost_at = {
         let kept = Arc::clone(&kept);

@@ -202,7 +202,7 @@ async fn postgres_a_clean_restart_leaves_no_blocking_row() {
         let mutex = b.mutex("clean").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let Db::Pg(server) = &mut db else { unreachable!() };
     tokio::task::block_in_place(|| {
         server.stop().expect("stop");
@@ -249,7 +249,7 @@ async fn a_reset_holder_is_told_within_a_keepalive_interval(db: Db) {
         let mutex = w.mutex("reset").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    near.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&near, |s| s.waits >= 1).await;
     let lost = tokio::spawn(async move {
         held.lost().await;
         (Instant::now(), held.is_held(), held.token())

@@ -22,12 +22,12 @@ async fn a_free_lock_reaches_its_head_with_one_wait_connection(db: Db) {
         let mutex = w.mutex("held-long").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    waiting.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&waiting, |s| s.waits >= 1).await;
     let on_short = {
         let mutex = w.mutex("held-short").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    waiting.wait_for_stats(|s| s.waits >= 2).await;
+    lockline::conformance::wait_for_stats(&waiting, |s| s.waits >= 2).await;
     short.release().await.expect("release");
     let granted = within(Duration::from_secs(5), on_short).await;
     long.release().await.expect("release");
@@ -67,12 +67,12 @@ async fn campaigns_do_not_starve_a_mutex_waiter(db: Db) {
         candidates.push(tokio::spawn(async move { election.campaign(b"standby").await }));
     }
     let n = lockline_sql::DEFAULT_WAIT_CONNECTIONS as u64;
-    client.wait_for_stats(|s| s.waits >= n).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= n).await;
     let waiter = {
         let mutex = service.mutex("ordinary").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits > n).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > n).await;
     held.release().await.expect("release");
     let granted = within(Duration::from_secs(5), waiter).await;
     for c in &candidates {
@@ -135,12 +135,12 @@ async fn waits_of_one_session_never_deadlock_without_a_lock_cycle(db: Db) {
         let mutex = w.mutex("order/a").expect("mutex");
         tokio::spawn(async move { mutex.lock().await?.release().await })
     };
-    waiting.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&waiting, |s| s.waits >= 1).await;
     let w_b = {
         let mutex = w.mutex("order/b").expect("mutex");
         tokio::spawn(async move { mutex.lock().await?.release().await })
     };
-    waiting.wait_for_stats(|s| s.waits >= 2).await;
+    lockline::conformance::wait_for_stats(&waiting, |s| s.waits >= 2).await;
     let h1_b = {
         let mutex = h1.mutex("order/b").expect("mutex");
         tokio::spawn(async move {
@@ -149,7 +149,7 @@ async fn waits_of_one_session_never_deadlock_without_a_lock_cycle(db: Db) {
             a.release().await
         })
     };
-    holders.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&holders, |s| s.waits >= 1).await;
     b.release().await.expect("release");
     let all = async {
         w_b.await.expect("task").expect("W's B");
@@ -198,7 +198,7 @@ async fn postgres_many_sessions_on_few_connections_are_granted_in_order() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             guard.release().await
         }));
-        client.wait_for_stats(|s| s.appends > i as u64).await;
+        lockline::conformance::wait_for_stats(&client, |s| s.appends > i as u64).await;
     }
     first.release().await.expect("release");
     for task in tasks {

@@ -50,6 +50,6 @@ async fn timed_waiter(client: &Client, session: &Session, name: &str) -> Granted
         let guard = mutex.lock().await;
         (Instant::now(), guard)
     });
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(client, |s| s.waits >= 1).await;
     waiter
 }

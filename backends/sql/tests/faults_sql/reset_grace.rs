@@ -55,11 +55,23 @@ async fn with_the_reset_grace_a_cut_off_holder_is_outlived(db: Db) {
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let far = Client::new(Sql::new(db.url_via(&proxy.address())));
     let waiters = Client::new(Sql::new(db.url()).with_reset_grace());
-    let ttl = 2000;
+    // Long enough that a loaded machine's holder still holds when the
+    // waiter queues and is not late on its last heartbeat before the cut.
+    let ttl = 4000;
     let holder = far.session_with(options(ttl)).await.expect("session");
     let held = holder.mutex("cut").expect("mutex").lock().await.expect("lock");
     let waiter_session = waiters.session_with(options(ttl)).await.expect("session");
     let waiter = timed_waiter(&waiters, &waiter_session, "cut").await;
+    // Cut right after a heartbeat of the holder: the TTL the waiter counts
+    // then starts at the cut, however late a loaded machine's heartbeats.
+    let beat_of = || {
+        db.count(&format!(
+            "SELECT beat FROM lockline_sessions WHERE id = '{}'",
+            holder.id()
+        ))
+    };
+    let beat = beat_of();
+    until("a heartbeat of the holder", || beat_of() > beat).await;
     let cut_at = Instant::now();
     proxy.block();
     bounded("the holder hears of it", held.lost()).await;

@@ -42,7 +42,7 @@ async fn a_restart_ends_every_session_and_tokens_keep_growing(mut db: Db) {
         let mutex = b.mutex("restart").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
     };
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     let crashed = tokio::task::spawn_blocking(move || {
         db.crash_and_restart();
         db

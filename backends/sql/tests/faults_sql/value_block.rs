@@ -40,7 +40,7 @@ async fn a_crash_right_after_an_ex_hand_over_leaves_the_value_block_not_valid(db
     written_v1(&a, "crash/hand-over").await;
     let first = locked(&a, "crash/hand-over", LockMode::Ex).await;
     let waiter = waiting_for_ex(&b, "crash/hand-over");
-    client.wait_for_stats(|s| s.waits >= 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits >= 1).await;
     first.release().await.expect("release");
     let next = bounded("the hand-over", waiter).await.expect("task").expect("lock");
     assert!(next.value().valid, "the value block after a hand-over is valid");
@@ -115,9 +115,9 @@ async fn a_crash_after_a_chain_of_hand_overs_leaves_the_value_block_not_valid(db
     let first = locked(&a, name, LockMode::Ex).await;
     let waits = client.stats().waits;
     let second = waiting_for_ex(&b, name);
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     let third = waiting_for_ex(&c, name);
-    client.wait_for_stats(|s| s.waits > waits + 1).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits + 1).await;
     first.release().await.expect("release");
     let second = bounded("the first hand-over", second)
         .await
@@ -157,7 +157,7 @@ async fn a_crash_after_a_release_that_wrote_and_an_ex_grant_leaves_the_value_blo
     let mut first = locked(&a, name, LockMode::Ex).await;
     let waits = client.stats().waits;
     let next = waiting_for_ex(&b, name);
-    client.wait_for_stats(|s| s.waits > waits).await;
+    lockline::conformance::wait_for_stats(&client, |s| s.waits > waits).await;
     first.set_value(b"v1").expect("set the value");
     first.release().await.expect("release");
     let next = bounded("the hand-over", next).await.expect("task").expect("lock");
