@@ -73,7 +73,7 @@ pub(crate) struct Hold {
     /// A lock-mode PW or EX holder's read of its queue when it was granted:
     /// its release hands over from it without reading again (see
     /// `resource::hand_over`).
-    release_queue: Option<crate::backend::Queue>,
+    release_queue: Option<Box<crate::mode_rule::View>>,
 }
 
 /// What a hold and its monitor task share.
@@ -274,8 +274,8 @@ impl Hold {
 
     /// Lets the release hand over from `queue`, a read made when the lock
     /// was granted (`None`: it reads the queue again).
-    pub(crate) fn set_release_queue(&mut self, queue: Option<crate::backend::Queue>) {
-        self.release_queue = queue;
+    pub(crate) fn set_release_queue(&mut self, queue: Option<crate::mode_rule::View>) {
+        self.release_queue = queue.map(Box::new);
     }
 
     /// Removes the entry once (fenced), writing the release's value block
@@ -288,7 +288,7 @@ impl Hold {
                 &self.name,
                 &self.entry,
                 self.release_block.as_deref(),
-                self.release_queue.as_ref(),
+                self.release_queue.as_deref(),
             )
             .await;
         }
@@ -557,7 +557,7 @@ impl Drop for Hold {
                                 &name,
                                 &entry,
                                 block.as_deref(),
-                                queue.as_ref(),
+                                queue.as_deref(),
                             ))
                             .await
                         {

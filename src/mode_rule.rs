@@ -38,7 +38,7 @@ pub(crate) use view::View;
 /// is removed alone and the waiters decide for themselves, as they always
 /// can. Returns whether the entry was there to remove.
 ///
-/// `granted_from` is a PW or EX holder's read of the queue when it was
+/// `granted_from` is a PW or EX holder's view of the queue when it was
 /// granted (no one else writes the block while it holds): when someone
 /// waited then, the hand-over is decided from it without a read (one round
 /// trip, as a mutex's release), the queue read again only when its
@@ -54,7 +54,7 @@ pub(crate) async fn hand_over(
     name: &str,
     mine: &Entry,
     leaving: Option<&[u8]>,
-    granted_from: Option<&Queue>,
+    granted_from: Option<&View>,
 ) -> Result<bool> {
     let alone = |block: Option<Vec<u8>>| async move {
         match block {
@@ -72,10 +72,9 @@ pub(crate) async fn hand_over(
             }
         }
     };
-    if let Some(queue) = granted_from {
-        let view = View::new(name, queue.clone())?;
+    if let Some(view) = granted_from {
         if let Some(at) = view.position(mine) {
-            match offer(remote, counters, name, mine, at, leaving, &view, true).await? {
+            match offer(remote, counters, name, mine, at, leaving, view, true).await? {
                 Offer::Handed => return Ok(true),
                 // No one waited then: the plain release, one round trip as
                 // before the hand-over; waiters come since grant themselves.

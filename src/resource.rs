@@ -365,11 +365,14 @@ impl Resource {
             // Granted by the release of the entry it waited on, in that
             // release's write (the write's place in the server's order is
             // the token).
-            if let Some(guard) = self.handed(&view, at, &mine, mode, &mut own_watch, &attempt, pending.retried) {
-                pending.disarm();
-                inner.counters.bump(|c| &c.grants);
-                return Ok(Some(guard));
-            }
+            let view = match self.handed(view, at, &mine, mode, &mut own_watch, &attempt, pending.retried) {
+                Ok(guard) => {
+                    pending.disarm();
+                    inner.counters.bump(|c| &c.grants);
+                    return Ok(Some(guard));
+                }
+                Err(view) => view,
+            };
             let Some(on) = view.blocker(at) else {
                 let state = inner.state();
                 if state.is_over() {
@@ -438,7 +441,10 @@ impl Resource {
                 };
                 // What its release decides from: the queue as read, with
                 // the block as this grant left it.
-                let granted_from = Some(view.to_queue(block.as_ref().unwrap_or(&view.block)));
+                let granted_from = Some(View {
+                    block: block.unwrap_or(view.block),
+                    ..view
+                });
                 return Ok(Some(self.guard(
                     mine,
                     mode,
@@ -498,7 +504,7 @@ impl Resource {
         let read = inner.call(inner.remote.read_queue(&self.name)).await;
         if let Ok(view) = read.and_then(|queue| View::new(&self.name, queue)) {
             if let Some(at) = view.position(mine) {
-                if let Some(guard) = self.handed(&view, at, mine, mode, own_watch, attempt, pending.retried) {
+                if let Ok(guard) = self.handed(view, at, mine, mode, own_watch, attempt, pending.retried) {
                     pending.disarm();
                     inner.counters.bump(|c| &c.grants);
                     return Some(guard);
@@ -511,31 +517,33 @@ impl Resource {
 
     /// The guard of entry `at` (`mine`) when a release granted it `mode`
     /// in its own write: its token is that write's place in the server's
-    /// order, its value the block that write left.
+    /// order, its value the block that write left. The view goes to the
+    /// guard (its release decides from it), or back when not granted.
     #[allow(clippy::too_many_arguments)]
     fn handed(
         &self,
-        view: &View,
+        view: View,
         at: usize,
         mine: &Entry,
         mode: LockMode,
         own_watch: &mut Option<EntryWatch>,
         attempt: &str,
         retried: bool,
-    ) -> Option<ResourceGuard> {
+    ) -> std::result::Result<ResourceGuard, View> {
         let state = view.slots[at].1;
         if state.granted != Some(mode) || state.converting().is_some() {
-            return None;
+            return Err(view);
         }
-        Some(self.guard(
+        let value = view.block.seen(&view);
+        Ok(self.guard(
             mine.clone(),
             mode,
             state.token,
-            view.block.seen(view),
+            value,
             own_watch.take(),
             attempt,
             retried,
-            Some(view.to_queue(&view.block)),
+            Some(view),
         ))
     }
 
@@ -589,7 +597,7 @@ impl Resource {
         own_watch: Option<EntryWatch>,
         attempt: &str,
         retried: bool,
-        granted_from: Option<Queue>,
+        granted_from: Option<View>,
     ) -> ResourceGuard {
         let held = Entry {
             token: FencingToken::new(token),

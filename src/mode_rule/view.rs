@@ -125,14 +125,6 @@ impl View {
         self.reaches(at, at)
     }
 
-    /// The queue as read, with `block` as its value block.
-    pub(crate) fn to_queue(&self, block: &Block) -> Queue {
-        Queue {
-            slots: self.slots.iter().map(|(slot, _)| slot.clone()).collect(),
-            block: Some(block.encode()),
-        }
-    }
-
     /// The waiting requests that the departure of entry `at` lets in, in
     /// queue order, with the modes they asked for: each one that finds no
     /// blocker among the entries left, counting those before it that this
