@@ -43,10 +43,11 @@ fn options() -> SessionOptions {
 }
 
 /// The bound the issue of a silent connection must be settled within: TTL +
-/// a keepalive interval + the request timeout, and a second of slack for a
-/// busy machine.
+/// a keepalive interval + the request timeout, and three seconds of slack
+/// for a busy machine (a MariaDB waiter beside two CPU hogs and the suite's
+/// builds has been seen granted 2.0 s past the bound without its slack).
 fn settle_bound(options: &SessionOptions) -> Duration {
-    options.ttl() + options.keepalive_interval() + options.request_timeout() + Duration::from_secs(1)
+    options.ttl() + options.keepalive_interval() + options.request_timeout() + Duration::from_secs(3)
 }
 
 on_both!(
