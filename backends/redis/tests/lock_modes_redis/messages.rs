@@ -52,9 +52,14 @@ pub(super) async fn a_value_message_is_watched_past_without_a_look(fixture: &Fix
     let ttl = Duration::from_secs(120);
     let (a, b) = (fixture.open(ttl).await, fixture.open(ttl).await);
     let held = append(&a, "held", b"start").await;
-    // Every script the case counts has run once already (loaded).
+    // Every script the case counts has run once already (loaded): a first
+    // run's `NOSCRIPT` call and its retry would count twice.
     set_by_update(&a, &held, b"start").await;
+    assert_eq!(b.get_value(&held).await.expect("look"), Some(b"start".to_vec()));
+    let looks = fixture.scripts_run().await;
     let watching = watch_for_wanted(fixture, &b, &held).await;
+    // Its first look, made once it has subscribed, comes before the count.
+    fixture.scripts_reach(looks + 1).await;
     let scripts_before = fixture.scripts_run().await;
     two_unwanted_then_wanted(&a, &held, watching).await;
     assert_eq!(
@@ -86,6 +91,10 @@ async fn two_hand_overs_heard(fixture: &Fixture, read_between: bool) {
     let first_next = append(&b, "n1", b"waiting 1").await;
     let second_next = append(&b, "n2", b"waiting 2").await;
     let never = |_: &[u8]| false;
+    // The look's script has run once already (loaded): a first run's
+    // `NOSCRIPT` call counts as a script, and its retry, sent only when the
+    // watch is polled again, would count once more at the end.
+    assert_eq!(b.get_value(&first_held).await.expect("look"), Some(b"held 1".to_vec()));
     // The first watch subscribes and makes its look, then is left unpolled
     // until the end: it hears the first hand-over, and acts on it last.
     let looks = fixture.scripts_run().await;
