@@ -117,6 +117,9 @@ pub fn wait_for_stats<'a>(
     async move {
         match tokio::time::timeout(BOUND, client.wait_for_stats(predicate)).await {
             Ok(stats) => stats,
+            // The suite's assertion, as in `bounded`: this module is compiled
+            // for tests only (the `conformance` feature), where a panic fails
+            // the case.
             Err(_) => panic!(
                 "the client's counters did not reach what {caller} waits for within {BOUND:?}: {:?}",
                 client.stats()

@@ -70,10 +70,11 @@ pub(crate) struct Hold {
     /// A lock-mode resource's value block, written by the release together
     /// with the entry's removal (a PW or EX holder's release).
     release_block: Option<Vec<u8>>,
-    /// A lock-mode PW or EX holder's read of its queue when it was granted:
-    /// its release hands over from it without reading again (see
-    /// `resource::hand_over`).
-    release_queue: Option<Box<crate::mode_rule::View>>,
+    /// A lock-mode holder's view of its queue when it was granted (the read
+    /// as decoded, with the block its grant left): its release hands over
+    /// from it without reading again (see `mode_rule::hand_over`). Boxed: a
+    /// held lock that has none keeps a pointer, not a view.
+    release_view: Option<Box<crate::mode_rule::View>>,
 }
 
 /// What a hold and its monitor task share.
@@ -262,7 +263,7 @@ impl Hold {
             mode,
             retried,
             release_block: None,
-            release_queue: None,
+            release_view: None,
         }
     }
 
@@ -272,10 +273,10 @@ impl Hold {
         self.release_block = block;
     }
 
-    /// Lets the release hand over from `queue`, a read made when the lock
-    /// was granted (`None`: it reads the queue again).
-    pub(crate) fn set_release_queue(&mut self, queue: Option<crate::mode_rule::View>) {
-        self.release_queue = queue.map(Box::new);
+    /// Lets the release hand over from `view`, the queue as the grant read
+    /// it (`None`: it reads the queue again).
+    pub(crate) fn set_release_view(&mut self, view: Option<crate::mode_rule::View>) {
+        self.release_view = view.map(Box::new);
     }
 
     /// Removes the entry once (fenced), writing the release's value block
@@ -288,7 +289,7 @@ impl Hold {
                 &self.name,
                 &self.entry,
                 self.release_block.as_deref(),
-                self.release_queue.as_deref(),
+                self.release_view.as_deref(),
             )
             .await;
         }
@@ -543,7 +544,7 @@ impl Drop for Hold {
             self.shared.metrics.end(crate::observe::End::LetGo);
             let inner = Arc::clone(&self.session.inner);
             let entry = (*self.entry).clone();
-            let queue = self.release_queue.take();
+            let view = self.release_view.take();
             match (self.release_block.take(), tokio::runtime::Handle::try_current()) {
                 // A lock-mode holder hands over and writes its value block
                 // as its release would; the plain removal is the fallback.
@@ -557,7 +558,7 @@ impl Drop for Hold {
                                 &name,
                                 &entry,
                                 block.as_deref(),
-                                queue.as_deref(),
+                                view.as_deref(),
                             ))
                             .await
                         {

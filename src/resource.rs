@@ -627,7 +627,7 @@ impl Resource {
             })),
         };
         guard.sync_release_block();
-        guard.hold.set_release_queue(granted_from);
+        guard.hold.set_release_view(granted_from);
         guard
     }
 }

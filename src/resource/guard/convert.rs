@@ -77,7 +77,7 @@ impl ResourceGuard {
     pub(super) async fn converting(&mut self, mode: LockMode, patience: Patience) -> Result<bool> {
         // The queue read at the grant no longer says what this lock's
         // release may hand over.
-        self.hold.set_release_queue(None);
+        self.hold.set_release_view(None);
         if let Some(error) = self.known_loss().await {
             return Err(error);
         }
