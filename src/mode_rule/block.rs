@@ -40,13 +40,18 @@ impl Block {
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         let (key, order) = self.holder.as_ref().map_or(("", 0), |(k, o)| (k.as_str(), *o));
-        let mut out = format!(
-            "lvb1 {} {} {order} {}\n{key}",
-            self.value.sequence,
-            u8::from(self.value.valid),
-            key.len()
-        )
-        .into_bytes();
+        let mut out = Vec::with_capacity(40 + key.len() + self.value.bytes.len());
+        out.extend_from_slice(b"lvb1 ");
+        push_decimal(&mut out, self.value.sequence);
+        out.extend_from_slice(if self.value.valid { b" 1 " } else { b" 0 " });
+        if order < 0 {
+            out.push(b'-');
+        }
+        push_decimal(&mut out, order.unsigned_abs());
+        out.push(b' ');
+        push_decimal(&mut out, key.len() as u64);
+        out.push(b'\n');
+        out.extend_from_slice(key.as_bytes());
         out.extend_from_slice(&self.value.bytes);
         out
     }

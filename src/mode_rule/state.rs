@@ -1,5 +1,7 @@
 //! The state an entry's value carries, and the wake rule that reads it.
 
+use std::cell::Cell;
+
 use super::*;
 
 /// One entry's state, as its value holds it: `dlm2 <granted|-> <requested>
@@ -71,12 +73,17 @@ impl State {
     /// earlier one, so a watcher never misses a change that came back.
     pub(crate) fn encode(self) -> Vec<u8> {
         let granted = self.granted.map_or("-", LockMode::label);
-        let nonce: u32 = rand_nonce();
-        format!(
-            "{STATE_HEAD} {granted} {} {} {} {} {} {nonce:08x}",
-            self.requested, self.token, self.blocked, self.since, self.conv
-        )
-        .into_bytes()
+        let mut out = Vec::with_capacity(64);
+        for word in [STATE_HEAD, granted, self.requested.label()] {
+            out.extend_from_slice(word.as_bytes());
+            out.push(b' ');
+        }
+        for number in [self.token, u64::from(self.blocked), self.since, u64::from(self.conv)] {
+            push_decimal(&mut out, number);
+            out.push(b' ');
+        }
+        push_hex8(&mut out, rand_nonce());
+        out
     }
 
     /// Reads a value; one lockline did not write counts as a waiting EX
@@ -119,9 +126,49 @@ impl State {
     }
 }
 
+/// A random 32-bit number: a per-thread xorshift generator, seeded from the
+/// system's random source once per thread (a system call per write would
+/// cost more than the rest of the encoding).
 pub(crate) fn rand_nonce() -> u32 {
-    let bytes = *uuid::Uuid::new_v4().as_bytes();
-    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    thread_local! {
+        static NEXT: Cell<u64> = Cell::new({
+            let bytes = *uuid::Uuid::new_v4().as_bytes();
+            // Never 0, which xorshift never leaves.
+            u64::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7]]) | 1
+        });
+    }
+    NEXT.with(|next| {
+        let mut x = next.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        next.set(x);
+        (x >> 32) as u32
+    })
+}
+
+/// Appends `n` in decimal, as `format!("{n}")` would.
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// Appends `n` as eight lowercase hexadecimal digits, as `format!("{n:08x}")`
+/// would.
+fn push_hex8(out: &mut Vec<u8>, n: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..8).rev() {
+        out.push(HEX[((n >> (shift * 4)) & 0xf) as usize]);
+    }
 }
 
 /// Whether an entry in state `other` keeps `me` waiting, as

@@ -67,6 +67,50 @@ fn states_round_trip() {
 }
 
 #[test]
+fn states_are_written_in_the_documented_layout() {
+    let state = State {
+        granted: Some(Pr),
+        requested: Ex,
+        token: u64::MAX,
+        blocked: WAITS | LISTENING | Cw.bit(),
+        since: 10,
+        conv: u32::MAX,
+    };
+    for (state, head) in [
+        (state, format!("dlm2 PR EX {} 196 10 {} ", u64::MAX, u32::MAX)),
+        (State::waiting(Nl), "dlm2 - NL 0 0 0 0 ".to_owned()),
+    ] {
+        let written = String::from_utf8(state.encode()).expect("text");
+        let (before, nonce) = written.split_at(written.len() - 8);
+        assert_eq!(before, head);
+        assert!(
+            nonce.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{nonce}"
+        );
+    }
+    let nonces: std::collections::HashSet<u32> = (0..1000).map(|_| rand_nonce()).collect();
+    assert_eq!(nonces.len(), 1000, "a thread's nonces do not repeat soon");
+    let other = std::thread::spawn(rand_nonce).join().expect("thread");
+    assert!(!nonces.contains(&other), "another thread draws from its own seed");
+}
+
+#[test]
+fn blocks_are_written_in_the_documented_layout() {
+    let named = Block {
+        value: LockValue {
+            bytes: b"v\n1".to_vec(),
+            sequence: u64::MAX,
+            valid: false,
+        },
+        holder: Some(("r/dlm/é".to_owned(), -3)),
+    };
+    let mut expected = format!("lvb1 {} 0 -3 8\nr/dlm/é", u64::MAX).into_bytes();
+    expected.extend_from_slice(b"v\n1");
+    assert_eq!(named.encode(), expected);
+    assert_eq!(Block::fresh().encode(), b"lvb1 0 1 0 0\n".to_vec());
+}
+
+#[test]
 fn blocks_round_trip() {
     let block = Block {
         value: LockValue {

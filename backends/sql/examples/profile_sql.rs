@@ -2,8 +2,11 @@
 //! for the performance work, against servers this program starts itself.
 //!
 //! ```text
-//! cargo run --release -p lockline-sql --example profile_sql [-- --seconds 5 --contenders 16 --engine both]
+//! cargo run --release -p lockline-sql --example profile_sql [-- --seconds 5 --contenders 16 --engine both --ex]
 //! ```
+//!
+//! With `--ex`, lockline's contenders lock a `Resource` in EX (a lock mode)
+//! instead of a `Mutex`; the named lock is the same.
 //!
 //! For each N, N contenders take and release one lock with zero hold time,
 //! as in `bench_sql` (lockline: each its own client and session; the bare
@@ -39,12 +42,12 @@ use lockline_bench::{usage_exit, BoxError, BoxResult, Contenders, Contest, Outco
 use lockline_sql::Sql;
 use support::{cpu_seconds, Db, Engine, Server};
 
-const USAGE: &str = "[--seconds 5] [--contenders 16] [--engine postgres|mariadb|both]";
+const USAGE: &str = "[--seconds 5] [--contenders 16] [--engine postgres|mariadb|both] [--ex]";
 
-fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, f64), String> {
+fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, f64, bool), String> {
     let (own, rest) = OwnFlags::take(
         std::env::args().skip(1),
-        &[],
+        &["--ex"],
         &["--engine", "--contenders", "--seconds"],
     )?;
     if let Some(other) = rest.first() {
@@ -66,12 +69,12 @@ fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, f64), String> {
     if !(0.1..=600.0).contains(&seconds) {
         return Err("--seconds must be within 0.1..=600".into());
     }
-    Ok((engines, contenders, seconds))
+    Ok((engines, contenders, seconds, own.switch("--ex")))
 }
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let (engines, contenders, seconds) =
+    let (engines, contenders, seconds, ex) =
         parse_args().unwrap_or_else(|message| usage_exit(&message, "profile_sql", USAGE));
     for (i, engine) in engines.into_iter().enumerate() {
         if i > 0 {
@@ -96,7 +99,15 @@ async fn main() -> BoxResult<()> {
             std::thread::available_parallelism().map_or(0, usize::from),
         );
         for &n in &contenders {
-            let lockline = match profile(&mut server, &mut side, n, seconds, Kind::Lockline).await {
+            let lockline = match profile(
+                &mut server,
+                &mut side,
+                n,
+                seconds,
+                if ex { Kind::Ex } else { Kind::Lockline },
+            )
+            .await
+            {
                 Ok(lockline) => lockline,
                 Err(error) => {
                     println!();
@@ -168,6 +179,8 @@ async fn main() -> BoxResult<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Lockline,
+    /// lockline's `Resource` locked in EX.
+    Ex,
     NamedLock,
 }
 
@@ -248,10 +261,30 @@ async fn profile(server: &mut Server, side: &mut Db, n: usize, seconds: f64, kin
     let url = server.url();
     let name = format!("profile/{kind:?}-{n}");
     let contenders = match kind {
-        Kind::Lockline => Some(Contenders::open(n, &name, || Client::new(Sql::new(url.clone()))).await?),
+        Kind::Lockline | Kind::Ex => Some(Contenders::open(n, &name, || Client::new(Sql::new(url.clone()))).await?),
         Kind::NamedLock => None,
     };
     let mut contest = match &contenders {
+        Some(contenders) if kind == Kind::Ex => {
+            let resources = contenders
+                .sessions()
+                .map(|session| session.resource(&format!("{name}-ex")))
+                .collect::<lockline::Result<Vec<_>>>()?;
+            let mut each = resources.into_iter();
+            Contest::start(n, Sampling::Window, move |mut contender| {
+                let resource = each.next().expect("one resource per contender");
+                async move {
+                    while contender.running() {
+                        let started = Instant::now();
+                        let guard = resource.lock(lockline::LockMode::Ex).await?;
+                        contender.granted(started);
+                        contender.releasing();
+                        guard.release().await?;
+                    }
+                    Ok::<_, lockline::Error>(())
+                }
+            })
+        }
         Some(contenders) => contenders.contest(Sampling::Window),
         None => {
             let mut contest = Contest::new(n, Sampling::Window);
