@@ -167,6 +167,14 @@ pub struct AppendRequest<'a> {
     /// read back with the append, where it can do so in the same round trip.
     /// The core decides from them alone whether the contender holds at once
     /// and, if not, which entry it waits on.
+    ///
+    /// For an entry of [`EntryKind::Dlm`], a window of the queue: when not 0,
+    /// [`Appended::queue`] may hold only this many of the entries nearest
+    /// before the new one (of any kind), the new one and those after it, in
+    /// creation order, where the backend can read fewer in the same round
+    /// trip. A backend may always return the whole queue. The core decides
+    /// to wait from the window alone (on the nearest entry that blocks it)
+    /// and reads the whole queue before a grant.
     pub nearest: usize,
 }
 
@@ -209,9 +217,10 @@ pub struct Appended {
     /// (the core then calls `earlier`).
     pub nearest: Option<Vec<Entry>>,
     /// For an entry of [`EntryKind::Dlm`], the whole queue as
-    /// [`BackendSession::read_queue`] would return it, read in the append's
-    /// own round trip, the new entry in it; `None` when the backend could
-    /// not read it with the append (the core then calls `read_queue`).
+    /// [`BackendSession::read_queue`] would return it, or the window of it
+    /// that [`AppendRequest::nearest`] allows, read in the append's own
+    /// round trip, the new entry in it; `None` when the backend could not
+    /// read it with the append (the core then calls `read_queue`).
     pub queue: Option<Queue>,
 }
 

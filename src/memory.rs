@@ -153,8 +153,17 @@ impl State {
     /// The lock-mode queue of `dir`, as [`BackendSession::read_queue`]
     /// gives it.
     fn queue(&self, dir: &str) -> Queue {
+        self.queue_window(dir, None)
+    }
+
+    /// The queue, or with `window` (an entry's order and a count) only that
+    /// many entries before the entry, the entry and those after it
+    /// ([`AppendRequest::nearest`] for a lock-mode entry).
+    fn queue_window(&self, dir: &str, window: Option<(i64, usize)>) -> Queue {
         let slots = self.dirs.get(dir).map_or_else(Vec::new, |dir| {
-            dir.values()
+            let from = window.and_then(|(order, count)| dir.range(..order).rev().nth(count - 1).map(|(&o, _)| o));
+            dir.range(from.unwrap_or(i64::MIN)..)
+                .map(|(_, key)| key)
                 .filter_map(|key| self.entries.get(key))
                 .map(|r| Slot {
                     entry: r.entry.clone(),
@@ -335,16 +344,21 @@ impl BackendSession for MemorySession {
         );
         state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
         self.store.appended.send_modify(|n| *n += 1);
-        let nearest = state.dirs.get(request.dir).map_or_else(Vec::new, |dir| {
-            dir.range(..order)
-                .rev()
-                .filter_map(|(_, key)| state.entries.get(key))
-                .filter(|r| request.conflicts.includes(r.entry.kind))
-                .take(request.nearest)
-                .map(|r| r.entry.clone())
-                .collect()
-        });
-        let queue = (request.kind == EntryKind::Dlm).then(|| state.queue(request.dir));
+        // A lock-mode request reads its window of the queue instead.
+        let nearest = (request.kind != EntryKind::Dlm)
+            .then(|| state.dirs.get(request.dir))
+            .flatten()
+            .map_or_else(Vec::new, |dir| {
+                dir.range(..order)
+                    .rev()
+                    .filter_map(|(_, key)| state.entries.get(key))
+                    .filter(|r| request.conflicts.includes(r.entry.kind))
+                    .take(request.nearest)
+                    .map(|r| r.entry.clone())
+                    .collect()
+            });
+        let window = (request.nearest > 0).then_some((order, request.nearest));
+        let queue = (request.kind == EntryKind::Dlm).then(|| state.queue_window(request.dir, window));
         Ok(Appended {
             entry,
             nearest: Some(nearest),

@@ -53,6 +53,20 @@ pub const MAX_LOCK_VALUE: usize = 1024;
 /// The first pause before retrying a transient failure; it doubles up to 1 s.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
+/// How many entries before a new request its append reads back, where the
+/// backend can read fewer than the whole queue (0: the whole queue). An EX
+/// request is blocked by every entry before it but a settled NL holder, so a
+/// few nearly always hold its blocker; a request in another mode may be
+/// compatible with many (readers behind readers) and would then read the
+/// whole queue after its window, so it reads the whole queue at once.
+fn window(mode: LockMode) -> usize {
+    if mode == LockMode::Ex {
+        4
+    } else {
+        0
+    }
+}
+
 /// A resource locked in one of the six [`LockMode`]s of a distributed lock
 /// manager (VMS, the Linux kernel's `fs/dlm`): NL, CR, CW, PR, PW and EX,
 /// with conversions in place, a lock value block and blocking notifications.
@@ -328,7 +342,7 @@ impl Resource {
             attempt: &attempt,
             value: &value,
             conflicts: Conflicts::All,
-            nearest: 0,
+            nearest: window(mode),
         };
         let appended = acquire.append(&request, &mut pending).await?;
         let mine = appended.entry;
@@ -344,6 +358,8 @@ impl Resource {
         let delay = inner.options.lock_delay();
         let mut delayed = false;
         loop {
+            // Whether this is the append's window of the queue.
+            let windowed = read.is_some() && request.nearest > 0;
             let queue = match read.take() {
                 Some(queue) => Ok(queue),
                 None => acquire.retrying(|| inner.remote.read_queue(&self.name)).await,
@@ -362,6 +378,13 @@ impl Resource {
                 pending.disarm();
                 return Err(inner.vanished_error(&mine.key).await);
             };
+            // The append's window of the queue, when the backend read one
+            // and it may not reach the head: the nearest blocker in it is
+            // the nearest of all (waiting on it is what the whole queue
+            // would decide), but anything else is decided from the whole.
+            if windowed && at >= request.nearest && view.blocker(at).is_none() {
+                continue;
+            }
             // Granted by the release of the entry it waited on, in that
             // release's write (the write's place in the server's order is
             // the token).

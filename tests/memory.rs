@@ -124,3 +124,80 @@ async fn lock_mode_appends_read_the_queue_and_value_watches_skip_unwanted_values
     assert!(remote.remove(&held).await.expect("remove"));
     assert_eq!(watching.await.expect("join").expect("watch"), None);
 }
+
+/// A lock-mode append with a window reads back only that many entries
+/// before its own (and its own); without one, or with one wider than the
+/// queue, the whole queue. An EX request behind a long queue of holders
+/// waits on the nearest, and is granted once every holder is gone.
+#[tokio::test]
+async fn a_lock_mode_append_reads_its_window_of_the_queue() {
+    use lockline::LockMode;
+    let store = MemoryBackend::new();
+    let session = Client::new(store.clone()).session().await.expect("session");
+    let remote = std::sync::Arc::clone(session.backend_session());
+    let append = |attempt: &'static str, nearest: usize| {
+        let remote = std::sync::Arc::clone(&remote);
+        async move {
+            let request = AppendRequest {
+                dir: "window",
+                kind: EntryKind::Dlm,
+                attempt,
+                value: b"",
+                conflicts: Conflicts::All,
+                nearest,
+            };
+            remote.append(&request).await.expect("append")
+        }
+    };
+    for attempt in ["a1", "a2", "a3", "a4", "a5"] {
+        append(attempt, 0).await;
+    }
+    let windowed = append("a6", 2).await;
+    let keys = |appended: &lockline::backend::Appended| -> Vec<String> {
+        let queue = appended.queue.as_ref().expect("the queue, read with the append");
+        queue.slots.iter().map(|slot| slot.entry.key.clone()).collect()
+    };
+    let all = store.keys("window");
+    assert_eq!(all.len(), 6);
+    assert_eq!(keys(&windowed), all[3..].to_vec());
+    assert_eq!(keys(&append("a7", 100).await).len(), 7);
+    assert_eq!(keys(&append("a8", 0).await).len(), 8);
+    drop(remote);
+    session.close().await.expect("close");
+
+    // Through the API: more holders than an EX request's window. Its window
+    // holds only NL holders, which do not block it; the whole queue holds a
+    // PR holder before them, which does.
+    let client = Client::memory();
+    let reader = client.session().await.expect("session");
+    let pr = reader
+        .resource("w")
+        .expect("resource")
+        .lock(LockMode::Pr)
+        .await
+        .expect("PR");
+    let mut nl = Vec::new();
+    for _ in 0..5 {
+        let s = client.session().await.expect("session");
+        nl.push(s.resource("w").expect("resource").lock(LockMode::Nl).await.expect("NL"));
+    }
+    let writer = client.session().await.expect("session");
+    let resource = writer.resource("w").expect("resource");
+    assert!(
+        resource.try_lock(LockMode::Ex).await.expect("try").is_none(),
+        "an EX granted beside a PR holder outside its window"
+    );
+    let waiting = tokio::spawn(async move { resource.lock(LockMode::Ex).await });
+    while client.stats().waits == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiting.is_finished(), "granted beside a PR holder");
+    pr.release().await.expect("release");
+    let guard = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("granted once the PR holder is gone")
+        .expect("task")
+        .expect("EX");
+    assert_eq!(guard.mode(), LockMode::Ex);
+    assert_eq!(nl.len(), 5, "beside the NL holders");
+}

@@ -179,3 +179,51 @@ fn a_cycle_through_a_waiting_request_is_found() {
     // waits for entry 0; entry 0 (→EX) waits for granted entry 2.
     assert!(v.in_cycle(2));
 }
+
+/// The window an EX append reads back (the entries nearest before the new
+/// request): the nearest blocker it finds there is the one the whole queue
+/// gives, and a window that reaches the head decides as the whole queue.
+#[test]
+fn a_window_before_a_request_finds_the_whole_queues_blocker() {
+    const MODES: [LockMode; 6] = [Nl, Cr, Cw, Pr, Pw, Ex];
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let mut waited = 0;
+    for _ in 0..20_000 {
+        let len = 1 + next(9);
+        let mut states: Vec<State> = (0..len - 1)
+            .map(|_| {
+                let requested = MODES[next(6)];
+                match next(3) {
+                    0 => State::waiting(requested),
+                    1 => State::held(requested, 1),
+                    _ => State {
+                        requested,
+                        ..State::held(MODES[next(6)], 1)
+                    },
+                }
+            })
+            .collect();
+        states.push(State::waiting(MODES[next(6)]));
+        let at = len - 1;
+        let whole = view(&states).blocker(at);
+        for count in 1..=4 {
+            let from = at.saturating_sub(count);
+            let window = view(&states[from..]);
+            match window.blocker(at - from) {
+                Some(on) => {
+                    waited += 1;
+                    assert_eq!(Some(on + from), whole, "{states:?} window of {count}");
+                }
+                None if from == 0 => assert_eq!(whole, None, "{states:?}"),
+                None => {}
+            }
+        }
+    }
+    assert!(waited > 10_000, "the windows found blockers {waited} times");
+}
