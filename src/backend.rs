@@ -172,9 +172,11 @@ pub struct AppendRequest<'a> {
     /// [`Appended::queue`] may hold only this many of the entries nearest
     /// before the new one (of any kind), the new one and those after it, in
     /// creation order, where the backend can read fewer in the same round
-    /// trip. A backend may always return the whole queue. The core decides
-    /// to wait from the window alone (on the nearest entry that blocks it)
-    /// and reads the whole queue before a grant.
+    /// trip. Fewer than this many before the new one must mean that there
+    /// are no more: a window passes over entries it leaves out as expired.
+    /// A backend may always return the whole queue. The core decides to
+    /// wait from the window alone (on the nearest entry that blocks it) and
+    /// reads the whole queue before a grant.
     pub nearest: usize,
 }
 

@@ -47,19 +47,52 @@ local function reap(q, prefix, member)
   redis.call('PUBLISH', prefix .. 'c:' .. member, 'lost')
 end
 
+-- One entry of a lock-mode queue as `READ_QUEUE` gives it, or nil (and
+-- its member reaped) when the entry expired.
+local function slot_of(q, prefix, member)
+  local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'order', 'owner', 'value', 'changed')
+  if not fields[1] then
+    reap(q, prefix, member)
+    return nil
+  end
+  local order = fields[2] or ''
+  return {member, fields[1], order, fields[3] or '', fields[4] or '', fields[5] or order}
+end
+
 -- The queue of a lock-mode resource (see `READ_QUEUE`).
 local function queue_of(q, prefix, block)
   local members = redis.call('ZRANGE', q, 0, -1)
   local out = {}
   for i = 1, #members do
-    local member = members[i]
-    local fields = redis.call('HMGET', prefix .. 'e:' .. member, 'kind', 'order', 'owner', 'value', 'changed')
-    if fields[1] then
-      local order = fields[2] or ''
-      out[#out + 1] = {member, fields[1], order, fields[3] or '', fields[4] or '', fields[5] or order}
-    else
-      reap(q, prefix, member)
+    out[#out + 1] = slot_of(q, prefix, members[i])
+  end
+  return {out, redis.call('GET', block)}
+end
+
+-- The window of it an append reads (`AppendRequest::nearest`): the `count`
+-- live entries nearest before the one of `order` (fewer only when the
+-- queue has fewer: expired ones are reaped and passed over), that one and
+-- those after it.
+local function window_of(q, prefix, block, order, count)
+  local before = {}
+  local upper = '(' .. order
+  while #before < count do
+    local batch = redis.call('ZREVRANGEBYSCORE', q, upper, '-inf', 'WITHSCORES', 'LIMIT', 0, count)
+    if #batch == 0 then break end
+    for i = 1, #batch, 2 do
+      upper = '(' .. batch[i + 1]
+      local slot = slot_of(q, prefix, batch[i])
+      if slot then
+        before[#before + 1] = slot
+        if #before >= count then break end
+      end
     end
+  end
+  local out = {}
+  for i = #before, 1, -1 do out[#out + 1] = before[i] end
+  local rest = redis.call('ZRANGEBYSCORE', q, order, '+inf')
+  for i = 1, #rest do
+    out[#out + 1] = slot_of(q, prefix, rest[i])
   end
   return {out, redis.call('GET', block)}
 end
@@ -165,8 +198,10 @@ end
 /// request was sent to, `<run_id>:<master_replid>` (learned on its
 /// connection before anything else was sent on it; empty: read here, with
 /// `INFO`; `-`: unknown, the user may not run `INFO`, and the counter is
-/// only started when missing, never lifted). Returns `{order, nearest}` (the order as a string); a retried
-/// append finds its own entry.
+/// only started when missing, never lifted), and for a lock-mode entry the
+/// window of the queue to read (0: all of it; see `window_of`). Returns
+/// `{order, nearest}` (the order as a string); a retried append finds its
+/// own entry.
 ///
 /// The counter is started from the server's clock, `TIME` in microseconds
 /// (seconds followed by six digits of microseconds, put together as text,
@@ -213,7 +248,11 @@ if not order then
 end
 local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
 local first = head(out, plain, entry, ARGV[6], ARGV[9], prefix)
-if ARGV[10] == '1' then return {order, first, queue_of(q, prefix, KEYS[5])} end
+if ARGV[10] == '1' then
+  local window = tonumber(ARGV[12] or '0')
+  if window > 0 then return {order, first, window_of(q, prefix, KEYS[5], order, window)} end
+  return {order, first, queue_of(q, prefix, KEYS[5])}
+end
 return {order, first}
 "#;
 

@@ -298,9 +298,21 @@ impl BackendSession for RedisSession {
             .arg(request.value)
             .arg(shared.ttl_ms())
             .arg(conflicts_arg(request.conflicts))
-            .arg(request.nearest.max(1))
+            // A lock-mode entry's `nearest` is its window of the queue
+            // (the last argument); of the nearest conflicting entries it
+            // reads one, as every append does.
+            .arg(if request.kind == EntryKind::Dlm {
+                1
+            } else {
+                request.nearest.max(1)
+            })
             .arg(Self::wants_plain(request.kind))
             .arg(if request.kind == EntryKind::Dlm { "1" } else { "0" });
+        let window = if request.kind == EntryKind::Dlm {
+            request.nearest
+        } else {
+            0
+        };
         // The epoch of the server at the other end of the very connection
         // the append goes on (see `APPEND`): rides on the append itself, no
         // request of its own.
@@ -308,7 +320,7 @@ impl BackendSession for RedisSession {
         let script = &scripts.append;
         let (reply, acked) = shared
             .exchange(what, shared.options.request_timeout(), |mut link| async move {
-                invocation.arg(link.epoch());
+                invocation.arg(link.epoch()).arg(window);
                 shared.invoke(script, &invocation, true, &mut link).await
             })
             .await
@@ -328,7 +340,11 @@ impl BackendSession for RedisSession {
         let Some(((order, mut nearest), queue)) = parsed else {
             return Err(bad_reply("append to the queue", &reply));
         };
-        nearest.truncate(request.nearest);
+        nearest.truncate(if request.kind == EntryKind::Dlm {
+            0
+        } else {
+            request.nearest
+        });
         if let Some(tracked) = shared.entries().get_mut(&key) {
             tracked.known = true;
             tracked.order = Some(order);

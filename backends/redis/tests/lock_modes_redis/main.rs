@@ -287,6 +287,45 @@ async fn an_append_reads_its_queue_in_the_same_script(fixture: &Fixture) {
     assert_eq!(appended.queue, None);
 }
 
+/// An append with a window (`AppendRequest::nearest`) reads back that many
+/// live entries before its own, passing over (and reaping) one that
+/// expired, then its own; a window wider than the queue reads all of it.
+async fn an_append_reads_a_window_of_its_queue(fixture: &Fixture) {
+    let (a, b) = (fixture.open(TTL).await, fixture.open(TTL).await);
+    let mut before = Vec::new();
+    for attempt in ["w1", "w2", "w3", "w4", "w5", "w6"] {
+        before.push(append(&a, attempt, b"waiting EX").await);
+    }
+    // w5's entry expires (its hash gone, its member still queued).
+    let expired = "{modes/resource}:e:w5";
+    let deleted: i64 = fixture.query(expired, redis::cmd("DEL").arg(expired)).await;
+    assert_eq!(deleted, 1);
+    let mut request = AppendRequest {
+        dir: DIR,
+        kind: EntryKind::Dlm,
+        attempt: "w7",
+        value: b"waiting EX",
+        conflicts: Conflicts::All,
+        nearest: 2,
+    };
+    let appended = bounded("append", b.append(&request)).await.expect("append");
+    let window = appended.queue.expect("the window, read with the append");
+    assert_eq!(
+        entries(&window),
+        vec![before[3].clone(), before[5].clone(), appended.entry.clone()],
+        "w4 and w6 before it, w5 passed over"
+    );
+    let whole = read(&b).await;
+    assert_eq!(entries(&whole).len(), 6, "w5 reaped: {:?}", entries(&whole));
+    assert!(!entries(&whole).contains(&before[4]));
+    request.attempt = "w8";
+    request.nearest = 100;
+    let appended = bounded("append", b.append(&request)).await.expect("append");
+    let all = appended.queue.expect("the queue, read with the append");
+    assert_eq!(all, read(&b).await);
+    assert_eq!(entries(&all).len(), 7);
+}
+
 /// `watch_value_until` watches past the values it does not want and
 /// returns the first it wants, or `None` once the entry goes.
 async fn a_value_watch_until_watches_past_unwanted_values(fixture: &Fixture) {
@@ -864,6 +903,7 @@ macro_rules! on_node_and_cluster {
 on_node_and_cluster!(
     read_queue_gives_entries_in_creation_order_with_values,
     an_append_reads_its_queue_in_the_same_script,
+    an_append_reads_a_window_of_its_queue,
     a_value_watch_until_watches_past_unwanted_values,
     update_applies_everything_with_a_rising_token,
     a_changed_version_fails_the_update,
