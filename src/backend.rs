@@ -180,6 +180,19 @@ pub struct AppendRequest<'a> {
     pub nearest: usize,
 }
 
+impl<'a> AppendRequest<'a> {
+    /// The request as a backend that reads no window of a lock-mode queue
+    /// takes it: for an entry of [`EntryKind::Dlm`], `nearest` 0 (the
+    /// window is a license to read less, never an ask for the nearest
+    /// entries of another recipe); any other request unchanged.
+    pub fn without_window(&self) -> AppendRequest<'a> {
+        match self.kind {
+            EntryKind::Dlm => AppendRequest { nearest: 0, ..*self },
+            _ => *self,
+        }
+    }
+}
+
 /// Which new values of an entry a
 /// [`watch_value_until`](BackendSession::watch_value_until) returns.
 pub type Wanted = dyn for<'v> Fn(&'v [u8]) -> bool + Send + Sync;

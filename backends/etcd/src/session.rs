@@ -346,7 +346,8 @@ impl BackendSession for EtcdSession {
     /// earlier conflicting keys; else read it (a retry after a lost response
     /// finds its own key).
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
-        self.append_entry(request).await
+        // The whole queue (or none) for a lock-mode entry, never a window.
+        self.append_entry(&request.without_window()).await
     }
 
     /// One round trip: confirm my key is still the same entry and read the

@@ -355,7 +355,8 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
     }
 
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
-        self.append_entry(request).await
+        // The whole queue (or none) for a lock-mode entry, never a window.
+        self.append_entry(&request.without_window()).await
     }
 
     async fn earlier(&self, entry: &Entry, conflicts: Conflicts, count: usize) -> Result<Earlier> {

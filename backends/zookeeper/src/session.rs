@@ -250,7 +250,8 @@ impl BackendSession for ZkSession {
     /// uncertain attempt looks for its node (by the attempt id in its name)
     /// before creating one; a failed look-up fails the retry, never creates.
     async fn append(&self, request: &AppendRequest<'_>) -> Result<Appended> {
-        self.append_node(request).await
+        // The whole queue (or none) for a lock-mode entry, never a window.
+        self.append_node(&request.without_window()).await
     }
 
     /// One round trip: list the directory; my node must be among the children.
