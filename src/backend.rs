@@ -172,11 +172,13 @@ pub struct AppendRequest<'a> {
     /// [`Appended::queue`] may hold only this many of the entries nearest
     /// before the new one (of any kind), the new one and those after it, in
     /// creation order, where the backend can read fewer in the same round
-    /// trip. Fewer than this many before the new one must mean that there
-    /// are no more: a window passes over entries it leaves out as expired.
-    /// A backend may always return the whole queue. The core decides to
-    /// wait from the window alone (on the nearest entry that blocks it) and
-    /// reads the whole queue before a grant.
+    /// trip. A window holds exactly this many entries before the new one,
+    /// or all of them when there are fewer: it passes over entries it
+    /// leaves out as expired. A backend may always return the whole queue
+    /// instead (more entries before the new one than this can only be the
+    /// whole queue). The core decides to wait from a window alone (on the
+    /// nearest entry that blocks it) and reads the whole queue before a
+    /// grant.
     pub nearest: usize,
 }
 

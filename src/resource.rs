@@ -379,10 +379,13 @@ impl Resource {
                 return Err(inner.vanished_error(&mine.key).await);
             };
             // The append's window of the queue, when the backend read one
-            // and it may not reach the head: the nearest blocker in it is
-            // the nearest of all (waiting on it is what the whole queue
-            // would decide), but anything else is decided from the whole.
-            if windowed && at >= request.nearest && view.blocker(at).is_none() {
+            // and it may not reach the head (exactly `nearest` entries
+            // before this one: fewer reach the head, and more are the
+            // whole queue, from a backend that reads no window): the
+            // nearest blocker in it is the nearest of all (waiting on it is
+            // what the whole queue would decide), but anything else is
+            // decided from the whole.
+            if windowed && at == request.nearest && view.blocker(at).is_none() {
                 continue;
             }
             // Granted by the release of the entry it waited on, in that
