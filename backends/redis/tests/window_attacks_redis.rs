@@ -19,7 +19,6 @@ use lockline::{Client, Error, LockMode};
 use lockline_redis::Redis;
 use lockline_testkit::{RedisCluster, RedisServer};
 
-#[path = "support/mod.rs"]
 mod support;
 
 struct Rng(u64);
@@ -309,11 +308,11 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_live_contenders() {
     let server = RedisServer::start().expect("start redis");
-    live(Redis::new(server.url()), vec![server.url()], 7, 25).await;
+    live(Redis::new(server.url()), vec![server.url()], 7, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_live_contenders() {
     let cluster = RedisCluster::start(3).expect("start a cluster");
-    live(Redis::cluster(cluster.urls()), cluster.urls(), 8, 25).await;
+    live(Redis::cluster(cluster.urls()), cluster.urls(), 8, 10).await;
 }

@@ -135,16 +135,24 @@ impl Fixture {
     }
 }
 
-async fn append(session: &Arc<dyn BackendSession>, attempt: &str, value: &[u8]) -> Entry {
-    let request = AppendRequest {
+/// A lock-mode append to the case's resource, with a window of `nearest`
+/// (0: the whole queue).
+fn request<'a>(attempt: &'a str, value: &'a [u8], nearest: usize) -> AppendRequest<'a> {
+    AppendRequest {
         dir: DIR,
         kind: EntryKind::Dlm,
         attempt,
         value,
         conflicts: Conflicts::All,
-        nearest: 0,
-    };
-    bounded("append", session.append(&request)).await.expect("append").entry
+        nearest,
+    }
+}
+
+async fn append(session: &Arc<dyn BackendSession>, attempt: &str, value: &[u8]) -> Entry {
+    bounded("append", session.append(&request(attempt, value, 0)))
+        .await
+        .expect("append")
+        .entry
 }
 
 async fn read(session: &Arc<dyn BackendSession>) -> Queue {
@@ -268,14 +276,7 @@ async fn an_append_reads_its_queue_in_the_same_script(fixture: &Fixture) {
         block: Some(b"block"),
     };
     update(&a, &block_update).await.expect("block");
-    let mut request = AppendRequest {
-        dir: DIR,
-        kind: EntryKind::Dlm,
-        attempt: "second",
-        value: b"waiting EX",
-        conflicts: Conflicts::All,
-        nearest: 0,
-    };
+    let mut request = request("second", b"waiting EX", 0);
     let appended = bounded("append", b.append(&request)).await.expect("append");
     let queue = appended.queue.expect("the queue, read with the append");
     assert_eq!(queue, read(&b).await);
@@ -300,14 +301,7 @@ async fn an_append_reads_a_window_of_its_queue(fixture: &Fixture) {
     let expired = "{modes/resource}:e:w5";
     let deleted: i64 = fixture.query(expired, redis::cmd("DEL").arg(expired)).await;
     assert_eq!(deleted, 1);
-    let mut request = AppendRequest {
-        dir: DIR,
-        kind: EntryKind::Dlm,
-        attempt: "w7",
-        value: b"waiting EX",
-        conflicts: Conflicts::All,
-        nearest: 2,
-    };
+    let mut request = request("w7", b"waiting EX", 2);
     let appended = bounded("append", b.append(&request)).await.expect("append");
     let window = appended.queue.expect("the window, read with the append");
     assert_eq!(

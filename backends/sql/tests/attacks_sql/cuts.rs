@@ -4,6 +4,12 @@
 
 use super::*;
 
+/// The TTL of a waiter on a good connection, in ms: what these cases bound
+/// counts from the cut holder's TTL, and a loaded machine can starve a
+/// short-lived waiter's renewals before it even queues (its session lost,
+/// it never waits).
+const WAITER_TTL: u64 = 8000;
+
 /// A session with a TTL of `ttl` ms through a proxy of its own, which can
 /// cut it off from `db`: the proxy, and the session.
 async fn behind_a_proxy(db: &Db, ttl: u64) -> (TcpProxy, lockline::Session) {
@@ -126,7 +132,7 @@ async fn a_cut_during_a_heartbeat_is_told_before_the_next_grant(db: Db) {
     let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("beat").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
-    let w = near.session_with(options(ttl)).await.expect("session");
+    let w = near.session_with(options(WAITER_TTL)).await.expect("session");
     let waiter = {
         let mutex = w.mutex("beat").expect("mutex");
         tokio::spawn(async move {
@@ -193,7 +199,7 @@ async fn a_cut_during_a_release_is_safe(db: Db) {
     let released = h.mutex("rel/released").expect("mutex").lock().await.expect("lock");
     let kept = h.mutex("rel/kept").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
-    let w = near.session_with(options(ttl)).await.expect("session");
+    let w = near.session_with(options(WAITER_TTL)).await.expect("session");
     let spawn_wait = |name: &'static str| {
         let mutex = w.mutex(name).expect("mutex");
         tokio::spawn(async move {
@@ -329,7 +335,7 @@ async fn a_cut_holder_cannot_commit_after_the_next_grant(db: Db) {
     let held = h.mutex("fenced-cut").expect("mutex").lock().await.expect("lock");
     let token = i64::try_from(held.token().get()).expect("token");
     let near = Client::new(Sql::new(url.clone()));
-    let w = near.session_with(options(ttl)).await.expect("session");
+    let w = near.session_with(options(WAITER_TTL)).await.expect("session");
     let waiter = {
         let mutex = w.mutex("fenced-cut").expect("mutex");
         tokio::spawn(async move { mutex.lock().await })
@@ -399,7 +405,7 @@ async fn a_holder_that_hears_nothing_is_told_before_the_next_grant(db: Db) {
     let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("one-way").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
-    let w = near.session_with(options(ttl)).await.expect("session");
+    let w = near.session_with(options(WAITER_TTL)).await.expect("session");
     let waiter = {
         let mutex = w.mutex("one-way").expect("mutex");
         tokio::spawn(async move {
