@@ -43,6 +43,19 @@ pub(super) fn check_overlaps(
             if a.converted_at.is_some_and(|converted| converted < b.token) {
                 continue;
             }
+            // `a` went up to a mode `b` shares (CW to PR beside a PR grant)
+            // with no fresh token, and `b` was granted while `a`'s holder
+            // waited for that conversion's answer: the server may have
+            // converted `a` first (as the rule has it: a converting entry
+            // blocks through both its modes), and nothing in the history
+            // orders the two. Counted, not judged; the rule itself is the
+            // model's to check (its `ConvertingCountsNewModeOnly` twin).
+            if a.unordered_conversion
+                .is_some_and(|(asked, to)| b.grant >= asked && b.mode.is_some_and(|m| m.compatible(to)))
+            {
+                report.overlaps_conversion_unordered += 1;
+                continue;
+            }
             report.overlaps_raw += 1;
             let overlap = Overlap::of(a, b, end, writes, paused, faults, bounds);
             judge_writes(&overlap, bounds, report);

@@ -26,6 +26,11 @@ pub struct Report {
     /// Lock-mode runs: pairs of holders whose sections overlapped in
     /// compatible modes (sharing, as the matrix allows).
     pub overlaps_compatible: usize,
+    /// Lock-mode runs: grants made while an earlier holder waited for an
+    /// up-conversion that takes no fresh token (CW to PR), in a mode its new
+    /// mode admits, while its old one did not: the server's order of the
+    /// two is unknown, and they are not judged.
+    pub overlaps_conversion_unordered: usize,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, usize>,
     /// Overlapping pairs of critical sections.
@@ -91,13 +96,14 @@ impl fmt::Display for Report {
                 .collect();
             writeln!(
                 f,
-                "lock modes granted: {}; conversions: {} up, {} down; deadlocks: {}; conversion timeouts: {}; compatible holders side by side: {}",
+                "lock modes granted: {}; conversions: {} up, {} down; deadlocks: {}; conversion timeouts: {}; compatible holders side by side: {}; grants during a conversion without a fresh token, not judged: {}",
                 modes.join(", "),
                 self.conversions.0,
                 self.conversions.1,
                 self.deadlocks,
                 self.convert_timeouts,
-                self.overlaps_compatible
+                self.overlaps_compatible,
+                self.overlaps_conversion_unordered
             )?;
         }
         let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();

@@ -33,6 +33,14 @@ pub(super) struct Section {
     /// converted it there, in its order of grants, whenever its holder
     /// heard of it.
     pub(super) converted_at: Option<u64>,
+    /// While its holder waits for an up-conversion: when it asked, and for
+    /// which mode.
+    pub(super) converting: Option<(u64, LockMode)>,
+    /// Ended by an up-conversion that took no fresh token (to CR or PR;
+    /// what matters is CW to PR): when its holder asked for it, and the mode
+    /// it went to. The server's order of that conversion and a grant made
+    /// while the holder waited for its answer is unknown.
+    pub(super) unordered_conversion: Option<(u64, LockMode)>,
 }
 
 impl Section {
@@ -133,6 +141,8 @@ impl Cut {
     fn follow(&mut self, event: &Event, bounds: Bounds, report: &mut Report) {
         match &event.what {
             What::Grant { token, mode, .. } => self.grant(event, *token, *mode),
+            What::Converting { to, .. } => self.asked(event, Some(*to)),
+            What::Deadlock { .. } | What::ConvertTimeout { .. } => self.asked(event, None),
             What::Converted { from, to, token } => self.convert(event, *from, *to, *token, bounds, report),
             What::Lost { token } => self.lose(event, *token),
             What::Release { .. } | What::Killed | What::Exited | What::Idle | What::Closed => {
@@ -155,6 +165,14 @@ impl Cut {
         self.begin(event, token, mode, false, true);
     }
 
+    /// An up-conversion asked for (`Some`), or failed (`None`: the holder
+    /// keeps its mode, as if it never asked).
+    fn asked(&mut self, event: &Event, to: Option<LockMode>) {
+        if let Some(i) = self.open.get(&event.tag).copied() {
+            self.sections[i].converting = to.map(|to| (event.t, to));
+        }
+    }
+
     /// A conversion: ends the section in `from` and begins one in `to`
     /// (with a fresh token when it went up to a writing mode). A process
     /// that did not hold `from` is reported.
@@ -174,6 +192,8 @@ impl Cut {
                 old.end.get_or_insert(event.t);
                 if up && to.writes() {
                     old.converted_at = Some(token);
+                } else if up {
+                    old.unordered_conversion = old.converting.filter(|&(_, asked)| asked == to);
                 }
                 self.begin(event, token, Some(to), true, up && to.writes());
             }
@@ -219,6 +239,8 @@ impl Cut {
             converted,
             fresh,
             converted_at: None,
+            converting: None,
+            unordered_conversion: None,
         });
     }
 

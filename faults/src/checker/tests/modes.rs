@@ -225,3 +225,34 @@ fn an_up_conversion_the_server_made_before_the_next_grant_ends_the_old_mode_ther
     assert_eq!(beside.violations.len(), 1, "{beside}");
     assert_first(&beside, "lost() after the next grant: c0.0 (token 10 in PR");
 }
+
+#[test]
+fn a_grant_while_a_cw_holder_waits_to_convert_to_pr_is_counted_not_judged() {
+    // c0 holds CW (token 10) and asks for PR at 2 s; c1 is granted PR at
+    // 2.1 s, and c0 hears of its conversion at 2.2 s (a CW to PR
+    // conversion keeps its token: nothing orders the two on the server).
+    let run = |c1_granted: u64, c0_converts: bool| {
+        let mut events = vec![
+            granted_in(S, 0, 10, Cw),
+            converting(2 * S, 0, Cw, Pr),
+            granted_in(c1_granted, 1, 11, Pr),
+        ];
+        if c0_converts {
+            events.push(converted(2 * S + S / 5, 0, Cw, Pr, 10));
+        } else {
+            events.push(ev(2 * S + S / 5, 0, What::ConvertTimeout { from: Cw, to: Pr }));
+        }
+        events.extend([release(3 * S, 1, 11), release(4 * S, 0, 10)]);
+        check_events(&events, 5 * S)
+    };
+    let waited = run(2 * S + S / 10, true);
+    assert_clean(&waited);
+    assert_eq!(waited.overlaps_conversion_unordered, 1, "{waited}");
+    // Granted before c0 asked: PR beside CW.
+    let before = run(2 * S - S / 10, true);
+    assert_first(&before, "lost() after the next grant: c0.0 (token 10 in CW");
+    // The conversion timed out: c0 kept CW, and PR was granted beside it.
+    let kept = run(2 * S + S / 10, false);
+    assert_first(&kept, "lost() after the next grant: c0.0 (token 10 in CW");
+    assert_eq!(kept.overlaps_conversion_unordered, 0);
+}
