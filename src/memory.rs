@@ -345,9 +345,10 @@ impl BackendSession for MemorySession {
         state.dirs.entry(request.dir.to_owned()).or_default().insert(order, key);
         self.store.appended.send_modify(|n| *n += 1);
         // A lock-mode request reads its window of the queue instead.
-        let nearest = (request.kind != EntryKind::Dlm)
-            .then(|| state.dirs.get(request.dir))
-            .flatten()
+        let nearest = state
+            .dirs
+            .get(request.dir)
+            .filter(|_| request.kind != EntryKind::Dlm)
             .map_or_else(Vec::new, |dir| {
                 dir.range(..order)
                     .rev()

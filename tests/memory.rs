@@ -188,9 +188,9 @@ async fn a_lock_mode_append_reads_its_window_of_the_queue() {
         "an EX granted beside a PR holder outside its window"
     );
     let waiting = tokio::spawn(async move { resource.lock(LockMode::Ex).await });
-    while client.stats().waits == 0 {
-        tokio::task::yield_now().await;
-    }
+    tokio::time::timeout(Duration::from_secs(20), client.wait_for_stats(|s| s.waits >= 1))
+        .await
+        .expect("the EX request waits");
     assert!(!waiting.is_finished(), "granted beside a PR holder");
     pr.release().await.expect("release");
     let guard = tokio::time::timeout(Duration::from_secs(20), waiting)

@@ -705,3 +705,41 @@ pub(crate) async fn regression_cancellation_at_every_await_point_sweep() {
 }
 
 // ===========================================================================
+
+/// The append's window of the queue (`AppendRequest::nearest`): an EX
+/// request's append reads back the 4 entries before it and itself; a
+/// request in any other mode reads the whole queue (a reader behind readers
+/// would find no blocker in a window, and read again).
+#[tokio::test]
+async fn an_ex_append_reads_a_window_of_four_and_other_modes_the_whole_queue() {
+    let (gated, mut sessions) = gated_sessions(8).await;
+    let (_, asker) = sessions.pop().expect("session");
+    let mut held = Vec::new();
+    for (_, session) in &sessions {
+        let resource = session.resource("window").expect("resource");
+        held.push(resource.lock(LockMode::Pr).await.expect("PR"));
+    }
+    let resource = asker.resource("window").expect("resource");
+    for (mode, slots) in [
+        (LockMode::Ex, 5),
+        (LockMode::Cw, 8),
+        (LockMode::Pw, 8),
+        (LockMode::Nl, 8),
+    ] {
+        let before: HashSet<(String, String)> = gated.ctl.appended.lock().unwrap().keys().cloned().collect();
+        // Each is blocked by the PR holders but NL, which is granted.
+        let guard = resource.try_lock(mode).await.expect("try");
+        assert_eq!(guard.is_some(), mode == LockMode::Nl, "{mode}");
+        drop(guard);
+        let appended = gated.ctl.appended.lock().unwrap();
+        let mine: Vec<&Appended> = appended
+            .iter()
+            .filter(|(key, _)| key.0 == asker.id() && !before.contains(*key))
+            .map(|(_, appended)| appended)
+            .collect();
+        assert_eq!(mine.len(), 1, "{mode}: one append");
+        let queue = mine[0].queue.as_ref().expect("the queue, read with the append");
+        assert_eq!(queue.slots.len(), slots, "{mode}: entries read back with the append");
+    }
+    drop(held);
+}
