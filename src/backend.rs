@@ -285,6 +285,12 @@ pub struct Queue {
     pub block: Option<Vec<u8>>,
 }
 
+/// The first bytes of the value of every lock-mode request that asks for
+/// EX and was never granted (see
+/// [`BackendSession::read_queue_woken`]): a backend may end a prefix of a
+/// queue at the first entry whose value begins with them.
+pub const WAITING_EX: &[u8] = b"dlm2 - EX ";
+
 /// An atomic, conditional change of a lock-mode resource: all of it, or
 /// nothing when a condition fails.
 #[derive(Debug, Clone, Copy)]
@@ -568,6 +574,32 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
             backend: "this",
             operation: "lock modes",
         })
+    }
+
+    /// Reads a lock-mode resource for a waiter whose wait on one of its
+    /// entries just ended: as [`read_queue`](Self::read_queue) (`true`:
+    /// the whole queue), or, where the backend already holds a read made
+    /// after the change that ended the wait (what a hand-over's message
+    /// carried), only a *prefix* of it (`false`): every entry from the
+    /// first through the first one whose value begins with
+    /// [`WAITING_EX`] (or through the last, if none does), with the block.
+    ///
+    /// Such a request blocks every request behind it, and none behind it
+    /// is granted in a mode other than NL while it waits, so the prefix
+    /// holds every granted entry but NL holders, and everything the
+    /// entries in it wait on. A waiter decides from a prefix only that it
+    /// was handed the lock, or which entry it waits on; anything else it
+    /// decides from a whole read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Only reads; cancelling it leaves nothing behind.
+    ///
+    /// # Errors
+    ///
+    /// As [`read_queue`](Self::read_queue).
+    async fn read_queue_woken(&self, dir: &str) -> Result<(Queue, bool)> {
+        Ok((self.read_queue(dir).await?, true))
     }
 
     /// Applies `update` atomically if every entry in `update.unchanged` still

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::{
-    backend::{Queue, QueueUpdate, Slot, Wanted},
+    backend::{Queue, QueueUpdate, Slot, Wanted, WAITING_EX},
     AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
     Result, SessionOptions, SessionState, Write,
 };
@@ -177,6 +177,37 @@ impl State {
             slots,
             block: self.blocks.get(dir).cloned(),
         }
+    }
+
+    /// The queue of `dir` through its first entry whose value begins with
+    /// [`WAITING_EX`], and whether that is all of it (see
+    /// [`BackendSession::read_queue_woken`]).
+    fn queue_prefix(&self, dir: &str) -> (Queue, bool) {
+        let mut whole = true;
+        let slots = self.dirs.get(dir).map_or_else(Vec::new, |dir| {
+            let mut records = dir.values().filter_map(|key| self.entries.get(key));
+            let mut slots = Vec::new();
+            while let Some(record) = records.next() {
+                let value = record.value.borrow().clone().unwrap_or_default();
+                let ends = value.starts_with(WAITING_EX);
+                slots.push(Slot {
+                    entry: record.entry.clone(),
+                    value,
+                    version: record.version,
+                    changed: record.changed,
+                });
+                if ends {
+                    whole = records.next().is_none();
+                    break;
+                }
+            }
+            slots
+        });
+        let queue = Queue {
+            slots,
+            block: self.blocks.get(dir).cloned(),
+        };
+        (queue, whole)
     }
 
     fn record_mut(&mut self, entry: &Entry) -> Option<&mut Record> {
@@ -467,6 +498,11 @@ impl BackendSession for MemorySession {
 
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
         Ok(self.store.lock().queue(dir))
+    }
+
+    /// Only the prefix: each read copies the entries it gives.
+    async fn read_queue_woken(&self, dir: &str) -> Result<(Queue, bool)> {
+        Ok(self.store.lock().queue_prefix(dir))
     }
 
     async fn update_queue(&self, update: &QueueUpdate<'_>) -> Result<Option<u64>> {

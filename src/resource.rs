@@ -357,11 +357,22 @@ impl Resource {
         let mut last_gone: Option<Entry> = None;
         let delay = inner.options.lock_delay();
         let mut delayed = false;
+        // Whether the last wait ended with a change of the entry waited on:
+        // the next read may then be a prefix of the queue.
+        let mut woken = false;
         loop {
             // Whether this is the append's window of the queue.
             let windowed = read.is_some() && request.nearest > 0;
+            let mut prefix = false;
             let queue = match read.take() {
                 Some(queue) => Ok(queue),
+                None if std::mem::take(&mut woken) => acquire
+                    .retrying(|| inner.remote.read_queue_woken(&self.name))
+                    .await
+                    .map(|(queue, whole)| {
+                        prefix = !whole;
+                        queue
+                    }),
                 None => acquire.retrying(|| inner.remote.read_queue(&self.name)).await,
             };
             let queue = match queue {
@@ -375,6 +386,11 @@ impl Resource {
             };
             let view = View::new(&self.name, queue)?;
             let Some(at) = view.position(&mine) else {
+                // Past the end of a prefix (another contender's wake read
+                // it): read the whole queue.
+                if prefix {
+                    continue;
+                }
                 pending.disarm();
                 return Err(inner.vanished_error(&mine.key).await);
             };
@@ -399,6 +415,11 @@ impl Resource {
                 }
                 Err(view) => view,
             };
+            // A prefix of the queue holds every entry before this one, so
+            // its nearest blocker; nothing else is decided from it.
+            if prefix && view.blocker(at).is_none() {
+                continue;
+            }
             let Some(on) = view.blocker(at) else {
                 let state = inner.state();
                 if state.is_over() {
@@ -507,7 +528,7 @@ impl Resource {
                     acquire.own_watch_ended(gone, &mine, &mut pending, &mut own_watch, &mut backoff).await?;
                 }
                 changed = changed(inner, &blocker, seen, view.slots[at].1) => {
-                    woken(inner, &acquire, changed, blocker, &mut last_gone, &mut backoff).await?;
+                    woken = woke(inner, &acquire, changed, blocker, &mut last_gone, &mut backoff).await?;
                 }
                 () = deadline => return Ok(self.give_up(&mine, mode, &mut own_watch, &attempt, &mut pending).await),
             }
@@ -670,23 +691,23 @@ async fn changed(inner: &SessionInner, entry: &Entry, seen: Vec<u8>, me: State) 
 
 /// What a waiter does once [`changed`] resolved (`changed`): counts the
 /// wake-up, keeping the entry it waited on in `last_gone` if that entry is
-/// gone (how it went decides a lock-delay); or backs off a transient
-/// failure of the watch.
-async fn woken(
+/// gone (how it went decides a lock-delay), and returns `true`; or backs
+/// off a transient failure of the watch, and returns `false`.
+async fn woke(
     inner: &SessionInner,
     acquire: &Acquire<'_>,
     changed: Result<bool>,
     blocker: Entry,
     last_gone: &mut Option<Entry>,
     backoff: &mut Duration,
-) -> Result<()> {
+) -> Result<bool> {
     match changed {
         Ok(gone) => {
             inner.counters.bump(|c| &c.wakeups);
             *last_gone = gone.then_some(blocker);
-            Ok(())
+            Ok(true)
         }
-        Err(error) if error.is_transient() => acquire.back_off(&error, backoff).await,
+        Err(error) if error.is_transient() => acquire.back_off(&error, backoff).await.map(|()| false),
         Err(error) => Err(error),
     }
 }

@@ -201,3 +201,50 @@ async fn a_lock_mode_append_reads_its_window_of_the_queue() {
     assert_eq!(guard.mode(), LockMode::Ex);
     assert_eq!(nl.len(), 5, "beside the NL holders");
 }
+
+/// A waiter's read after its wake gives the lock-mode queue only through
+/// the first request that waits for EX and was never granted (a value
+/// beginning with `WAITING_EX`), saying it is a prefix; a queue with no
+/// such request before its last entry, whole.
+#[tokio::test]
+async fn a_woken_read_gives_the_queue_through_the_first_waiting_ex_request() {
+    use lockline::backend::WAITING_EX;
+    let store = MemoryBackend::new();
+    let session = Client::new(store.clone()).session().await.expect("session");
+    let remote = std::sync::Arc::clone(session.backend_session());
+    let waiting = [WAITING_EX, &b"0 0 0 0 00000000"[..]].concat();
+    let append = |attempt: &'static str, value: Vec<u8>| {
+        let remote = std::sync::Arc::clone(&remote);
+        async move {
+            let request = AppendRequest {
+                dir: "prefix",
+                kind: EntryKind::Dlm,
+                attempt,
+                value: &value,
+                conflicts: Conflicts::All,
+                nearest: 0,
+            };
+            remote.append(&request).await.expect("append").entry
+        }
+    };
+    let read = || {
+        let remote = std::sync::Arc::clone(&remote);
+        async move {
+            let (queue, whole) = remote.read_queue_woken("prefix").await.expect("read");
+            let keys: Vec<String> = queue.slots.iter().map(|slot| slot.entry.key.clone()).collect();
+            (keys, whole)
+        }
+    };
+    let held = append("held", b"dlm2 EX EX 1 0 0 0 00000000".to_vec()).await;
+    let reader = append("reader", b"dlm2 - PR 0 0 0 0 00000000".to_vec()).await;
+    assert_eq!(read().await, (vec![held.key.clone(), reader.key.clone()], true));
+    let writer = append("writer", waiting.clone()).await;
+    assert_eq!(
+        read().await,
+        (vec![held.key.clone(), reader.key.clone(), writer.key.clone()], true),
+        "ending at the last entry is the whole queue"
+    );
+    append("behind", b"dlm2 - PR 0 0 0 0 00000000".to_vec()).await;
+    assert_eq!(read().await, (vec![held.key, reader.key, writer.key], false));
+    assert_eq!(remote.read_queue("prefix").await.expect("read").slots.len(), 4);
+}

@@ -2,6 +2,7 @@
 //! who blocks whom, and cycles.
 
 use super::*;
+use crate::backend::WAITING_EX;
 use crate::FencingToken;
 use LockMode::*;
 
@@ -226,4 +227,140 @@ fn a_window_before_a_request_finds_the_whole_queues_blocker() {
         }
     }
     assert!(waited > 10_000, "the windows found blockers {waited} times");
+}
+
+/// The queues the rule can reach, built step by step: requests appended
+/// (granted at once when nothing earlier blocks them), entries leaving
+/// (the waiters their departure lets in granted, as a hand-over does),
+/// and holders converting (granted at once when nothing blocks the new
+/// mode, else left converting). In each, the prefix a woken waiter may
+/// read (through the first request that waits for EX and was never
+/// granted, its value beginning with `WAITING_EX`) decides as the whole
+/// queue: every waiting request in it finds the same blocker; a holder's
+/// departure lets in the same entries in it, and beyond it NL requests
+/// only; the value block's holder is found alive or lost alike.
+#[test]
+fn a_prefix_through_the_first_waiting_ex_request_decides_as_the_whole_queue() {
+    const MODES: [LockMode; 6] = [Nl, Cr, Cw, Pr, Pw, Ex];
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let waits = |state: State| State {
+        blocked: WAITS,
+        ..state
+    };
+    let mut cut = 0;
+    for _ in 0..4_000 {
+        let mut states: Vec<State> = Vec::new();
+        for _ in 0..12 {
+            match next(4) {
+                // A departure, and the hand-over it makes.
+                0 if !states.is_empty() => {
+                    let at = next(states.len());
+                    let grants = view(&states).handed_over(at);
+                    for &(i, mode) in &grants {
+                        states[i] = State::held(mode, 1);
+                    }
+                    states.remove(at);
+                }
+                // A conversion of a settled holder.
+                1 if states.iter().any(|s| s.granted.is_some() && s.converting().is_none()) => {
+                    let settled: Vec<usize> = (0..states.len())
+                        .filter(|&i| states[i].granted.is_some() && states[i].converting().is_none())
+                        .collect();
+                    let at = settled[next(settled.len())];
+                    states[at].requested = MODES[next(6)];
+                    if view(&states).blockers(at).is_empty() {
+                        states[at] = State::held(states[at].requested, 1);
+                    }
+                }
+                _ => {
+                    states.push(waits(State::waiting(MODES[next(6)])));
+                    let at = states.len() - 1;
+                    if view(&states).blocker(at).is_none() {
+                        states[at] = State::held(states[at].requested, 1);
+                    }
+                }
+            }
+        }
+        let whole = view(&states);
+        let Some(end) = whole
+            .slots
+            .iter()
+            .position(|(slot, _)| slot.value.starts_with(WAITING_EX))
+        else {
+            continue;
+        };
+        if end + 1 == states.len() {
+            continue;
+        }
+        cut += 1;
+        // What makes the prefix enough: behind a request that waits for
+        // EX, nothing holds a mode but NL.
+        for state in &states[end + 1..] {
+            assert!(matches!(state.granted, None | Some(Nl)), "{states:?}");
+        }
+        let mut prefix = view(&states[..=end]);
+        for at in 0..=end {
+            if states[at].granted.is_none() {
+                assert_eq!(prefix.blocker(at), whole.blocker(at), "{states:?} at {at}");
+                // A request leaves deciding from a whole read; a holder
+                // may hand over from the prefix its grant read.
+                continue;
+            }
+            let from_whole = whole.handed_over(at);
+            let in_prefix: Vec<(usize, LockMode)> = from_whole.iter().copied().filter(|&(i, _)| i <= end).collect();
+            assert_eq!(prefix.handed_over(at), in_prefix, "{states:?} leaving {at}");
+            assert!(from_whole.iter().all(|&(i, mode)| i <= end || mode == Nl), "{states:?}");
+        }
+        // A block naming each PW or EX holder, or an entry gone.
+        let mut named: Vec<(String, i64)> = (0..states.len())
+            .filter(|&i| states[i].granted.is_some_and(LockMode::sole_writer))
+            .map(|i| (whole.slots[i].0.entry.key.clone(), whole.slots[i].0.entry.order))
+            .collect();
+        named.push(("r/gone".to_owned(), -1));
+        for holder in named {
+            let block = Block {
+                holder: Some(holder),
+                ..Block::fresh()
+            };
+            prefix.block = block.clone();
+            let whole = View { block, ..view(&states) };
+            assert_eq!(
+                prefix.block.lost_holder(&prefix),
+                whole.block.lost_holder(&whole),
+                "{states:?}"
+            );
+            assert_eq!(prefix.block.seen(&prefix), whole.block.seen(&whole), "{states:?}");
+        }
+    }
+    assert!(cut > 500, "a prefix shorter than the queue {cut} times");
+}
+
+/// Every state of a request that waits for EX and was never granted is
+/// written beginning with `WAITING_EX`, whatever its marks; no other state
+/// is.
+#[test]
+fn only_a_waiting_ex_request_is_written_beginning_with_waiting_ex() {
+    const MODES: [LockMode; 6] = [Nl, Cr, Cw, Pr, Pw, Ex];
+    for requested in MODES {
+        for blocked in [0, WAITS, LISTENING | WAITS | Ex.bit(), u8::MAX] {
+            let waiting = State {
+                blocked,
+                ..State::waiting(requested)
+            };
+            assert_eq!(waiting.encode().starts_with(WAITING_EX), requested == Ex, "{waiting:?}");
+            for granted in MODES {
+                let held = State {
+                    blocked,
+                    ..converting(granted, requested)
+                };
+                assert!(!held.encode().starts_with(WAITING_EX), "{held:?}");
+            }
+        }
+    }
 }

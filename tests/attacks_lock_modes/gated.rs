@@ -20,6 +20,26 @@ pub(crate) struct Ctl {
     pub(crate) lose: Std<Vec<(String, &'static str)>>,
     /// Every append applied, by (session, attempt).
     pub(crate) appended: Std<HashMap<(String, String), Appended>>,
+    /// When set, `read_queue_woken` answers a prefix of the queue, as a
+    /// hand-over's message on Redis does: through the first request that
+    /// waits for EX and was never granted.
+    pub(crate) prefixes: std::sync::atomic::AtomicBool,
+    /// How many reads `read_queue_woken` answered with a prefix cut short,
+    /// and how many `read_queue` answered.
+    pub(crate) prefixes_given: std::sync::atomic::AtomicUsize,
+    pub(crate) whole_reads: std::sync::atomic::AtomicUsize,
+}
+
+/// `queue` through its first entry whose value begins with `WAITING_EX`,
+/// and whether that is all of it.
+pub(crate) fn prefix_of(mut queue: Queue) -> (Queue, bool) {
+    match queue.slots.iter().position(|s| s.value.starts_with(WAITING_EX)) {
+        Some(at) if at + 1 < queue.slots.len() => {
+            queue.slots.truncate(at + 1);
+            (queue, false)
+        }
+        _ => (queue, true),
+    }
 }
 
 /// The granted mode in a lock-mode entry's value (`dlm2 <granted> ...`).
@@ -219,7 +239,20 @@ impl BackendSession for GatedSession {
     async fn removed_by_me(&self, entry: &Entry) -> lockline::Result<Option<bool>> {
         self.inner.removed_by_me(entry).await
     }
+    async fn read_queue_woken(&self, dir: &str) -> lockline::Result<(Queue, bool)> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !self.ctl.prefixes.load(SeqCst) {
+            return Ok((self.read_queue(dir).await?, true));
+        }
+        let out = self.inner.read_queue(dir).await.map(prefix_of);
+        if let Ok((_, false)) = &out {
+            self.ctl.prefixes_given.fetch_add(1, SeqCst);
+        }
+        self.after("read_queue").await;
+        self.lost("read_queue", out)
+    }
     async fn read_queue(&self, dir: &str) -> lockline::Result<Queue> {
+        self.ctl.whole_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let out = self.inner.read_queue(dir).await;
         self.after("read_queue").await;
         self.lost("read_queue", out)

@@ -413,3 +413,112 @@ pub(crate) async fn held_exclusive_hand_over_chain_wakes_one_waiter_per_release(
     );
     assert!(wakeups <= releases, "{wakeups} wakeups for {releases} releases");
 }
+
+/// Polls `count` (a counter of the store's wrapper, which offers no
+/// event) until it reaches `at_least`, bounded.
+async fn until_count(what: &str, count: &std::sync::atomic::AtomicUsize, at_least: usize) {
+    bounded(what, async {
+        while count.load(std::sync::atomic::Ordering::SeqCst) < at_least {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// Locks `resource` in `mode` in a task of its own.
+fn locking(resource: &Resource, mode: LockMode) -> tokio::task::JoinHandle<ResourceGuard> {
+    let resource = resource.clone();
+    tokio::spawn(async move { lock(&resource, mode).await })
+}
+
+/// A waiter handed the lock learns it from a prefix of the queue (through
+/// the first request that waits for EX and was never granted, as a
+/// hand-over's message on Redis carries it), with no read of the whole
+/// queue; and its own release hands over from that prefix.
+///
+/// B, C, E wait for EX and D for PR behind A's EX. B grants itself (A was
+/// granted before anyone waited, so released plainly); B's release hands C
+/// the lock, and C's wake read is the prefix [C, E]; C's release hands E
+/// the lock; E's hands D its PR.
+#[tokio::test]
+pub(crate) async fn a_waiter_handed_the_lock_decides_from_a_prefix_of_the_queue() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (gated, s) = gated_sessions(5).await;
+    gated.ctl.prefixes.store(true, SeqCst);
+    let name = "prefix-handed";
+    let r: Vec<Resource> = s.iter().map(|(_, session)| session.resource(name).unwrap()).collect();
+    let a = lock(&r[0], Ex).await;
+    let b = locking(&r[1], Ex);
+    until_queue(&r[0], "B waits", |q| q.len() == 2).await;
+    let c = locking(&r[2], Ex);
+    until_queue(&r[0], "C waits", |q| q.len() == 3).await;
+    let e = locking(&r[3], Ex);
+    until_queue(&r[0], "E waits", |q| q.len() == 4).await;
+    let d = locking(&r[4], Pr);
+    until_queue(&r[0], "D waits", |q| q.len() == 5).await;
+    a.release().await.unwrap();
+    let b = bounded("B", b).await.unwrap();
+    // Nothing reads the whole queue from B's release to C's grant.
+    let (prefixes, whole) = (
+        gated.ctl.prefixes_given.load(SeqCst),
+        gated.ctl.whole_reads.load(SeqCst),
+    );
+    b.release().await.unwrap();
+    let c = bounded("C", c).await.unwrap();
+    assert_eq!(gated.ctl.whole_reads.load(SeqCst), whole, "a read of the whole queue");
+    assert_eq!(
+        gated.ctl.prefixes_given.load(SeqCst),
+        prefixes + 1,
+        "C's wake read a prefix"
+    );
+    assert_eq!(c.mode(), Ex);
+    assert_eq!(
+        modes(&listed(&r[0]).await),
+        vec![(Some(Ex), Ex), (None, Ex), (None, Pr)],
+        "C holds; E and D wait"
+    );
+    c.release().await.unwrap();
+    let e = bounded("E", e).await.unwrap();
+    assert_eq!(modes(&listed(&r[0]).await), vec![(Some(Ex), Ex), (None, Pr)]);
+    e.release().await.unwrap();
+    let d = bounded("D", d).await.unwrap();
+    assert_eq!(d.mode(), Pr);
+    d.release().await.unwrap();
+    assert!(listed(&r[0]).await.is_empty());
+}
+
+/// A waiter whose wake read is a prefix of the queue that ends before its
+/// own entry (a request waiting for EX, never granted, stands before it)
+/// reads the whole queue and waits on, where it would otherwise take its
+/// entry for gone.
+///
+/// A holds EX; Z waits for EX, Y for PR, W for CW (W waits on Y, the
+/// nearest that blocks it). Y gives up: W wakes, its read ends at Z, and W
+/// waits on Z; it is granted once A and Z are gone.
+#[tokio::test]
+pub(crate) async fn a_waiter_past_the_end_of_a_prefix_reads_the_whole_queue() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (gated, s) = gated_sessions(4).await;
+    gated.ctl.prefixes.store(true, SeqCst);
+    let name = "prefix-past";
+    let r: Vec<Resource> = s.iter().map(|(_, session)| session.resource(name).unwrap()).collect();
+    let a = lock(&r[0], Ex).await;
+    let z = locking(&r[1], Ex);
+    until_queue(&r[0], "Z waits", |q| q.len() == 2).await;
+    let y = locking(&r[2], Pr);
+    until_queue(&r[0], "Y waits", |q| q.len() == 3).await;
+    let w = locking(&r[3], Cw);
+    until_queue(&r[0], "W waits", |q| q.len() == 4).await;
+    let prefixes = gated.ctl.prefixes_given.load(SeqCst);
+    y.abort();
+    until_count("W's wake read", &gated.ctl.prefixes_given, prefixes + 1).await;
+    until_queue(&r[0], "Y leaves", |q| q.len() == 3).await;
+    assert!(!w.is_finished(), "W still waits");
+    a.release().await.unwrap();
+    let z = bounded("Z", z).await.unwrap();
+    assert!(!w.is_finished(), "W waits for Z");
+    z.release().await.unwrap();
+    let w = bounded("W", w).await.expect("W is granted CW");
+    assert_eq!(w.mode(), Cw);
+    w.release().await.unwrap();
+}

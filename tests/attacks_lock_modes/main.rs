@@ -30,6 +30,7 @@ use futures::poll;
 use lockline::async_trait;
 use lockline::backend::{
     AppendRequest, Appended, Backend, BackendSession, Conflicts, Departure, Earlier, Entry, Queue, QueueUpdate,
+    WAITING_EX,
 };
 use lockline::{
     Client, EntryKind, Error, LockMode, MemoryBackend, ModeContender, Resource, ResourceGuard, Session, SessionOptions,

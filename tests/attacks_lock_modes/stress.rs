@@ -147,7 +147,20 @@ impl Checker {
 // The checker's lock is taken once every task has ended.
 #[allow(clippy::await_holding_lock)]
 pub(crate) async fn stress(seed: u64, tasks: usize, rounds: usize, hows: &'static [usize], round_trips: bool) {
-    let gated = Gated::default();
+    stress_with(seed, tasks, rounds, hows, round_trips, &Gated::default()).await;
+}
+
+// The checker's lock is taken once every task has ended.
+#[allow(clippy::await_holding_lock)]
+pub(crate) async fn stress_with(
+    seed: u64,
+    tasks: usize,
+    rounds: usize,
+    hows: &'static [usize],
+    round_trips: bool,
+    gated: &Gated,
+) {
+    let gated = gated.clone();
     gated.ctl.audit.store(true, std::sync::atomic::Ordering::SeqCst);
     let store = gated.store.clone();
     let client = Client::new(gated.clone());
@@ -516,6 +529,22 @@ pub(crate) async fn stress_random_modes_with_dropped_futures() {
     for seed in 11..=14 {
         stress(seed, 10, 40, &[0, 1, 2, 3], false).await;
     }
+}
+
+/// The same, every waiter's read after its wake answered with a prefix of
+/// the queue (through the first request that waits for EX and was never
+/// granted), as a hand-over's message gives it on Redis: the waiters decide
+/// from it that they were handed the lock, or what they wait on, and read
+/// the whole queue for anything else. Checks that prefixes were given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn stress_random_modes_deciding_from_prefixes() {
+    let gated = Gated::default();
+    gated.ctl.prefixes.store(true, std::sync::atomic::Ordering::SeqCst);
+    for seed in 51..=54 {
+        stress_with(seed, 10, 40, &[0, 1, 2, 3], seed % 2 == 0, &gated).await;
+    }
+    let given = gated.ctl.prefixes_given.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(given > 0, "no read was answered with a prefix");
 }
 
 /// BUG (found by this stress): the same, every backend call answering one

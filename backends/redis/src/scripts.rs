@@ -23,6 +23,7 @@
 //! the one look it takes after subscribing (`STATUS`); a release leaves
 //! nothing.
 
+use lockline::backend::WAITING_EX;
 use redis::Script;
 
 /// Functions shared by the scripts that read the queue. `mark_lost` marks
@@ -95,6 +96,33 @@ local function window_of(q, prefix, block, order, count)
     out[#out + 1] = slot_of(q, prefix, rest[i])
   end
   return {out, redis.call('GET', block)}
+end
+
+-- The queue of a lock-mode resource from its first live entry through the
+-- first request that waits for EX and was never granted (its value begins
+-- with `waiting`), or through the last: `{slots, block, whole}` as
+-- `queue_of` gives them, `whole` true when it read to the end; nil past
+-- `limit` entries. Expired members are reaped and passed over.
+local function prefix_of(q, prefix, block, waiting, limit)
+  local out = {}
+  local lower = '-inf'
+  local size = 4
+  while true do
+    local batch = redis.call('ZRANGEBYSCORE', q, lower, '+inf', 'WITHSCORES', 'LIMIT', 0, size)
+    size = 32
+    if #batch == 0 then return {out, redis.call('GET', block), true} end
+    for i = 1, #batch, 2 do
+      lower = '(' .. batch[i + 1]
+      local slot = slot_of(q, prefix, batch[i])
+      if slot then
+        out[#out + 1] = slot
+        if string.sub(slot[5], 1, #waiting) == waiting then
+          return {out, redis.call('GET', block), false}
+        end
+        if #out > limit then return nil end
+      end
+    end
+  end
 end
 
 -- The nearest earlier live entries that conflict, nearest first, at most
@@ -487,13 +515,19 @@ pub(crate) const HANDED_QUEUE_MAX: usize = 256;
 ///
 /// A hand-over (an update that both sets values and deletes entries)
 /// says more on the channel of each entry it deleted: `gone ~ ` and the
-/// queue as it left it (`q1 <slots> `, then each slot's six fields of
-/// `READ_QUEUE` and the block, if any, after a `1`, each field as
-/// `<length>:<bytes>`; a `0` for no block), read after its writes in the
-/// same script, at most [`HANDED_QUEUE_MAX`] entries. The waiter it woke
-/// then decides without a read of its own. A client that knows only
-/// `gone` takes the word after it as a mutex's new head, which names no
-/// entry of its own.
+/// queue as it left it, read after its writes in the same script: from its
+/// first entry through the first request that waits for EX and was never
+/// granted (its value begins with [`WAITING_EX`]; every entry after it is
+/// an NL holder or waits behind it), at most [`HANDED_QUEUE_MAX`] entries.
+/// When that is the whole queue, `q1 <slots> `; when it stopped at such a
+/// request, `p1 <token> <slots> ` (a prefix, which a client that knows
+/// only `q1` does not take). Then each slot's six fields of `READ_QUEUE`
+/// and the block, if any, after a `1`, each field as `<length>:<bytes>`;
+/// a `0` for no block. The waiter it woke then decides without a read of
+/// its own (from a prefix only that it was handed the lock, or what it
+/// waits on; see `BackendSession::read_queue_woken`). A client that knows
+/// only `gone` takes the word after it as a mutex's new head, which names
+/// no entry of its own.
 const UPDATE_QUEUE: &str = r#"
 local q, seq, epoch, block = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, me = ARGV[1], ARGV[2]
@@ -555,9 +589,13 @@ for k = 1, #owners do
 end
 if ARGV[3] == '1' then redis.call('SET', block, ARGV[4]) end
 local handed = nil
-if sets < deletes - 1 and #owners > 0 and redis.call('ZCARD', q) <= HANDED_QUEUE_MAX then
-  local read = queue_of(q, prefix, block)
+local read = nil
+if sets < deletes - 1 and #owners > 0 then
+  read = prefix_of(q, prefix, block, WAITING_EX, HANDED_QUEUE_MAX)
+end
+if read then
   local out = {'gone ~ q1 ', #read[1], ' '}
+  if not read[3] then out = {'gone ~ p1 ', token, ' ', #read[1], ' '} end
   for s = 1, #read[1] do
     for f = 1, 6 do
       local field = read[1][s][f]
@@ -612,6 +650,16 @@ pub(crate) struct Scripts {
     pub(crate) update_queue: Script,
 }
 
+/// `bytes` as a Lua string literal.
+fn lua_string(bytes: &[u8]) -> String {
+    let mut out = String::from("'");
+    for &b in bytes {
+        out.push_str(&format!("\\{b:03}"));
+    }
+    out.push('\'');
+    out
+}
+
 impl Scripts {
     pub(crate) fn new() -> Self {
         let with_common = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
@@ -626,7 +674,11 @@ impl Scripts {
             get_value: Script::new(GET_VALUE),
             write_if_held: Script::new(WRITE_IF_HELD),
             read_queue: with_common(READ_QUEUE),
-            update_queue: with_common(&UPDATE_QUEUE.replace("HANDED_QUEUE_MAX", &HANDED_QUEUE_MAX.to_string())),
+            update_queue: with_common(
+                &UPDATE_QUEUE
+                    .replace("HANDED_QUEUE_MAX", &HANDED_QUEUE_MAX.to_string())
+                    .replace("WAITING_EX", &lua_string(WAITING_EX)),
+            ),
         }
     }
 }

@@ -180,6 +180,21 @@ impl RedisSession {
         RedisSession { shared, state, tasks }
     }
 
+    /// The lock-mode queue `dir`, read from the server (see `READ_QUEUE`).
+    async fn read_queue_now(&self, dir: &str) -> Result<Queue> {
+        let shared = &self.shared;
+        let _changing = shared.changing();
+        let scripts = Arc::clone(&shared.scripts);
+        let mut invocation = scripts.read_queue.key(layout::queue(dir));
+        invocation.key(layout::block(dir)).arg(layout::prefix(dir));
+        let what = "read the lock-mode queue";
+        let reply = shared
+            .run(what, &scripts.read_queue, &invocation, false)
+            .await
+            .map_err(|e| for_lock(e, dir))?;
+        queue_from(dir, &reply).ok_or_else(|| bad_reply(what, &reply))
+    }
+
     fn name_of<'a>(&self, entry: &'a Entry) -> Result<(&'a str, &'a str)> {
         layout::parse_entry_key(&entry.key).ok_or_else(|| Error::InvalidName {
             name: entry.key.clone(),
@@ -593,22 +608,21 @@ impl BackendSession for RedisSession {
     }
 
     /// One script (see `READ_QUEUE`), or none right after a watch heard a
-    /// hand-over say what it left (see `Shared::take_handed`).
+    /// hand-over say the whole queue it left (see `Shared::take_handed`).
     async fn read_queue(&self, dir: &str) -> Result<Queue> {
-        let shared = &self.shared;
-        if let Some(queue) = shared.take_handed(dir) {
-            return Ok(queue);
+        match self.shared.take_handed(dir) {
+            Some(Carried { queue, whole: true, .. }) => Ok(queue),
+            _ => self.read_queue_now(dir).await,
         }
-        let _changing = shared.changing();
-        let scripts = Arc::clone(&shared.scripts);
-        let mut invocation = scripts.read_queue.key(layout::queue(dir));
-        invocation.key(layout::block(dir)).arg(layout::prefix(dir));
-        let what = "read the lock-mode queue";
-        let reply = shared
-            .run(what, &scripts.read_queue, &invocation, false)
-            .await
-            .map_err(|e| for_lock(e, dir))?;
-        queue_from(dir, &reply).ok_or_else(|| bad_reply(what, &reply))
+    }
+
+    /// As `read_queue`, but the queue a hand-over's message carried may be
+    /// a prefix.
+    async fn read_queue_woken(&self, dir: &str) -> Result<(Queue, bool)> {
+        match self.shared.take_handed(dir) {
+            Some(carried) => Ok((carried.queue, carried.whole)),
+            None => Ok((self.read_queue_now(dir).await?, true)),
+        }
     }
 
     /// One script (see `UPDATE_QUEUE`): the checks, the counter's next

@@ -175,7 +175,7 @@ impl ResourceGuard {
                     return Err(self.known_loss().await.unwrap_or_else(|| Error::LockLost { key: self.entry.key.clone() }));
                 }
                 changed = changed(inner, &blocker, seen, view.slots[at].1) => {
-                    woken(inner, &acquire, changed, blocker, &mut last_gone, &mut backoff).await?;
+                    woke(inner, &acquire, changed, blocker, &mut last_gone, &mut backoff).await?;
                 }
                 () = deadline => return Ok(false),
             }

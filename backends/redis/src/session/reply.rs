@@ -109,10 +109,25 @@ pub(super) fn queue_from(name: &str, reply: &Value) -> Option<Queue> {
     Some(Queue { slots, block })
 }
 
+/// A queue a hand-over's message carried (see `UPDATE_QUEUE`).
+#[derive(Debug)]
+pub(super) struct Carried {
+    pub(super) queue: Queue,
+    /// Whether it is the whole queue, not a prefix of it (see
+    /// `BackendSession::read_queue_woken`).
+    pub(super) whole: bool,
+    /// How new it is: the hand-over's token. A hand-over sets at least one
+    /// entry, above every number the lock's counter gave before, so of two
+    /// hand-overs' queues the later one's is higher. (A whole queue's is
+    /// its highest `changed`, which is that token.)
+    pub(super) newness: u64,
+}
+
 /// The queue a hand-over's message carried (see `UPDATE_QUEUE`): `q1
-/// <slots> `, then each slot's six fields as `READ_QUEUE` answers them and
-/// the block (`1` and the field, or `0`), each field `<length>:<bytes>`.
-pub(super) fn queue_from_packed(name: &str, packed: &[u8]) -> Option<Queue> {
+/// <slots> ` (the whole queue) or `p1 <token> <slots> ` (a prefix), then
+/// each slot's six fields as `READ_QUEUE` answers them and the block (`1`
+/// and the field, or `0`), each field `<length>:<bytes>`.
+pub(super) fn queue_from_packed(name: &str, packed: &[u8]) -> Option<Carried> {
     fn field<'p>(rest: &mut &'p [u8]) -> Option<&'p [u8]> {
         let colon = rest.iter().position(|&b| b == b':')?;
         let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
@@ -121,10 +136,21 @@ pub(super) fn queue_from_packed(name: &str, packed: &[u8]) -> Option<Queue> {
         *rest = &rest[end..];
         Some(bytes)
     }
-    let rest = packed.strip_prefix(b"q1 ")?;
-    let space = rest.iter().position(|&b| b == b' ')?;
-    let count: usize = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
-    let mut rest = &rest[space + 1..];
+    fn number<T: std::str::FromStr>(rest: &mut &[u8]) -> Option<T> {
+        let space = rest.iter().position(|&b| b == b' ')?;
+        let number = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
+        *rest = &rest[space + 1..];
+        Some(number)
+    }
+    let (mut rest, token) = match packed.strip_prefix(b"q1 ") {
+        Some(rest) => (rest, None),
+        None => {
+            let mut rest = packed.strip_prefix(b"p1 ")?;
+            let token: u64 = number(&mut rest)?;
+            (rest, Some(token))
+        }
+    };
+    let count: usize = number(&mut rest)?;
     let mut slots = Vec::with_capacity(count.min(crate::scripts::HANDED_QUEUE_MAX));
     for _ in 0..count {
         let mut fields = Vec::with_capacity(6);
@@ -144,7 +170,13 @@ pub(super) fn queue_from_packed(name: &str, packed: &[u8]) -> Option<Queue> {
         }
         _ => return None,
     };
-    Some(Queue { slots, block })
+    let queue = Queue { slots, block };
+    let newness = token.unwrap_or_else(|| queue.slots.iter().map(|slot| slot.changed).max().unwrap_or(0));
+    Some(Carried {
+        queue,
+        whole: token.is_none(),
+        newness,
+    })
 }
 
 pub(super) fn conflicts_arg(conflicts: Conflicts) -> &'static str {
@@ -178,7 +210,10 @@ mod tests {
 
     #[test]
     fn a_packed_queue_reads_as_the_read_gives_it() {
-        let queue = queue_from_packed("n", &packed(&SLOT, Some(b"lvb1 0 1 0 0\n"))).expect("a queue");
+        let carried = queue_from_packed("n", &packed(&SLOT, Some(b"lvb1 0 1 0 0\n"))).expect("a queue");
+        assert!(carried.whole);
+        assert_eq!(carried.newness, 45);
+        let queue = carried.queue;
         assert_eq!(queue.slots.len(), 1);
         let slot = &queue.slots[0];
         assert_eq!(slot.entry.key, "{n}:e:next");
@@ -186,8 +221,24 @@ mod tests {
         assert_eq!(slot.entry.owner.as_deref(), Some("owner"));
         assert_eq!(slot.value, b"granted: EX\n1:2");
         assert_eq!(queue.block.as_deref(), Some(&b"lvb1 0 1 0 0\n"[..]));
-        let empty = queue_from_packed("n", &packed(&[], None)).expect("a queue");
+        let empty = queue_from_packed("n", &packed(&[], None)).expect("a queue").queue;
         assert!(empty.slots.is_empty() && empty.block.is_none());
+    }
+
+    #[test]
+    fn a_packed_prefix_reads_as_a_prefix_as_new_as_its_token() {
+        let mut prefix = b"p1 77 ".to_vec();
+        prefix.extend_from_slice(&packed(&SLOT, None)[b"q1 ".len()..]);
+        let carried = queue_from_packed("n", &prefix).expect("a prefix");
+        assert!(!carried.whole);
+        assert_eq!(carried.newness, 77);
+        assert_eq!(carried.queue.slots.len(), 1);
+        assert_eq!(carried.queue.slots[0].entry.order, 41);
+        for end in 0..prefix.len() {
+            assert!(queue_from_packed("n", &prefix[..end]).is_none(), "cut at {end}");
+        }
+        assert!(queue_from_packed("n", b"p1 x 0 0").is_none());
+        assert!(queue_from_packed("n", b"p1 0 0").is_none());
     }
 
     #[test]

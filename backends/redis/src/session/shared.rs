@@ -40,15 +40,7 @@ pub(crate) struct Shared {
 
 /// A queue a hand-over's message carried: when heard, the count of changes
 /// before the watch that heard it subscribed, and the queue.
-pub(super) type Handed = (Instant, u64, Queue);
-
-/// How new a queue is: the highest `changed` of its entries. A hand-over
-/// sets at least one entry, whose `changed` becomes its token, above every
-/// number the lock's counter gave before: of two hand-overs' queues, the
-/// later one's is higher.
-fn newness(queue: &Queue) -> u64 {
-    queue.slots.iter().map(|slot| slot.changed).max().unwrap_or(0)
-}
+pub(super) type Handed = (Instant, u64, Carried);
 
 /// A change of this session's queues in flight, counted until dropped
 /// (see [`Shared::changing`]).
@@ -113,8 +105,8 @@ impl Shared {
             let handed = messages
                 .handed_queue()
                 .and_then(|packed| queue_from_packed(name, &packed));
-            if let (Some(quiet), Some(queue)) = (quiet, handed) {
-                self.keep_handed(name, quiet, queue);
+            if let (Some(quiet), Some(carried)) = (quiet, handed) {
+                self.keep_handed(name, quiet, carried);
             }
         }
         Some(Ok(None))
@@ -139,18 +131,18 @@ impl Shared {
     /// that subscribed when the count of changes was `quiet`, unless one
     /// of a later hand-over of that lock is kept already (two watches of
     /// this session may hear two hand-overs and end in either order).
-    pub(super) fn keep_handed(&self, name: &str, quiet: u64, queue: Queue) {
+    pub(super) fn keep_handed(&self, name: &str, quiet: u64, carried: Carried) {
         let mut handed = self.handed.lock().unwrap_or_else(PoisonError::into_inner);
         if handed.len() >= HANDED_KEPT && !handed.contains_key(name) {
             handed.clear();
         }
         if handed
             .get(name)
-            .is_some_and(|(_, _, kept)| newness(kept) > newness(&queue))
+            .is_some_and(|(_, _, kept)| kept.newness > carried.newness)
         {
             return;
         }
-        handed.insert(name.to_owned(), (Instant::now(), quiet, queue));
+        handed.insert(name.to_owned(), (Instant::now(), quiet, carried));
     }
 
     /// The queue of lock `name` a hand-over's message carried, taken once,
@@ -163,15 +155,15 @@ impl Shared {
     ///
     /// Taking one counts as a read: a queue heard by a watch that began
     /// before it, and kept after it, may be older, and is not used.
-    pub(super) fn take_handed(&self, name: &str) -> Option<Queue> {
-        let (at, quiet, queue) = self
+    pub(super) fn take_handed(&self, name: &str) -> Option<Carried> {
+        let (at, quiet, carried) = self
             .handed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name)?;
         let fresh = at.elapsed() <= HANDED_FOR && self.quiet() == Some(quiet);
         drop(self.changing());
-        fresh.then_some(queue)
+        fresh.then_some(carried)
     }
 
     pub(super) fn ttl_ms(&self) -> u64 {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lockline::backend::{
-    AppendRequest, Backend, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate, Slot,
+    AppendRequest, Backend, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate, Slot, WAITING_EX,
 };
 use lockline::conformance::bounded;
 use lockline::{Error, SessionOptions, SessionState};
@@ -909,6 +909,7 @@ on_node_and_cluster!(
     the_block_round_trips,
     other_primitives_work_on_lock_mode_entries,
     a_hand_over_tells_its_waiters_the_queue_it_left,
+    a_hand_over_tells_its_waiters_a_prefix_through_a_waiting_ex,
     a_queue_heard_is_not_used_after_a_change_of_the_session,
     a_value_message_is_watched_past_without_a_look,
     an_older_hand_over_heard_last_is_not_read,

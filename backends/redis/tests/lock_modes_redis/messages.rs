@@ -28,6 +28,62 @@ pub(super) async fn a_hand_over_tells_its_waiters_the_queue_it_left(fixture: &Fi
     assert_eq!(entries(&read_again), vec![next, later], "read from the server");
 }
 
+/// Where the queue a hand-over left goes on past a request that waits for
+/// EX and was never granted, its message carries the queue only through
+/// that request: the waiter's read right after its wait
+/// (`read_queue_woken`) is answered from it, as a prefix, with no script;
+/// a plain `read_queue` does not take a prefix and reads from the server.
+/// A queue with no such request is carried whole.
+pub(super) async fn a_hand_over_tells_its_waiters_a_prefix_through_a_waiting_ex(fixture: &Fixture) {
+    let waiting = [WAITING_EX, &b"0 0 0 0 00000000"[..]].concat();
+    for plain_read in [false, true] {
+        let (a, b, c) = fixture.three_sessions().await;
+        let held = append(&a, &format!("held-{plain_read}"), b"held EX").await;
+        let next = append(&b, &format!("next-{plain_read}"), b"waiting EX").await;
+        let blocking = append(&c, &format!("blocking-{plain_read}"), &waiting).await;
+        let behind = append(&c, &format!("behind-{plain_read}"), b"waiting PR").await;
+        let watching = watch_until_gone(fixture, &b, &held, b"held EX").await;
+        hand_over(&a, &c, &held, &next, None).await;
+        goes(watching).await;
+        let scripts = fixture.scripts_run().await;
+        if plain_read {
+            let whole = read(&b).await;
+            assert_eq!(entries(&whole), vec![next.clone(), blocking.clone(), behind.clone()]);
+            assert_eq!(fixture.scripts_run().await, scripts + 1, "read from the server");
+            // Out of the way of the last case.
+            for entry in [&next, &blocking, &behind] {
+                assert!(c.remove(entry).await.expect("remove"));
+            }
+            continue;
+        }
+        let (told, whole) = bounded("the woken read", b.read_queue_woken(DIR)).await.expect("read");
+        assert!(!whole, "a prefix");
+        assert_eq!(entries(&told), vec![next.clone(), blocking.clone()]);
+        assert_eq!(values(&told), vec![&b"granted EX"[..], &waiting[..]]);
+        assert_eq!(fixture.scripts_run().await, scripts, "answered from the message");
+        // Taken once: the next read goes to the server, and is whole.
+        let (again, whole) = bounded("the next read", b.read_queue_woken(DIR)).await.expect("read");
+        assert!(whole);
+        assert_eq!(entries(&again), vec![next.clone(), blocking.clone(), behind.clone()]);
+        for entry in [&next, &blocking, &behind] {
+            assert!(c.remove(entry).await.expect("remove"));
+        }
+    }
+    // No waiting EX request after the one handed the lock: the whole queue.
+    let (a, b, c) = fixture.three_sessions().await;
+    let held = append(&a, "held", b"held EX").await;
+    let next = append(&b, "next", b"waiting EX").await;
+    let behind = append(&c, "behind", b"waiting PR").await;
+    let watching = watch_until_gone(fixture, &b, &held, b"held EX").await;
+    hand_over(&a, &c, &held, &next, None).await;
+    goes(watching).await;
+    let scripts = fixture.scripts_run().await;
+    let (told, whole) = bounded("the woken read", b.read_queue_woken(DIR)).await.expect("read");
+    assert!(whole, "the whole queue");
+    assert_eq!(entries(&told), vec![next, behind]);
+    assert_eq!(fixture.scripts_run().await, scripts, "answered from the message");
+}
+
 /// A queue a hand-over's message carried is not used once the waiter's
 /// own session changed a queue after its watch began: that change may be
 /// missing from it. The read goes to the server.
