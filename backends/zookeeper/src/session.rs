@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockline::backend::{
     advance, AppendRequest, Appended, BackendSession, Conflicts, Departure, Earlier, Entry, EntryKind, Queue,
-    QueueUpdate, Slot,
+    QueueUpdate, Slot, Wanted, WAITING_EX,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -365,7 +365,10 @@ impl BackendSession for ZkSession {
     /// watched again if its data is back to `seen`).
     ///
     /// On another session's lock-mode node, the read after a change is a
-    /// multi-read of the whole queue, in the same one round trip: a release
+    /// multi-read of the whole queue, in the same one round trip (unless
+    /// the value seen is a request that waits for EX and was never granted,
+    /// whose first change leaves it blocking: see
+    /// [`watch_value_until`](Self::watch_value_until)): a release
     /// marks the node and deletes it in one transaction (see
     /// `release_node`), so that read finds it gone, and the queue it read is
     /// kept for the `read_queue` the core makes next (which then sends
@@ -386,7 +389,17 @@ impl BackendSession for ZkSession {
     /// what happened to the node, and a node found gone after such a retry
     /// counts as lost.
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.watch_node_value(entry, seen).await
+        self.watch_node_value(entry, seen, &|_| true).await
+    }
+
+    /// As [`watch_value`](Self::watch_value), keeping one watch: a value
+    /// not wanted is watched past with the read that set the watch again.
+    /// A change of a request that waits for EX and was never granted (the
+    /// value seen begins with [`WAITING_EX`]) is read with that one
+    /// `getData`, not the multi-read of the queue: its first change leaves
+    /// it blocking.
+    async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        self.watch_node_value(entry, seen, wanted).await
     }
 
     /// One round trip when the contenders are those this session last saw

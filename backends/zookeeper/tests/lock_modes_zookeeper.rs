@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockline::backend::{AppendRequest, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate};
+use lockline::backend::{AppendRequest, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate, WAITING_EX};
 use lockline::conformance::bounded;
 use lockline::{Client, Error, Session};
 use lockline_testkit::{TcpProxy, ZkEnsemble};
@@ -20,6 +20,8 @@ use support::{children, side_client};
 /// ZooKeeper's opcodes for a `multi` and a multi-read.
 const MULTI: i32 = 14;
 const MULTI_READ: i32 = 22;
+/// ZooKeeper's opcode for a `getData`.
+const GET_DATA: i32 = 4;
 /// What the session's own keepalive sends on its own schedule.
 const PING: i32 = 11;
 const SYNC: i32 = 9;
@@ -722,6 +724,69 @@ async fn each_primitive_is_one_request_when_the_queue_is_as_last_seen() {
     let before = proxy.zk_counts();
     assert_eq!(read(&a, "res/trips").await, queue);
     assert_eq!(requests(&before), [(MULTI_READ, 1)].into());
+}
+
+/// A watch of a request that waits for EX and was never granted passes
+/// its grant with the one `getData` that sets the watch again (the grant
+/// leaves it blocking), not a multi-read of the queue; it still ends when
+/// the entry goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_of_a_waiting_ex_request_passes_its_grant_with_one_get_data() {
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start_zookeeper(&ensemble.address(0)).expect("proxy");
+    let a = Client::new(ZooKeeper::new(proxy.address()))
+        .session()
+        .await
+        .expect("session");
+    let b = session(&ensemble).await;
+    let requests = |before: &lockline_testkit::ZkCounts| {
+        let mut counts = proxy.zk_counts().since(before);
+        counts.requests.remove(&PING);
+        counts.requests.remove(&SYNC);
+        counts.requests
+    };
+    let waiting = [WAITING_EX, &b"0 0 0 0 00000000"[..]].concat();
+    let request = append(&b, "res/ex", "b1", &waiting).await;
+    let queue = read(&b, "res/ex").await;
+    let watcher = Arc::clone(remote(&a));
+    let (entry, seen) = (request.clone(), waiting.clone());
+    let watching = tokio::spawn(async move { watcher.watch_value_until(&entry, &seen, &|_| false).await });
+    let id = a.id().to_owned();
+    lockline::conformance::until("the watch is set", || ensemble.watches(0, &request.key, &id)).await;
+    let before = proxy.zk_counts();
+    let granted = b"dlm2 EX EX 0 0 0 0 00000000";
+    update(
+        &b,
+        "res/ex",
+        &[(&request, version(&queue, &request))],
+        &[(&request, granted)],
+        &[],
+        None,
+    )
+    .await
+    .expect("granted");
+    lockline::conformance::until("the grant is read", || requests(&before).get(&GET_DATA) == Some(&1)).await;
+    lockline::conformance::until("the watch is set again", || ensemble.watches(0, &request.key, &id)).await;
+    assert_eq!(requests(&before), [(GET_DATA, 1)].into(), "one getData, no multi-read");
+    assert!(!watching.is_finished(), "the grant is not wanted");
+    let queue = read(&b, "res/ex").await;
+    update(
+        &b,
+        "res/ex",
+        &[(&request, version(&queue, &request))],
+        &[],
+        &[&request],
+        None,
+    )
+    .await
+    .expect("deleted");
+    assert_eq!(
+        bounded("woken by the delete", watching)
+            .await
+            .expect("task")
+            .expect("watch"),
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,7 +63,16 @@ impl ZkSession {
         }
     }
 
-    pub(super) async fn watch_node_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// Watches `entry` until its data is a value `wanted` takes (that
+    /// value) or it goes (`None`), keeping one watch: a change it does not
+    /// want is watched past with the read that set the watch again.
+    pub(super) async fn watch_node_value(
+        &self,
+        entry: &Entry,
+        seen: &[u8],
+        wanted: &Wanted,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut seen = seen.to_vec();
         let own = entry.owner.as_deref() == Some(self.id.as_str());
         let whole_queue = !own && entry.kind == EntryKind::Dlm;
         let remember = whole_queue && !self.options.lock_delay().is_zero();
@@ -80,7 +89,12 @@ impl ZkSession {
             // The client clone is dropped before the wait, as in
             // `wait_for_entry`.
             let client = self.client()?;
-            let failed = if changed && whole_queue {
+            // A request that waits for EX and was never granted changes
+            // first by its grant (or a waiter's mark), after which it still
+            // blocks everyone it blocked: the read that sets the watch
+            // again is the look, and the queue is read only once it goes.
+            let first_change_blocks = seen.starts_with(WAITING_EX);
+            let failed = if changed && whole_queue && !first_change_blocks {
                 match self.read_after_change(&client, entry).await {
                     Ok(None) => {
                         if remember {
@@ -88,7 +102,11 @@ impl ZkSession {
                         }
                         return Ok(None);
                     }
-                    Ok(Some(data)) if data != seen => return Ok(Some(data)),
+                    Ok(Some(data)) if data != seen && wanted(&data) => return Ok(Some(data)),
+                    Ok(Some(data)) if data != seen => {
+                        seen = data;
+                        None
+                    }
                     // Back to what the caller saw: watch again.
                     Ok(Some(_)) => None,
                     Err(error) => Some(error),
@@ -137,7 +155,11 @@ impl ZkSession {
             };
             drop(client);
             if data != seen {
-                return Ok(Some(data));
+                if wanted(&data) {
+                    return Ok(Some(data));
+                }
+                // Watched past, with the watch this read set.
+                seen = data;
             }
             let event = watcher.changed().await;
             match event.event_type {
