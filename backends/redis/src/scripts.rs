@@ -489,8 +489,9 @@ const READ_QUEUE: &str = r#"
 return queue_of(KEYS[1], ARGV[1], KEYS[2])
 "#;
 
-/// The longest queue a hand-over's message carries (see [`UPDATE_QUEUE`]):
-/// past it, the waiters it woke read the queue themselves.
+/// The most entries a hand-over's message carries, whole queue or prefix
+/// (see [`UPDATE_QUEUE`]): past it, the waiters it woke read the queue
+/// themselves.
 pub(crate) const HANDED_QUEUE_MAX: usize = 256;
 
 /// KEYS: queue, counter, the counter's epoch, the lock value block. ARGV:
