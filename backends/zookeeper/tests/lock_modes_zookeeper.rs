@@ -26,6 +26,15 @@ const GET_DATA: i32 = 4;
 const PING: i32 = 11;
 const SYNC: i32 = 9;
 
+/// The requests sent through `proxy` since `before`, by opcode, but those
+/// the session's keepalive sends on its own schedule.
+fn requests_since(proxy: &TcpProxy, before: &lockline_testkit::ZkCounts) -> std::collections::BTreeMap<i32, u64> {
+    let mut counts = proxy.zk_counts().since(before);
+    counts.requests.remove(&PING);
+    counts.requests.remove(&SYNC);
+    counts.requests
+}
+
 async fn session(ensemble: &ZkEnsemble) -> Session {
     Client::new(ZooKeeper::new(ensemble.connect_string()))
         .session()
@@ -653,12 +662,7 @@ async fn each_primitive_is_one_request_when_the_queue_is_as_last_seen() {
         .expect("session");
     let b = session(&ensemble).await;
     let held = append(&b, "res/trips", "b1", b"b").await;
-    let requests = |before: &lockline_testkit::ZkCounts| {
-        let mut counts = proxy.zk_counts().since(before);
-        counts.requests.remove(&PING);
-        counts.requests.remove(&SYNC);
-        counts.requests
-    };
+    let requests = |before: &lockline_testkit::ZkCounts| requests_since(&proxy, before);
 
     // The append's listing is the guess: the read after it is one multi-read.
     let mine = append(&a, "res/trips", "a1", b"a").await;
@@ -739,12 +743,7 @@ async fn a_watch_of_a_waiting_ex_request_passes_its_grant_with_one_get_data() {
         .await
         .expect("session");
     let b = session(&ensemble).await;
-    let requests = |before: &lockline_testkit::ZkCounts| {
-        let mut counts = proxy.zk_counts().since(before);
-        counts.requests.remove(&PING);
-        counts.requests.remove(&SYNC);
-        counts.requests
-    };
+    let requests = |before: &lockline_testkit::ZkCounts| requests_since(&proxy, before);
     let waiting = [WAITING_EX, &b"0 0 0 0 00000000"[..]].concat();
     let request = append(&b, "res/ex", "b1", &waiting).await;
     let queue = read(&b, "res/ex").await;

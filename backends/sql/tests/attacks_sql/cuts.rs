@@ -128,7 +128,8 @@ fn for_share(db: &Db) -> &'static str {
 /// the next grant, which comes within TTL + slack.
 async fn a_cut_during_a_heartbeat_is_told_before_the_next_grant(db: Db) {
     let url = db.url();
-    let ttl = 2000;
+    // The holder's session outlives a slow start on a loaded machine.
+    let ttl = 4000;
     let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("beat").expect("mutex").lock().await.expect("lock");
     let near = Client::new(Sql::new(url.clone()));
@@ -194,7 +195,8 @@ async fn mariadb_a_cut_during_a_heartbeat_is_told_before_the_next_grant() {
 /// before that lock's next grant.
 async fn a_cut_during_a_release_is_safe(db: Db) {
     let url = db.url();
-    let ttl = 2000;
+    // The holder's session outlives a slow start on a loaded machine.
+    let ttl = 4000;
     let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let released = h.mutex("rel/released").expect("mutex").lock().await.expect("lock");
     let kept = h.mutex("rel/kept").expect("mutex").lock().await.expect("lock");
@@ -330,7 +332,9 @@ async fn a_cut_holder_cannot_commit_after_the_next_grant(db: Db) {
     let url = db.url();
     let mut side = Side::connect(&url).await;
     side.exec("CREATE TABLE attack_writes (token bigint NOT NULL)").await;
-    let ttl = 2000;
+    // Long enough for the holder's session to outlive a slow start on a
+    // loaded machine (the cut, not a starved renewal, must end it).
+    let ttl = 4000;
     let (proxy, h) = behind_a_proxy(&db, ttl).await;
     let held = h.mutex("fenced-cut").expect("mutex").lock().await.expect("lock");
     let token = i64::try_from(held.token().get()).expect("token");
