@@ -29,13 +29,15 @@ async fn behind_a_proxy(db: &Db, ttl: u64) -> (TcpProxy, lockline::Session) {
 async fn a_cut_while_ending_a_silent_holder_leaves_the_lock_usable(db: Db) {
     attack_kit::log_warnings();
     let url = db.url();
-    let ttl = 2000;
+    // Long enough for H's and W1's sessions to outlive a slow start on a
+    // loaded machine (the cuts, not starved renewals, must end them).
+    let ttl = 4000;
     let (to_h, h) = behind_a_proxy(&db, ttl).await;
     let to_w1 = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
     let w1_client = Client::new(Sql::new(db.url_via(&to_w1.address())));
     let w1 = w1_client.session_with(options(ttl)).await.expect("session");
     let w2_client = Client::new(Sql::new(url.clone()));
-    let w2 = w2_client.session_with(options(ttl)).await.expect("session");
+    let w2 = w2_client.session_with(options(WAITER_TTL)).await.expect("session");
     let held = h.mutex("reaped").expect("mutex").lock().await.expect("lock");
     let w1_wait = {
         let mutex = w1.mutex("reaped").expect("mutex");
@@ -277,7 +279,8 @@ async fn mariadb_a_cut_during_a_release_is_safe() {
 async fn a_cut_during_a_cancelled_wait_leaves_the_lock_usable(db: Db) {
     let url = db.url();
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", db.port())).expect("proxy");
-    let ttl = 2000;
+    // The sessions outlive a slow start on a loaded machine.
+    let ttl = 4000;
     let near = Client::new(Sql::new(url.clone()));
     let h = near.session_with(options(ttl)).await.expect("session");
     let held = h.mutex("cancelled").expect("mutex").lock().await.expect("lock");
