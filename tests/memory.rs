@@ -135,20 +135,7 @@ async fn a_lock_mode_append_reads_its_window_of_the_queue() {
     let store = MemoryBackend::new();
     let session = Client::new(store.clone()).session().await.expect("session");
     let remote = std::sync::Arc::clone(session.backend_session());
-    let append = |attempt: &'static str, nearest: usize| {
-        let remote = std::sync::Arc::clone(&remote);
-        async move {
-            let request = AppendRequest {
-                dir: "window",
-                kind: EntryKind::Dlm,
-                attempt,
-                value: b"",
-                conflicts: Conflicts::All,
-                nearest,
-            };
-            remote.append(&request).await.expect("append")
-        }
-    };
+    let append = |attempt: &'static str, nearest: usize| lock_mode_append(&remote, "window", attempt, b"", nearest);
     for attempt in ["a1", "a2", "a3", "a4", "a5"] {
         append(attempt, 0).await;
     }
@@ -215,17 +202,7 @@ async fn a_woken_read_gives_the_queue_through_the_first_waiting_ex_request() {
     let waiting = [WAITING_EX, &b"0 0 0 0 00000000"[..]].concat();
     let append = |attempt: &'static str, value: Vec<u8>| {
         let remote = std::sync::Arc::clone(&remote);
-        async move {
-            let request = AppendRequest {
-                dir: "prefix",
-                kind: EntryKind::Dlm,
-                attempt,
-                value: &value,
-                conflicts: Conflicts::All,
-                nearest: 0,
-            };
-            remote.append(&request).await.expect("append").entry
-        }
+        async move { lock_mode_append(&remote, "prefix", attempt, &value, 0).await.entry }
     };
     let read = || {
         let remote = std::sync::Arc::clone(&remote);
@@ -247,4 +224,24 @@ async fn a_woken_read_gives_the_queue_through_the_first_waiting_ex_request() {
     append("behind", b"dlm2 - PR 0 0 0 0 00000000".to_vec()).await;
     assert_eq!(read().await, (vec![held.key, reader.key, writer.key], false));
     assert_eq!(remote.read_queue("prefix").await.expect("read").slots.len(), 4);
+}
+
+/// Appends a lock-mode entry to `dir` through the backend session, reading
+/// back `nearest` entries before it (0: the whole queue).
+async fn lock_mode_append(
+    remote: &std::sync::Arc<dyn lockline::backend::BackendSession>,
+    dir: &str,
+    attempt: &str,
+    value: &[u8],
+    nearest: usize,
+) -> lockline::backend::Appended {
+    let request = AppendRequest {
+        dir,
+        kind: EntryKind::Dlm,
+        attempt,
+        value,
+        conflicts: Conflicts::All,
+        nearest,
+    };
+    remote.append(&request).await.expect("append")
 }

@@ -28,6 +28,8 @@ pub(crate) struct Ctl {
     /// and how many `read_queue` answered.
     pub(crate) prefixes_given: std::sync::atomic::AtomicUsize,
     pub(crate) whole_reads: std::sync::atomic::AtomicUsize,
+    /// Told each time a prefix is given.
+    pub(crate) prefix_given: tokio::sync::Notify,
 }
 
 /// `queue` through its first entry whose value begins with `WAITING_EX`,
@@ -247,6 +249,7 @@ impl BackendSession for GatedSession {
         let out = self.inner.read_queue(dir).await.map(prefix_of);
         if let Ok((_, false)) = &out {
             self.ctl.prefixes_given.fetch_add(1, SeqCst);
+            self.ctl.prefix_given.notify_waiters();
         }
         self.after("read_queue").await;
         self.lost("read_queue", out)

@@ -414,12 +414,17 @@ pub(crate) async fn held_exclusive_hand_over_chain_wakes_one_waiter_per_release(
     assert!(wakeups <= releases, "{wakeups} wakeups for {releases} releases");
 }
 
-/// Polls `count` (a counter of the store's wrapper, which offers no
-/// event) until it reaches `at_least`, bounded.
-async fn until_count(what: &str, count: &std::sync::atomic::AtomicUsize, at_least: usize) {
+/// Waits until the wrapper has given `at_least` prefixes in all, bounded.
+async fn until_prefixes(what: &str, ctl: &Ctl, at_least: usize) {
     bounded(what, async {
-        while count.load(std::sync::atomic::Ordering::SeqCst) < at_least {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        loop {
+            // Registered before the count is read: a prefix given in
+            // between still wakes it.
+            let told = ctl.prefix_given.notified();
+            if ctl.prefixes_given.load(std::sync::atomic::Ordering::SeqCst) >= at_least {
+                return;
+            }
+            told.await;
         }
     })
     .await;
@@ -511,7 +516,7 @@ pub(crate) async fn a_waiter_past_the_end_of_a_prefix_reads_the_whole_queue() {
     until_queue(&r[0], "W waits", |q| q.len() == 4).await;
     let prefixes = gated.ctl.prefixes_given.load(SeqCst);
     y.abort();
-    until_count("W's wake read", &gated.ctl.prefixes_given, prefixes + 1).await;
+    until_prefixes("W's wake read", &gated.ctl, prefixes + 1).await;
     until_queue(&r[0], "Y leaves", |q| q.len() == 3).await;
     assert!(!w.is_finished(), "W still waits");
     a.release().await.unwrap();
