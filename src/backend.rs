@@ -291,6 +291,26 @@ pub struct Queue {
 /// queue at the first entry whose value begins with them.
 pub const WAITING_EX: &[u8] = b"dlm2 - EX ";
 
+/// Whether a lock-mode entry whose value is `value` can be changed so that
+/// a waiter's `wanted` (see [`BackendSession::watch_value_until`]) takes
+/// it only by its owner: by the owner's own writes, the entry's removal or
+/// the end of the owner's session, never by a write of another session.
+///
+/// True for a request never granted and for a lock held in the mode it
+/// asked for. Other sessions write such an entry only to grant it the mode
+/// it asked for (a hand-over) or to mark it with a waiter's mode, and
+/// neither changes whom it blocks: a waiting request already blocks every
+/// later request as if it held its mode. False for a conversion under way,
+/// which another session's hand-over may grant (a CW holder converting to
+/// PR blocks a PR request behind it until then), and for a value lockline
+/// did not write. So a backend whose watch hears writes of other sessions
+/// on a channel of their own (PostgreSQL's notices) need not listen there
+/// while the value seen is such a value, until a change it hears another
+/// way (the owner's) makes it one that is not.
+pub fn only_owner_unblocks(value: &[u8]) -> bool {
+    crate::mode_rule::state_settled_or_waiting(value)
+}
+
 /// An atomic, conditional change of a lock-mode resource: all of it, or
 /// nothing when a condition fails.
 #[derive(Debug, Clone, Copy)]

@@ -126,6 +126,13 @@ impl State {
     }
 }
 
+/// Whether `value` is a state lockline wrote for a request never granted or
+/// a lock held in the mode it asked for (not converting): see
+/// [`crate::backend::only_owner_unblocks`].
+pub(crate) fn state_settled_or_waiting(value: &[u8]) -> bool {
+    State::parse(value, 0).is_some_and(|state| state.converting().is_none())
+}
+
 /// A random 32-bit number: a per-thread xorshift generator, seeded from the
 /// system's random source once per thread (a system call per write would
 /// cost more than the rest of the encoding).

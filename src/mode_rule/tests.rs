@@ -364,3 +364,85 @@ fn only_a_waiting_ex_request_is_written_beginning_with_waiting_ex() {
         }
     }
 }
+
+/// `backend::only_owner_unblocks` is sound: for every state it accepts,
+/// no write another session can make (its grant in the mode it asked for,
+/// a waiter's marks, kept or cleared) changes whom the entry blocks, for
+/// any waiter (a request in any mode, a holder converting between any two).
+/// It refuses conversions under way, whose grant by another session's
+/// hand-over does let someone on (CW converting to PR, and a PR request
+/// behind it), and values lockline did not write.
+#[test]
+fn only_the_owner_unblocks_a_waiting_request_or_a_lock_held_in_its_mode() {
+    use crate::backend::only_owner_unblocks;
+    const MODES: [LockMode; 6] = [Nl, Cr, Cw, Pr, Pw, Ex];
+    let marks = [
+        0,
+        WAITS,
+        LISTENING,
+        WAITS | Pr.bit(),
+        LISTENING | Ex.bit() | Cw.bit(),
+        0x3f,
+    ];
+    let mut waiters: Vec<State> = MODES.into_iter().map(State::waiting).collect();
+    for from in MODES {
+        for to in MODES.into_iter().filter(|&to| to != from) {
+            waiters.push(converting(from, to));
+        }
+    }
+    let mut accepted = 0;
+    for granted in std::iter::once(None).chain(MODES.into_iter().map(Some)) {
+        for requested in MODES {
+            for blocked in marks {
+                let entry = State {
+                    granted,
+                    requested,
+                    token: 3,
+                    blocked,
+                    since: 5,
+                    conv: 2,
+                };
+                if !only_owner_unblocks(&entry.encode()) {
+                    continue;
+                }
+                accepted += 1;
+                let writes = marks.into_iter().flat_map(|blocked| {
+                    [
+                        State {
+                            granted: Some(requested),
+                            token: 9,
+                            blocked,
+                            ..entry
+                        },
+                        State { blocked, ..entry },
+                    ]
+                });
+                for written in writes {
+                    for &me in &waiters {
+                        assert_eq!(
+                            blocks(written, me),
+                            blocks(entry, me),
+                            "{entry:?} written as {written:?} by another session, for {me:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Every request waiting, every lock held in its mode, with every mark.
+    assert_eq!(accepted, (6 + 6) * marks.len());
+    let conversion = converting(Cw, Pr);
+    let granted = State::held(Pr, 9);
+    let behind = State::waiting(Pr);
+    assert!(!only_owner_unblocks(&conversion.encode()));
+    assert!(
+        blocks(conversion, behind) && !blocks(granted, behind),
+        "the grant lets the PR request on"
+    );
+    assert!(!only_owner_unblocks(b"not lockline's"));
+    assert!(!only_owner_unblocks(b""));
+    let mut waiting_ex = State::waiting(Ex).encode();
+    assert!(waiting_ex.starts_with(WAITING_EX) && only_owner_unblocks(&waiting_ex));
+    waiting_ex.truncate(WAITING_EX.len());
+    assert!(!only_owner_unblocks(&waiting_ex), "a value cut short is not lockline's");
+}

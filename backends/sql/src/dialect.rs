@@ -148,6 +148,9 @@ pub(crate) struct QueueRow {
     /// The token of its last write by [`LockModes::update_queue`], or its id
     /// when none wrote it yet.
     pub(crate) changed: i64,
+    /// Raised by its owner's own writes only: the value lock its owner
+    /// holds is this epoch's (see [`Watched`]).
+    pub(crate) epoch: i64,
 }
 
 /// A lock-mode entry as a watcher reads it: its value, its version (raised
@@ -726,6 +729,7 @@ pub(crate) fn queue_rows(found: &[impl Columns]) -> DbResult<QueueRead> {
             value: r.bytes(3)?,
             version: r.int(4)?,
             changed: r.int(5)?,
+            epoch: r.int(6)?,
         });
     }
     Ok((rows, block))

@@ -253,10 +253,10 @@ impl Names {
             // The block first (no id), then the entries: one statement, one
             // read view. Values of other kinds' entries are not sent.
             read_queue: format!(
-                "SELECT NULL, NULL, NULL, b.value, NULL, NULL FROM {blocks} b WHERE b.name = ? \
+                "SELECT NULL, NULL, NULL, b.value, NULL, NULL, NULL FROM {blocks} b WHERE b.name = ? \
                  UNION ALL \
                  SELECT e.id, e.kind, e.session, IF(e.kind = '{DLM}', e.value, x''), e.version, \
-                 GREATEST(e.changed, e.id) FROM {entries} e WHERE e.name = ? AND {live} \
+                 GREATEST(e.changed, e.id), e.epoch FROM {entries} e WHERE e.name = ? AND {live} \
                  ORDER BY 1"
             )
             .into(),

@@ -227,11 +227,11 @@ impl Names {
             // The block first (no id), then the entries: one statement, one
             // snapshot. Values of other kinds' entries are not sent.
             read_queue: format!(
-                "SELECT NULL::bigint, NULL::text, NULL::text, b.value, NULL::bigint, NULL::bigint \
+                "SELECT NULL::bigint, NULL::text, NULL::text, b.value, NULL::bigint, NULL::bigint, NULL::bigint \
                  FROM {blocks} b WHERE b.name = $1 \
                  UNION ALL \
                  SELECT e.id, e.kind, e.session, CASE WHEN e.kind = '{DLM}' THEN e.value ELSE '\\x'::bytea END, \
-                 e.version, greatest(e.changed, e.id) FROM {entries} e WHERE e.name = $1 AND {live} \
+                 e.version, greatest(e.changed, e.id), e.epoch FROM {entries} e WHERE e.name = $1 AND {live} \
                  ORDER BY 1 NULLS FIRST"
             )
             .into(),

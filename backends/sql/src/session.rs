@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockline::backend::{
-    AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Queue, QueueUpdate, Wanted,
+    only_owner_unblocks, AppendRequest, Appended, BackendSession, Conflicts, Earlier, Entry, EntryKind, Queue,
+    QueueUpdate, Wanted,
 };
 use lockline::{Error, FencingToken, Result, SessionOptions, SessionState, Write};
 use tokio::sync::watch;
@@ -93,6 +94,12 @@ pub(crate) struct Shared<D: Dialect> {
     /// `earlier` to take instead of reading again: read locks or not, the
     /// count asked, and what was read.
     turns_read: std::sync::Mutex<HashMap<i64, (bool, i32, TurnRead)>>,
+    /// Lock-mode entries as this session's last queue reads found them
+    /// (live then), by id: a watch of one whose value is still the one
+    /// seen there starts its wait at that version and epoch instead of
+    /// reading the entry first (a write since moves the version, at which
+    /// the wait returns at once and reads). Taken by the watch.
+    queue_reads: std::sync::Mutex<HashMap<i64, crate::dialect::Watched>>,
     /// Where the engine tells of writes to lock-mode entries by sessions
     /// that do not own them (PostgreSQL); `None` when it wakes watchers on
     /// the server itself (MariaDB/MySQL).
@@ -440,14 +447,16 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
     /// `wanted` refuses, on the same subscription.
     async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         if entry.kind == EntryKind::Dlm {
-            return self.watch_lock_mode(entry, seen, wanted).await;
+            return self
+                .watch_lock_mode(entry, seen, wanted, &|value| !only_owner_unblocks(value))
+                .await;
         }
         lockline::backend::watch_value_anew(self, entry, seen, wanted).await
     }
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {
         if entry.kind == EntryKind::Dlm {
-            return self.watch_lock_mode(entry, seen, &|_| true).await;
+            return self.watch_lock_mode(entry, seen, &|_| true, &|_| true).await;
         }
         let (_, id) = self.id_of(entry)?;
         let shared = &self.shared;

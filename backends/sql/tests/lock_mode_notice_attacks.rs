@@ -46,6 +46,16 @@ mod postgres_notices {
     async fn a_wanted_write_whose_notice_is_lost_still_answers_the_watch() {
         super::a_wanted_write_whose_notice_is_lost_still_answers_the_watch(super::Db::postgres()).await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing() {
+        super::waiters_behind_waiting_and_settled_requests_listen_to_nothing(super::Db::postgres()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release() {
+        super::a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release(super::Db::postgres()).await;
+    }
 }
 
 /// Far below anything but a wake (a server wait that missed its wake looks
@@ -410,4 +420,132 @@ async fn waiters_of_every_mode_with_conversions_all_get_the_lock(db: Db) {
         .await
         .expect("lock");
     assert!(last.value().valid, "nobody lost a lock: {:?}", last.value());
+}
+
+/// Listening connections of the test's sessions (PostgreSQL).
+const LISTENING: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockline notices'";
+
+/// A session of its own for each contender, from one client.
+async fn sessions(client: &Client, count: usize) -> Vec<Session> {
+    let mut sessions = Vec::new();
+    for _ in 0..count {
+        sessions.push(
+            bounded("a session", client.session_with(options()))
+                .await
+                .expect("session"),
+        );
+    }
+    sessions
+}
+
+/// An EX holder and two EX requests behind it, each of a session of its
+/// own: the first waits on a lock held in the mode it asked for, the second
+/// on a request never granted. Another session writes either only to grant
+/// it or mark it, which never lets a waiter behind it on, so neither waiter
+/// listens for such writes: no session keeps a listening connection (and
+/// PostgreSQL signals none at each grant's notice). Each is still granted
+/// when the one before it leaves, well within the bound at which a server
+/// wait looks again on its own.
+async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing(db: Db) {
+    let name = "attack/quiet-chain";
+    let client = Client::new(Sql::new(db.url()));
+    let [a, b, c]: [Session; 3] = sessions(&client, 3).await.try_into().expect("three");
+    let held = a
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Ex)
+        .await
+        .expect("lock");
+    let before = db.locks().waiting;
+    let second = b.resource(name).expect("resource");
+    let second = tokio::spawn(async move { second.lock(LockMode::Ex).await });
+    waiting(&db, before + 1).await;
+    let third = c.resource(name).expect("resource");
+    let third = tokio::spawn(async move { third.lock(LockMode::Ex).await });
+    waiting(&db, before + 2).await;
+    assert_eq!(
+        db.count(LISTENING),
+        0,
+        "a waiter listens for writes that cannot let it on"
+    );
+    held.release().await.expect("release");
+    let second = tokio::time::timeout(WAKE, second)
+        .await
+        .expect("the second request was granted when the holder left")
+        .expect("task")
+        .expect("lock");
+    assert!(!third.is_finished(), "the third request waits for the second");
+    assert_eq!(
+        db.count(LISTENING),
+        0,
+        "the grant of the request it waits on is not heard"
+    );
+    second.release().await.expect("release");
+    let third = tokio::time::timeout(WAKE, third)
+        .await
+        .expect("the third request was granted when the second left")
+        .expect("task")
+        .expect("lock");
+    third.release().await.expect("release");
+    until("nothing left", || db.entries() == 0).await;
+}
+
+/// A waiter behind a conversion must hear its grant by another session:
+/// A and B hold CW, C asks for PR and waits on B (CW blocks PR). B converts
+/// to PR, which A's CW blocks: C is woken by B's own write, still blocked
+/// (B holds CW until the conversion is granted), and now listens. A's
+/// release grants B's conversion in A's write, which lets C on: C hears it
+/// on B's channel and is granted well within the bound at which a server
+/// wait looks again on its own. B's conversion and C's request each hold
+/// PR at the end, together.
+async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release(db: Db) {
+    let name = "attack/converting-blocker";
+    let client = Client::new(Sql::new(db.url()));
+    let [a, b, c]: [Session; 3] = sessions(&client, 3).await.try_into().expect("three");
+    let first = a
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Cw)
+        .await
+        .expect("lock");
+    let mut second = b
+        .resource(name)
+        .expect("resource")
+        .lock(LockMode::Cw)
+        .await
+        .expect("lock");
+    let before = db.locks().waiting;
+    let third = c.resource(name).expect("resource");
+    let third = tokio::spawn(async move { third.lock(LockMode::Pr).await });
+    waiting(&db, before + 1).await;
+    assert_eq!(
+        db.count(LISTENING),
+        0,
+        "C waits on a lock held in the mode it asked for"
+    );
+    let converting = tokio::spawn(async move {
+        second.convert(LockMode::Pr).await?;
+        Ok::<_, lockline::Error>(second)
+    });
+    until("C listens once the entry it waits on converts", || {
+        db.count(LISTENING) == 1
+    })
+    .await;
+    waiting(&db, before + 2).await;
+    assert!(!third.is_finished(), "C waits while B holds CW");
+    first.release().await.expect("release");
+    let second = tokio::time::timeout(WAKE, converting)
+        .await
+        .expect("B's conversion was granted when A left")
+        .expect("task")
+        .expect("convert");
+    let third = tokio::time::timeout(WAKE, third)
+        .await
+        .expect("C heard the grant of B's conversion")
+        .expect("task")
+        .expect("lock");
+    assert_eq!((second.mode(), third.mode()), (LockMode::Pr, LockMode::Pr));
+    second.release().await.expect("release");
+    third.release().await.expect("release");
+    until("nothing left", || db.entries() == 0).await;
 }

@@ -32,6 +32,7 @@ on_both!(
     a_watch_wakes_when_another_session_writes_the_entry,
     a_watch_until_goes_past_unwanted_values_of_another_session,
     a_watch_wakes_when_the_owner_writes_or_removes_the_entry,
+    a_watch_starts_from_the_sessions_queue_read_only_at_the_value_it_saw,
     a_watch_wakes_when_another_session_deletes_the_entry,
     a_watch_wakes_when_the_owner_is_lost,
     every_watcher_of_an_entry_wakes_on_one_write,
@@ -656,6 +657,58 @@ async fn a_watch_wakes_when_the_owner_writes_or_removes_the_entry(db: Db) {
     let watching = watch(&watcher, &entry, b"CR granted");
     waiting(&db, 1).await;
     assert!(bounded("remove", backend(&owner).remove(&entry)).await.expect("remove"));
+    assert_eq!(woken(watching).await, None);
+    until("no wait is left on the server", || db.locks().waiting == 0).await;
+}
+
+/// A watch of an entry whose value is the one the session's last queue
+/// read saw starts its wait where that read found the entry, with no read
+/// of its own: a change since (by the owner, or by another session, even
+/// one that wrote the same value back) is still answered or watched past,
+/// never missed; and a watch as seen elsewhere (a value other than the
+/// read's) does not start from the read at all, so it never answers the
+/// read's older value.
+async fn a_watch_starts_from_the_sessions_queue_read_only_at_the_value_it_saw(db: Db) {
+    let (owner, watcher, writer) = (open(&db).await, open(&db).await, open(&db).await);
+    let dir = "modes/watch-after-read";
+    let entry = append(&owner, dir, b"PR granted").await;
+    // The read the watch starts from, then a write of the owner since.
+    let _ = read(&watcher, dir).await;
+    let seen = read(&owner, dir).await;
+    set(&owner, dir, &seen, &[(&entry, b"EX granted")], None)
+        .await
+        .expect("applied");
+    let watching = watch(&watcher, &entry, b"PR granted");
+    assert_eq!(woken(watching).await.as_deref(), Some(&b"EX granted"[..]));
+    // The session read "EX granted"; the watcher has seen a later value.
+    let _ = read(&watcher, dir).await;
+    let seen = read(&owner, dir).await;
+    set(&owner, dir, &seen, &[(&entry, b"CR granted")], None)
+        .await
+        .expect("applied");
+    let watching = watch(&watcher, &entry, b"CR granted");
+    waiting(&db, 1).await;
+    assert!(!watching.is_finished(), "answered a value older than the one seen");
+    let seen = read(&owner, dir).await;
+    set(&owner, dir, &seen, &[(&entry, b"NL granted")], None)
+        .await
+        .expect("applied");
+    assert_eq!(woken(watching).await.as_deref(), Some(&b"NL granted"[..]));
+    // Another session writes it twice since the read, back to the value
+    // the read saw: watched past, and the removal answers.
+    let _ = read(&watcher, dir).await;
+    for value in [&b"NL granted, blocking"[..], &b"NL granted"[..]] {
+        let seen = read(&writer, dir).await;
+        set(&writer, dir, &seen, &[(&entry, value)], None)
+            .await
+            .expect("applied");
+    }
+    let watching = watch(&watcher, &entry, b"NL granted");
+    waiting(&db, 1).await;
+    assert!(!watching.is_finished(), "answered a value it had seen");
+    let seen = read(&owner, dir).await;
+    let unchanged = [(&entry, version(&seen, &entry))];
+    delete(&owner, dir, &unchanged, &entry).await.expect("applied");
     assert_eq!(woken(watching).await, None);
     until("no wait is left on the server", || db.locks().waiting == 0).await;
 }

@@ -8,10 +8,11 @@ use lockline::backend::{Entry, Queue, QueueUpdate, Slot, Wanted};
 use lockline::Result;
 
 use super::wait::{FoundSlot, WaitOn};
-use super::SqlSession;
+use super::{Shared, SqlSession};
 use crate::dialect::{Dialect, Found, QueueChange, Watched};
 use crate::error::{map, timed_out};
-use crate::layout::parse_entry_key;
+use crate::layout::{parse_entry_key, DLM};
+use crate::notices::{Notices, Subscription};
 
 impl<D: Dialect> SqlSession<D> {
     /// A lock-mode queue and its lock value block, in one statement.
@@ -19,6 +20,20 @@ impl<D: Dialect> SqlSession<D> {
         let shared = &self.shared;
         shared.check_live()?;
         let (rows, block) = on_owner!(shared, "read the queue", |d, conn| d.read_queue(conn, dir, &shared.id))?;
+        {
+            let mut reads = shared.queue_reads.lock().unwrap_or_else(PoisonError::into_inner);
+            if reads.len() > 4096 {
+                reads.clear();
+            }
+            for row in rows.iter().filter(|row| row.row.kind == DLM) {
+                let watched = Watched {
+                    value: row.value.clone(),
+                    version: row.version,
+                    epoch: row.epoch,
+                };
+                reads.insert(row.row.id, watched);
+            }
+        }
         let slots = rows
             .into_iter()
             .map(|row| Slot {
@@ -89,30 +104,43 @@ impl<D: Dialect> SqlSession<D> {
     /// wait itself (MariaDB/MySQL, see the watch procedure). A new value
     /// `wanted` refuses is watched past: it becomes the value seen, and the
     /// wait goes on at its version, on the same subscription.
-    pub(super) async fn watch_lock_mode(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+    ///
+    /// `listen` says whether writes of other sessions must be heard while
+    /// the value seen is the one given: a lock-mode waiter's watch of a
+    /// value [`only_owner_unblocks`](lockline::backend::only_owner_unblocks) (a request waiting, a lock held in its
+    /// mode) needs none of them, so it subscribes to the entry's channel
+    /// only once the value seen is not such a value (after the read that
+    /// saw it: a write since moved the version, at which the wait returns
+    /// at once). A watcher that listens to nothing keeps no listening
+    /// connection, and PostgreSQL signals only listening connections of
+    /// each notice.
+    pub(super) async fn watch_lock_mode(
+        &self,
+        entry: &Entry,
+        seen: &[u8],
+        wanted: &Wanted,
+        listen: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> Result<Option<Vec<u8>>> {
         let mut seen = seen.to_vec();
         let (_, id) = self.id_of(entry)?;
         let shared = &self.shared;
         let owner = entry.owner.clone().unwrap_or_default();
-        let mut notices = match &shared.notices {
-            None => None,
-            Some(notices) => {
-                let timeout = shared.options.request_timeout();
-                match tokio::time::timeout(timeout, notices.subscribe(id)).await {
-                    Err(_) => return Err(timed_out(shared.doing("listen for the entry's writes"), timeout)),
-                    Ok(None) => return Err(shared.over_error()),
-                    Ok(Some(Err(error))) => return Err(map(shared.doing("listen for the entry's writes"), error)),
-                    Ok(Some(Ok(subscription))) => Some(subscription),
-                }
-            }
-        };
+        let mut notices: Option<Subscription> = None;
         // Whether the last wait saw the entry's owner's connection end (the
         // entry's value lock free with the entry still there).
         let mut lost = false;
-        // The entry as the last wait read it after waking: no read needed.
-        // (Read before the notices are marked seen below: a write after it
-        // moved the version, at which the next wait returns at once.)
-        let mut woken: Option<Found> = None;
+        // The entry as the last wait read it after waking, or first as the
+        // last queue read found it (live, with the value seen): no read
+        // needed. (Read before the notices are marked seen below: a write
+        // after it moved the version, at which the next wait returns at
+        // once.)
+        let mut woken: Option<Found> = shared
+            .queue_reads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id)
+            .filter(|read| read.value == seen)
+            .map(|read| Some((read, true)));
         loop {
             shared.check_live()?;
             if let Some(notices) = notices.as_mut() {
@@ -142,6 +170,11 @@ impl<D: Dialect> SqlSession<D> {
                     return Ok(Some(value));
                 }
                 seen = value;
+            }
+            if notices.is_none() && listen(&seen) {
+                if let Some(channel) = &shared.notices {
+                    notices = Some(subscribe(shared, channel, id).await?);
+                }
             }
             let at = Watched {
                 value: (),
@@ -184,5 +217,17 @@ impl<D: Dialect> SqlSession<D> {
             };
             woken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         }
+    }
+}
+
+/// A subscription to the notices of entry `id`'s writes by other sessions,
+/// bounded by the request timeout.
+async fn subscribe<D: Dialect>(shared: &Shared<D>, notices: &Notices, id: i64) -> Result<Subscription> {
+    let timeout = shared.options.request_timeout();
+    match tokio::time::timeout(timeout, notices.subscribe(id)).await {
+        Err(_) => Err(timed_out(shared.doing("listen for the entry's writes"), timeout)),
+        Ok(None) => Err(shared.over_error()),
+        Ok(Some(Err(error))) => Err(map(shared.doing("listen for the entry's writes"), error)),
+        Ok(Some(Ok(subscription))) => Ok(subscription),
     }
 }

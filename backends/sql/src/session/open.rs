@@ -93,6 +93,7 @@ impl<D: Dialect> SqlSession<D> {
             entries: std::sync::Mutex::new(HashMap::new()),
             behind: std::sync::Mutex::new(HashMap::new()),
             turns_read: std::sync::Mutex::new(HashMap::new()),
+            queue_reads: std::sync::Mutex::new(HashMap::new()),
             notices,
         });
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
