@@ -23,6 +23,8 @@ use support::db::Db;
 on_both!(
     a_long_value_written_by_another_session_answers_a_watch,
     waiters_of_every_mode_with_conversions_all_get_the_lock,
+    waiters_behind_waiting_and_settled_requests_hear_no_other_writer,
+    a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release,
 );
 
 /// Notices exist on PostgreSQL alone.
@@ -45,16 +47,6 @@ mod postgres_notices {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wanted_write_whose_notice_is_lost_still_answers_the_watch() {
         super::a_wanted_write_whose_notice_is_lost_still_answers_the_watch(super::Db::postgres()).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing() {
-        super::waiters_behind_waiting_and_settled_requests_listen_to_nothing(super::Db::postgres()).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release() {
-        super::a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release(super::Db::postgres()).await;
     }
 }
 
@@ -422,8 +414,17 @@ async fn waiters_of_every_mode_with_conversions_all_get_the_lock(db: Db) {
     assert!(last.value().valid, "nobody lost a lock: {:?}", last.value());
 }
 
-/// Listening connections of the test's sessions (PostgreSQL).
-const LISTENING: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockline notices'";
+/// How many waits hear other sessions' writes: on PostgreSQL the listening
+/// connections of the test's sessions; on MariaDB the watch slots ever
+/// taken of the entries there are (each entry's `watchers`, which a slot's
+/// wait raises and nothing lowers).
+fn hearing(db: &Db) -> i64 {
+    if db.is_postgres() {
+        db.count("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockline notices'")
+    } else {
+        db.count("SELECT COALESCE(SUM(watchers), 0) FROM lockline_entries")
+    }
+}
 
 /// A session of its own for each contender, from one client.
 async fn sessions(client: &Client, count: usize) -> Vec<Session> {
@@ -442,11 +443,12 @@ async fn sessions(client: &Client, count: usize) -> Vec<Session> {
 /// own: the first waits on a lock held in the mode it asked for, the second
 /// on a request never granted. Another session writes either only to grant
 /// it or mark it, which never lets a waiter behind it on, so neither waiter
-/// listens for such writes: no session keeps a listening connection (and
-/// PostgreSQL signals none at each grant's notice). Each is still granted
-/// when the one before it leaves, well within the bound at which a server
-/// wait looks again on its own.
-async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing(db: Db) {
+/// hears such writes: on PostgreSQL no session keeps a listening connection
+/// (and PostgreSQL signals none at each grant's notice); on MariaDB neither
+/// wait takes a watch slot (and the grant wakes no wait). Each is still
+/// granted when the one before it leaves, well within the bound at which a
+/// server wait looks again on its own.
+async fn waiters_behind_waiting_and_settled_requests_hear_no_other_writer(db: Db) {
     let name = "attack/quiet-chain";
     let client = Client::new(Sql::new(db.url()));
     let [a, b, c]: [Session; 3] = sessions(&client, 3).await.try_into().expect("three");
@@ -463,11 +465,7 @@ async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing(db: Db) {
     let third = c.resource(name).expect("resource");
     let third = tokio::spawn(async move { third.lock(LockMode::Ex).await });
     waiting(&db, before + 2).await;
-    assert_eq!(
-        db.count(LISTENING),
-        0,
-        "a waiter listens for writes that cannot let it on"
-    );
+    assert_eq!(hearing(&db), 0, "a waiter hears writes that cannot let it on");
     held.release().await.expect("release");
     let second = tokio::time::timeout(WAKE, second)
         .await
@@ -475,11 +473,7 @@ async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing(db: Db) {
         .expect("task")
         .expect("lock");
     assert!(!third.is_finished(), "the third request waits for the second");
-    assert_eq!(
-        db.count(LISTENING),
-        0,
-        "the grant of the request it waits on is not heard"
-    );
+    assert_eq!(hearing(&db), 0, "the grant of the request it waits on is not heard");
     second.release().await.expect("release");
     let third = tokio::time::timeout(WAKE, third)
         .await
@@ -493,10 +487,11 @@ async fn waiters_behind_waiting_and_settled_requests_listen_to_nothing(db: Db) {
 /// A waiter behind a conversion must hear its grant by another session:
 /// A and B hold CW, C asks for PR and waits on B (CW blocks PR). B converts
 /// to PR, which A's CW blocks: C is woken by B's own write, still blocked
-/// (B holds CW until the conversion is granted), and now listens. A's
-/// release grants B's conversion in A's write, which lets C on: C hears it
-/// on B's channel and is granted well within the bound at which a server
-/// wait looks again on its own. B's conversion and C's request each hold
+/// (B holds CW until the conversion is granted), and now hears other
+/// writers (PostgreSQL: it listens on B's channel; MariaDB: its wait takes
+/// a watch slot of B's). A's release grants B's conversion in A's write,
+/// which lets C on: C hears it and is granted well within the bound at
+/// which a server wait looks again on its own. B's conversion and C's request each hold
 /// PR at the end, together.
 async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release(db: Db) {
     let name = "attack/converting-blocker";
@@ -518,17 +513,13 @@ async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_releas
     let third = c.resource(name).expect("resource");
     let third = tokio::spawn(async move { third.lock(LockMode::Pr).await });
     waiting(&db, before + 1).await;
-    assert_eq!(
-        db.count(LISTENING),
-        0,
-        "C waits on a lock held in the mode it asked for"
-    );
+    assert_eq!(hearing(&db), 0, "C waits on a lock held in the mode it asked for");
     let converting = tokio::spawn(async move {
         second.convert(LockMode::Pr).await?;
         Ok::<_, lockline::Error>(second)
     });
-    until("C listens once the entry it waits on converts", || {
-        db.count(LISTENING) == 1
+    until("C hears other writers once the entry it waits on converts", || {
+        hearing(&db) == 1
     })
     .await;
     waiting(&db, before + 2).await;

@@ -113,7 +113,10 @@ impl<D: Dialect> SqlSession<D> {
     /// saw it: a write since moved the version, at which the wait returns
     /// at once). A watcher that listens to nothing keeps no listening
     /// connection, and PostgreSQL signals only listening connections of
-    /// each notice.
+    /// each notice. On MariaDB/MySQL such a wait takes no watch slot: it
+    /// waits on the owner's value lock alone, so a grant or a mark by
+    /// another session neither writes the entry's watcher count for it nor
+    /// ends its wait.
     pub(super) async fn watch_lock_mode(
         &self,
         entry: &Entry,
@@ -187,7 +190,13 @@ impl<D: Dialect> SqlSession<D> {
             // The entry's version the watcher knows: a notice of a write up
             // to it tells nothing new.
             let mut known = version;
-            let waited = shared.wait_on_server(WaitOn::Watch(id, at), &owner, entry.order, Some(&slot), None);
+            // Where no notice tells of other sessions' writes (MariaDB/MySQL,
+            // whose writers wake the holders of the entry's watch slots), a
+            // wait that need not hear them takes no slot: it waits on the
+            // owner's value lock alone, and is neither woken by a grant or
+            // a mark nor makes the entry's row count its watchers.
+            let quiet = !shared.dialect.notifies() && !listen(&seen);
+            let waited = shared.wait_on_server(WaitOn::Watch(id, at, quiet), &owner, entry.order, Some(&slot), None);
             tokio::pin!(waited);
             lost = match notices.as_mut() {
                 Some(notices) => loop {

@@ -41,7 +41,7 @@ impl<D: Dialect> Shared<D> {
         let (id, version) = match on {
             WaitOn::Guard(id) => (id, None),
             WaitOn::Version(id, version) => (id, Some(version)),
-            WaitOn::Watch(id, at) => (id, Some(at.version)),
+            WaitOn::Watch(id, at, _) => (id, Some(at.version)),
         };
         self.overflow.lock().unwrap_or_else(PoisonError::into_inner).insert(
             key,

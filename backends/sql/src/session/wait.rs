@@ -147,7 +147,7 @@ impl<D: Dialect> Shared<D> {
             }
         };
         if lost && self.reset_grace {
-            if let WaitOn::Guard(id) | WaitOn::Watch(id, _) = on {
+            if let WaitOn::Guard(id) | WaitOn::Watch(id, ..) = on {
                 self.outlive(owner, id).await?;
             }
         }
@@ -163,8 +163,13 @@ pub(super) enum WaitOn {
     /// An election entry's value version: until its owner writes it.
     Version(i64, i64),
     /// A lock-mode entry at a version, and its owner's value lock of an
-    /// epoch: until anyone writes it, or it is gone.
-    Watch(i64, Watched<()>),
+    /// epoch: until anyone writes it, or it is gone. With `true` (quiet,
+    /// MariaDB/MySQL): the owner's value lock alone, with no watch slot, so
+    /// that another session's write neither wakes the wait nor is told to
+    /// it: until the owner writes or removes it, or its connection ends
+    /// (for an entry [`only_owner_unblocks`](lockline::backend::only_owner_unblocks)
+    /// accepts).
+    Watch(i64, Watched<()>, bool),
 }
 
 /// How one server-side wait ended: on its own, or stopped (and then
@@ -269,7 +274,14 @@ impl<D: Dialect> WaitTask<D> {
                                 .wait_version(&mut idle.conn, id, version, &self.owner, bound_ms)
                                 .await
                         }
-                        WaitOn::Watch(id, at) => {
+                        // The owner's value lock of that epoch: the lock an
+                        // election's value version takes on MariaDB/MySQL.
+                        WaitOn::Watch(id, at, true) => {
+                            dialect
+                                .wait_version(&mut idle.conn, id, at.epoch, &self.owner, bound_ms)
+                                .await
+                        }
+                        WaitOn::Watch(id, at, false) => {
                             let watch = Watch {
                                 id,
                                 at,
@@ -359,7 +371,7 @@ impl<D: Dialect> WaitTask<D> {
             let reaped = match beat {
                 Some(beat) if shared.silent(&self.owner, beat) => {
                     let id = match self.on {
-                        WaitOn::Guard(id) | WaitOn::Version(id, _) | WaitOn::Watch(id, _) => id,
+                        WaitOn::Guard(id) | WaitOn::Version(id, _) | WaitOn::Watch(id, ..) => id,
                     };
                     let reaping = dialect.reap(&mut idle.conn, &self.owner, id, beat.count);
                     match tokio::time::timeout(request_timeout, reaping).await {
