@@ -292,21 +292,24 @@ pub struct Queue {
 pub const WAITING_EX: &[u8] = b"dlm2 - EX ";
 
 /// Whether a lock-mode entry whose value is `value` can be changed so that
-/// a waiter's `wanted` (see [`BackendSession::watch_value_until`]) takes
-/// it only by its owner: by the owner's own writes, the entry's removal or
-/// the end of the owner's session, never by a write of another session.
+/// a waiter watching it (see [`BackendSession::watch_blocker_until`]) is
+/// let on only by its owner: by the owner's own writes, the entry's removal
+/// or the end of the owner's session, never by a write of another session.
 ///
 /// True for a request never granted and for a lock held in the mode it
 /// asked for. Other sessions write such an entry only to grant it the mode
 /// it asked for (a hand-over) or to mark it with a waiter's mode, and
 /// neither changes whom it blocks: a waiting request already blocks every
-/// later request as if it held its mode. False for a conversion under way,
-/// which another session's hand-over may grant (a CW holder converting to
-/// PR blocks a PR request behind it until then), and for a value lockline
-/// did not write. So a backend whose watch hears writes of other sessions
-/// on a channel of their own (PostgreSQL's notices) need not listen there
-/// while the value seen is such a value, until a change it hears another
-/// way (the owner's) makes it one that is not.
+/// later request as if it held its mode. False for a value lockline did not
+/// write, and for a conversion under way, whose grant does change whom it
+/// blocks (a CW holder converting to PR blocks a PR request behind it until
+/// then): today only its owner grants a conversion, but a rule that let a
+/// release grant it in its own write would make that another session's
+/// write, and listening behind a conversion costs little. So a backend
+/// whose watch hears writes of other sessions on a channel of their own
+/// (PostgreSQL's notices), or by a wake of their own (MariaDB's watch
+/// slots), need not hear them while the value seen is such a value, until
+/// a change it hears from the owner makes it one that is not.
 pub fn only_owner_unblocks(value: &[u8]) -> bool {
     crate::mode_rule::state_settled_or_waiting(value)
 }
@@ -491,6 +494,22 @@ pub trait BackendSession: std::any::Any + Send + Sync + fmt::Debug + 'static {
     /// Cancelling drops the watch.
     async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         watch_value_anew(self, entry, seen, wanted).await
+    }
+
+    /// As [`watch_value_until`](Self::watch_value_until), for a lock-mode
+    /// waiter watching the entry that blocks it: `wanted` takes a value only
+    /// when the entry no longer blocks the waiter (it depends on whom the
+    /// entry blocks, nothing else). A backend may then leave unheard the
+    /// writes of other sessions while the value seen is one
+    /// [`only_owner_unblocks`] accepts, since none of them can change that:
+    /// it must still answer the owner's writes, the entry's removal and the
+    /// end of the owner's session. The default calls `watch_value_until`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling drops the watch.
+    async fn watch_blocker_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        self.watch_value_until(entry, seen, wanted).await
     }
 
     /// Applies `writes` to keys of the store, atomically and only if `entry`

@@ -686,7 +686,7 @@ impl Resource {
 /// conversion wakes only the waiters it lets on.
 async fn changed(inner: &SessionInner, entry: &Entry, seen: Vec<u8>, me: State) -> Result<bool> {
     let wanted = move |value: &[u8]| !blocks(State::decode(value, 0), me);
-    Ok(inner.remote.watch_value_until(entry, &seen, &wanted).await?.is_none())
+    Ok(inner.remote.watch_blocker_until(entry, &seen, &wanted).await?.is_none())
 }
 
 /// What a waiter does once [`changed`] resolved (`changed`): counts the

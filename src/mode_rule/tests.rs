@@ -369,8 +369,8 @@ fn only_a_waiting_ex_request_is_written_beginning_with_waiting_ex() {
 /// no write another session can make (its grant in the mode it asked for,
 /// a waiter's marks, kept or cleared) changes whom the entry blocks, for
 /// any waiter (a request in any mode, a holder converting between any two).
-/// It refuses conversions under way, whose grant by another session's
-/// hand-over does let someone on (CW converting to PR, and a PR request
+/// It refuses conversions under way, whose grant (by its owner, today)
+/// does change whom they block (CW converting to PR, and a PR request
 /// behind it), and values lockline did not write.
 #[test]
 fn only_the_owner_unblocks_a_waiting_request_or_a_lock_held_in_its_mode() {

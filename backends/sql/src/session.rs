@@ -447,11 +447,18 @@ impl<D: Dialect> BackendSession for SqlSession<D> {
     /// `wanted` refuses, on the same subscription.
     async fn watch_value_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
         if entry.kind == EntryKind::Dlm {
+            return self.watch_lock_mode(entry, seen, wanted, &|_| true).await;
+        }
+        lockline::backend::watch_value_anew(self, entry, seen, wanted).await
+    }
+
+    async fn watch_blocker_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        if entry.kind == EntryKind::Dlm {
             return self
                 .watch_lock_mode(entry, seen, wanted, &|value| !only_owner_unblocks(value))
                 .await;
         }
-        lockline::backend::watch_value_anew(self, entry, seen, wanted).await
+        self.watch_value_until(entry, seen, wanted).await
     }
 
     async fn watch_value(&self, entry: &Entry, seen: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -22,9 +22,10 @@ use support::db::Db;
 
 on_both!(
     a_long_value_written_by_another_session_answers_a_watch,
+    a_watch_until_hears_another_sessions_grant_of_a_waiting_request,
     waiters_of_every_mode_with_conversions_all_get_the_lock,
     waiters_behind_waiting_and_settled_requests_hear_no_other_writer,
-    a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release,
+    a_waiter_behind_a_conversion_hears_other_writers_while_it_converts,
 );
 
 /// Notices exist on PostgreSQL alone.
@@ -484,16 +485,18 @@ async fn waiters_behind_waiting_and_settled_requests_hear_no_other_writer(db: Db
     until("nothing left", || db.entries() == 0).await;
 }
 
-/// A waiter behind a conversion must hear its grant by another session:
-/// A and B hold CW, C asks for PR and waits on B (CW blocks PR). B converts
-/// to PR, which A's CW blocks: C is woken by B's own write, still blocked
-/// (B holds CW until the conversion is granted), and now hears other
-/// writers (PostgreSQL: it listens on B's channel; MariaDB: its wait takes
-/// a watch slot of B's). A's release grants B's conversion in A's write,
-/// which lets C on: C hears it and is granted well within the bound at
-/// which a server wait looks again on its own. B's conversion and C's request each hold
-/// PR at the end, together.
-async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_release(db: Db) {
+/// A waiter behind a conversion hears other writers while it converts,
+/// and is let on by the conversion's grant: A and B hold CW, C asks for PR
+/// and waits on B (CW blocks PR) hearing no other writer. B converts to PR,
+/// which A's CW blocks: C is woken by B's own write, still blocked (B holds
+/// CW until the conversion is granted), and now hears other writers
+/// (PostgreSQL: it listens on B's channel; MariaDB: its wait takes a watch
+/// slot of B's), since a conversion's grant changes whom it blocks. A's
+/// release lets B's conversion on (B grants it in its own write), which
+/// lets C on: C is granted well within the bound at which a server wait
+/// looks again on its own. B's conversion and C's request each hold PR at
+/// the end, together.
+async fn a_waiter_behind_a_conversion_hears_other_writers_while_it_converts(db: Db) {
     let name = "attack/converting-blocker";
     let client = Client::new(Sql::new(db.url()));
     let [a, b, c]: [Session; 3] = sessions(&client, 3).await.try_into().expect("three");
@@ -539,4 +542,30 @@ async fn a_waiter_behind_a_conversion_hears_its_grant_by_another_sessions_releas
     second.release().await.expect("release");
     third.release().await.expect("release");
     until("nothing left", || db.entries() == 0).await;
+}
+
+/// `watch_value_until` answers any value its filter wants, whoever wrote
+/// it: here another session's grant of a waiting EX request, which a
+/// lock-mode waiter's watch of that entry (`watch_blocker_until`) may leave
+/// unheard, is wanted by a filter that takes any change, and answers it
+/// within a wake, not at the bound at which a server wait looks again on
+/// its own.
+async fn a_watch_until_hears_another_sessions_grant_of_a_waiting_request(db: Db) {
+    let (owner, watcher, writer) = (
+        open_with(db.url()).await,
+        open_with(db.url()).await,
+        open_with(db.url()).await,
+    );
+    let dir = "attack/any-change";
+    // A waiting EX request and its grant, as lockline writes them.
+    let waiting_ex: &'static [u8] = b"dlm2 - EX 0 128 0 0 0badf00d";
+    let granted: &[u8] = b"dlm2 EX EX 0 0 0 0 cafebabe";
+    let entry = append(&owner, dir, waiting_ex).await;
+    let before = db.locks().waiting;
+    let watching = watch_until(&watcher, &entry, waiting_ex, |value| {
+        value != b"dlm2 - EX 0 128 0 0 0badf00d"
+    });
+    waiting(&db, before + 1).await;
+    write(&writer, dir, &entry, Some(granted)).await;
+    assert_eq!(woken(watching).await.as_deref(), Some(granted));
 }

@@ -106,9 +106,11 @@ impl<D: Dialect> SqlSession<D> {
     /// wait goes on at its version, on the same subscription.
     ///
     /// `listen` says whether writes of other sessions must be heard while
-    /// the value seen is the one given: a lock-mode waiter's watch of a
-    /// value [`only_owner_unblocks`](lockline::backend::only_owner_unblocks) (a request waiting, a lock held in its
-    /// mode) needs none of them, so it subscribes to the entry's channel
+    /// the value seen is the one given: a lock-mode waiter's watch of the
+    /// entry that blocks it (`watch_blocker_until`), where the value is
+    /// one [`only_owner_unblocks`](lockline::backend::only_owner_unblocks)
+    /// accepts (a request waiting, a lock held in its mode), needs none of
+    /// them, so it subscribes to the entry's channel
     /// only once the value seen is not such a value (after the read that
     /// saw it: a write since moved the version, at which the wait returns
     /// at once). A watcher that listens to nothing keeps no listening
