@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use lockline::backend::{AppendRequest, BackendSession, Conflicts, Entry, EntryKind, Queue, QueueUpdate};
 use lockline::conformance::{bounded, until};
-use lockline::{Client, LockMode, Session, SessionOptions};
+use lockline::{Client, LockMode, ResourceGuard, Session, SessionOptions};
 use lockline_sql::Sql;
 use lockline_testkit::TcpProxy;
+use tokio::task::JoinHandle;
 
 #[macro_use]
 mod support;
@@ -453,34 +454,19 @@ async fn waiters_behind_waiting_and_settled_requests_hear_no_other_writer(db: Db
     let name = "attack/quiet-chain";
     let client = Client::new(Sql::new(db.url()));
     let [a, b, c]: [Session; 3] = sessions(&client, 3).await.try_into().expect("three");
-    let held = a
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Ex)
-        .await
-        .expect("lock");
+    let held = locked(&a, name, LockMode::Ex).await;
     let before = db.locks().waiting;
-    let second = b.resource(name).expect("resource");
-    let second = tokio::spawn(async move { second.lock(LockMode::Ex).await });
+    let second = requested(&b, name, LockMode::Ex);
     waiting(&db, before + 1).await;
-    let third = c.resource(name).expect("resource");
-    let third = tokio::spawn(async move { third.lock(LockMode::Ex).await });
+    let third = requested(&c, name, LockMode::Ex);
     waiting(&db, before + 2).await;
     assert_eq!(hearing(&db), 0, "a waiter hears writes that cannot let it on");
     held.release().await.expect("release");
-    let second = tokio::time::timeout(WAKE, second)
-        .await
-        .expect("the second request was granted when the holder left")
-        .expect("task")
-        .expect("lock");
+    let second = granted(second, "the second request, when the holder left").await;
     assert!(!third.is_finished(), "the third request waits for the second");
     assert_eq!(hearing(&db), 0, "the grant of the request it waits on is not heard");
     second.release().await.expect("release");
-    let third = tokio::time::timeout(WAKE, third)
-        .await
-        .expect("the third request was granted when the second left")
-        .expect("task")
-        .expect("lock");
+    let third = granted(third, "the third request, when the second left").await;
     third.release().await.expect("release");
     until("nothing left", || db.entries() == 0).await;
 }
@@ -500,21 +486,10 @@ async fn a_waiter_behind_a_conversion_hears_other_writers_while_it_converts(db: 
     let name = "attack/converting-blocker";
     let client = Client::new(Sql::new(db.url()));
     let [a, b, c]: [Session; 3] = sessions(&client, 3).await.try_into().expect("three");
-    let first = a
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Cw)
-        .await
-        .expect("lock");
-    let mut second = b
-        .resource(name)
-        .expect("resource")
-        .lock(LockMode::Cw)
-        .await
-        .expect("lock");
+    let first = locked(&a, name, LockMode::Cw).await;
+    let mut second = locked(&b, name, LockMode::Cw).await;
     let before = db.locks().waiting;
-    let third = c.resource(name).expect("resource");
-    let third = tokio::spawn(async move { third.lock(LockMode::Pr).await });
+    let third = requested(&c, name, LockMode::Pr);
     waiting(&db, before + 1).await;
     assert_eq!(hearing(&db), 0, "C waits on a lock held in the mode it asked for");
     let converting = tokio::spawn(async move {
@@ -528,20 +503,36 @@ async fn a_waiter_behind_a_conversion_hears_other_writers_while_it_converts(db: 
     waiting(&db, before + 2).await;
     assert!(!third.is_finished(), "C waits while B holds CW");
     first.release().await.expect("release");
-    let second = tokio::time::timeout(WAKE, converting)
-        .await
-        .expect("B's conversion was granted when A left")
-        .expect("task")
-        .expect("convert");
-    let third = tokio::time::timeout(WAKE, third)
-        .await
-        .expect("C heard the grant of B's conversion")
-        .expect("task")
-        .expect("lock");
+    let second = granted(converting, "B's conversion, when A left").await;
+    let third = granted(third, "C, once B's conversion was granted").await;
     assert_eq!((second.mode(), third.mode()), (LockMode::Pr, LockMode::Pr));
     second.release().await.expect("release");
     third.release().await.expect("release");
     until("nothing left", || db.entries() == 0).await;
+}
+
+/// `session`'s lock of `name` in `mode`, granted at once.
+async fn locked(session: &Session, name: &str, mode: LockMode) -> ResourceGuard {
+    let resource = session.resource(name).expect("resource");
+    bounded("a lock granted at once", resource.lock(mode))
+        .await
+        .expect("lock")
+}
+
+/// `session`'s request for `name` in `mode`, in a task of its own.
+fn requested(session: &Session, name: &str, mode: LockMode) -> JoinHandle<lockline::Result<ResourceGuard>> {
+    let resource = session.resource(name).expect("resource");
+    tokio::spawn(async move { resource.lock(mode).await })
+}
+
+/// What a request or conversion in a task gave, within a wake of the event
+/// that let it on (`what`).
+async fn granted<T>(task: JoinHandle<lockline::Result<T>>, what: &str) -> T {
+    tokio::time::timeout(WAKE, task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not granted within {WAKE:?}"))
+        .expect("task")
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 /// `watch_value_until` answers any value its filter wants, whoever wrote
