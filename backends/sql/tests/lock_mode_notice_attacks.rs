@@ -52,6 +52,15 @@ mod postgres_notices {
     }
 }
 
+/// MariaDB's slot-less wait and how an entry went.
+mod mariadb_departures {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_entry_swept_before_the_waiter_reads_it_still_holds_back_for_the_lock_delay() {
+        super::a_dead_entry_swept_before_the_waiter_reads_it_still_holds_back_for_the_lock_delay(super::Db::mariadb())
+            .await;
+    }
+}
+
 /// Far below anything but a wake (a server wait that missed its wake looks
 /// again after a third of the owner's TTL, 10 s here).
 const WAKE: Duration = Duration::from_secs(5);
@@ -559,4 +568,79 @@ async fn a_watch_until_hears_another_sessions_grant_of_a_waiting_request(db: Db)
     waiting(&db, before + 1).await;
     write(&writer, dir, &entry, Some(granted)).await;
     assert_eq!(woken(watching).await.as_deref(), Some(granted));
+}
+
+/// A waiter with a lock-delay behind a PR holder that loses its lock with
+/// its connection must hold back for the delay, even when another
+/// session's queue change sweeps the dead entry before the waiter reads it.
+/// The waiter's owning connection is kept busy meanwhile: another
+/// contender of its session appends to a name whose turn a superuser
+/// connection holds, so that any read the waiter makes after its wake
+/// comes after the sweep (E's down-conversion). A wait that reads the
+/// entry in a round trip of its own (MariaDB's slot-less wait) would find
+/// it gone and take the loss for a release; a session with a lock-delay
+/// waits with the watch procedure, which reads it in the same call.
+async fn a_dead_entry_swept_before_the_waiter_reads_it_still_holds_back_for_the_lock_delay(db: Db) {
+    use sqlx::{Connection as _, Executor as _};
+    let delay = Duration::from_secs(3);
+    let name = "attack/swept-before-read";
+    let other = "attack/turn-held";
+    let client = Client::new(Sql::new(db.url()));
+    let [e, a]: [Session; 2] = sessions(&client, 2).await.try_into().expect("two");
+    let b = bounded("a session", client.session_with(options().with_lock_delay(delay)))
+        .await
+        .expect("session");
+    let mut first = locked(&e, name, LockMode::Pr).await;
+    let _lost = locked(&a, name, LockMode::Pr).await;
+    let before = db.locks().waiting;
+    let resource = b.resource(name).expect("resource");
+    let waiter = tokio::spawn(async move {
+        let guard = resource.lock(LockMode::Ex).await;
+        (tokio::time::Instant::now(), guard)
+    });
+    waiting(&db, before + 1).await;
+    // B's owning connection, held up by an append whose turn is taken.
+    let mut superuser = bounded("connect", sqlx::mysql::MySqlConnection::connect(&db.url()))
+        .await
+        .expect("connect");
+    let turn: String = sqlx::query_scalar("SELECT CONCAT('ll:bb29fb052a1f:n:', SHA1(?))")
+        .bind(other.as_bytes())
+        .fetch_one(&mut superuser)
+        .await
+        .expect("turn");
+    let taken: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(&turn)
+        .fetch_one(&mut superuser)
+        .await
+        .expect("take the turn");
+    assert_eq!(taken, 1);
+    let before = db.locks().waiting;
+    let held_up = requested(&b, other, LockMode::Ex);
+    waiting(&db, before + 1).await;
+    // A's connection ends: its PR is lost, not released.
+    let conn = db.sql(&format!("SELECT conn FROM lockline_sessions WHERE id = '{}'", a.id()));
+    let cut = tokio::time::Instant::now();
+    db.end_connection(conn.trim());
+    // E's down-conversion changes the queue, which deletes A's dead entry.
+    bounded("convert", first.convert(LockMode::Nl)).await.expect("convert");
+    superuser
+        .execute("DO RELEASE_ALL_LOCKS()")
+        .await
+        .expect("give the turn back");
+    let (when, guard) = tokio::time::timeout(delay + WAKE, waiter)
+        .await
+        .expect("B was granted")
+        .expect("task");
+    let guard = guard.expect("lock");
+    assert!(
+        when - cut >= delay,
+        "granted {:?} after the holder's loss, inside the lock-delay",
+        when - cut
+    );
+    guard.release().await.expect("release");
+    granted(held_up, "the held-up request")
+        .await
+        .release()
+        .await
+        .expect("release");
 }

@@ -196,8 +196,17 @@ impl<D: Dialect> SqlSession<D> {
             // whose writers wake the holders of the entry's watch slots), a
             // wait that need not hear them takes no slot: it waits on the
             // owner's value lock alone, and is neither woken by a grant or
-            // a mark nor makes the entry's row count its watchers.
-            let quiet = !shared.dialect.notifies() && !listen(&seen);
+            // a mark nor makes the entry's row count its watchers. It reads
+            // the entry in a round trip of its own after the wake, so it
+            // cannot tell a loss from a release when another session
+            // deletes the dead entry in between: not with a lock-delay,
+            // which asks how the entry went (the watch procedure reads it
+            // in the same call), nor under a reset grace, whose reset
+            // holder's entry stays live with its value lock free.
+            let quiet = !shared.dialect.notifies()
+                && !listen(&seen)
+                && shared.options.lock_delay().is_zero()
+                && !shared.reset_grace;
             let waited = shared.wait_on_server(WaitOn::Watch(id, at, quiet), &owner, entry.order, Some(&slot), None);
             tokio::pin!(waited);
             lost = match notices.as_mut() {
