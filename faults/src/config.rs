@@ -34,7 +34,9 @@ pub struct Config {
     pub keep_logs: bool,
     /// The contenders' lock-delay (zero: none). With one, the checker also
     /// checks that no contender already waiting when a holder lost the lock
-    /// involuntarily was granted it sooner than the delay after the fault.
+    /// involuntarily was granted it sooner than the delay after the fault
+    /// (unless a contender ahead of it gave up meanwhile, which hands on at
+    /// once, as documented).
     pub lock_delay: Duration,
     /// Lock-mode contenders: each takes a lock-mode resource in random
     /// modes, converting while it holds, PW and EX holders writing the

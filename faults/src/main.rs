@@ -55,7 +55,8 @@ const USAGE: &str =
               default: every kind the backend can have (cut-holder on postgres, mariadb and redis only)
   --lock-delay the contenders' lock-delay (seconds, fractions allowed, at most 60; default 0): the
               checker then also checks that no contender waiting when a holder lost the lock to a
-              fault was granted it sooner than the delay after the fault
+              fault was granted it sooner than the delay after the fault (unless a contender
+              ahead of it gave up meanwhile, which hands on at once)
   --modes     lock-mode contenders: a resource taken in random modes (NL, CR, CW, PR, PW, EX), converted
               up and down while held; PW and EX holders write a register in the lock's own store with
               write_if_held; the checker flags holders in incompatible modes side by side (not with

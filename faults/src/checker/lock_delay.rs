@@ -16,7 +16,8 @@ use super::{Bounds, Report};
 /// removed the lost entry at the fault or later, and the waiter counts the
 /// delay from then). Not judged when a contender ahead of it in the queue
 /// (waiting since before it) gave up waiting (`lock_timeout`) in between: a
-/// waiter that leaves cleanly hands on at once, lock-delay or not.
+/// waiter that leaves cleanly hands on at once, lock-delay or not (its
+/// give-up may be logged just after the grant it let in).
 pub(super) fn check_lock_delay(
     events: &[&Event],
     sections: &[Section],
@@ -66,8 +67,15 @@ fn waited_through(events: &[&Event], next: &Section, fault: &Fault) -> bool {
         .is_some_and(|e| e.what == What::Waiting && e.t <= fault.start)
 }
 
+/// How long after the grant it let in a give-up may be logged: a contender
+/// logs its `lock_timeout` once its removal has been answered, and the
+/// removal is what lets the next one in, so the log may come after that
+/// grant by a round trip and the scheduling of both processes.
+const GIVE_UP_LOGGED_WITHIN: u64 = 1_000_000_000;
+
 /// Whether a contender ahead of `next`'s in the queue (waiting since before
-/// it) gave up waiting between the fault and `next`'s grant.
+/// it) gave up waiting between the fault and `next`'s grant (its give-up
+/// logged before that grant, or within [`GIVE_UP_LOGGED_WITHIN`] after it).
 fn one_ahead_gave_up(events: &[&Event], next: &Section, fault: &Fault) -> bool {
     let next_waiting = events
         .iter()
@@ -75,7 +83,7 @@ fn one_ahead_gave_up(events: &[&Event], next: &Section, fault: &Fault) -> bool {
         .map_or(0, |e| e.t);
     events.iter().any(|e| {
         e.t > fault.start
-            && e.t < next.grant
+            && e.t < next.grant + GIVE_UP_LOGGED_WITHIN
             && e.what == What::Timeout
             && events
                 .iter()

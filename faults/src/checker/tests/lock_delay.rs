@@ -35,6 +35,17 @@ fn a_grant_sooner_than_the_lock_delay_after_an_involuntary_loss_is_caught() {
     let gave_up = run(2 * S + S / 2, vec![waiting(S, 2), ev(2 * S + S / 4, 2, What::Timeout)]);
     assert!(gave_up.violations.is_empty(), "{gave_up}");
     assert_eq!(gave_up.lock_delay_checks, 0);
+    // Its give-up logged just after the grant it let in (the removal comes
+    // before the log): still a clean departure, not judged.
+    let logged_after = run(
+        2 * S + S / 2,
+        vec![waiting(S, 2), ev(2 * S + S / 2 + S / 100, 2, What::Timeout)],
+    );
+    assert!(logged_after.violations.is_empty(), "{logged_after}");
+    assert_eq!(logged_after.lock_delay_checks, 0);
+    // A give-up logged long after the grant did not let it in: judged.
+    let long_after = run(2 * S + S / 2, vec![waiting(S, 2), ev(4 * S, 2, What::Timeout)]);
+    assert!(any_starts_with(&long_after, "lock-delay broken"), "{long_after}");
     // One behind it gave up: that does not hand on to it; judged.
     let behind = run(
         2 * S + S / 2,
