@@ -221,6 +221,9 @@ async fn run(args: Args) -> Result<bool> {
     // other, so that the queue order is known.
     let starter = client.session_with(options.clone()).await?;
     let opening = starter.mutex(name)?.lock().await?;
+    // The appends before the workers' first: each grant's holder waits for
+    // the next grants' requests by this count.
+    let appends_before = client.stats().appends;
     let mut workers = Vec::new();
     for worker in 0..args.workers {
         let session = client.session_with(options.clone()).await?;
@@ -228,6 +231,9 @@ async fn run(args: Args) -> Result<bool> {
         let (resource, grants) = (Arc::clone(&resource), Arc::clone(&grants));
         let queued_before = client.stats().waits;
         let rounds = args.rounds;
+        let counts = client.clone();
+        let total = args.workers * args.rounds;
+        let workers_count = args.workers;
         workers.push(tokio::spawn(async move {
             for _ in 0..rounds {
                 let guard = mutex.lock().await?;
@@ -242,8 +248,15 @@ async fn run(args: Args) -> Result<bool> {
                     "  grant {seq:>3}  worker {worker:>2}  token {token:>5}  write {}",
                     if accepted { "accepted" } else { "REJECTED" }
                 );
-                // Hold the lock across a little work, so that the others queue.
+                // Hold the lock across a little work, and until the requests
+                // of the next grants are queued (the worker that released
+                // last asks again while this one holds; a busy machine may
+                // take longer than the work), so that the queue's order is
+                // the workers' round: at most a second.
                 tokio::time::sleep(Duration::from_millis(5)).await;
+                let queued = appends_before + (seq + workers_count - 1).min(total) as u64;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), counts.wait_for_stats(|s| s.appends >= queued)).await;
                 guard.release().await?;
             }
             session.close().await
