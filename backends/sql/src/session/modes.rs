@@ -4,7 +4,7 @@
 
 use std::sync::PoisonError;
 
-use lockline::backend::{Entry, Queue, QueueUpdate, Slot, Wanted};
+use lockline::backend::{Entry, Queue, QueueUpdate, Slot, Wanted, WAITING_EX};
 use lockline::Result;
 
 use super::wait::{FoundSlot, WaitOn};
@@ -202,8 +202,13 @@ impl<D: Dialect> SqlSession<D> {
             // deletes the dead entry in between: not with a lock-delay,
             // which asks how the entry went (the watch procedure reads it
             // in the same call), nor under a reset grace, whose reset
-            // holder's entry stays live with its value lock free.
+            // holder's entry stays live with its value lock free. And only
+            // behind a request that waits for EX (`WAITING_EX`), whose grant
+            // is the write it spares: behind a lock held, whose next change
+            // is its release, the procedure's read in the same call keeps
+            // the successor's handoff at one round trip.
             let quiet = !shared.dialect.notifies()
+                && seen.starts_with(WAITING_EX)
                 && !listen(&seen)
                 && shared.options.lock_delay().is_zero()
                 && !shared.reset_grace;
