@@ -333,13 +333,27 @@ impl BackendSession for RedisSession {
         // request of its own.
         let what = "append to the queue";
         let script = &scripts.append;
-        let (reply, acked) = shared
+        let answer = shared
             .exchange(what, shared.options.request_timeout(), |mut link| async move {
+                if !shared.session_known(&mut link).await? {
+                    return Ok(None);
+                }
                 invocation.arg(link.epoch()).arg(window);
-                shared.invoke(script, &invocation, true, &mut link).await
+                shared.invoke(script, &invocation, true, &mut link).await.map(Some)
             })
             .await
             .map_err(|e| for_lock(e, name))?;
+        let Some((reply, acked)) = answer else {
+            // The server (restarted without its data, or a replica promoted
+            // without the key) no longer knows the session: nothing was
+            // appended (no tombstone is needed against it), and the session
+            // is lost.
+            shared.forget(&key);
+            shared.lose("the server no longer has the session");
+            return Err(Error::SessionLost {
+                session: shared.id.clone(),
+            });
+        };
         shared.check_acks(what, acked)?;
         let parsed = match &reply {
             Value::Array(parts) => match parts.as_slice() {

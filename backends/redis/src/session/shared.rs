@@ -36,6 +36,12 @@ pub(crate) struct Shared {
     /// The queues hand-overs' messages carried (see `UPDATE_QUEUE`), by
     /// lock name, the newest heard of each. Bounded.
     pub(super) handed: std::sync::Mutex<HashMap<String, Handed>>,
+    /// The epoch of the server (see [`Link::epoch`]) on which the session
+    /// key was last found: where the session was opened, then where a
+    /// renewal last confirmed it. An append sent to a server in another
+    /// epoch (it restarted, or failed over) first asks that server whether
+    /// it still has the session (see [`Shared::session_known`]).
+    pub(super) confirmed_epoch: std::sync::Mutex<Arc<str>>,
 }
 
 /// A queue a hand-over's message carried: when heard, the count of changes
@@ -80,7 +86,52 @@ impl Shared {
             taken: std::sync::Mutex::new(std::collections::HashSet::new()),
             changes: std::sync::Mutex::new((0, 0)),
             handed: std::sync::Mutex::new(HashMap::new()),
+            // Set by `open_session` to the epoch the session key was made in.
+            confirmed_epoch: std::sync::Mutex::new(Arc::from("")),
         })
+    }
+
+    /// Whether the server at the other end of `link` has the session key,
+    /// asked (a `PEXPIRE` of it, on `link` itself) only when that server is
+    /// in another epoch than the one that last confirmed the key: a server
+    /// back from a restart without its data, or a promoted replica that
+    /// never had the key, no longer knows the session, and an entry
+    /// appended there would be granted to a session that is lost already,
+    /// until its next renewal says so (and its removal hands the lock on).
+    /// A cluster (whose links carry no epoch) and a server that refused
+    /// `INFO` are not asked: the renewal is what finds the key gone there.
+    pub(super) async fn session_known(&self, link: &mut Link) -> redis::RedisResult<bool> {
+        let epoch = link.epoch().to_owned();
+        if epoch.is_empty() || epoch == crate::conn::UNKNOWN_EPOCH {
+            return Ok(true);
+        }
+        if *self
+            .confirmed_epoch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            == *epoch
+        {
+            return Ok(true);
+        }
+        let mut pexpire = redis::cmd("PEXPIRE");
+        pexpire.arg(layout::session_key(&self.id)).arg(self.ttl_ms());
+        let found: i64 = pexpire.query_async(link).await?;
+        if found == 1 {
+            self.confirm_epoch(&epoch);
+        }
+        Ok(found == 1)
+    }
+
+    /// Records that the server in `epoch` had the session key.
+    pub(crate) fn confirm_epoch(&self, epoch: &str) {
+        if epoch.is_empty() || epoch == crate::conn::UNKNOWN_EPOCH {
+            return;
+        }
+        let mut confirmed = self.confirmed_epoch.lock().unwrap_or_else(PoisonError::into_inner);
+        if confirmed.as_ref() != epoch {
+            *confirmed = Arc::from(epoch);
+        }
     }
 
     /// Whether a message said the watched entry is gone, and how: the
@@ -599,6 +650,9 @@ impl Shared {
                 };
                 // Polled in this order, so the probe is sent first.
                 let (first, rest) = futures::future::try_join(probe, entries).await?;
+                if int(&first) == Some(1) {
+                    self.confirm_epoch(conn.epoch());
+                }
                 Ok(std::iter::once(first).chain(rest).collect())
             }
         };

@@ -90,3 +90,45 @@ async fn with_aof_the_queue_survives_a_restart() {
     assert!(granted.token() > token);
     granted.release().await.expect("release");
 }
+
+/// A session opened before a restart without persistence asks for a lock
+/// on the restarted server before any renewal found its key gone (TTL 30 s:
+/// the first renewal is 10 s away). The server no longer knows the session,
+/// so the request is refused with `SessionLost` and appends nothing: a
+/// grant there would last only until that renewal, whose removal of the
+/// entry would hand the lock on at the moment the holder hears `lost()`.
+/// A session opened on the restarted server is granted the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_restarted_server_forgot_is_refused_its_next_lock() {
+    let mut server = RedisServer::start().expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    let forgotten = client.session_with(options(30_000)).await.expect("session");
+    // The session's connection to the first server process is made and used.
+    let warm = forgotten.mutex("warm").expect("mutex").lock().await.expect("lock");
+    warm.release().await.expect("release");
+    server.member().kill().expect("kill redis");
+    server.restart().expect("restart redis");
+    let asked = bounded("the forgotten session's lock", async {
+        forgotten.mutex("after").expect("mutex").lock().await
+    })
+    .await;
+    match asked {
+        Err(Error::SessionLost { .. }) => {}
+        Ok(guard) => panic!(
+            "the restarted server granted a lock (token {}) to a session it does not know",
+            guard.token()
+        ),
+        Err(other) => panic!("expected SessionLost, got {other:?}"),
+    }
+    assert_eq!(forgotten.state(), SessionState::Lost);
+    let mut side = support::side(&server.url()).await;
+    let keys: Vec<String> = side.keys("*after*").await.expect("keys");
+    assert!(keys.is_empty(), "the refused request left {keys:?}");
+    let fresh = client.session_with(options(3000)).await.expect("a new session");
+    let granted = bounded("a new session's lock", async {
+        fresh.mutex("after").expect("mutex").lock().await
+    })
+    .await
+    .expect("lock");
+    granted.release().await.expect("release");
+}
