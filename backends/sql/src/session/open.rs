@@ -35,11 +35,16 @@ impl<D: Dialect> SqlSession<D> {
         };
         let connect_timeout = options.connect_timeout();
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let opened_at = Instant::now();
         let opening = async {
             let (mut conn, server_id) = dialect.connect(Purpose::Owner).await.map_err(|e| map(doing, e))?;
             dialect.prepare(&mut conn).await?;
             let ttl_ms = i64::try_from(options.ttl().as_millis()).unwrap_or(i64::MAX);
+            // The session's first confirmation is the statement that
+            // registers it: its loss deadline counts from the moment that
+            // statement is sent, not from the connection and the check of
+            // the tables before it (seconds, on a server slow to answer),
+            // which the server's count of the TTL does not include either.
+            let opened_at = Instant::now();
             let grace = dialect.open(&mut conn, &id, ttl_ms).await.map_err(|e| map(doing, e))?;
             // The whole grace, counted from the answer's arrival (after the
             // grace began): whenever this session opened in it, it waits all
@@ -49,17 +54,18 @@ impl<D: Dialect> SqlSession<D> {
                 (Instant::now() + Duration::from_millis(ms), g.id)
             });
             let (control, _) = dialect.connect(Purpose::Control).await.map_err(|e| map(doing, e))?;
-            Ok::<_, Error>((conn, server_id, control, grace))
+            Ok::<_, Error>((conn, server_id, control, grace, opened_at))
         };
-        let (conn, owner_server_id, control, grace) = match tokio::time::timeout(connect_timeout, opening).await {
-            Ok(opened) => opened?,
-            Err(_) => {
-                return Err(Error::unavailable(
-                    dialect.backend(),
-                    format!("no session opened on {target} within the connect timeout {connect_timeout:?}"),
-                ))
-            }
-        };
+        let (conn, owner_server_id, control, grace, opened_at) =
+            match tokio::time::timeout(connect_timeout, opening).await {
+                Ok(opened) => opened?,
+                Err(_) => {
+                    return Err(Error::unavailable(
+                        dialect.backend(),
+                        format!("no session opened on {target} within the connect timeout {connect_timeout:?}"),
+                    ))
+                }
+            };
         let (notices, notices_task) = if dialect.notifies() {
             let (notices, task) = Notices::start(
                 Arc::clone(&dialect),
