@@ -380,14 +380,13 @@ impl Backend for Redis {
             .arg("NX");
         let opened = async {
             let mut link = conn.link().await?;
-            set.query_async::<Option<String>>(&mut link).await?;
-            redis::RedisResult::Ok(Arc::<str>::from(link.epoch()))
+            set.query_async::<Option<String>>(&mut link).await
         };
-        let opened_epoch = match tokio::time::timeout(options.connect_timeout(), opened).await {
-            Ok(Ok(epoch)) => epoch,
+        match tokio::time::timeout(options.connect_timeout(), opened).await {
+            Ok(Ok(_)) => {}
             Ok(Err(error)) => return Err(map("open a session", &target, error)),
             Err(_) => return Err(timed_out("open a session", &target, options.connect_timeout())),
-        };
+        }
         let keyspace = keyspace_prefix(&conn, options.request_timeout()).await;
         let hub = Hub::new(
             pubsub,
@@ -397,7 +396,6 @@ impl Backend for Redis {
             session::probe_timeout(options),
         );
         let shared = Shared::new(id, conn, target, Arc::clone(&hub), options.clone(), keyspace, self.acks);
-        shared.confirm_epoch(&opened_epoch);
         let hub_task = tokio::spawn(hub.run()).abort_handle();
         let keepalive = tokio::spawn(Arc::clone(&shared).keep_alive(opened_at)).abort_handle();
         Ok(Arc::new(RedisSession::new(shared, vec![hub_task, keepalive])))

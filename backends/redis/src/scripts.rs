@@ -219,7 +219,9 @@ end
 "#;
 
 /// KEYS: queue, counter, plain key, the counter's epoch (`{n}:run`), the
-/// lock value block (`{n}:b`).
+/// lock value block (`{n}:b`), and on a single node the session key (a
+/// cluster would refuse it, in another slot): without it on the server the
+/// script fails with `NOSESSION` and writes nothing.
 /// ARGV: prefix (`{n}:`), attempt, kind, owner, value, ttl ms, conflicts
 /// (`all`/`exclusive`), count, wants plain, `1` to read the lock-mode queue
 /// too (as `READ_QUEUE` does, a third item of the answer), and the epoch of the server the
@@ -257,6 +259,12 @@ end
 const APPEND: &str = r#"
 local q, seq, plain, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, attempt = ARGV[1], ARGV[2]
+-- A session this server does not have (it restarted without its data, a
+-- replica without the key was promoted, the data was flushed, or the
+-- session ended) appends nothing.
+if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 0 then
+  return redis.error_reply('NOSESSION the server does not have this session')
+end
 local entry = prefix .. 'e:' .. attempt
 local order = redis.call('HGET', entry, 'order')
 if not order then
@@ -299,8 +307,11 @@ return {1, head(out, plain, entry, ARGV[6], ARGV[7], prefix)}
 /// KEYS: queue, plain key. ARGV: prefix, attempt, order (empty: any, an
 /// abandoned attempt, which also leaves a tombstone `{n}:x:<attempt>` for a
 /// TTL so that its append, if still in flight, creates nothing), owner, ttl
-/// ms, and `lost` when the entry goes with its owner's session (absent for
-/// a release: the handoff's request is the same as without lock-delay).
+/// ms, `lost` when the entry goes with its owner's session (absent or empty
+/// for a release: the handoff's request is the same as without lock-delay),
+/// and `keyless` when the owner's session key is already gone from this
+/// single node: an append still in flight is then refused by `APPEND`
+/// itself, and an abandoned attempt needs no tombstone.
 /// Deletes the entry if it is still that one, gives up the plain key if the
 /// entry owned it, and wakes the entry's one waiter. An entry found already
 /// gone but still queued expired (or was deleted by another client): its
@@ -319,7 +330,7 @@ const REMOVE: &str = r#"
 local q, plain = KEYS[1], KEYS[2]
 local prefix, attempt = ARGV[1], ARGV[2]
 local entry = prefix .. 'e:' .. attempt
-if ARGV[3] == '' then
+if ARGV[3] == '' and ARGV[7] ~= 'keyless' then
   -- An abandoned attempt: an append of it still in flight must not land.
   redis.call('SET', prefix .. 'x:' .. attempt, '', 'PX', ARGV[5])
 end

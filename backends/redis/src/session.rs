@@ -305,7 +305,11 @@ impl BackendSession for RedisSession {
             .key(layout::counter(name))
             .key(name)
             .key(layout::epoch(name))
-            .key(layout::block(name))
+            .key(layout::block(name));
+        if !shared.conn.is_cluster() {
+            invocation.key(layout::session_key(&shared.id));
+        }
+        invocation
             .arg(layout::prefix(name))
             .arg(request.attempt)
             .arg(layout::kind_label(request.kind))
@@ -335,19 +339,18 @@ impl BackendSession for RedisSession {
         let script = &scripts.append;
         let answer = shared
             .exchange(what, shared.options.request_timeout(), |mut link| async move {
-                if !shared.session_known(&mut link).await? {
-                    return Ok(None);
-                }
                 invocation.arg(link.epoch()).arg(window);
-                shared.invoke(script, &invocation, true, &mut link).await.map(Some)
+                match shared.invoke(script, &invocation, true, &mut link).await {
+                    Err(error) if error.code() == Some("NOSESSION") => Ok(None),
+                    other => other.map(Some),
+                }
             })
             .await
             .map_err(|e| for_lock(e, name))?;
         let Some((reply, acked)) = answer else {
-            // The server (restarted without its data, or a replica promoted
-            // without the key) no longer knows the session: nothing was
-            // appended (no tombstone is needed against it), and the session
-            // is lost.
+            // The server no longer has the session (see `APPEND`): nothing
+            // was appended, so no removal (or tombstone) is owed for it,
+            // and the session is lost.
             shared.forget(&key);
             shared.lose("the server no longer has the session");
             return Err(Error::SessionLost {

@@ -36,12 +36,6 @@ pub(crate) struct Shared {
     /// The queues hand-overs' messages carried (see `UPDATE_QUEUE`), by
     /// lock name, the newest heard of each. Bounded.
     pub(super) handed: std::sync::Mutex<HashMap<String, Handed>>,
-    /// The epoch of the server (see [`Link::epoch`]) on which the session
-    /// key was last found: where the session was opened, then where a
-    /// renewal last confirmed it. An append sent to a server in another
-    /// epoch (it restarted, or failed over) first asks that server whether
-    /// it still has the session (see [`Shared::session_known`]).
-    pub(super) confirmed_epoch: std::sync::Mutex<Arc<str>>,
 }
 
 /// A queue a hand-over's message carried: when heard, the count of changes
@@ -86,52 +80,7 @@ impl Shared {
             taken: std::sync::Mutex::new(std::collections::HashSet::new()),
             changes: std::sync::Mutex::new((0, 0)),
             handed: std::sync::Mutex::new(HashMap::new()),
-            // Set by `open_session` to the epoch the session key was made in.
-            confirmed_epoch: std::sync::Mutex::new(Arc::from("")),
         })
-    }
-
-    /// Whether the server at the other end of `link` has the session key,
-    /// asked (a `PEXPIRE` of it, on `link` itself) only when that server is
-    /// in another epoch than the one that last confirmed the key: a server
-    /// back from a restart without its data, or a promoted replica that
-    /// never had the key, no longer knows the session, and an entry
-    /// appended there would be granted to a session that is lost already,
-    /// until its next renewal says so (and its removal hands the lock on).
-    /// A cluster (whose links carry no epoch) and a server that refused
-    /// `INFO` are not asked: the renewal is what finds the key gone there.
-    pub(super) async fn session_known(&self, link: &mut Link) -> redis::RedisResult<bool> {
-        let epoch = link.epoch().to_owned();
-        if epoch.is_empty() || epoch == crate::conn::UNKNOWN_EPOCH {
-            return Ok(true);
-        }
-        if *self
-            .confirmed_epoch
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            == *epoch
-        {
-            return Ok(true);
-        }
-        let mut pexpire = redis::cmd("PEXPIRE");
-        pexpire.arg(layout::session_key(&self.id)).arg(self.ttl_ms());
-        let found: i64 = pexpire.query_async(link).await?;
-        if found == 1 {
-            self.confirm_epoch(&epoch);
-        }
-        Ok(found == 1)
-    }
-
-    /// Records that the server in `epoch` had the session key.
-    pub(crate) fn confirm_epoch(&self, epoch: &str) {
-        if epoch.is_empty() || epoch == crate::conn::UNKNOWN_EPOCH {
-            return;
-        }
-        let mut confirmed = self.confirmed_epoch.lock().unwrap_or_else(PoisonError::into_inner);
-        if confirmed.as_ref() != epoch {
-            *confirmed = Arc::from(epoch);
-        }
     }
 
     /// Whether a message said the watched entry is gone, and how: the
@@ -467,6 +416,21 @@ impl Shared {
 
     /// Deletes every entry of the session and its key.
     pub(super) async fn remove_all(&self) -> Result<()> {
+        // On a single node the session key goes first: from then on the
+        // server refuses every append of this session (see `APPEND`), so an
+        // attempt whose append was never answered is removed without a
+        // tombstone, and none is left behind. A cluster keeps the key in
+        // another slot than the entries, out of the scripts' reach: there
+        // the tombstones stay, and the key goes last.
+        let single = !self.conn.is_cluster();
+        let mut first_error = None;
+        if single {
+            let mut del = redis::cmd("DEL");
+            del.arg(layout::session_key(&self.id));
+            if let Err(error) = self.command::<i64>("delete the session key", &del).await {
+                first_error.get_or_insert(error);
+            }
+        }
         let owned: Vec<(String, String, String, String)> = self
             .entries()
             .iter()
@@ -478,11 +442,14 @@ impl Shared {
                 (key.clone(), name.to_owned(), attempt.to_owned(), order)
             })
             .collect();
-        let removals = owned
-            .iter()
-            .map(|(_, name, attempt, order)| self.remove_attempt(name, attempt, order));
+        // Without the key's deletion confirmed, tombstones as on a cluster.
+        let keyless = single && first_error.is_none();
+        let removals = owned.iter().map(|(_, name, attempt, order)| async move {
+            self.remove_owned_as(name, attempt, order, &self.id, keyless)
+                .await
+                .map(|n| n == 1)
+        });
         let results = futures::future::join_all(removals).await;
-        let mut first_error = None;
         for ((key, ..), result) in owned.iter().zip(results) {
             match result {
                 Ok(_) => self.forget(key),
@@ -491,10 +458,12 @@ impl Shared {
                 }
             }
         }
-        let mut del = redis::cmd("DEL");
-        del.arg(layout::session_key(&self.id));
-        if let Err(error) = self.command::<i64>("delete the session key", &del).await {
-            first_error.get_or_insert(error);
+        if !single {
+            let mut del = redis::cmd("DEL");
+            del.arg(layout::session_key(&self.id));
+            if let Err(error) = self.command::<i64>("delete the session key", &del).await {
+                first_error.get_or_insert(error);
+            }
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -514,6 +483,12 @@ impl Shared {
     /// Returns the script's answer: 1 deleted, -1 found gone without a
     /// removal of its owner, 0 otherwise.
     pub(super) async fn remove_owned(&self, name: &str, attempt: &str, order: &str, owner: &str) -> Result<i64> {
+        self.remove_owned_as(name, attempt, order, owner, false).await
+    }
+
+    /// [`remove_owned`](Self::remove_owned); `keyless` once this session's
+    /// key is deleted from a single node (see `REMOVE`).
+    async fn remove_owned_as(&self, name: &str, attempt: &str, order: &str, owner: &str, keyless: bool) -> Result<i64> {
         let lost = owner != self.id || *self.state.borrow() == SessionState::Lost;
         let scripts = Arc::clone(&self.scripts);
         let mut invocation = scripts.remove.key(layout::queue(name));
@@ -524,8 +499,11 @@ impl Shared {
             .arg(order)
             .arg(owner)
             .arg(self.ttl_ms());
-        if lost {
-            invocation.arg("lost");
+        if lost || keyless {
+            invocation.arg(if lost { "lost" } else { "" });
+        }
+        if keyless {
+            invocation.arg("keyless");
         }
         let reply = self.run("remove the entry", &scripts.remove, &invocation, true).await?;
         Ok(int(&reply).unwrap_or(0))
@@ -650,9 +628,6 @@ impl Shared {
                 };
                 // Polled in this order, so the probe is sent first.
                 let (first, rest) = futures::future::try_join(probe, entries).await?;
-                if int(&first) == Some(1) {
-                    self.confirm_epoch(conn.epoch());
-                }
                 Ok(std::iter::once(first).chain(rest).collect())
             }
         };

@@ -91,23 +91,84 @@ async fn with_aof_the_queue_survives_a_restart() {
     granted.release().await.expect("release");
 }
 
-/// A session opened before a restart without persistence asks for a lock
-/// on the restarted server before any renewal found its key gone (TTL 30 s:
-/// the first renewal is 10 s away). The server no longer knows the session,
-/// so the request is refused with `SessionLost` and appends nothing: a
-/// grant there would last only until that renewal, whose removal of the
-/// entry would hand the lock on at the moment the holder hears `lost()`.
-/// A session opened on the restarted server is granted the lock at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_the_restarted_server_forgot_is_refused_its_next_lock() {
-    let mut server = RedisServer::start().expect("start redis");
-    let client = Client::new(Redis::new(server.url()));
-    let forgotten = client.session_with(options(30_000)).await.expect("session");
-    // The session's connection to the first server process is made and used.
-    let warm = forgotten.mutex("warm").expect("mutex").lock().await.expect("lock");
+/// How a server comes to no longer have a session's key.
+#[derive(Clone, Copy, Debug)]
+enum Forgets {
+    /// Killed and restarted without persistence.
+    Restart,
+    /// The same, for a user that may not run `INFO` (the server's epoch
+    /// is unknown to the client).
+    RestartWithoutInfo,
+    /// Made a replica of an empty server (the full sync drops every key)
+    /// and promoted again: the same process, whose client connections
+    /// stay open, with a new replication id.
+    DemotedAndPromoted,
+    /// `FLUSHALL`: the same process and epoch.
+    Flushed,
+}
+
+const NO_INFO_USER: [&str; 9] = ["ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-info"];
+
+/// A session (TTL 30 s: its first renewal is 10 s away) takes and releases
+/// a lock on `server`, which then forgets it `how`. Returns the client and
+/// the session.
+async fn forgotten_session(server: &mut RedisServer, how: Forgets) -> (Client, Session) {
+    let url = match how {
+        Forgets::RestartWithoutInfo => {
+            server.cli(&NO_INFO_USER).expect("acl");
+            format!("redis://locker:pw@127.0.0.1:{}", server.port())
+        }
+        _ => server.url(),
+    };
+    let client = Client::new(Redis::new(url));
+    let session = client.session_with(options(30_000)).await.expect("session");
+    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
     warm.release().await.expect("release");
-    server.member().kill().expect("kill redis");
-    server.restart().expect("restart redis");
+    match how {
+        Forgets::Restart | Forgets::RestartWithoutInfo => {
+            server.member().kill().expect("kill redis");
+            server.restart().expect("restart redis");
+            if let Forgets::RestartWithoutInfo = how {
+                // The user went with the data; an ACL file would bring it back.
+                server.cli(&NO_INFO_USER).expect("acl again");
+            }
+        }
+        Forgets::DemotedAndPromoted => {
+            let empty = RedisServer::start().expect("start the other redis");
+            server
+                .cli(&["REPLICAOF", "127.0.0.1", &empty.port().to_string()])
+                .expect("replicaof");
+            // The sync is the other server's doing, with no event to await
+            // here: its state is polled.
+            lockline::conformance::until("the full sync", || {
+                let info = server.cli(&["INFO", "replication"]).unwrap_or_default();
+                info.contains("master_link_status:up") && server.cli(&["DBSIZE"]).unwrap_or_default().trim() == "0"
+            })
+            .await;
+            server.cli(&["REPLICAOF", "NO", "ONE"]).expect("promote");
+        }
+        Forgets::Flushed => {
+            server.cli(&["FLUSHALL"]).expect("flushall");
+        }
+    }
+    (client, session)
+}
+
+/// Every key of `server`.
+async fn every_key(server: &RedisServer) -> Vec<String> {
+    let mut side = support::side(&server.url()).await;
+    support::scan(&mut side, "*").await
+}
+
+/// A session the server no longer has asks for a lock before any renewal
+/// found its key gone. The append script checks the session key (on a
+/// single node), so the request is refused with `SessionLost` and nothing
+/// is written: a grant there would last only until that renewal, whose
+/// removal of the entry would hand the lock on at the moment the holder
+/// hears `lost()`. A session opened afterwards is granted the lock at once.
+async fn a_forgotten_session_is_refused_its_next_lock(how: Forgets) {
+    let mut server = RedisServer::start().expect("start redis");
+    let (client, forgotten) = forgotten_session(&mut server, how).await;
     let asked = bounded("the forgotten session's lock", async {
         forgotten.mutex("after").expect("mutex").lock().await
     })
@@ -115,15 +176,18 @@ async fn a_session_the_restarted_server_forgot_is_refused_its_next_lock() {
     match asked {
         Err(Error::SessionLost { .. }) => {}
         Ok(guard) => panic!(
-            "the restarted server granted a lock (token {}) to a session it does not know",
+            "{how:?}: the server granted a lock (token {}) to a session it does not have",
             guard.token()
         ),
-        Err(other) => panic!("expected SessionLost, got {other:?}"),
+        Err(other) => panic!("{how:?}: expected SessionLost, got {other:?}"),
     }
     assert_eq!(forgotten.state(), SessionState::Lost);
-    let mut side = support::side(&server.url()).await;
-    let keys: Vec<String> = side.keys("*after*").await.expect("keys");
-    assert!(keys.is_empty(), "the refused request left {keys:?}");
+    bounded("the lost session's cleanup", forgotten.flush()).await;
+    let keys = every_key(&server).await;
+    assert!(
+        keys.iter().all(|key| !key.contains("after")),
+        "{how:?}: the refused request left {keys:?}"
+    );
     let fresh = client.session_with(options(3000)).await.expect("a new session");
     let granted = bounded("a new session's lock", async {
         fresh.mutex("after").expect("mutex").lock().await
@@ -131,4 +195,70 @@ async fn a_session_the_restarted_server_forgot_is_refused_its_next_lock() {
     .await
     .expect("lock");
     granted.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_restarted_server_forgot_is_refused_its_next_lock() {
+    a_forgotten_session_is_refused_its_next_lock(Forgets::Restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_forgotten_by_a_server_that_refuses_info_is_refused_its_next_lock() {
+    a_forgotten_session_is_refused_its_next_lock(Forgets::RestartWithoutInfo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_forgotten_by_a_demoted_and_promoted_server_is_refused_its_next_lock() {
+    a_forgotten_session_is_refused_its_next_lock(Forgets::DemotedAndPromoted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_forgotten_by_a_flush_is_refused_its_next_lock() {
+    a_forgotten_session_is_refused_its_next_lock(Forgets::Flushed).await;
+}
+
+/// Acquires under way when the server restarts without persistence: 32 of
+/// them asked at once right after the restart (the first goes on the dead
+/// connection and backs off, its append unanswered), and 8 retrying
+/// through an outage of 1.5 s (a fault's length). Each fails with
+/// `SessionLost`, and the loss's cleanup leaves nothing on the server: no
+/// entry, and no tombstone for an append never answered (the session key
+/// is deleted first, and the append script refuses any append of the
+/// session from then on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_under_way_through_a_restart_leave_nothing() {
+    let mut server = RedisServer::start().expect("start redis");
+    let client = Client::new(Redis::new(server.url()));
+    let at_once = client.session_with(options(30_000)).await.expect("session");
+    let retrying = client.session_with(options(3000)).await.expect("session");
+    for session in [&at_once, &retrying] {
+        let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
+        warm.release().await.expect("release");
+    }
+    let spawn = |session: &Session, name: String| {
+        let mutex = session.mutex(&name).expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    server.member().kill().expect("kill redis");
+    let through: Vec<_> = (0..8).map(|i| spawn(&retrying, format!("retrying{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.restart().expect("restart redis");
+    let after: Vec<_> = (0..32).map(|i| spawn(&at_once, format!("at-once{i}"))).collect();
+    for task in through.into_iter().chain(after) {
+        match bounded("an acquire", task).await.expect("task") {
+            Err(Error::SessionLost { .. }) => {}
+            Ok(guard) => panic!("a forgotten session was granted {}", guard.key()),
+            Err(other) => panic!("expected SessionLost, got {other:?}"),
+        }
+    }
+    for session in [&at_once, &retrying] {
+        assert_eq!(session.state(), SessionState::Lost);
+        bounded("the lost session's cleanup", session.flush()).await;
+    }
+    let keys = every_key(&server).await;
+    assert!(
+        keys.iter()
+            .all(|key| !key.contains("retrying") && !key.contains("at-once")),
+        "the refused acquires left {keys:?}"
+    );
 }
