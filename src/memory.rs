@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::{
-    backend::{Queue, QueueUpdate, Slot, Wanted, WAITING_EX},
+    backend::{only_owner_unblocks, Queue, QueueUpdate, Slot, Wanted, WAITING_EX},
     AppendRequest, Appended, Backend, BackendSession, Conflicts, Earlier, Entry, EntryKind, Error, FencingToken,
     Result, SessionOptions, SessionState, Write,
 };
@@ -90,6 +90,10 @@ struct Record {
     attempt: String,
     /// The current value; `None` is sent when the entry is deleted.
     value: watch::Sender<Option<Vec<u8>>>,
+    /// Told of the owner's writes of the value only (and closed with the
+    /// record): what a quiet waiter hears (`watch_blocker_until`), which
+    /// other sessions' writes of a waiting or settled entry need not wake.
+    owner_wrote: watch::Sender<()>,
     /// Bumped on every write of the value (a lock-mode slot's version).
     version: i64,
     /// The revision of the last write of the value.
@@ -369,6 +373,7 @@ impl BackendSession for MemorySession {
                 dir: request.dir.to_owned(),
                 attempt: request.attempt.to_owned(),
                 value: watch::Sender::new(Some(request.value.to_vec())),
+                owner_wrote: watch::Sender::new(()),
                 version: 1,
                 changed: order.unsigned_abs(),
             },
@@ -490,6 +495,7 @@ impl BackendSession for MemorySession {
                 record.version += 1;
                 record.changed = revision;
                 record.value.send_replace(Some(value.to_vec()));
+                record.owner_wrote.send_replace(());
                 Ok(())
             }
             None => Err(Error::LockLost { key: entry.key.clone() }),
@@ -522,6 +528,9 @@ impl BackendSession for MemorySession {
                 record.version += 1;
                 record.changed = revision;
                 record.value.send_replace(Some(value.to_vec()));
+                if record.entry.owner.as_deref() == Some(self.id.as_str()) {
+                    record.owner_wrote.send_replace(());
+                }
             }
         }
         for entry in update.delete {
@@ -567,6 +576,40 @@ impl BackendSession for MemorySession {
             })
             .await;
         Ok(changed.ok().and_then(|v| v.clone()))
+    }
+
+    /// Hears only the owner's writes, the removal and the end of the owner's
+    /// session while the value seen is one [`only_owner_unblocks`] accepts
+    /// (see the trait): in an EX chain a release's grant of the request the
+    /// next waiter waits on then wakes no one but that request.
+    async fn watch_blocker_until(&self, entry: &Entry, seen: &[u8], wanted: &Wanted) -> Result<Option<Vec<u8>>> {
+        if !only_owner_unblocks(seen) {
+            return self.watch_value_until(entry, seen, wanted).await;
+        }
+        let (mut owner_wrote, value) = {
+            let state = self.store.lock();
+            match state.record(entry) {
+                Some(record) => (record.owner_wrote.subscribe(), record.value.subscribe()),
+                None => return Ok(None),
+            }
+        };
+        let mut seen = seen.to_vec();
+        loop {
+            let now = value.borrow().clone();
+            match now {
+                None => return Ok(None),
+                Some(now) if now != seen && wanted(&now) => return Ok(Some(now)),
+                Some(now) => seen = now,
+            }
+            if !only_owner_unblocks(&seen) {
+                // The owner began a conversion: every writer is heard again.
+                return self.watch_value_until(entry, &seen, wanted).await;
+            }
+            if owner_wrote.changed().await.is_err() {
+                // The record was dropped with the entry.
+                return Ok(None);
+            }
+        }
     }
 
     /// One step under the store's lock: the entry is checked and every

@@ -245,3 +245,80 @@ async fn lock_mode_append(
     };
     remote.append(&request).await.expect("append")
 }
+
+/// A waiter's watch of the entry that blocks it
+/// (`BackendSession::watch_blocker_until`) hears only the owner's writes
+/// while the value seen is a request never granted or a lock held in its
+/// mode: another session's grant of the request is watched past unheard
+/// (in an EX chain a release's grant wakes no one but the request), and
+/// the owner's next write ends the watch with that write's value. Behind a
+/// conversion every writer is heard again, and the entry's removal ends
+/// the watch.
+#[tokio::test]
+async fn a_blocker_watch_hears_only_the_owner_while_the_entry_is_waiting_or_settled() {
+    use lockline::backend::QueueUpdate;
+    let store = MemoryBackend::new();
+    let session = || async { Client::new(store.clone()).session().await.expect("session") };
+    let (owner, watcher, other) = (session().await, session().await, session().await);
+    let remotes = [&owner, &watcher, &other].map(|s| std::sync::Arc::clone(s.backend_session()));
+    let [owner_remote, watcher_remote, other_remote] = remotes;
+    let waiting = b"dlm2 - EX 0 128 0 0 00000001";
+    let entry = lock_mode_append(&owner_remote, "quiet", "a1", waiting, 0).await.entry;
+    let write = |remote: &std::sync::Arc<dyn lockline::backend::BackendSession>, value: &'static [u8]| {
+        let (remote, entry) = (std::sync::Arc::clone(remote), entry.clone());
+        async move {
+            let set = [(&entry, value)];
+            let update = QueueUpdate {
+                dir: "quiet",
+                unchanged: &[],
+                present: &[&entry],
+                set: &set,
+                delete: &[],
+                block: None,
+            };
+            remote.update_queue(&update).await.expect("update").expect("applied");
+        }
+    };
+    let watch = |seen: &'static [u8]| {
+        let (remote, entry) = (std::sync::Arc::clone(&watcher_remote), entry.clone());
+        tokio::spawn(async move { remote.watch_blocker_until(&entry, seen, &|_| true).await })
+    };
+
+    // Waiting, then granted by another session: unheard; the owner's mark is heard.
+    let watching = watch(waiting);
+    tokio::task::yield_now().await;
+    let granted = b"dlm2 EX EX 0 128 0 0 00000002";
+    write(&other_remote, granted).await;
+    tokio::task::yield_now().await;
+    let marked_by_owner = b"dlm2 EX EX 0 192 0 0 00000003";
+    write(&owner_remote, marked_by_owner).await;
+    let heard = bounded(watching).await.expect("join").expect("watch");
+    assert_eq!(
+        heard.as_deref(),
+        Some(&marked_by_owner[..]),
+        "heard another session's grant"
+    );
+
+    // Converting: another session's write is heard.
+    let converting = b"dlm2 EX PR 0 192 0 7 00000004";
+    write(&owner_remote, converting).await;
+    let watching = watch(converting);
+    tokio::task::yield_now().await;
+    let conversion_granted = b"dlm2 PR PR 0 192 0 0 00000005";
+    write(&other_remote, conversion_granted).await;
+    let heard = bounded(watching).await.expect("join").expect("watch");
+    assert_eq!(heard.as_deref(), Some(&conversion_granted[..]));
+
+    // Settled again: the owner's removal ends the watch.
+    let watching = watch(conversion_granted);
+    tokio::task::yield_now().await;
+    assert!(owner_remote.remove(&entry).await.expect("remove"));
+    assert_eq!(bounded(watching).await.expect("join").expect("watch"), None);
+}
+
+/// `step`, or a panic after 10 s: a watch that should end never hangs the test.
+async fn bounded<T>(step: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), step)
+        .await
+        .expect("the watch did not end within 10 s")
+}

@@ -94,27 +94,31 @@ impl State {
     }
 
     pub(crate) fn parse(value: &[u8], changed: u64) -> Option<State> {
-        let text = std::str::from_utf8(value).ok()?;
-        let mut words = text.split(' ');
-        if words.next()? != STATE_HEAD {
+        // Every decision reads each entry of the queue it decides from, so
+        // this is read by hand, byte by byte, without `str::split` and
+        // `str::parse` (several times the work); it takes exactly what they
+        // took (`parse_state_reads_what_str_parse_read` below).
+        std::str::from_utf8(value).ok()?;
+        let mut words = value.split(|&b| b == b' ');
+        if words.next()? != STATE_HEAD.as_bytes() {
             return None;
         }
         let granted = match words.next()? {
-            "-" => None,
-            mode => Some(mode.parse().ok()?),
+            b"-" => None,
+            mode => Some(mode_of(mode)?),
         };
-        let requested = words.next()?.parse().ok()?;
-        let token = match words.next()?.parse().ok()? {
+        let requested = mode_of(words.next()?)?;
+        let token = match decimal(words.next()?)? {
             0 if granted.is_some() => changed,
             token => token,
         };
-        let blocked = words.next()?.parse().ok()?;
+        let blocked = u8::try_from(decimal(words.next()?)?).ok()?;
         let converting = granted.is_some_and(|g| g != requested);
-        let since = match words.next()?.parse().ok()? {
+        let since = match decimal(words.next()?)? {
             0 if converting => changed,
             since => since,
         };
-        let conv = words.next()?.parse().ok()?;
+        let conv = u32::try_from(decimal(words.next()?)?).ok()?;
         Some(State {
             granted,
             requested,
@@ -124,6 +128,26 @@ impl State {
             conv,
         })
     }
+}
+
+/// A mode's label, in any case, as `LockMode::from_str` takes it.
+fn mode_of(word: &[u8]) -> Option<LockMode> {
+    LockMode::ALL
+        .into_iter()
+        .find(|m| m.label().as_bytes().eq_ignore_ascii_case(word))
+}
+
+/// An unsigned decimal as `u64::from_str` takes it: digits, after an
+/// optional `+`; `None` when empty, for any other byte, or past `u64::MAX`.
+fn decimal(word: &[u8]) -> Option<u64> {
+    let digits = word.strip_prefix(b"+").unwrap_or(word);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 /// Whether `value` is a state lockline wrote for a request never granted or

@@ -446,3 +446,90 @@ fn only_the_owner_unblocks_a_waiting_request_or_a_lock_held_in_its_mode() {
     waiting_ex.truncate(WAITING_EX.len());
     assert!(!only_owner_unblocks(&waiting_ex), "a value cut short is not lockline's");
 }
+
+/// The state reader as it was written first, over `str::split` and
+/// `str::parse`: what the hand-written one must take, and refuse, alike.
+fn parse_with_str(value: &[u8], changed: u64) -> Option<State> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut words = text.split(' ');
+    if words.next()? != state::STATE_HEAD {
+        return None;
+    }
+    let granted = match words.next()? {
+        "-" => None,
+        mode => Some(mode.parse().ok()?),
+    };
+    let requested = words.next()?.parse().ok()?;
+    let token = match words.next()?.parse().ok()? {
+        0 if granted.is_some() => changed,
+        token => token,
+    };
+    let blocked = words.next()?.parse().ok()?;
+    let converting = granted.is_some_and(|g| g != requested);
+    let since = match words.next()?.parse().ok()? {
+        0 if converting => changed,
+        since => since,
+    };
+    let conv = words.next()?.parse().ok()?;
+    Some(State {
+        granted,
+        requested,
+        token,
+        blocked,
+        since,
+        conv,
+    })
+}
+
+#[test]
+fn parse_state_reads_what_str_parse_read() {
+    let mut values: Vec<Vec<u8>> = Vec::new();
+    for granted in ["-", "EX", "pr", "Cw", "XX", ""] {
+        for requested in ["NL", "ex", "PW", "P", ""] {
+            for token in [
+                "0",
+                "7",
+                "+7",
+                "+",
+                "18446744073709551615",
+                "18446744073709551616",
+                "-1",
+                "1a",
+                "",
+            ] {
+                for blocked in ["0", "255", "256", "+3", "x"] {
+                    for tail in [
+                        "0 0 0a1b2c3d",
+                        "5 4294967295 ffffffff",
+                        "5 4294967296 0",
+                        "0",
+                        "0 0",
+                        "0 0 x y z",
+                        "",
+                    ] {
+                        values.push(format!("dlm2 {granted} {requested} {token} {blocked} {tail}").into_bytes());
+                    }
+                }
+            }
+        }
+    }
+    values.push(b"dlm2".to_vec());
+    values.push(b"".to_vec());
+    values.push(b"dlm1 EX EX 1 0 0 0 00000000".to_vec());
+    values.push(b"dlm2  EX 1 0 0 0 00000000".to_vec());
+    values.push(b"dlm2 EX EX 1 0 0 0 \xff\xfe".to_vec());
+    values.push(b"dlm2 EX EX 1 0 0 0".to_vec());
+    values.push(State::held(Pw, 42).encode());
+    values.push(State::waiting(Cr).encode());
+    for value in &values {
+        for changed in [0, 99] {
+            assert_eq!(
+                State::parse(value, changed),
+                parse_with_str(value, changed),
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+    }
+    assert!(values.iter().filter(|v| State::parse(v, 1).is_some()).count() > 100);
+}
