@@ -71,16 +71,20 @@ impl Block {
     }
 
     pub(crate) fn parse(stored: &[u8]) -> Option<Block> {
+        // Read by hand, as the states are (see `State::parse`): it takes
+        // exactly what `str::split` and `str::parse` took
+        // (`parse_block_reads_what_str_parse_read`).
         let line_end = stored.iter().position(|&b| b == b'\n')?;
-        let head = std::str::from_utf8(&stored[..line_end]).ok()?;
-        let mut words = head.split(' ');
-        if words.next()? != "lvb1" {
+        let head = &stored[..line_end];
+        std::str::from_utf8(head).ok()?;
+        let mut words = head.split(|&b| b == b' ');
+        if words.next()? != b"lvb1" {
             return None;
         }
-        let sequence = words.next()?.parse().ok()?;
-        let valid = words.next()? == "1";
-        let order: i64 = words.next()?.parse().ok()?;
-        let key_len: usize = words.next()?.parse().ok()?;
+        let sequence = state::decimal(words.next()?)?;
+        let valid = words.next()? == b"1";
+        let order = state::signed(words.next()?)?;
+        let key_len = usize::try_from(state::decimal(words.next()?)?).ok()?;
         let rest = &stored[line_end + 1..];
         if rest.len() < key_len {
             return None;

@@ -139,12 +139,25 @@ fn mode_of(word: &[u8]) -> Option<LockMode> {
 
 /// An unsigned decimal as `u64::from_str` takes it: digits, after an
 /// optional `+`; `None` when empty, for any other byte, or past `u64::MAX`.
-fn decimal(word: &[u8]) -> Option<u64> {
-    let digits = word.strip_prefix(b"+").unwrap_or(word);
-    if digits.is_empty() {
+pub(crate) fn decimal(word: &[u8]) -> Option<u64> {
+    digits(word.strip_prefix(b"+").unwrap_or(word))
+}
+
+/// A signed decimal as `i64::from_str` takes it: digits, after an optional
+/// `+` or `-`; `None` when empty, for any other byte, or out of range.
+pub(crate) fn signed(word: &[u8]) -> Option<i64> {
+    match word.strip_prefix(b"-") {
+        Some(magnitude) => 0i64.checked_sub_unsigned(digits(magnitude)?),
+        None => i64::try_from(decimal(word)?).ok(),
+    }
+}
+
+/// Decimal digits alone, at least one, within `u64`.
+fn digits(word: &[u8]) -> Option<u64> {
+    if word.is_empty() {
         return None;
     }
-    digits.iter().try_fold(0u64, |n, &b| {
+    word.iter().try_fold(0u64, |n, &b| {
         let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
         n.checked_mul(10)?.checked_add(u64::from(digit))
     })

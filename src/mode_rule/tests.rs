@@ -533,3 +533,79 @@ fn parse_state_reads_what_str_parse_read() {
     }
     assert!(values.iter().filter(|v| State::parse(v, 1).is_some()).count() > 100);
 }
+
+/// The block reader as it was written first, over `str::split` and
+/// `str::parse`.
+fn parse_block_with_str(stored: &[u8]) -> Option<Block> {
+    let line_end = stored.iter().position(|&b| b == b'\n')?;
+    let head = std::str::from_utf8(&stored[..line_end]).ok()?;
+    let mut words = head.split(' ');
+    if words.next()? != "lvb1" {
+        return None;
+    }
+    let sequence = words.next()?.parse().ok()?;
+    let valid = words.next()? == "1";
+    let order: i64 = words.next()?.parse().ok()?;
+    let key_len: usize = words.next()?.parse().ok()?;
+    let rest = &stored[line_end + 1..];
+    if rest.len() < key_len {
+        return None;
+    }
+    let key = std::str::from_utf8(&rest[..key_len]).ok()?;
+    Some(Block {
+        value: LockValue {
+            bytes: rest[key_len..].to_vec(),
+            sequence,
+            valid,
+        },
+        holder: (!key.is_empty()).then(|| (key.to_owned(), order)),
+    })
+}
+
+#[test]
+fn parse_block_reads_what_str_parse_read() {
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    for sequence in [
+        "0",
+        "17",
+        "+17",
+        "-1",
+        "18446744073709551615",
+        "18446744073709551616",
+        "",
+    ] {
+        for valid in ["1", "0", "x"] {
+            for order in [
+                "0",
+                "-5",
+                "+5",
+                "-",
+                "+",
+                "--5",
+                "-+5",
+                "9223372036854775807",
+                "9223372036854775808",
+                "-9223372036854775808",
+                "-9223372036854775809",
+            ] {
+                for (len, rest) in [("0", ""), ("3", "r/1value"), ("9", "r/1"), ("+2", "ab"), ("x", "")] {
+                    blocks.push(format!("lvb1 {sequence} {valid} {order} {len}\n{rest}").into_bytes());
+                }
+            }
+        }
+    }
+    blocks.push(b"lvb1 1 1 0 0".to_vec());
+    blocks.push(b"lvb2 1 1 0 0\n".to_vec());
+    blocks.push(b"lvb1 1 1 0 0 extra\nvalue".to_vec());
+    blocks.push(b"lvb1 1 1 0 2\n\xff\xfevalue".to_vec());
+    blocks.push(b"lvb1 \xff 1 0 0\n".to_vec());
+    for stored in &blocks {
+        assert_eq!(
+            Block::parse(stored),
+            parse_block_with_str(stored),
+            "{:?}",
+            String::from_utf8_lossy(stored)
+        );
+    }
+    assert!(blocks.iter().filter(|b| Block::parse(b).is_some()).count() > 50);
+}
