@@ -230,8 +230,9 @@ end
 /// `INFO`; `-`: unknown, the user may not run `INFO`, and the counter is
 /// only started when missing, never lifted), and for a lock-mode entry the
 /// window of the queue to read (0: all of it; see `window_of`). Returns
-/// `{order, nearest}` (the order as a string); a retried append finds its
-/// own entry.
+/// `{order, nearest}` (the order as a string), for a lock-mode entry
+/// `{order, {}, queue}` (it decides from the queue alone); a retried append
+/// finds its own entry.
 ///
 /// The counter is started from the server's clock, `TIME` in microseconds
 /// (seconds followed by six digits of microseconds, put together as text,
@@ -282,14 +283,15 @@ if not order then
   redis.call('ZADD', q, order, attempt)
   if ARGV[3] == 'election' then redis.call('PUBLISH', prefix .. 'joined', order) end
 end
-local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
-local first = head(out, plain, entry, ARGV[6], ARGV[9], prefix)
 if ARGV[10] == '1' then
+  -- A lock-mode entry decides from the queue (its window) alone: no
+  -- nearest entries, no plain key.
   local window = tonumber(ARGV[12] or '0')
-  if window > 0 then return {order, first, window_of(q, prefix, KEYS[5], order, window)} end
-  return {order, first, queue_of(q, prefix, KEYS[5])}
+  if window > 0 then return {order, {}, window_of(q, prefix, KEYS[5], order, window)} end
+  return {order, {}, queue_of(q, prefix, KEYS[5])}
 end
-return {order, first}
+local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
+return {order, head(out, plain, entry, ARGV[6], ARGV[9], prefix)}
 "#;
 
 /// KEYS: queue, plain key. ARGV: prefix, attempt, order, conflicts, count,
