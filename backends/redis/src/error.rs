@@ -46,6 +46,15 @@ pub(crate) fn map(what: &str, target: &str, error: RedisError) -> Error {
     }
 }
 
+/// Whether the error is the server's refusal with `code` (`NOSESSION`, the
+/// append script's refusal of a session the server does not have;
+/// `CROSSSLOT`), alone or inside a pipeline's failure (with replica
+/// acknowledgement a script runs in a pipeline, and the client library
+/// reports a failed command of it as the pipeline's).
+pub(crate) fn refused_with(error: &RedisError, code: &str) -> bool {
+    error.code() == Some(code) || error.to_string().contains(code)
+}
+
 /// Whether the error says the server could not be reached or answered late
 /// (a retry may succeed), as opposed to a refusal.
 pub(crate) fn is_unavailable(error: &RedisError) -> bool {

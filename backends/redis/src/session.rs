@@ -300,33 +300,41 @@ impl BackendSession for RedisSession {
             gone: Arc::default(),
         });
         let scripts = Arc::clone(&shared.scripts);
-        let mut invocation = scripts.append.key(layout::queue(name));
-        invocation
-            .key(layout::counter(name))
-            .key(name)
-            .key(layout::epoch(name))
-            .key(layout::block(name));
-        if !shared.conn.is_cluster() {
-            invocation.key(layout::session_key(&shared.id));
-        }
-        invocation
-            .arg(layout::prefix(name))
-            .arg(request.attempt)
-            .arg(layout::kind_label(request.kind))
-            .arg(&shared.id)
-            .arg(request.value)
-            .arg(shared.ttl_ms())
-            .arg(conflicts_arg(request.conflicts))
-            // A lock-mode entry's `nearest` is its window of the queue
-            // (the last argument); of the nearest conflicting entries it
-            // reads one, as every append does.
-            .arg(if request.kind == EntryKind::Dlm {
-                1
-            } else {
-                request.nearest.max(1)
-            })
-            .arg(Self::wants_plain(request.kind))
-            .arg(if request.kind == EntryKind::Dlm { "1" } else { "0" });
+        // On a single node the session key goes along (see `APPEND`),
+        // unless the server refused it before: a proxy, or a server in
+        // cluster mode addressed as one node, takes a script's keys only
+        // from one slot.
+        let with_session_key = !shared.conn.is_cluster() && shared.session_key_in_append.load(Ordering::Relaxed);
+        let invocation_with = |session_key: bool| {
+            let mut invocation = scripts.append.key(layout::queue(name));
+            invocation
+                .key(layout::counter(name))
+                .key(name)
+                .key(layout::epoch(name))
+                .key(layout::block(name));
+            if session_key {
+                invocation.key(layout::session_key(&shared.id));
+            }
+            invocation
+                .arg(layout::prefix(name))
+                .arg(request.attempt)
+                .arg(layout::kind_label(request.kind))
+                .arg(&shared.id)
+                .arg(request.value)
+                .arg(shared.ttl_ms())
+                .arg(conflicts_arg(request.conflicts))
+                // A lock-mode entry's `nearest` is its window of the queue
+                // (the last argument); of the nearest conflicting entries it
+                // reads one, as every append does.
+                .arg(if request.kind == EntryKind::Dlm {
+                    1
+                } else {
+                    request.nearest.max(1)
+                })
+                .arg(Self::wants_plain(request.kind))
+                .arg(if request.kind == EntryKind::Dlm { "1" } else { "0" });
+            invocation
+        };
         let window = if request.kind == EntryKind::Dlm {
             request.nearest
         } else {
@@ -337,21 +345,38 @@ impl BackendSession for RedisSession {
         // request of its own.
         let what = "append to the queue";
         let script = &scripts.append;
+        let invocation_with = &invocation_with;
         let answer = shared
             .exchange(what, shared.options.request_timeout(), |mut link| async move {
+                let mut invocation = invocation_with(with_session_key);
                 invocation.arg(link.epoch()).arg(window);
                 match shared.invoke(script, &invocation, true, &mut link).await {
-                    Err(error) if error.code() == Some("NOSESSION") => Ok(None),
+                    Err(error) if crate::error::refused_with(&error, "NOSESSION") => Ok(None),
+                    Err(error) if with_session_key && crate::error::refused_with(&error, "CROSSSLOT") => {
+                        // Refused before it ran: the same append without
+                        // the session key, and none from now on.
+                        if shared.session_key_in_append.swap(false, Ordering::Relaxed) {
+                            tracing::warn!(
+                                target = %shared.target,
+                                "the server takes a script's keys from one slot only: appends no longer check \
+                                 the session key (a session the server forgot is found at its next renewal)"
+                            );
+                        }
+                        let mut invocation = invocation_with(false);
+                        invocation.arg(link.epoch()).arg(window);
+                        shared.invoke(script, &invocation, true, &mut link).await.map(Some)
+                    }
                     other => other.map(Some),
                 }
             })
             .await
             .map_err(|e| for_lock(e, name))?;
         let Some((reply, acked)) = answer else {
-            // The server no longer has the session (see `APPEND`): nothing
-            // was appended, so no removal (or tombstone) is owed for it,
-            // and the session is lost.
-            shared.forget(&key);
+            // The server no longer has the session (see `APPEND`): this try
+            // appended nothing, and the session is lost. An earlier try of
+            // the same attempt may have landed before the key went (an
+            // eviction, a `DEL`): the attempt stays listed, so the loss's
+            // cleanup removes whatever it left.
             shared.lose("the server no longer has the session");
             return Err(Error::SessionLost {
                 session: shared.id.clone(),
@@ -383,8 +408,10 @@ impl BackendSession for RedisSession {
         }
         self.mark_plain(&key, &nearest, request.kind);
         if shared.state.borrow().is_over() {
-            // Lost while the append was in flight: nothing renews it now.
-            let _ = shared.remove_attempt(name, request.attempt, "").await;
+            // Lost or closed while the append was in flight: nothing renews
+            // it now. Its append was answered, so it is removed by its order
+            // (no tombstone: no append of it is still on its way).
+            let _ = shared.remove_attempt(name, request.attempt, &order.to_string()).await;
             shared.check_live()?;
         }
         Ok(Appended {

@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     /// The queues hand-overs' messages carried (see `UPDATE_QUEUE`), by
     /// lock name, the newest heard of each. Bounded.
     pub(super) handed: std::sync::Mutex<HashMap<String, Handed>>,
+    /// Whether appends take the session key along (a single node's, see
+    /// `APPEND`): cleared once the server refused it as another slot's.
+    pub(super) session_key_in_append: std::sync::atomic::AtomicBool,
 }
 
 /// A queue a hand-over's message carried: when heard, the count of changes
@@ -80,6 +83,7 @@ impl Shared {
             taken: std::sync::Mutex::new(std::collections::HashSet::new()),
             changes: std::sync::Mutex::new((0, 0)),
             handed: std::sync::Mutex::new(HashMap::new()),
+            session_key_in_append: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -420,9 +424,10 @@ impl Shared {
         // server refuses every append of this session (see `APPEND`), so an
         // attempt whose append was never answered is removed without a
         // tombstone, and none is left behind. A cluster keeps the key in
-        // another slot than the entries, out of the scripts' reach: there
-        // the tombstones stay, and the key goes last.
-        let single = !self.conn.is_cluster();
+        // another slot than the entries, out of the scripts' reach (so does
+        // a server that refused it: `session_key_in_append`): there the
+        // tombstones stay, and the key goes last.
+        let single = !self.conn.is_cluster() && self.session_key_in_append.load(std::sync::atomic::Ordering::Relaxed);
         let mut first_error = None;
         if single {
             let mut del = redis::cmd("DEL");

@@ -262,3 +262,191 @@ async fn acquires_under_way_through_a_restart_leave_nothing() {
         "the refused acquires left {keys:?}"
     );
 }
+
+/// Every key of lock `name` on `server` but its counter and the counter's
+/// epoch (which are never deleted) and the marks of entries lost with their
+/// session (`{n}:l:<attempt>`, kept a minute for a waiter's lock-delay).
+async fn lock_keys(server: &RedisServer, name: &str) -> Vec<String> {
+    let mut side = support::side(&server.url()).await;
+    support::scan(&mut side, &format!("{{{name}}}*"))
+        .await
+        .into_iter()
+        .filter(|key| !key.ends_with(":seq") && !key.ends_with(":run") && !key.contains("}:l:"))
+        .collect()
+}
+
+/// An acquire's first append lands but its answer is dropped; the session
+/// key then goes alone (an eviction, an operator's `DEL`), and the retry is
+/// refused. The acquire fails with `SessionLost`, and the loss's cleanup
+/// removes what the first try left: nothing blocks the lock for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_first_try_is_removed_when_its_retry_finds_the_session_gone() {
+    let server = RedisServer::start().expect("start redis");
+    let (proxy, far) = through_a_proxy(&server);
+    let session = far.session_with(options(30_000)).await.expect("session");
+    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
+    warm.release().await.expect("release");
+    proxy.set_responses_dropped(true);
+    let acquire = {
+        let mutex = session.mutex("retried").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    lockline::conformance::until("the first try lands", || {
+        !server
+            .cli(&["KEYS", "{retried}:e:*"])
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+    })
+    .await;
+    let mut side = support::side(&server.url()).await;
+    let _: i64 = side
+        .del(format!("lockline:session:{}", session.id()))
+        .await
+        .expect("del");
+    proxy.set_responses_dropped(false);
+    match bounded("the acquire", acquire).await.expect("task") {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("expected SessionLost, got {:?}", other.map(|guard| guard.token())),
+    }
+    // Returns once the server has deleted every entry the session listed.
+    let _ = bounded("close", session.close()).await;
+    let left = lock_keys(&server, "retried").await;
+    assert!(left.is_empty(), "the landed first try left {left:?}");
+    let other = Client::new(Redis::new(server.url()))
+        .session_with(options(3000))
+        .await
+        .expect("session");
+    let free = other
+        .mutex("retried")
+        .expect("mutex")
+        .try_lock()
+        .await
+        .expect("try_lock");
+    assert!(free.is_some(), "the lock stayed taken");
+}
+
+/// With replica acknowledgement the append script runs in a pipeline; a
+/// session the primary no longer has is still refused with `SessionLost`
+/// (not a pipeline's generic failure), and lost at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acks_a_forgotten_session_is_refused_with_session_lost() {
+    let primary = RedisServer::start().expect("start redis");
+    let _replica = RedisServer::start_with(&RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
+    })
+    .expect("start the replica");
+    lockline::conformance::until("the replica is up", || {
+        primary
+            .cli(&["INFO", "replication"])
+            .unwrap_or_default()
+            .contains("connected_slaves:1")
+    })
+    .await;
+    let client = Client::new(Redis::new(primary.url()).with_replica_acks(1, Duration::from_millis(500)));
+    let session = client.session_with(options(30_000)).await.expect("session");
+    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
+    warm.release().await.expect("release");
+    primary.cli(&["FLUSHALL"]).expect("flushall");
+    match bounded("the lock", async {
+        session.mutex("after").expect("mutex").lock().await
+    })
+    .await
+    {
+        Err(Error::SessionLost { .. }) => {}
+        other => panic!("expected SessionLost, got {:?}", other.map(|guard| guard.token())),
+    }
+    assert_eq!(session.state(), SessionState::Lost);
+    let _ = bounded("close", session.close()).await;
+    let left = lock_keys(&primary, "after").await;
+    assert!(left.is_empty(), "the refused request left {left:?}");
+}
+
+/// A session closed while one of its appends is on its way: the append
+/// lands and is answered after the close's deletion of the session key was
+/// sent behind it. The acquire fails, and nothing is left: the entry is
+/// removed by its order, with no tombstone (no append of it is still on its
+/// way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_behind_an_append_in_flight_leaves_nothing() {
+    let server = RedisServer::start().expect("start redis");
+    let (proxy, far) = through_a_proxy(&server);
+    let session = far.session_with(options(30_000)).await.expect("session");
+    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
+    warm.release().await.expect("release");
+    proxy.set_requests_held(true);
+    let acquire = {
+        let mutex = session.mutex("behind").expect("mutex");
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    lockline::conformance::until("the append is sent", || proxy.held_request_bytes() > 0).await;
+    let sent = proxy.held_request_bytes();
+    let close = {
+        let session = session.clone();
+        tokio::spawn(async move { session.close().await })
+    };
+    lockline::conformance::until("the close is sent behind it", || proxy.held_request_bytes() > sent).await;
+    proxy.set_requests_held(false);
+    let acquired = bounded("the acquire", acquire).await.expect("task");
+    assert!(
+        acquired.is_err(),
+        "a closed session was granted {:?}",
+        acquired.map(|g| g.token())
+    );
+    bounded("the close", close).await.expect("task").expect("close");
+    bounded("the session's cleanup", session.flush()).await;
+    let left = lock_keys(&server, "behind").await;
+    assert!(left.is_empty(), "the close left {left:?}");
+}
+
+/// A server that takes a script's keys from one slot only (here a one-node
+/// Redis Cluster, with every slot, addressed as a single node; a proxy may
+/// do the same) refuses the session key beside the lock's keys. The first
+/// append goes again without it, and every later one is sent without it:
+/// locks in every recipe work, and nothing is left once they are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_keys_of_two_slots_is_appended_to_without_the_session_key() {
+    let server = RedisServer::start_with(&RedisOptions {
+        cluster: true,
+        ..RedisOptions::default()
+    })
+    .expect("start a cluster node");
+    server
+        .cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .expect("addslots");
+    lockline::conformance::until("the one-node cluster is up", || {
+        server
+            .cli(&["CLUSTER", "INFO"])
+            .unwrap_or_default()
+            .contains("cluster_state:ok")
+    })
+    .await;
+    let client = Client::new(Redis::new(server.url()));
+    let session = client.session_with(options(30_000)).await.expect("session");
+    for round in 0..2 {
+        let held = bounded("a mutex", session.mutex("one-slot").expect("mutex").lock())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        held.release().await.expect("release");
+        let ex = bounded(
+            "an EX lock",
+            session
+                .resource("one-slot-modes")
+                .expect("resource")
+                .lock(lockline::LockMode::Ex),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        ex.release().await.expect("release");
+    }
+    assert_eq!(session.state(), SessionState::Live);
+    for name in ["one-slot", "one-slot-modes"] {
+        let left: Vec<String> = lock_keys(&server, name)
+            .await
+            .into_iter()
+            .filter(|key| !key.ends_with(":b"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
