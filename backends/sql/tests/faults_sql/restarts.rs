@@ -137,15 +137,17 @@ async fn a_step_of_the_database_clock_does_not_shorten_the_restart_grace(db: Db)
     let later = bounded("a session after the grace", near.session_with(options(3000)))
         .await
         .expect("a session after the grace");
-    let asked = Instant::now();
+    // The session itself says whether it holds grants back, and until when
+    // (not a timing: on a loaded machine a first lock can take as long as
+    // the grace).
+    assert_eq!(
+        later.backend_session().grant_not_before(),
+        None,
+        "a session opened after the grace ended holds its grants back"
+    );
     let guard = bounded("the lock after the grace", later.mutex("after").expect("mutex").lock())
         .await
         .expect("lock");
-    assert!(
-        asked.elapsed() < Duration::from_millis(3000),
-        "a session opened after the grace ended waited {:?} (the grace is 3 s)",
-        asked.elapsed()
-    );
     guard.release().await.expect("release");
     later.close().await.expect("close");
     opener.close().await.expect("close");
