@@ -62,7 +62,6 @@ async fn separate_stores_do_not_contend() {
 /// and ends with the first it wants, or `None` once the entry goes.
 #[tokio::test]
 async fn lock_mode_appends_read_the_queue_and_value_watches_skip_unwanted_values() {
-    use lockline::backend::QueueUpdate;
     let store = MemoryBackend::new();
     let session = Client::new(store.clone()).session().await.expect("session");
     let remote = std::sync::Arc::clone(session.backend_session());
@@ -86,21 +85,6 @@ async fn lock_mode_appends_read_the_queue_and_value_watches_skip_unwanted_values
     assert_eq!(remote.append(&mutex).await.expect("append").queue, None);
 
     let held = appended.entry;
-    let set = |value: &'static [u8]| {
-        let (remote, held) = (std::sync::Arc::clone(&remote), held.clone());
-        async move {
-            let set = [(&held, value)];
-            let update = QueueUpdate {
-                dir: "modes",
-                unchanged: &[],
-                present: &[&held],
-                set: &set,
-                delete: &[],
-                block: None,
-            };
-            remote.update_queue(&update).await.expect("update").expect("applied");
-        }
-    };
     let watching = {
         let (remote, held) = (std::sync::Arc::clone(&remote), held.clone());
         tokio::spawn(async move {
@@ -110,7 +94,7 @@ async fn lock_mode_appends_read_the_queue_and_value_watches_skip_unwanted_values
         })
     };
     for value in [&b"unwanted-1"[..], b"unwanted-2", b"wanted"] {
-        set(value).await;
+        write_value(&remote, "modes", &held, value).await;
         tokio::task::yield_now().await;
     }
     let heard = watching.await.expect("join").expect("watch");
@@ -120,7 +104,7 @@ async fn lock_mode_appends_read_the_queue_and_value_watches_skip_unwanted_values
         let (remote, held) = (std::sync::Arc::clone(&remote), held.clone());
         tokio::spawn(async move { remote.watch_value_until(&held, b"wanted", &|_| false).await })
     };
-    set(b"other").await;
+    write_value(&remote, "modes", &held, b"other").await;
     assert!(remote.remove(&held).await.expect("remove"));
     assert_eq!(watching.await.expect("join").expect("watch"), None);
 }
@@ -256,7 +240,6 @@ async fn lock_mode_append(
 /// the watch.
 #[tokio::test]
 async fn a_blocker_watch_hears_only_the_owner_while_the_entry_is_waiting_or_settled() {
-    use lockline::backend::QueueUpdate;
     let store = MemoryBackend::new();
     let session = || async { Client::new(store.clone()).session().await.expect("session") };
     let (owner, watcher, other) = (session().await, session().await, session().await);
@@ -264,21 +247,6 @@ async fn a_blocker_watch_hears_only_the_owner_while_the_entry_is_waiting_or_sett
     let [owner_remote, watcher_remote, other_remote] = remotes;
     let waiting = b"dlm2 - EX 0 128 0 0 00000001";
     let entry = lock_mode_append(&owner_remote, "quiet", "a1", waiting, 0).await.entry;
-    let write = |remote: &std::sync::Arc<dyn lockline::backend::BackendSession>, value: &'static [u8]| {
-        let (remote, entry) = (std::sync::Arc::clone(remote), entry.clone());
-        async move {
-            let set = [(&entry, value)];
-            let update = QueueUpdate {
-                dir: "quiet",
-                unchanged: &[],
-                present: &[&entry],
-                set: &set,
-                delete: &[],
-                block: None,
-            };
-            remote.update_queue(&update).await.expect("update").expect("applied");
-        }
-    };
     let watch = |seen: &'static [u8]| {
         let (remote, entry) = (std::sync::Arc::clone(&watcher_remote), entry.clone());
         tokio::spawn(async move { remote.watch_blocker_until(&entry, seen, &|_| true).await })
@@ -288,10 +256,10 @@ async fn a_blocker_watch_hears_only_the_owner_while_the_entry_is_waiting_or_sett
     let watching = watch(waiting);
     tokio::task::yield_now().await;
     let granted = b"dlm2 EX EX 0 128 0 0 00000002";
-    write(&other_remote, granted).await;
+    write_value(&other_remote, "quiet", &entry, granted).await;
     tokio::task::yield_now().await;
     let marked_by_owner = b"dlm2 EX EX 0 192 0 0 00000003";
-    write(&owner_remote, marked_by_owner).await;
+    write_value(&owner_remote, "quiet", &entry, marked_by_owner).await;
     let heard = bounded(watching).await.expect("join").expect("watch");
     assert_eq!(
         heard.as_deref(),
@@ -301,11 +269,11 @@ async fn a_blocker_watch_hears_only_the_owner_while_the_entry_is_waiting_or_sett
 
     // Converting: another session's write is heard.
     let converting = b"dlm2 EX PR 0 192 0 7 00000004";
-    write(&owner_remote, converting).await;
+    write_value(&owner_remote, "quiet", &entry, converting).await;
     let watching = watch(converting);
     tokio::task::yield_now().await;
     let conversion_granted = b"dlm2 PR PR 0 192 0 0 00000005";
-    write(&other_remote, conversion_granted).await;
+    write_value(&other_remote, "quiet", &entry, conversion_granted).await;
     let heard = bounded(watching).await.expect("join").expect("watch");
     assert_eq!(heard.as_deref(), Some(&conversion_granted[..]));
 
@@ -321,4 +289,24 @@ async fn bounded<T>(step: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), step)
         .await
         .expect("the watch did not end within 10 s")
+}
+
+/// `remote` sets `entry`'s value under `dir` (an update of the queue, as a
+/// lock-mode write is).
+async fn write_value(
+    remote: &std::sync::Arc<dyn lockline::backend::BackendSession>,
+    dir: &str,
+    entry: &lockline::backend::Entry,
+    value: &[u8],
+) {
+    let set = [(entry, value)];
+    let update = lockline::backend::QueueUpdate {
+        dir,
+        unchanged: &[],
+        present: &[entry],
+        set: &set,
+        delete: &[],
+        block: None,
+    };
+    remote.update_queue(&update).await.expect("update").expect("applied");
 }

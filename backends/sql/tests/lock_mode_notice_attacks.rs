@@ -511,9 +511,15 @@ async fn a_waiter_behind_a_conversion_hears_other_writers_while_it_converts(db: 
     let before = db.locks().waiting;
     let third = requested(&c, name, LockMode::Pr);
     waiting(&db, before + 1).await;
-    // On MariaDB a waiter behind a lock held takes a watch slot all along.
+    // B's watch slots (MariaDB): raised by each slot's wait, never lowered.
+    let slots_on_b = || db.count("SELECT watchers FROM lockline_entries ORDER BY id LIMIT 1 OFFSET 1");
     if db.is_postgres() {
         assert_eq!(hearing(&db), 0, "C waits on a lock held in the mode it asked for");
+    } else {
+        // On MariaDB a waiter behind a lock held holds a watch slot all
+        // along (its wait reads the entry in the same call), so it hears
+        // other sessions' writes of B, the conversion's grant among them.
+        assert!(slots_on_b() >= 1, "C's wait behind B holds no watch slot of B's");
     }
     let converting = tokio::spawn(async move {
         second.convert(LockMode::Pr).await?;

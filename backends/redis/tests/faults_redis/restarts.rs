@@ -122,8 +122,7 @@ async fn forgotten_session(server: &mut RedisServer, how: Forgets) -> (Client, S
     };
     let client = Client::new(Redis::new(url));
     let session = client.session_with(options(30_000)).await.expect("session");
-    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
-    warm.release().await.expect("release");
+    warm_up(&session).await;
     match how {
         Forgets::Restart | Forgets::RestartWithoutInfo => {
             server.member().kill().expect("kill redis");
@@ -232,8 +231,7 @@ async fn acquires_under_way_through_a_restart_leave_nothing() {
     let at_once = client.session_with(options(30_000)).await.expect("session");
     let retrying = client.session_with(options(3000)).await.expect("session");
     for session in [&at_once, &retrying] {
-        let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
-        warm.release().await.expect("release");
+        warm_up(&session).await;
     }
     let spawn = |session: &Session, name: String| {
         let mutex = session.mutex(&name).expect("mutex");
@@ -284,8 +282,7 @@ async fn a_landed_first_try_is_removed_when_its_retry_finds_the_session_gone() {
     let server = RedisServer::start().expect("start redis");
     let (proxy, far) = through_a_proxy(&server);
     let session = far.session_with(options(30_000)).await.expect("session");
-    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
-    warm.release().await.expect("release");
+    warm_up(&session).await;
     proxy.set_responses_dropped(true);
     let acquire = {
         let mutex = session.mutex("retried").expect("mutex");
@@ -346,8 +343,7 @@ async fn with_replica_acks_a_forgotten_session_is_refused_with_session_lost() {
     .await;
     let client = Client::new(Redis::new(primary.url()).with_replica_acks(1, Duration::from_millis(500)));
     let session = client.session_with(options(30_000)).await.expect("session");
-    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
-    warm.release().await.expect("release");
+    warm_up(&session).await;
     primary.cli(&["FLUSHALL"]).expect("flushall");
     match bounded("the lock", async {
         session.mutex("after").expect("mutex").lock().await
@@ -373,8 +369,7 @@ async fn a_close_behind_an_append_in_flight_leaves_nothing() {
     let server = RedisServer::start().expect("start redis");
     let (proxy, far) = through_a_proxy(&server);
     let session = far.session_with(options(30_000)).await.expect("session");
-    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
-    warm.release().await.expect("release");
+    warm_up(&session).await;
     proxy.set_requests_held(true);
     let acquire = {
         let mutex = session.mutex("behind").expect("mutex");
@@ -449,4 +444,11 @@ async fn a_server_that_refuses_keys_of_two_slots_is_appended_to_without_the_sess
             .collect();
         assert!(left.is_empty(), "{left:?}");
     }
+}
+
+/// Takes and releases a lock on `session`: its connection to the server is
+/// made and used before the fault.
+async fn warm_up(session: &Session) {
+    let warm = session.mutex("warm").expect("mutex").lock().await.expect("lock");
+    warm.release().await.expect("release");
 }
