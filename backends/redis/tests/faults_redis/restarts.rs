@@ -231,7 +231,7 @@ async fn acquires_under_way_through_a_restart_leave_nothing() {
     let at_once = client.session_with(options(30_000)).await.expect("session");
     let retrying = client.session_with(options(3000)).await.expect("session");
     for session in [&at_once, &retrying] {
-        warm_up(&session).await;
+        warm_up(session).await;
     }
     let spawn = |session: &Session, name: String| {
         let mutex = session.mutex(&name).expect("mutex");
