@@ -6,7 +6,10 @@
 //! ```
 //!
 //! With `--ex`, lockline's contenders lock a `Resource` in EX (a lock mode)
-//! instead of a `Mutex`; the named lock is the same.
+//! instead of a `Mutex`; the named lock is the same. With `--nested`,
+//! PostgreSQL's statement list also counts the statements lockline's
+//! functions run, each on its own line (their time is inside their
+//! caller's too).
 //!
 //! For each N, N contenders take and release one lock with zero hold time,
 //! as in `bench_sql` (lockline: each its own client and session; the bare
@@ -42,12 +45,21 @@ use lockline_bench::{usage_exit, BoxError, BoxResult, Contenders, Contest, Outco
 use lockline_sql::Sql;
 use support::{cpu_seconds, Db, Engine, Server};
 
-const USAGE: &str = "[--seconds 5] [--contenders 16] [--engine postgres|mariadb|both] [--ex]";
+const USAGE: &str = "[--seconds 5] [--contenders 16] [--engine postgres|mariadb|both] [--ex] [--nested]";
+
+/// Whether PostgreSQL's statement list counts the statements run inside
+/// lockline's functions too (`pg_stat_statements.track = all`), each on its
+/// own line, where it counts the calls the clients send alone.
+static NESTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn nested() -> bool {
+    NESTED.get().copied().unwrap_or(false)
+}
 
 fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, f64, bool), String> {
     let (own, rest) = OwnFlags::take(
         std::env::args().skip(1),
-        &["--ex"],
+        &["--ex", "--nested"],
         &["--engine", "--contenders", "--seconds"],
     )?;
     if let Some(other) = rest.first() {
@@ -69,6 +81,7 @@ fn parse_args() -> Result<(Vec<Engine>, Vec<usize>, f64, bool), String> {
     if !(0.1..=600.0).contains(&seconds) {
         return Err("--seconds must be within 0.1..=600".into());
     }
+    let _ = NESTED.set(own.switch("--nested"));
     Ok((engines, contenders, seconds, own.switch("--ex")))
 }
 
@@ -82,7 +95,11 @@ async fn main() -> BoxResult<()> {
         }
         let mut server = match engine {
             Engine::Postgres => {
-                Server::postgres(300, &[("shared_preload_libraries", "pg_stat_statements".to_owned())])?
+                let mut settings = vec![("shared_preload_libraries", "pg_stat_statements".to_owned())];
+                if nested() {
+                    settings.push(("pg_stat_statements.track", "all".to_owned()));
+                }
+                Server::postgres(300, &settings)?
             }
             Engine::MariaDb => Server::mariadb_with(1, 300, &[("performance_schema", "ON".to_owned())])?,
         };
@@ -234,8 +251,9 @@ async fn statements(side: &mut Db) -> BoxResult<Vec<(String, f64, f64)>> {
         support::Conn::Postgres(conn) => sqlx::query_as::<_, (String, i64, f64)>(
             "SELECT query, calls, total_exec_time FROM pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'postgres') \
-             AND query NOT LIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 12",
+             AND query NOT LIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT $1",
         )
+        .bind(if nested() { 40_i64 } else { 12 })
         .fetch_all(conn)
         .await?
         .into_iter()
