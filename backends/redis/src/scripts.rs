@@ -73,8 +73,9 @@ end
 -- The window of it an append reads (`AppendRequest::nearest`): the `count`
 -- live entries nearest before the one of `order` (fewer only when the
 -- queue has fewer: expired ones are reaped and passed over), that one and
--- those after it.
-local function window_of(q, prefix, block, order, count)
+-- those after it. `own`, when given, is the slot of the appended entry as
+-- the script just wrote it, taken for its member without a read.
+local function window_of(q, prefix, block, order, count, own)
   local before = {}
   local upper = '(' .. order
   while #before < count do
@@ -93,7 +94,11 @@ local function window_of(q, prefix, block, order, count)
   for i = #before, 1, -1 do out[#out + 1] = before[i] end
   local rest = redis.call('ZRANGEBYSCORE', q, order, '+inf')
   for i = 1, #rest do
-    out[#out + 1] = slot_of(q, prefix, rest[i])
+    if own and rest[i] == own[1] then
+      out[#out + 1] = own
+    else
+      out[#out + 1] = slot_of(q, prefix, rest[i])
+    end
   end
   return {out, redis.call('GET', block)}
 end
@@ -102,22 +107,27 @@ end
 -- first request that waits for EX and was never granted (its value begins
 -- with `waiting`), or through the last: `{slots, block, whole}` as
 -- `queue_of` gives them, `whole` true when it read to the end; nil past
--- `limit` entries. Expired members are reaped and passed over.
-local function prefix_of(q, prefix, block, waiting, limit)
+-- `limit` entries. Expired members are reaped and passed over. `known`,
+-- when given, is the block's value, which the caller just wrote.
+local function prefix_of(q, prefix, block, waiting, limit, known)
+  local function block_value()
+    if known then return known end
+    return redis.call('GET', block)
+  end
   local out = {}
   local lower = '-inf'
   local size = 4
   while true do
     local batch = redis.call('ZRANGEBYSCORE', q, lower, '+inf', 'WITHSCORES', 'LIMIT', 0, size)
     size = 32
-    if #batch == 0 then return {out, redis.call('GET', block), true} end
+    if #batch == 0 then return {out, block_value(), true} end
     for i = 1, #batch, 2 do
       lower = '(' .. batch[i + 1]
       local slot = slot_of(q, prefix, batch[i])
       if slot then
         out[#out + 1] = slot
         if string.sub(slot[5], 1, #waiting) == waiting then
-          return {out, redis.call('GET', block), false}
+          return {out, block_value(), false}
         end
         if #out > limit then return nil end
       end
@@ -268,6 +278,7 @@ if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 0 then
 end
 local entry = prefix .. 'e:' .. attempt
 local order = redis.call('HGET', entry, 'order')
+local own = nil
 if not order then
   -- An append that arrives after its attempt was abandoned creates nothing.
   if redis.call('EXISTS', prefix .. 'x:' .. attempt) == 1 then
@@ -282,12 +293,14 @@ if not order then
   redis.call('PEXPIRE', entry, ARGV[6])
   redis.call('ZADD', q, order, attempt)
   if ARGV[3] == 'election' then redis.call('PUBLISH', prefix .. 'joined', order) end
+  -- Its slot as `slot_of` would read it back (never written by an update).
+  own = {attempt, ARGV[3], order, ARGV[4], ARGV[5], order}
 end
 if ARGV[10] == '1' then
   -- A lock-mode entry decides from the queue (its window) alone: no
   -- nearest entries, no plain key.
   local window = tonumber(ARGV[12] or '0')
-  if window > 0 then return {order, {}, window_of(q, prefix, KEYS[5], order, window)} end
+  if window > 0 then return {order, {}, window_of(q, prefix, KEYS[5], order, window, own)} end
   return {order, {}, queue_of(q, prefix, KEYS[5])}
 end
 local out = nearest(q, prefix, order, ARGV[7], tonumber(ARGV[8]))
@@ -552,22 +565,29 @@ end
 local i = 5
 local count = tonumber(ARGV[i])
 i = i + 1
+-- The order each entry checked so far was found at: an entry to set that
+-- was checked already is not read again.
+local checked = {}
 for k = 1, count do
   local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed')
   if not fields[1] or fields[1] ~= ARGV[i + 1] or (fields[2] or fields[1]) ~= ARGV[i + 2] then return {0} end
+  checked[ARGV[i]] = fields[1]
   i = i + 3
 end
 count = tonumber(ARGV[i])
 i = i + 1
 for k = 1, count do
   if redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then return {0} end
+  checked[ARGV[i]] = ARGV[i + 1]
   i = i + 2
 end
 local sets = i + 1
 count = tonumber(ARGV[i])
 i = i + 1
 for k = 1, count do
-  if redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then return {0} end
+  if checked[ARGV[i]] ~= ARGV[i + 1] and redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then
+    return {0}
+  end
   i = i + 3
 end
 local deletes = i + 1
@@ -605,7 +625,9 @@ if ARGV[3] == '1' then redis.call('SET', block, ARGV[4]) end
 local handed = nil
 local read = nil
 if sets < deletes - 1 and #owners > 0 then
-  read = prefix_of(q, prefix, block, WAITING_EX, HANDED_QUEUE_MAX)
+  local written = nil
+  if ARGV[3] == '1' then written = ARGV[4] end
+  read = prefix_of(q, prefix, block, WAITING_EX, HANDED_QUEUE_MAX, written)
 end
 if read then
   local out = {'gone ~ q1 ', #read[1], ' '}

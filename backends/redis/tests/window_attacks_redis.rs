@@ -6,7 +6,8 @@
 //! some other holders, waiting requests, conversions), with random entries'
 //! hashes deleted (as an expiry leaves them: member still queued). Then:
 //! - a raw append with a window of 4 must read exactly the suffix of the
-//!   whole queue (at most 4 live entries before it, itself, those after);
+//!   whole queue (at most 4 live entries before it, itself, those after),
+//!   every slot as a whole read gives it;
 //! - an EX `try_lock` / `lock_timeout` through the API must be granted
 //!   exactly when every live entry is a settled NL holder.
 
@@ -117,6 +118,14 @@ async fn run(backend: Redis, urls: Vec<String>, trials: usize, seed: u64) {
                 attempts(&whole)[from..].to_vec(),
                 "trial {trial}: the window is not the whole queue's suffix"
             );
+            // Each slot as a read gives it, the appended one included (its
+            // slot is built by the script that wrote it, not read back).
+            assert_eq!(
+                window.slots,
+                whole.slots[from..].to_vec(),
+                "trial {trial}: the window's slots are not the whole queue's"
+            );
+            assert_eq!(window.block, whole.block, "trial {trial}: the window's block");
             bounded("remove", raw.remove(&appended.entry)).await.expect("remove");
         }
 
