@@ -44,8 +44,9 @@
 //! for each N of `--modes-contenders` (default 1, 4, 16), lockline's mutex
 //! and a `Resource` in EX side by side (EX ÷ mutex), then a mixed workload
 //! of the six modes with conversions (grants/s, wakeups per release),
-//! `--modes-seconds` each (default 2), with the server's commands per
-//! grant. `--modes-only` runs only this part.
+//! `--modes-seconds` each (default 2), with the server's commands and its
+//! CPU time (`INFO cpu`, in microseconds) per grant. `--modes-only` runs
+//! only this part.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -73,6 +74,21 @@ async fn commands_processed(conn: &mut redis::aio::MultiplexedConnection) -> Box
         .ok_or_else(|| "no total_commands_processed in INFO stats".into())
 }
 
+/// The server process's CPU time so far, in seconds (`used_cpu_user` plus
+/// `used_cpu_sys` from `INFO cpu`).
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let field = |name: &str| -> Option<f64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    match (field("used_cpu_user:"), field("used_cpu_sys:")) {
+        (Some(user), Some(sys)) => Ok(user + sys),
+        _ => Err("no used_cpu_user or used_cpu_sys in INFO cpu".into()),
+    }
+}
+
 /// `cmdstat_publish` calls from `INFO commandstats` (commands run by
 /// scripts are counted too).
 async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f64> {
@@ -86,25 +102,33 @@ async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> BoxResult<f6
 }
 
 /// The server's commands (`total_commands_processed`, its scripts' own
-/// included) per grant of each lock-mode measurement.
+/// included) and its CPU time in microseconds, per grant of each lock-mode
+/// measurement.
 struct RedisCounters {
     side: redis::aio::MultiplexedConnection,
     before: f64,
+    cpu_before: f64,
 }
 
 impl lock_modes::ServerCounters for RedisCounters {
     fn names(&self) -> Vec<String> {
-        vec!["server commands".to_owned()]
+        vec!["server commands".to_owned(), "server CPU µs".to_owned()]
     }
 
     async fn before(&mut self) -> BoxResult<()> {
         self.before = commands_processed(&mut self.side).await?;
+        self.cpu_before = server_cpu(&mut self.side).await?;
         Ok(())
     }
 
     async fn per_grant(&mut self, grants: u64) -> BoxResult<Vec<f64>> {
         let after = commands_processed(&mut self.side).await?;
-        Ok(vec![(after - self.before) / grants.max(1) as f64])
+        let cpu_after = server_cpu(&mut self.side).await?;
+        let grants = grants.max(1) as f64;
+        Ok(vec![
+            (after - self.before) / grants,
+            (cpu_after - self.cpu_before) * 1e6 / grants,
+        ])
     }
 }
 
@@ -361,6 +385,7 @@ async fn main() -> BoxResult<()> {
     let mut counters = RedisCounters {
         side: connection(&server).await?,
         before: 0.0,
+        cpu_before: 0.0,
     };
     lock_modes::run_with(
         &on,
