@@ -108,8 +108,10 @@ end
 -- with `waiting`), or through the last: `{slots, block, whole}` as
 -- `queue_of` gives them, `whole` true when it read to the end; nil past
 -- `limit` entries. Expired members are reaped and passed over. `known`,
--- when given, is the block's value, which the caller just wrote.
-local function prefix_of(q, prefix, block, waiting, limit, known)
+-- when given, is the block's value, which the caller just wrote; `slots`
+-- the slots of entries the caller read and wrote as they now are, by
+-- member, taken without a read.
+local function prefix_of(q, prefix, block, waiting, limit, known, slots)
   local function block_value()
     if known then return known end
     return redis.call('GET', block)
@@ -123,7 +125,7 @@ local function prefix_of(q, prefix, block, waiting, limit, known)
     if #batch == 0 then return {out, block_value(), true} end
     for i = 1, #batch, 2 do
       lower = '(' .. batch[i + 1]
-      local slot = slot_of(q, prefix, batch[i])
+      local slot = slots[batch[i]] or slot_of(q, prefix, batch[i])
       if slot then
         out[#out + 1] = slot
         if string.sub(slot[5], 1, #waiting) == waiting then
@@ -565,27 +567,30 @@ end
 local i = 5
 local count = tonumber(ARGV[i])
 i = i + 1
--- The order each entry checked so far was found at: an entry to set that
+-- Each entry checked so far, by member: the order it was found at, its
+-- owner, and for an unchanged one its kind. An entry to set or delete that
 -- was checked already is not read again.
 local checked = {}
 for k = 1, count do
-  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed')
+  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed', 'kind', 'owner')
   if not fields[1] or fields[1] ~= ARGV[i + 1] or (fields[2] or fields[1]) ~= ARGV[i + 2] then return {0} end
-  checked[ARGV[i]] = fields[1]
+  checked[ARGV[i]] = {fields[1], fields[3], fields[4] or ''}
   i = i + 3
 end
 count = tonumber(ARGV[i])
 i = i + 1
 for k = 1, count do
-  if redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then return {0} end
-  checked[ARGV[i]] = ARGV[i + 1]
+  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'owner')
+  if fields[1] ~= ARGV[i + 1] then return {0} end
+  checked[ARGV[i]] = {fields[1], nil, fields[2] or ''}
   i = i + 2
 end
 local sets = i + 1
 count = tonumber(ARGV[i])
 i = i + 1
 for k = 1, count do
-  if checked[ARGV[i]] ~= ARGV[i + 1] and redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then
+  local seen = checked[ARGV[i]]
+  if not (seen and seen[1] == ARGV[i + 1]) and redis.call('HGET', prefix .. 'e:' .. ARGV[i], 'order') ~= ARGV[i + 1] then
     return {0}
   end
   i = i + 3
@@ -595,16 +600,28 @@ count = tonumber(ARGV[i])
 i = i + 1
 local owners = {}
 for k = 1, count do
-  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'owner')
-  if not fields[1] or fields[1] ~= ARGV[i + 1] then return {0} end
-  owners[k] = fields[2] or ''
+  local seen = checked[ARGV[i]]
+  if seen and seen[1] == ARGV[i + 1] and seen[3] then
+    owners[k] = seen[3]
+  else
+    local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'owner')
+    if not fields[1] or fields[1] ~= ARGV[i + 1] then return {0} end
+    owners[k] = fields[2] or ''
+  end
   i = i + 2
 end
 local token = next_number(seq, epoch, ARGV[#ARGV])
+-- The slots of the entries set whose kind and owner were read, as
+-- `slot_of` would now read them.
+local written = {}
 i = sets
 while i < deletes - 1 do
   redis.call('HSET', prefix .. 'e:' .. ARGV[i], 'value', ARGV[i + 2], 'changed', token)
   redis.call('PUBLISH', prefix .. 'c:' .. ARGV[i], 'value ' .. token .. ' ' .. ARGV[i + 2])
+  local seen = checked[ARGV[i]]
+  if seen and seen[2] then
+    written[ARGV[i]] = {ARGV[i], seen[2], seen[1], seen[3], ARGV[i + 2], token}
+  end
   i = i + 3
 end
 i = deletes
@@ -625,9 +642,9 @@ if ARGV[3] == '1' then redis.call('SET', block, ARGV[4]) end
 local handed = nil
 local read = nil
 if sets < deletes - 1 and #owners > 0 then
-  local written = nil
-  if ARGV[3] == '1' then written = ARGV[4] end
-  read = prefix_of(q, prefix, block, WAITING_EX, HANDED_QUEUE_MAX, written)
+  local block_written = nil
+  if ARGV[3] == '1' then block_written = ARGV[4] end
+  read = prefix_of(q, prefix, block, WAITING_EX, HANDED_QUEUE_MAX, block_written, written)
 end
 if read then
   local out = {'gone ~ q1 ', #read[1], ' '}
