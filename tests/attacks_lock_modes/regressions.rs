@@ -743,3 +743,126 @@ async fn an_ex_append_reads_a_window_of_one_and_other_modes_the_whole_queue() {
     }
     drop(held);
 }
+
+/// Was a bug: two incompatible modes granted at once. An up-conversion (A,
+/// PR→PW) decides from its read after its mark, and its grant is
+/// conditioned on the entries of that read. An entry appended after that
+/// read (B) is granted NL (a request counts A's PW, which NL is compatible
+/// with) and converts NL→PR: a conversion counts a granted entry by its
+/// held mode, and A holds PR. A's grant then applied: PW beside PR. Now a
+/// conversion's grant writes every other conversion towards a mode its own
+/// conflicts with again, as it is, so A's grant fails its condition and A
+/// reads again. The store is audited after every update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_up_conversion_granted_beside_a_later_entry_converted_up() {
+    let (gated, sessions) = gated_sessions(2).await;
+    gated.ctl.audit.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (a, b) = (&sessions[0].1, &sessions[1].1);
+    let name = "race-conv";
+    let mut first = bounded("PR", a.resource(name).unwrap().lock(Pr)).await.unwrap();
+    let converting = stalled_after_its_read(&gated, a, async move {
+        let outcome = first.convert(Pw).await;
+        (first, outcome)
+    })
+    .await;
+    // A holds a read without B, and will grant from it.
+    let mut second = bounded("try NL", b.resource(name).unwrap().try_lock(Nl))
+        .await
+        .unwrap()
+        .expect("NL beside anything");
+    assert!(
+        bounded("try_convert NL→PR", second.try_convert(Pr)).await.unwrap(),
+        "NL→PR beside a PR holder converting to PW"
+    );
+    // A's next write, decided from its read without B: held once applied
+    // (or refused), while B still holds PR.
+    let grant = gated.trap(a, "update_queue");
+    let task = converting.resume();
+    bounded("A's grant from its read", grant.reached).await.unwrap();
+    let violations = gated.ctl.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let _ = grant.resume.send(());
+    // A waits on B now; B lets go, and A is granted.
+    bounded("B releases", second.release()).await.unwrap();
+    let (first, outcome) = bounded("A converts", task).await.unwrap();
+    outcome.unwrap();
+    assert_eq!(first.mode(), Pw);
+    let violations = gated.ctl.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+/// Was a bug, the same race seen in the value block: A (CR→PW) decides from
+/// a read that does not show B; B appends NL, converts NL→PW (A's held CR
+/// is compatible with it), writes the block and releases. A's grant then
+/// applied and wrote the block as its read had it: B's completed write was
+/// lost, and every later grant saw the value before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_up_conversion_overwrote_a_completed_value_block() {
+    let (gated, sessions) = gated_sessions(3).await;
+    let (a, b, c) = (&sessions[0].1, &sessions[1].1, &sessions[2].1);
+    let name = "race-conv-lvb";
+    let mut first = bounded("CR", a.resource(name).unwrap().lock(Cr)).await.unwrap();
+    let converting = stalled_after_its_read(&gated, a, async move {
+        let outcome = first.convert(Pw).await;
+        (first, outcome)
+    })
+    .await;
+    let mut second = bounded("try NL", b.resource(name).unwrap().try_lock(Nl))
+        .await
+        .unwrap()
+        .expect("NL beside anything");
+    assert!(
+        bounded("try_convert NL→PW", second.try_convert(Pw)).await.unwrap(),
+        "NL→PW beside a CR holder converting to PW"
+    );
+    second.set_value(b"v1").unwrap();
+    bounded("B releases", second.release()).await.unwrap();
+    let task = converting.resume();
+    let (first, outcome) = bounded("A converts", task).await.unwrap();
+    outcome.unwrap();
+    let seen = first.value();
+    assert_eq!(
+        (seen.sequence, seen.bytes.as_slice()),
+        (1, &b"v1"[..]),
+        "A's grant after B's write"
+    );
+    bounded("A releases", first.release()).await.unwrap();
+    let after = bounded("C PW", c.resource(name).unwrap().lock(Pw)).await.unwrap();
+    assert_eq!(after.value().sequence, 1, "C after B's write");
+}
+
+/// An up-conversion of `session` run as `convert`, held after its second
+/// read of the queue (the one after its mark), from which it decides.
+struct Stalled<T> {
+    task: tokio::task::JoinHandle<T>,
+    resume: oneshot::Sender<()>,
+}
+
+impl<T> Stalled<T> {
+    fn resume(self) -> tokio::task::JoinHandle<T> {
+        let _ = self.resume.send(());
+        self.task
+    }
+}
+
+async fn stalled_after_its_read<T: Send + 'static>(
+    gated: &Gated,
+    session: &Session,
+    convert: impl Future<Output = T> + Send + 'static,
+) -> Stalled<T> {
+    let read = gated.trap(session, "read_queue");
+    let task = tokio::spawn(convert);
+    bounded("the conversion's first read", read.reached).await.unwrap();
+    let mark = gated.trap(session, "update_queue");
+    let _ = read.resume.send(());
+    bounded("the conversion's mark", mark.reached).await.unwrap();
+    let read = gated.trap(session, "read_queue");
+    let _ = mark.resume.send(());
+    bounded("the conversion's read after its mark", read.reached)
+        .await
+        .unwrap();
+    Stalled {
+        task,
+        resume: read.resume,
+    }
+}

@@ -113,11 +113,32 @@ impl ResourceGuard {
                 };
                 let block_bytes = block.as_ref().map(Block::encode);
                 let unchanged = view.unchanged(at);
+                // Every other conversion marked toward a mode this one's
+                // conflicts with is written again as it is (same state, a
+                // new version): its grant may be decided from a read that
+                // never saw this entry (appended after it), and is
+                // conditioned on its own version, so it then fails and
+                // reads again. Without it, an entry appended after that
+                // read, granted a mode compatible with the mark's held mode
+                // and converted up (a conversion counts a granted entry by
+                // its held mode only), is granted beside it.
+                let touched: Vec<(usize, Vec<u8>)> = (0..view.slots.len())
+                    .filter(|&j| j != at)
+                    .filter_map(|j| {
+                        let other = view.slots[j].1;
+                        other
+                            .converting()
+                            .filter(|target| !target.compatible(mode))
+                            .map(|_| (j, other.encode()))
+                    })
+                    .collect();
+                let mut set: Vec<(&Entry, &[u8])> = vec![(&self.entry, value.as_slice())];
+                set.extend(touched.iter().map(|(j, v)| (&view.slots[*j].0.entry, v.as_slice())));
                 let update = QueueUpdate {
                     dir: &self.resource.name,
                     unchanged: &unchanged,
                     present: &[],
-                    set: &[(&self.entry, &value)],
+                    set: &set,
                     delete: &[],
                     block: block_bytes.as_deref(),
                 };
