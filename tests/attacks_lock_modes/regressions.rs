@@ -758,22 +758,7 @@ pub(crate) async fn regression_up_conversion_granted_beside_a_later_entry_conver
     let (gated, sessions) = gated_sessions(2).await;
     gated.ctl.audit.store(true, std::sync::atomic::Ordering::SeqCst);
     let (a, b) = (&sessions[0].1, &sessions[1].1);
-    let name = "race-conv";
-    let mut first = bounded("PR", a.resource(name).unwrap().lock(Pr)).await.unwrap();
-    let converting = stalled_after_its_read(&gated, a, async move {
-        let outcome = first.convert(Pw).await;
-        (first, outcome)
-    })
-    .await;
-    // A holds a read without B, and will grant from it.
-    let mut second = bounded("try NL", b.resource(name).unwrap().try_lock(Nl))
-        .await
-        .unwrap()
-        .expect("NL beside anything");
-    assert!(
-        bounded("try_convert NL→PR", second.try_convert(Pr)).await.unwrap(),
-        "NL→PR beside a PR holder converting to PW"
-    );
+    let (converting, second) = converted_beside_a_stalled_conversion(&gated, a, b, "race-conv", Pr, Pr).await;
     // A's next write, decided from its read without B: held once applied
     // (or refused), while B still holds PR.
     let grant = gated.trap(a, "update_queue");
@@ -801,20 +786,7 @@ pub(crate) async fn regression_up_conversion_overwrote_a_completed_value_block()
     let (gated, sessions) = gated_sessions(3).await;
     let (a, b, c) = (&sessions[0].1, &sessions[1].1, &sessions[2].1);
     let name = "race-conv-lvb";
-    let mut first = bounded("CR", a.resource(name).unwrap().lock(Cr)).await.unwrap();
-    let converting = stalled_after_its_read(&gated, a, async move {
-        let outcome = first.convert(Pw).await;
-        (first, outcome)
-    })
-    .await;
-    let mut second = bounded("try NL", b.resource(name).unwrap().try_lock(Nl))
-        .await
-        .unwrap()
-        .expect("NL beside anything");
-    assert!(
-        bounded("try_convert NL→PW", second.try_convert(Pw)).await.unwrap(),
-        "NL→PW beside a CR holder converting to PW"
-    );
+    let (converting, mut second) = converted_beside_a_stalled_conversion(&gated, a, b, name, Cr, Pw).await;
     second.set_value(b"v1").unwrap();
     bounded("B releases", second.release()).await.unwrap();
     let task = converting.resume();
@@ -829,6 +801,36 @@ pub(crate) async fn regression_up_conversion_overwrote_a_completed_value_block()
     bounded("A releases", first.release()).await.unwrap();
     let after = bounded("C PW", c.resource(name).unwrap().lock(Pw)).await.unwrap();
     assert_eq!(after.value().sequence, 1, "C after B's write");
+}
+
+/// A (`a`) holds `held` on `name` and converts to PW, stalled right after
+/// its read that follows its mark; then B (`b`) is granted NL and converts
+/// to `later`, which must be granted (a conversion counts A by the mode it
+/// holds). Returns A's stalled conversion and B's guard.
+async fn converted_beside_a_stalled_conversion(
+    gated: &Gated,
+    a: &Session,
+    b: &Session,
+    name: &str,
+    held: LockMode,
+    later: LockMode,
+) -> (Stalled<(ResourceGuard, lockline::Result<()>)>, ResourceGuard) {
+    let mut first = bounded("A's lock", a.resource(name).unwrap().lock(held)).await.unwrap();
+    let converting = stalled_after_its_read(gated, a, async move {
+        let outcome = first.convert(Pw).await;
+        (first, outcome)
+    })
+    .await;
+    // A holds a read without B, and will grant from it.
+    let mut second = bounded("try NL", b.resource(name).unwrap().try_lock(Nl))
+        .await
+        .unwrap()
+        .expect("NL beside anything");
+    assert!(
+        bounded("B's try_convert", second.try_convert(later)).await.unwrap(),
+        "NL→{later} beside a {held} holder converting to PW"
+    );
+    (converting, second)
 }
 
 /// An up-conversion of `session` run as `convert`, held after its second
