@@ -55,14 +55,13 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
 /// How many entries before a new request its append reads back, where the
 /// backend can read fewer than the whole queue (0: the whole queue). An EX
-/// request is blocked by every entry before it but a settled NL holder, so
-/// the one right before it nearly always is its blocker (behind an NL
-/// holder it reads the whole queue next); a request in another mode may be
+/// request is blocked by every entry before it but a settled NL holder, so a
+/// few nearly always hold its blocker; a request in another mode may be
 /// compatible with many (readers behind readers) and would then read the
 /// whole queue after its window, so it reads the whole queue at once.
 fn window(mode: LockMode) -> usize {
     if mode == LockMode::Ex {
-        1
+        4
     } else {
         0
     }

@@ -707,11 +707,11 @@ pub(crate) async fn regression_cancellation_at_every_await_point_sweep() {
 // ===========================================================================
 
 /// The append's window of the queue (`AppendRequest::nearest`): an EX
-/// request's append reads back the entry before it and itself; a request
-/// in any other mode reads the whole queue (a reader behind readers would
-/// find no blocker in a window, and read again).
+/// request's append reads back the 4 entries before it and itself; a
+/// request in any other mode reads the whole queue (a reader behind readers
+/// would find no blocker in a window, and read again).
 #[tokio::test]
-async fn an_ex_append_reads_a_window_of_one_and_other_modes_the_whole_queue() {
+async fn an_ex_append_reads_a_window_of_four_and_other_modes_the_whole_queue() {
     let (gated, mut sessions) = gated_sessions(8).await;
     let (_, asker) = sessions.pop().expect("session");
     let mut held = Vec::new();
@@ -721,7 +721,7 @@ async fn an_ex_append_reads_a_window_of_one_and_other_modes_the_whole_queue() {
     }
     let resource = asker.resource("window").expect("resource");
     for (mode, slots) in [
-        (LockMode::Ex, 2),
+        (LockMode::Ex, 5),
         (LockMode::Cw, 8),
         (LockMode::Pw, 8),
         (LockMode::Nl, 8),
