@@ -322,6 +322,23 @@ impl Config {
         )
     }
 
+    /// Two up-conversions where the later entry comes after the earlier
+    /// one's read: a PR holder converts up to PW and writes; an NL request
+    /// (granted beside the mark) converts up to PR; a CR request with a
+    /// deadline. The first conversion's grant may be decided on a read
+    /// taken before the NL entry existed.
+    pub fn conversion_beside_later_conversion() -> Config {
+        use Mode::{Cr, Nl, Pr, Pw};
+        Config::modes(
+            "PR→PW beside a later NL→PR",
+            vec![
+                vec![Op::lock(0, Pr), Op::convert(0, Pw), Op::write(0), Op::release(0)],
+                vec![Op::lock(0, Nl), Op::convert(0, Pr), Op::release(0)],
+                vec![Op::lock_timeout(0, Cr), Op::release(0)],
+            ],
+        )
+    }
+
     /// A CW holder converting to PR (an up-conversion that is not a
     /// refinement: PR admits what CW excluded), another CW holder, and a PR
     /// request.
@@ -433,6 +450,7 @@ impl Config {
             Config::conversion_cycle(),
             Config::conversion_token(),
             Config::conversion_behind_waiter(),
+            Config::conversion_beside_later_conversion(),
             Config::sideways_conversion(),
             Config::down_conversion(),
             Config::three_conversions(),

@@ -58,6 +58,11 @@
 //!      back). Otherwise it is granted when its new mode is compatible with
 //!      every other granted entry *and every earlier request still waiting*,
 //!      or waits on the first such entry in queue order.
+//!   4. *The grant* ([`Action::GrantFromRead`]), a later separate step: one
+//!      write conditioned on every entry of that read being at the version
+//!      read; if one changed, it reads again (step 3). The same write
+//!      writes again, as they are, the other entries converting to a mode
+//!      its new one conflicts with (see below).
 //! - **Deadlock**: entries and "is kept waiting by" edges (a request to
 //!   each earlier entry it conflicts with, a conversion to each granted
 //!   entry and earlier waiting request its new mode conflicts with) form a
@@ -73,17 +78,32 @@
 //! - **Grants are conditioned writes.** The code reads, decides, and writes
 //!   the grant conditioned on the entries the decision read still being at
 //!   the versions read (a request: those before it and itself; a
-//!   conversion: all). The model makes read, decision and grant one step,
-//!   which is the same: the write applies only if those entries are
-//!   unchanged, so at the write the queue holds what the decision read,
-//!   except for entries appended since; those come later than a request
-//!   (which never looks at later entries), and for a conversion are
-//!   requests that read its mark, so are granted beside it only in modes
-//!   compatible with its new mode, which changes nothing it decided. A
-//!   failed condition only reads again. The grant before the mark is not
-//!   like that: appended after that read, a request reads the entry
-//!   unmarked, and is granted beside it ([`Rule::GrantBeforeMark`], modelled
-//!   with the read and the write as separate steps and versions compared).
+//!   conversion: all).
+//!   - *A request's* read, decision and grant are one step in the model,
+//!     which is the same: the write applies only if the entries before it
+//!     are as read, and a request never looks at later entries. An entry
+//!     appended after its read conflicts with it only through a conversion,
+//!     which counts it as an earlier waiting request until its grant, and
+//!     as granted after.
+//!   - *A conversion's* grant is a step of its own, after the read that
+//!     decided it, with versions compared. An entry appended after that
+//!     read is in no condition. It read the mark, so it is granted beside
+//!     the conversion only in a mode compatible with both modes; but once
+//!     granted it may convert up, and a conversion counts another granted
+//!     entry by the mode it holds, not the one it is converting to. So the
+//!     later conversion may be granted a mode that conflicts with the first
+//!     one's new mode, and both grants' conditions hold. The sound rule has
+//!     each conversion's grant write again every other entry converting to
+//!     a mode its own conflicts with; the first conversion's condition (its
+//!     own entry's version) then fails, and it reads again and waits
+//!     ([`Rule::ConversionGrantLeavesOthers`], a race found in the code
+//!     under load before the model had this step).
+//!   - *The grant before the mark* is not sound at all: appended after that
+//!     read, a request reads the entry unmarked, and is granted beside it
+//!     ([`Rule::GrantBeforeMark`]).
+//!   - Versions matter only while a conversion's grant is pending; the
+//!     model sets them to 0 when none is, so that states differing only in
+//!     how often an entry was written are one.
 //! - **The releaser hands the lock over.** A release is two steps, and
 //!   anything may happen between them:
 //!   1. *The read* (the release's [`Action::Step`]): walking the queue in
@@ -190,8 +210,8 @@
 //! all of them together take about six seconds in a test build (the
 //! workspace's dev profile optimises this crate and stateright; unoptimised
 //! it is about thirty-five). The largest, the mixed DLM configuration, has
-//! about 750,000 distinct states, twice as many as before the release
-//! became two steps. `cargo run -p lockline-model --example check` prints the counts
+//! about 850,000 distinct states (750,000 before a conversion's grant
+//! became a step of its own). `cargo run -p lockline-model --example check` prints the counts
 //! and times; `--example trace` prints a counterexample step by step.
 //!
 //! # Broken twins
@@ -203,8 +223,9 @@
 //! mode rows read literally ([`Rule::ConversionPassesEarlierWaiters`],
 //! [`Rule::ConvertingCountsNewModeOnly`], [`Rule::WakeOnRemovalOnly`]); one
 //! is the Linux DLM's pairwise deadlock check
-//! ([`Rule::PairwiseDeadlockDetection`]); five are pitfalls of the
+//! ([`Rule::PairwiseDeadlockDetection`]); six are pitfalls of the
 //! two-phase conversion ([`Rule::GrantBeforeMark`],
+//! [`Rule::ConversionGrantLeavesOthers`],
 //! [`Rule::EarliestMarkGivesUp`], [`Rule::DeferToAnyLaterMark`],
 //! [`Rule::EveryConversionOnCycleGivesUp`], [`Rule::KeepMarkOnDeadlock`]);
 //! five are pitfalls of the hand-over ([`Rule::HandOverUnconditionedEarlier`],

@@ -40,9 +40,10 @@ pub enum Action {
     ReadAfterMark(u8),
     /// The client's up-conversion, given up, takes its mark back.
     TakeBack(u8),
-    /// ([`Rule::GrantBeforeMark`] only) the client's up-conversion writes
-    /// the grant decided on the read before its mark, if the entries of
-    /// that read are unchanged; otherwise it reads again.
+    /// The client's up-conversion writes the grant decided on its read
+    /// after its mark (under [`Rule::GrantBeforeMark`], before it), if
+    /// every entry of that read is at the version read; otherwise it reads
+    /// again.
     GrantFromRead(u8),
     /// The server receives an append; its answer (the entry and what the
     /// read with it decides) reaches the client if it still waits for it.
@@ -226,10 +227,27 @@ impl Model for QueueModel {
             Action::ReleaseOnly(client) => self.hand_over(&mut state, usize::from(client), true),
             Action::Withdraw(client) => self.withdraw(&mut state, usize::from(client)),
         }
+        forget_versions(&mut state);
         Some(state)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
         conditions::properties()
+    }
+}
+
+/// Versions are compared only with those a pending conversion's grant read
+/// ([`Client::read`](crate::state::Client::read)); with none pending, they
+/// are set to 0 (in the queues and in the releases' reads alike), so that
+/// states differing only in how often an entry was written are one.
+fn forget_versions(state: &mut State) {
+    if state.clients.iter().any(|c| !c.read.is_empty()) {
+        return;
+    }
+    for entry in state.resources.iter_mut().flat_map(|r| r.entries.iter_mut()) {
+        entry.version = 0;
+    }
+    for entry in state.clients.iter_mut().flat_map(|c| c.release.iter_mut()) {
+        entry.version = 0;
     }
 }

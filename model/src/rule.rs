@@ -55,6 +55,13 @@ pub enum Rule {
     /// that read, without a mark: a request appended after the read is in
     /// no condition, and is granted beside it.
     GrantBeforeMark,
+    /// An up-conversion's grant writes its own entry only, not also the
+    /// other entries converting to a mode its new one conflicts with (the
+    /// code before `ff6351e`). A conversion whose grant was decided on a
+    /// read that missed an entry appended after it keeps its condition
+    /// when that entry, granted beside the mark, converts up (a conversion
+    /// counts a granted entry by the mode it holds): both are granted.
+    ConversionGrantLeavesOthers,
     /// An up-conversion to a writing mode keeps the token the entry was
     /// granted with.
     KeepTokenOnConversion,
@@ -103,7 +110,7 @@ pub enum Rule {
 
 impl Rule {
     /// Every broken twin of the sound rule.
-    pub const BROKEN: [Rule; 22] = [
+    pub const BROKEN: [Rule; 23] = [
         Rule::WakeEveryWaiter,
         Rule::WakeOnAnyChange,
         Rule::BypassWaiters,
@@ -114,6 +121,7 @@ impl Rule {
         Rule::EveryConversionOnCycleGivesUp,
         Rule::KeepMarkOnDeadlock,
         Rule::GrantBeforeMark,
+        Rule::ConversionGrantLeavesOthers,
         Rule::KeepTokenOnConversion,
         Rule::TokenAtAppend,
         Rule::GrantOnWake,
@@ -144,6 +152,7 @@ impl Rule {
             Rule::DeferToAnyLaterMark => Config::three_conversions(),
             Rule::KeepTokenOnConversion | Rule::TokenAtAppend | Rule::GrantBeforeMark => Config::conversion_token(),
             Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
+            Rule::ConversionGrantLeavesOthers => Config::conversion_beside_later_conversion(),
             Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
             Rule::WakeOnRemovalOnly => Config::down_conversion(),
             Rule::HandOverUnconditionedEarlier => Config::hand_over_past_conversion(),
@@ -165,7 +174,7 @@ impl Rule {
             | Rule::DeferToAnyLaterMark => property::DEADLOCK_DETECTED,
             Rule::EveryConversionOnCycleGivesUp => property::NO_FALSE_DEADLOCK,
             Rule::KeepMarkOnDeadlock => property::NO_STRAY_MARK,
-            Rule::GrantBeforeMark => property::EXCLUSION,
+            Rule::GrantBeforeMark | Rule::ConversionGrantLeavesOthers => property::EXCLUSION,
             Rule::KeepTokenOnConversion => property::FENCED,
             Rule::TokenAtAppend => property::LIVE_WRITES_ACCEPTED,
             Rule::GrantOnWake => property::EXCLUSION,

@@ -117,10 +117,11 @@ pub enum Phase {
         /// The resource.
         resource: u8,
     },
-    /// ([`Rule::GrantBeforeMark`](crate::Rule::GrantBeforeMark) only) its
-    /// up-conversion found nothing blocking it on the read before its mark,
-    /// and is about to write the grant, conditioned on the entries of that
-    /// read ([`Client::read`]).
+    /// Its up-conversion found nothing blocking it on a read after its mark
+    /// (under [`Rule::GrantBeforeMark`](crate::Rule::GrantBeforeMark), on
+    /// the read before it), and is about to write the grant, conditioned on
+    /// every entry of that read being at the version read
+    /// ([`Client::read`]).
     Granting {
         /// The resource.
         resource: u8,

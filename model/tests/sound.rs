@@ -81,7 +81,7 @@ fn dlm() {
 #[test]
 fn every_configuration_has_its_test() {
     // One test above per configuration: adding one means adding its test.
-    assert_eq!(Config::all().len(), 15);
+    assert_eq!(Config::all().len(), 16);
 }
 
 #[test]
@@ -135,6 +135,12 @@ fn conversion_token() {
 fn conversion_behind_waiter() {
     let report = check(Config::conversion_behind_waiter());
     assert_sound(&report, &[property::CONVERTED]);
+}
+
+#[test]
+fn conversion_beside_later_conversion() {
+    let report = check(Config::conversion_beside_later_conversion());
+    assert_sound(&report, &[property::CONVERTED, property::STALE_HOLDER]);
 }
 
 #[test]

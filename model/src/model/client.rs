@@ -75,13 +75,24 @@ impl QueueModel {
         self.advance(state, client);
     }
 
-    /// An up-conversion of entry `id` to `target` granted: decided on one
-    /// read, written conditioned on every entry of that read.
+    /// An up-conversion of entry `id` to `target` granted: the write of a
+    /// grant decided on one read, whose condition (every entry of that
+    /// read as read) held. The same write writes again, as they are, the
+    /// other entries converting to a mode `target` conflicts with (a new
+    /// version each): a grant of theirs decided on a read that never saw
+    /// this entry's latest state then fails its condition and reads again.
     pub(super) fn grant_conversion(&self, state: &mut State, client: usize, resource: u8, id: u8, target: Mode) {
         let res = &mut state.resources[usize::from(resource)];
         let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
             return self.learn_lost(state, client);
         };
+        if self.rule != Rule::ConversionGrantLeavesOthers {
+            for other in res.entries.iter_mut() {
+                if other.id != id && other.converting.is_some_and(|to| !to.compatible(target)) {
+                    self.written(other);
+                }
+            }
+        }
         let bypass = res.entries[..pos]
             .iter()
             .any(|earlier| !earlier.granted && !earlier.mode.compatible(target));
@@ -141,9 +152,9 @@ impl QueueModel {
             // The read finds the entry gone: the session was lost.
             return self.learn_lost(state, client);
         };
-        let Some(target) = entry.converting else {
+        if entry.converting.is_none() {
             return self.advance(state, client);
-        };
+        }
         if self.deadlock_after_mark(res, held.entry) {
             let read = res.clone();
             self.deadlock_found(state, &read, held.entry);
@@ -156,7 +167,14 @@ impl QueueModel {
         }
         match self.decide(res, held.entry) {
             Decision::Gone => self.learn_lost(state, client),
-            Decision::Hold => self.grant_conversion(state, client, resource, held.entry, target),
+            Decision::Hold => {
+                // The grant is a later write, conditioned on every entry of
+                // this read.
+                let snapshot: Vec<(u8, u8)> = res.entries.iter().map(|e| (e.id, e.version)).collect();
+                let c = &mut state.clients[client];
+                c.read = snapshot;
+                c.phase = Phase::Granting { resource };
+            }
             Decision::Blocked(_) if self.current_op(state, client).patience() == Patience::Try => {
                 state.clients[client].phase = Phase::GivingUp { resource };
             }
@@ -335,8 +353,9 @@ impl QueueModel {
         self.advance(state, client);
     }
 
-    /// ([`Rule::GrantBeforeMark`]) the grant decided on the read before the
-    /// mark, written if every entry of that read is at the version read.
+    /// An up-conversion's grant, decided on a read after its mark (under
+    /// [`Rule::GrantBeforeMark`], on the read before it), written if every
+    /// entry of that read is at the version read; otherwise it reads again.
     pub(super) fn grant_from_read(&self, state: &mut State, client: usize) {
         let Phase::Granting { resource } = state.clients[client].phase else {
             return;
@@ -354,8 +373,11 @@ impl QueueModel {
             .all(|&(id, version)| find(res, id).is_some_and(|e| e.version == version));
         if unchanged {
             self.grant_conversion(state, client, resource, held.entry, mode);
+        } else if find(res, held.entry).is_some_and(|e| e.converting.is_some()) {
+            // A condition failed: read again, after the mark.
+            state.clients[client].phase = Phase::Marked { resource };
         } else {
-            // A condition failed: read again.
+            // A condition failed before any mark: start over.
             state.clients[client].phase = Phase::Ready;
         }
     }
@@ -409,9 +431,7 @@ impl QueueModel {
             entry.granted = true;
             entry.token = if self.rule == Rule::TokenAtAppend { id } else { token };
             entry.grant = grant;
-            if self.rule == Rule::GrantBeforeMark {
-                entry.version += 1;
-            }
+            self.written(entry);
         }
         self.notify(state, resource, held.entry, true);
         for &id in &hand_to {
@@ -449,10 +469,15 @@ impl QueueModel {
             }
             // Nothing written yet.
             Phase::Marking { .. } => {}
-            Phase::Granting { .. } => state.clients[client].read.clear(),
-            Phase::Marked { resource } | Phase::Converting { resource, .. } => {
+            Phase::Marked { resource } | Phase::Converting { resource, .. } | Phase::Granting { resource } => {
+                // A grant not yet written is not sent: only the mark (if
+                // any) is taken back.
+                state.clients[client].read.clear();
                 if let Some(held) = state.clients[client].held[usize::from(resource)] {
-                    self.set_converting(state, resource, held.entry, None);
+                    let res = &state.resources[usize::from(resource)];
+                    if find(res, held.entry).is_some_and(|e| e.converting.is_some()) {
+                        self.set_converting(state, resource, held.entry, None);
+                    }
                 }
             }
             Phase::Ready

@@ -70,16 +70,18 @@ fn no_deadlock(model: &QueueModel, state: &State) -> bool {
 }
 
 /// Property 5b: an entry is marked converting only while its owner's
-/// conversion runs: after the mark, before the grant or the take-back.
+/// conversion runs: after the mark, until the grant is written or the mark
+/// taken back.
 fn no_stray_mark(_: &QueueModel, state: &State) -> bool {
     state.resources.iter().enumerate().all(|(r, res)| {
         res.entries
             .iter()
             .filter(|e| e.converting.is_some())
             .all(|e| match state.clients[usize::from(e.owner)].phase {
-                Phase::Marked { resource } | Phase::Converting { resource, .. } | Phase::GivingUp { resource } => {
-                    usize::from(resource) == r
-                }
+                Phase::Marked { resource }
+                | Phase::Converting { resource, .. }
+                | Phase::Granting { resource }
+                | Phase::GivingUp { resource } => usize::from(resource) == r,
                 _ => false,
             })
     })

@@ -100,14 +100,12 @@ impl QueueModel {
         self.notify(state, resource, id, false);
     }
 
-    /// Counts a write of `entry` in its version, which only the
-    /// [`Rule::GrantBeforeMark`] twin reads: the other rules' conditional
-    /// writes are single steps (see the crate docs), and versions nobody
-    /// reads would only split states.
+    /// Counts a write of `entry` in its version, which an up-conversion's
+    /// grant compares with the version its read saw. Versions matter only
+    /// while a grant is pending; the model forgets them otherwise (see
+    /// `forget_versions`), so that they do not split states.
     pub(super) fn written(&self, entry: &mut Entry) {
-        if self.rule == Rule::GrantBeforeMark {
-            entry.version += 1;
-        }
+        entry.version = entry.version.wrapping_add(1);
     }
 
     pub(super) fn deliver_append(&self, state: &mut State, append: Append) {
