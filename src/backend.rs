@@ -309,7 +309,10 @@ pub const WAITING_EX: &[u8] = b"dlm2 - EX ";
 /// whose watch hears writes of other sessions on a channel of their own
 /// (PostgreSQL's notices), or by a wake of their own (MariaDB's watch
 /// slots), need not hear them while the value seen is such a value, until
-/// a change it hears from the owner makes it one that is not.
+/// a change it hears from the owner makes it one that is not; and a
+/// backend whose every watcher of an entry shares one channel (Redis) need
+/// not say on it another session's grant of a waiting request in the mode
+/// it asked for, when nothing else listens there for that write.
 pub fn only_owner_unblocks(value: &[u8]) -> bool {
     crate::mode_rule::state_settled_or_waiting(value)
 }

@@ -536,7 +536,15 @@ pub(crate) const HANDED_QUEUE_MAX: usize = 256;
 /// or its order when never set). Then takes the counter's next number
 /// (the token), sets each value with `changed` = the token and publishes
 /// `value <token> <value>` on that entry's channel only (its value
-/// watcher, which decides from it without a look), deletes each
+/// watcher, which decides from it without a look) — but for another
+/// session's grant of a waiting request in the mode it asked for (a
+/// hand-over's), which says nothing: it lets no watcher on (see
+/// [`lockline::backend::only_owner_unblocks`]); the request's owner has
+/// no holder's watch on it yet (a waiting request's own session watches
+/// its going without a subscription), and learns of the grant from the
+/// hand-over's message on the deleted entry's channel. A mark of a
+/// waiter on a holder's entry is said, as before: the holder's watch
+/// for blocking notifications hears it. Then it deletes each
 /// entry to delete with its member (publishing `gone` on its channel, or
 /// `lost`, with the entry marked lost, when another session owns it, as a
 /// removal does), and writes the block. Returns `{1, token}`, or `{0}`
@@ -614,11 +622,27 @@ local token = next_number(seq, epoch, ARGV[#ARGV])
 -- The slots of the entries set whose kind and owner were read, as
 -- `slot_of` would now read them.
 local written = {}
+local modes = LOCK_MODE_SET
+local function modes_of(value)
+  local g, r = string.match(value or '', '^dlm2 ([-A-Z]+) ([A-Z]+) %d+ %d+ %d+ %d+ %x+$')
+  if modes[r] and (g == '-' or modes[g]) then return g, r end
+end
 i = sets
 while i < deletes - 1 do
-  redis.call('HSET', prefix .. 'e:' .. ARGV[i], 'value', ARGV[i + 2], 'changed', token)
-  redis.call('PUBLISH', prefix .. 'c:' .. ARGV[i], 'value ' .. token .. ' ' .. ARGV[i + 2])
+  local key = prefix .. 'e:' .. ARGV[i]
   local seen = checked[ARGV[i]]
+  local quiet = false
+  if seen and seen[3] ~= me then
+    local g, r = modes_of(ARGV[i + 2])
+    if g and g == r then
+      local was, asked = modes_of(redis.call('HGET', key, 'value'))
+      quiet = was == '-' and asked == r
+    end
+  end
+  redis.call('HSET', key, 'value', ARGV[i + 2], 'changed', token)
+  if not quiet then
+    redis.call('PUBLISH', prefix .. 'c:' .. ARGV[i], 'value ' .. token .. ' ' .. ARGV[i + 2])
+  end
   if seen and seen[2] then
     written[ARGV[i]] = {ARGV[i], seen[2], seen[1], seen[3], ARGV[i + 2], token}
   end
@@ -703,6 +727,15 @@ pub(crate) struct Scripts {
     pub(crate) update_queue: Script,
 }
 
+/// The six modes' labels as a Lua set (`{NL=1, …}`).
+fn lua_modes() -> String {
+    let labels: Vec<String> = lockline::LockMode::ALL
+        .into_iter()
+        .map(|mode| format!("{}=1", mode.label()))
+        .collect();
+    format!("{{{}}}", labels.join(", "))
+}
+
 /// `bytes` as a Lua string literal.
 fn lua_string(bytes: &[u8]) -> String {
     let mut out = String::from("'");
@@ -730,6 +763,7 @@ impl Scripts {
             update_queue: with_common(
                 &UPDATE_QUEUE
                     .replace("HANDED_QUEUE_MAX", &HANDED_QUEUE_MAX.to_string())
+                    .replace("LOCK_MODE_SET", &lua_modes())
                     .replace("WAITING_EX", &lua_string(WAITING_EX)),
             ),
         }

@@ -914,4 +914,5 @@ on_node_and_cluster!(
     a_value_message_is_watched_past_without_a_look,
     an_older_hand_over_heard_last_is_not_read,
     an_older_hand_over_heard_last_is_not_kept,
+    a_hand_over_grant_is_not_said_on_the_granted_entrys_channel,
 );

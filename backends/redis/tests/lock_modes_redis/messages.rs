@@ -125,6 +125,65 @@ pub(super) async fn a_value_message_is_watched_past_without_a_look(fixture: &Fix
     );
 }
 
+/// A hand-over's grant of another session's waiting request, in the mode
+/// it asked for, is not said on the granted entry's channel: no one
+/// watching a waiting request is let on by its grant, and the request's
+/// owner learns of it from the message on the released entry's channel.
+/// Every other write there is said, in order: a waiter's mark on the entry
+/// once it holds, the owner's own write, another session's grant of an
+/// entry that was converting, and an owner's grant of its own request.
+/// Heard on a subscription of the case's own to every entry's channel.
+pub(super) async fn a_hand_over_grant_is_not_said_on_the_granted_entrys_channel(fixture: &Fixture) {
+    let (a, b, c) = fixture.three_sessions().await;
+    let held = append(&a, "held", b"dlm2 EX EX 0 0 0 0 0000000a").await;
+    let next = append(&b, "next", b"dlm2 - EX 0 0 0 0 0000000b").await;
+    let converting = append(&b, "converting", b"dlm2 PR EX 0 0 3 9 0000000c").await;
+    let own = append(&b, "own", b"dlm2 - PR 0 0 0 0 0000000d").await;
+    let owner = fixture.owner_of(&next.key).await;
+    let mut pubsub = redis::Client::open(owner.as_str())
+        .expect("url")
+        .get_async_pubsub()
+        .await
+        .expect("pubsub");
+    pubsub.psubscribe("{modes/resource}:c:*").await.expect("psubscribe");
+    let mut heard = pubsub.into_on_message();
+
+    let before = read(&c).await;
+    let granted = [(&next, &b"dlm2 EX EX 0 0 0 0 00000001"[..])];
+    let unchanged = [(&next, slot(&before, &next).version)];
+    let hand_over = QueueUpdate {
+        dir: DIR,
+        unchanged: &unchanged,
+        present: &[&held],
+        set: &granted,
+        delete: &[&held],
+        block: None,
+    };
+    update(&a, &hand_over).await.expect("handed over");
+    set_by_update(&c, &next, b"dlm2 EX EX 0 8 0 0 00000002").await;
+    set_by_update(&b, &next, b"dlm2 EX EX 0 8 0 0 00000003").await;
+    set_by_update(&a, &converting, b"dlm2 EX EX 0 0 0 0 00000004").await;
+    set_by_update(&b, &own, b"dlm2 PR PR 0 0 0 0 00000005").await;
+
+    let mut said = Vec::new();
+    while said.len() < 5 {
+        let message = bounded("the next message", heard.next()).await.expect("a message");
+        let channel = message.get_channel_name().rsplit(':').next().expect("an attempt").to_owned();
+        let payload = message.get_payload_bytes().to_vec();
+        let what = if payload.starts_with(b"gone") {
+            "gone".to_owned()
+        } else {
+            String::from_utf8_lossy(&payload[payload.len() - 2..]).into_owned()
+        };
+        said.push(format!("{channel} {what}"));
+    }
+    assert_eq!(
+        said,
+        ["held gone", "next 02", "next 03", "converting 04", "own 05"],
+        "the grant of `next` (01) is the one write not said"
+    );
+}
+
 /// Two watches of one session on one lock hear two hand-overs, and the
 /// one that heard the older ends last: the session's reads still never go
 /// back to the older queue (the first read, answered from the newer
