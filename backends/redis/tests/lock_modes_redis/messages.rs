@@ -168,7 +168,12 @@ pub(super) async fn a_hand_over_grant_is_not_said_on_the_granted_entrys_channel(
     let mut said = Vec::new();
     while said.len() < 5 {
         let message = bounded("the next message", heard.next()).await.expect("a message");
-        let channel = message.get_channel_name().rsplit(':').next().expect("an attempt").to_owned();
+        let channel = message
+            .get_channel_name()
+            .rsplit(':')
+            .next()
+            .expect("an attempt")
+            .to_owned();
         let payload = message.get_payload_bytes().to_vec();
         let what = if payload.starts_with(b"gone") {
             "gone".to_owned()
