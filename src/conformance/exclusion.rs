@@ -107,8 +107,10 @@ pub async fn fifo_order_and_increasing_tokens<F: Fixture>(fixture: &F) {
         let mutex = session.mutex(&name).expect("mutex");
         let order = Arc::clone(&order);
         tasks.push(
+            // Unbounded here: the join below bounds it from the release,
+            // not from before the other waiters' sessions were opened.
             spawn_queued(&client, async move {
-                let guard = lock(&mutex).await;
+                let guard = mutex.lock().await.expect("lock");
                 order.lock().expect("order").push((i, guard.token()));
                 guard.release().await.expect("release");
                 drop(session);
@@ -144,8 +146,10 @@ pub async fn one_wakeup_per_release<F: Fixture>(fixture: &F) {
         let session = session(fixture, &client).await;
         let mutex = session.mutex(&name).expect("mutex");
         tasks.push(
+            // Unbounded here: the join below bounds it from the release,
+            // not from before the other 31 sessions were opened.
             spawn_queued(&client, async move {
-                let guard = lock(&mutex).await;
+                let guard = mutex.lock().await.expect("lock");
                 guard.release().await.expect("release");
                 drop(session);
             })
