@@ -177,7 +177,7 @@ async fn offer(
             .encode()
         })
         .collect();
-    let set: Vec<(&Entry, &[u8])> = grants
+    let mut set: Vec<(&Entry, &[u8])> = grants
         .iter()
         .zip(&values)
         .map(|(&(i, _), value)| (&view.slots[i].0.entry, value.as_slice()))
@@ -204,6 +204,17 @@ async fn offer(
         (None, leaving) => leaving,
     };
     let block_bytes = block.as_ref().map(Block::encode);
+    // A PW or EX request handed the lock writes again, with its grant, the
+    // entries before it whose grants may be pending from an older read
+    // (see `View::pending_before`): all of them are in the condition.
+    let touched = match writer {
+        Some(&(i, _)) => {
+            let granted: Vec<usize> = grants.iter().map(|&(j, _)| j).chain([at]).collect();
+            view.pending_before(i, &granted)
+        }
+        None => Vec::new(),
+    };
+    set.extend(touched.iter().map(|(j, v)| (&view.slots[*j].0.entry, v.as_slice())));
     let update = QueueUpdate {
         dir: name,
         unchanged: &unchanged,

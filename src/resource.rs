@@ -468,11 +468,21 @@ impl Resource {
                 };
                 let block_bytes = block.as_ref().map(Block::encode);
                 let unchanged = view.unchanged(at);
+                // A PW or EX grant writes again the earlier entries whose
+                // grants may be pending from an older read (see
+                // `View::pending_before`).
+                let touched = if mode.sole_writer() {
+                    view.pending_before(at, &[])
+                } else {
+                    Vec::new()
+                };
+                let mut set: Vec<(&Entry, &[u8])> = vec![(&mine, granted.as_slice())];
+                set.extend(touched.iter().map(|(j, v)| (&view.slots[*j].0.entry, v.as_slice())));
                 let update = QueueUpdate {
                     dir: &self.name,
                     unchanged: &unchanged,
                     present: &[],
-                    set: &[(&mine, &granted)],
+                    set: &set,
                     delete: &[],
                     block: block_bytes.as_deref(),
                 };

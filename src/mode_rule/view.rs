@@ -26,6 +26,32 @@ impl View {
         Ok(View { slots, block })
     }
 
+    /// The entries a PW or EX grant of entry `at` writes again as they are
+    /// (the same state, a new version), with their values: every entry
+    /// before it that still waits (a request) or converts, but those in
+    /// `granted` (granted by the same write) and values lockline did not
+    /// write.
+    ///
+    /// Each of them may have decided a grant of its own from a read that
+    /// did not see this one (the entry appended since, or not yet granted),
+    /// and a grant outside PW and EX writes the value block as that read
+    /// had it when the block named a lost holder (clearing the name): after
+    /// this grant, that write would overwrite what this holder writes. Its
+    /// condition holds its own version, so, written again, it fails and
+    /// reads again, and finds this grant's name in the block. An entry
+    /// after `at` needs nothing: its own decision read this entry, whose
+    /// version this grant changes.
+    pub(crate) fn pending_before(&self, at: usize, granted: &[usize]) -> Vec<(usize, Vec<u8>)> {
+        (0..at)
+            .filter(|j| !granted.contains(j))
+            .filter_map(|j| {
+                let (slot, state) = &self.slots[j];
+                let pending = state.granted.is_none() || state.converting().is_some();
+                (pending && State::parse(&slot.value, slot.changed).is_some()).then(|| (j, state.encode()))
+            })
+            .collect()
+    }
+
     pub(crate) fn position(&self, entry: &Entry) -> Option<usize> {
         self.slots
             .iter()

@@ -47,6 +47,7 @@ mod handover;
 mod held;
 mod regressions;
 mod stress;
+mod value_block_races;
 
 use gated::*;
 use stress::Rng;

@@ -576,13 +576,13 @@ local i = 5
 local count = tonumber(ARGV[i])
 i = i + 1
 -- Each entry checked so far, by member: the order it was found at, its
--- owner, and for an unchanged one its kind. An entry to set or delete that
--- was checked already is not read again.
+-- owner, and for an unchanged one its kind and value. An entry to set or
+-- delete that was checked already is not read again.
 local checked = {}
 for k = 1, count do
-  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed', 'kind', 'owner')
+  local fields = redis.call('HMGET', prefix .. 'e:' .. ARGV[i], 'order', 'changed', 'kind', 'owner', 'value')
   if not fields[1] or fields[1] ~= ARGV[i + 1] or (fields[2] or fields[1]) ~= ARGV[i + 2] then return {0} end
-  checked[ARGV[i]] = {fields[1], fields[3], fields[4] or ''}
+  checked[ARGV[i]] = {fields[1], fields[3], fields[4] or '', fields[5]}
   i = i + 3
 end
 count = tonumber(ARGV[i])
@@ -632,10 +632,10 @@ while i < deletes - 1 do
   local key = prefix .. 'e:' .. ARGV[i]
   local seen = checked[ARGV[i]]
   local quiet = false
-  if seen and seen[3] ~= me then
+  if seen and seen[2] and seen[3] ~= me then
     local g, r = modes_of(ARGV[i + 2])
     if g and g == r then
-      local was, asked = modes_of(redis.call('HGET', key, 'value'))
+      local was, asked = modes_of(seen[4])
       quiet = was == '-' and asked == r
     end
   end

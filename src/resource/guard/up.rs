@@ -122,7 +122,7 @@ impl ResourceGuard {
                 // read, granted a mode compatible with the mark's held mode
                 // and converted up (a conversion counts a granted entry by
                 // its held mode only), is granted beside it.
-                let touched: Vec<(usize, Vec<u8>)> = (0..view.slots.len())
+                let mut touched: Vec<(usize, Vec<u8>)> = (0..view.slots.len())
                     .filter(|&j| j != at)
                     .filter_map(|j| {
                         let other = view.slots[j].1;
@@ -132,6 +132,18 @@ impl ResourceGuard {
                             .map(|_| (j, other.encode()))
                     })
                     .collect();
+                // A grant to PW or EX also writes again the earlier entries
+                // whose grants may be pending from an older read, which
+                // would write the value block as that read had it (see
+                // `View::pending_before`).
+                if mode.sole_writer() {
+                    let already: Vec<usize> = touched.iter().map(|(j, _)| *j).collect();
+                    touched.extend(
+                        view.pending_before(at, &[])
+                            .into_iter()
+                            .filter(|(j, _)| !already.contains(j)),
+                    );
+                }
                 let mut set: Vec<(&Entry, &[u8])> = vec![(&self.entry, value.as_slice())];
                 set.extend(touched.iter().map(|(j, v)| (&view.slots[*j].0.entry, v.as_slice())));
                 let update = QueueUpdate {

@@ -160,10 +160,10 @@ pub(super) async fn a_hand_over_grant_is_not_said_on_the_granted_entrys_channel(
         block: None,
     };
     update(&a, &hand_over).await.expect("handed over");
-    set_by_update(&c, &next, b"dlm2 EX EX 0 8 0 0 00000002").await;
-    set_by_update(&b, &next, b"dlm2 EX EX 0 8 0 0 00000003").await;
-    set_by_update(&a, &converting, b"dlm2 EX EX 0 0 0 0 00000004").await;
-    set_by_update(&b, &own, b"dlm2 PR PR 0 0 0 0 00000005").await;
+    set_as_read(&c, &next, b"dlm2 EX EX 0 8 0 0 00000002").await;
+    set_as_read(&b, &next, b"dlm2 EX EX 0 8 0 0 00000003").await;
+    set_as_read(&a, &converting, b"dlm2 EX EX 0 0 0 0 00000004").await;
+    set_as_read(&b, &own, b"dlm2 PR PR 0 0 0 0 00000005").await;
 
     let mut said = Vec::new();
     while said.len() < 5 {
@@ -187,6 +187,23 @@ pub(super) async fn a_hand_over_grant_is_not_said_on_the_granted_entrys_channel(
         ["held gone", "next 02", "next 03", "converting 04", "own 05"],
         "the grant of `next` (01) is the one write not said"
     );
+}
+
+/// Sets `entry`'s value by an update of `session` conditioned on the
+/// version its read gives (as the core's updates are).
+async fn set_as_read(session: &Arc<dyn BackendSession>, entry: &Entry, value: &[u8]) {
+    let before = read(session).await;
+    let unchanged = [(entry, slot(&before, entry).version)];
+    let values = [(entry, value)];
+    let change = QueueUpdate {
+        dir: DIR,
+        unchanged: &unchanged,
+        present: &[],
+        set: &values,
+        delete: &[],
+        block: None,
+    };
+    update(session, &change).await.expect("applied");
 }
 
 /// Two watches of one session on one lock hear two hand-overs, and the

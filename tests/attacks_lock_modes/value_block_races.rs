@@ -1,0 +1,138 @@
+//! A grant outside PW and EX that clears a lost holder's name from the
+//! value block (`Block::cleared_if_lost`) writes the block as the read that
+//! decided it had it, and its condition does not cover an entry appended
+//! after that read. A PW holder appended since (compatible with the grant's
+//! mode) writes the block in between; the older grant then overwrote that
+//! completed write. A PW or EX grant now writes again every earlier entry
+//! whose grant may be pending (`View::pending_before`), so that grant fails
+//! its condition and reads again. Each case fails without that.
+
+use super::*;
+
+/// A PW holder's session expires without a release: the block names a
+/// holder that is gone.
+async fn lost_pw_holder(gated: &Gated, h: &Session, name: &str) {
+    let doomed = lock(&h.resource(name).unwrap(), Pw).await;
+    assert!(gated.store.expire(h.id()));
+    bounded("lost", doomed.lost()).await;
+}
+
+/// After R's write, the next PW holder must see L's completed write.
+async fn assert_sees_v1(c: &Session, name: &str, what: &str) {
+    let after = bounded("C PW", c.resource(name).unwrap().lock(Pw)).await.unwrap();
+    let seen = after.value();
+    assert!(
+        seen.sequence == 1 && seen.bytes == b"v1" && seen.valid,
+        "{what}: after L wrote 'v1' (sequence 1, valid) and released, the next PW holder sees {:?} \
+         (sequence {}, valid {})",
+        String::from_utf8_lossy(&seen.bytes),
+        seen.sequence,
+        seen.valid
+    );
+}
+
+/// A request's self-grant. R (`try_lock(CR)`) decides from its append's
+/// read (the block names the lost H: clear it), stalled before its
+/// `update_queue`; L asks PW behind R (CR is compatible with PW), is
+/// granted, writes `v1`, releases. R's grant is conditioned on the entries
+/// before it and itself only: it applies and writes the block as its read
+/// had it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_request_grant_cleared_the_block_over_a_later_writer() {
+    let (gated, s) = gated_sessions(4).await;
+    let (h, r, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
+    let name = "lvb-race-request";
+    lost_pw_holder(&gated, h, name).await;
+    let armed = gated.trap(r, "append");
+    let rr = r.resource(name).unwrap();
+    let trying = tokio::spawn(async move { rr.try_lock(Cr).await });
+    bounded("R's append", armed.reached).await.unwrap();
+    let mut later = lock(&l.resource(name).unwrap(), Pw).await;
+    later.set_value(b"v1").unwrap();
+    bounded("L releases", later.release()).await.unwrap();
+    let _ = armed.resume.send(());
+    let reader = bounded("R", trying).await.unwrap().unwrap();
+    let reader = reader.expect("CR granted");
+    bounded("R releases", reader.release()).await.unwrap();
+    assert_sees_v1(c, name, "request").await;
+}
+
+/// The same with a plain `lock(CR)` (which a release would hand the lock
+/// to): L leaves PW by a down-conversion, which hands nothing over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_request_grant_cleared_the_block_over_a_writer_converted_down() {
+    let (gated, s) = gated_sessions(4).await;
+    let (h, r, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
+    let name = "lvb-race-request-down";
+    lost_pw_holder(&gated, h, name).await;
+    let armed = gated.trap(r, "append");
+    let rr = r.resource(name).unwrap();
+    let locking = tokio::spawn(async move { rr.lock(Cr).await });
+    bounded("R's append", armed.reached).await.unwrap();
+    let mut later = lock(&l.resource(name).unwrap(), Pw).await;
+    later.set_value(b"v1").unwrap();
+    bounded("L converts down", later.convert(Nl)).await.unwrap();
+    let _ = armed.resume.send(());
+    let reader = bounded("R", locking).await.unwrap().unwrap();
+    bounded("R releases", reader.release()).await.unwrap();
+    bounded("L releases", later.release()).await.unwrap();
+    assert_sees_v1(c, name, "request, L down-converted").await;
+}
+
+/// An up-conversion's grant (NL→CR, not a writer: it clears the lost
+/// name). G holds NL and converts to CR, stalled after its read after the
+/// mark; L asks PW (G counts NL and CR, both compatible), writes `v1`,
+/// releases (a conversion is never handed over to). G's grant is
+/// conditioned on the entries of its read, which L is not among, and
+/// touches only other conversions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_conversion_grant_cleared_the_block_over_a_later_writer() {
+    let (gated, s) = gated_sessions(4).await;
+    let (h, g, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
+    let name = "lvb-race-conversion";
+    // G holds NL before H is lost (a grant after the loss would clear the
+    // name already).
+    let mut first = lock(&g.resource(name).unwrap(), Nl).await;
+    lost_pw_holder(&gated, h, name).await;
+    // Read before the mark, the mark, the read after it: stalled there.
+    let read = gated.trap(g, "read_queue");
+    let task = tokio::spawn(async move {
+        let outcome = first.convert(Cr).await;
+        (first, outcome)
+    });
+    bounded("G's first read", read.reached).await.unwrap();
+    let mark = gated.trap(g, "update_queue");
+    let _ = read.resume.send(());
+    bounded("G's mark", mark.reached).await.unwrap();
+    let read = gated.trap(g, "read_queue");
+    let _ = mark.resume.send(());
+    bounded("G's read after its mark", read.reached).await.unwrap();
+    let mut later = lock(&l.resource(name).unwrap(), Pw).await;
+    later.set_value(b"v1").unwrap();
+    bounded("L releases", later.release()).await.unwrap();
+    let _ = read.resume.send(());
+    let (first, outcome) = bounded("G converts", task).await.unwrap();
+    outcome.unwrap();
+    assert_eq!(first.mode(), Cr);
+    bounded("G releases", first.release()).await.unwrap();
+    assert_sees_v1(c, name, "conversion").await;
+}
+
+/// Control: the same steps with R's grant written before L comes: the
+/// next PW holder sees L's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_request_granted_before_a_later_writer_leaves_its_block_alone() {
+    let (gated, s) = gated_sessions(4).await;
+    let (h, r, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
+    let name = "lvb-race-control";
+    lost_pw_holder(&gated, h, name).await;
+    let reader = bounded("R", r.resource(name).unwrap().try_lock(Cr))
+        .await
+        .unwrap()
+        .expect("CR granted");
+    let mut later = lock(&l.resource(name).unwrap(), Pw).await;
+    later.set_value(b"v1").unwrap();
+    bounded("L releases", later.release()).await.unwrap();
+    bounded("R releases", reader.release()).await.unwrap();
+    assert_sees_v1(c, name, "control").await;
+}
