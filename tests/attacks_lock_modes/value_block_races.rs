@@ -136,3 +136,55 @@ pub(crate) async fn a_request_granted_before_a_later_writer_leaves_its_block_alo
     bounded("R releases", reader.release()).await.unwrap();
     assert_sees_v1(c, name, "control").await;
 }
+
+/// A value set while EX is written when the lock leaves EX, even when a
+/// down-conversion that would have written it is cancelled between its
+/// read (a listening lock reads first) and its write: the value stays
+/// pending, and the release writes it. It was taken from the guard before
+/// the write, and lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_survives_a_down_conversion_cancelled_before_its_write() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, b) = (&s[0].1, &s[1].1);
+    let name = "lvb-race-down-cancelled";
+    let resource = a.resource(name).unwrap().notify_blocking();
+    let mut guard = lock(&resource, Ex).await;
+    guard.set_value(b"v1").unwrap();
+    {
+        let armed = gated.trap(a, "read_queue");
+        let mut down = std::pin::pin!(guard.convert(Nl));
+        tokio::select! {
+            outcome = &mut down => panic!("the trap did not stop the down-conversion: {outcome:?}"),
+            _ = armed.reached => {}
+        }
+        // Dropped after its read, before its write.
+    }
+    bounded("release", guard.release()).await.unwrap();
+    let seen = lock(&b.resource(name).unwrap(), Pr).await;
+    let value = seen.value();
+    assert_eq!(
+        (value.bytes.as_slice(), value.sequence, value.valid),
+        (&b"v1"[..], 1, true)
+    );
+}
+
+/// The same down-conversion let through: its write carries the value, and
+/// the release after it writes nothing more (the next holder sees one
+/// write, not two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_is_written_once_by_a_down_conversion() {
+    let (_gated, s) = gated_sessions(2).await;
+    let (a, b) = (&s[0].1, &s[1].1);
+    let name = "lvb-race-down-once";
+    let resource = a.resource(name).unwrap().notify_blocking();
+    let mut guard = lock(&resource, Ex).await;
+    guard.set_value(b"v1").unwrap();
+    bounded("down", guard.convert(Nl)).await.unwrap();
+    bounded("release", guard.release()).await.unwrap();
+    let seen = lock(&b.resource(name).unwrap(), Pr).await;
+    let value = seen.value();
+    assert_eq!(
+        (value.bytes.as_slice(), value.sequence, value.valid),
+        (&b"v1"[..], 1, true)
+    );
+}

@@ -153,6 +153,12 @@ impl ResourceGuard {
         {
             let mut cell = self.cell();
             if let Some(held) = state.granted {
+                if !held.sole_writer() && cell.pending.is_some() {
+                    // A down-conversion out of PW or EX landed, and its
+                    // write of the block carried the value set before it.
+                    cell.pending = None;
+                    cell.value = block.value.clone();
+                }
                 if held != cell.mode {
                     // Entering PW or EX, the grant read the block as it is
                     // now (no one else writes it meanwhile).

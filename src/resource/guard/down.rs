@@ -11,14 +11,17 @@ impl ResourceGuard {
         let token = self.cell().token;
         let block = (!mode.sole_writer()).then(|| self.leaving_block()).flatten();
         // The lower mode first: a call cancelled in flight leaves the guard
-        // claiming less than the server may hold, never more.
+        // claiming less than the server may hold, never more. A value set
+        // and not yet written stays pending until the write is known to
+        // have landed (here, or by `resync`): a call cancelled before it
+        // leaves it for the release.
         let pending = {
             let mut cell = self.cell();
             cell.uncertain = true;
             cell.mode = mode;
             cell.told = 0;
             if block.is_some() {
-                cell.pending.take()
+                cell.pending.clone()
             } else {
                 None
             }
@@ -45,6 +48,7 @@ impl ResourceGuard {
         {
             let mut cell = self.cell();
             if let Some(bytes) = pending {
+                cell.pending = None;
                 cell.value.bytes = bytes;
                 cell.value.sequence += 1;
                 cell.value.valid = true;
