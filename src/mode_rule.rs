@@ -18,7 +18,7 @@ mod view;
 
 pub(crate) use block::Block;
 pub use block::LockValue;
-pub(crate) use state::{blocks, push_decimal, rand_nonce, state_settled_or_waiting, State, LISTENING, WAITS};
+pub(crate) use state::{blocks, push_decimal, state_settled_or_waiting, State, LISTENING, TRY_REQUEST, WAITS};
 pub(crate) use view::View;
 
 /// Removes `mine` from the resource `name` as a release does, and in the

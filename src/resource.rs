@@ -43,7 +43,7 @@ use crate::{AppendRequest, Conflicts, Entry, EntryKind, Error, FencingToken, Loc
 
 mod guard;
 
-use crate::mode_rule::{blocks, rand_nonce, Block, LockValue, State, View, LISTENING, WAITS};
+use crate::mode_rule::{blocks, Block, LockValue, State, View, LISTENING, TRY_REQUEST, WAITS};
 use guard::Cell;
 pub use guard::ResourceGuard;
 
@@ -333,6 +333,11 @@ impl Resource {
         };
         let value = State {
             blocked: if self.notify_blocking { LISTENING | waits } else { waits },
+            conv: if matches!(patience, Patience::Never) {
+                TRY_REQUEST
+            } else {
+                0
+            },
             ..State::waiting(mode)
         }
         .encode();

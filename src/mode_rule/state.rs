@@ -24,11 +24,17 @@ pub(crate) struct State {
     /// Of the conversions on a cycle, the one marked last gives up.
     pub(crate) since: u64,
     /// While converting: the conversion's id, so that taking back a
-    /// cancelled conversion never takes back a later one.
+    /// cancelled conversion never takes back a later one (odd; even for a
+    /// `try_convert`). On a waiting request: 0, or [`TRY_REQUEST`] for a
+    /// `try_` request's (see [`State::never_waits`]).
     pub(crate) conv: u32,
 }
 
 pub(crate) const STATE_HEAD: &str = "dlm2";
+
+/// The `conv` of a `try_` request's waiting entry: it never waits (see
+/// [`State::never_waits`]).
+pub(crate) const TRY_REQUEST: u32 = 2;
 
 /// A bit of [`State::blocked`] beside the modes' bits: the entry's holder
 /// listens for blocking notifications (its resource was made with
@@ -67,6 +73,29 @@ impl State {
 
     pub(crate) fn converting(self) -> Option<LockMode> {
         self.granted.filter(|&g| g != self.requested).map(|_| self.requested)
+    }
+
+    /// Whether the entry never waits: a `try_` request's entry (a `conv`
+    /// other than 0, where a request that waits has 0) or a `try_convert`'s
+    /// mark (an even `conv`, where a conversion that waits has an odd one).
+    /// It leaves, or gives up, where it would wait: no deadlock goes
+    /// through it, though it blocks others for as long as it stands.
+    pub(crate) fn never_waits(self) -> bool {
+        match self.granted {
+            None => self.conv != 0,
+            Some(_) => self.converting().is_some() && self.conv != 0 && self.conv.is_multiple_of(2),
+        }
+    }
+
+    /// The `conv` of an up-conversion's mark: odd for one that waits, even
+    /// for a `try_convert` (see [`State::never_waits`]); never 0.
+    pub(crate) fn conversion_id(waits: bool) -> u32 {
+        let nonce = rand_nonce();
+        if waits {
+            nonce | 1
+        } else {
+            (nonce | 2) & !1
+        }
     }
 
     /// The value bytes; a fresh nonce makes every write differ from every

@@ -89,9 +89,9 @@ fn states_are_written_in_the_documented_layout() {
             "{nonce}"
         );
     }
-    let nonces: std::collections::HashSet<u32> = (0..1000).map(|_| rand_nonce()).collect();
+    let nonces: std::collections::HashSet<u32> = (0..1000).map(|_| state::rand_nonce()).collect();
     assert_eq!(nonces.len(), 1000, "a thread's nonces do not repeat soon");
-    let other = std::thread::spawn(rand_nonce).join().expect("thread");
+    let other = std::thread::spawn(state::rand_nonce).join().expect("thread");
     assert!(!nonces.contains(&other), "another thread draws from its own seed");
 }
 
@@ -608,4 +608,34 @@ fn parse_block_reads_what_str_parse_read() {
         );
     }
     assert!(blocks.iter().filter(|b| Block::parse(b).is_some()).count() > 50);
+}
+
+/// A `try_` request's entry and a `try_convert`'s mark say that they never
+/// wait, through a write and a read; a request that waits, a conversion
+/// that waits and a settled holder do not.
+#[test]
+fn tries_say_they_never_wait() {
+    let round_trip = |state: State| State::parse(&state.encode(), 7).expect("parses");
+    let try_request = State {
+        conv: TRY_REQUEST,
+        ..State::waiting(Pw)
+    };
+    assert!(round_trip(try_request).never_waits());
+    assert!(!round_trip(State::waiting(Pw)).never_waits());
+    for _ in 0..100 {
+        let (waits, tries) = (State::conversion_id(true), State::conversion_id(false));
+        assert!(waits % 2 == 1 && tries % 2 == 0 && tries != 0);
+        let mark = |conv| State {
+            conv,
+            ..converting(Pr, Ex)
+        };
+        assert!(!round_trip(mark(waits)).never_waits());
+        assert!(round_trip(mark(tries)).never_waits());
+        // Settled with an old conversion's id left: it holds, and waits for nothing.
+        assert!(!round_trip(State {
+            conv: tries,
+            ..State::held(Ex, 3)
+        })
+        .never_waits());
+    }
 }

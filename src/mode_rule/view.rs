@@ -92,11 +92,12 @@ impl View {
         }
     }
 
-    /// Whether `from` reaches `to` through entries that wait.
+    /// Whether `from` reaches `to` through entries that wait (not through
+    /// one that never waits: a `try_` request's, a `try_convert`'s).
     pub(crate) fn reaches(&self, from: usize, to: usize) -> bool {
         let waits = |j: usize| {
             let state = self.slots[j].1;
-            state.granted.is_none() || state.converting().is_some()
+            (state.granted.is_none() || state.converting().is_some()) && !state.never_waits()
         };
         let mut seen = Vec::new();
         let mut stack = vec![from];
@@ -125,10 +126,11 @@ impl View {
         let key = |j: usize| (self.slots[j].1.since, self.slots[j].0.entry.order);
         let passable = |j: usize| {
             let state = self.slots[j].1;
-            match state.converting() {
-                Some(_) => key(j) < key(at),
-                None => state.granted.is_none(),
-            }
+            !state.never_waits()
+                && match state.converting() {
+                    Some(_) => key(j) < key(at),
+                    None => state.granted.is_none(),
+                }
         };
         let mut seen = Vec::new();
         let mut stack = vec![at];

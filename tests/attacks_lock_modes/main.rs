@@ -47,6 +47,7 @@ mod handover;
 mod held;
 mod regressions;
 mod stress;
+mod try_deadlocks;
 mod value_block_races;
 
 use gated::*;

@@ -58,7 +58,7 @@ impl ResourceGuard {
                         return Ok(false);
                     }
                 }
-                let conv = rand_nonce() | 1;
+                let conv = State::conversion_id(!matches!(patience, Patience::Never));
                 let value = State {
                     granted: Some(from),
                     requested: mode,
