@@ -207,9 +207,11 @@
 //! client, at most one session expiry (none in two), one duplicated wake-up
 //! (none in the mixed DLM one) and, for the mutex, one retried append. The
 //! checker explores every reachable state, breadth first, on one thread;
-//! all of them together take about six seconds in a test build (the
-//! workspace's dev profile optimises this crate and stateright; unoptimised
-//! it is about thirty-five). The largest, the mixed DLM configuration, has
+//! all of them together took about fifteen seconds in a test build on a
+//! machine busy with other work, about six on a quiet one before a
+//! conversion's grant became a step of its own (the workspace's dev
+//! profile optimises this crate and stateright; unoptimised it is several
+//! times that). The largest, the mixed DLM configuration, has
 //! about 850,000 distinct states (750,000 before a conversion's grant
 //! became a step of its own). `cargo run -p lockline-model --example check` prints the counts
 //! and times; `--example trace` prints a counterexample step by step.
