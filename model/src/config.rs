@@ -339,6 +339,25 @@ impl Config {
         )
     }
 
+    /// A grant outside PW and EX clearing a lost holder's name from the
+    /// value block: an NL holder converts up to CR, a PW holder whose
+    /// session may expire (leaving the block naming it), a later PW
+    /// request. No wake-up is duplicated.
+    pub fn conversion_clears_block() -> Config {
+        use Mode::{Cr, Nl, Pw};
+        Config {
+            duplicate_wakes: 0,
+            ..Config::modes(
+                "NL→CR clears a lost name beside a later PW",
+                vec![
+                    vec![Op::lock(0, Nl), Op::convert(0, Cr), Op::release(0)],
+                    vec![Op::lock(0, Pw), Op::release(0)],
+                    vec![Op::lock(0, Pw), Op::release(0)],
+                ],
+            )
+        }
+    }
+
     /// A CW holder converting to PR (an up-conversion that is not a
     /// refinement: PR admits what CW excluded), another CW holder, and a PR
     /// request.
@@ -451,6 +470,7 @@ impl Config {
             Config::conversion_token(),
             Config::conversion_behind_waiter(),
             Config::conversion_beside_later_conversion(),
+            Config::conversion_clears_block(),
             Config::sideways_conversion(),
             Config::down_conversion(),
             Config::three_conversions(),

@@ -193,6 +193,12 @@
 //! 8. every client ends (`eventually`);
 //! 9. the value block names an entry that is gone only when that entry's
 //!    session expired (a release, a cancel, a withdrawn try clear the name);
+//!    9b. it names every PW or EX holder in the queue: a grant outside PW
+//!    and EX clears a lost holder's name as the read that decided it had
+//!    it, and must never clear a later holder's (a conversion's grant is a
+//!    step of its own, so its read may be older than that holder; a PW or
+//!    EX grant writes again every earlier entry that still waits or
+//!    converts, so such a grant fails and reads again);
 //!
 //! and `sometimes` properties showing that grants, up-conversions, detected
 //! deadlocks (also on a read after the mark), holders whose session
@@ -207,9 +213,9 @@
 //! client, at most one session expiry (none in two), one duplicated wake-up
 //! (none in the mixed DLM one) and, for the mutex, one retried append. The
 //! checker explores every reachable state, breadth first, on one thread;
-//! all of them together took about fifteen seconds in a test build on a
-//! machine busy with other work, about six on a quiet one before a
-//! conversion's grant became a step of its own (the workspace's dev
+//! all of them together took about 26 seconds in a test build on a
+//! machine busy with a full test run and two CPU hogs, about six on a
+//! quiet one before a conversion's grant became a step of its own (the workspace's dev
 //! profile optimises this crate and stateright; unoptimised it is several
 //! times that). The largest, the mixed DLM configuration, has
 //! about 850,000 distinct states (750,000 before a conversion's grant
@@ -232,7 +238,8 @@
 //! [`Rule::EveryConversionOnCycleGivesUp`], [`Rule::KeepMarkOnDeadlock`]);
 //! five are pitfalls of the hand-over ([`Rule::HandOverUnconditionedEarlier`],
 //! [`Rule::HandOverPastWaiters`], [`Rule::HandOverTokenAtRead`],
-//! [`Rule::HandOverToTry`], [`Rule::CancelKeepsBlockName`]).
+//! [`Rule::HandOverToTry`], [`Rule::CancelKeepsBlockName`]); one is the
+//! value block's ([`Rule::WriterGrantLeavesPending`]).
 //!
 //! # Not modelled
 //!

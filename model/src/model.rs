@@ -113,6 +113,7 @@ impl Model for QueueModel {
                     release: Vec::new(),
                     hand_to: Vec::new(),
                     read_revision: 0,
+                    clears_block: false,
                 })
                 .collect(),
             wakes: Vec::new(),

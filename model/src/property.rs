@@ -44,6 +44,11 @@ pub const NO_LOST_WAKEUP: &str = "no lost wake-up";
 /// `try_` request clears the name as it removes the entry, so the block
 /// never looks lost by a holder that left of its own accord.
 pub const BLOCK_LOST_ONLY_BY_LOSS: &str = "value block: only a lost session leaves it naming a departed holder";
+/// 9b (`always`): the value block names every PW or EX entry granted in
+/// the queue: a holder lost with its session is then seen lost, and a
+/// grant that did not see it never clears its name (nor overwrites what
+/// it wrote).
+pub const BLOCK_NAMES_WRITER: &str = "value block: names the PW or EX holder";
 /// 8 (`eventually`): every client ends (no one waits for ever).
 pub const ALL_END: &str = "every client ends";
 

@@ -62,6 +62,12 @@ pub enum Rule {
     /// when that entry, granted beside the mark, converts up (a conversion
     /// counts a granted entry by the mode it holds): both are granted.
     ConversionGrantLeavesOthers,
+    /// A PW or EX grant writes its own entry only, not also the earlier
+    /// entries that still wait or convert (the code before `d6caaca`): a
+    /// conversion outside PW and EX whose grant was decided on a read
+    /// showing a lost holder's name clears the block after a later PW
+    /// request was granted and named in it.
+    WriterGrantLeavesPending,
     /// An up-conversion to a writing mode keeps the token the entry was
     /// granted with.
     KeepTokenOnConversion,
@@ -110,7 +116,7 @@ pub enum Rule {
 
 impl Rule {
     /// Every broken twin of the sound rule.
-    pub const BROKEN: [Rule; 23] = [
+    pub const BROKEN: [Rule; 24] = [
         Rule::WakeEveryWaiter,
         Rule::WakeOnAnyChange,
         Rule::BypassWaiters,
@@ -122,6 +128,7 @@ impl Rule {
         Rule::KeepMarkOnDeadlock,
         Rule::GrantBeforeMark,
         Rule::ConversionGrantLeavesOthers,
+        Rule::WriterGrantLeavesPending,
         Rule::KeepTokenOnConversion,
         Rule::TokenAtAppend,
         Rule::GrantOnWake,
@@ -153,6 +160,7 @@ impl Rule {
             Rule::KeepTokenOnConversion | Rule::TokenAtAppend | Rule::GrantBeforeMark => Config::conversion_token(),
             Rule::ConversionPassesEarlierWaiters => Config::conversion_behind_waiter(),
             Rule::ConversionGrantLeavesOthers => Config::conversion_beside_later_conversion(),
+            Rule::WriterGrantLeavesPending => Config::conversion_clears_block(),
             Rule::ConvertingCountsNewModeOnly => Config::sideways_conversion(),
             Rule::WakeOnRemovalOnly => Config::down_conversion(),
             Rule::HandOverUnconditionedEarlier => Config::hand_over_past_conversion(),
@@ -186,6 +194,7 @@ impl Rule {
             Rule::HandOverPastWaiters => property::NO_BYPASS,
             Rule::HandOverTokenAtRead => property::FENCED,
             Rule::HandOverToTry | Rule::CancelKeepsBlockName => property::BLOCK_LOST_ONLY_BY_LOSS,
+            Rule::WriterGrantLeavesPending => property::BLOCK_NAMES_WRITER,
         })
     }
 }

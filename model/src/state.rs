@@ -180,6 +180,11 @@ pub struct Client {
     /// ([`Phase::Releasing`], [`Rule::HandOverTokenAtRead`](crate::Rule::HandOverTokenAtRead)
     /// only) the revision its release read.
     pub read_revision: u8,
+    /// ([`Phase::Granting`] only) the read its pending grant decided from
+    /// showed the value block naming an entry that is gone: a grant outside
+    /// PW and EX clears that name (`Block::cleared_if_lost`), whatever the
+    /// block has become by the write.
+    pub clears_block: bool,
 }
 
 /// A wake-up notification on its way to a client: the entry it watched was

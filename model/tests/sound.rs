@@ -81,7 +81,7 @@ fn dlm() {
 #[test]
 fn every_configuration_has_its_test() {
     // One test above per configuration: adding one means adding its test.
-    assert_eq!(Config::all().len(), 16);
+    assert_eq!(Config::all().len(), 17);
 }
 
 #[test]
@@ -140,6 +140,12 @@ fn conversion_behind_waiter() {
 #[test]
 fn conversion_beside_later_conversion() {
     let report = check(Config::conversion_beside_later_conversion());
+    assert_sound(&report, &[property::CONVERTED, property::STALE_HOLDER]);
+}
+
+#[test]
+fn conversion_clears_block() {
+    let report = check(Config::conversion_clears_block());
     assert_sound(&report, &[property::CONVERTED, property::STALE_HOLDER]);
 }
 

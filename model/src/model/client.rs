@@ -27,6 +27,7 @@ impl QueueModel {
         c.release.clear();
         c.hand_to.clear();
         c.read_revision = 0;
+        c.clears_block = false;
     }
 
     /// A request granted: decided on one read, written conditioned on the
@@ -58,6 +59,11 @@ impl QueueModel {
             res.revision += 1;
             res.revision
         };
+        if mode.fenced_writer() {
+            self.write_pending_again(res, pos, &[]);
+        } else if lost_named(res) {
+            res.block = 0;
+        }
         let grant = count_grant(res, id, mode);
         let entry = &mut res.entries[pos];
         entry.granted = true;
@@ -81,7 +87,15 @@ impl QueueModel {
     /// other entries converting to a mode `target` conflicts with (a new
     /// version each): a grant of theirs decided on a read that never saw
     /// this entry's latest state then fails its condition and reads again.
-    pub(super) fn grant_conversion(&self, state: &mut State, client: usize, resource: u8, id: u8, target: Mode) {
+    pub(super) fn grant_conversion(
+        &self,
+        state: &mut State,
+        client: usize,
+        resource: u8,
+        id: u8,
+        target: Mode,
+        clears: bool,
+    ) {
         let res = &mut state.resources[usize::from(resource)];
         let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
             return self.learn_lost(state, client);
@@ -99,6 +113,11 @@ impl QueueModel {
         if target.writes() && self.rule != Rule::KeepTokenOnConversion {
             res.revision += 1;
             res.entries[pos].token = res.revision;
+        }
+        if target.fenced_writer() {
+            self.write_pending_again(res, pos, &[]);
+        } else if clears {
+            res.block = 0;
         }
         let grant = count_grant(res, id, target);
         let entry = &mut res.entries[pos];
@@ -118,6 +137,24 @@ impl QueueModel {
         });
         self.notify(state, resource, id, false);
         self.advance(state, client);
+    }
+
+    /// A PW or EX grant of the entry at `pos` writes again (a new version)
+    /// every entry before it that still waits or converts, but those in
+    /// `granted` (granted by the same write): a grant of theirs decided on
+    /// an older read, which would clear a lost holder's name from the value
+    /// block as that read had it, then fails and reads again
+    /// (`View::pending_before`; not under
+    /// [`Rule::WriterGrantLeavesPending`]).
+    fn write_pending_again(&self, res: &mut Resource, pos: usize, granted: &[u8]) {
+        if self.rule == Rule::WriterGrantLeavesPending {
+            return;
+        }
+        for earlier in res.entries[..pos].iter_mut() {
+            if (!earlier.granted || earlier.converting.is_some()) && !granted.contains(&earlier.id) {
+                self.written(earlier);
+            }
+        }
     }
 
     /// Acts on what a read decided for the client's waiting request `id`.
@@ -171,8 +208,10 @@ impl QueueModel {
                 // The grant is a later write, conditioned on every entry of
                 // this read.
                 let snapshot: Vec<(u8, u8)> = res.entries.iter().map(|e| (e.id, e.version)).collect();
+                let clears = lost_named(res);
                 let c = &mut state.clients[client];
                 c.read = snapshot;
+                c.clears_block = clears;
                 c.phase = Phase::Granting { resource };
             }
             Decision::Blocked(_) if self.current_op(state, client).patience() == Patience::Try => {
@@ -371,8 +410,9 @@ impl QueueModel {
         let unchanged = read
             .iter()
             .all(|&(id, version)| find(res, id).is_some_and(|e| e.version == version));
+        let clears = std::mem::take(&mut state.clients[client].clears_block);
         if unchanged {
-            self.grant_conversion(state, client, resource, held.entry, mode);
+            self.grant_conversion(state, client, resource, held.entry, mode, clears);
         } else if find(res, held.entry).is_some_and(|e| e.converting.is_some()) {
             // A condition failed: read again, after the mark.
             state.clients[client].phase = Phase::Marked { resource };
@@ -426,6 +466,9 @@ impl QueueModel {
             let mode = res.entries[pos].mode;
             let bypass = self.bypasses(&res.entries[..pos], mode);
             state.ghost.bypass |= bypass;
+            if mode.fenced_writer() {
+                self.write_pending_again(res, pos, &hand_to);
+            }
             let grant = count_grant(res, id, mode);
             let entry = &mut res.entries[pos];
             entry.granted = true;
@@ -473,6 +516,7 @@ impl QueueModel {
                 // A grant not yet written is not sent: only the mark (if
                 // any) is taken back.
                 state.clients[client].read.clear();
+                state.clients[client].clears_block = false;
                 if let Some(held) = state.clients[client].held[usize::from(resource)] {
                     let res = &state.resources[usize::from(resource)];
                     if find(res, held.entry).is_some_and(|e| e.converting.is_some()) {
@@ -488,6 +532,11 @@ impl QueueModel {
         }
         self.advance(state, client);
     }
+}
+
+/// Whether the value block names an entry that is gone (`Block::lost_holder`).
+pub(super) fn lost_named(res: &Resource) -> bool {
+    res.block != 0 && find(res, res.block).is_none()
 }
 
 /// Counts a grant of entry `id` in `mode` on `res`: its number in the

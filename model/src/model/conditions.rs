@@ -26,6 +26,16 @@ pub(super) fn properties() -> Vec<Property<QueueModel>> {
         Property::always(property::BLOCK_LOST_ONLY_BY_LOSS, |_, state: &State| {
             !state.ghost.block_falsely_lost
         }),
+        // A semaphore's permits (EX entries) keep no value block.
+        Property::always(property::BLOCK_NAMES_WRITER, |model: &QueueModel, state: &State| {
+            model.config.queueing != crate::Queueing::Modes
+                || state.resources.iter().all(|res| {
+                    res.entries
+                        .iter()
+                        .filter(|e| e.granted && e.mode.fenced_writer())
+                        .all(|e| res.block == e.id)
+                })
+        }),
         Property::eventually(property::ALL_END, all_end),
         Property::sometimes(property::GRANTED, granted),
         Property::sometimes(property::CONVERTED, |_, state: &State| state.ghost.converted),

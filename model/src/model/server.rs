@@ -180,7 +180,10 @@ impl QueueModel {
                         id,
                         converting: Some(target),
                         ..
-                    }) if self.rule == Rule::GrantOnWake => self.grant_conversion(state, client, resource, id, target),
+                    }) if self.rule == Rule::GrantOnWake => {
+                        let clears = super::client::lost_named(&state.resources[r]);
+                        self.grant_conversion(state, client, resource, id, target, clears)
+                    }
                     _ => self.read_after_mark(state, client, resource),
                 }
             }
