@@ -31,60 +31,63 @@ async fn assert_sees_v1(c: &Session, name: &str, what: &str) {
     );
 }
 
-/// A request's self-grant. R (`try_lock(CR)`) decides from its append's
-/// read (the block names the lost H: clear it), stalled before its
-/// `update_queue`; L asks PW behind R (CR is compatible with PW), is
-/// granted, writes `v1`, releases. R's grant is conditioned on the entries
-/// before it and itself only: it applies and writes the block as its read
-/// had it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-pub(crate) async fn regression_request_grant_cleared_the_block_over_a_later_writer() {
+/// A request's own grant. R's CR request decides from its append's read
+/// (the block names the lost H: clear it) and is stalled there, before its
+/// grant's write; L asks PW behind R (CR is compatible with PW), is
+/// granted, writes `v1` and leaves PW. R's grant is conditioned on the
+/// entries before it and itself only: before the fix it applied, and wrote
+/// the block as its read had it; now L's grant wrote R's entry again, and
+/// R reads again. R asks with `try_lock` (never handed the lock, so its
+/// own grant is the one that writes) and L releases; or R asks with `lock`
+/// and L converts down to NL, which hands nothing over.
+async fn request_stalled_beside_a_later_writer(name: &str, plain: bool) {
     let (gated, s) = gated_sessions(4).await;
     let (h, r, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
-    let name = "lvb-race-request";
     lost_pw_holder(&gated, h, name).await;
     let armed = gated.trap(r, "append");
     let rr = r.resource(name).unwrap();
-    let trying = tokio::spawn(async move { rr.try_lock(Cr).await });
+    let requesting = tokio::spawn(async move {
+        if plain {
+            rr.lock(Cr).await.map(Some)
+        } else {
+            rr.try_lock(Cr).await
+        }
+    });
     bounded("R's append", armed.reached).await.unwrap();
     let mut later = lock(&l.resource(name).unwrap(), Pw).await;
     later.set_value(b"v1").unwrap();
-    bounded("L releases", later.release()).await.unwrap();
+    let still = if plain {
+        bounded("L converts down", later.convert(Nl)).await.unwrap();
+        Some(later)
+    } else {
+        bounded("L releases", later.release()).await.unwrap();
+        None
+    };
     let _ = armed.resume.send(());
-    let reader = bounded("R", trying).await.unwrap().unwrap();
-    let reader = reader.expect("CR granted");
+    let reader = bounded("R", requesting).await.unwrap().unwrap().expect("CR granted");
     bounded("R releases", reader.release()).await.unwrap();
-    assert_sees_v1(c, name, "request").await;
+    if let Some(later) = still {
+        bounded("L releases", later.release()).await.unwrap();
+    }
+    assert_sees_v1(c, name, if plain { "request, L converted down" } else { "request" }).await;
 }
 
-/// The same with a plain `lock(CR)` (which a release would hand the lock
-/// to): L leaves PW by a down-conversion, which hands nothing over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_request_grant_cleared_the_block_over_a_later_writer() {
+    request_stalled_beside_a_later_writer("lvb-race-request", false).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn regression_request_grant_cleared_the_block_over_a_writer_converted_down() {
-    let (gated, s) = gated_sessions(4).await;
-    let (h, r, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
-    let name = "lvb-race-request-down";
-    lost_pw_holder(&gated, h, name).await;
-    let armed = gated.trap(r, "append");
-    let rr = r.resource(name).unwrap();
-    let locking = tokio::spawn(async move { rr.lock(Cr).await });
-    bounded("R's append", armed.reached).await.unwrap();
-    let mut later = lock(&l.resource(name).unwrap(), Pw).await;
-    later.set_value(b"v1").unwrap();
-    bounded("L converts down", later.convert(Nl)).await.unwrap();
-    let _ = armed.resume.send(());
-    let reader = bounded("R", locking).await.unwrap().unwrap();
-    bounded("R releases", reader.release()).await.unwrap();
-    bounded("L releases", later.release()).await.unwrap();
-    assert_sees_v1(c, name, "request, L down-converted").await;
+    request_stalled_beside_a_later_writer("lvb-race-request-down", true).await;
 }
 
 /// An up-conversion's grant (NL→CR, not a writer: it clears the lost
 /// name). G holds NL and converts to CR, stalled after its read after the
 /// mark; L asks PW (G counts NL and CR, both compatible), writes `v1`,
 /// releases (a conversion is never handed over to). G's grant is
-/// conditioned on the entries of its read, which L is not among, and
-/// touches only other conversions.
+/// conditioned on the entries of its read, which L is not among: before
+/// the fix it applied; now L's grant wrote G's entry again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn regression_conversion_grant_cleared_the_block_over_a_later_writer() {
     let (gated, s) = gated_sessions(4).await;

@@ -121,6 +121,19 @@ impl Fixture {
         .await;
     }
 
+    /// Every message on the resource's entry channels, heard on the node
+    /// of its slot (that of `entry`), subscribed before this returns.
+    async fn every_entry_message(&self, entry: &Entry) -> impl futures::Stream<Item = redis::Msg> + Unpin {
+        let owner = self.owner_of(&entry.key).await;
+        let mut pubsub = redis::Client::open(owner.as_str())
+            .expect("url")
+            .get_async_pubsub()
+            .await
+            .expect("pubsub");
+        pubsub.psubscribe("{modes/resource}:c:*").await.expect("psubscribe");
+        pubsub.into_on_message()
+    }
+
     /// The URL of the node that holds `key`'s slot (the only node on a
     /// single node): the one that does not redirect.
     async fn owner_of(&self, key: &str) -> String {
@@ -690,15 +703,7 @@ async fn watches_wake_on_the_entry_they_watch_only(fixture: &Fixture) {
     let holder = append(&b, "holder", b"granted EX").await;
     let waiter = append(&a, "waiter", b"waiting PR").await;
     let bystander = append(&c, "bystander", b"waiting NL").await;
-    // Every message on the resource's entry channels, on the node of its slot.
-    let owner = fixture.owner_of(&holder.key).await;
-    let mut pubsub = redis::Client::open(owner.as_str())
-        .expect("url")
-        .get_async_pubsub()
-        .await
-        .expect("pubsub");
-    pubsub.psubscribe("{modes/resource}:c:*").await.expect("psubscribe");
-    let mut heard = pubsub.into_on_message();
+    let mut heard = fixture.every_entry_message(&holder).await;
 
     let watcher = {
         let (a, holder) = (Arc::clone(&a), holder.clone());

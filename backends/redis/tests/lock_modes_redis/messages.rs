@@ -139,14 +139,7 @@ pub(super) async fn a_hand_over_grant_is_not_said_on_the_granted_entrys_channel(
     let next = append(&b, "next", b"dlm2 - EX 0 0 0 0 0000000b").await;
     let converting = append(&b, "converting", b"dlm2 PR EX 0 0 3 9 0000000c").await;
     let own = append(&b, "own", b"dlm2 - PR 0 0 0 0 0000000d").await;
-    let owner = fixture.owner_of(&next.key).await;
-    let mut pubsub = redis::Client::open(owner.as_str())
-        .expect("url")
-        .get_async_pubsub()
-        .await
-        .expect("pubsub");
-    pubsub.psubscribe("{modes/resource}:c:*").await.expect("psubscribe");
-    let mut heard = pubsub.into_on_message();
+    let mut heard = fixture.every_entry_message(&next).await;
 
     let before = read(&c).await;
     let granted = [(&next, &b"dlm2 EX EX 0 0 0 0 00000001"[..])];
