@@ -89,6 +89,10 @@ pub(crate) async fn hand_over(
         let Some(at) = view.position(mine) else {
             return Ok(false);
         };
+        // A block to leave is written only while the server still shows
+        // this lock in PW or EX: a down-conversion cancelled after its
+        // write landed (which wrote the block) leaves it in the guard.
+        let leaving = leaving.filter(|_| view.slots[at].1.granted.is_some_and(LockMode::sole_writer));
         let block = match offer(remote, counters, name, mine, at, leaving, &view, false).await? {
             Offer::Handed => return Ok(true),
             Offer::NoOne(block) | Offer::Refused(block) => block,

@@ -82,3 +82,52 @@ pub(crate) async fn a_try_request_entry_closes_no_deadlock() {
     outcome.expect("X's PR→EX is granted once Y goes");
     assert_eq!(xg.mode(), Ex);
 }
+
+/// A try's mark does not hide a real deadlock. A holds PR, B holds NL. A's `try_convert(EX)` writes its (even)
+/// mark and is dropped there; its background take-back is stalled after
+/// its read. B converts NL→PR. A's guard then converts to EX, waiting (it
+/// finds its own stale try mark and marks again); B's PR→EX closes a real
+/// cycle and must fail with Deadlock (no hang).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_waiting_conversion_after_a_dropped_try_still_finds_its_deadlock() {
+    let (gated, s) = gated_sessions(2).await;
+    let ((ca, a), b) = ((&s[0].0, &s[0].1), &s[1].1);
+    let name = "try-then-wait-deadlock";
+    let mut ga = lock(&a.resource(name).unwrap(), Pr).await;
+    let mut gb = lock(&b.resource(name).unwrap(), Nl).await;
+    let tb = {
+        let mark = gated.trap(a, "update_queue");
+        let mut trying = Box::pin(ga.try_convert(Ex));
+        tokio::select! {
+            outcome = &mut trying => panic!("not stopped: {outcome:?}"),
+            _ = mark.reached => {}
+        }
+        // The take-back's read: stalled.
+        let tb = gated.trap(a, "read_queue");
+        drop(trying);
+        drop(mark.resume);
+        tb
+    };
+    {
+        bounded("take-back read", tb.reached).await.unwrap();
+        let listing = listed(&b.resource(name).unwrap()).await;
+        eprintln!("after A's try mark: {:?}", modes(&listing));
+        bounded("B NL→PR", gb.convert(Pr)).await.unwrap();
+        let waits = ca.stats().waits;
+        let a_conv = tokio::spawn(async move {
+            let out = ga.convert(Ex).await;
+            (ga, out)
+        });
+        bounded("A waits", ca.wait_for_stats(|st| st.waits > waits)).await;
+        let out = bounded("B's PR→EX", gb.convert(Ex)).await;
+        let _ = tb.resume.send(());
+        match out {
+            Err(Error::Deadlock { .. }) => {}
+            other => panic!("B's PR→EX: expected Deadlock, got {other:?}"),
+        }
+        gb.release().await.unwrap();
+        let (ga, out) = bounded("A", a_conv).await.unwrap();
+        out.unwrap();
+        assert_eq!(ga.mode(), Ex);
+    }
+}

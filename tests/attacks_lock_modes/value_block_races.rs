@@ -191,3 +191,267 @@ pub(crate) async fn a_value_set_is_written_once_by_a_down_conversion() {
         (&b"v1"[..], 1, true)
     );
 }
+
+async fn next_pw_sees(c: &Session, name: &str) -> (Vec<u8>, u64, bool) {
+    let after = bounded("C PW", c.resource(name).unwrap().lock(Pw)).await.unwrap();
+    let v = after.value();
+    after.release().await.unwrap();
+    (v.bytes, v.sequence, v.valid)
+}
+
+/// An up-conversion CR→PW whose grant is applied and whose answer is
+/// lost. Before the fix: `granting` resends the same conditioned update, which fails (its
+/// own version changed); `up` then sets the mode back to CR and re-reads,
+/// finds itself PW "not marked", and writes a fresh mark `CR→PW` over its
+/// own PW grant. Its second grant then read a block naming itself as a
+/// holder not in PW: not valid, though no holder was ever lost. Now the
+/// read after the failed resend finds the grant landed, and takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_keeps_the_block_valid() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, c) = (&s[0].1, &s[1].1);
+    let name = "lvb-race-up-lost-answer";
+    let mut g = lock(&a.resource(name).unwrap(), Cr).await;
+    let mark = gated.trap(a, "update_queue");
+    let task = tokio::spawn(async move {
+        let out = g.convert(Pw).await;
+        (g, out)
+    });
+    bounded("A's mark", mark.reached).await.unwrap();
+    let read = gated.trap(a, "read_queue");
+    let _ = mark.resume.send(());
+    bounded("A's read after its mark", read.reached).await.unwrap();
+    // The next update_queue of A is the grant: applied, answer lost.
+    gated.lose_answer(a, "update_queue");
+    let _ = read.resume.send(());
+    let (g, out) = bounded("A converts", task).await.unwrap();
+    out.unwrap();
+    assert_eq!(g.mode(), Pw);
+    let v = g.value();
+    let seen_by_a = (v.bytes.clone(), v.sequence, v.valid);
+    g.release().await.unwrap();
+    let seen_by_c = next_pw_sees(c, name).await;
+    assert_eq!(
+        (seen_by_a, seen_by_c),
+        ((vec![], 0, true), (vec![], 0, true)),
+        "(A after its PW grant, the next PW holder): no holder was ever lost"
+    );
+}
+
+/// The same with a second CR holder B. Before the fix A's mark over its
+/// own grant put the store back to CR converting to PW for a moment, and
+/// another conversion counted A by CR. Now A writes nothing after the
+/// lost answer: the store shows A in PW, B's CR→PW waits for it, and is
+/// granted with the block valid once A goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_writes_no_mark_over_it() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, (cb, b)) = (&s[0].1, (&s[1].0, &s[1].1));
+    let name = "lvb-race-up-lost-answer-b";
+    let mut ga = lock(&a.resource(name).unwrap(), Cr).await;
+    let mut gb = lock(&b.resource(name).unwrap(), Cr).await;
+    let mark = gated.trap(a, "update_queue");
+    let task = tokio::spawn(async move {
+        let out = ga.convert(Pw).await;
+        (ga, out)
+    });
+    bounded("A's mark", mark.reached).await.unwrap();
+    let read = gated.trap(a, "read_queue");
+    let _ = mark.resume.send(());
+    bounded("A's read after its mark", read.reached).await.unwrap();
+    gated.lose_answer(a, "update_queue");
+    let _ = read.resume.send(());
+    let (ga, out) = bounded("A converts", task).await.unwrap();
+    out.unwrap();
+    assert_eq!(ga.mode(), Pw);
+    let rb = b.resource(name).unwrap();
+    assert_eq!(modes(&listed(&rb).await), vec![(Some(Pw), Pw), (Some(Cr), Cr)]);
+    let waits = cb.stats().waits;
+    let converting = tokio::spawn(async move {
+        let out = gb.convert(Pw).await;
+        (gb, out)
+    });
+    bounded("B waits", cb.wait_for_stats(|st| st.waits > waits)).await;
+    ga.release().await.unwrap();
+    let (gb, out) = bounded("B converts", converting).await.unwrap();
+    out.unwrap();
+    let value = gb.value();
+    assert!(
+        value.valid,
+        "B, granted PW with no holder ever lost, sees the block not valid: {value:?}"
+    );
+    gb.release().await.unwrap();
+}
+
+/// A value set while EX; a down-conversion (listening: it reads first)
+/// cancelled after its read, before its write; the guard then dropped,
+/// not released. The dropped guard writes the block as a release would:
+/// it kept the release block, and its read shows the lock still EX.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_survives_a_cancelled_down_conversion_and_a_dropped_guard() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, b) = (&s[0].1, &s[1].1);
+    let name = "lvb-race-down-cancelled-drop";
+    let resource = a.resource(name).unwrap().notify_blocking();
+    let mut guard = lock(&resource, Ex).await;
+    guard.set_value(b"v1").unwrap();
+    {
+        let armed = gated.trap(a, "read_queue");
+        let mut down = std::pin::pin!(guard.convert(Nl));
+        tokio::select! {
+            outcome = &mut down => panic!("not stopped: {outcome:?}"),
+            _ = armed.reached => {}
+        }
+    }
+    drop(guard);
+    let rb = b.resource(name).unwrap();
+    until_queue(&rb, "A's entry leaves", <[ModeContender]>::is_empty).await;
+    let seen = lock(&rb, Pr).await;
+    let v = seen.value();
+    assert_eq!((v.bytes.as_slice(), v.sequence, v.valid), (&b"v1"[..], 1, true));
+}
+
+/// The same with EX→PW (which writes no block) cancelled: the store still
+/// holds EX, and the dropped guard writes the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_survives_a_cancelled_ex_to_pw_and_a_dropped_guard() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, b) = (&s[0].1, &s[1].1);
+    let name = "lvb-race-down-expw-drop";
+    let resource = a.resource(name).unwrap().notify_blocking();
+    let mut guard = lock(&resource, Ex).await;
+    guard.set_value(b"v1").unwrap();
+    {
+        let armed = gated.trap(a, "read_queue");
+        let mut down = std::pin::pin!(guard.convert(Pw));
+        tokio::select! {
+            outcome = &mut down => panic!("not stopped: {outcome:?}"),
+            _ = armed.reached => {}
+        }
+    }
+    drop(guard);
+    let rb = b.resource(name).unwrap();
+    until_queue(&rb, "A's entry leaves", <[ModeContender]>::is_empty).await;
+    let seen = lock(&rb, Pr).await;
+    let v = seen.value();
+    assert_eq!((v.bytes.as_slice(), v.sequence, v.valid), (&b"v1"[..], 1, true));
+}
+
+/// A PW request handed the lock writes the stalled grants before it
+/// again, as its own grant would. H lost (block names it). R
+/// `try_lock(CR)` decides from its append's read (clear H), stalled. X
+/// gets PR (clears H itself). W waits for PW behind X. X's release hands W
+/// PW (R is a try: not handed). W writes v1, releases. R's stale grant
+/// must not overwrite v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_writer_handed_the_lock_writes_a_stalled_request_again() {
+    let (gated, s) = gated_sessions(5).await;
+    let (h, r, (cx, x), (cw, w), c) = (&s[0].1, &s[1].1, (&s[2].0, &s[2].1), (&s[3].0, &s[3].1), &s[4].1);
+    let name = "lvb-race-handover-stale-request";
+    lost_pw_holder(&gated, h, name).await;
+    let armed = gated.trap(r, "append");
+    let rr = r.resource(name).unwrap();
+    let trying = tokio::spawn(async move { rr.try_lock(Cr).await });
+    bounded("R's append", armed.reached).await.unwrap();
+    let mut xg = lock(&x.resource(name).unwrap(), Pr).await;
+    // Drop the grant's read so the release reads and hands over.
+    xg.convert(Pr).await.unwrap();
+    let rw = w.resource(name).unwrap();
+    let writer = tokio::spawn(async move { rw.lock(Pw).await });
+    bounded("W waits", cw.wait_for_stats(|st| st.waits >= 1)).await;
+    let before = cx.stats().handovers;
+    xg.release().await.unwrap();
+    let mut wg = bounded("W", writer).await.unwrap().unwrap();
+    assert_eq!(cx.stats().handovers, before + 1, "X's release handed over");
+    wg.set_value(b"v1").unwrap();
+    wg.release().await.unwrap();
+    let _ = armed.resume.send(());
+    let rg = bounded("R", trying).await.unwrap().unwrap();
+    if let Some(rg) = rg {
+        rg.release().await.unwrap();
+    }
+    assert_eq!(next_pw_sees(c, name).await, (b"v1".to_vec(), 1, true));
+}
+
+/// The same with the stale grant an up-conversion NL→CR (stalled
+/// after its read after its mark) and the writer handed PW by X's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_writer_handed_the_lock_writes_a_stalled_conversion_again() {
+    let (gated, s) = gated_sessions(5).await;
+    let (h, g, (cx, x), (cw, w), c) = (&s[0].1, &s[1].1, (&s[2].0, &s[2].1), (&s[3].0, &s[3].1), &s[4].1);
+    let name = "lvb-race-handover-stale-conversion";
+    let mut first = lock(&g.resource(name).unwrap(), Nl).await;
+    lost_pw_holder(&gated, h, name).await;
+    let read = gated.trap(g, "read_queue");
+    let task = tokio::spawn(async move {
+        let outcome = first.convert(Cr).await;
+        (first, outcome)
+    });
+    bounded("G's first read", read.reached).await.unwrap();
+    let mark = gated.trap(g, "update_queue");
+    let _ = read.resume.send(());
+    bounded("G's mark", mark.reached).await.unwrap();
+    let read = gated.trap(g, "read_queue");
+    let _ = mark.resume.send(());
+    bounded("G's read after its mark", read.reached).await.unwrap();
+    let mut xg = lock(&x.resource(name).unwrap(), Pr).await;
+    xg.convert(Pr).await.unwrap();
+    let rw = w.resource(name).unwrap();
+    let writer = tokio::spawn(async move { rw.lock(Pw).await });
+    bounded("W waits", cw.wait_for_stats(|st| st.waits >= 1)).await;
+    let before = cx.stats().handovers;
+    xg.release().await.unwrap();
+    let mut wg = bounded("W", writer).await.unwrap().unwrap();
+    assert_eq!(cx.stats().handovers, before + 1, "X's release handed over");
+    wg.set_value(b"v1").unwrap();
+    wg.release().await.unwrap();
+    let _ = read.resume.send(());
+    let (first, outcome) = bounded("G converts", task).await.unwrap();
+    outcome.unwrap();
+    first.release().await.unwrap();
+    assert_eq!(next_pw_sees(c, name).await, (b"v1".to_vec(), 1, true));
+}
+
+/// The hand-over made by a try withdrawing: Y holds CR (its grant
+/// clears H's name, after R's stale read). X's `try_lock(EX)` appends
+/// (blocked by Y), stalled; W waits for PW behind X; X withdraws and its
+/// leaving hands W PW (CR beside PW).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_writer_handed_the_lock_by_a_withdrawing_try_writes_a_stalled_request_again() {
+    let (gated, s) = gated_sessions(6).await;
+    let (h, r, (cx, x), (cw, w), c, y) = (
+        &s[0].1,
+        &s[1].1,
+        (&s[2].0, &s[2].1),
+        (&s[3].0, &s[3].1),
+        &s[4].1,
+        &s[5].1,
+    );
+    let name = "lvb-race-try-withdraw-stale-request";
+    lost_pw_holder(&gated, h, name).await;
+    let armed = gated.trap(r, "append");
+    let rr = r.resource(name).unwrap();
+    let trying = tokio::spawn(async move { rr.try_lock(Cr).await });
+    bounded("R's append", armed.reached).await.unwrap();
+    let yg = lock(&y.resource(name).unwrap(), Cr).await;
+    let xa = gated.trap(x, "append");
+    let rx = x.resource(name).unwrap();
+    let xtry = tokio::spawn(async move { rx.try_lock(Ex).await.map(|g| g.is_some()) });
+    bounded("X's append", xa.reached).await.unwrap();
+    let rw = w.resource(name).unwrap();
+    let writer = tokio::spawn(async move { rw.lock(Pw).await });
+    bounded("W waits", cw.wait_for_stats(|st| st.waits >= 1)).await;
+    let before = cx.stats().handovers;
+    let _ = xa.resume.send(());
+    assert!(!bounded("X's try", xtry).await.unwrap().unwrap());
+    let mut wg = bounded("W", writer).await.unwrap().unwrap();
+    assert_eq!(cx.stats().handovers, before + 1, "X's withdrawal handed over");
+    wg.set_value(b"v1").unwrap();
+    wg.release().await.unwrap();
+    let _ = armed.resume.send(());
+    if let Some(rg) = bounded("R", trying).await.unwrap().unwrap() {
+        rg.release().await.unwrap();
+    }
+    yg.release().await.unwrap();
+    assert_eq!(next_pw_sees(c, name).await, (b"v1".to_vec(), 1, true));
+}

@@ -26,7 +26,10 @@ impl ResourceGuard {
                 None
             }
         };
-        self.hold.set_release_block(None);
+        // The release block stays as it was: a release after this call was
+        // cancelled writes it only if its read shows the lock still in PW
+        // or EX (`mode_rule::hand_over`), that is, only if this write did
+        // not land.
         if self.resource.notify_blocking {
             self.down_keeping_marks(mode, token, block.as_deref()).await?;
         } else {

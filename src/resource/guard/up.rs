@@ -28,6 +28,9 @@ impl ResourceGuard {
         let mut delayed = false;
         let mut last_gone: Option<Entry> = None;
         let mut backoff = INITIAL_BACKOFF;
+        // Whether a grant was sent whose answer said its condition failed:
+        // a resend after a lost answer says so too when the first landed.
+        let mut grant_sent = false;
         loop {
             let queue = acquire
                 .retrying(|| inner.remote.read_queue(&self.resource.name))
@@ -37,6 +40,22 @@ impl ResourceGuard {
                 return Err(inner.vanished_error(&self.entry.key).await);
             };
             let mine = view.slots[at].1;
+            if grant_sent && mine.granted == Some(mode) && mine.converting().is_none() {
+                // Only this guard's grant sets its entry to the new mode: it
+                // landed, and its answer was lost. Marking again would write
+                // the old mode back over it.
+                let mut cell = self.cell();
+                cell.mode = mode;
+                cell.told = 0;
+                cell.uncertain = false;
+                if mode.writes() {
+                    cell.token = mine.token;
+                }
+                cell.value = view.block.seen(&view);
+                drop(cell);
+                self.sync_release_block();
+                return Ok(true);
+            }
             let marked = cleanup
                 .conv
                 .is_some_and(|conv| mine.converting() == Some(mode) && mine.conv == conv);
@@ -169,6 +188,7 @@ impl ResourceGuard {
                     let mut cell = self.cell();
                     cell.uncertain = false;
                     cell.mode = from;
+                    grant_sent = true;
                     continue;
                 };
                 let mut cell = self.cell();
