@@ -141,34 +141,55 @@ pub(crate) async fn a_request_granted_before_a_later_writer_leaves_its_block_alo
 }
 
 /// A value set while EX is written when the lock leaves EX, even when a
-/// down-conversion that would have written it is cancelled between its
-/// read (a listening lock reads first) and its write: the value stays
-/// pending, and the release writes it. It was taken from the guard before
-/// the write, and lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-pub(crate) async fn a_value_set_survives_a_down_conversion_cancelled_before_its_write() {
+/// conversion out of EX (to `to`; a listening lock's down-conversion reads
+/// first) is cancelled between its read and its write. The value stays
+/// pending; the guard is then released (`release`), or dropped, whose
+/// release writes the block it kept when its read shows the lock still EX.
+/// Before the fixes the down-conversion took the value from the guard
+/// before its write and cleared the release block, and it was lost.
+async fn value_survives_a_cancelled_conversion(name: &str, to: LockMode, release: bool) {
     let (gated, s) = gated_sessions(2).await;
     let (a, b) = (&s[0].1, &s[1].1);
-    let name = "lvb-race-down-cancelled";
     let resource = a.resource(name).unwrap().notify_blocking();
     let mut guard = lock(&resource, Ex).await;
     guard.set_value(b"v1").unwrap();
     {
         let armed = gated.trap(a, "read_queue");
-        let mut down = std::pin::pin!(guard.convert(Nl));
+        let mut down = std::pin::pin!(guard.convert(to));
         tokio::select! {
-            outcome = &mut down => panic!("the trap did not stop the down-conversion: {outcome:?}"),
+            outcome = &mut down => panic!("the trap did not stop the conversion: {outcome:?}"),
             _ = armed.reached => {}
         }
         // Dropped after its read, before its write.
     }
-    bounded("release", guard.release()).await.unwrap();
-    let seen = lock(&b.resource(name).unwrap(), Pr).await;
+    let rb = b.resource(name).unwrap();
+    if release {
+        bounded("release", guard.release()).await.unwrap();
+    } else {
+        drop(guard);
+        until_queue(&rb, "A's entry leaves", <[ModeContender]>::is_empty).await;
+    }
+    let seen = lock(&rb, Pr).await;
     let value = seen.value();
     assert_eq!(
         (value.bytes.as_slice(), value.sequence, value.valid),
         (&b"v1"[..], 1, true)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_survives_a_down_conversion_cancelled_before_its_write() {
+    value_survives_a_cancelled_conversion("lvb-race-down-cancelled", Nl, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_survives_a_cancelled_down_conversion_and_a_dropped_guard() {
+    value_survives_a_cancelled_conversion("lvb-race-down-cancelled-drop", Nl, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_value_set_survives_a_cancelled_ex_to_pw_and_a_dropped_guard() {
+    value_survives_a_cancelled_conversion("lvb-race-ex-pw-cancelled-drop", Pw, false).await;
 }
 
 /// The same down-conversion let through: its write carries the value, and
@@ -283,58 +304,22 @@ pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_writ
     gb.release().await.unwrap();
 }
 
-/// A value set while EX; a down-conversion (listening: it reads first)
-/// cancelled after its read, before its write; the guard then dropped,
-/// not released. The dropped guard writes the block as a release would:
-/// it kept the release block, and its read shows the lock still EX.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-pub(crate) async fn a_value_set_survives_a_cancelled_down_conversion_and_a_dropped_guard() {
-    let (gated, s) = gated_sessions(2).await;
-    let (a, b) = (&s[0].1, &s[1].1);
-    let name = "lvb-race-down-cancelled-drop";
-    let resource = a.resource(name).unwrap().notify_blocking();
-    let mut guard = lock(&resource, Ex).await;
-    guard.set_value(b"v1").unwrap();
-    {
-        let armed = gated.trap(a, "read_queue");
-        let mut down = std::pin::pin!(guard.convert(Nl));
-        tokio::select! {
-            outcome = &mut down => panic!("not stopped: {outcome:?}"),
-            _ = armed.reached => {}
-        }
-    }
-    drop(guard);
-    let rb = b.resource(name).unwrap();
-    until_queue(&rb, "A's entry leaves", <[ModeContender]>::is_empty).await;
-    let seen = lock(&rb, Pr).await;
-    let v = seen.value();
-    assert_eq!((v.bytes.as_slice(), v.sequence, v.valid), (&b"v1"[..], 1, true));
-}
-
-/// The same with EX→PW (which writes no block) cancelled: the store still
-/// holds EX, and the dropped guard writes the value.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-pub(crate) async fn a_value_set_survives_a_cancelled_ex_to_pw_and_a_dropped_guard() {
-    let (gated, s) = gated_sessions(2).await;
-    let (a, b) = (&s[0].1, &s[1].1);
-    let name = "lvb-race-down-expw-drop";
-    let resource = a.resource(name).unwrap().notify_blocking();
-    let mut guard = lock(&resource, Ex).await;
-    guard.set_value(b"v1").unwrap();
-    {
-        let armed = gated.trap(a, "read_queue");
-        let mut down = std::pin::pin!(guard.convert(Pw));
-        tokio::select! {
-            outcome = &mut down => panic!("not stopped: {outcome:?}"),
-            _ = armed.reached => {}
-        }
-    }
-    drop(guard);
-    let rb = b.resource(name).unwrap();
-    until_queue(&rb, "A's entry leaves", <[ModeContender]>::is_empty).await;
-    let seen = lock(&rb, Pr).await;
-    let v = seen.value();
-    assert_eq!((v.bytes.as_slice(), v.sequence, v.valid), (&b"v1"[..], 1, true));
+/// X holds PR, W waits for PW behind it, X's release hands W the lock
+/// (counted on X's client), and W writes `v1` and releases.
+async fn writer_handed_the_lock_writes_v1(x: (&Client, &Session), w: (&Client, &Session), name: &str) {
+    let ((cx, x), (cw, w)) = (x, w);
+    let mut xg = lock(&x.resource(name).unwrap(), Pr).await;
+    // A conversion drops the grant's read: the release reads and hands over.
+    xg.convert(Pr).await.unwrap();
+    let rw = w.resource(name).unwrap();
+    let writer = tokio::spawn(async move { rw.lock(Pw).await });
+    bounded("W waits", cw.wait_for_stats(|st| st.waits >= 1)).await;
+    let before = cx.stats().handovers;
+    xg.release().await.unwrap();
+    let mut wg = bounded("W", writer).await.unwrap().unwrap();
+    assert_eq!(cx.stats().handovers, before + 1, "X's release handed over");
+    wg.set_value(b"v1").unwrap();
+    wg.release().await.unwrap();
 }
 
 /// A PW request handed the lock writes the stalled grants before it
@@ -353,18 +338,7 @@ pub(crate) async fn a_writer_handed_the_lock_writes_a_stalled_request_again() {
     let rr = r.resource(name).unwrap();
     let trying = tokio::spawn(async move { rr.try_lock(Cr).await });
     bounded("R's append", armed.reached).await.unwrap();
-    let mut xg = lock(&x.resource(name).unwrap(), Pr).await;
-    // Drop the grant's read so the release reads and hands over.
-    xg.convert(Pr).await.unwrap();
-    let rw = w.resource(name).unwrap();
-    let writer = tokio::spawn(async move { rw.lock(Pw).await });
-    bounded("W waits", cw.wait_for_stats(|st| st.waits >= 1)).await;
-    let before = cx.stats().handovers;
-    xg.release().await.unwrap();
-    let mut wg = bounded("W", writer).await.unwrap().unwrap();
-    assert_eq!(cx.stats().handovers, before + 1, "X's release handed over");
-    wg.set_value(b"v1").unwrap();
-    wg.release().await.unwrap();
+    writer_handed_the_lock_writes_v1((cx, x), (cw, w), name).await;
     let _ = armed.resume.send(());
     let rg = bounded("R", trying).await.unwrap().unwrap();
     if let Some(rg) = rg {
@@ -394,17 +368,7 @@ pub(crate) async fn a_writer_handed_the_lock_writes_a_stalled_conversion_again()
     let read = gated.trap(g, "read_queue");
     let _ = mark.resume.send(());
     bounded("G's read after its mark", read.reached).await.unwrap();
-    let mut xg = lock(&x.resource(name).unwrap(), Pr).await;
-    xg.convert(Pr).await.unwrap();
-    let rw = w.resource(name).unwrap();
-    let writer = tokio::spawn(async move { rw.lock(Pw).await });
-    bounded("W waits", cw.wait_for_stats(|st| st.waits >= 1)).await;
-    let before = cx.stats().handovers;
-    xg.release().await.unwrap();
-    let mut wg = bounded("W", writer).await.unwrap().unwrap();
-    assert_eq!(cx.stats().handovers, before + 1, "X's release handed over");
-    wg.set_value(b"v1").unwrap();
-    wg.release().await.unwrap();
+    writer_handed_the_lock_writes_v1((cx, x), (cw, w), name).await;
     let _ = read.resume.send(());
     let (first, outcome) = bounded("G converts", task).await.unwrap();
     outcome.unwrap();
