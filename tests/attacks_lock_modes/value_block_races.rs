@@ -82,6 +82,36 @@ pub(crate) async fn regression_request_grant_cleared_the_block_over_a_writer_con
     request_stalled_beside_a_later_writer("lvb-race-request-down", true).await;
 }
 
+/// G holds NL; H, holding PW, is lost (the block names it); G converts to
+/// CR and is stalled after its read after the mark (before the loss, a
+/// grant would clear the name already). Returns G's conversion and the
+/// sender that lets it go on.
+async fn nl_to_cr_stalled_after_a_loss(
+    gated: &Gated,
+    g: &Session,
+    h: &Session,
+    name: &str,
+) -> (
+    tokio::task::JoinHandle<(ResourceGuard, lockline::Result<()>)>,
+    oneshot::Sender<()>,
+) {
+    let mut first = lock(&g.resource(name).unwrap(), Nl).await;
+    lost_pw_holder(gated, h, name).await;
+    let read = gated.trap(g, "read_queue");
+    let task = tokio::spawn(async move {
+        let outcome = first.convert(Cr).await;
+        (first, outcome)
+    });
+    bounded("G's first read", read.reached).await.unwrap();
+    let mark = gated.trap(g, "update_queue");
+    let _ = read.resume.send(());
+    bounded("G's mark", mark.reached).await.unwrap();
+    let after = gated.trap(g, "read_queue");
+    let _ = mark.resume.send(());
+    bounded("G's read after its mark", after.reached).await.unwrap();
+    (task, after.resume)
+}
+
 /// An up-conversion's grant (NL→CR, not a writer: it clears the lost
 /// name). G holds NL and converts to CR, stalled after its read after the
 /// mark; L asks PW (G counts NL and CR, both compatible), writes `v1`,
@@ -93,27 +123,11 @@ pub(crate) async fn regression_conversion_grant_cleared_the_block_over_a_later_w
     let (gated, s) = gated_sessions(4).await;
     let (h, g, l, c) = (&s[0].1, &s[1].1, &s[2].1, &s[3].1);
     let name = "lvb-race-conversion";
-    // G holds NL before H is lost (a grant after the loss would clear the
-    // name already).
-    let mut first = lock(&g.resource(name).unwrap(), Nl).await;
-    lost_pw_holder(&gated, h, name).await;
-    // Read before the mark, the mark, the read after it: stalled there.
-    let read = gated.trap(g, "read_queue");
-    let task = tokio::spawn(async move {
-        let outcome = first.convert(Cr).await;
-        (first, outcome)
-    });
-    bounded("G's first read", read.reached).await.unwrap();
-    let mark = gated.trap(g, "update_queue");
-    let _ = read.resume.send(());
-    bounded("G's mark", mark.reached).await.unwrap();
-    let read = gated.trap(g, "read_queue");
-    let _ = mark.resume.send(());
-    bounded("G's read after its mark", read.reached).await.unwrap();
+    let (task, resume) = nl_to_cr_stalled_after_a_loss(&gated, g, h, name).await;
     let mut later = lock(&l.resource(name).unwrap(), Pw).await;
     later.set_value(b"v1").unwrap();
     bounded("L releases", later.release()).await.unwrap();
-    let _ = read.resume.send(());
+    let _ = resume.send(());
     let (first, outcome) = bounded("G converts", task).await.unwrap();
     outcome.unwrap();
     assert_eq!(first.mode(), Cr);
@@ -354,22 +368,9 @@ pub(crate) async fn a_writer_handed_the_lock_writes_a_stalled_conversion_again()
     let (gated, s) = gated_sessions(5).await;
     let (h, g, (cx, x), (cw, w), c) = (&s[0].1, &s[1].1, (&s[2].0, &s[2].1), (&s[3].0, &s[3].1), &s[4].1);
     let name = "lvb-race-handover-stale-conversion";
-    let mut first = lock(&g.resource(name).unwrap(), Nl).await;
-    lost_pw_holder(&gated, h, name).await;
-    let read = gated.trap(g, "read_queue");
-    let task = tokio::spawn(async move {
-        let outcome = first.convert(Cr).await;
-        (first, outcome)
-    });
-    bounded("G's first read", read.reached).await.unwrap();
-    let mark = gated.trap(g, "update_queue");
-    let _ = read.resume.send(());
-    bounded("G's mark", mark.reached).await.unwrap();
-    let read = gated.trap(g, "read_queue");
-    let _ = mark.resume.send(());
-    bounded("G's read after its mark", read.reached).await.unwrap();
+    let (task, resume) = nl_to_cr_stalled_after_a_loss(&gated, g, h, name).await;
     writer_handed_the_lock_writes_v1((cx, x), (cw, w), name).await;
-    let _ = read.resume.send(());
+    let _ = resume.send(());
     let (first, outcome) = bounded("G converts", task).await.unwrap();
     outcome.unwrap();
     first.release().await.unwrap();
