@@ -234,18 +234,10 @@ async fn next_pw_sees(c: &Session, name: &str) -> (Vec<u8>, u64, bool) {
     (v.bytes, v.sequence, v.valid)
 }
 
-/// An up-conversion CR→PW whose grant is applied and whose answer is
-/// lost. Before the fix: `granting` resends the same conditioned update, which fails (its
-/// own version changed); `up` then sets the mode back to CR and re-reads,
-/// finds itself PW "not marked", and writes a fresh mark `CR→PW` over its
-/// own PW grant. Its second grant then read a block naming itself as a
-/// holder not in PW: not valid, though no holder was ever lost. Now the
-/// read after the failed resend finds the grant landed, and takes it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_keeps_the_block_valid() {
-    let (gated, s) = gated_sessions(2).await;
-    let (a, c) = (&s[0].1, &s[1].1);
-    let name = "lvb-race-up-lost-answer";
+/// A takes CR on `name` and converts to PW; its grant is applied and its
+/// answer lost (after its mark and its read after it). Returns A's guard
+/// once the conversion returned, in PW.
+async fn cr_to_pw_with_the_grant_answer_lost(gated: &Gated, a: &Session, name: &str) -> ResourceGuard {
     let mut g = lock(&a.resource(name).unwrap(), Cr).await;
     let mark = gated.trap(a, "update_queue");
     let task = tokio::spawn(async move {
@@ -262,6 +254,22 @@ pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_keep
     let (g, out) = bounded("A converts", task).await.unwrap();
     out.unwrap();
     assert_eq!(g.mode(), Pw);
+    g
+}
+
+/// An up-conversion CR→PW whose grant is applied and whose answer is
+/// lost. Before the fix: `granting` resends the same conditioned update, which fails (its
+/// own version changed); `up` then sets the mode back to CR and re-reads,
+/// finds itself PW "not marked", and writes a fresh mark `CR→PW` over its
+/// own PW grant. Its second grant then read a block naming itself as a
+/// holder not in PW: not valid, though no holder was ever lost. Now the
+/// read after the failed resend finds the grant landed, and takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_keeps_the_block_valid() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, c) = (&s[0].1, &s[1].1);
+    let name = "lvb-race-up-lost-answer";
+    let g = cr_to_pw_with_the_grant_answer_lost(&gated, a, name).await;
     let v = g.value();
     let seen_by_a = (v.bytes.clone(), v.sequence, v.valid);
     g.release().await.unwrap();
@@ -283,24 +291,10 @@ pub(crate) async fn regression_an_up_conversion_whose_grant_answer_was_lost_writ
     let (gated, s) = gated_sessions(2).await;
     let (a, (cb, b)) = (&s[0].1, (&s[1].0, &s[1].1));
     let name = "lvb-race-up-lost-answer-b";
-    let mut ga = lock(&a.resource(name).unwrap(), Cr).await;
     let mut gb = lock(&b.resource(name).unwrap(), Cr).await;
-    let mark = gated.trap(a, "update_queue");
-    let task = tokio::spawn(async move {
-        let out = ga.convert(Pw).await;
-        (ga, out)
-    });
-    bounded("A's mark", mark.reached).await.unwrap();
-    let read = gated.trap(a, "read_queue");
-    let _ = mark.resume.send(());
-    bounded("A's read after its mark", read.reached).await.unwrap();
-    gated.lose_answer(a, "update_queue");
-    let _ = read.resume.send(());
-    let (ga, out) = bounded("A converts", task).await.unwrap();
-    out.unwrap();
-    assert_eq!(ga.mode(), Pw);
+    let ga = cr_to_pw_with_the_grant_answer_lost(&gated, a, name).await;
     let rb = b.resource(name).unwrap();
-    assert_eq!(modes(&listed(&rb).await), vec![(Some(Pw), Pw), (Some(Cr), Cr)]);
+    assert_eq!(modes(&listed(&rb).await), vec![(Some(Cr), Cr), (Some(Pw), Pw)]);
     let waits = cb.stats().waits;
     let converting = tokio::spawn(async move {
         let out = gb.convert(Pw).await;
