@@ -442,17 +442,24 @@ impl Config {
         )
     }
 
-    /// Fencing across a hand-over: an EX holder converts down to CR and
-    /// releases (handing the lock over), a PW request granted beside it
-    /// writes (its session may expire), an EX request writes.
+    /// Tokens across a hand-over: a PR holder releases, handing the lock
+    /// over to a PW request, which writes (its session may expire); a CR
+    /// request may come between the release's read and its write, and is
+    /// granted at once beside both; its client then locks EX and writes.
     pub fn hand_over_token() -> Config {
-        use Mode::{Cr, Ex, Pw};
+        use Mode::{Cr, Ex, Pr, Pw};
         Config::modes(
             "hand-over token",
             vec![
-                vec![Op::lock(0, Ex), Op::convert(0, Cr), Op::release(0)],
+                vec![Op::lock(0, Pr), Op::release(0)],
                 vec![Op::lock(0, Pw), Op::write(0), Op::release(0)],
-                vec![Op::lock(0, Ex), Op::write(0), Op::release(0)],
+                vec![
+                    Op::lock(0, Cr),
+                    Op::release(0),
+                    Op::lock(0, Ex),
+                    Op::write(0),
+                    Op::release(0),
+                ],
             ],
         )
     }

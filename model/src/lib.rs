@@ -113,7 +113,10 @@
 //!      waiting requests, the requests picked before it): exactly what each
 //!      would decide for itself after the release. Only requests that wait
 //!      ask to be handed the lock: a `try_` request's entry is never picked
-//!      (it counts as an earlier entry all the same).
+//!      (it counts as an earlier entry all the same). A read that finds the
+//!      value block naming a holder that is gone (lost with its session)
+//!      picks nobody: a waiter may owe a lock-delay, which the code's
+//!      releaser cannot see, so the waiters decide for themselves.
 //!   2. *The write* ([`Action::HandOver`]): one write conditioned on its own
 //!      entry and every entry of the read up to the last one picked (those
 //!      picked and every one before them) being as read. It deletes its
@@ -177,6 +180,8 @@
 //!    semaphore: no more holders than permits);
 //! 2. a client whose session expired never gets a write accepted after a
 //!    newer grant's write; 2b. a live holder's write is never refused;
+//!    2c. a grant in CW, PW or EX (or an up-conversion to one) takes a
+//!    token no lower than any held in the queue;
 //! 3. FIFO: nothing is granted while an earlier incompatible request or
 //!    conversion waits;
 //! 4. no cycle of waiting entries stands once every conversion on it has

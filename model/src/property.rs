@@ -49,6 +49,13 @@ pub const BLOCK_LOST_ONLY_BY_LOSS: &str = "value block: only a lost session leav
 /// grant that did not see it never clears its name (nor overwrites what
 /// it wrote).
 pub const BLOCK_NAMES_WRITER: &str = "value block: names the PW or EX holder";
+/// 2c (`always`): a grant in CW, PW or EX, and an up-conversion to one of
+/// them, takes a token no lower than any an entry of the queue holds (one
+/// hand-over gives its grants one token): a writer's token rises above
+/// those granted before it in the server's order, whoever read the queue
+/// when. (Grants in the other modes may come out of creation order, as
+/// two readers' do; their tokens fence no write.)
+pub const TOKENS_RISE: &str = "fence: a grant's token is below no token held";
 /// 8 (`eventually`): every client ends (no one waits for ever).
 pub const ALL_END: &str = "every client ends";
 

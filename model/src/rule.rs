@@ -100,8 +100,9 @@ pub enum Rule {
     /// conflicts with.
     HandOverPastWaiters,
     /// The hand-over's token is the revision the release read (an etcd
-    /// read's header revision), not the revision of its write: it may equal
-    /// the token of a grant made just before the read.
+    /// read's header revision), not the revision of its write: a request
+    /// appended after the read and granted at once beside the lock handed
+    /// over (CR beside PW) takes a higher token first.
     HandOverTokenAtRead,
     /// The hand-over grants `try_` requests too (no "hand me the lock" flag),
     /// and a try that finds itself blocked removes its entry without
@@ -192,7 +193,7 @@ impl Rule {
             Rule::ForgetAttempts => property::NO_ENTRY_LEFT,
             Rule::HandOverUnconditionedEarlier => property::EXCLUSION,
             Rule::HandOverPastWaiters => property::NO_BYPASS,
-            Rule::HandOverTokenAtRead => property::FENCED,
+            Rule::HandOverTokenAtRead => property::TOKENS_RISE,
             Rule::HandOverToTry | Rule::CancelKeepsBlockName => property::BLOCK_LOST_ONLY_BY_LOSS,
             Rule::WriterGrantLeavesPending => property::BLOCK_NAMES_WRITER,
         })

@@ -264,6 +264,9 @@ pub struct Ghost {
     pub hand_over_fell_back: bool,
     /// A waiter granted by a hand-over was cancelled before it learnt so.
     pub handed_over_cancelled: bool,
+    /// A grant, or an up-conversion to a writing mode, took a token below
+    /// one an entry of the queue already held.
+    pub token_fell: bool,
 }
 
 /// The whole state of one run.

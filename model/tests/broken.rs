@@ -134,7 +134,7 @@ fn a_hand_over_past_an_earlier_waiting_request_bypasses_it() {
 }
 
 #[test]
-fn a_hand_over_token_taken_at_the_read_lets_a_stale_write_in() {
+fn a_hand_over_token_taken_at_the_read_falls_below_a_later_grant() {
     assert_breaks(Rule::HandOverTokenAtRead);
 }
 

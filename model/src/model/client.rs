@@ -59,6 +59,7 @@ impl QueueModel {
             res.revision += 1;
             res.revision
         };
+        state.ghost.token_fell |= mode.writes() && token_below(res, token);
         if mode.fenced_writer() {
             self.write_pending_again(res, pos, &[]);
         } else if lost_named(res) {
@@ -112,6 +113,7 @@ impl QueueModel {
             .any(|earlier| !earlier.granted && !earlier.mode.compatible(target));
         if target.writes() && self.rule != Rule::KeepTokenOnConversion {
             res.revision += 1;
+            state.ghost.token_fell |= token_below(res, res.revision);
             res.entries[pos].token = res.revision;
         }
         if target.fenced_writer() {
@@ -325,7 +327,10 @@ impl QueueModel {
                     return self.advance(state, client);
                 };
                 let res = &state.resources[r];
-                let hand_to = if find(res, held.entry).is_some() {
+                // A block naming a holder lost without a release: the
+                // successor may owe a lock-delay, so the waiters decide for
+                // themselves (as `mode_rule::offer` does).
+                let hand_to = if find(res, held.entry).is_some() && !lost_named(res) {
                     self.hand_over_plan(res, held.entry)
                 } else {
                     Vec::new()
@@ -459,6 +464,9 @@ impl QueueModel {
             res.block = 0;
         }
         res.entries.retain(|e| e.id != held.entry);
+        state.ghost.token_fell |= hand_to
+            .iter()
+            .any(|&id| find(res, id).is_some_and(|e| e.mode.writes()) && token_below(res, token));
         for &id in &hand_to {
             let Some(pos) = res.entries.iter().position(|e| e.id == id) else {
                 continue;
@@ -532,6 +540,12 @@ impl QueueModel {
         }
         self.advance(state, client);
     }
+}
+
+/// Whether a granted entry of `res` holds a token above `token` (the
+/// entries `token` is about to be given to are not granted yet).
+fn token_below(res: &Resource, token: u8) -> bool {
+    res.entries.iter().any(|e| e.granted && e.token > token)
 }
 
 /// Whether the value block names an entry that is gone (`Block::lost_holder`).

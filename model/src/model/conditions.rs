@@ -14,6 +14,7 @@ pub(super) fn properties() -> Vec<Property<QueueModel>> {
         Property::always(property::LIVE_WRITES_ACCEPTED, |_, state: &State| {
             !state.ghost.live_write_refused
         }),
+        Property::always(property::TOKENS_RISE, |_, state: &State| !state.ghost.token_fell),
         Property::always(property::NO_BYPASS, |_, state: &State| !state.ghost.bypass),
         Property::always(property::DEADLOCK_DETECTED, no_deadlock),
         Property::always(property::NO_FALSE_DEADLOCK, |_, state: &State| {
