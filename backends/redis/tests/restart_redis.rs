@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use lockline::conformance::bounded;
-use lockline::{Client, Session, SessionOptions, SessionState, Write};
+use lockline::{Client, FencingToken, Session, SessionOptions, SessionState, Write};
 use lockline_redis::Redis;
 use lockline_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
@@ -220,4 +220,35 @@ async fn a_restart_longer_than_the_loss_deadline_is_lost_before_any_other_grant(
         lost_at - granted_at
     );
     guard.release().await.expect("release");
+}
+
+/// A `try_lock` right after a restart, before the session's next renewal:
+/// the command connection the restart closed is made again for it, and the
+/// try is answered (granted here) instead of failing on the closed one.
+/// Renewals are 10 s apart (TTL 30 s), so none comes between the restart
+/// and the try; `try_lock` does not retry a failure of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_right_after_a_restart_is_answered() {
+    let mut server = persistent();
+    let client = Client::new(Redis::new(server.url()));
+    let session = client
+        .session_with(options().with_ttl(Duration::from_secs(30)))
+        .await
+        .expect("session");
+    let mutex = session.mutex("restart/try").expect("mutex");
+    // The command connection is made and used.
+    let first = mutex.try_lock().await.expect("try").expect("free");
+    first.release().await.expect("release");
+    let seen = record(&session);
+
+    tokio::task::block_in_place(|| restart(&mut server, Duration::from_millis(200)));
+
+    let granted = bounded("a try after the restart", mutex.try_lock())
+        .await
+        .expect("a try_lock right after the restart");
+    assert!(granted.is_some(), "the free lock was not granted");
+    let fenced = granted.expect("granted");
+    assert!(fenced.token() > FencingToken::new(0));
+    fenced.release().await.expect("release");
+    assert!(!states(&seen).contains(&SessionState::Lost), "{:?}", states(&seen));
 }

@@ -201,20 +201,68 @@ impl Shared {
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let deadline = Instant::now() + timeout;
+        self.exchange_by(what, timeout, deadline, request)
+            .await
+            .map_err(|(error, _)| error)
+    }
+
+    /// As [`exchange`](Self::exchange), for a request that may be sent
+    /// twice (a read, or an append, which finds its attempt's entry): when
+    /// its connection turns out closed (the server restarted or dropped it;
+    /// not a request left unanswered), it is sent once more on a new
+    /// connection, within the same bound. The first request after a
+    /// restart then meets the new server, not the closed connection, even
+    /// for a caller that does not retry (a `try_` acquire).
+    pub(crate) async fn exchange_again_if_closed<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut request: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Link) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        match self.exchange_by(what, timeout, deadline, &mut request).await {
+            Err((_, true)) => {
+                tracing::debug!(target = %self.target, what, "the connection was closed; sending once more on a new one");
+                self.exchange_by(what, timeout, deadline, request)
+                    .await
+                    .map_err(|(error, _)| error)
+            }
+            outcome => outcome.map_err(|(error, _)| error),
+        }
+    }
+
+    /// One request on the current connection, by `deadline`; a failure
+    /// says whether the connection was closed under it (not timed out).
+    async fn exchange_by<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        deadline: Instant,
+        request: F,
+    ) -> std::result::Result<T, (Error, bool)>
+    where
+        F: FnOnce(Link) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let link = match tokio::time::timeout_at(deadline, self.conn.link()).await {
             Ok(Ok(link)) => link,
-            Ok(Err(error)) => return Err(map(what, &self.target, error)),
-            Err(_) => return Err(timed_out(what, &self.target, timeout)),
+            Ok(Err(error)) => return Err((map(what, &self.target, error), false)),
+            Err(_) => return Err((timed_out(what, &self.target, timeout), false)),
         };
         match tokio::time::timeout_at(deadline, request(link.clone())).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => {
                 self.conn.replace_if_broken(&link, &error);
-                Err(map(what, &self.target, error))
+                let closed = error.is_connection_dropped() && !error.is_timeout();
+                Err((map(what, &self.target, error), closed))
             }
             Err(_) => {
                 self.conn.replace(&link);
-                Err(timed_out(what, &self.target, timeout))
+                Err((timed_out(what, &self.target, timeout), false))
             }
         }
     }
@@ -262,7 +310,8 @@ impl Shared {
 
     /// Runs a script, bounded by the request timeout; with replica
     /// acknowledgement asked for, a write is confirmed only once `WAIT` says
-    /// enough replicas have it.
+    /// enough replicas have it. A script that only reads is sent once more
+    /// on a new connection when its connection was closed under it.
     pub(super) async fn run(
         &self,
         what: &str,
@@ -270,11 +319,13 @@ impl Shared {
         invocation: &ScriptInvocation<'_>,
         writes: bool,
     ) -> Result<Value> {
-        let (reply, acked) = self
-            .exchange(what, self.options.request_timeout(), |mut link| async move {
-                self.invoke(script, invocation, writes, &mut link).await
-            })
-            .await?;
+        let request = |mut link: Link| async move { self.invoke(script, invocation, writes, &mut link).await };
+        let timeout = self.options.request_timeout();
+        let (reply, acked) = if writes {
+            self.exchange(what, timeout, request).await?
+        } else {
+            self.exchange_again_if_closed(what, timeout, request).await?
+        };
         self.check_acks(what, acked)?;
         Ok(reply)
     }
@@ -299,8 +350,10 @@ impl Shared {
         Ok(reply)
     }
 
+    /// One command that only reads, bounded by the request timeout (sent
+    /// once more on a new connection when its connection was closed).
     pub(super) async fn command<T: redis::FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
-        self.exchange(what, self.options.request_timeout(), |mut link| async move {
+        self.exchange_again_if_closed(what, self.options.request_timeout(), |mut link| async move {
             cmd.query_async::<T>(&mut link).await
         })
         .await
