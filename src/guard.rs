@@ -545,33 +545,36 @@ impl Drop for Hold {
             let inner = Arc::clone(&self.session.inner);
             let entry = (*self.entry).clone();
             let view = self.release_view.take();
-            match (self.release_block.take(), tokio::runtime::Handle::try_current()) {
+            let block = self.release_block.take();
+            if entry.kind == EntryKind::Dlm {
                 // A lock-mode holder hands over and writes its value block
-                // as its release would; the plain removal is the fallback.
-                (block, Ok(runtime)) if entry.kind == EntryKind::Dlm => {
-                    let name = self.name.to_string();
-                    runtime.spawn(async move {
-                        match inner
-                            .call(crate::mode_rule::hand_over(
-                                &*inner.remote,
-                                &inner.counters,
-                                &name,
-                                &entry,
-                                block.as_deref(),
-                                view.as_deref(),
-                            ))
-                            .await
-                        {
-                            Ok(true) => {
-                                inner.counters.bump(|c| &c.releases);
-                                drop(permit);
-                            }
-                            // Tried again in the background, the block with it.
-                            _ => inner.spawn_remove_in(name, entry, "release", permit, block),
+                // as its release would, on the session's runtime (dropped
+                // on any thread, in a runtime or not), and `flush` waits
+                // for it; the background removal is the fallback.
+                let name = self.name.to_string();
+                let background = Arc::clone(&inner);
+                background.spawn_background(async move {
+                    match inner
+                        .call(crate::mode_rule::hand_over(
+                            &*inner.remote,
+                            &inner.counters,
+                            &name,
+                            &entry,
+                            block.as_deref(),
+                            view.as_deref(),
+                        ))
+                        .await
+                    {
+                        Ok(true) => {
+                            inner.counters.bump(|c| &c.releases);
+                            drop(permit);
                         }
-                    });
-                }
-                _ => inner.spawn_remove(entry, "release", permit),
+                        // Tried again in the background, the block with it.
+                        _ => inner.spawn_remove_in(name, entry, "release", permit, block),
+                    }
+                });
+            } else {
+                inner.spawn_remove(entry, "release", permit);
             }
         }
     }

@@ -85,7 +85,15 @@ pub(crate) async fn hand_over(
         }
     }
     for _ in 0..LEAVE_TRIES {
-        let view = View::new(name, remote.read_queue(name).await?)?;
+        let view = match View::new(name, remote.read_queue(name).await?) {
+            Ok(view) => view,
+            // Another recipe's entries under the name (what refused this
+            // entry's request): no rule to hand over by, and nothing to
+            // wait for either, or the entry would stay for as long as they
+            // do and block them. Removed alone, the block with it.
+            Err(Error::InvalidName { .. }) => return alone(leaving.map(<[u8]>::to_vec)).await,
+            Err(error) => return Err(error),
+        };
         let Some(at) = view.position(mine) else {
             return Ok(false);
         };

@@ -461,6 +461,13 @@ pub async fn lock_modes_fence_and_lose<F: Fixture>(fixture: &F) {
         Err(Error::InvalidName { .. }) => {}
         other => panic!("lock modes must not queue with a mutex: {other:?}"),
     }
+    // The refused request leaves nothing, while the mutex still holds (its
+    // entry would block the mutex's own waiters, a peer's too).
+    bounded("the refused request's cleanup", m.flush()).await;
+    let listed = bounded("contenders", m.mutex(&other).expect("mutex").contenders())
+        .await
+        .expect("contenders");
+    assert_eq!(listed.len(), 1, "a refused lock-mode request left an entry: {listed:?}");
     bounded("release", mutex.release()).await.expect("release");
 
     fixture.expire(&a).await;

@@ -868,3 +868,76 @@ async fn stalled_after_its_read<T: Send + 'static>(
         resume: read.resume,
     }
 }
+
+/// Was a bug: a cancelled conversion's mark left for good. The background
+/// take-back of a conversion dropped after its mark gave up after eight
+/// failed tries (about five seconds of a server not answering), and the
+/// mark stayed on a live holder's entry: every later request but NL
+/// waited for ever behind it. It now tries until it is done or the session
+/// is over, and `flush` waits for it. Here the session's reads fail ten
+/// times in a row after the drop, then answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_a_cancelled_conversion_is_taken_back_after_a_long_outage() {
+    let (gated, s) = gated_sessions(2).await;
+    let (a, b) = (&s[0].1, &s[1].1);
+    let name = "take-back-outage";
+    let resource = b.resource(name).unwrap();
+    let mut first = lock(&a.resource(name).unwrap(), Pr).await;
+    let second = lock(&resource, Pr).await;
+    {
+        let mut converting = std::pin::pin!(first.convert(Ex));
+        bounded("the conversion's mark", async {
+            loop {
+                tokio::select! {
+                    outcome = &mut converting => panic!("EX beside another PR: {outcome:?}"),
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+                if listed(&resource).await.iter().any(|c| c.converting_to() == Some(Ex)) {
+                    return;
+                }
+            }
+        })
+        .await;
+        for _ in 0..10 {
+            gated.lose_answer(a, "read_queue");
+        }
+    }
+    bounded("the session's background work", a.flush()).await;
+    assert_eq!(first.mode(), Pr);
+    let queue = listed(&resource).await;
+    assert!(queue.iter().all(|c| c.converting_to().is_none()), "{:?}", modes(&queue));
+    // Nothing but the two PR holders: a third PR is let in beside them.
+    let third = bounded("PR beside two PR", resource.try_lock(Pr)).await.unwrap();
+    assert!(third.is_some(), "{:?}", modes(&listed(&resource).await));
+    drop(third);
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+}
+
+/// Was a bug: a lock-mode guard dropped outside a runtime (on a thread of
+/// its own) was removed as a plain delete: its value block was never
+/// written, so the next holder saw the block not valid as after a loss,
+/// and lost the value set. The drop now hands over and writes the block on
+/// the session's runtime, as a drop inside one does, and `flush` waits for
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn regression_a_guard_dropped_outside_a_runtime_writes_its_value_block() {
+    let (_store, s) = memory_sessions(2).await;
+    let (a, b) = (&s[0].1, &s[1].1);
+    let name = "dropped-off-runtime";
+    let mut writer = lock(&a.resource(name).unwrap(), Pw).await;
+    writer.set_value(b"v1").unwrap();
+    std::thread::spawn(move || drop(writer)).join().unwrap();
+    bounded("the dropped guard's release", a.flush()).await;
+    let next = bounded("PW after the drop", b.resource(name).unwrap().try_lock(Pw))
+        .await
+        .unwrap()
+        .expect("free once the dropped guard's release ran");
+    let value = next.value();
+    assert_eq!(
+        (value.bytes.as_slice(), value.sequence, value.valid),
+        (&b"v1"[..], 1, true),
+        "the block as the dropped guard left it"
+    );
+    next.release().await.unwrap();
+}

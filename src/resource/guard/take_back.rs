@@ -36,27 +36,48 @@ impl Drop for ConversionCleanup {
             return;
         };
         let (inner, name, entry) = (self.session.inner.clone(), self.name.clone(), self.entry.clone());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let mut pause = INITIAL_BACKOFF;
-                for _ in 0..8 {
-                    match take_back(&inner, &name, &entry, conv).await {
-                        Ok(()) => return,
-                        Err(error) if error.is_transient() => {
+        // On the session's runtime (dropped on any thread), counted by
+        // `flush`, and tried until it is done or the session is over (the
+        // server then removes the entry, mark and all): a mark left behind
+        // would keep every later request but NL waiting.
+        let background = Arc::clone(&inner);
+        background.spawn_background(async move {
+            let mut pause = INITIAL_BACKOFF;
+            let mut failures = 0u32;
+            loop {
+                let outcome = tokio::select! {
+                    biased;
+                    _ = inner.over() => return,
+                    outcome = take_back(&inner, &name, &entry, conv) => outcome,
+                };
+                match outcome {
+                    Ok(()) => return,
+                    Err(error) if error.is_transient() => {
+                        failures += 1;
+                        if failures == TAKE_BACK_WARN_AFTER {
+                            tracing::warn!(key = %entry.key, %error, failures, "still cannot take back a cancelled conversion; retrying until the session ends");
+                        } else {
                             tracing::debug!(key = %entry.key, %error, "taking back a cancelled conversion; retrying");
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(Duration::from_secs(1));
-                        }
-                        Err(error) => {
-                            tracing::warn!(key = %entry.key, %error, "could not take back a cancelled conversion");
-                            return;
                         }
                     }
+                    Err(error) => {
+                        tracing::warn!(key = %entry.key, %error, "could not take back a cancelled conversion");
+                        return;
+                    }
                 }
-            });
-        }
+                tokio::select! {
+                    biased;
+                    _ = inner.over() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
     }
 }
+
+/// Failed tries after which a background take-back is logged as a warning.
+const TAKE_BACK_WARN_AFTER: u32 = 8;
 
 /// Sets `entry` back to the mode it holds if it is still marked with the
 /// conversion `conv`.
