@@ -377,6 +377,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// The lock `name` as this backend stores it: two names stored alike
+    /// are one lock (ZooKeeper takes `x` and `/x` for the one path `/x`).
+    /// Multi-locks order and compare their names by it, so that two of
+    /// them with overlapping names take those in one order and never
+    /// deadlock. The default: the name itself.
+    fn stored_name<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
+        std::borrow::Cow::Borrowed(name)
+    }
+
     /// Refuses keys this backend cannot store, for fenced writes and reads
     /// (the core has already refused the empty key). The default accepts
     /// every key.

@@ -47,13 +47,16 @@ pub struct MultiGuard {
 
 impl Session {
     /// Several mutexes of this session, to take as one (see [`MultiLock`]).
-    /// The names may come in any order; they are taken in their byte order.
+    /// The names may come in any order; they are taken in the byte order of
+    /// the names as the backend stores them (on ZooKeeper, without a
+    /// leading `/`: `x` and `/x` are one path, so one lock).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidName`] for a name the backend cannot store;
-    /// [`Error::InvalidOptions`] for no name at all, or a name given twice
-    /// (a session's second acquire of a name would wait for its first);
+    /// [`Error::InvalidOptions`] for no name at all, or a name given twice,
+    /// in one spelling or two the backend stores alike (a session's second
+    /// acquire of a name would wait for its first);
     /// [`Error::Closed`] or [`Error::SessionLost`] when the session is over.
     pub fn multi_lock<I, S>(&self, names: I) -> Result<MultiLock>
     where
@@ -66,10 +69,23 @@ impl Session {
                 reason: "a multi-lock needs at least one name".into(),
             });
         }
-        names.sort_unstable();
-        if let Some(twice) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+        // In the order of the names as the backend stores them, two names
+        // stored alike being one lock.
+        let backend = &self.inner.backend;
+        names.sort_by(|a, b| backend.stored_name(a).cmp(&backend.stored_name(b)));
+        if let Some(twice) = names
+            .windows(2)
+            .find(|pair| backend.stored_name(&pair[0]) == backend.stored_name(&pair[1]))
+        {
             return Err(Error::InvalidOptions {
-                reason: format!("the name {:?} is given twice to one multi-lock", twice[0]),
+                reason: if twice[0] == twice[1] {
+                    format!("the name {:?} is given twice to one multi-lock", twice[0])
+                } else {
+                    format!(
+                        "the names {:?} and {:?} are one lock on this backend, given twice to one multi-lock",
+                        twice[0], twice[1]
+                    )
+                },
             });
         }
         let mutexes = names.iter().map(|name| self.mutex(name)).collect::<Result<_>>()?;

@@ -13,7 +13,9 @@ use crate::{Error, LockMode, Resource, ResourceGuard, Result, Sequencer, Session
 ///
 /// The resources are taken in their names' byte order, whatever order they
 /// were given in, so two multi-resource locks with overlapping names never
-/// deadlock against each other. An acquire that fails, runs out of time or
+/// deadlock against each other (the names as the backend stores them: on
+/// ZooKeeper `x` and `/x` are one path, so one resource, and a name given
+/// in both spellings is given twice). An acquire that fails, runs out of time or
 /// is cancelled lets go of what it had taken and leaves no entry behind.
 ///
 /// ```
@@ -62,10 +64,24 @@ impl Session {
                 reason: "a multi-resource lock needs at least one name".into(),
             });
         }
-        named.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        if let Some(twice) = named.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        // In the order of the names as the backend stores them, two names
+        // stored alike being one resource.
+        let backend = &self.inner.backend;
+        named.sort_by(|a, b| backend.stored_name(&a.0).cmp(&backend.stored_name(&b.0)));
+        if let Some(twice) = named
+            .windows(2)
+            .find(|pair| backend.stored_name(&pair[0].0) == backend.stored_name(&pair[1].0))
+        {
             return Err(Error::InvalidOptions {
-                reason: format!("the name {:?} is given twice to one multi-resource lock", twice[0].0),
+                reason: if twice[0].0 == twice[1].0 {
+                    format!("the name {:?} is given twice to one multi-resource lock", twice[0].0)
+                } else {
+                    format!(
+                        "the names {:?} and {:?} are one resource on this backend, given twice to one \
+                         multi-resource lock",
+                        twice[0].0, twice[1].0
+                    )
+                },
             });
         }
         let parts = named

@@ -428,6 +428,12 @@ impl Backend for ZooKeeper {
     /// directory (`lockline-value-block`, `lockline-stamp`: see the layout
     /// in `docs/zookeeper.md`) is refused: `a/lockline-value-block` would be
     /// the value block of the resource `a`.
+    /// The path's name: without its leading `/`s, which the path of a
+    /// lock's directory adds ([`layout::dir_path`]).
+    fn stored_name<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
+        std::borrow::Cow::Borrowed(name.trim_start_matches('/'))
+    }
+
     fn validate_name(&self, name: &str) -> Result<()> {
         let first = name.trim_start_matches('/').split('/').next().unwrap_or_default();
         if first == "zookeeper" && !self.has_chroot() {

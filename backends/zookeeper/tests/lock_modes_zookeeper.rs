@@ -927,3 +927,56 @@ async fn the_queue_kept_by_a_wake_never_hides_this_sessions_own_writes() {
     assert_eq!(queue.slots[0].value, b"a:granted");
     assert_eq!(queue.block.as_deref(), Some(&b"lvb"[..]));
 }
+
+/// `x` and `/x` are one path, so one resource: a multi-resource lock (and a
+/// multi-lock) given both is refused as given one name twice, and two of
+/// them over `a` and `b` spelt with and without the leading `/` take the
+/// two in one order, so they never deadlock (each waits for the other's
+/// release, then holds both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_and_without_a_leading_slash_are_one_lock_to_multi_locks() {
+    use lockline::LockMode::Ex;
+    let ensemble = ZkEnsemble::start().expect("start ZooKeeper");
+    let (one, two) = (session(&ensemble).await, session(&ensemble).await);
+    for refused in [
+        one.multi_resource([("x", Ex), ("/x", Ex)]).map(|_| ()),
+        one.multi_lock(["/y", "y"]).map(|_| ()),
+    ] {
+        match refused {
+            Err(Error::InvalidOptions { reason }) => assert!(reason.contains("one"), "{reason}"),
+            other => panic!("two spellings of one path must be refused: {other:?}"),
+        }
+    }
+    let first = one.multi_resource([("/b", Ex), ("a", Ex)]).expect("multi-resource");
+    let second = two.multi_resource([("b", Ex), ("/a", Ex)]).expect("multi-resource");
+    for _ in 0..20 {
+        tokio::join!(
+            async {
+                let held = bounded("the first multi-resource", first.lock()).await.expect("lock");
+                tokio::task::yield_now().await;
+                held.release().await.expect("release");
+            },
+            async {
+                let held = bounded("the second multi-resource", second.lock()).await.expect("lock");
+                tokio::task::yield_now().await;
+                held.release().await.expect("release");
+            },
+        );
+    }
+    let first = one.multi_lock(["/d", "c"]).expect("multi-lock");
+    let second = two.multi_lock(["d", "/c"]).expect("multi-lock");
+    for _ in 0..20 {
+        tokio::join!(
+            async {
+                let held = bounded("the first multi-lock", first.lock()).await.expect("lock");
+                tokio::task::yield_now().await;
+                held.release().await.expect("release");
+            },
+            async {
+                let held = bounded("the second multi-lock", second.lock()).await.expect("lock");
+                tokio::task::yield_now().await;
+                held.release().await.expect("release");
+            },
+        );
+    }
+}
