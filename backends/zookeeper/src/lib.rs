@@ -429,7 +429,7 @@ impl Backend for ZooKeeper {
     /// in `docs/zookeeper.md`) is refused: `a/lockline-value-block` would be
     /// the value block of the resource `a`.
     /// The path's name: without its leading `/`s, which the path of a
-    /// lock's directory adds ([`layout::dir_path`]).
+    /// lock's directory adds (`layout::dir_path`).
     fn stored_name<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
         std::borrow::Cow::Borrowed(name.trim_start_matches('/'))
     }
