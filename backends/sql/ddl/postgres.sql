@@ -187,8 +187,11 @@ BEGIN
     DELETE FROM "public"."lockline_entries" e WHERE e.attempt = p_attempt AND e.session = p_session
     RETURNING e.id, e.kind, e.epoch INTO v_id, v_kind, v_version;
     IF v_id IS NOT NULL THEN
+        -- Held on to until the deletion commits (see lockline_update_queue).
+        PERFORM pg_advisory_xact_lock(v_id # 2026619832316723200);
         PERFORM pg_advisory_unlock(v_id # 2026619832316723200);
         IF v_kind IN ('election', 'dlm') THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended(v_id::text || ':' || v_version::text, 2026619832316723200));
             PERFORM pg_advisory_unlock(hashtextextended(v_id::text || ':' || v_version::text, 2026619832316723200));
         END IF;
     END IF;
@@ -558,12 +561,19 @@ BEGIN
     FOR i IN 1 .. cardinality(v_told) LOOP
         PERFORM pg_notify('ll1c2991c2feb9_' || v_told[i]::text, v_told_values[i]);
     END LOOP;
+    -- The guards and value locks let go of are held on to until this
+    -- transaction ends (a transaction's own hold, taken first): a reader
+    -- that finds one free then sees this write committed, never the rows
+    -- before it beside a guard that says the entry is gone.
     FOR i IN 1 .. cardinality(v_moved) LOOP
         PERFORM pg_advisory_lock(hashtextextended(v_moved[i]::text || ':' || v_moved_to[i]::text, 2026619832316723200));
+        PERFORM pg_advisory_xact_lock(hashtextextended(v_moved[i]::text || ':' || (v_moved_to[i] - 1)::text, 2026619832316723200));
         PERFORM pg_advisory_unlock(hashtextextended(v_moved[i]::text || ':' || (v_moved_to[i] - 1)::text, 2026619832316723200));
     END LOOP;
     FOR i IN 1 .. cardinality(v_gone) LOOP
+        PERFORM pg_advisory_xact_lock(v_gone[i] # 2026619832316723200);
         PERFORM pg_advisory_unlock(v_gone[i] # 2026619832316723200);
+        PERFORM pg_advisory_xact_lock(hashtextextended(v_gone[i]::text || ':' || v_gone_at[i]::text, 2026619832316723200));
         PERFORM pg_advisory_unlock(hashtextextended(v_gone[i]::text || ':' || v_gone_at[i]::text, 2026619832316723200));
     END LOOP;
     RETURN v_token;

@@ -19,7 +19,22 @@ impl<D: Dialect> SqlSession<D> {
     pub(super) async fn read_mode_queue(&self, dir: &str) -> Result<Queue> {
         let shared = &self.shared;
         shared.check_live()?;
-        let (rows, block) = on_owner!(shared, "read the queue", |d, conn| d.read_queue(conn, dir, &shared.id))?;
+        let mut reads = 0;
+        let (rows, block) = loop {
+            let (rows, block) = on_owner!(shared, "read the queue", |d, conn| d.read_queue(conn, dir, &shared.id))?;
+            reads += 1;
+            // A read's rows are of its statement's snapshot, but whether an
+            // entry is live is asked of its guard as the statement runs: a
+            // release that committed meanwhile (its guard let go since)
+            // looks like a lost holder beside the block its snapshot had,
+            // which still names it. A statement after this one sees that
+            // release whole, so a block naming a holder the read left out
+            // is read again; a holder still left out then was lost.
+            match named_holder(block.as_deref()) {
+                Some(holder) if reads < QUEUE_READS && !rows.iter().any(|row| row.row.id == holder) => continue,
+                _ => break (rows, block),
+            }
+        };
         {
             let mut reads = shared.queue_reads.lock().unwrap_or_else(PoisonError::into_inner);
             if reads.len() > 4096 {
@@ -254,5 +269,41 @@ async fn subscribe<D: Dialect>(shared: &Shared<D>, notices: &Notices, id: i64) -
         Ok(None) => Err(shared.over_error()),
         Ok(Some(Err(error))) => Err(map(shared.doing("listen for the entry's writes"), error)),
         Ok(Some(Ok(subscription))) => Ok(subscription),
+    }
+}
+
+/// How many times a queue is read at most while its value block names a
+/// holder the read left out (see `read_mode_queue`).
+const QUEUE_READS: usize = 3;
+
+/// The entry id a lock value block names as its PW or EX holder (its
+/// order: an SQL entry's order is its id), from the block's header (`lvb1
+/// <sequence> <valid> <holder order> <holder key length>`, a newline, the
+/// key, the value), or `None` when it names none or is not one lockline
+/// wrote.
+fn named_holder(block: Option<&[u8]>) -> Option<i64> {
+    let block = block?;
+    let end = block.iter().position(|&b| b == b'\n')?;
+    let header = std::str::from_utf8(&block[..end]).ok()?;
+    let mut words = header.split(' ');
+    if words.next()? != "lvb1" {
+        return None;
+    }
+    let order: i64 = words.nth(2)?.parse().ok()?;
+    let key_length: usize = words.next()?.parse().ok()?;
+    (key_length > 0).then_some(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::named_holder;
+
+    #[test]
+    fn the_block_names_its_holder_by_order() {
+        assert_eq!(named_holder(Some(b"lvb1 3 1 42 9\nres/dlm/42value")), Some(42));
+        assert_eq!(named_holder(Some(b"lvb1 3 0 0 0\nvalue")), None);
+        assert_eq!(named_holder(Some(b"lvb1 3 1 42 9")), None);
+        assert_eq!(named_holder(Some(b"something else\n")), None);
+        assert_eq!(named_holder(None), None);
     }
 }

@@ -18,20 +18,37 @@ use crate::pool::{Idle, Lease, Stop};
 impl<D: Dialect> Shared<D> {
     /// A wait connection for a waiter with `priority`, opened if the pool
     /// has room.
+    ///
+    /// Cancel safe: a waiter dropped while its connection is being opened
+    /// gives the pool its slot back.
     pub(super) async fn lease(&self, priority: i64) -> Result<Lease<D::Conn>> {
         let mut lease = self.waits.acquire(priority).await.ok_or_else(|| self.over_error())?;
         if lease.conn.is_none() {
+            /// The slot of a connection being opened, given back unless
+            /// the connection is open.
+            struct Opening<'a, C> {
+                pool: &'a crate::pool::WaitPool<C>,
+                key: Option<(i64, u64)>,
+            }
+            impl<C> Drop for Opening<'_, C> {
+                fn drop(&mut self) {
+                    if let Some(key) = self.key.take() {
+                        self.pool.release(key, None);
+                    }
+                }
+            }
+            let mut opening = Opening {
+                pool: &self.waits,
+                key: Some(lease.key),
+            };
             let timeout = self.options.connect_timeout();
             match tokio::time::timeout(timeout, self.dialect.connect(Purpose::Wait)).await {
-                Ok(Ok((conn, server_id))) => lease.conn = Some(Idle { conn, server_id }),
-                Ok(Err(error)) => {
-                    self.waits.release(lease.key, None);
-                    return Err(map(self.doing("open a wait connection"), error));
+                Ok(Ok((conn, server_id))) => {
+                    opening.key = None;
+                    lease.conn = Some(Idle { conn, server_id });
                 }
-                Err(_) => {
-                    self.waits.release(lease.key, None);
-                    return Err(timed_out(self.doing("open a wait connection"), timeout));
-                }
+                Ok(Err(error)) => return Err(map(self.doing("open a wait connection"), error)),
+                Err(_) => return Err(timed_out(self.doing("open a wait connection"), timeout)),
             }
         }
         Ok(lease)

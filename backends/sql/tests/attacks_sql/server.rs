@@ -285,3 +285,102 @@ async fn postgres_a_reset_holder_is_told_within_a_keepalive_interval() {
 async fn mariadb_a_reset_holder_is_told_within_a_keepalive_interval() {
     a_reset_holder_is_told_within_a_keepalive_interval(Db::mariadb()).await;
 }
+
+/// Was a defect, now fixed: a value block written back with an older value.
+/// A lock-mode release let go of its entry's guard inside its transaction,
+/// before its commit; a read in that window had the rows before the
+/// release (the entry, and the block naming it) with the guard free, so the
+/// releasing PW or EX holder looked lost. The grant decided from that read
+/// wrote the block as it had read it: the released value lost, the older
+/// one back, marked not valid. The release now holds the guard (and the
+/// value lock) until its transaction ends.
+///
+/// The window is held open here by a commit that waits for a synchronous
+/// standby that never comes (as a slow WAL flush would, longer). X holds EX
+/// with `v2` set (over `v1`); D, an NL holder behind it, converts to PR and
+/// waits on X; R asks PW and waits on D. X's release reaches its commit;
+/// then D's connection ends (no PW or EX holder is lost anywhere) and R
+/// reads the queue inside the window. Once the commit goes through, R is
+/// granted with `v2`, valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_read_in_a_release_s_commit_window_keeps_the_value_it_wrote() {
+    use lockline::LockMode::{Ex, Nl, Pr, Pw};
+    let db = Db::postgres();
+    let url = db.url();
+    let name = "commit-window/block";
+    let client = Client::new(Sql::new(url.clone()));
+    let options = || options(20_000).with_request_timeout(Duration::from_secs(10));
+    let sx = client.session_with(options()).await.expect("session X");
+    let sd = client.session_with(options()).await.expect("session D");
+    let sr = client.session_with(options()).await.expect("session R");
+    let mut side = Side::connect(&url).await;
+
+    let mut first = sx.resource(name).unwrap().lock(Ex).await.expect("EX");
+    first.set_value(b"v1").unwrap();
+    first.release().await.expect("release");
+    let mut x = sx.resource(name).unwrap().lock(Ex).await.expect("EX");
+    x.set_value(b"v2").unwrap();
+    let mut d = sd.resource(name).unwrap().lock(Nl).await.expect("NL");
+    let converting = tokio::spawn(async move {
+        let outcome = d.convert(Pr).await;
+        (outcome, d)
+    });
+    let resource = sr.resource(name).unwrap();
+    let requesting = tokio::spawn(async move { resource.lock(Pw).await });
+    // D's conversion and R's request both wait on the server.
+    step("D and R wait on the server", async {
+        while side
+            .int("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' AND wait_event_type = 'Lock'")
+            .await
+            < 2
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // Every commit that waits for its WAL now waits for a standby that is
+    // never there. The setting reaches the backends with the reload's
+    // signal, which nothing answers: the release below waits at its commit
+    // only once it has (checked next).
+    side.exec("ALTER SYSTEM SET synchronous_standby_names = 'never_there'")
+        .await;
+    side.exec("SELECT pg_reload_conf()").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let releasing = tokio::spawn(async move { x.release().await });
+    step("X's release waits at its commit", async {
+        while side
+            .int("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+            .await
+            < 1
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // D's connection ends: R's wait on D ends, and R reads the queue while
+    // X's release waits at its commit. The window is held open a while,
+    // whatever R does in it (it may decide and wait again, or be held back
+    // by the release's turn on the name).
+    side.exec(&format!(
+        "SELECT pg_terminate_backend(pid, 5000) FROM lockline_sessions WHERE id = '{}'",
+        sd.id()
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    side.exec("ALTER SYSTEM RESET synchronous_standby_names").await;
+    side.exec("SELECT pg_reload_conf()").await;
+    step("X's release", releasing)
+        .await
+        .expect("task")
+        .expect("X's release, clean");
+    let granted = step("R's request", requesting).await.expect("task").expect("PW");
+    let _ = converting.await;
+    let seen = granted.value();
+    assert_eq!(
+        (seen.bytes.as_slice(), seen.sequence, seen.valid),
+        (&b"v2"[..], 2, true),
+        "X released v2 cleanly and no PW or EX holder was lost"
+    );
+    granted.release().await.expect("release");
+}

@@ -213,3 +213,61 @@ async fn postgres_many_sessions_on_few_connections_are_granted_in_order() {
         "granted out of queue order: {order:?}"
     );
 }
+
+/// Was a defect, now fixed: a waiter dropped while its session opened a
+/// wait connection for it kept that connection's slot in the pool for the
+/// life of the session: after enough such drops no waiter of the session
+/// got a wait connection again, and waiters were left to the overflow
+/// poll. Here a session with two wait connections has one waiter that
+/// keeps waiting, and a second dropped 150 times at points 1 to 60 ms
+/// into its wait (some while its connection opens); then two waiters that
+/// keep waiting both wait on the server, and both are granted once the
+/// holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_back() {
+    use lockline::LockMode::{Ex, Pr};
+    let db = Db::postgres();
+    let url = db.url();
+    let name = "pool/slot";
+    let holders = Client::new(Sql::new(url.clone()));
+    let holder = holders.session_with(options(20_000)).await.expect("session");
+    let held = holder.resource(name).unwrap().lock(Ex).await.expect("EX");
+    let client = Client::new(Sql::new(url.clone()).with_wait_connections(2));
+    let session = client.session_with(options(20_000)).await.expect("session");
+    let resource = session.resource(name).unwrap();
+    let mut side = Side::connect(&url).await;
+    let waits_on_server = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' \
+                           AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
+
+    let first = {
+        let resource = resource.clone();
+        tokio::spawn(async move { resource.lock(Pr).await })
+    };
+    step("the first waiter waits on the server", async {
+        while side.int(waits_on_server).await < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for round in 0..150u64 {
+        let after = Duration::from_micros(1_000 + (round * 7_919) % 60_000);
+        let _ = tokio::time::timeout(after, resource.lock(Pr)).await;
+    }
+    step("the dropped waiters' cleanups", session.flush()).await;
+
+    let second = {
+        let resource = resource.clone();
+        tokio::spawn(async move { resource.lock(Pr).await })
+    };
+    step("both waiters wait on the server", async {
+        while side.int(waits_on_server).await < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    held.release().await.expect("release");
+    for waiter in [first, second] {
+        let granted = step("a waiter granted", waiter).await.expect("task").expect("PR");
+        granted.release().await.expect("release");
+    }
+}
