@@ -346,10 +346,11 @@ impl BackendSession for RedisSession {
         let what = "append to the queue";
         let script = &scripts.append;
         let invocation_with = &invocation_with;
-        // Sent once more on a new connection if its connection was closed
-        // under it: a second append of the attempt finds its entry.
+        // Never sent twice here, even on a connection found closed: a copy
+        // may still be on its way (held by a middlebox), and only the core,
+        // which retries appends itself, knows to fence the whole attempt.
         let answer = shared
-            .exchange_again_if_closed(what, shared.options.request_timeout(), |mut link| async move {
+            .exchange(what, shared.options.request_timeout(), |mut link| async move {
                 let mut invocation = invocation_with(with_session_key);
                 invocation.arg(link.epoch()).arg(window);
                 match shared.invoke(script, &invocation, true, &mut link).await {

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use lockline::conformance::bounded;
-use lockline::{Client, FencingToken, Session, SessionOptions, SessionState, Write};
+use lockline::{Client, Session, SessionOptions, SessionState, Write};
 use lockline_redis::Redis;
 use lockline_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
@@ -222,33 +222,31 @@ async fn a_restart_longer_than_the_loss_deadline_is_lost_before_any_other_grant(
     guard.release().await.expect("release");
 }
 
-/// A `try_lock` right after a restart, before the session's next renewal:
-/// the command connection the restart closed is made again for it, and the
-/// try is answered (granted here) instead of failing on the closed one.
-/// Renewals are 10 s apart (TTL 30 s), so none comes between the restart
-/// and the try; `try_lock` does not retry a failure of its own.
+/// A read right after a restart, before the session's next renewal: the
+/// command connection the restart closed is made again for it, and the
+/// read is answered instead of failing on the closed one (a listing of a
+/// lock's queue here). Renewals are 10 s apart (TTL 30 s), so none comes
+/// between the restart and the read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_try_lock_right_after_a_restart_is_answered() {
+async fn a_read_right_after_a_restart_is_answered() {
     let mut server = persistent();
     let client = Client::new(Redis::new(server.url()));
     let session = client
         .session_with(options().with_ttl(Duration::from_secs(30)))
         .await
         .expect("session");
-    let mutex = session.mutex("restart/try").expect("mutex");
+    let mutex = session.mutex("restart/read").expect("mutex");
     // The command connection is made and used.
-    let first = mutex.try_lock().await.expect("try").expect("free");
-    first.release().await.expect("release");
+    let held = mutex.lock().await.expect("lock");
     let seen = record(&session);
 
     tokio::task::block_in_place(|| restart(&mut server, Duration::from_millis(200)));
 
-    let granted = bounded("a try after the restart", mutex.try_lock())
+    let listed = bounded("a read after the restart", mutex.contenders())
         .await
-        .expect("a try_lock right after the restart");
-    assert!(granted.is_some(), "the free lock was not granted");
-    let fenced = granted.expect("granted");
-    assert!(fenced.token() > FencingToken::new(0));
-    fenced.release().await.expect("release");
+        .expect("a read right after the restart");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key, held.key());
+    held.release().await.expect("release");
     assert!(!states(&seen).contains(&SessionState::Lost), "{:?}", states(&seen));
 }

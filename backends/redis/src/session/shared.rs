@@ -206,13 +206,12 @@ impl Shared {
             .map_err(|(error, _)| error)
     }
 
-    /// As [`exchange`](Self::exchange), for a request that may be sent
-    /// twice (a read, or an append, which finds its attempt's entry): when
-    /// its connection turns out closed (the server restarted or dropped it;
-    /// not a request left unanswered), it is sent once more on a new
-    /// connection, within the same bound. The first request after a
-    /// restart then meets the new server, not the closed connection, even
-    /// for a caller that does not retry (a `try_` acquire).
+    /// As [`exchange`](Self::exchange), for a request that only reads:
+    /// when its connection turns out closed (the server restarted or
+    /// dropped it; not a request left unanswered), it is sent once more on
+    /// a new connection, within the same bound. The first read after a
+    /// restart then meets the new server, not the closed connection. (An
+    /// append is never sent twice here: a copy may still be on its way.)
     pub(crate) async fn exchange_again_if_closed<T, F, Fut>(
         &self,
         what: &str,
