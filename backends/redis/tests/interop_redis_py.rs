@@ -218,3 +218,44 @@ async fn set_nx_locks_and_redisson_hashes_exclude_lockline_and_back() {
     let again = mutex.try_lock().await.expect("try_lock").expect("free again");
     again.release().await.expect("release");
 }
+
+/// Lock modes keep no plain key: a `SET n token NX PX` lock (what
+/// redis-py's `Lock` sends) of a resource's name is taken beside a
+/// lock-mode holder, and a lock-mode request is granted beside such a
+/// holder. Neither sees the other (docs/interop.md: do not share names).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_nx_locks_and_lock_modes_do_not_see_each_other() {
+    use lockline::LockMode::Ex;
+    use redis::AsyncCommands;
+    let server = RedisServer::start().expect("start redis");
+    let mut raw = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let client = Client::new(Redis::new(server.url()));
+    let session = client.session_with(options()).await.expect("session");
+    let resource = session.resource("jobs/modes").expect("resource");
+    let set_nx = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            redis::cmd("SET")
+                .arg("jobs/modes")
+                .arg("foreign")
+                .arg("NX")
+                .arg("PX")
+                .arg(30_000)
+                .query_async::<Option<String>>(&mut raw)
+                .await
+                .expect("SET NX")
+        }
+    };
+
+    let guard = resource.lock(Ex).await.expect("EX");
+    assert!(set_nx(&mut raw).await.is_some(), "SET NX saw a lock-mode holder");
+    guard.release().await.expect("release");
+    let beside = resource.try_lock(Ex).await.expect("try_lock");
+    assert!(beside.is_some(), "a lock-mode request saw a SET NX holder");
+    beside.expect("EX").release().await.expect("release");
+    let _: () = raw.del("jobs/modes").await.expect("DEL");
+}
