@@ -162,6 +162,39 @@ async fn redis_py_waits_for_a_lockline_holder() {
     again.release().await.expect("release");
 }
 
+/// A server of the test's own, a plain connection to it (another client's
+/// commands) and a lockline session on it.
+async fn plain_and_lockline() -> (
+    RedisServer,
+    redis::aio::MultiplexedConnection,
+    Client,
+    lockline::Session,
+) {
+    let server = RedisServer::start().expect("start redis");
+    let raw = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let client = Client::new(Redis::new(server.url()));
+    let session = client.session_with(options()).await.expect("session");
+    (server, raw, client, session)
+}
+
+/// `SET key foreign NX PX 30000`: whether it took the key.
+async fn set_nx(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("SET")
+        .arg(key)
+        .arg("foreign")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async::<Option<String>>(raw)
+        .await
+        .expect("SET NX")
+        .is_some()
+}
+
 /// The other single-key locks by what they do on the server: `SET n token NX
 /// PX` (redsync and node-redlock on one node, the usual Lua-release lock)
 /// and Redisson's `RLock`, a hash at `n` taken only where `n` does not
@@ -170,43 +203,21 @@ async fn redis_py_waits_for_a_lockline_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_nx_locks_and_redisson_hashes_exclude_lockline_and_back() {
     use redis::AsyncCommands;
-    let server = RedisServer::start().expect("start redis");
-    let mut raw = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let client = Client::new(Redis::new(server.url()));
-    let session = client.session_with(options()).await.expect("session");
+    let (_server, mut raw, _client, session) = plain_and_lockline().await;
     let mutex = session.mutex("jobs/single-key").expect("mutex");
 
     // lockline holds: SET NX fails, and Redisson's test (EXISTS) says taken.
     let guard = mutex.lock().await.expect("lock");
-    let taken: Option<String> = redis::cmd("SET")
-        .arg("jobs/single-key")
-        .arg("foreign")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut raw)
-        .await
-        .expect("SET NX");
-    assert_eq!(taken, None, "SET NX took a key a lockline holder owns");
+    assert!(
+        !set_nx(&mut raw, "jobs/single-key").await,
+        "SET NX took a key a lockline holder owns"
+    );
     let exists: bool = raw.exists("jobs/single-key").await.expect("EXISTS");
     assert!(exists, "Redisson's RLock would take a key lockline holds");
     guard.release().await.expect("release");
 
     // A SET NX PX holder: lockline waits until it lets go.
-    let taken: Option<String> = redis::cmd("SET")
-        .arg("jobs/single-key")
-        .arg("foreign")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut raw)
-        .await
-        .expect("SET NX");
-    assert!(taken.is_some());
+    assert!(set_nx(&mut raw, "jobs/single-key").await);
     assert!(mutex.try_lock().await.expect("try_lock").is_none());
     let _: () = raw.del("jobs/single-key").await.expect("DEL");
 
@@ -227,32 +238,10 @@ async fn set_nx_locks_and_redisson_hashes_exclude_lockline_and_back() {
 async fn set_nx_locks_and_lock_modes_do_not_see_each_other() {
     use lockline::LockMode::Ex;
     use redis::AsyncCommands;
-    let server = RedisServer::start().expect("start redis");
-    let mut raw = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let client = Client::new(Redis::new(server.url()));
-    let session = client.session_with(options()).await.expect("session");
+    let (_server, mut raw, _client, session) = plain_and_lockline().await;
     let resource = session.resource("jobs/modes").expect("resource");
-    let set_nx = |raw: &mut redis::aio::MultiplexedConnection| {
-        let mut raw = raw.clone();
-        async move {
-            redis::cmd("SET")
-                .arg("jobs/modes")
-                .arg("foreign")
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query_async::<Option<String>>(&mut raw)
-                .await
-                .expect("SET NX")
-        }
-    };
-
     let guard = resource.lock(Ex).await.expect("EX");
-    assert!(set_nx(&mut raw).await.is_some(), "SET NX saw a lock-mode holder");
+    assert!(set_nx(&mut raw, "jobs/modes").await, "SET NX saw a lock-mode holder");
     guard.release().await.expect("release");
     let beside = resource.try_lock(Ex).await.expect("try_lock");
     assert!(beside.is_some(), "a lock-mode request saw a SET NX holder");

@@ -43,6 +43,18 @@ impl Side {
         }
     }
 
+    /// Waits (bounded, as [`step`]) until the count `sql` answers is at
+    /// least `least`: the server's state, which no event tells of, looked
+    /// at every 20 ms.
+    pub async fn until_at_least(&mut self, what: &str, sql: &str, least: i64) {
+        step(what, async {
+            while self.int(sql).await < least {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+
     /// Runs statements (no results wanted).
     pub async fn exec(&mut self, sql: &str) {
         self.try_exec(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));

@@ -328,15 +328,11 @@ async fn postgres_a_read_in_a_release_s_commit_window_keeps_the_value_it_wrote()
     let resource = sr.resource(name).unwrap();
     let requesting = tokio::spawn(async move { resource.lock(Pw).await });
     // D's conversion and R's request both wait on the server.
-    step("D and R wait on the server", async {
-        while side
-            .int("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' AND wait_event_type = 'Lock'")
-            .await
-            < 2
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    side.until_at_least(
+        "D and R wait on the server",
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' AND wait_event_type = 'Lock'",
+        2,
+    )
     .await;
 
     // Every commit that waits for its WAL now waits for a standby that is
@@ -348,15 +344,11 @@ async fn postgres_a_read_in_a_release_s_commit_window_keeps_the_value_it_wrote()
     side.exec("SELECT pg_reload_conf()").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let releasing = tokio::spawn(async move { x.release().await });
-    step("X's release waits at its commit", async {
-        while side
-            .int("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
-            .await
-            < 1
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    side.until_at_least(
+        "X's release waits at its commit",
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        1,
+    )
     .await;
     // D's connection ends: R's wait on D ends, and R reads the queue while
     // X's release waits at its commit. The window is held open a while,

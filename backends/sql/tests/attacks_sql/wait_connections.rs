@@ -243,12 +243,8 @@ async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_b
         let resource = resource.clone();
         tokio::spawn(async move { resource.lock(Pr).await })
     };
-    step("the first waiter waits on the server", async {
-        while side.int(waits_on_server).await < 1 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    side.until_at_least("the first waiter waits on the server", waits_on_server, 1)
+        .await;
     for round in 0..150u64 {
         let after = Duration::from_micros(1_000 + (round * 7_919) % 60_000);
         let _ = tokio::time::timeout(after, resource.lock(Pr)).await;
@@ -259,12 +255,8 @@ async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_b
         let resource = resource.clone();
         tokio::spawn(async move { resource.lock(Pr).await })
     };
-    step("both waiters wait on the server", async {
-        while side.int(waits_on_server).await < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    side.until_at_least("both waiters wait on the server", waits_on_server, 2)
+        .await;
     held.release().await.expect("release");
     for waiter in [first, second] {
         let granted = step("a waiter granted", waiter).await.expect("task").expect("PR");
