@@ -200,16 +200,26 @@ impl<D: Dialect> Shared<D> {
         {
             return;
         }
+        /// The reaping's key, taken off when the task ends: also when it is
+        /// dropped with the runtime it runs on (its caller's), or no
+        /// reaping of that key would run again.
+        struct Reaping<D: Dialect>(Arc<Shared<D>>, String);
+        impl<D: Dialect> Drop for Reaping<D> {
+            fn drop(&mut self) {
+                self.0
+                    .reaping
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&self.1);
+            }
+        }
         let shared = Arc::clone(self);
         tokio::spawn(async move {
+            let reaping = Reaping(Arc::clone(&shared), key);
             let timeout = shared.options.request_timeout() + extra;
             let reaped = tokio::time::timeout(timeout, reap(Arc::clone(&shared))).await;
             told(&shared, reaped);
-            shared
-                .reaping
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&key);
+            drop(reaping);
         });
     }
 }

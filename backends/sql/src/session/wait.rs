@@ -15,6 +15,22 @@ use crate::dialect::{DbResult, Dialect, Found, Purpose, Reaped, Turn, TurnRead, 
 use crate::error::{interrupted, map, timed_out};
 use crate::pool::{Idle, Lease, Stop};
 
+/// A wait-pool slot, given back without a connection when dropped unless
+/// taken (`key` set to `None`): a lease's future dropped while it opens its
+/// connection, or a wait task dropped with its runtime.
+struct SlotBack<'a, C> {
+    pool: &'a crate::pool::WaitPool<C>,
+    key: Option<(i64, u64)>,
+}
+
+impl<C> Drop for SlotBack<'_, C> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.pool.release(key, None);
+        }
+    }
+}
+
 impl<D: Dialect> Shared<D> {
     /// A wait connection for a waiter with `priority`, opened if the pool
     /// has room.
@@ -24,20 +40,7 @@ impl<D: Dialect> Shared<D> {
     pub(super) async fn lease(&self, priority: i64) -> Result<Lease<D::Conn>> {
         let mut lease = self.waits.acquire(priority).await.ok_or_else(|| self.over_error())?;
         if lease.conn.is_none() {
-            /// The slot of a connection being opened, given back unless
-            /// the connection is open.
-            struct Opening<'a, C> {
-                pool: &'a crate::pool::WaitPool<C>,
-                key: Option<(i64, u64)>,
-            }
-            impl<C> Drop for Opening<'_, C> {
-                fn drop(&mut self) {
-                    if let Some(key) = self.key.take() {
-                        self.pool.release(key, None);
-                    }
-                }
-            }
-            let mut opening = Opening {
+            let mut opening = SlotBack {
                 pool: &self.waits,
                 key: Some(lease.key),
             };
@@ -235,12 +238,19 @@ pub(super) type TurnSlot = Arc<(Turn, std::sync::Mutex<Option<TurnRead>>)>;
 pub(super) type FoundSlot = Arc<std::sync::Mutex<Option<Found>>>;
 
 impl<D: Dialect> WaitTask<D> {
+    ///
+    /// The task runs on its waiter's runtime: dropped with it (the runtime
+    /// shut down), it gives its slot back, its connection closing with it.
     async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>) {
+        let mut slot = SlotBack {
+            pool: &self.shared.waits,
+            key: Some(lease.key),
+        };
         let Some(mut idle) = lease.conn.take() else {
-            self.shared.waits.release(lease.key, None);
             return;
         };
         let (outcome, keep) = self.wait(&mut idle, &lease.preempt).await;
+        slot.key = None;
         self.shared.waits.release(lease.key, keep.then_some(idle));
         let _ = reply.send(outcome);
     }

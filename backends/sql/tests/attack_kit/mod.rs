@@ -43,16 +43,10 @@ impl Side {
         }
     }
 
-    /// Waits (bounded, as [`step`]) until the count `sql` answers is at
-    /// least `least`: the server's state, which no event tells of, looked
-    /// at every 20 ms.
+    /// Waits (bounded, as [`until`](Self::until)) until the count `sql`
+    /// answers is at least `least`.
     pub async fn until_at_least(&mut self, what: &str, sql: &str, least: i64) {
-        step(what, async {
-            while self.int(sql).await < least {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        self.until(what, sql, |count| count >= least).await;
     }
 
     /// Runs statements (no results wanted).

@@ -263,3 +263,67 @@ async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_b
         granted.release().await.expect("release");
     }
 }
+
+/// Was a defect, now fixed: a waiter's wait task runs on the waiter's
+/// runtime, and one dropped with it (a runtime of its own that shut down
+/// while the waiter waited on the server) kept its slot of the session's
+/// wait connections for the session's life. With one wait connection, no
+/// later waiter of the session waited on the server again (each was left
+/// to the overflow poll). Here the later waiter waits on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
+    use lockline::LockMode::{Ex, Pr};
+    let db = Db::postgres();
+    let url = db.url();
+    let name = "pool/runtime";
+    let holders = Client::new(Sql::new(url.clone()));
+    let holder = holders.session_with(options(20_000)).await.expect("session");
+    let held = holder.resource(name).unwrap().lock(Ex).await.expect("EX");
+    let client = Client::new(Sql::new(url.clone()).with_wait_connections(1));
+    let session = client.session_with(options(20_000)).await.expect("session");
+    let resource = session.resource(name).unwrap();
+    let mut side = Side::connect(&url).await;
+    let waits_on_server = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' \
+                           AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
+
+    // A waiter on a runtime of its own thread waits on the server, then
+    // its future is dropped and its runtime shut down.
+    {
+        let resource = resource.clone();
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut side = Side::connect(&url).await;
+                tokio::select! {
+                    outcome = resource.lock(Pr) => panic!("granted beside EX: {:?}", outcome.map(|g| g.token())),
+                    () = side.until_at_least("the first waiter waits on the server", waits_on_server, 1) => {}
+                }
+            });
+            drop(runtime);
+        })
+        .await
+        .expect("the first waiter's thread");
+    }
+    step("the dropped waiter's cleanup", session.flush()).await;
+    side.until("its server wait ended with its connection", waits_on_server, |count| {
+        count == 0
+    })
+    .await;
+
+    let second = {
+        let resource = resource.clone();
+        tokio::spawn(async move { resource.lock(Pr).await })
+    };
+    side.until_at_least("the next waiter waits on the server", waits_on_server, 1)
+        .await;
+    held.release().await.expect("release");
+    let granted = step("the next waiter granted", second)
+        .await
+        .expect("task")
+        .expect("PR");
+    granted.release().await.expect("release");
+}
