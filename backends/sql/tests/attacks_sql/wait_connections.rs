@@ -225,25 +225,17 @@ async fn postgres_many_sessions_on_few_connections_are_granted_in_order() {
 /// holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_back() {
-    use lockline::LockMode::{Ex, Pr};
-    let db = Db::postgres();
+    use lockline::LockMode::Pr;
+    let (db, _holder, held, session) = behind_an_ex_holder("pool/slot", 2).await;
     let url = db.url();
-    let name = "pool/slot";
-    let holders = Client::new(Sql::new(url.clone()));
-    let holder = holders.session_with(options(20_000)).await.expect("session");
-    let held = holder.resource(name).unwrap().lock(Ex).await.expect("EX");
-    let client = Client::new(Sql::new(url.clone()).with_wait_connections(2));
-    let session = client.session_with(options(20_000)).await.expect("session");
-    let resource = session.resource(name).unwrap();
+    let resource = session.resource("pool/slot").unwrap();
     let mut side = Side::connect(&url).await;
-    let waits_on_server = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' \
-                           AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
 
     let first = {
         let resource = resource.clone();
         tokio::spawn(async move { resource.lock(Pr).await })
     };
-    side.until_at_least("the first waiter waits on the server", waits_on_server, 1)
+    side.until_at_least("the first waiter waits on the server", WAITS_ON_SERVER, 1)
         .await;
     for round in 0..150u64 {
         let after = Duration::from_micros(1_000 + (round * 7_919) % 60_000);
@@ -255,7 +247,7 @@ async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_b
         let resource = resource.clone();
         tokio::spawn(async move { resource.lock(Pr).await })
     };
-    side.until_at_least("both waiters wait on the server", waits_on_server, 2)
+    side.until_at_least("both waiters wait on the server", WAITS_ON_SERVER, 2)
         .await;
     held.release().await.expect("release");
     for waiter in [first, second] {
@@ -272,19 +264,11 @@ async fn postgres_a_waiter_dropped_as_its_wait_connection_opens_gives_the_slot_b
 /// to the overflow poll). Here the later waiter waits on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
-    use lockline::LockMode::{Ex, Pr};
-    let db = Db::postgres();
+    use lockline::LockMode::Pr;
+    let (db, _holder, held, session) = behind_an_ex_holder("pool/runtime", 1).await;
     let url = db.url();
-    let name = "pool/runtime";
-    let holders = Client::new(Sql::new(url.clone()));
-    let holder = holders.session_with(options(20_000)).await.expect("session");
-    let held = holder.resource(name).unwrap().lock(Ex).await.expect("EX");
-    let client = Client::new(Sql::new(url.clone()).with_wait_connections(1));
-    let session = client.session_with(options(20_000)).await.expect("session");
-    let resource = session.resource(name).unwrap();
+    let resource = session.resource("pool/runtime").unwrap();
     let mut side = Side::connect(&url).await;
-    let waits_on_server = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' \
-                           AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
 
     // A waiter on a runtime of its own thread waits on the server, then
     // its future is dropped and its runtime shut down.
@@ -300,7 +284,7 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
                 let mut side = Side::connect(&url).await;
                 tokio::select! {
                     outcome = resource.lock(Pr) => panic!("granted beside EX: {:?}", outcome.map(|g| g.token())),
-                    () = side.until_at_least("the first waiter waits on the server", waits_on_server, 1) => {}
+                    () = side.until_at_least("the first waiter waits on the server", WAITS_ON_SERVER, 1) => {}
                 }
             });
             drop(runtime);
@@ -309,7 +293,7 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
         .expect("the first waiter's thread");
     }
     step("the dropped waiter's cleanup", session.flush()).await;
-    side.until("its server wait ended with its connection", waits_on_server, |count| {
+    side.until("its server wait ended with its connection", WAITS_ON_SERVER, |count| {
         count == 0
     })
     .await;
@@ -318,7 +302,7 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
         let resource = resource.clone();
         tokio::spawn(async move { resource.lock(Pr).await })
     };
-    side.until_at_least("the next waiter waits on the server", waits_on_server, 1)
+    side.until_at_least("the next waiter waits on the server", WAITS_ON_SERVER, 1)
         .await;
     held.release().await.expect("release");
     let granted = step("the next waiter granted", second)
@@ -326,4 +310,30 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
         .expect("task")
         .expect("PR");
     granted.release().await.expect("release");
+}
+
+/// What a waiter's `lockline_watch` waiting on the server looks like in
+/// `pg_stat_activity`: the count of them.
+const WAITS_ON_SERVER: &str = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' \
+                               AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()";
+
+/// A PostgreSQL server, a session holding `name` in EX (kept alive), that
+/// hold, and another session with `wait_connections` wait connections.
+async fn behind_an_ex_holder(
+    name: &str,
+    wait_connections: usize,
+) -> (Db, lockline::Session, lockline::ResourceGuard, lockline::Session) {
+    let db = Db::postgres();
+    let url = db.url();
+    let holders = Client::new(Sql::new(url.clone()));
+    let holder = holders.session_with(options(20_000)).await.expect("session");
+    let held = holder
+        .resource(name)
+        .unwrap()
+        .lock(lockline::LockMode::Ex)
+        .await
+        .expect("EX");
+    let client = Client::new(Sql::new(url).with_wait_connections(wait_connections));
+    let session = client.session_with(options(20_000)).await.expect("session");
+    (db, holder, held, session)
 }
