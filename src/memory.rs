@@ -65,23 +65,28 @@ struct Store {
     appended: watch::Sender<u64>,
 }
 
+/// The maps of the store: its keys are the user's own names, hashed on every
+/// call, where the default hasher's resistance to crafted keys costs more
+/// than it guards.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct State {
     revision: i64,
     next_session: u64,
     /// Every entry by key.
-    entries: HashMap<String, Record>,
+    entries: Map<String, Record>,
     /// Each directory's entries by creation order.
-    dirs: HashMap<String, BTreeMap<i64, String>>,
-    sessions: HashMap<String, watch::Sender<SessionState>>,
+    dirs: Map<String, BTreeMap<i64, String>>,
+    sessions: Map<String, watch::Sender<SessionState>>,
     /// The keys written by fenced writes: persistent, apart from entries.
     data: BTreeMap<String, Vec<u8>>,
     /// Entries deleted with their session's loss (not released), and when:
     /// what a waiter's lock-delay asks (`departure`). Forgotten once asked,
     /// or all at once when many pile up.
-    lost: HashMap<(String, i64), tokio::time::Instant>,
+    lost: Map<(String, i64), tokio::time::Instant>,
     /// Lock-mode resources' value blocks, by name.
-    blocks: HashMap<String, Vec<u8>>,
+    blocks: Map<String, Vec<u8>>,
 }
 
 struct Record {

@@ -3,7 +3,7 @@
 //! `metrics` facade (cargo feature `metrics`); without the feature,
 //! `observe` stands in for it with the same names and records nothing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 #[cfg(feature = "metrics")]
 pub mod metrics;
@@ -91,11 +91,20 @@ pub(crate) struct Counters {
 impl Counters {
     pub(crate) fn bump(&self, counter: impl FnOnce(&Counters) -> &AtomicU64) {
         counter(self).fetch_add(1, Ordering::Relaxed);
-        self.changed.send_replace(());
+        // Nobody waits for the counts most of the time, and telling a watch
+        // channel wakes its every shard whether it has receivers or not. The
+        // fence pairs with `wait_for`'s: either this sees its receiver, or
+        // its first look at the counts sees this count.
+        fence(Ordering::SeqCst);
+        if self.changed.receiver_count() > 0 {
+            self.changed.send_replace(());
+        }
     }
 
     pub(crate) async fn wait_for(&self, mut predicate: impl FnMut(&ClientStats) -> bool) -> ClientStats {
         let mut changed = self.changed.subscribe();
+        // See `bump`.
+        fence(Ordering::SeqCst);
         loop {
             let stats = self.snapshot();
             if predicate(&stats) {
