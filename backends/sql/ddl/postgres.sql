@@ -165,8 +165,11 @@ DECLARE
 BEGIN
     DELETE FROM "public"."lockline_entries" e WHERE e.id = p_id AND e.session = p_session RETURNING e.kind, e.epoch INTO v_kind, v_version;
     IF p_unlock THEN
+        -- Held on to until the deletion commits (see lockline_update_queue).
+        PERFORM pg_advisory_xact_lock(p_id # 2026619832316723200);
         PERFORM pg_advisory_unlock(p_id # 2026619832316723200);
         IF v_kind IN ('election', 'dlm') THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended(p_id::text || ':' || v_version::text, 2026619832316723200));
             PERFORM pg_advisory_unlock(hashtextextended(p_id::text || ':' || v_version::text, 2026619832316723200));
         END IF;
     ELSIF v_kind = 'dlm' THEN

@@ -201,7 +201,8 @@ impl<D: Dialect> Shared<D> {
             return;
         }
         /// The reaping's key, taken off when the task ends: also when it is
-        /// dropped with the runtime it runs on (its caller's), or no
+        /// dropped with the runtime it runs on (its caller's), polled or
+        /// not (it is made before the task and moved into it), or no
         /// reaping of that key would run again.
         struct Reaping<D: Dialect>(Arc<Shared<D>>, String);
         impl<D: Dialect> Drop for Reaping<D> {
@@ -214,8 +215,8 @@ impl<D: Dialect> Shared<D> {
             }
         }
         let shared = Arc::clone(self);
+        let reaping = Reaping(Arc::clone(&shared), key);
         tokio::spawn(async move {
-            let reaping = Reaping(Arc::clone(&shared), key);
             let timeout = shared.options.request_timeout() + extra;
             let reaped = tokio::time::timeout(timeout, reap(Arc::clone(&shared))).await;
             told(&shared, reaped);

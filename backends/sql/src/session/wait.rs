@@ -17,7 +17,7 @@ use crate::pool::{Idle, Lease, Stop};
 
 /// A wait-pool slot, given back without a connection when dropped unless
 /// taken (`key` set to `None`): a lease's future dropped while it opens its
-/// connection, or a wait task dropped with its runtime.
+/// connection.
 struct SlotBack<'a, C> {
     pool: &'a crate::pool::WaitPool<C>,
     key: Option<(i64, u64)>,
@@ -27,6 +27,23 @@ impl<C> Drop for SlotBack<'_, C> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             self.pool.release(key, None);
+        }
+    }
+}
+
+/// A wait task's slot, given back (its connection closed) when the task is
+/// dropped before it gives the slot back itself: with the runtime it runs
+/// on, also before its first poll, since it is made before the task and
+/// moved into it.
+struct TaskSlot<D: Dialect> {
+    shared: Arc<Shared<D>>,
+    key: Option<(i64, u64)>,
+}
+
+impl<D: Dialect> Drop for TaskSlot<D> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.shared.waits.release(key, None);
         }
     }
 }
@@ -156,7 +173,11 @@ impl<D: Dialect> Shared<D> {
                 found: found.cloned(),
                 turn: turn.cloned(),
             };
-            tokio::spawn(task.run(lease, tx));
+            let slot = TaskSlot {
+                shared: Arc::clone(self),
+                key: Some(lease.key),
+            };
+            tokio::spawn(task.run(lease, tx, slot));
             let _stop_on_drop = StopOnDrop(stop);
             match rx.await {
                 Ok(TaskOutcome::Released) => break false,
@@ -238,14 +259,13 @@ pub(super) type TurnSlot = Arc<(Turn, std::sync::Mutex<Option<TurnRead>>)>;
 pub(super) type FoundSlot = Arc<std::sync::Mutex<Option<Found>>>;
 
 impl<D: Dialect> WaitTask<D> {
+    /// Waits on the lease's connection, gives the lease back and tells the
+    /// waiter how the wait ended.
     ///
     /// The task runs on its waiter's runtime: dropped with it (the runtime
-    /// shut down), it gives its slot back, its connection closing with it.
-    async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>) {
-        let mut slot = SlotBack {
-            pool: &self.shared.waits,
-            key: Some(lease.key),
-        };
+    /// shut down), `slot` gives its slot back, its connection closing with
+    /// it.
+    async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>, mut slot: TaskSlot<D>) {
         let Some(mut idle) = lease.conn.take() else {
             return;
         };

@@ -312,6 +312,75 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
     granted.release().await.expect("release");
 }
 
+/// As above, with the runtime shut down right as the wait's task is
+/// spawned, before that task is first polled: its slot must come back as
+/// well (one wait connection: a slot kept for good leaves every later
+/// waiter of the session without one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_wait_task_dropped_before_it_ran_gives_the_slot_back() {
+    use lockline::LockMode::Pr;
+    let (db, _holder, held, session) = behind_an_ex_holder("pool/unpolled", 1).await;
+    let url = db.url();
+    let resource = session.resource("pool/unpolled").unwrap();
+    let mut side = Side::connect(&url).await;
+
+    // The waiter runs on a current-thread runtime of its own, polled by
+    // hand: once a poll of it has spawned a task (the wait's, the only task
+    // a waiter spawns on its own runtime), the runtime is shut down in that
+    // same poll, so the task never runs.
+    let spawned = {
+        let resource = resource.clone();
+        tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let spawned = runtime.block_on(async {
+                let mut lock = std::pin::pin!(resource.lock(Pr));
+                let metrics = tokio::runtime::Handle::current().metrics();
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                std::future::poll_fn(|cx| {
+                    if let std::task::Poll::Ready(outcome) = std::future::Future::poll(lock.as_mut(), cx) {
+                        panic!("granted beside EX: {:?}", outcome.map(|g| g.token()));
+                    }
+                    if metrics.num_alive_tasks() > 0 {
+                        return std::task::Poll::Ready(true);
+                    }
+                    if tokio::time::Instant::now() > deadline {
+                        return std::task::Poll::Ready(false);
+                    }
+                    std::task::Poll::Pending
+                })
+                .await
+            });
+            drop(runtime);
+            spawned
+        })
+        .await
+        .expect("the first waiter's thread")
+    };
+    assert!(spawned, "the waiter spawned no task within 30 s");
+    step("the dropped waiter's cleanup", session.flush()).await;
+    assert_eq!(
+        side.int(WAITS_ON_SERVER).await,
+        0,
+        "the wait task never ran, yet a wait is on the server"
+    );
+
+    let second = {
+        let resource = resource.clone();
+        tokio::spawn(async move { resource.lock(Pr).await })
+    };
+    side.until_at_least("the next waiter waits on the server", WAITS_ON_SERVER, 1)
+        .await;
+    held.release().await.expect("release");
+    let granted = step("the next waiter granted", second)
+        .await
+        .expect("task")
+        .expect("PR");
+    granted.release().await.expect("release");
+}
+
 /// What a waiter's `lockline_watch` waiting on the server looks like in
 /// `pg_stat_activity`: the count of them.
 const WAITS_ON_SERVER: &str = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%lockline_watch%' \
