@@ -17,7 +17,9 @@ impl ResourceGuard {
     /// then learns at its next conversion or release that it holds the new
     /// mode (its value block written by that release as a PW or EX holder's
     /// is); until then [`mode`](Self::mode) under-claims, never
-    /// over-claims.
+    /// over-claims. A next conversion up from the mode it claims, to CW, PW
+    /// or EX, takes a fresh token even when the mode the server holds
+    /// makes it a down-conversion.
     ///
     /// # Errors
     ///
@@ -100,13 +102,20 @@ impl ResourceGuard {
     }
 
     pub(super) async fn convert_now(&mut self, mode: LockMode, patience: Patience) -> Result<bool> {
+        let claimed = self.mode();
         self.resync().await?;
         let from = self.mode();
         if mode == from {
             return Ok(true);
         }
         if mode.is_down_from(from) {
-            self.down(mode).await?;
+            // Up from the mode the guard claimed, down only from the one an
+            // earlier conversion, cancelled in flight, left on the server:
+            // asked as an up-conversion, a writing mode takes a fresh token
+            // as an up-conversion's grant does, above every token granted
+            // while the guard did not know what it held.
+            let fresh = mode.writes() && !mode.is_down_from(claimed);
+            self.down(mode, fresh).await?;
             return Ok(true);
         }
         let mut cleanup = ConversionCleanup {
@@ -168,6 +177,9 @@ impl ResourceGuard {
                     cell.mode = held;
                     cell.token = state.token;
                     cell.told = 0;
+                } else if held.writes() {
+                    // A down-conversion that took a fresh token landed.
+                    cell.token = state.token;
                 }
             }
             cell.uncertain = false;
@@ -178,7 +190,7 @@ impl ResourceGuard {
 
     pub(super) async fn deadlock(&mut self, from: LockMode, to: LockMode) -> Error {
         let held = if self.resource.demote_on_deadlock {
-            match self.down(LockMode::Nl).await {
+            match self.down(LockMode::Nl, false).await {
                 Ok(()) => LockMode::Nl,
                 Err(error) => return error,
             }

@@ -5,10 +5,11 @@ use super::*;
 
 impl ResourceGuard {
     /// A down-conversion: one write (a listening lock's reads first, to keep
-    /// the marks of the waiters it still blocks).
-    pub(super) async fn down(&mut self, mode: LockMode) -> Result<()> {
+    /// the marks of the waiters it still blocks). With `fresh`, the lock
+    /// takes the write's token (see `convert_now`).
+    pub(super) async fn down(&mut self, mode: LockMode, fresh: bool) -> Result<()> {
         let inner = self.hold.session().inner.clone();
-        let token = self.cell().token;
+        let token = if fresh { 0 } else { self.cell().token };
         let block = (!mode.sole_writer()).then(|| self.leaving_block()).flatten();
         // The lower mode first: a call cancelled in flight leaves the guard
         // claiming less than the server may hold, never more. A value set
@@ -30,8 +31,8 @@ impl ResourceGuard {
         // cancelled writes it only if its read shows the lock still in PW
         // or EX (`mode_rule::hand_over`), that is, only if this write did
         // not land.
-        if self.resource.notify_blocking {
-            self.down_keeping_marks(mode, token, block.as_deref()).await?;
+        let written = if self.resource.notify_blocking {
+            self.down_keeping_marks(mode, token, block.as_deref()).await?
         } else {
             // No waiter marks a lock that does not listen: one write, at
             // whatever version.
@@ -44,12 +45,16 @@ impl ResourceGuard {
                 delete: &[],
                 block: block.as_deref(),
             };
-            if inner.call(inner.remote.update_queue(&update)).await?.is_none() {
-                return Err(inner.vanished_error(&self.entry.key).await);
+            match inner.call(inner.remote.update_queue(&update)).await? {
+                Some(written) => written,
+                None => return Err(inner.vanished_error(&self.entry.key).await),
             }
-        }
+        };
         {
             let mut cell = self.cell();
+            if fresh {
+                cell.token = written;
+            }
             if let Some(bytes) = pending {
                 cell.pending = None;
                 cell.value.bytes = bytes;
@@ -64,8 +69,9 @@ impl ResourceGuard {
 
     /// A listening lock's down-conversion: one read, then one write
     /// conditioned on the entry as read, keeping the marks of the waiters it
-    /// still blocks (its holder is told of them again).
-    pub(super) async fn down_keeping_marks(&self, mode: LockMode, token: u64, block: Option<&[u8]>) -> Result<()> {
+    /// still blocks (its holder is told of them again). Returns the write's
+    /// token.
+    pub(super) async fn down_keeping_marks(&self, mode: LockMode, token: u64, block: Option<&[u8]>) -> Result<u64> {
         let inner = &self.hold.session().inner;
         loop {
             let (slot, _) = self.read_own().await?;
@@ -80,8 +86,8 @@ impl ResourceGuard {
             }
             .encode();
             let write = SlotWrite::new(&self.resource.name, &slot, &self.entry, &value, block);
-            if inner.call(inner.remote.update_queue(&write.update())).await?.is_some() {
-                return Ok(());
+            if let Some(written) = inner.call(inner.remote.update_queue(&write.update())).await? {
+                return Ok(written);
             }
         }
     }
