@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use LockMode::*;
 
+mod cancelled_conversions;
 mod deadlock_oracle;
 mod gated;
 mod handover;

@@ -942,38 +942,57 @@ pub(crate) async fn regression_a_guard_dropped_outside_a_runtime_writes_its_valu
     next.release().await.unwrap();
 }
 
-/// Was a deviation: a guard whose up-conversion to PW was cancelled after
-/// its grant landed (the answer never came) claims NL until it learns more.
-/// Its next `convert(CW)`, an up-conversion as far as it knew, learned PW
-/// and converted down from it, keeping PW's token, below the token of a CR
-/// lock granted meanwhile. Fencing held (PW was held throughout), but an
-/// up-conversion to a writing mode takes a fresh token above every token
-/// granted so far, and this one now does.
+/// Was a deviation: a guard whose up-conversion was cancelled after its
+/// grant landed (the answer never came) claims its old mode until it
+/// learns more. Its next conversion up from that mode to a writing one
+/// learned the mode held and, that mode being the one asked or above it,
+/// kept the landed grant's token: below the token of a lock granted beside
+/// it meanwhile (CR beside PW; CW beside CW). Fencing held (the mode was
+/// held throughout), but an up-conversion to CW, PW or EX takes a fresh
+/// token above every token granted so far, and this one now does. (The
+/// same-mode case was found by an outside review of the first fix.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn regression_an_up_conversion_after_a_cancelled_one_that_landed_takes_a_fresh_token() {
-    // Both ways a down-conversion writes: blind, and (a lock that listens
+    // (held, converted to and landed, granted beside meanwhile, asked next)
+    let cases = [
+        (Nl, Pw, Cr, Cw),
+        (Nl, Pw, Cr, Pw),
+        (Nl, Cw, Cw, Cw),
+        (Pr, Ex, Nl, Pw),
+        (Cr, Ex, Nl, Ex),
+    ];
+    // Both ways a conversion's write goes: blind, and (a lock that listens
     // for the waiters it blocks) after a read that keeps their marks.
     for listening in [false, true] {
-        up_after_a_cancelled_one_that_landed(listening).await;
+        for (held, landed, beside, asked) in cases {
+            up_after_a_cancelled_one_that_landed(listening, held, landed, beside, asked).await;
+        }
     }
 }
 
-async fn up_after_a_cancelled_one_that_landed(listening: bool) {
+async fn up_after_a_cancelled_one_that_landed(
+    listening: bool,
+    held: LockMode,
+    landed: LockMode,
+    beside: LockMode,
+    asked: LockMode,
+) {
+    let case = format!("{held} → {landed} landed, {beside} beside, then {asked} (listening: {listening})");
     let (gated, s) = gated_sessions(2).await;
     let (a, b) = (&s[0].1, &s[1].1);
     let name = "fresh-after-landed";
     let resource = b.resource(name).unwrap();
     let mine = a.resource(name).unwrap();
     let mine = if listening { mine.notify_blocking() } else { mine };
-    let mut guard = lock(&mine, Nl).await;
+    let mut guard = lock(&mine, held).await;
     {
         // The conversion's mark, then its grant: each stopped once applied;
         // the grant's answer never comes, the call being dropped.
         let mark = gated.trap(a, "update_queue");
-        let mut converting = std::pin::pin!(guard.convert(Pw));
+        let mut converting = std::pin::pin!(guard.convert(landed));
         bounded("the conversion's mark", async {
             tokio::select! {
-                outcome = &mut converting => panic!("converted without its mark: {outcome:?}"),
+                outcome = &mut converting => panic!("{case}: converted without its mark: {outcome:?}"),
                 _ = mark.reached => {}
             }
         })
@@ -982,38 +1001,48 @@ async fn up_after_a_cancelled_one_that_landed(listening: bool) {
         let _ = mark.resume.send(());
         bounded("the conversion's grant", async {
             tokio::select! {
-                outcome = &mut converting => panic!("the grant's answer came: {outcome:?}"),
+                outcome = &mut converting => panic!("{case}: the grant's answer came: {outcome:?}"),
                 _ = grant.reached => {}
             }
         })
         .await;
     }
-    assert_eq!(guard.mode(), Nl, "the guard claims no more than it knows");
-    let queue = listed(&resource).await;
-    assert_eq!(modes(&queue), vec![(Some(Pw), Pw)], "the grant landed");
-    let pw_token = queue[0].token.expect("PW's token");
-    // A CR lock beside PW, granted with a token above PW's.
-    let reader = lock(&resource, Cr).await;
     assert!(
-        reader.token() > pw_token,
-        "CR's {} against PW's {pw_token}",
-        reader.token()
+        guard.mode().is_down_from(held),
+        "{case}: the guard claims {}",
+        guard.mode()
+    );
+    let queue = listed(&resource).await;
+    assert_eq!(modes(&queue), vec![(Some(landed), landed)], "{case}: the grant landed");
+    let landed_token = queue[0].token.expect("the landed grant's token");
+    // A lock beside it, granted with a token above the landed grant's.
+    let other = lock(&resource, beside).await;
+    assert!(
+        other.token() > landed_token,
+        "{case}: {} against {landed_token}",
+        other.token()
     );
 
-    bounded("convert to CW", guard.convert(Cw)).await.expect("CW beside CR");
-    assert_eq!(guard.mode(), Cw);
+    bounded("the next conversion", guard.convert(asked))
+        .await
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert_eq!(guard.mode(), asked, "{case}");
     assert!(
-        guard.token() > reader.token(),
-        "an up-conversion to CW (listening: {listening}) took {}, below CR's {} granted before it",
+        guard.token() > other.token(),
+        "{case}: the up-conversion took {}, below the {} granted before it",
         guard.token(),
-        reader.token()
+        other.token()
     );
     let queue = listed(&resource).await;
     let mine = queue
         .iter()
-        .find(|c| c.granted == Some(Cw))
-        .expect("the CW lock listed");
-    assert_eq!(mine.token, Some(guard.token()), "the server holds the guard's token");
-    reader.release().await.unwrap();
+        .find(|c| c.granted == Some(asked) && c.session.as_deref() == Some(a.id()));
+    assert_eq!(
+        mine.and_then(|c| c.token),
+        Some(guard.token()),
+        "{case}: the server holds the guard's token: {:?}",
+        modes(&queue)
+    );
+    other.release().await.unwrap();
     guard.release().await.unwrap();
 }

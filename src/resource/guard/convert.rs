@@ -18,8 +18,8 @@ impl ResourceGuard {
     /// mode (its value block written by that release as a PW or EX holder's
     /// is); until then [`mode`](Self::mode) under-claims, never
     /// over-claims. A next conversion up from the mode it claims, to CW, PW
-    /// or EX, takes a fresh token even when the mode the server holds
-    /// makes it a down-conversion.
+    /// or EX, takes a fresh token even when the server holds that mode
+    /// already, or one above it.
     ///
     /// # Errors
     ///
@@ -105,16 +105,16 @@ impl ResourceGuard {
         let claimed = self.mode();
         self.resync().await?;
         let from = self.mode();
-        if mode == from {
+        // Up from the mode the guard claimed, but already held or down from
+        // the mode held (an earlier conversion, cancelled in flight, left it
+        // on the server): asked as an up-conversion, a writing mode takes a
+        // fresh token as an up-conversion's grant does, above every token
+        // granted while the guard did not know what it held.
+        let fresh = mode.writes() && !mode.is_down_from(claimed);
+        if mode == from && !fresh {
             return Ok(true);
         }
         if mode.is_down_from(from) {
-            // Up from the mode the guard claimed, down only from the one an
-            // earlier conversion, cancelled in flight, left on the server:
-            // asked as an up-conversion, a writing mode takes a fresh token
-            // as an up-conversion's grant does, above every token granted
-            // while the guard did not know what it held.
-            let fresh = mode.writes() && !mode.is_down_from(claimed);
             self.down(mode, fresh).await?;
             return Ok(true);
         }

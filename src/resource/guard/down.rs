@@ -6,7 +6,8 @@ use super::*;
 impl ResourceGuard {
     /// A down-conversion: one write (a listening lock's reads first, to keep
     /// the marks of the waiters it still blocks). With `fresh`, the lock
-    /// takes the write's token (see `convert_now`).
+    /// takes the write's token, `mode` possibly the mode held (see
+    /// `convert_now`).
     pub(super) async fn down(&mut self, mode: LockMode, fresh: bool) -> Result<()> {
         let inner = self.hold.session().inner.clone();
         let token = if fresh { 0 } else { self.cell().token };
