@@ -30,7 +30,7 @@ async fn cancelled_conversions_keep_modes_tokens_and_the_value_block() {
 const POLLS: usize = 13;
 
 async fn run(seed: u64, failures: &mut Vec<String>) {
-    let listening = seed % 2 == 0;
+    let listening = seed.is_multiple_of(2);
     let mut rng = Rng::new(seed);
     let (gated, s) = gated_sessions(3).await;
     let a = &s[0].1;
