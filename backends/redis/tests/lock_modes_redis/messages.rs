@@ -44,8 +44,10 @@ pub(super) async fn a_hand_over_tells_its_waiters_a_prefix_through_a_waiting_ex(
         let behind = append(&c, &format!("behind-{plain_read}"), b"waiting PR").await;
         let watching = watch_until_gone(fixture, &b, &held, b"held EX").await;
         hand_over(&a, &c, &held, &next, None).await;
-        goes(watching).await;
+        // Counted before the watch ends: a queue heard is kept for a second,
+        // and counting opens a connection to each server.
         let scripts = fixture.scripts_run().await;
+        goes(watching).await;
         if plain_read {
             let whole = read(&b).await;
             assert_eq!(entries(&whole), vec![next.clone(), blocking.clone(), behind.clone()]);
@@ -76,8 +78,8 @@ pub(super) async fn a_hand_over_tells_its_waiters_a_prefix_through_a_waiting_ex(
     let behind = append(&c, "behind", b"waiting PR").await;
     let watching = watch_until_gone(fixture, &b, &held, b"held EX").await;
     hand_over(&a, &c, &held, &next, None).await;
-    goes(watching).await;
     let scripts = fixture.scripts_run().await;
+    goes(watching).await;
     let (told, whole) = bounded("the woken read", b.read_queue_woken(DIR)).await.expect("read");
     assert!(whole, "the whole queue");
     assert_eq!(entries(&told), vec![next, behind]);
@@ -274,12 +276,19 @@ async fn watch_until_gone(
     held: &Entry,
     seen: &'static [u8],
 ) -> tokio::task::JoinHandle<lockline::Result<Option<Vec<u8>>>> {
+    // The look's script run once first, so that the watch's look is one
+    // script (not a `NOSCRIPT` answer and a retry).
+    assert_eq!(session.get_value(held).await.expect("look"), Some(seen.to_vec()));
+    let looks = fixture.scripts_run().await;
     let watching = {
         let (session, held) = (Arc::clone(session), held.clone());
         tokio::spawn(async move { session.watch_value_until(&held, seen, &|_| false).await })
     };
     let attempt = held.key.rsplit(':').next().expect("an attempt");
     fixture.subscribed(&format!("{{modes/resource}}:c:{attempt}"), 1).await;
+    // Its look made too: a change made before it would be seen by the look,
+    // not heard on the channel, and carry no queue.
+    fixture.scripts_reach(looks + 1).await;
     watching
 }
 
