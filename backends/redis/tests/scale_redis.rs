@@ -12,7 +12,7 @@ use redis::AsyncCommands;
 mod support;
 
 /// 10,000 locks held on one session: every entry is renewed with the
-/// session (each one's TTL is refreshed within a keepalive interval), and
+/// session (each one's TTL refreshed before it runs out), and
 /// releasing them leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_locks_on_one_session_are_all_renewed() {
