@@ -298,18 +298,7 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
     })
     .await;
 
-    let second = {
-        let resource = resource.clone();
-        tokio::spawn(async move { resource.lock(Pr).await })
-    };
-    side.until_at_least("the next waiter waits on the server", WAITS_ON_SERVER, 1)
-        .await;
-    held.release().await.expect("release");
-    let granted = step("the next waiter granted", second)
-        .await
-        .expect("task")
-        .expect("PR");
-    granted.release().await.expect("release");
+    the_next_waiter_waits_on_the_server(&resource, held, &mut side).await;
 }
 
 /// As above, with the runtime shut down right as the wait's task is
@@ -367,17 +356,25 @@ async fn postgres_a_wait_task_dropped_before_it_ran_gives_the_slot_back() {
         "the wait task never ran, yet a wait is on the server"
     );
 
-    let second = {
+    the_next_waiter_waits_on_the_server(&resource, held, &mut side).await;
+}
+
+/// With the slot of a dropped waiter back, a next waiter in PR waits on
+/// the server (not on the overflow poll), and is granted once `held` (EX)
+/// is released.
+async fn the_next_waiter_waits_on_the_server(
+    resource: &lockline::Resource,
+    held: lockline::ResourceGuard,
+    side: &mut Side,
+) {
+    let next = {
         let resource = resource.clone();
-        tokio::spawn(async move { resource.lock(Pr).await })
+        tokio::spawn(async move { resource.lock(lockline::LockMode::Pr).await })
     };
     side.until_at_least("the next waiter waits on the server", WAITS_ON_SERVER, 1)
         .await;
     held.release().await.expect("release");
-    let granted = step("the next waiter granted", second)
-        .await
-        .expect("task")
-        .expect("PR");
+    let granted = step("the next waiter granted", next).await.expect("task").expect("PR");
     granted.release().await.expect("release");
 }
 
