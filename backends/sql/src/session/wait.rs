@@ -16,31 +16,16 @@ use crate::error::{interrupted, map, timed_out};
 use crate::pool::{Idle, Lease, Stop};
 
 /// A wait-pool slot, given back without a connection when dropped unless
-/// taken (`key` set to `None`): a lease's future dropped while it opens its
-/// connection.
-struct SlotBack<'a, C> {
-    pool: &'a crate::pool::WaitPool<C>,
-    key: Option<(i64, u64)>,
-}
-
-impl<C> Drop for SlotBack<'_, C> {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.pool.release(key, None);
-        }
-    }
-}
-
-/// A wait task's slot, given back (its connection closed) when the task is
-/// dropped before it gives the slot back itself: with the runtime it runs
-/// on, also before its first poll, since it is made before the task and
-/// moved into it.
-struct TaskSlot<D: Dialect> {
+/// taken (`key` set to `None`): by a lease's future dropped while it opens
+/// its connection, or by a wait task dropped before it gives the slot back
+/// itself (with the runtime it runs on, also before its first poll: the
+/// guard is made before the task and moved into it).
+struct SlotBack<D: Dialect> {
     shared: Arc<Shared<D>>,
     key: Option<(i64, u64)>,
 }
 
-impl<D: Dialect> Drop for TaskSlot<D> {
+impl<D: Dialect> Drop for SlotBack<D> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             self.shared.waits.release(key, None);
@@ -54,11 +39,11 @@ impl<D: Dialect> Shared<D> {
     ///
     /// Cancel safe: a waiter dropped while its connection is being opened
     /// gives the pool its slot back.
-    pub(super) async fn lease(&self, priority: i64) -> Result<Lease<D::Conn>> {
+    pub(super) async fn lease(self: &Arc<Self>, priority: i64) -> Result<Lease<D::Conn>> {
         let mut lease = self.waits.acquire(priority).await.ok_or_else(|| self.over_error())?;
         if lease.conn.is_none() {
             let mut opening = SlotBack {
-                pool: &self.waits,
+                shared: Arc::clone(self),
                 key: Some(lease.key),
             };
             let timeout = self.options.connect_timeout();
@@ -173,7 +158,7 @@ impl<D: Dialect> Shared<D> {
                 found: found.cloned(),
                 turn: turn.cloned(),
             };
-            let slot = TaskSlot {
+            let slot = SlotBack {
                 shared: Arc::clone(self),
                 key: Some(lease.key),
             };
@@ -265,7 +250,7 @@ impl<D: Dialect> WaitTask<D> {
     /// The task runs on its waiter's runtime: dropped with it (the runtime
     /// shut down), `slot` gives its slot back, its connection closing with
     /// it.
-    async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>, mut slot: TaskSlot<D>) {
+    async fn run(self, mut lease: Lease<D::Conn>, reply: oneshot::Sender<TaskOutcome>, mut slot: SlotBack<D>) {
         let Some(mut idle) = lease.conn.take() else {
             return;
         };

@@ -273,24 +273,15 @@ async fn postgres_a_wait_dropped_with_its_runtime_gives_the_slot_back() {
     // A waiter on a runtime of its own thread waits on the server, then
     // its future is dropped and its runtime shut down.
     {
-        let resource = resource.clone();
-        let url = url.clone();
-        tokio::task::spawn_blocking(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let mut side = Side::connect(&url).await;
-                tokio::select! {
-                    outcome = resource.lock(Pr) => panic!("granted beside EX: {:?}", outcome.map(|g| g.token())),
-                    () = side.until_at_least("the first waiter waits on the server", WAITS_ON_SERVER, 1) => {}
-                }
-            });
-            drop(runtime);
+        let (resource, url) = (resource.clone(), url.clone());
+        on_a_runtime_of_its_own(|| async move {
+            let mut side = Side::connect(&url).await;
+            tokio::select! {
+                outcome = resource.lock(Pr) => panic!("granted beside EX: {:?}", outcome.map(|g| g.token())),
+                () = side.until_at_least("the first waiter waits on the server", WAITS_ON_SERVER, 1) => {}
+            }
         })
-        .await
-        .expect("the first waiter's thread");
+        .await;
     }
     step("the dropped waiter's cleanup", session.flush()).await;
     side.until("its server wait ended with its connection", WAITS_ON_SERVER, |count| {
@@ -319,34 +310,21 @@ async fn postgres_a_wait_task_dropped_before_it_ran_gives_the_slot_back() {
     // same poll, so the task never runs.
     let spawned = {
         let resource = resource.clone();
-        tokio::task::spawn_blocking(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let spawned = runtime.block_on(async {
-                let mut lock = std::pin::pin!(resource.lock(Pr));
-                let metrics = tokio::runtime::Handle::current().metrics();
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-                std::future::poll_fn(|cx| {
-                    if let std::task::Poll::Ready(outcome) = std::future::Future::poll(lock.as_mut(), cx) {
-                        panic!("granted beside EX: {:?}", outcome.map(|g| g.token()));
-                    }
-                    if metrics.num_alive_tasks() > 0 {
-                        return std::task::Poll::Ready(true);
-                    }
-                    if tokio::time::Instant::now() > deadline {
-                        return std::task::Poll::Ready(false);
-                    }
-                    std::task::Poll::Pending
-                })
-                .await
+        on_a_runtime_of_its_own(|| async move {
+            let mut lock = std::pin::pin!(resource.lock(Pr));
+            let metrics = tokio::runtime::Handle::current().metrics();
+            let spawned = std::future::poll_fn(|cx| {
+                if let std::task::Poll::Ready(outcome) = std::future::Future::poll(lock.as_mut(), cx) {
+                    panic!("granted beside EX: {:?}", outcome.map(|g| g.token()));
+                }
+                if metrics.num_alive_tasks() > 0 {
+                    return std::task::Poll::Ready(());
+                }
+                std::task::Poll::Pending
             });
-            drop(runtime);
-            spawned
+            tokio::time::timeout(Duration::from_secs(30), spawned).await.is_ok()
         })
         .await
-        .expect("the first waiter's thread")
     };
     assert!(spawned, "the waiter spawned no task within 30 s");
     step("the dropped waiter's cleanup", session.flush()).await;
@@ -357,6 +335,27 @@ async fn postgres_a_wait_task_dropped_before_it_ran_gives_the_slot_back() {
     );
 
     the_next_waiter_waits_on_the_server(&resource, held, &mut side).await;
+}
+
+/// Runs `work` on a current-thread runtime of its own, on a blocking
+/// thread, and shuts that runtime down as soon as `work` returns: whatever
+/// `work` left spawned on it is dropped with it.
+async fn on_a_runtime_of_its_own<T, F>(work: impl FnOnce() -> F + Send + 'static) -> T
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T>,
+{
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let out = runtime.block_on(work());
+        drop(runtime);
+        out
+    })
+    .await
+    .expect("the runtime's thread")
 }
 
 /// With the slot of a dropped waiter back, a next waiter in PR waits on
