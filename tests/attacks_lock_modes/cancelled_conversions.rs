@@ -117,17 +117,14 @@ async fn run(seed: u64, failures: &mut Vec<String>) {
             last_set = Some(bytes);
         } else if let Some(last) = &last_set {
             // Out of PW and EX for sure: the block carries the last value set.
-            let peek = bounded("an NL look", s[2].1.resource(name).unwrap().try_lock(Nl)).await;
-            if let Ok(Some(peek)) = peek {
-                let value = peek.value();
-                if !value.valid || &value.bytes != last {
-                    failures.push(format!(
-                        "{what}: the block has {:?} (valid: {}), {last:?} was set",
-                        value.bytes, value.valid
-                    ));
-                }
-                peek.release().await.unwrap();
+            let look = bounded("an NL look", s[2].1.resource(name).unwrap().try_lock(Nl))
+                .await
+                .expect("NL")
+                .expect("NL is never kept waiting");
+            if let Some(wrong) = not_the_last_set(&look.value(), last) {
+                failures.push(format!("{what}: {wrong}"));
             }
+            look.release().await.unwrap();
         }
     }
     for other in others {
@@ -136,13 +133,19 @@ async fn run(seed: u64, failures: &mut Vec<String>) {
     guard.release().await.unwrap();
     if let Some(last) = &last_set {
         let next = lock(&observer, Ex).await;
-        let value = next.value();
-        if !value.valid || &value.bytes != last {
-            failures.push(format!(
-                "seed {seed}, at the end: the block has {:?} (valid: {}), {last:?} was set",
-                value.bytes, value.valid
-            ));
+        if let Some(wrong) = not_the_last_set(&next.value(), last) {
+            failures.push(format!("seed {seed}, at the end: {wrong}"));
         }
         next.release().await.unwrap();
     }
+}
+
+/// What is wrong with a value block that should carry `last`, valid.
+fn not_the_last_set(value: &lockline::LockValue, last: &[u8]) -> Option<String> {
+    (!value.valid || value.bytes != last).then(|| {
+        format!(
+            "the block has {:?} (valid: {}), {last:?} was set",
+            value.bytes, value.valid
+        )
+    })
 }
