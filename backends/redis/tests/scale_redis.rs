@@ -85,6 +85,8 @@ async fn expiry_at_most(side: &mut redis::aio::MultiplexedConnection, key: &str)
 /// Waits until `key` expires later than `expiry` (renewed since): each TTL
 /// counted from before its request was sent, so that a slow answer never
 /// passes for a renewal. Bounded, and failing if the key runs out first.
+/// The server is another process, with no event to await: looked at every
+/// 50 ms.
 async fn renewed(side: &mut redis::aio::MultiplexedConnection, key: &str, expiry: Instant) {
     bounded("a renewal", async {
         loop {
